@@ -1,0 +1,226 @@
+"""Offline replay of a trace through the real cache core, with the trace's time as the clock.
+
+Every request is a ``lookup``; every miss (absent or stale) is an origin fetch whose response is
+offered to ``on_response``, exactly as the live proxy drives the same engine. Responses are
+cacheable and never expire unless ``ttl`` says otherwise.
+
+A sweep runs every (cache size x admission) cell over one trace, in parallel worker processes that
+share the trace by fork, and derives the space saved at equal hit ratio from the size curve.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from loadgen.trace import Trace
+from proxy.core.admission import AdmissionConfig, make_policy
+from proxy.core.engine import CacheEngine, Hit, RequestMeta, ResponseMeta
+from proxy.core.store import LRUStore
+from proxy.units import format_size
+
+CHUNK = 1 << 16
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """One simulated run: its configuration, its counters and how long it took."""
+
+    label: str
+    cache_bytes: int
+    admission: AdmissionConfig
+    requests: int
+    stats: dict[str, int | float]
+    elapsed: float
+    timeline: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.elapsed if self.elapsed > 0 else math.inf
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.label,
+            "cache_bytes": self.cache_bytes,
+            "admission": {
+                k: getattr(self.admission, k) for k in self.admission.__dataclass_fields__
+            },
+            "requests": self.requests,
+            "elapsed_s": round(self.elapsed, 3),
+            "stats": self.stats,
+            "timeline": self.timeline,
+        }
+
+
+def build_engine(
+    cache_bytes: int, admission: AdmissionConfig, max_object_bytes: int | None = None
+) -> CacheEngine:
+    store = LRUStore(cache_bytes, max_object_bytes)
+    return CacheEngine(store, make_policy(admission, store))
+
+
+def simulate(
+    trace: Trace,
+    cache_bytes: int,
+    admission: AdmissionConfig,
+    *,
+    max_object_bytes: int | None = None,
+    ttl: float = math.inf,
+    key_prefix: str = "",
+    progress: Progress | None = None,
+    timeline_points: int = 50,
+) -> SimResult:
+    """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key."""
+    engine = build_engine(cache_bytes, admission, max_object_bytes)
+    lookup = engine.lookup
+    on_response = engine.on_response
+    response = ResponseMeta(cacheable=True, ttl=ttl)
+    total = len(trace)
+    every = max(CHUNK, total // max(1, timeline_points))
+    timeline: list[dict[str, float]] = []
+    started = time.perf_counter()
+    for start in range(0, total, CHUNK):
+        stop = min(total, start + CHUNK)
+        times = trace.times[start:stop].tolist()
+        sizes = trace.sizes[start:stop].tolist()
+        keys = trace.keys(start, stop)
+        for now, key, size in zip(times, keys, sizes, strict=True):
+            request = RequestMeta(key_prefix + key)
+            if type(lookup(request, now)) is not Hit:
+                on_response(request, response, size, now)
+        if stop == total or stop // every != start // every:
+            timeline.append(_timeline_point(engine, stop, times[-1]))
+        if progress is not None:
+            progress(stop, total)
+    elapsed = time.perf_counter() - started
+    return SimResult(
+        admission.label(), cache_bytes, admission, total, engine.stats(), elapsed, timeline
+    )
+
+
+def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, float]:
+    c = engine.counters
+    fs = engine.admission.filter_stats()
+    return {
+        "requests": done,
+        "time": now,
+        "hit_ratio": c.hits / c.requests if c.requests else 0.0,
+        "bytes_written": c.bytes_written,
+        "filter_fill": fs.fill if fs else 0.0,
+        "filter_fp_estimate": fs.estimated_fp_rate if fs else 0.0,
+    }
+
+
+@dataclass(frozen=True)
+class Cell:
+    cache_bytes: int
+    admission: AdmissionConfig
+
+
+_SHARED_TRACE: Trace | None = None
+
+
+def _run_cell(cell: Cell, max_object_bytes: int | None) -> SimResult:
+    assert _SHARED_TRACE is not None
+    return simulate(
+        _SHARED_TRACE, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes
+    )
+
+
+def sweep(
+    trace: Trace,
+    cache_sizes: Sequence[int],
+    admissions: Sequence[AdmissionConfig],
+    *,
+    max_object_bytes: int | None = None,
+    workers: int | None = None,
+    report: Callable[[int, int, SimResult], None] | None = None,
+) -> list[SimResult]:
+    """Every (size, admission) cell over ``trace``; results in size-major, admission-minor order."""
+    global _SHARED_TRACE
+    cells = [Cell(size, adm) for size in cache_sizes for adm in admissions]
+    workers = max(1, min(workers or os.cpu_count() or 1, len(cells)))
+    results: dict[Cell, SimResult] = {}
+    if workers == 1:
+        for cell in cells:
+            result = simulate(
+                trace, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes
+            )
+            results[cell] = result
+            if report:
+                report(len(results), len(cells), result)
+        return [results[c] for c in cells]
+    _SHARED_TRACE = trace
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {pool.submit(_run_cell, c, max_object_bytes): c for c in cells}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if report:
+                    report(len(results), len(cells), results[futures[future]])
+    finally:
+        _SHARED_TRACE = None
+    return [results[c] for c in cells]
+
+
+def space_saved(
+    baseline: Sequence[tuple[int, float]], candidate: Sequence[tuple[int, float]], size: int
+) -> tuple[float | None, bool]:
+    """1 - S'/S: S' the smallest cache at which ``candidate`` reaches ``baseline``'s hit ratio at S.
+
+    Both curves are (cache bytes, hit ratio) points of a sweep; S' is interpolated linearly in
+    log(size) between the candidate's points. Returns (saving, is_lower_bound): None when the
+    candidate never reaches the target inside the sweep; a lower bound when it already does at
+    its smallest size.
+    """
+    target = dict(baseline)[size]
+    points = sorted(candidate)
+    if points[0][1] >= target:
+        return 1.0 - points[0][0] / size, True
+    for (s0, h0), (s1, h1) in itertools.pairwise(points):
+        if h0 < target <= h1:
+            frac = (target - h0) / (h1 - h0)
+            needed = math.exp(math.log(s0) + frac * (math.log(s1) - math.log(s0)))
+            return 1.0 - needed / size, False
+    return None, False
+
+
+def progress_line(label: str) -> Progress:
+    """A progress callback that draws one updating line on stderr once a run passes two seconds."""
+    started = time.perf_counter()
+    shown = False
+
+    def show(done: int, total: int) -> None:
+        nonlocal shown
+        elapsed = time.perf_counter() - started
+        if not shown and elapsed < 2.0:
+            return
+        shown = True
+        rate = done / elapsed if elapsed else 0.0
+        end = "\n" if done >= total else ""
+        print(
+            f"\r{label}: {done:,}/{total:,} requests ({done / total:.0%}), {rate:,.0f} req/s",
+            end=end,
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+def describe_cell(result: SimResult) -> str:
+    return (
+        f"{result.label} @ {format_size(result.cache_bytes)}: hit ratio "
+        f"{result.stats['hit_ratio']:.3f} ({result.elapsed:.1f}s, "
+        f"{result.requests_per_second:,.0f} req/s)"
+    )

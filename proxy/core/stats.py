@@ -1,0 +1,97 @@
+"""The counters of DESIGN.md section 4: one definition for the proxy, the simulator and reports.
+
+``Counters`` is what the engine increments; ``snapshot`` adds what the store and the filter know
+and derives the ratios. A ratio over nothing is 0.0, never a division error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from proxy.core.store import LRUStore
+from proxy.core.window import FilterStats
+
+METRICS: dict[str, str] = {
+    "requests": "GET/HEAD requests that consulted the cache",
+    "hits": "requests answered from a fresh stored response",
+    "misses": "requests that went to the origin (absent or stale)",
+    "stale_served": "requests answered with a stale stored response",
+    "revalidated": "stale responses the origin confirmed with 304",
+    "bypass": "requests that did not consult the cache",
+    "hit_ratio": "hits / requests",
+    "byte_hit_ratio": "body bytes served from cache / body bytes served",
+    "bytes_served": "body bytes served to clients",
+    "hit_bytes": "body bytes served from cache",
+    "admissions": "responses stored",
+    "bytes_written": "body bytes stored",
+    "rejected_first_sighting": "cacheable responses the admission filter kept out",
+    "bytes_not_written": "body bytes the admission filter kept out",
+    "too_large": "responses over the max object size (served, never stored)",
+    "uncacheable": "responses the HTTP rules forbid storing",
+    "evictions": "entries evicted to make room",
+    "evicted_bytes": "body bytes evicted to make room",
+    "dead_writes": "entries evicted, or still resident, without a single hit",
+    "dead_bytes": "body bytes of dead writes",
+    "writes_saved": "bytes_not_written / (bytes_written + bytes_not_written)",
+    "origin_fetches": "requests sent to the origin",
+    "origin_bytes": "body bytes received from the origin",
+    "entries": "entries resident in the store",
+    "bytes_used": "body bytes resident in the store",
+    "filter_fill": "share of bits set in the fullest filter generation",
+    "filter_fp_estimate": "estimated false-positive rate of the whole filter",
+    "rotations": "filter generation rotations",
+    "forced_rotations": "rotations because a generation reached its key share early",
+    "filter_bytes": "memory of the filter's bit arrays",
+}
+
+
+@dataclass(slots=True)
+class Counters:
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    stale_served: int = 0
+    revalidated: int = 0
+    bypass: int = 0
+    bytes_served: int = 0
+    hit_bytes: int = 0
+    admissions: int = 0
+    bytes_written: int = 0
+    rejected_first_sighting: int = 0
+    bytes_not_written: int = 0
+    too_large: int = 0
+    uncacheable: int = 0
+    origin_fetches: int = 0
+    origin_bytes: int = 0
+
+
+def ratio(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def snapshot(
+    counters: Counters, store: LRUStore, filter_stats: FilterStats | None
+) -> dict[str, int | float]:
+    """Every metric of ``METRICS`` at this instant, by name."""
+    out: dict[str, int | float] = asdict(counters)
+    out["hit_ratio"] = ratio(counters.hits, counters.requests)
+    out["byte_hit_ratio"] = ratio(counters.hit_bytes, counters.bytes_served)
+    out["writes_saved"] = ratio(
+        counters.bytes_not_written, counters.bytes_written + counters.bytes_not_written
+    )
+    out["evictions"] = store.evictions
+    out["evicted_bytes"] = store.evicted_bytes
+    out["dead_writes"] = store.evicted_unread + store.resident_unread
+    out["dead_bytes"] = store.evicted_unread_bytes + store.resident_unread_bytes
+    out["entries"] = len(store)
+    out["bytes_used"] = store.bytes_used
+    if filter_stats is None:
+        out.update(filter_fill=0.0, filter_fp_estimate=0.0, rotations=0, forced_rotations=0)
+        out["filter_bytes"] = 0
+    else:
+        out["filter_fill"] = filter_stats.fill
+        out["filter_fp_estimate"] = filter_stats.estimated_fp_rate
+        out["rotations"] = filter_stats.rotations
+        out["forced_rotations"] = filter_stats.forced_rotations
+        out["filter_bytes"] = filter_stats.memory_bytes
+    return {name: out[name] for name in METRICS}

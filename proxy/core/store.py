@@ -1,0 +1,144 @@
+"""A byte-bounded LRU store that knows which of its writes were ever read.
+
+Rules this module keeps:
+
+* The capacity loop is cachetools': inserting evicts least recently used entries until the new
+  entry fits; ``bytes_used <= capacity_bytes`` always.
+* An entry larger than ``max_object_bytes`` (or than the whole store) is never stored.
+* Every entry counts its hits. An entry that leaves by eviction with no hit is a *dead write*:
+  bytes written that never served anyone. Entries still resident with no hit are reported apart,
+  so a run's dead writes are ``evicted_unread + resident_unread``.
+* Replacing or deleting an entry is not an eviction and never a dead write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cachetools import LRUCache
+
+
+@dataclass(slots=True, eq=False)
+class Entry:
+    """One stored response; ``payload`` is the driver's (headers, body), never read by the core."""
+
+    key: str
+    size: int
+    stored_at: float
+    ttl: float = float("inf")
+    payload: Any = None
+    hits: int = field(default=0)
+
+
+class _EvictionLog(LRUCache):
+    """cachetools' LRU with its evictions handed back to the store."""
+
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize, getsizeof=_entry_size)
+        self.evicted: list[Entry] = []
+
+    def popitem(self) -> tuple[str, Entry]:
+        key, entry = super().popitem()
+        self.evicted.append(entry)
+        return key, entry
+
+
+def _entry_size(entry: Entry) -> int:
+    return entry.size
+
+
+class LRUStore:
+    """Byte-bounded LRU over ``Entry`` objects with hit and dead-write accounting."""
+
+    def __init__(self, capacity_bytes: int, max_object_bytes: int | None = None) -> None:
+        if not isinstance(capacity_bytes, int) or capacity_bytes < 1:
+            raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+        if max_object_bytes is None:
+            max_object_bytes = capacity_bytes
+        if not isinstance(max_object_bytes, int) or max_object_bytes < 1:
+            raise ValueError(
+                f"max_object_bytes must be a positive integer, got {max_object_bytes!r}"
+            )
+        self.capacity_bytes = capacity_bytes
+        self.max_object_bytes = min(max_object_bytes, capacity_bytes)
+        self._lru = _EvictionLog(capacity_bytes)
+        self.evictions = 0
+        self.evicted_bytes = 0
+        self.evicted_unread = 0
+        self.evicted_unread_bytes = 0
+        self.resident_unread = 0
+        self.resident_unread_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._lru
+
+    @property
+    def bytes_used(self) -> int:
+        return self._lru.currsize
+
+    def get(self, key: str) -> Entry | None:
+        """The entry for ``key`` (now most recently used), or None."""
+        try:
+            return self._lru[key]
+        except KeyError:
+            return None
+
+    def record_hit(self, entry: Entry) -> None:
+        """Count one answer served from ``entry``."""
+        if entry.hits == 0:
+            self.resident_unread -= 1
+            self.resident_unread_bytes -= entry.size
+        entry.hits += 1
+
+    def fits(self, size: int) -> bool:
+        return size <= self.max_object_bytes
+
+    def put(self, entry: Entry) -> list[Entry]:
+        """Store ``entry`` (replacing any entry of its key); returns the entries evicted for room.
+
+        Raises ValueError for an entry over ``max_object_bytes``: callers check ``fits`` first.
+        """
+        if entry.size > self.max_object_bytes:
+            raise ValueError(
+                f"entry of {entry.size} bytes is over max_object_bytes={self.max_object_bytes}"
+            )
+        self.delete(entry.key)
+        lru = self._lru
+        lru[entry.key] = entry
+        evicted = lru.evicted
+        if evicted:
+            lru.evicted = []
+            for old in evicted:
+                self._forget(old)
+                self.evictions += 1
+                self.evicted_bytes += old.size
+                if old.hits == 0:
+                    self.evicted_unread += 1
+                    self.evicted_unread_bytes += old.size
+        if entry.hits == 0:
+            self.resident_unread += 1
+            self.resident_unread_bytes += entry.size
+        return evicted
+
+    def delete(self, key: str) -> Entry | None:
+        """Remove ``key``'s entry (not an eviction); returns it, or None if absent."""
+        entry = self._lru.pop(key, None)
+        if entry is not None:
+            self._forget(entry)
+        return entry
+
+    def estimated_capacity_objects(self) -> int:
+        """How many objects of the resident mean size the store holds when full (0 when empty)."""
+        used = self._lru.currsize
+        if used == 0:
+            return 0
+        return round(self.capacity_bytes * len(self._lru) / used)
+
+    def _forget(self, entry: Entry) -> None:
+        if entry.hits == 0:
+            self.resident_unread -= 1
+            self.resident_unread_bytes -= entry.size

@@ -1,0 +1,72 @@
+"""`onehit-loadgen gen` and `simulate` as a user runs them, in a real subprocess."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "loadgen", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "t.csv"
+    out = run("gen", "--objects", "2000", "--requests", "30000", "--seed", "5", "-o", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "wrote 30,000 requests" in out.stdout
+    return path
+
+
+def test_simulate_json_reports_every_metric(trace_file):
+    out = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--admission",
+        "second-hit", "--window", "10m", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (cell,) = json.loads(out.stdout)["cells"]
+    assert cell["policy"] == "second-hit(10m)" and cell["cache"] == "1%"
+    assert cell["stats"]["requests"] == 30_000
+    assert 0 < cell["stats"]["hit_ratio"] < 1
+
+
+def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
+    out = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "0.5%,2%,8%",
+        "--admission", "always,second-hit", "--auto-scale", "1,4", "--workers", "2",
+        "--report-dir", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].split()[:2] == ["policy", "cache"] and "space saved" in lines[0]
+    assert len(lines) == 2 + 3 * 3
+    assert sum("second-hit(auto x4)" in line for line in lines) == 3
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["cells"]
+    assert "| policy |" in (tmp_path / "r" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--cache-size", "lots"], "--cache-size: size 'lots' is not a size"),
+        (["--cache-size", "1%", "--admission", "lfu"], "unknown --admission policy 'lfu'"),
+        (["--cache-size", "1%", "--window", "soon"], "duration 'soon'"),
+    ],
+)
+def test_bad_flags_get_one_clear_line(trace_file, flags, message):
+    out = run("simulate", "--trace", str(trace_file), *flags)
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_trace_file_is_a_clear_error(tmp_path):
+    out = run("simulate", "--trace", str(tmp_path / "nope.csv"), "--cache-size", "1MiB")
+    assert out.returncode == 2 and "nope.csv" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,78 @@
+"""LRUStore: the byte bound, LRU order, too-large objects and dead-write accounting."""
+
+import pytest
+
+from proxy.core.store import Entry, LRUStore
+
+
+def entry(key: str, size: int) -> Entry:
+    return Entry(key, size, stored_at=0.0)
+
+
+def test_evicts_least_recently_used_to_stay_within_bytes():
+    store = LRUStore(300)
+    for k in "abc":
+        store.put(entry(k, 100))
+    store.get("a")  # a is now most recent; b is the oldest
+    evicted = store.put(entry("d", 100))
+    assert [e.key for e in evicted] == ["b"]
+    assert "b" not in store and {"a", "c", "d"} <= {k for k in "abcd" if k in store}
+    assert store.bytes_used == 300 and len(store) == 3
+
+
+def test_one_big_entry_evicts_as_many_as_it_needs():
+    store = LRUStore(300)
+    for k in "abc":
+        store.put(entry(k, 100))
+    evicted = store.put(entry("big", 250))
+    assert [e.key for e in evicted] == ["a", "b", "c"]
+    assert store.bytes_used == 250
+
+
+def test_entry_over_max_object_bytes_is_never_stored():
+    store = LRUStore(1000, max_object_bytes=100)
+    assert not store.fits(101) and store.fits(100)
+    with pytest.raises(ValueError, match="max_object_bytes"):
+        store.put(entry("x", 101))
+    assert len(store) == 0
+
+
+def test_max_object_bytes_cannot_exceed_capacity():
+    assert LRUStore(100, max_object_bytes=10_000).max_object_bytes == 100
+
+
+def test_dead_writes_count_evicted_and_resident_entries_never_hit():
+    store = LRUStore(200)
+    store.put(entry("read", 100))
+    store.record_hit(store.get("read"))
+    store.put(entry("unread", 100))
+    assert (store.resident_unread, store.resident_unread_bytes) == (1, 100)
+    store.put(entry("new", 100))  # evicts "read" (LRU), which was served: not dead
+    assert (store.evicted_unread, store.evictions) == (0, 1)
+    store.put(entry("newer", 150))  # evicts "unread" and "new", neither served
+    assert (store.evicted_unread, store.evicted_unread_bytes) == (2, 200)
+    assert (store.resident_unread, store.resident_unread_bytes) == (1, 150)
+
+
+def test_replacing_or_deleting_is_not_an_eviction():
+    store = LRUStore(500)
+    store.put(entry("a", 100))
+    store.put(entry("a", 200))
+    assert store.evictions == 0 and store.bytes_used == 200 and store.resident_unread == 1
+    assert store.delete("a").size == 200
+    assert store.delete("a") is None
+    assert (store.resident_unread, store.evicted_unread, len(store)) == (0, 0, 0)
+
+
+def test_estimated_capacity_objects_extrapolates_mean_size():
+    store = LRUStore(1000)
+    assert store.estimated_capacity_objects() == 0
+    store.put(entry("a", 100))
+    store.put(entry("b", 300))
+    assert store.estimated_capacity_objects() == 5
+
+
+@pytest.mark.parametrize(("cap", "max_obj"), [(0, None), (-1, None), (10, 0)])
+def test_bad_sizes_are_refused(cap, max_obj):
+    with pytest.raises(ValueError):
+        LRUStore(cap, max_obj)

@@ -1,0 +1,87 @@
+"""Trace files: CSV and libCacheSim oracleGeneral round trips, and errors that say where."""
+
+import numpy as np
+import pytest
+
+from loadgen.trace import ORACLE_DTYPE, Trace, TraceError, next_access, read_trace, write_trace
+from loadgen.workload import WorkloadSpec, generate
+
+
+@pytest.fixture
+def trace() -> Trace:
+    return generate(WorkloadSpec(objects=500, requests=3000, one_hit_share=0.3, seed=7))
+
+
+def same(a: Trace, b: Trace) -> bool:
+    return (
+        a.keys() == b.keys()
+        and np.array_equal(a.sizes, b.sizes)
+        and np.allclose(a.times, b.times, rtol=0, atol=1e-9)
+    )
+
+
+def test_csv_round_trip_keeps_every_request(trace, tmp_path):
+    path = tmp_path / "t.csv"
+    write_trace(trace, path)
+    assert path.read_text().splitlines()[0] == "time,key,size"
+    assert same(read_trace(path), trace)
+
+
+def test_oracle_general_round_trip_with_whole_second_times(trace, tmp_path):
+    whole = Trace(np.floor(trace.times), trace.ids, trace.sizes)
+    path = tmp_path / "t.oracleGeneral.bin"
+    write_trace(whole, path)
+    assert path.stat().st_size == 24 * len(trace)
+    back = read_trace(path)
+    assert same(back, whole)
+    # A CSV-sourced trace with numeric keys writes the same binary.
+    csv_path = tmp_path / "t.csv"
+    write_trace(whole, csv_path)
+    write_trace(read_trace(csv_path), tmp_path / "again.bin")
+    assert (tmp_path / "again.bin").read_bytes() == path.read_bytes()
+
+
+def test_oracle_records_carry_next_access_index(tmp_path):
+    t = Trace(np.zeros(5), np.array([7, 8, 7, 9, 8]), np.ones(5, dtype=np.int64))
+    write_trace(t, tmp_path / "n.bin")
+    records = np.fromfile(tmp_path / "n.bin", dtype=ORACLE_DTYPE)
+    assert records["next"].tolist() == [2, 4, -1, -1, -1]
+    assert next_access(np.array([1, 1, 1])).tolist() == [1, 2, -1]
+
+
+def test_truncated_binary_record_names_its_offset(tmp_path):
+    path = tmp_path / "bad.bin"
+    path.write_bytes(b"\0" * 50)
+    with pytest.raises(TraceError, match="byte offset 48"):
+        read_trace(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("t,k,s\n1,a,2\n", r":1: expected the header"),
+        ("time,key,size\n1,a,2\n2,b,lots\n", r":3: size 'lots' is not an integer"),
+        ("time,key,size\n1,a,2\nsoon,b,3\n", r":3: time 'soon' is not a number"),
+        ("time,key,size\n1,a\n", r":2: expected 3 fields"),
+        ("time,key,size\n1,a,-4\n", r":2: size -4 is negative"),
+        ("time,key,size\n1,,4\n", r":2: empty key"),
+        ("", r":1: expected the header"),
+    ],
+)
+def test_malformed_csv_names_the_line(tmp_path, text, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def test_string_keys_cannot_be_written_as_oracle_general(tmp_path):
+    path = tmp_path / "s.csv"
+    path.write_text("time,key,size\n0,/index.html,10\n")
+    with pytest.raises(TraceError, match=r"write it as \.csv"):
+        write_trace(read_trace(path), tmp_path / "s.bin")
+
+
+def test_distinct_bytes_counts_each_object_once_at_its_largest_size():
+    t = Trace(np.zeros(4), np.array([1, 2, 1, 1]), np.array([10, 5, 30, 20]))
+    assert t.distinct_bytes() == 35 and t.distinct_objects() == 2
