@@ -3,7 +3,8 @@
 The baseline is the ``always`` policy (plain LRU). For every other policy and cache size S, the
 space saved at equal hit ratio is ``1 - S'/S`` with S' the smallest cache at which that policy
 reaches LRU's hit ratio at S (see ``simulate.space_saved``); ``>=`` marks a lower bound (already
-reached at the smallest size swept), ``-`` a policy that never reaches it inside the sweep.
+reached at the smallest size swept; "below sweep" when that size is S itself), ``-`` a policy
+that never reaches it inside the sweep.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Row:
             return ""
         if self.space_saved is None:
             return "-"
+        if self.space_saved_lower_bound and self.space_saved <= 0:
+            return "below sweep"
         return f"{'>=' if self.space_saved_lower_bound else ''}{self.space_saved:.0%}"
 
 

@@ -82,10 +82,8 @@ class LRUStore:
 
     def get(self, key: str) -> Entry | None:
         """The entry for ``key`` (now most recently used), or None."""
-        try:
-            return self._lru[key]
-        except KeyError:
-            return None
+        # Cache.get tests membership first: a miss costs no KeyError.
+        return self._lru.get(key)
 
     def record_hit(self, entry: Entry) -> None:
         """Count one answer served from ``entry``."""
@@ -106,8 +104,9 @@ class LRUStore:
             raise ValueError(
                 f"entry of {entry.size} bytes is over max_object_bytes={self.max_object_bytes}"
             )
-        self.delete(entry.key)
         lru = self._lru
+        if entry.key in lru:
+            self.delete(entry.key)
         lru[entry.key] = entry
         evicted = lru.evicted
         if evicted:
