@@ -1,0 +1,336 @@
+"""HTTP caching rules for a shared cache (RFC 9111, with RFC 9213 and RFC 5861), as plain functions.
+
+Rules this module keeps:
+
+* Headers are sequences of ``(name, value)`` pairs; names compare case-insensitively and a field
+  may repeat. Nothing here does I/O or reads a clock: times are arguments, in seconds.
+* Parsers are forgiving where the RFCs allow and never raise on hostile input: an invalid
+  directive value is ignored, a duplicated directive keeps its first value (section 4.2.1),
+  quoted values are unquoted, whitespace is trimmed, delta-seconds cap at 2**31 (section 1.2.2).
+* This is a shared cache: ``private`` responses are not stored, ``s-maxage`` wins over
+  ``max-age``, and ``CDN-Cache-Control`` (RFC 9213) replaces ``Cache-Control`` for it when present.
+* ``Pragma: no-cache`` on a request without ``Cache-Control`` acts as ``no-cache`` (section 5.4).
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from collections.abc import Iterable, Sequence
+
+Headers = Sequence[tuple[str, str]]
+Directives = dict[str, str | None]
+
+DELTA_SECONDS_CAP = 2**31
+HEURISTIC_FRACTION = 0.1
+HEURISTIC_CAP = 86400.0
+
+# RFC 9110 section 15.1: statuses a cache may store with a heuristic lifetime.
+HEURISTICALLY_CACHEABLE = frozenset({200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501})
+UNDERSTOOD_STATUSES = HEURISTICALLY_CACHEABLE | {302, 303, 307}
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+
+# RFC 9111 section 3.2: fields a 304 must not overwrite in the stored response.
+_NOT_UPDATED_BY_304 = frozenset({"content-length", "content-encoding", "transfer-encoding"})
+
+
+def get_all(headers: Headers, name: str) -> list[str]:
+    """Every value of field ``name``, in order."""
+    name = name.lower()
+    return [v for k, v in headers if k.lower() == name]
+
+
+def get_first(headers: Headers, name: str) -> str | None:
+    name = name.lower()
+    for k, v in headers:
+        if k.lower() == name:
+            return v
+    return None
+
+
+def parse_directives(values: Iterable[str]) -> Directives:
+    """Cache-Control style directives: lower-cased names to (unquoted) values or None."""
+    out: Directives = {}
+    for value in values:
+        for item in _split_outside_quotes(value, ","):
+            name, eq, arg = item.partition("=")
+            name = name.strip().lower()
+            if not name or name in out:
+                continue
+            arg = arg.strip()
+            if len(arg) >= 2 and arg[0] == arg[-1] == '"':
+                arg = arg[1:-1].replace('\\"', '"')
+            out[name] = arg if eq else None
+    return out
+
+
+def _split_outside_quotes(text: str, sep: str) -> list[str]:
+    parts, current, quoted, escaped = [], [], False, False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quoted:
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == sep and not quoted:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(ch)
+    parts.append("".join(current))
+    return parts
+
+
+def delta_seconds(value: str | None) -> int | None:
+    """A delta-seconds value (section 1.2.2): digits only, capped at 2**31; else None."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value.isascii() or not value.isdigit():
+        return None
+    return min(int(value), DELTA_SECONDS_CAP)
+
+
+_MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
+# RFC 9110 section 5.6.7: IMF-fixdate, and the obsolete rfc850 and asctime forms a recipient
+# must also accept.
+_IMF = re.compile(r"^[A-Za-z]{3}, (\d{2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT$")
+_RFC850 = re.compile(r"^[A-Za-z]+, (\d{2})-([A-Za-z]{3})-(\d{2}) (\d{2}):(\d{2}):(\d{2}) GMT$")
+_ASCTIME = re.compile(r"^[A-Za-z]{3} ([A-Za-z]{3}) ([ \d]\d) (\d{2}):(\d{2}):(\d{2}) (\d{4})$")
+
+
+def http_date(value: str | None) -> float | None:
+    """An HTTP-date (any of the three forms) as POSIX seconds; None when it does not parse."""
+    if not value:
+        return None
+    text = value.strip()
+    if m := _IMF.match(text):
+        day, month, year, hh, mm, ss = m.groups()
+    elif m := _RFC850.match(text):
+        day, month, yy, hh, mm, ss = m.groups()
+        year = str(1900 + int(yy) if int(yy) >= 70 else 2000 + int(yy))
+    elif m := _ASCTIME.match(text):
+        month, day, hh, mm, ss, year = m.groups()
+    else:
+        return None
+    month_number = _MONTHS.get(month.title())
+    if month_number is None:
+        return None
+    try:
+        fields = (int(year), month_number, int(day), int(hh), int(mm), int(ss))
+        if not (1 <= fields[2] <= 31 and fields[3] < 24 and fields[4] < 60 and fields[5] < 61):
+            return None
+        return float(calendar.timegm(fields))
+    except (ValueError, OverflowError):
+        return None
+
+
+def response_directives(headers: Headers) -> Directives:
+    """The directives this cache obeys: CDN-Cache-Control when present (RFC 9213), else
+    Cache-Control."""
+    targeted = get_all(headers, "cdn-cache-control")
+    if targeted:
+        directives = parse_directives(targeted)
+        if directives:
+            return directives
+    return parse_directives(get_all(headers, "cache-control"))
+
+
+def request_directives(headers: Headers) -> Directives:
+    """Request Cache-Control; ``Pragma: no-cache`` counts as ``no-cache`` when there is none."""
+    cc = get_all(headers, "cache-control")
+    if cc:
+        return parse_directives(cc)
+    pragma = parse_directives(get_all(headers, "pragma"))
+    return {"no-cache": None} if "no-cache" in pragma else {}
+
+
+def storable(
+    method: str,
+    status: int,
+    request_headers: Headers,
+    response_headers: Headers,
+    *,
+    allow_set_cookie: bool = False,
+) -> tuple[bool, str]:
+    """Whether a shared cache may store this response (section 3), and why not if it may not."""
+    if method not in ("GET", "HEAD"):
+        return False, "method"
+    req = request_directives(request_headers)
+    if "no-store" in req:
+        return False, "request-no-store"
+    cc = response_directives(response_headers)
+    if "no-store" in cc:
+        return False, "no-store"
+    if "private" in cc:
+        return False, "private"
+    if status not in UNDERSTOOD_STATUSES:
+        return False, "status"
+    if any(v.strip() == "*" for v in _list_values(get_all(response_headers, "vary"))):
+        return False, "vary-star"
+    if get_first(request_headers, "authorization") is not None and not (
+        "public" in cc or "s-maxage" in cc or "must-revalidate" in cc
+    ):
+        return False, "authorization"
+    if not allow_set_cookie and get_first(response_headers, "set-cookie") is not None:
+        return False, "set-cookie"
+    explicit = (
+        "public" in cc
+        or delta_seconds(cc.get("s-maxage", None)) is not None
+        or delta_seconds(cc.get("max-age", None)) is not None
+        or get_first(response_headers, "expires") is not None
+    )
+    if not explicit and status not in HEURISTICALLY_CACHEABLE:
+        return False, "status"
+    return True, ""
+
+
+def freshness_lifetime(status: int, headers: Headers) -> float:
+    """Seconds a response stays fresh (section 4.2.1): s-maxage, max-age, Expires - Date, then
+    10% of Date - Last-Modified (capped at a day) for heuristically cacheable statuses."""
+    cc = response_directives(headers)
+    for name in ("s-maxage", "max-age"):
+        seconds = delta_seconds(cc.get(name))
+        if seconds is not None:
+            return float(seconds)
+        if name in cc:
+            return 0.0  # present but invalid: treat as stale (section 4.2.1)
+    date = http_date(get_first(headers, "date"))
+    expires_values = get_all(headers, "expires")
+    if expires_values:
+        expires = http_date(expires_values[0])
+        if expires is None or date is None:
+            return 0.0
+        return max(0.0, expires - date)
+    if status in HEURISTICALLY_CACHEABLE or "public" in cc:
+        modified = http_date(get_first(headers, "last-modified"))
+        if modified is not None and date is not None and date > modified:
+            return min(HEURISTIC_CAP, HEURISTIC_FRACTION * (date - modified))
+    return 0.0
+
+
+def current_age(headers: Headers, request_time: float, response_time: float, now: float) -> float:
+    """Section 4.2.3: the age of a stored response at ``now``."""
+    age_value = delta_seconds(get_first(headers, "age")) or 0
+    date_value = http_date(get_first(headers, "date"))
+    apparent_age = max(0.0, response_time - date_value) if date_value is not None else 0.0
+    response_delay = max(0.0, response_time - request_time)
+    corrected_initial_age = max(apparent_age, age_value + response_delay)
+    return corrected_initial_age + max(0.0, now - response_time)
+
+
+def must_revalidate_before_use(response_headers: Headers, request_headers: Headers) -> bool:
+    """``no-cache`` on either side (section 5.2.2.4, 5.2.1.4): revalidate even when fresh."""
+    return "no-cache" in response_directives(response_headers) or "no-cache" in request_directives(
+        request_headers
+    )
+
+
+def fresh_enough(lifetime: float, age: float, request_headers: Headers) -> bool:
+    """Fresh for this request: its ``max-age`` and ``min-fresh`` (sections 5.2.1.1, 5.2.1.3)."""
+    req = request_directives(request_headers)
+    max_age = delta_seconds(req.get("max-age"))
+    if max_age is not None and age > max_age:
+        return False
+    min_fresh = delta_seconds(req.get("min-fresh")) or 0
+    return lifetime - age > min_fresh
+
+
+def may_serve_stale(
+    lifetime: float,
+    age: float,
+    request_headers: Headers,
+    response_headers: Headers,
+    *,
+    origin_failed: bool = False,
+) -> bool:
+    """Whether a stale response may be served: never under must-revalidate/proxy-revalidate
+    (section 5.2.2.2, 5.2.2.8); else with request ``max-stale`` (5.2.1.2),
+    ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861)."""
+    cc = response_directives(response_headers)
+    if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
+        return False
+    staleness = age - lifetime
+    req = request_directives(request_headers)
+    if "max-stale" in req:
+        limit = delta_seconds(req["max-stale"])
+        if limit is None and req["max-stale"] is None:
+            return True
+        if limit is not None and staleness <= limit:
+            return True
+    swr = delta_seconds(cc.get("stale-while-revalidate"))
+    if swr is not None and not origin_failed and staleness <= swr:
+        return True
+    sie = delta_seconds(cc.get("stale-if-error")) or delta_seconds(req.get("stale-if-error"))
+    return origin_failed and sie is not None and staleness <= sie
+
+
+def only_if_cached(request_headers: Headers) -> bool:
+    """Section 5.2.1.7: answer from cache or 504."""
+    return "only-if-cached" in request_directives(request_headers)
+
+
+def vary_names(response_headers: Headers) -> tuple[str, ...]:
+    """The request header names a response varies on, lower-cased and sorted."""
+    names = {v.strip().lower() for v in _list_values(get_all(response_headers, "vary"))}
+    names.discard("")
+    return tuple(sorted(names))
+
+
+def vary_key(names: Sequence[str], request_headers: Headers) -> tuple[tuple[str, str], ...]:
+    """Section 4.1: the variant a request selects, from the values of the varied-on headers
+    (combined and whitespace-normalized)."""
+    return tuple(
+        (name, ", ".join(" ".join(v.split()) for v in get_all(request_headers, name)))
+        for name in names
+    )
+
+
+def conditional_headers(stored_headers: Headers) -> list[tuple[str, str]]:
+    """Section 4.3.1: validators of a stored response as a revalidation request's headers."""
+    out = []
+    etag = get_first(stored_headers, "etag")
+    if etag:
+        out.append(("If-None-Match", etag))
+    modified = get_first(stored_headers, "last-modified")
+    if modified:
+        out.append(("If-Modified-Since", modified))
+    return out
+
+
+def updated_by_304(stored_headers: Headers, headers_304: Headers) -> list[tuple[str, str]]:
+    """Section 4.3.4: the stored headers with every field the 304 carries replaced by its values
+    (except the framing fields section 3.2 protects)."""
+    replaced = {k.lower() for k, _ in headers_304} - _NOT_UPDATED_BY_304
+    kept = [(k, v) for k, v in stored_headers if k.lower() not in replaced]
+    return kept + [(k, v) for k, v in headers_304 if k.lower() in replaced]
+
+
+def not_modified(request_headers: Headers, stored_headers: Headers) -> bool:
+    """RFC 9110 section 13.1.2/13.1.3: a client conditional the stored response satisfies
+    (If-None-Match by weak comparison; else If-Modified-Since)."""
+    inm = get_all(request_headers, "if-none-match")
+    if inm:
+        etag = get_first(stored_headers, "etag")
+        if etag is None:
+            return False
+        tags = {_weak(t) for t in _list_values(inm)}
+        return "*" in tags or _weak(etag) in tags
+    since = http_date(get_first(request_headers, "if-modified-since"))
+    modified = http_date(get_first(stored_headers, "last-modified"))
+    return since is not None and modified is not None and modified <= since
+
+
+def invalidates(method: str, status: int) -> bool:
+    """Section 4.4: a non-error response to an unsafe method invalidates the stored URL."""
+    return method.upper() not in SAFE_METHODS and 200 <= status < 400
+
+
+def _weak(tag: str) -> str:
+    tag = tag.strip()
+    return tag[2:] if tag.startswith("W/") else tag
+
+
+def _list_values(values: Iterable[str]) -> list[str]:
+    return [part for value in values for part in _split_outside_quotes(value, ",")]

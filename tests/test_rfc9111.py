@@ -1,0 +1,186 @@
+"""HTTP caching rules of a shared cache; each test names the section it pins."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.core import rfc9111 as r
+
+DATE = "Sun, 06 Nov 1994 08:49:37 GMT"
+T0 = 784111777.0
+
+
+def test_rfc9111_5_2_directives_parse_forgivingly():
+    d = r.parse_directives(['max-age="60", No-Cache ,  private="set-cookie, x"', "max-age=5"])
+    assert d == {"max-age": "60", "no-cache": None, "private": "set-cookie, x"}
+
+
+def test_rfc9111_1_2_2_delta_seconds_cap_and_invalid_values():
+    assert r.delta_seconds("10") == 10
+    assert r.delta_seconds("99999999999999") == 2**31
+    for bad in ("-1", "1.5", "ten", "", None, "١٢"):
+        assert r.delta_seconds(bad) is None
+
+
+def test_rfc9110_5_6_7_http_date_three_forms():
+    for form in (DATE, "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"):
+        assert r.http_date(form) == T0
+    assert (
+        r.http_date("06 Nov 1994") is None and r.http_date("Sun, 32 Nov 1994 08:49:37 GMT") is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("req", "resp", "status", "ok", "why"),
+    [
+        ([], [("Cache-Control", "max-age=60")], 200, True, ""),
+        ([], [], 200, True, ""),  # heuristically cacheable
+        ([], [], 302, False, "status"),  # not heuristically cacheable, no explicit freshness
+        ([], [("Cache-Control", "max-age=60")], 302, True, ""),
+        ([], [("Cache-Control", "no-store")], 200, False, "no-store"),
+        ([], [("Cache-Control", "private")], 200, False, "private"),
+        ([("Cache-Control", "no-store")], [], 200, False, "request-no-store"),
+        ([], [("Vary", "Accept, *")], 200, False, "vary-star"),
+        ([("Authorization", "Bearer x")], [], 200, False, "authorization"),
+        ([("Authorization", "Bearer x")], [("Cache-Control", "public")], 200, True, ""),
+        ([("Authorization", "Bearer x")], [("Cache-Control", "s-maxage=5")], 200, True, ""),
+        ([], [("Set-Cookie", "a=b")], 200, False, "set-cookie"),
+        ([], [], 500, False, "status"),
+    ],
+)
+def test_rfc9111_3_storing_responses_in_a_shared_cache(req, resp, status, ok, why):
+    assert r.storable("GET", status, req, resp) == (ok, why)
+
+
+def test_rfc9111_3_set_cookie_may_be_stored_when_configured():
+    assert r.storable("GET", 200, [], [("Set-Cookie", "a=b")], allow_set_cookie=True)[0]
+    assert r.storable("POST", 200, [], [])[1] == "method"
+
+
+def test_rfc9213_cdn_cache_control_overrides_cache_control():
+    headers = [("Cache-Control", "no-store"), ("CDN-Cache-Control", "max-age=30")]
+    assert r.storable("GET", 200, [], headers) == (True, "")
+    assert r.freshness_lifetime(200, headers) == 30
+
+
+@pytest.mark.parametrize(
+    ("headers", "lifetime"),
+    [
+        ([("Cache-Control", "max-age=60, s-maxage=10")], 10),  # 5.2.2.10 shared caches
+        ([("Cache-Control", "max-age=60")], 60),
+        ([("Cache-Control", "max-age=bogus")], 0),  # 4.2.1 invalid: stale
+        ([("Date", DATE), ("Expires", "Sun, 06 Nov 1994 08:59:37 GMT")], 600),
+        ([("Date", DATE), ("Expires", "0")], 0),  # 5.3 invalid Expires: already expired
+        ([("Date", DATE), ("Last-Modified", "Sun, 06 Nov 1994 06:49:37 GMT")], 720),  # 4.2.2
+        ([("Date", DATE), ("Last-Modified", "Sun, 06 Nov 1960 06:49:37 GMT")], 86400),  # capped
+        ([], 0),
+    ],
+)
+def test_rfc9111_4_2_1_freshness_lifetime(headers, lifetime):
+    assert r.freshness_lifetime(200, headers) == lifetime
+
+
+def test_rfc9111_4_2_3_current_age():
+    headers = [("Date", DATE), ("Age", "5")]
+    # sent at T0-2, received at T0+3 (apparent age 3, delay 5: corrected age 10), now T0+13
+    assert r.current_age(headers, T0 - 2, T0 + 3, T0 + 13) == 20
+    assert r.current_age([], T0, T0, T0 + 7) == 7
+
+
+def test_rfc9111_5_2_request_directives_max_age_min_fresh():
+    assert r.fresh_enough(60, 10, [])
+    assert not r.fresh_enough(60, 10, [("Cache-Control", "max-age=5")])
+    assert not r.fresh_enough(60, 10, [("Cache-Control", "min-fresh=55")])
+    assert r.fresh_enough(60, 10, [("Cache-Control", "min-fresh=40")])
+
+
+def test_rfc9111_5_4_pragma_no_cache_without_cache_control():
+    assert r.must_revalidate_before_use([], [("Pragma", "no-cache")])
+    assert not r.must_revalidate_before_use([], [("Pragma", "no-cache"), ("Cache-Control", "x")])
+    assert r.must_revalidate_before_use([("Cache-Control", "no-cache")], [])
+
+
+def test_rfc9111_5_2_2_must_revalidate_forbids_stale_and_max_stale_allows_it():
+    stale = {"lifetime": 10, "age": 20}
+    assert r.may_serve_stale(**stale, request_headers=[("Cache-Control", "max-stale")],
+                             response_headers=[])  # fmt: skip
+    assert r.may_serve_stale(**stale, request_headers=[("Cache-Control", "max-stale=15")],
+                             response_headers=[])  # fmt: skip
+    assert not r.may_serve_stale(**stale, request_headers=[("Cache-Control", "max-stale=5")],
+                                 response_headers=[])  # fmt: skip
+    for directive in ("must-revalidate", "proxy-revalidate", "s-maxage=10"):
+        assert not r.may_serve_stale(**stale, request_headers=[("Cache-Control", "max-stale")],
+                                     response_headers=[("Cache-Control", directive)])  # fmt: skip
+
+
+def test_rfc5861_stale_while_revalidate_and_stale_if_error():
+    swr = [("Cache-Control", "max-age=10, stale-while-revalidate=30")]
+    assert r.may_serve_stale(10, 35, [], swr)
+    assert not r.may_serve_stale(10, 45, [], swr)
+    sie = [("Cache-Control", "max-age=10, stale-if-error=60")]
+    assert not r.may_serve_stale(10, 35, [], sie)
+    assert r.may_serve_stale(10, 35, [], sie, origin_failed=True)
+
+
+def test_rfc9111_5_2_1_7_only_if_cached():
+    assert r.only_if_cached([("Cache-Control", "only-if-cached")])
+
+
+def test_rfc9111_4_1_vary_selects_variants_by_normalized_values():
+    names = r.vary_names([("Vary", "Accept-Encoding, accept-language"), ("Vary", "")])
+    assert names == ("accept-encoding", "accept-language")
+    a = r.vary_key(names, [("Accept-Encoding", "gzip,  br"), ("Accept-Language", "en")])
+    b = r.vary_key(names, [("accept-encoding", "gzip, br"), ("ACCEPT-LANGUAGE", "en")])
+    c = r.vary_key(names, [("Accept-Encoding", "identity")])
+    assert a == b != c
+
+
+def test_rfc9111_4_3_1_validators_become_conditional_headers():
+    stored = [("ETag", '"v1"'), ("Last-Modified", DATE)]
+    assert r.conditional_headers(stored) == [("If-None-Match", '"v1"'), ("If-Modified-Since", DATE)]
+
+
+def test_rfc9111_4_3_4_304_updates_stored_headers_but_not_framing():
+    stored = [("ETag", '"v1"'), ("Cache-Control", "max-age=1"), ("Content-Length", "5")]
+    fresh = [("Cache-Control", "max-age=99"), ("Content-Length", "0"), ("X-New", "1")]
+    updated = r.updated_by_304(stored, fresh)
+    assert r.get_all(updated, "cache-control") == ["max-age=99"]
+    assert r.get_all(updated, "content-length") == ["5"]
+    assert r.get_first(updated, "x-new") == "1" and r.get_first(updated, "etag") == '"v1"'
+
+
+def test_rfc9110_13_1_client_conditionals_answered_from_stored_validators():
+    stored = [("ETag", 'W/"v1"'), ("Last-Modified", DATE)]
+    assert r.not_modified([("If-None-Match", '"v0", "v1"')], stored)  # weak comparison
+    assert r.not_modified([("If-None-Match", "*")], stored)
+    assert not r.not_modified([("If-None-Match", '"v2"')], stored)
+    assert r.not_modified([("If-Modified-Since", DATE)], stored)
+    assert not r.not_modified([("If-Modified-Since", "Sat, 05 Nov 1994 08:49:37 GMT")], stored)
+
+
+def test_rfc9111_4_4_unsafe_methods_invalidate_on_success_only():
+    assert r.invalidates("POST", 200) and r.invalidates("DELETE", 302)
+    assert not r.invalidates("POST", 500) and not r.invalidates("GET", 200)
+
+
+header_text = st.text(alphabet=st.characters(codec="latin-1"), max_size=80)
+header_lists = st.lists(
+    st.tuples(st.sampled_from(["Cache-Control", "CDN-Cache-Control", "Expires", "Date", "Age",
+                               "Last-Modified", "Vary", "ETag", "Pragma", "Authorization",
+                               "If-None-Match", "If-Modified-Since"]), header_text),
+    max_size=8,
+)  # fmt: skip
+
+
+@given(header_lists, header_lists, st.integers(100, 599), st.floats(-1e9, 1e10))
+def test_parsers_never_raise_on_hostile_headers(req, resp, status, now):
+    lifetime = r.freshness_lifetime(status, resp)
+    assert lifetime >= 0
+    r.storable("GET", status, req, resp)
+    age = r.current_age(resp, now, now, now)
+    assert age >= 0
+    r.fresh_enough(lifetime, age, req)
+    r.may_serve_stale(lifetime, age, req, resp, origin_failed=True)
+    r.vary_key(r.vary_names(resp), req)
+    r.not_modified(req, resp)
+    r.updated_by_304(resp, req)
