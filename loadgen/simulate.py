@@ -83,7 +83,7 @@ def simulate(
     engine = build_engine(cache_bytes, admission, max_object_bytes)
     lookup = engine.lookup
     on_response = engine.on_response
-    response = ResponseMeta(cacheable=True, ttl=ttl)
+    response = ResponseMeta(cacheable=True, lifetime=ttl)
     total = len(trace)
     every = max(CHUNK, total // max(1, timeline_points))
     timeline: list[dict[str, float]] = []

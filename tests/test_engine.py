@@ -4,6 +4,8 @@ import pytest
 
 from proxy.core.admission import AdmissionConfig, make_policy
 from proxy.core.engine import (
+    FIRST_SIGHTING,
+    Bypass,
     CacheEngine,
     Hit,
     Miss,
@@ -12,6 +14,7 @@ from proxy.core.engine import (
     ResponseMeta,
     Stale,
     Store,
+    response_meta,
 )
 from proxy.core.store import LRUStore
 
@@ -69,7 +72,7 @@ def test_too_large_response_is_counted_and_never_stored():
 
 def test_expired_entry_is_stale_and_refresh_skips_admission():
     e = engine()
-    short = ResponseMeta(ttl=10.0)
+    short = ResponseMeta(lifetime=10.0)
     fetch(e, "/a", 0.0, response=short)
     fetch(e, "/a", 1.0, response=short)
     decision, outcome = fetch(e, "/a", 20.0, response=short)
@@ -132,3 +135,113 @@ def test_labels_name_the_policy_and_window():
     assert AdmissionConfig().label() == "second-hit(auto)"
     assert AdmissionConfig(auto_scale=0.25).label() == "second-hit(auto x0.25)"
     assert AdmissionConfig(window=600.0).label() == "second-hit(10m)"
+
+
+# HTTP semantics: the engine driven with real header lists, as the proxy drives it.
+
+
+def get(url: str, *headers: tuple[str, str]) -> RequestMeta:
+    return RequestMeta(url, "GET", tuple(headers))
+
+
+def origin(e: CacheEngine, request: RequestMeta, now: float, status=200, *headers, size=100):
+    meta = response_meta(request, status, list(headers), now, now)
+    return e.on_response(request, meta, size, now)
+
+
+def test_rfc9111_4_1_vary_stores_one_variant_per_selecting_header_value():
+    e = engine("always")
+    gz, br = get("/a", ("Accept-Encoding", "gzip")), get("/a", ("Accept-Encoding", "br"))
+    vary = ("Vary", "Accept-Encoding")
+    origin(e, gz, 0.0, 200, ("Cache-Control", "max-age=60"), vary)
+    assert isinstance(e.lookup(gz, 1.0), Hit)
+    assert e.lookup(br, 1.0) == Miss("uri-miss")
+    origin(e, br, 1.0, 200, ("Cache-Control", "max-age=60"), vary)
+    assert isinstance(e.lookup(br, 2.0), Hit) and isinstance(e.lookup(gz, 2.0), Hit)
+    assert e.invalidate("/a") == 2 and e.lookup(gz, 3.0) == Miss("uri-miss")
+
+
+def test_second_hit_counts_a_url_not_its_variants():
+    e = engine()
+    vary = ("Vary", "Accept-Language")
+    assert origin(e, get("/v", ("Accept-Language", "en")), 0.0, 200, vary) == FIRST_SIGHTING
+    stored = origin(e, get("/v", ("Accept-Language", "fr")), 1.0, 200, vary)
+    assert isinstance(stored, Store)
+
+
+def test_rfc9111_4_3_4_304_refreshes_headers_and_lifetime():
+    e = engine("always")
+    request = get("/r")
+    origin(e, request, 0.0, 200, ("Cache-Control", "max-age=10"), ("ETag", '"v1"'))
+    stale = e.lookup(request, 20.0)
+    assert isinstance(stale, Stale) and not stale.serve_stale
+    e.on_not_modified(stale.entry, [("Cache-Control", "max-age=100"), ("X-Fresh", "1")], 20.0, 20.0)
+    hit = e.lookup(request, 50.0)
+    assert isinstance(hit, Hit) and hit.age == 30.0
+    assert ("X-Fresh", "1") in hit.entry.headers and ("ETag", '"v1"') in hit.entry.headers
+    assert e.stats()["revalidated"] == 1
+
+
+def test_rfc9111_5_2_request_no_cache_and_max_age_force_revalidation():
+    e = engine("always")
+    origin(e, get("/n"), 0.0, 200, ("Cache-Control", "max-age=100"))
+    assert isinstance(e.lookup(get("/n", ("Cache-Control", "no-cache")), 1.0), Stale)
+    assert isinstance(e.lookup(get("/n", ("Pragma", "no-cache")), 1.0), Stale)
+    assert isinstance(e.lookup(get("/n", ("Cache-Control", "max-age=5")), 10.0), Stale)
+    assert isinstance(e.lookup(get("/n"), 10.0), Hit)
+
+
+def test_rfc5861_stale_while_revalidate_and_stale_if_error():
+    e = engine("always")
+    request = get("/s")
+    cc = ("Cache-Control", "max-age=10, stale-while-revalidate=30, stale-if-error=300")
+    origin(e, request, 0.0, 200, cc)
+    swr = e.lookup(request, 20.0)
+    assert isinstance(swr, Stale) and swr.serve_stale
+    late = e.lookup(request, 100.0)
+    assert isinstance(late, Stale) and not late.serve_stale
+    assert e.may_serve_on_error(late, request)
+    e.served_stale(late.entry)
+    assert e.stats()["stale_served"] == 1
+
+
+def test_rfc9111_4_2_3_age_includes_what_the_response_brought():
+    e = engine("always")
+    request = get("/age")
+    origin(e, request, 100.0, 200, ("Cache-Control", "max-age=60"), ("Age", "50"))
+    hit = e.lookup(request, 105.0)
+    assert isinstance(hit, Hit) and hit.age == 55.0
+    assert isinstance(e.lookup(request, 111.0), Stale)
+
+
+def test_uncacheable_reason_comes_from_the_http_rules():
+    e = engine("always")
+    assert origin(e, get("/p"), 0.0, 200, ("Cache-Control", "private")) == NotStored("private")
+    assert origin(e, get("/c"), 0.0, 200, ("Set-Cookie", "a=1")) == NotStored("set-cookie")
+
+
+def test_rfc9111_4_4_unsafe_methods_bypass_and_invalidate():
+    e = engine("always")
+    origin(e, get("/u"), 0.0, 200, ("Cache-Control", "max-age=60"))
+    post = RequestMeta("/u", "POST")
+    assert e.lookup(post, 1.0) == Bypass("method")
+    assert e.on_unsafe_response(post, 500) == 0 and isinstance(e.lookup(get("/u"), 1.0), Hit)
+    assert e.on_unsafe_response(post, 201) == 1
+    assert e.lookup(get("/u"), 2.0) == Miss("uri-miss")
+    assert e.stats()["bypass"] == 1
+
+
+def test_purge_prefix_removes_matching_urls_only():
+    e = engine("always")
+    for url in ("http://h/img/1", "http://h/img/2", "http://h/css/1"):
+        origin(e, get(url), 0.0, 200, ("Cache-Control", "max-age=60"))
+    assert e.purge_prefix("http://h/img/") == 2
+    assert e.stats()["entries"] == 1
+
+
+def test_origin_that_stops_varying_replaces_its_variants():
+    e = engine("always")
+    request = get("/x", ("Accept", "a"))
+    origin(e, request, 0.0, 200, ("Vary", "Accept"), ("Cache-Control", "max-age=60"))
+    origin(e, get("/x"), 1.0, 200, ("Cache-Control", "max-age=60"))
+    assert isinstance(e.lookup(request, 2.0), Hit) and e.stats()["entries"] == 1

@@ -55,6 +55,7 @@ def test_rfc9111_3_storing_responses_in_a_shared_cache(req, resp, status, ok, wh
 def test_rfc9111_3_set_cookie_may_be_stored_when_configured():
     assert r.storable("GET", 200, [], [("Set-Cookie", "a=b")], allow_set_cookie=True)[0]
     assert r.storable("POST", 200, [], [])[1] == "method"
+    assert r.storable("HEAD", 200, [], [])[1] == "method"
 
 
 def test_rfc9213_cdn_cache_control_overrides_cache_control():

@@ -155,7 +155,7 @@ def storable(
     allow_set_cookie: bool = False,
 ) -> tuple[bool, str]:
     """Whether a shared cache may store this response (section 3), and why not if it may not."""
-    if method not in ("GET", "HEAD"):
+    if method != "GET":  # a HEAD response has no body to store; other methods are not cached
         return False, "method"
     req = request_directives(request_headers)
     if "no-store" in req:

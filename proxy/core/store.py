@@ -13,6 +13,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,14 +22,26 @@ from cachetools import LRUCache
 
 @dataclass(slots=True, eq=False)
 class Entry:
-    """One stored response; ``payload`` is the driver's (headers, body), never read by the core."""
+    """One stored response.
+
+    It is fresh while ``initial_age + (now - stored_at) < lifetime`` (RFC 9111 section 4.2);
+    ``headers`` are the stored response's fields; ``payload`` is the driver's (status, body),
+    never read by the core.
+    """
 
     key: str
     size: int
     stored_at: float
-    ttl: float = float("inf")
+    lifetime: float = float("inf")
+    initial_age: float = 0.0
+    headers: tuple[tuple[str, str], ...] = ()
     payload: Any = None
     hits: int = field(default=0)
+
+    def age(self, now: float) -> float:
+        """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
+        resident = now - self.stored_at
+        return self.initial_age + (resident if resident > 0.0 else 0.0)
 
 
 class _EvictionLog(LRUCache):
@@ -129,6 +142,10 @@ class LRUStore:
         if entry is not None:
             self._forget(entry)
         return entry
+
+    def __iter__(self) -> Iterator[str]:
+        """Every stored key, from a snapshot: the store may change while this is iterated."""
+        return iter(list(self._lru))
 
     def estimated_capacity_objects(self) -> int:
         """How many objects of the resident mean size the store holds when full (0 when empty)."""
