@@ -1,0 +1,401 @@
+"""The proxy's settings: defaults < TOML file < ``ONEHIT_*`` environment < command-line flags.
+
+Every key lives in one section dataclass below; its metadata holds the parser that checks it.
+Any bad value stops start-up with a ``ConfigError`` of one line that names the key, where the
+value came from, the bad value and what is expected, with the closest known key for a typo.
+Every key ``[section] key`` also reads from the environment as ``ONEHIT_SECTION_KEY``; routes
+read from ``ONEHIT_ROUTES`` as ``host=origin,host=origin``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.units import parse_duration, parse_size
+
+Parser = Callable[[Any], Any]
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message is one line a person can act on."""
+
+
+def _setting(default: Any, parse: Parser, doc: str) -> Any:
+    return field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "true",
+        "1",
+        "yes",
+        "on",
+        "false",
+        "0",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("true", "1", "yes", "on")
+    raise ValueError("expected true or false")
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def _probability(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number between 0 and 1, like 0.01") from None
+    if not 0.0 < number < 1.0:
+        raise ValueError("expected a number between 0 and 1 (exclusive), like 0.01")
+    return number
+
+
+def _size(value: Any) -> int:
+    size = parse_size(value)
+    if size < 1:
+        raise ValueError("expected a size of at least 1 byte")
+    return size
+
+
+def _duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("expected a duration above zero, like 250ms, 10s or 10m")
+    return seconds
+
+
+def _window(value: Any) -> float | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return _duration(value)
+    except ValueError:
+        raise ValueError("expected 'auto' or a duration like 10m") from None
+
+
+def _policy(value: Any) -> str:
+    if value not in POLICIES:
+        raise ValueError(f"expected one of {', '.join(sorted(POLICIES))}")
+    return value
+
+
+def _log_format(value: Any) -> str:
+    if value not in ("combined", "json"):
+        raise ValueError("expected 'combined' or 'json'")
+    return value
+
+
+def _address(value: Any) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6)."""
+    text = _string(value)
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected host:port, like 127.0.0.1:8080")
+    return host, int(port)
+
+
+def _origin(value: Any) -> str:
+    text = _string(value).rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an origin URL like http://127.0.0.1:9000")
+    if parts.path or parts.query or parts.fragment:
+        raise ValueError("expected an origin URL without a path, like http://127.0.0.1:9000")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError:
+        raise ValueError("expected an origin URL with a valid port") from None
+    return text
+
+
+def _optional_origin(value: Any) -> str:
+    return "" if value == "" else _origin(value)
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    listen: tuple[str, int] = _setting(("127.0.0.1", 8080), _address, "address clients connect to")
+    access_log: bool = _setting(True, _bool, "log one line per request")
+    access_log_format: str = _setting("combined", _log_format, "combined or json")
+    drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
+    max_header_size: int = _setting(8190, _positive_int, "largest request line or header field")
+
+
+@dataclass(frozen=True)
+class AdminSection:
+    listen: tuple[str, int] = _setting(("127.0.0.1", 9901), _address, "admin address")
+    token: str = _setting("", _string, "bearer token; required when listen is not loopback")
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    size: int = _setting(256 << 20, _size, "bytes of response bodies held")
+    max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
+    store_set_cookie: bool = _setting(False, _bool, "store responses that carry Set-Cookie")
+
+
+@dataclass(frozen=True)
+class AdmissionSection:
+    policy: str = _setting("second-hit", _policy, "second-hit or always (plain LRU)")
+    window: float | str = _setting("auto", _window, "auto, or how long a first sighting counts")
+    expected_urls: int = _setting(1_000_000, _positive_int, "distinct URLs per fixed window")
+    fp_rate: float = _setting(0.01, _probability, "false-positive rate of the filter")
+    generations: int = _setting(2, _positive_int, "filter generations (>= 2)")
+    max_window: float = _setting(3600.0, _duration, "longest the auto window remembers")
+
+
+@dataclass(frozen=True)
+class UpstreamSection:
+    origin: str = _setting("", _optional_origin, "default origin for hosts no route names")
+    connect_timeout: float = _setting(2.0, _duration, "time to connect to the origin")
+    read_timeout: float = _setting(10.0, _duration, "longest wait for the next bytes")
+    total_timeout: float = _setting(60.0, _duration, "longest a whole origin response may take")
+    single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
+
+
+@dataclass(frozen=True)
+class Route:
+    host: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerSection = ServerSection()
+    admin: AdminSection = AdminSection()
+    cache: CacheSection = CacheSection()
+    admission: AdmissionSection = AdmissionSection()
+    upstream: UpstreamSection = UpstreamSection()
+    routes: tuple[Route, ...] = ()
+
+    def admission_config(self) -> AdmissionConfig:
+        a = self.admission
+        return AdmissionConfig(
+            policy=a.policy,
+            window=a.window,
+            capacity=a.expected_urls,
+            fp_rate=a.fp_rate,
+            generations=a.generations,
+            max_window=a.max_window,
+        )
+
+    def route_table(self) -> dict[str, str]:
+        """Host (lower-case, no port) -> origin; ``""`` maps to the default origin if any."""
+        table = {route.host: route.origin for route in self.routes}
+        if self.upstream.origin:
+            table[""] = self.upstream.origin
+        return table
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "listen": _join(self.server.listen),
+            "admin": _join(self.admin.listen),
+            "cache_size": self.cache.size,
+            "max_object_size": self.cache.max_object_size,
+            "admission": self.admission_config().label(),
+            "fp_rate": self.admission.fp_rate,
+            "generations": self.admission.generations,
+            "routes": {r.host: r.origin for r in self.routes},
+            "default_origin": self.upstream.origin or None,
+        }
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerSection,
+    "admin": AdminSection,
+    "cache": CacheSection,
+    "admission": AdmissionSection,
+    "upstream": UpstreamSection,
+}
+
+
+def _join(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the config: defaults, then the TOML file, then ``env``, then ``overrides``
+    (``"section.key" -> value``, from command-line flags; ``"routes"`` -> list of routes)."""
+    env = os.environ if env is None else env
+    raw: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in SECTIONS}
+    routes: list[tuple[dict[str, Any], str]] = []
+    if path is not None:
+        _read_toml(Path(path), raw, routes)
+    _read_env(env, raw, routes)
+    for dotted, value in (overrides or {}).items():
+        if dotted == "routes":
+            routes = [(r, "command line") for r in value]
+            continue
+        section, _, key = dotted.partition(".")
+        _check_key(section, key, "command line")
+        raw[section][key] = (value, "command line")
+    config = Config(
+        **{name: _build(cls, name, raw[name]) for name, cls in SECTIONS.items()},
+        routes=tuple(_route(r, source) for r, source in routes),
+    )
+    _check_whole(config)
+    return config
+
+
+def _read_toml(path: Path, raw: dict, routes: list) -> None:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"config {path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path}: not valid TOML ({exc})") from None
+    source = str(path)
+    for name, table in data.items():
+        if name == "routes":
+            if not isinstance(table, list):
+                raise ConfigError(
+                    f"{source}: routes must be [[routes]] tables with host and origin"
+                )
+            routes.extend((r, source) for r in table)
+            continue
+        _check_key(name, None, source)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table of keys")
+        for key, value in table.items():
+            _check_key(name, key, source)
+            raw[name][key] = (value, source)
+
+
+def _read_env(env: Mapping[str, str], raw: dict, routes: list) -> None:
+    known = {
+        f"ONEHIT_{section.upper()}_{f.name.upper()}": (section, f.name)
+        for section, cls in SECTIONS.items()
+        for f in fields(cls)
+    }
+    for name, value in env.items():
+        if not name.startswith("ONEHIT_"):
+            continue
+        if name == "ONEHIT_ROUTES":
+            routes[:] = [(r, name) for r in _env_routes(value)]
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, [*known, "ONEHIT_ROUTES"], n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"environment: unknown setting {name}{hint}")
+        section, key = known[name]
+        raw[section][key] = (value, name)
+
+
+def _env_routes(value: str) -> list[dict[str, str]]:
+    out = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, eq, origin = item.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"ONEHIT_ROUTES: {item!r} is not host=origin, like cdn.example=http://10.0.0.5:80"
+            )
+        out.append({"host": host.strip(), "origin": origin.strip()})
+    return out
+
+
+def _check_key(section: str, key: str | None, source: str) -> None:
+    if section not in SECTIONS:
+        close = difflib.get_close_matches(section, [*SECTIONS, "routes"], n=1)
+        hint = f" (did you mean [{close[0]}]?)" if close else ""
+        raise ConfigError(
+            f"{source}: unknown section [{section}]{hint}; sections are "
+            f"{', '.join(f'[{s}]' for s in SECTIONS)}, [[routes]]"
+        )
+    if key is None:
+        return
+    names = [f.name for f in fields(SECTIONS[section])]
+    if key not in names:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{source}: unknown key {key!r} in [{section}]{hint}; keys are {', '.join(names)}"
+        )
+
+
+def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
+    parsed = {}
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        value, source = values[f.name]
+        try:
+            parsed[f.name] = f.metadata["parse"](value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [{section}] {f.name} = {value!r}: {exc}") from None
+    return replace(cls(), **parsed)
+
+
+def _route(table: Any, source: str) -> Route:
+    if not isinstance(table, dict) or set(table) != {"host", "origin"}:
+        raise ConfigError(f"{source}: each route needs exactly host and origin, got {table!r}")
+    host = table["host"]
+    if not isinstance(host, str) or not host or "/" in host or ":" in host:
+        raise ConfigError(
+            f"{source}: route host {host!r}: expected a host name without port, like cdn.example"
+        )
+    try:
+        origin = _origin(table["origin"])
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
+    return Route(host.lower(), origin)
+
+
+def _check_whole(config: Config) -> None:
+    if config.admission.generations < 2:
+        raise ConfigError(
+            f"[admission] generations = {config.admission.generations}: expected 2 or more"
+        )
+    if config.cache.max_object_size > config.cache.size:
+        raise ConfigError(
+            f"[cache] max_object_size = {config.cache.max_object_size}: expected at most "
+            f"[cache] size ({config.cache.size})"
+        )
+    if not config.routes and not config.upstream.origin:
+        raise ConfigError(
+            "no origin: set [upstream] origin (or --origin, or ONEHIT_UPSTREAM_ORIGIN), "
+            "or add [[routes]]"
+        )
+    if not is_loopback(config.admin.listen[0]) and not config.admin.token:
+        raise ConfigError(
+            f"[admin] listen = {_join(config.admin.listen)} is not loopback: "
+            "expected [admin] token to be set (ONEHIT_ADMIN_TOKEN)"
+        )

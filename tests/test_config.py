@@ -1,0 +1,96 @@
+"""Config: defaults < TOML < ONEHIT_* env < flags, and one clear line for every bad value."""
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load
+
+ORIGIN = {"upstream.origin": "http://127.0.0.1:9000"}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_defaults_with_only_an_origin():
+    c = load(env={}, overrides=ORIGIN)
+    assert c.server.listen == ("127.0.0.1", 8080) and c.admin.listen == ("127.0.0.1", 9901)
+    assert c.cache.size == 256 << 20 and c.admission.window == "auto"
+    assert c.route_table() == {"": "http://127.0.0.1:9000"}
+
+
+def test_documented_proxy_toml_names_every_key_with_its_default():
+    text = (REPO / "config" / "proxy.toml").read_text()
+    c = load(REPO / "config" / "proxy.toml", env={}, overrides=ORIGIN)
+    assert c == load(env={}, overrides=ORIGIN)
+    from dataclasses import fields
+
+    from proxy.config import SECTIONS
+
+    for section, cls in SECTIONS.items():
+        assert f"[{section}]" in text
+        for f in fields(cls):
+            assert f"\n{f.name} = " in text, f"[{section}] {f.name} is not documented"
+
+
+def test_precedence_file_then_env_then_flags(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(
+        '[cache]\nsize = "1MiB"\nmax_object_size = "64KiB"\n'
+        '[admission]\npolicy = "always"\n[upstream]\norigin = "http://127.0.0.1:1"\n'
+        '[[routes]]\nhost = "CDN.example"\norigin = "http://127.0.0.1:2"\n'
+    )
+    env = {"ONEHIT_CACHE_SIZE": "2MiB", "ONEHIT_ADMISSION_WINDOW": "10m"}
+    c = load(path, env=env, overrides={"admission.window": "20m"})
+    assert c.cache.size == 2 << 20 and c.cache.max_object_size == 64 << 10
+    assert c.admission.policy == "always" and c.admission.window == 1200.0
+    assert c.route_table() == {"cdn.example": "http://127.0.0.1:2", "": "http://127.0.0.1:1"}
+
+
+def test_routes_from_the_environment():
+    c = load(env={"ONEHIT_ROUTES": "a.example=http://127.0.0.1:1, b.example=https://h:8443"})
+    assert c.route_table() == {"a.example": "http://127.0.0.1:1", "b.example": "https://h:8443"}
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ('[cache]\nsize = "lots"\n', "[cache] size = 'lots': size 'lots' is not a size"),
+        ('[cache]\nsise = "1MiB"\n', "unknown key 'sise' in [cache] (did you mean 'size'?)"),
+        ('[cahce]\nsize = "1MiB"\n', "unknown section [cahce] (did you mean [cache]?)"),
+        ('[[routes]]\nhost = "a"\norigin = "ftp://x"\n', "route a origin 'ftp://x': expected an"),
+        ("[admission]\nfp_rate = 2\n", "[admission] fp_rate = 2: expected a number between 0"),
+        ('[admission]\npolicy = "lfu"\n', "expected one of always, second-hit"),
+        ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
+        ('[server]\nlisten = "8080"\n', "expected host:port"),
+        ("[cache]\nsize = [\n", "not valid TOML"),
+        ('[[routes]]\nhost = "a"\n', "each route needs exactly host and origin"),
+    ],
+)
+def test_bad_file_value_is_one_line_naming_key_value_and_expectation(tmp_path, toml, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load(path, env={}, overrides=ORIGIN)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    if "[" in toml and "routes" not in toml and "TOML" not in message:
+        assert str(path) in str(info.value)
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(
+        ConfigError, match=r"ONEHIT_UPSTREAM_READ_TIMEOUT: \[upstream\] read_timeout"
+    ):
+        load(env={"ONEHIT_UPSTREAM_READ_TIMEOUT": "soon"}, overrides=ORIGIN)
+    with pytest.raises(ConfigError, match="did you mean ONEHIT_CACHE_SIZE"):
+        load(env={"ONEHIT_CACHE_SIZ": "1MiB"}, overrides=ORIGIN)
+
+
+def test_whole_config_checks():
+    with pytest.raises(ConfigError, match="no origin"):
+        load(env={})
+    with pytest.raises(ConfigError, match="not loopback: expected \\[admin\\] token"):
+        load(env={}, overrides={**ORIGIN, "admin.listen": "0.0.0.0:9901"})
+    assert load(env={}, overrides={**ORIGIN, "admin.listen": "0.0.0.0:9901", "admin.token": "t"})
+    with pytest.raises(ConfigError, match="max_object_size"):
+        load(env={}, overrides={**ORIGIN, "cache.size": "1MiB", "cache.max_object_size": "2MiB"})
+    with pytest.raises(ConfigError, match="generations"):
+        load(env={}, overrides={**ORIGIN, "admission.generations": 1})
