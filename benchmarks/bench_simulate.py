@@ -24,7 +24,7 @@ from proxy.core.window import WindowedBloomFilter
 
 def bare_loop(trace: Trace) -> float:
     """The loop every driver runs: walk the trace and build each request."""
-    rows = list(zip(trace.times.tolist(), trace.keys(), trace.sizes.tolist(), strict=True))
+    rows = list(zip(trace.times.tolist(), trace.key_strings(), trace.sizes.tolist(), strict=True))
     started = time.perf_counter()
     for _now, key, _size in rows:
         RequestMeta(key)
@@ -32,7 +32,7 @@ def bare_loop(trace: Trace) -> float:
 
 
 def ordered_dict_lru(trace: Trace, capacity: int) -> tuple[float, int]:
-    keys, sizes = trace.keys(), trace.sizes.tolist()
+    keys, sizes = trace.key_strings(), trace.sizes.tolist()
     started = time.perf_counter()
     cache: OrderedDict[str, int] = OrderedDict()
     used = hits = 0
@@ -84,7 +84,7 @@ def main() -> None:
             f"x{ref_time / seconds:.2f} of OrderedDict LRU"
         )
     misses = int(sh.stats["misses"])
-    miss_keys = trace.keys()[:misses]
+    miss_keys = trace.key_strings()[:misses]
     per_call = filter_alone(miss_keys, misses) / misses
     print(
         f"  where second-hit's time goes: {misses:,} misses call the filter "

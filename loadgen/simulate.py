@@ -92,7 +92,7 @@ def simulate(
         stop = min(total, start + CHUNK)
         times = trace.times[start:stop].tolist()
         sizes = trace.sizes[start:stop].tolist()
-        keys = trace.keys(start, stop)
+        keys = trace.key_strings(start, stop)
         for now, key, size in zip(times, keys, sizes, strict=True):
             request = RequestMeta(key_prefix + key)
             if type(lookup(request, now)) is not Hit:

@@ -50,7 +50,7 @@ class Trace:
     def __len__(self) -> int:
         return len(self.times)
 
-    def keys(self, start: int = 0, stop: int | None = None) -> list[str]:
+    def key_strings(self, start: int = 0, stop: int | None = None) -> list[str]:
         """The key strings of requests ``start:stop``."""
         ids = self.ids[start:stop].tolist()
         if self.names is None:
@@ -64,7 +64,7 @@ class Trace:
             stop = start + chunk
             times = self.times[start:stop].tolist()
             sizes = self.sizes[start:stop].tolist()
-            for t, k, s in zip(times, self.keys(start, stop), sizes, strict=True):
+            for t, k, s in zip(times, self.key_strings(start, stop), sizes, strict=True):
                 yield Request(t, k, s)
 
     def distinct_objects(self) -> int:

@@ -185,3 +185,49 @@ def test_parsers_never_raise_on_hostile_headers(req, resp, status, now):
     r.vary_key(r.vary_names(resp), req)
     r.not_modified(req, resp)
     r.updated_by_304(resp, req)
+
+
+def test_rfc9110_7_6_1_hop_by_hop_fields_are_not_forwarded():
+    headers = [
+        ("Connection", "close, X-Secret"),
+        ("Keep-Alive", "timeout=5"),
+        ("Transfer-Encoding", "chunked"),
+        ("Proxy-Authorization", "Basic x"),
+        ("X-Secret", "1"),
+        ("Upgrade", "h2c"),
+        ("TE", "trailers"),
+        ("Content-Type", "text/plain"),
+    ]
+    assert r.end_to_end(headers) == [("Content-Type", "text/plain")]
+
+
+def test_rfc9111_3_partial_content_is_not_stored():
+    assert r.storable("GET", 206, [], [("Cache-Control", "max-age=60")]) == (False, "partial")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("bytes=0-9", (0, 9)),
+        ("bytes=90-", (90, 99)),
+        ("bytes=-10", (90, 99)),
+        ("bytes=95-200", (95, 99)),
+        ("bytes=100-", False),  # 416
+        ("bytes=-0", False),
+        ("bytes=0-1,5-6", None),  # several ranges: the whole representation
+        ("items=0-1", None),
+        ("bytes=9-2", None),  # invalid: ignored
+        ("bytes=x-2", None),
+    ],
+)
+def test_rfc9110_14_byte_ranges_of_a_stored_response(value, expected):
+    assert r.byte_range([("Range", value)], [], 100) == expected
+
+
+def test_rfc9110_13_1_5_if_range_sends_the_whole_when_it_does_not_match():
+    stored = [("ETag", '"v1"'), ("Last-Modified", DATE)]
+    ask = [("Range", "bytes=0-0")]
+    assert r.byte_range([*ask, ("If-Range", '"v1"')], stored, 10) == (0, 0)
+    assert r.byte_range([*ask, ("If-Range", '"v2"')], stored, 10) is None
+    assert r.byte_range([*ask, ("If-Range", DATE)], stored, 10) == (0, 0)
+    assert r.byte_range([*ask, ("If-Range", 'W/"v1"')], stored, 10) is None

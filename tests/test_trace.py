@@ -14,7 +14,7 @@ def trace() -> Trace:
 
 def same(a: Trace, b: Trace) -> bool:
     return (
-        a.keys() == b.keys()
+        a.key_strings() == b.key_strings()
         and np.array_equal(a.sizes, b.sizes)
         and np.allclose(a.times, b.times, rtol=0, atol=1e-9)
     )

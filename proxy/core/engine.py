@@ -99,6 +99,7 @@ URI_MISS = Miss("uri-miss")
 METHOD_BYPASS = Bypass("method")
 TOO_LARGE = NotStored("too-large")
 FIRST_SIGHTING = NotStored("first-sighting")
+COLLAPSED = NotStored("collapsed")
 
 
 def response_meta(
@@ -167,14 +168,25 @@ class CacheEngine:
         return Stale(entry, age, serve)
 
     def on_response(
-        self, request: RequestMeta, response: ResponseMeta, size: int, now: float
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        size: int,
+        now: float,
+        *,
+        fetched: bool = True,
+        served: bool = True,
     ) -> Outcome:
-        """Decide whether the origin's response to a missed GET is stored (``now`` is when it
-        arrived)."""
+        """Decide whether an origin response to a request that did not hit is stored (``now``
+        is when it arrived). ``fetched=False``: a response shared with a collapsed request, which
+        counts as a sighting but not as an origin fetch, and is not stored twice.
+        ``served=False``: a background refresh no client is waiting for."""
         c = self.counters
-        c.origin_fetches += 1
-        c.origin_bytes += size
-        c.bytes_served += size
+        if fetched:
+            c.origin_fetches += 1
+            c.origin_bytes += size
+        if served:
+            c.bytes_served += size
         if not response.cacheable:
             c.uncacheable += 1
             return NotStored(response.reason or "uncacheable")
@@ -187,6 +199,8 @@ class CacheEngine:
         if response.vary:
             key = _variant(url, rfc9111.vary_key(response.vary, request.headers))
         known = key in store or url in self._vary
+        if known and not fetched:
+            return COLLAPSED
         if not known and not self.admission.admit(url, size, now):
             c.rejected_first_sighting += 1
             c.bytes_not_written += size
@@ -210,10 +224,16 @@ class CacheEngine:
         return Store(entry, tuple(evicted))
 
     def on_not_modified(
-        self, entry: Entry, headers_304: Headers, request_time: float, now: float
+        self,
+        entry: Entry,
+        headers_304: Headers,
+        request_time: float,
+        now: float,
+        *,
+        served: bool = True,
     ) -> Entry:
-        """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4) and
-        count the stored body as served from cache."""
+        """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4) and,
+        when a client gets it, count the stored body as served from cache."""
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
         entry.lifetime = rfc9111.freshness_lifetime(200, headers)
@@ -222,9 +242,10 @@ class CacheEngine:
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
-        c.hit_bytes += entry.size
-        c.bytes_served += entry.size
-        self.store.record_hit(entry)
+        if served:
+            c.hit_bytes += entry.size
+            c.bytes_served += entry.size
+            self.store.record_hit(entry)
         return entry
 
     def served_stale(self, entry: Entry) -> None:

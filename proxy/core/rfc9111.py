@@ -29,6 +29,9 @@ HEURISTIC_CAP = 86400.0
 HEURISTICALLY_CACHEABLE = frozenset({200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501})
 UNDERSTOOD_STATUSES = HEURISTICALLY_CACHEABLE | {302, 303, 307}
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"}
+)
 
 # RFC 9111 section 3.2: fields a 304 must not overwrite in the stored response.
 _NOT_UPDATED_BY_304 = frozenset({"content-length", "content-encoding", "transfer-encoding"})
@@ -165,6 +168,8 @@ def storable(
         return False, "no-store"
     if "private" in cc:
         return False, "private"
+    if status == 206:  # this cache stores complete responses only
+        return False, "partial"
     if status not in UNDERSTOOD_STATUSES:
         return False, "status"
     if any(v.strip() == "*" for v in _list_values(get_all(response_headers, "vary"))):
@@ -325,6 +330,59 @@ def not_modified(request_headers: Headers, stored_headers: Headers) -> bool:
 def invalidates(method: str, status: int) -> bool:
     """Section 4.4: a non-error response to an unsafe method invalidates the stored URL."""
     return method.upper() not in SAFE_METHODS and 200 <= status < 400
+
+
+def end_to_end(headers: Headers) -> list[tuple[str, str]]:
+    """RFC 9110 section 7.6.1: the fields a proxy forwards, without hop-by-hop ones (the fixed
+    set and any that ``Connection`` names)."""
+    named = {t.strip().lower() for v in get_all(headers, "connection") for t in v.split(",")}
+    return [
+        (k, v)
+        for k, v in headers
+        if (low := k.lower()) not in HOP_BY_HOP
+        and low not in named
+        and not low.startswith("proxy-")
+    ]
+
+
+def byte_range(
+    request_headers: Headers, stored_headers: Headers, length: int
+) -> tuple[int, int] | bool | None:
+    """RFC 9110 section 14: the single byte range a GET asks of a stored representation of
+    ``length`` bytes, as (first, last) inclusive; None to send the whole representation (no
+    Range, several ranges, a non-bytes unit, or an If-Range that does not match); False when
+    the range cannot be satisfied (416)."""
+    values = get_all(request_headers, "range")
+    if len(values) != 1:
+        return None
+    unit, _, spec = values[0].strip().partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    if_range = get_first(request_headers, "if-range")
+    if if_range is not None:
+        etag = get_first(stored_headers, "etag")
+        if_range = if_range.strip()
+        if if_range.startswith(('"', "W/")):
+            if etag is None or etag.strip() != if_range or if_range.startswith("W/"):
+                return None
+        elif if_range != (get_first(stored_headers, "last-modified") or "").strip():
+            return None
+    first_text, dash, last_text = spec.strip().partition("-")
+    if not dash or not (first_text.isdigit() or (not first_text and last_text.isdigit())):
+        return None
+    if last_text and not last_text.isdigit():
+        return None
+    if not first_text:
+        suffix = int(last_text)
+        if suffix == 0 or length == 0:
+            return False
+        return max(0, length - suffix), length - 1
+    first = int(first_text)
+    if last_text and int(last_text) < first:
+        return None
+    if first >= length:
+        return False
+    return first, min(int(last_text), length - 1) if last_text else length - 1
 
 
 def _weak(tag: str) -> str:

@@ -45,6 +45,23 @@ METRICS: dict[str, str] = {
 }
 
 
+# Metrics that go up and down (everything else only ever grows).
+GAUGES = frozenset(
+    {
+        "hit_ratio",
+        "byte_hit_ratio",
+        "writes_saved",
+        "entries",
+        "bytes_used",
+        "filter_fill",
+        "filter_fp_estimate",
+        "filter_bytes",
+        "dead_writes",
+        "dead_bytes",
+    }
+)
+
+
 @dataclass(slots=True)
 class Counters:
     requests: int = 0

@@ -1,0 +1,110 @@
+"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, POST /purge and
+POST /filter/reset.
+
+When a token is configured every endpoint but /healthz requires ``Authorization: Bearer TOKEN``
+(the config refuses a non-loopback admin listener without one).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+
+from aiohttp import web
+
+from proxy.core.stats import GAUGES, METRICS
+from proxy.server import Proxy, cache_key
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
+    started = time.time() if started is None else started
+    token = proxy.config.admin.token
+
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token and request.path != "/healthz":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        return await handler(request)
+
+    async def stats(request: web.Request) -> web.Response:
+        engine = proxy.engine
+        body = {
+            "metrics": engine.stats(),
+            "filter": _filter_health(proxy),
+            "store": {
+                "entries": len(engine.store),
+                "bytes_used": engine.store.bytes_used,
+                "capacity_bytes": engine.store.capacity_bytes,
+                "max_object_bytes": engine.store.max_object_bytes,
+            },
+            "in_flight_fetches": len(proxy.flights),
+            "uptime_s": round(time.time() - started, 3),
+            "config": proxy.config.summary(),
+        }
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(
+            text=prometheus_text(proxy.engine.stats()),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def purge(request: web.Request) -> web.Response:
+        params = dict(request.query)
+        if request.can_read_body:
+            try:
+                params.update(await request.json())
+            except (ValueError, TypeError):
+                return web.json_response({"error": "body must be JSON"}, status=400)
+        if isinstance(params.get("url"), str):
+            removed = proxy.engine.invalidate(cache_key(params["url"]))
+        elif isinstance(params.get("prefix"), str):
+            removed = proxy.engine.purge_prefix(cache_key(params["prefix"]))
+        else:
+            return web.json_response(
+                {"error": 'give {"url": "http://host/path"} or {"prefix": "http://host/dir/"}'},
+                status=400,
+            )
+        return web.json_response({"removed": removed})
+
+    async def filter_reset(request: web.Request) -> web.Response:
+        proxy.engine.admission.reset(time.time())
+        return web.json_response({"reset": True})
+
+    app = web.Application(middlewares=[require_token])
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/purge", purge)
+    app.router.add_post("/filter/reset", filter_reset)
+    return app
+
+
+def _filter_health(proxy: Proxy) -> dict[str, object] | None:
+    health = proxy.engine.admission.filter_stats()
+    return None if health is None else asdict(health)
+
+
+def prometheus_text(stats: dict[str, int | float]) -> str:
+    """The Prometheus text exposition (format 0.0.4) of every metric, prefixed ``onehit_``;
+    counters get the ``_total`` suffix."""
+    lines = []
+    for name, help_text in METRICS.items():
+        kind = "gauge" if name in GAUGES else "counter"
+        metric = f"onehit_{name}" if kind == "gauge" else f"onehit_{name}_total"
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} {kind}")
+        lines.append(f"{metric} {float(stats[name])!r}")
+    return "\n".join(lines) + "\n"

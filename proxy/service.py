@@ -1,0 +1,106 @@
+"""One running onehit: the proxy listener, the admin listener, their engine and upstream.
+
+``Service.start`` binds both listeners (port 0 picks a free port; ``addresses`` says which) and
+``Service.stop`` stops accepting, lets requests in flight finish for up to ``drain_timeout``
+seconds, then closes the origin connections.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from proxy.admin import admin_app
+from proxy.config import Config
+from proxy.core.admission import make_policy
+from proxy.core.engine import CacheEngine
+from proxy.core.store import LRUStore
+from proxy.server import Proxy
+from proxy.upstream import Upstream
+
+COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
+
+
+class JsonAccessLogger(AbstractAccessLogger):
+    """One JSON object per request."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            json.dumps(
+                {
+                    "remote": request.remote,
+                    "method": request.method,
+                    "target": request.raw_path,
+                    "host": request.host,
+                    "status": response.status,
+                    "bytes": response.body_length,
+                    "seconds": round(time, 6),
+                    "cache_status": response.headers.get("Cache-Status"),
+                }
+            )
+        )
+
+
+def build_engine(config: Config) -> CacheEngine:
+    store = LRUStore(config.cache.size, config.cache.max_object_size)
+    return CacheEngine(store, make_policy(config.admission_config(), store))
+
+
+@dataclass
+class Service:
+    config: Config
+    proxy: Proxy
+    proxy_runner: web.BaseRunner
+    admin_runner: web.BaseRunner
+
+    @classmethod
+    async def start(cls, config: Config) -> Service:
+        upstream = Upstream(config.upstream)
+        await upstream.start()
+        proxy = Proxy(config, build_engine(config), upstream)
+        server_kwargs: dict[str, object] = {
+            "max_line_size": config.server.max_header_size,
+            "max_field_size": config.server.max_header_size,
+        }
+        if config.server.access_log:
+            server_kwargs["access_log"] = logging.getLogger("onehit.access")
+            if config.server.access_log_format == "json":
+                server_kwargs["access_log_class"] = JsonAccessLogger
+            else:
+                server_kwargs["access_log_format"] = COMBINED
+        else:
+            server_kwargs["access_log"] = None
+        proxy_runner = web.ServerRunner(
+            web.Server(proxy.handle, **server_kwargs),  # type: ignore[arg-type]
+            shutdown_timeout=config.server.drain_timeout,
+        )
+        admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
+        await proxy_runner.setup()
+        await admin_runner.setup()
+        service = cls(config, proxy, proxy_runner, admin_runner)
+        try:
+            await web.TCPSite(proxy_runner, *config.server.listen, reuse_address=True).start()
+            await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
+        except OSError:
+            await service.stop()
+            raise
+        return service
+
+    @property
+    def proxy_address(self) -> tuple[str, int]:
+        return self.proxy_runner.addresses[0][:2]
+
+    @property
+    def admin_address(self) -> tuple[str, int]:
+        return self.admin_runner.addresses[0][:2]
+
+    async def stop(self) -> None:
+        await self.proxy_runner.cleanup()
+        await self.admin_runner.cleanup()
+        await self.proxy.close()
+        await self.proxy.upstream.close()

@@ -1,0 +1,146 @@
+"""Real servers on 127.0.0.1 for the proxy tests: a scriptable aiohttp origin and onehit itself."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.config import load
+from proxy.service import Service
+
+
+@dataclass
+class Behaviour:
+    """What the origin does for one path."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=lambda: {"Cache-Control": "max-age=60"})
+    body: bytes = b"hello from the origin"
+    delay: float = 0.0
+    cut_after: int | None = None  # send this many body bytes of a longer Content-Length, then reset
+    chunked: bool = False
+    not_modified_etag: str | None = None  # answer 304 to If-None-Match with this tag
+    headers_304: dict[str, str] = field(default_factory=dict)
+
+
+class Origin:
+    """An aiohttp origin whose behaviour is set per path; it counts and records requests."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, Behaviour] = {}
+        self.hits: Counter[str] = Counter()
+        self.seen_headers: dict[str, dict[str, str]] = {}
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        # Replaces the per-path behaviours when set: a test's own handler.
+        self.responder: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
+
+    def set(self, path: str, **kwargs: object) -> Behaviour:
+        self.paths[path] = Behaviour(**kwargs)  # type: ignore[arg-type]
+        return self.paths[path]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path_qs
+        self.hits[path] += 1
+        self.seen_headers[path] = dict(request.headers)
+        if self.responder is not None:
+            return await self.responder(request)
+        b = self.paths.get(request.path) or self.paths.get(path) or Behaviour()
+        if b.delay:
+            await asyncio.sleep(b.delay)
+        if b.not_modified_etag and request.headers.get("If-None-Match") == b.not_modified_etag:
+            return web.Response(status=304, headers=b.headers_304)
+        headers = dict(b.headers)
+        headers.setdefault("X-Origin-Count", str(self.hits[path]))
+        if b.cut_after is not None:
+            response = web.StreamResponse(status=b.status, headers=headers)
+            response.content_length = len(b.body)
+            await response.prepare(request)
+            await response.write(b.body[: b.cut_after])
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        if b.chunked:
+            response = web.StreamResponse(status=b.status, headers=headers)
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            for i in range(0, len(b.body), 4096):
+                await response.write(b.body[i : i + 4096])
+            await response.write_eof()
+            return response
+        return web.Response(status=b.status, body=b.body, headers=headers)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self.runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+
+    async def stop(self) -> None:
+        assert self.runner is not None
+        await self.runner.cleanup()
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[Origin]:
+    o = Origin()
+    await o.start()
+    yield o
+    await o.stop()
+
+
+StartProxy = Callable[..., Awaitable[Service]]
+
+
+@pytest.fixture
+async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
+    """Start onehit in front of ``origin``; keyword arguments are ``section.key`` overrides
+    written with ``__`` for the dot (``cache__size="1MiB"``)."""
+    services: list[Service] = []
+
+    async def start(**overrides: object) -> Service:
+        settings = {
+            "upstream.origin": origin.url,
+            "server.listen": "127.0.0.1:0",
+            "admin.listen": "127.0.0.1:0",
+            "server.access_log": False,
+            "upstream.connect_timeout": "2s",
+            "upstream.read_timeout": "2s",
+        }
+        settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+        service = await Service.start(load(env={}, overrides=settings))
+        services.append(service)
+        return service
+
+    yield start
+    for service in services:
+        await service.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(
+        auto_decompress=False, timeout=aiohttp.ClientTimeout(total=10)
+    ) as session:
+        yield session
+
+
+def base(service: Service) -> str:
+    host, port = service.proxy_address
+    return f"http://{host}:{port}"
+
+
+def admin(service: Service) -> str:
+    host, port = service.admin_address
+    return f"http://{host}:{port}"

@@ -1,0 +1,311 @@
+"""The live proxy over real sockets: admission, HTTP caching rules, coalescing, faults, refusals.
+
+Each test that pins an HTTP rule names its section (RFC 9111 unless said otherwise).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from conftest import admin, base
+from multidict import CIMultiDict
+
+
+async def fetch(
+    client: aiohttp.ClientSession, url: str, **kwargs
+) -> tuple[int, CIMultiDict, bytes]:
+    async with client.get(url, **kwargs) as r:
+        return r.status, r.headers.copy(), await r.read()
+
+
+async def test_first_request_is_a_first_sighting_second_stored_third_hit_with_age(
+    origin, start_proxy, client
+):
+    proxy = await start_proxy()
+    url = base(proxy) + "/a"
+    s1, h1, b1 = await fetch(client, url)
+    s2, h2, _ = await fetch(client, url)
+    await asyncio.sleep(1.05)
+    s3, h3, b3 = await fetch(client, url)
+    assert (s1, s2, s3) == (200, 200, 200) and b1 == b3 == b"hello from the origin"
+    assert h1["Cache-Status"] == "onehit; fwd=uri-miss; detail=first-sighting"
+    assert h1["X-Cache"] == "MISS" and "Age" not in h1
+    assert h2["Cache-Status"] == "onehit; fwd=uri-miss; stored"
+    assert h3["X-Cache"] == "HIT" and h3["Cache-Status"].startswith("onehit; hit")
+    assert int(h3["Age"]) >= 1
+    assert origin.hits["/a"] == 2
+
+
+async def test_always_admission_stores_on_the_first_request(origin, start_proxy, client):
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/a"
+    _, h1, _ = await fetch(client, url)
+    _, h2, _ = await fetch(client, url)
+    assert h1["Cache-Status"] == "onehit; fwd=uri-miss; stored" and h2["X-Cache"] == "HIT"
+    assert origin.hits["/a"] == 1
+
+
+@pytest.mark.parametrize(
+    ("response_headers", "request_headers", "detail"),
+    [
+        ({"Cache-Control": "no-store"}, {}, "no-store"),  # 5.2.2.5
+        ({"Cache-Control": "private, max-age=60"}, {}, "private"),  # 5.2.2.7
+        ({"Cache-Control": "max-age=60", "Set-Cookie": "s=1"}, {}, "set-cookie"),
+        ({"Cache-Control": "max-age=60"}, {"Authorization": "Bearer t"}, "authorization"),  # 3.5
+        ({"Cache-Control": "max-age=60", "Vary": "*"}, {}, "vary-star"),  # 4.1
+    ],
+)
+async def test_rfc9111_3_responses_a_shared_cache_must_not_store(
+    origin, start_proxy, client, response_headers, request_headers, detail
+):
+    origin.set("/u", headers=response_headers)
+    proxy = await start_proxy(admission__policy="always")
+    for _ in range(3):
+        _, headers, _ = await fetch(client, base(proxy) + "/u", headers=request_headers)
+        assert headers["Cache-Status"] == f"onehit; fwd=uri-miss; detail={detail}"
+    assert origin.hits["/u"] == 3
+
+
+async def test_rfc9111_3_5_authorization_allowed_with_public(origin, start_proxy, client):
+    origin.set("/p", headers={"Cache-Control": "public, max-age=60"})
+    proxy = await start_proxy(admission__policy="always")
+    auth = {"Authorization": "Bearer t"}
+    await fetch(client, base(proxy) + "/p", headers=auth)
+    _, headers, _ = await fetch(client, base(proxy) + "/p", headers=auth)
+    assert headers["X-Cache"] == "HIT"
+
+
+async def test_rfc9111_4_1_vary_keeps_one_variant_per_header_value(origin, start_proxy, client):
+    origin.set("/v", headers={"Cache-Control": "max-age=60", "Vary": "Accept-Language"})
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/v"
+    en, fr = {"Accept-Language": "en"}, {"Accept-Language": "fr"}
+    assert (await fetch(client, url, headers=en))[1]["X-Cache"] == "MISS"
+    assert (await fetch(client, url, headers=fr))[1]["X-Cache"] == "MISS"
+    assert (await fetch(client, url, headers=en))[1]["X-Cache"] == "HIT"
+    assert (await fetch(client, url, headers=fr))[1]["X-Cache"] == "HIT"
+    assert origin.hits["/v"] == 2
+
+
+async def test_rfc9111_4_3_revalidation_with_304_updates_stored_headers(
+    origin, start_proxy, client
+):
+    origin.set(
+        "/r",
+        headers={"Cache-Control": "max-age=0", "ETag": '"v1"', "X-Version": "1"},
+        not_modified_etag='"v1"',
+        headers_304={"Cache-Control": "max-age=60", "X-Version": "2"},
+    )
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/r"
+    _, h1, b1 = await fetch(client, url)
+    _, h2, b2 = await fetch(client, url)
+    _, h3, b3 = await fetch(client, url)
+    assert h1["X-Version"] == "1" and b1 == b2 == b3
+    assert origin.seen_headers["/r"]["If-None-Match"] == '"v1"'
+    assert h2["Cache-Status"] == "onehit; fwd=stale; fwd-status=304" and h2["X-Version"] == "2"
+    assert h3["X-Cache"] == "HIT" and h3["Cache-Control"] == "max-age=60"
+    assert origin.hits["/r"] == 2
+
+
+async def test_rfc5861_stale_if_error_serves_the_stored_response(origin, start_proxy, client):
+    origin.set("/e", headers={"Cache-Control": "max-age=0, stale-if-error=60"})
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/e"
+    await fetch(client, url)
+    origin.set("/e", status=503, body=b"down", headers={})
+    status, headers, body = await fetch(client, url)
+    assert status == 200 and body == b"hello from the origin"
+    assert headers["Cache-Status"] == "onehit; hit; detail=stale-if-error"
+
+
+async def test_rfc9111_5_2_1_7_only_if_cached_answers_504_on_a_miss(origin, start_proxy, client):
+    proxy = await start_proxy()
+    status, _, _ = await fetch(
+        client, base(proxy) + "/o", headers={"Cache-Control": "only-if-cached"}
+    )
+    assert status == 504 and origin.hits["/o"] == 0
+
+
+async def test_head_range_and_conditionals_are_answered_from_the_stored_get(
+    origin, start_proxy, client
+):
+    origin.set("/f", headers={"Cache-Control": "max-age=60", "ETag": '"f1"'}, body=b"0123456789")
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/f"
+    await fetch(client, url)
+    async with client.head(url) as r:  # RFC 9110 9.3.2
+        assert r.status == 200 and r.headers["Content-Length"] == "10"
+        assert r.headers["X-Cache"] == "HIT" and await r.read() == b""
+    status, headers, body = await fetch(client, url, headers={"Range": "bytes=2-4"})  # 14
+    assert (status, body, headers["Content-Range"]) == (206, b"234", "bytes 2-4/10")
+    status, headers, _ = await fetch(client, url, headers={"Range": "bytes=50-"})
+    assert status == 416 and headers["Content-Range"] == "bytes */10"
+    status, headers, body = await fetch(client, url, headers={"If-None-Match": '"f1"'})  # 13.1.2
+    assert status == 304 and body == b"" and headers["ETag"] == '"f1"'
+    assert origin.hits["/f"] == 1
+
+
+async def test_100_concurrent_misses_make_one_origin_request(origin, start_proxy, client):
+    origin.set("/hot", delay=0.3, body=b"x" * 5000)
+    proxy = await start_proxy()
+    url = base(proxy) + "/hot"
+    results = await asyncio.gather(*(fetch(client, url) for _ in range(100)))
+    assert origin.hits["/hot"] == 1
+    assert all(status == 200 and body == b"x" * 5000 for status, _, body in results)
+    collapsed = [h for _, h, _ in results if "collapsed" in h["Cache-Status"]]
+    assert len(collapsed) == 99
+    # The burst counted as many sightings (like proxy_cache_min_uses): the URL is now stored.
+    _, headers, _ = await fetch(client, url)
+    assert headers["X-Cache"] == "HIT" and origin.hits["/hot"] == 1
+
+
+async def test_purge_removes_the_entry(origin, start_proxy, client):
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/gone"
+    await fetch(client, url)
+    async with client.post(admin(proxy) + "/purge", json={"url": url}) as r:
+        assert r.status == 200 and (await r.json()) == {"removed": 1}
+    _, headers, _ = await fetch(client, url)
+    assert headers["X-Cache"] == "MISS" and origin.hits["/gone"] == 2
+
+
+async def test_unsafe_method_passes_through_and_invalidates(origin, start_proxy, client):
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/item"
+    await fetch(client, url)
+    async with client.post(url, data=b"change") as r:  # 4.4
+        assert r.status == 200 and r.headers["X-Cache"] == "BYPASS"
+    _, headers, _ = await fetch(client, url)
+    assert headers["X-Cache"] == "MISS" and origin.hits["/item"] == 3
+
+
+async def test_large_response_streams_through_and_is_not_stored(origin, start_proxy, client):
+    body = bytes(range(256)) * 4096  # 1 MiB
+    origin.set("/big", body=body, chunked=True)
+    proxy = await start_proxy(admission__policy="always", cache__max_object_size="256KiB")
+    for _ in range(2):
+        status, headers, got = await fetch(client, base(proxy) + "/big")
+        assert status == 200 and got == body
+        assert headers["Cache-Status"] == "onehit; fwd=uri-miss; detail=too-large"
+    assert origin.hits["/big"] == 2
+
+
+async def test_bodies_pass_byte_for_byte_with_their_content_encoding(origin, start_proxy, client):
+    import gzip
+
+    packed = gzip.compress(b"compressible " * 1000)
+    origin.set(
+        "/z", body=packed, headers={"Cache-Control": "max-age=60", "Content-Encoding": "gzip"}
+    )
+    proxy = await start_proxy(admission__policy="always")
+    for _ in range(2):
+        _, headers, got = await fetch(client, base(proxy) + "/z")
+        assert got == packed and headers["Content-Encoding"] == "gzip"
+
+
+async def test_hop_by_hop_stripped_and_forwarding_headers_replaced(origin, start_proxy, client):
+    proxy = await start_proxy()
+    sent = {
+        "Connection": "keep-alive, X-Hop",
+        "X-Hop": "secret",
+        "X-Forwarded-For": "6.6.6.6",
+        "Via": "1.1 forged",
+        "X-Custom": "kept",
+    }
+    await fetch(client, base(proxy) + "/h", headers=sent)
+    seen = origin.seen_headers["/h"]
+    assert "X-Hop" not in seen and seen["X-Custom"] == "kept"
+    assert seen["X-Forwarded-For"] == "127.0.0.1" and seen["Via"] == "1.1 onehit"
+    assert seen["X-Forwarded-Proto"] == "http"
+
+
+async def test_host_case_and_default_port_share_one_cache_key(origin, start_proxy, client):
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/k"
+    await fetch(client, url, headers={"Host": "CDN.Example:80"})
+    _, headers, _ = await fetch(client, url, headers={"Host": "cdn.example"})
+    assert headers["X-Cache"] == "HIT"
+
+
+async def raw(proxy, request: bytes) -> bytes:
+    host, port = proxy.proxy_address
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()
+    return data
+
+
+async def test_never_an_open_proxy(origin):
+    from proxy.config import load
+    from proxy.service import Service
+
+    settings = {
+        "server.listen": "127.0.0.1:0",
+        "admin.listen": "127.0.0.1:0",
+        "server.access_log": False,
+    }
+    routed = await Service.start(
+        load(env={"ONEHIT_ROUTES": f"cdn.example={origin.url}"}, overrides=settings)
+    )
+    try:
+        foreign = b"GET http://evil.example/x HTTP/1.1\r\nHost: cdn.example\r\n\r\n"
+        assert (await raw(routed, foreign)).startswith(b"HTTP/1.1 421")
+        connect = b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example\r\n\r\n"
+        assert (await raw(routed, connect)).startswith(b"HTTP/1.1 405")
+        unknown = b"GET /x HTTP/1.1\r\nHost: other.example\r\n\r\n"
+        assert (await raw(routed, unknown)).startswith(b"HTTP/1.1 421")
+        ours = b"GET http://cdn.example/x HTTP/1.1\r\nHost: cdn.example\r\n\r\n"
+        assert (await raw(routed, ours)).startswith(b"HTTP/1.1 200")
+        assert sum(origin.hits.values()) == 1
+        assert origin.seen_headers["/x"]["X-Forwarded-Host"] == "cdn.example"
+    finally:
+        await routed.stop()
+
+
+async def test_origin_refusing_connections_gives_502_and_the_proxy_keeps_serving(
+    origin, start_proxy, client
+):
+    proxy = await start_proxy()
+    url = base(proxy) + "/x"
+    await origin.stop()
+    status, _, body = await fetch(client, url)
+    assert status == 502 and b"unreachable" in body
+    await origin.start()  # a new port: point the proxy at it
+    proxy.proxy.routes[""] = origin.url
+    status, _, _ = await fetch(client, url)
+    assert status == 200
+
+
+async def test_slow_origin_gives_504(origin, start_proxy, client):
+    origin.set("/slow", delay=3.0)
+    proxy = await start_proxy(upstream__read_timeout="300ms")
+    status, _, body = await fetch(client, base(proxy) + "/slow")
+    assert status == 504 and b"timed out" in body
+
+
+async def test_reset_mid_body_is_never_stored_and_the_proxy_keeps_serving(
+    origin, start_proxy, client
+):
+    origin.set("/cut", body=b"y" * 200_000, cut_after=1000)
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/cut"
+    status, _, _ = await fetch(client, url)
+    assert status == 502  # nothing had been sent: a clean error, not a short body
+    origin.set("/cut", body=b"y" * 200_000)
+    status, headers, body = await fetch(client, url)
+    assert status == 200 and len(body) == 200_000 and headers["X-Cache"] == "MISS"
+
+
+async def test_reset_mid_stream_closes_the_client_connection(origin, start_proxy, client):
+    origin.set("/cutbig", body=b"z" * 2_000_000, cut_after=300_000)
+    proxy = await start_proxy(admission__policy="always", cache__max_object_size="64KiB")
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await fetch(client, base(proxy) + "/cutbig")
+    origin.set("/ok")
+    status, _, _ = await fetch(client, base(proxy) + "/ok")
+    assert status == 200

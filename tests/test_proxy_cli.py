@@ -1,0 +1,72 @@
+"""`onehit-proxy` as a user runs it: bad config stops start-up with one line; SIGTERM drains."""
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--origin", "not a url"], {}, "command line: [upstream] origin = 'not a url': expected"),
+        (["--origin", "http://127.0.0.1:1", "--cache-size", "big"], {}, "[cache] size = 'big'"),
+        ([], {}, "no origin"),
+        (
+            ["--origin", "http://127.0.0.1:1"],
+            {"ONEHIT_ADMISSION_POLICI": "always"},
+            "did you mean ONEHIT_ADMISSION_POLICY",
+        ),
+        (["--set", "cache.sise=1MiB", "--origin", "http://127.0.0.1:1"], {}, "did you mean 'size'"),
+    ],
+)
+def test_bad_config_stops_start_up_with_one_line(args, env, message):
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", **env},
+    )
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
+    origin.set("/slow", delay=1.0, body=b"finished")
+    port, admin_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "--origin", origin.url,
+        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as client:
+            for _ in range(100):
+                try:
+                    async with client.get(f"http://127.0.0.1:{admin_port}/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+            in_flight = asyncio.ensure_future(client.get(f"http://127.0.0.1:{port}/slow"))
+            await asyncio.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            response = await in_flight
+            assert response.status == 200 and await response.read() == b"finished"
+            response.release()
+        assert await asyncio.wait_for(process.wait(), 15) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
