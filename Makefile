@@ -32,6 +32,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_filter.py
 	$(BIN)/python benchmarks/bench_simulate.py
+	$(BIN)/python benchmarks/bench_proxy.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis
