@@ -109,13 +109,14 @@ def client_load(url: str, seconds: float, connections: int) -> None:
 # The driver
 
 
-def wait_ready(url: str, timeout: float = 15.0) -> None:
+def wait_ready(url: str, timeout: float = 15.0) -> str:
+    """Fetch ``url`` once it answers; returns its X-Cache header ("" if none)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 r.read()
-                return
+                return r.headers.get("X-Cache", "")
         except OSError:
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not answer within {timeout}s")
@@ -168,7 +169,10 @@ def start_nginx(stack: ExitStack, port: int, origin: str) -> bool:
         return False
     root = Path(tempfile.mkdtemp(prefix="onehit-nginx-"))
     stack.callback(shutil.rmtree, root, True)
+    # As root, nginx's workers drop to `nobody` and could not write the cache in this temp dir.
+    user = "user root;" if os.geteuid() == 0 else ""
     (root / "nginx.conf").write_text(f"""
+{user}
 worker_processes 1;
 daemon off;
 pid {root}/nginx.pid;
@@ -185,6 +189,7 @@ http {{
             proxy_cache_min_uses 2;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
+            add_header X-Cache $upstream_cache_status;
         }}
     }}
 }}
@@ -216,10 +221,12 @@ def main() -> None:
         }
         if start_nginx(stack, ports["nginx"], origin):
             targets["nginx proxy_cache (hits)"] = f"http://127.0.0.1:{ports['nginx']}"
-        for url in targets.values():
+        for target, url in targets.items():
             for name in SIZES:
-                for _ in range(3):  # warm: second-hit filters and min_uses 2 store by now
-                    wait_ready(f"{url}/{name}")
+                for _ in range(3):  # warm: min_uses 2 has stored by the third request
+                    last = wait_ready(f"{url}/{name}")
+                if "(hits)" in target and last.upper() != "HIT":
+                    raise SystemExit(f"{target} is not serving {name} from cache (X-Cache: {last})")
         tool = "wrk" if shutil.which("wrk") else "aiohttp client loop"
         print(
             f"load: {tool}, {args.connections} connections, {args.seconds:g}s per cell, "

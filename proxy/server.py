@@ -406,12 +406,15 @@ class Proxy:
     ) -> web.Response:
         """A whole response from stored or fetched parts, answering the client's conditionals
         (304) and single byte range (206/416)."""
-        request_headers = list(request.headers.items())
         kept = [(k, v) for k, v in headers if k.lower() not in _RECOMPUTED]
-        if status == 200 and rfc9111.not_modified(request_headers, headers):
+        asked = request.headers
+        conditional = "If-None-Match" in asked or "If-Modified-Since" in asked
+        ranged = "Range" in asked and request.method == "GET"
+        request_headers = list(asked.items()) if conditional or ranged else []
+        if status == 200 and conditional and rfc9111.not_modified(request_headers, headers):
             status, body = 304, b""
             kept = [(k, v) for k, v in kept if k.lower() not in _NOT_MODIFIED_DROPS]
-        elif status == 200 and request.method == "GET":
+        elif status == 200 and ranged:
             wanted = rfc9111.byte_range(request_headers, headers, len(body))
             if wanted is False:
                 kept.append(("Content-Range", f"bytes */{len(body)}"))

@@ -309,3 +309,22 @@ async def test_reset_mid_stream_closes_the_client_connection(origin, start_proxy
     origin.set("/ok")
     status, _, _ = await fetch(client, base(proxy) + "/ok")
     assert status == 200
+
+
+async def test_rfc5861_stale_while_revalidate_answers_at_once_and_refreshes_behind(
+    origin, start_proxy, client
+):
+    origin.set("/swr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=30"})
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/swr"
+    await fetch(client, url)
+    await asyncio.sleep(1.1)
+    _, stale, _ = await fetch(client, url)
+    assert stale["X-Cache"] == "STALE" and stale["X-Origin-Count"] == "1"
+    for _ in range(50):  # the background refresh lands
+        if origin.hits["/swr"] == 2:
+            break
+        await asyncio.sleep(0.02)
+    _, fresh, _ = await fetch(client, url)
+    assert fresh["X-Cache"] == "HIT" and fresh["X-Origin-Count"] == "2"
+    assert proxy.proxy.engine.stats()["stale_served"] == 1

@@ -95,6 +95,7 @@ class NotStored:
 Lookup = Hit | Stale | Miss | Bypass
 Outcome = Store | NotStored
 
+_NO_DIRECTIVES: rfc9111.Directives = {}
 URI_MISS = Miss("uri-miss")
 METHOD_BYPASS = Bypass("method")
 TOO_LARGE = NotStored("too-large")
@@ -151,12 +152,11 @@ class CacheEngine:
             return URI_MISS
         age = entry.age(now)
         fresh = age < entry.lifetime
-        if request.headers or entry.headers:
-            fresh = (
-                fresh
-                and rfc9111.fresh_enough(entry.lifetime, age, request.headers)
-                and not rfc9111.must_revalidate_before_use(entry.headers, request.headers)
-            )
+        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+        if fresh and (req or "no-cache" in entry.directives):
+            fresh = rfc9111.fresh_enough(
+                entry.lifetime, age, req
+            ) and not rfc9111.must_revalidate_before_use(entry.directives, req)
         if fresh:
             c.hits += 1
             c.hit_bytes += entry.size
@@ -164,7 +164,7 @@ class CacheEngine:
             self.store.record_hit(entry)
             return Hit(entry, age)
         c.misses += 1
-        serve = rfc9111.may_serve_stale(entry.lifetime, age, request.headers, entry.headers)
+        serve = rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives)
         return Stale(entry, age, serve)
 
     def on_response(
@@ -216,6 +216,7 @@ class CacheEngine:
             response.lifetime,
             response.initial_age,
             response.headers,
+            rfc9111.response_directives(response.headers) if response.headers else {},
             response.payload,
         )
         evicted = store.put(entry)
@@ -236,6 +237,7 @@ class CacheEngine:
         when a client gets it, count the stored body as served from cache."""
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
+        entry.directives = rfc9111.response_directives(headers)
         entry.lifetime = rfc9111.freshness_lifetime(200, headers)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
@@ -261,7 +263,11 @@ class CacheEngine:
         """RFC 5861 ``stale-if-error``: may ``stale`` answer now that the origin failed?"""
         entry = stale.entry
         return rfc9111.may_serve_stale(
-            entry.lifetime, stale.age, request.headers, entry.headers, origin_failed=True
+            entry.lifetime,
+            stale.age,
+            rfc9111.request_directives(request.headers),
+            entry.directives,
+            origin_failed=True,
         )
 
     def invalidate(self, url: str) -> int:

@@ -225,16 +225,15 @@ def current_age(headers: Headers, request_time: float, response_time: float, now
     return corrected_initial_age + max(0.0, now - response_time)
 
 
-def must_revalidate_before_use(response_headers: Headers, request_headers: Headers) -> bool:
-    """``no-cache`` on either side (section 5.2.2.4, 5.2.1.4): revalidate even when fresh."""
-    return "no-cache" in response_directives(response_headers) or "no-cache" in request_directives(
-        request_headers
-    )
+def must_revalidate_before_use(response: Directives, request: Directives) -> bool:
+    """``no-cache`` on either side (section 5.2.2.4, 5.2.1.4): revalidate even when fresh.
+    Takes parsed directives (``response_directives``, ``request_directives``)."""
+    return "no-cache" in response or "no-cache" in request
 
 
-def fresh_enough(lifetime: float, age: float, request_headers: Headers) -> bool:
-    """Fresh for this request: its ``max-age`` and ``min-fresh`` (sections 5.2.1.1, 5.2.1.3)."""
-    req = request_directives(request_headers)
+def fresh_enough(lifetime: float, age: float, req: Directives) -> bool:
+    """Fresh for a request with directives ``req``: its ``max-age`` and ``min-fresh``
+    (sections 5.2.1.1, 5.2.1.3)."""
     max_age = delta_seconds(req.get("max-age"))
     if max_age is not None and age > max_age:
         return False
@@ -245,19 +244,18 @@ def fresh_enough(lifetime: float, age: float, request_headers: Headers) -> bool:
 def may_serve_stale(
     lifetime: float,
     age: float,
-    request_headers: Headers,
-    response_headers: Headers,
+    req: Directives,
+    cc: Directives,
     *,
     origin_failed: bool = False,
 ) -> bool:
     """Whether a stale response may be served: never under must-revalidate/proxy-revalidate
     (section 5.2.2.2, 5.2.2.8); else with request ``max-stale`` (5.2.1.2),
-    ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861)."""
-    cc = response_directives(response_headers)
+    ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861).
+    ``req`` and ``cc`` are the parsed request and stored-response directives."""
     if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
         return False
     staleness = age - lifetime
-    req = request_directives(request_headers)
     if "max-stale" in req:
         limit = delta_seconds(req["max-stale"])
         if limit is None and req["max-stale"] is None:

@@ -25,8 +25,9 @@ class Entry:
     """One stored response.
 
     It is fresh while ``initial_age + (now - stored_at) < lifetime`` (RFC 9111 section 4.2);
-    ``headers`` are the stored response's fields; ``payload`` is the driver's (status, body),
-    never read by the core.
+    ``headers`` are the stored response's fields and ``directives`` its parsed cache directives
+    (parsed once, read on every hit); ``payload`` is the driver's (status, body), never read by
+    the core.
     """
 
     key: str
@@ -35,6 +36,7 @@ class Entry:
     lifetime: float = float("inf")
     initial_age: float = 0.0
     headers: tuple[tuple[str, str], ...] = ()
+    directives: dict[str, str | None] = field(default_factory=dict)
     payload: Any = None
     hits: int = field(default=0)
 
