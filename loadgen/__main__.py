@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from loadgen import report
-from loadgen.simulate import describe_cell, progress_line, simulate, sweep
-from loadgen.trace import Trace, TraceError, read_trace, write_trace
+from loadgen.experiment import ExperimentError, demo_experiment, load_experiment, resolve_sizes
+from loadgen.experiment import run as run_experiment
+from loadgen.origin import OriginConfig, start_origin
+from loadgen.replay import ReplayConfig, replay
+from loadgen.report import render
+from loadgen.simulate import SimResult, describe_cell, progress_line, simulate, sweep
+from loadgen.trace import TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
 from proxy.units import format_size, parse_duration, parse_size
@@ -26,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (UsageError, TraceError, ValueError) as exc:
+    except (UsageError, TraceError, ExperimentError, ValueError) as exc:
         print(f"onehit-loadgen {args.command}: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
@@ -59,9 +66,41 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
     sim.set_defaults(run=_cmd_simulate)
 
+    origin = sub.add_parser("origin", help="serve a trace's objects as an origin")
+    origin.add_argument("--trace", required=True, type=Path)
+    origin.add_argument("--host", default="127.0.0.1")
+    origin.add_argument("--port", type=int, default=9000)
+    origin.add_argument("--latency", default="0", help="added to every response, e.g. 2ms")
+    origin.add_argument("--latency-sigma", type=float, default=0.0, help="lognormal spread")
+    origin.add_argument("--max-age", type=int, default=3600, help="Cache-Control max-age")
+    origin.set_defaults(run=_cmd_origin)
+
+    rep = sub.add_parser("replay", help="replay a trace over HTTP against any target")
+    rep.add_argument("--trace", required=True, type=Path)
+    rep.add_argument("--target", required=True, help="base URL; requests go to TARGET/obj/KEY")
+    how = rep.add_mutually_exclusive_group()
+    how.add_argument("--concurrency", type=int, default=1, help="closed loop connections")
+    how.add_argument("--rate", type=float, help="open loop at this many requests/s")
+    how.add_argument("--trace-time", action="store_true", help="open loop at the trace's times")
+    rep.add_argument("--speed", type=float, default=1.0, help="with --trace-time: faster by")
+    rep.add_argument("--max-requests", type=int)
+    rep.add_argument("--max-seconds", type=float)
+    rep.add_argument("--output", type=Path, default=Path("reports/replay"))
+    rep.set_defaults(run=_cmd_replay)
+
+    exp = sub.add_parser("experiment", help="run config/experiments/NAME.toml into a report")
+    exp.add_argument("file", type=Path)
+    exp.add_argument("--output", type=Path, help="report folder (default reports/NAME)")
+    exp.add_argument("--workers", type=int, default=None)
+    exp.set_defaults(run=_cmd_experiment)
+
+    rend = sub.add_parser("report", help="re-render a report folder from its results.json")
+    rend.add_argument("directory", type=Path)
+    rend.set_defaults(run=_cmd_report)
+
     demo = sub.add_parser("demo", help="the main job on embedded defaults")
     demo.add_argument("--output", type=Path, default=Path("reports/demo"))
-    demo.add_argument("--requests", type=int, default=2_000_000)
+    demo.add_argument("--requests", type=int, default=60_000)
     demo.add_argument("--workers", type=int, default=None)
     demo.set_defaults(run=_cmd_demo)
     return parser
@@ -115,32 +154,6 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
 
 def _split(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
-
-
-def cache_sizes(text: str, trace: Trace) -> dict[int, str]:
-    """Bytes of each size in ``text`` (a percentage means of the trace's distinct bytes)."""
-    sizes: dict[int, str] = {}
-    footprint: int | None = None
-    for part in _split(text):
-        if part.endswith("%"):
-            try:
-                share = float(part[:-1]) / 100
-            except ValueError:
-                raise UsageError(f"--cache-size {part!r} is not a percentage like 1%") from None
-            if footprint is None:
-                footprint = trace.distinct_bytes()
-            size = round(footprint * share)
-        else:
-            try:
-                size = parse_size(part)
-            except ValueError as exc:
-                raise UsageError(f"--cache-size: {exc}") from None
-        if size < 1:
-            raise UsageError(f"--cache-size {part!r} is under one byte")
-        sizes[size] = part if part.endswith("%") else format_size(size)
-    if not sizes:
-        raise UsageError("--cache-size needs at least one size")
-    return sizes
 
 
 def admissions(args: argparse.Namespace) -> list[AdmissionConfig]:
@@ -200,19 +213,18 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     trace = read_trace(args.trace)
     if not len(trace):
         raise UsageError(f"{args.trace} holds no requests")
-    sizes = cache_sizes(args.cache_size, trace)
+    try:
+        sizes = resolve_sizes(_split(args.cache_size), trace)
+    except ValueError as exc:
+        raise UsageError(f"--cache-size: {exc}") from None
     configs = admissions(args)
     max_object = parse_size(args.max_object_size) if args.max_object_size else None
     if len(sizes) * len(configs) == 1:
         (size,) = sizes
+        label = configs[0].label()
+        progress = None if args.json else progress_line(label)
         results = [
-            simulate(
-                trace,
-                size,
-                configs[0],
-                max_object_bytes=max_object,
-                progress=None if args.json else progress_line(configs[0].label()),
-            )
+            simulate(trace, size, configs[0], max_object_bytes=max_object, progress=progress)
         ]
     else:
         results = sweep(
@@ -223,51 +235,100 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             workers=args.workers,
             report=None if args.json else _report_cell,
         )
-    table = report.rows(results, sizes)
-    meta = {"trace": str(args.trace), "requests": len(trace)}
+    name = args.trace.name
+    cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
+    report.add_space_saved(cells)
+    doc = {"title": f"onehit: {name}", "meta": {"trace": str(args.trace)}, "cells": cells}
     if args.json:
-        print(json.dumps(report.to_json(table, meta), indent=2))
+        print(json.dumps(doc, indent=2))
     else:
-        print(report.text_table(table))
+        print(report.text_table(cells))
     if args.report_dir:
-        for path in report.write_reports(args.report_dir, table, meta, f"onehit: {args.trace}"):
+        for path in report.write_report(args.report_dir, doc):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-def _report_cell(done: int, total: int, result: object) -> None:
-    print(f"[{done}/{total}] {describe_cell(result)}", file=sys.stderr, flush=True)  # type: ignore[arg-type]
+def _report_cell(done: int, total: int, result: SimResult) -> None:
+    print(f"[{done}/{total}] {describe_cell(result)}", file=sys.stderr, flush=True)
 
 
-DEMO_SIZES = "0.1%,0.2%,0.5%,1%,2%,5%,10%"
+def _cmd_origin(args: argparse.Namespace) -> int:
+    trace = read_trace(args.trace)
+    config = OriginConfig(
+        max_age=args.max_age,
+        latency=parse_duration(args.latency),
+        latency_sigma=args.latency_sigma,
+    )
+
+    async def serve() -> None:
+        runner, origin, url = await start_origin(trace, config, args.host, args.port)
+        print(f"serving {len(origin.sizes):,} objects at {url}/obj/KEY", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    trace = read_trace(args.trace)
+    config = ReplayConfig(
+        target=args.target,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        trace_time=args.trace_time,
+        speed=args.speed,
+        max_requests=args.max_requests,
+        max_seconds=args.max_seconds,
+        progress=True,
+    )
+    if config.concurrency < 1 or (config.rate is not None and config.rate <= 0):
+        raise UsageError("--concurrency and --rate must be above zero")
+    result = asyncio.run(replay(trace, config))
+    args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / "replay.json"
+    path.write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    latency = result.to_dict()["latency_ms"]
+    print(
+        f"{result.completed:,} responses ({result.requests:,} sent) in {result.elapsed:.1f}s; "
+        f"hit ratio {result.hit_ratio:.4f}; errors {dict(result.errors) or 0}; "
+        f"latency p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms"
+        + ("; interrupted: partial results" if result.interrupted else "")
+    )
+    print(f"wrote {path}")
+    return 130 if result.interrupted else 0
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    experiment = load_experiment(args.file)
+    output = args.output or Path("reports") / args.file.stem
+    written = run_experiment(experiment, output, workers=args.workers, say=_say)
+    print(f"\nreport: {output / 'index.html'} ({len(written)} files)")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    if not (args.directory / "results.json").exists():
+        raise UsageError(f"{args.directory}/results.json does not exist")
+    for path in render(args.directory):
+        print(f"wrote {path}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    spec = WorkloadSpec(objects=200_000, requests=args.requests, alpha=0.8, one_hit_share=0.25)
-    print(
-        f"onehit demo: {spec.requests:,} requests, Zipf alpha {spec.alpha} over "
-        f"{spec.objects:,} objects, {spec.one_hit_share:.0%} of requests to one-hit wonders, "
-        f"sizes {spec.sizes.describe()}",
-        file=sys.stderr,
-    )
-    trace = generate(spec)
-    sizes = cache_sizes(DEMO_SIZES, trace)
-    configs = [AdmissionConfig(policy="always"), AdmissionConfig(policy="second-hit")]
-    results = sweep(trace, list(sizes), configs, workers=args.workers, report=_report_cell)
-    table = report.rows(results, sizes)
-    print(report.text_table(table))
-    meta = {
-        "workload": (
-            f"objects={spec.objects}, requests={spec.requests}, alpha={spec.alpha}, "
-            f"one_hit_share={spec.one_hit_share}, sizes={spec.sizes.describe()}, seed={spec.seed}"
-        ),
-        "distinct_bytes": trace.distinct_bytes(),
-        "cache sizes": "percent of the trace's distinct bytes",
-        "baseline": "always (plain LRU)",
-    }
-    written = report.write_reports(args.output, table, meta, "onehit demo: LRU vs second hit")
-    print("\nreport: " + ", ".join(str(p) for p in written))
+    experiment = demo_experiment(args.requests)
+    written = run_experiment(experiment, args.output, workers=args.workers, say=_say)
+    print(f"\nreport: {args.output / 'index.html'} ({len(written)} files)")
     return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,58 +1,36 @@
-"""Sweep results as the table a person reads: terminal, Markdown, and results.json.
+"""Reports of simulated and live runs: the terminal table, summary.md, results.json, index.html
+and PNG plots.
+
+A report is built from *cells*, plain JSON-able dicts, one per (workload, mode, policy, cache
+size): ``workload``, ``mode`` ("simulate" or "live"), ``policy``, ``cache``, ``cache_bytes``,
+``stats`` (the metrics of DESIGN.md section 4), ``timeline``, and for live cells ``client`` (what
+the load generator saw, latency included). ``results.json`` holds them, so ``render`` rebuilds
+every other file without rerunning anything.
 
 The baseline is the ``always`` policy (plain LRU). For every other policy and cache size S, the
 space saved at equal hit ratio is ``1 - S'/S`` with S' the smallest cache at which that policy
-reaches LRU's hit ratio at S (see ``simulate.space_saved``); ``>=`` marks a lower bound (already
-reached at the smallest size swept; "below sweep" when that size is S itself), ``-`` a policy
-that never reaches it inside the sweep.
+reaches LRU's hit ratio at S (``simulate.space_saved``); ``>=`` marks a lower bound (reached at
+the smallest size swept; "below sweep" when that size is S itself), ``-`` a policy that never
+reaches it inside the sweep.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from loadgen.simulate import SimResult, space_saved
 from proxy.units import format_size
 
 BASELINE = "always"
+Cell = dict[str, Any]
 
-
-@dataclass(frozen=True)
-class Row:
-    result: SimResult
-    size_label: str
-    space_saved: float | None
-    space_saved_lower_bound: bool
-
-    def cells(self) -> list[str]:
-        s = self.result.stats
-        return [
-            self.result.label,
-            self.size_label,
-            f"{s['hit_ratio']:.4f}",
-            f"{s['byte_hit_ratio']:.4f}",
-            f"{s['admissions']:,}",
-            format_size(s["bytes_written"]),
-            format_size(s["dead_bytes"]),
-            f"{s['writes_saved']:.1%}",
-            self.space_saved_text(),
-        ]
-
-    def space_saved_text(self) -> str:
-        if self.result.label == BASELINE:
-            return ""
-        if self.space_saved is None:
-            return "-"
-        if self.space_saved_lower_bound and self.space_saved <= 0:
-            return "below sweep"
-        return f"{'>=' if self.space_saved_lower_bound else ''}{self.space_saved:.0%}"
-
-
-HEADERS = [
+COLUMNS = [
     "policy",
     "cache",
     "hit ratio",
@@ -65,60 +43,256 @@ HEADERS = [
 ]
 
 
-def rows(results: Sequence[SimResult], size_labels: dict[int, str] | None = None) -> list[Row]:
-    """One row per result, with space saved against the ``always`` baseline when it was swept."""
-    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for r in results:
-        curves[r.label].append((r.cache_bytes, float(r.stats["hit_ratio"])))
-    baseline = curves.get(BASELINE)
+def sim_cell(result: SimResult, workload: str, cache: str) -> Cell:
+    cell = result.to_dict()
+    cell.update(workload=workload, mode="simulate", cache=cache)
+    return cell
+
+
+def add_space_saved(cells: Sequence[Cell]) -> None:
+    """Set ``space_saved`` (and ``space_saved_lower_bound``) on every non-baseline cell, per
+    workload and mode, from the size curves the cells form."""
+    curves: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+    for c in cells:
+        curves[(c["workload"], c["mode"], c["policy"])].append(
+            (c["cache_bytes"], float(c["stats"]["hit_ratio"]))
+        )
+    for c in cells:
+        baseline = curves.get((c["workload"], c["mode"], BASELINE))
+        saved, bound = None, False
+        c["space_saved_measurable"] = bool(baseline) and len(baseline) > 1
+        if c["space_saved_measurable"] and c["policy"] != BASELINE:
+            saved, bound = space_saved(
+                baseline, curves[(c["workload"], c["mode"], c["policy"])], c["cache_bytes"]
+            )
+        c["space_saved_at_equal_hit_ratio"] = saved
+        c["space_saved_is_lower_bound"] = bound
+
+
+def _space_text(c: Cell) -> str:
+    if c["policy"] == BASELINE:
+        return ""
+    if not c.get("space_saved_measurable"):
+        return "n/a"
+    saved = c.get("space_saved_at_equal_hit_ratio")
+    if saved is None:
+        return "-"
+    if c.get("space_saved_is_lower_bound"):
+        return "below sweep" if saved <= 0 else f">={saved:.0%}"
+    return f"{saved:.0%}"
+
+
+def _row(c: Cell) -> list[str]:
+    s = c["stats"]
+    return [
+        c["policy"],
+        c["cache"],
+        f"{s['hit_ratio']:.4f}",
+        f"{s['byte_hit_ratio']:.4f}",
+        f"{s['admissions']:,}",
+        format_size(s["bytes_written"]),
+        format_size(s["dead_bytes"]),
+        f"{s['writes_saved']:.1%}",
+        _space_text(c),
+    ]
+
+
+def _groups(cells: Iterable[Cell]) -> dict[tuple[str, str], list[Cell]]:
+    groups: dict[tuple[str, str], list[Cell]] = defaultdict(list)
+    for c in cells:
+        groups[(c["workload"], c["mode"])].append(c)
+    return groups
+
+
+def text_table(cells: Sequence[Cell]) -> str:
+    """One aligned table per (workload, mode)."""
     out = []
-    for r in results:
-        saved: float | None = None
-        bound = False
-        if baseline and r.label != BASELINE:
-            saved, bound = space_saved(baseline, curves[r.label], r.cache_bytes)
-        label = (size_labels or {}).get(r.cache_bytes) or format_size(r.cache_bytes)
-        out.append(Row(r, label, saved, bound))
-    return out
+    groups = _groups(cells)
+    for (workload, mode), group in groups.items():
+        if len(groups) > 1:
+            out.append(f"\n{workload} ({mode})")
+        out.append(aligned(COLUMNS, [_row(c) for c in group], left=2))
+    return "\n".join(out).lstrip("\n")
 
 
-def text_table(table: Sequence[Row]) -> str:
-    body = [row.cells() for row in table]
-    widths = [max(len(h), *(len(c[i]) for c in body)) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True))]
+def aligned(headers: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> str:
+    """A terminal table: the first ``left`` columns left-aligned, the rest right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    for c in body:
-        cols = [c[0].ljust(widths[0]), c[1].ljust(widths[1])]
-        cols += [v.rjust(w) for v, w in zip(c[2:], widths[2:], strict=True)]
+    for r in rows:
+        cols = [
+            v.ljust(w) if i < left else v.rjust(w)
+            for i, (v, w) in enumerate(zip(r, widths, strict=True))
+        ]
         lines.append("  ".join(cols))
     return "\n".join(lines)
 
 
-def markdown_table(table: Sequence[Row]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(row.cells()) + " |" for row in table]
+def _markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
 
-def to_json(table: Sequence[Row], meta: dict[str, object]) -> dict[str, object]:
-    cells = []
-    for row in table:
-        cell = row.result.to_dict()
-        cell["cache"] = row.size_label
-        cell["space_saved_at_equal_hit_ratio"] = row.space_saved
-        cell["space_saved_is_lower_bound"] = row.space_saved_lower_bound
-        cells.append(cell)
-    return {"meta": meta, "cells": cells}
+HEADLINE = [
+    "workload",
+    "mode",
+    "cache",
+    "LRU hit ratio",
+    "policy",
+    "hit ratio",
+    "delta",
+    "writes saved",
+    "space saved",
+    "p99 ms",
+]
 
 
-def write_reports(
-    directory: Path, table: Sequence[Row], meta: dict[str, object], title: str
-) -> list[Path]:
-    """Write results.json and summary.md under ``directory``; returns the paths written."""
+def headline(cells: Sequence[Cell]) -> list[list[str]]:
+    """Per workload, mode and size: LRU against the best other policy (by hit ratio)."""
+    rows = []
+    for (workload, mode), group in _groups(cells).items():
+        by_size: dict[int, list[Cell]] = defaultdict(list)
+        for c in group:
+            by_size[c["cache_bytes"]].append(c)
+        for _, at_size in sorted(by_size.items()):
+            lru = next((c for c in at_size if c["policy"] == BASELINE), None)
+            others = [c for c in at_size if c["policy"] != BASELINE]
+            if lru is None or not others:
+                continue
+            best = max(others, key=lambda c: c["stats"]["hit_ratio"])
+            delta = best["stats"]["hit_ratio"] - lru["stats"]["hit_ratio"]
+            p99 = best.get("client", {}).get("latency_ms", {}).get("p99")
+            rows.append(
+                [
+                    workload,
+                    mode,
+                    best["cache"],
+                    f"{lru['stats']['hit_ratio']:.4f}",
+                    best["policy"],
+                    f"{best['stats']['hit_ratio']:.4f}",
+                    f"{delta * 100:+.1f} pp",
+                    f"{best['stats']['writes_saved']:.1%}",
+                    _space_text(best),
+                    "" if p99 is None else f"{p99:.2f}",
+                ]
+            )
+    return rows
+
+
+def agreement(cells: Sequence[Cell]) -> list[list[str]]:
+    """Live against simulated hit ratio for every configuration run both ways."""
+    sim = {
+        (c["workload"], c["policy"], c["cache_bytes"]): c for c in cells if c["mode"] == "simulate"
+    }
+    rows = []
+    for c in cells:
+        twin = sim.get((c["workload"], c["policy"], c["cache_bytes"]))
+        if c["mode"] != "live" or twin is None:
+            continue
+        live_hr, sim_hr = c["stats"]["hit_ratio"], twin["stats"]["hit_ratio"]
+        gap = abs(live_hr - sim_hr) * 100
+        rows.append(
+            [
+                c["workload"],
+                c["policy"],
+                c["cache"],
+                f"{live_hr:.4f}",
+                f"{sim_hr:.4f}",
+                f"{gap:.2f} pp",
+                "yes" if gap <= 1.0 else "NO",
+            ]
+        )
+    return rows
+
+
+AGREEMENT = ["workload", "policy", "cache", "live hit ratio", "simulated", "gap", "within 1 pp"]
+
+
+def summary_markdown(results: dict[str, Any]) -> str:
+    cells = results["cells"]
+    parts = [f"# {results.get('title', 'onehit report')}", ""]
+    parts += [f"- {k}: {v}" for k, v in results.get("meta", {}).items()]
+    if rows := headline(cells):
+        parts += ["", "## Headline", "", _markdown(HEADLINE, rows)]
+    if rows := agreement(cells):
+        parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, rows)]
+    for (workload, mode), group in _groups(cells).items():
+        parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, [_row(c) for c in group])]
+    flagged = [d for c in cells for d in c.get("disagreements", [])]
+    if flagged:
+        parts += ["", "## Disagreements between client and proxy counts", ""]
+        parts += [f"- {d}" for d in flagged]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(directory: Path, results: dict[str, Any]) -> list[Path]:
+    """results.json, then everything ``render`` draws from it."""
     directory.mkdir(parents=True, exist_ok=True)
-    results = directory / "results.json"
-    results.write_text(json.dumps(to_json(table, meta), indent=2) + "\n")
+    add_space_saved(results["cells"])
+    path = directory / "results.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return [path, *render(directory)]
+
+
+def render(directory: Path) -> list[Path]:
+    """summary.md, index.html and the PNGs from ``directory/results.json``."""
+    results = json.loads((directory / "results.json").read_text())
+    cells = results["cells"]
+    add_space_saved(cells)
     summary = directory / "summary.md"
-    described = "\n".join(f"- {k}: {v}" for k, v in meta.items())
-    summary.write_text(f"# {title}\n\n{described}\n\n{markdown_table(table)}\n")
-    return [results, summary]
+    summary.write_text(summary_markdown(results))
+    from loadgen import plots  # matplotlib is imported only when plots are drawn
+
+    images = plots.draw_all(cells, directory)
+    page = directory / "index.html"
+    page.write_text(_html(results, images))
+    return [summary, page, *images]
+
+
+def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
+    cells = results["cells"]
+
+    def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows
+        )
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    title = html.escape(results.get("title", "onehit report"))
+    parts = [f"<h1>{title}</h1>", "<ul>"]
+    parts += [
+        f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
+        for k, v in results.get("meta", {}).items()
+    ]
+    parts.append("</ul>")
+    if rows := headline(cells):
+        parts += ["<h2>Headline</h2>", table(HEADLINE, rows)]
+    if rows := agreement(cells):
+        parts += ["<h2>Live against simulated</h2>", table(AGREEMENT, rows)]
+    parts.append("<h2>Plots</h2>")
+    for image in images:
+        data = base64.b64encode(image.read_bytes()).decode()
+        alt = html.escape(image.stem.replace("-", " "))
+        parts.append(f'<figure><img alt="{alt}" src="data:image/png;base64,{data}"></figure>')
+    for (workload, mode), group in _groups(cells).items():
+        parts += [
+            f"<h2>{html.escape(workload)} ({mode})</h2>",
+            table(COLUMNS, [_row(c) for c in group]),
+        ]
+    flagged = [d for c in cells for d in c.get("disagreements", [])]
+    if flagged:
+        parts.append("<h2>Disagreements between client and proxy counts</h2><ul>")
+        parts += [f"<li>{html.escape(d)}</li>" for d in flagged]
+        parts.append("</ul>")
+    style = (
+        "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"
+        "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;"
+        "padding:4px 8px;text-align:right}th{background:#f3f3f3}img{max-width:100%}"
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )

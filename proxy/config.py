@@ -74,6 +74,16 @@ def _probability(value: Any) -> float:
     return number
 
 
+def _positive_number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number above zero, like 2 or 0.5") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError("expected a number above zero, like 2 or 0.5")
+    return number
+
+
 def _size(value: Any) -> int:
     size = parse_size(value)
     if size < 1:
@@ -167,6 +177,7 @@ class AdmissionSection:
     fp_rate: float = _setting(0.01, _probability, "false-positive rate of the filter")
     generations: int = _setting(2, _positive_int, "filter generations (>= 2)")
     max_window: float = _setting(3600.0, _duration, "longest the auto window remembers")
+    auto_scale: float = _setting(1.0, _positive_number, "multiple of the auto generation size")
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,7 @@ class Config:
             fp_rate=a.fp_rate,
             generations=a.generations,
             max_window=a.max_window,
+            auto_scale=a.auto_scale,
         )
 
     def route_table(self) -> dict[str, str]:

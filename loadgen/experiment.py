@@ -1,0 +1,508 @@
+"""Experiments: workloads x policies x cache sizes, simulated, live, or both, into one report.
+
+An experiment file (``config/experiments/*.toml``)::
+
+    title = "..."
+    mode = "both"                      # "simulate", "live" or "both"
+    cache_sizes = ["0.5%", "2%"]       # bytes, or a share of each trace's distinct bytes
+    [[workloads]]                      # keys of loadgen.workload.WorkloadSpec, plus `name`
+    name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace)
+    alpha = 0.8
+    [[policies]]                       # keys of proxy.core.admission.AdmissionConfig
+    policy = "always"                  # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
+    [live]
+    concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
+
+Every cell of a workload replays the same trace. Live cells each get a fresh proxy (a
+subprocess on free ports) in front of one embedded origin; the proxy's own /stats are kept beside
+what the client saw, and any disagreement between the two is flagged in the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from loadgen import report
+from loadgen.replay import ReplayConfig, replay
+from loadgen.simulate import describe_cell, sweep
+from loadgen.trace import Trace, read_trace, write_trace
+from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
+from proxy.core.stats import METRICS
+from proxy.units import format_size, parse_duration, parse_size
+
+NGINX = "nginx"
+MODES = ("simulate", "live", "both")
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    concurrency: int = 8
+    rate: float | None = None
+    origin_latency: float = 0.002
+    origin_latency_sigma: float = 0.0
+    max_requests: int | None = None
+    max_seconds: float | None = None
+    max_age: int = 3600
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    spec: WorkloadSpec | None = None
+    trace_path: Path | None = None
+
+    def trace(self) -> Trace:
+        if self.trace_path is not None:
+            return read_trace(self.trace_path)
+        assert self.spec is not None
+        return generate(self.spec)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    title: str
+    mode: str
+    cache_sizes: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    policies: tuple[AdmissionConfig, ...]
+    live: LiveSettings = LiveSettings()
+    live_cache_sizes: tuple[str, ...] | None = None  # None: every size in cache_sizes
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode in ("simulate", "both")
+
+    @property
+    def run_live(self) -> bool:
+        return self.mode in ("live", "both")
+
+
+def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
+    """Bytes of each size (a percentage is of the trace's distinct bytes) -> its label."""
+    sizes: dict[int, str] = {}
+    footprint: int | None = None
+    for text in texts:
+        text = str(text).strip()
+        if text.endswith("%"):
+            try:
+                share = float(text[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"cache size {text!r} is not a percentage like 1%") from None
+            footprint = trace.distinct_bytes() if footprint is None else footprint
+            size = round(footprint * share)
+        else:
+            size = parse_size(text)
+        if size < 1:
+            raise ValueError(f"cache size {text!r} is under one byte")
+        sizes[size] = f"{text} ({format_size(size)})" if text.endswith("%") else format_size(size)
+    if not sizes:
+        raise ValueError("at least one cache size is needed")
+    return sizes
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ExperimentError(f"{path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ExperimentError(f"{path}: not valid TOML ({exc})") from None
+    where = str(path)
+    allowed = {"title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live"}
+    _only(data, allowed, where)
+    mode = data.get("mode", "simulate")
+    if mode not in MODES:
+        raise ExperimentError(f"{where}: mode = {mode!r}: expected one of {', '.join(MODES)}")
+    sizes = data.get("cache_sizes")
+    if not isinstance(sizes, list) or not sizes:
+        raise ExperimentError(f'{where}: cache_sizes must be a list like ["0.5%", "64MiB"]')
+    workloads = tuple(
+        _workload(w, f"{where} [[workloads]] #{i + 1}", path.parent)
+        for i, w in enumerate(data.get("workloads", [{}]))
+    )
+    policies = tuple(
+        _policy(p, f"{where} [[policies]] #{i + 1}") for i, p in enumerate(data.get("policies", []))
+    )
+    if not policies:
+        raise ExperimentError(f"{where}: at least one [[policies]] table is needed")
+    return Experiment(
+        title=str(data.get("title", path.stem)),
+        mode=mode,
+        cache_sizes=tuple(str(s) for s in sizes),
+        workloads=workloads,
+        policies=policies,
+        live=_live(data.get("live", {}), f"{where} [live]"),
+        live_cache_sizes=tuple(str(s) for s in data["live_cache_sizes"])
+        if "live_cache_sizes" in data
+        else None,
+        meta={"experiment": str(path)},
+    )
+
+
+def _only(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ExperimentError(unknown_name(f"key in {where}:", key, allowed))
+
+
+def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
+    allowed = {f.name for f in fields(WorkloadSpec)} | {"name", "trace"}
+    _only(table, allowed, where)
+    name = str(table.get("name", "workload"))
+    if "trace" in table:
+        return Workload(name, trace_path=(base / table["trace"]).resolve())
+    values = {k: v for k, v in table.items() if k not in ("name", "trace")}
+    try:
+        if "sizes" in values:
+            values["sizes"] = SizeSpec.parse(str(values["sizes"]))
+        return Workload(name, spec=WorkloadSpec(**values))
+    except (TypeError, ValueError) as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+
+
+def _policy(table: dict[str, Any], where: str) -> AdmissionConfig:
+    _only(table, {f.name for f in fields(AdmissionConfig)}, where)
+    name = table.get("policy", "second-hit")
+    if name not in POLICIES and name != NGINX:
+        raise ExperimentError(f"{where}: " + unknown_name("policy", name, [*POLICIES, NGINX]))
+    values = dict(table)
+    try:
+        for key in ("window", "max_window"):
+            if key in values and values[key] != "auto":
+                values[key] = parse_duration(values[key])
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return AdmissionConfig(**values)
+
+
+def _live(table: dict[str, Any], where: str) -> LiveSettings:
+    _only(table, {f.name for f in fields(LiveSettings)}, where)
+    values = dict(table)
+    try:
+        for key in ("origin_latency", "max_seconds"):
+            if key in values:
+                values[key] = parse_duration(values[key])
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return LiveSettings(**values)
+
+
+Say = Callable[[str], None]
+
+
+def run(
+    experiment: Experiment, output: Path, *, workers: int | None = None, say: Say = print
+) -> list[Path]:
+    """Run every cell, write the report under ``output``; returns the files written."""
+    cells: list[report.Cell] = []
+    started = time.perf_counter()
+    meta = dict(experiment.meta)
+    for workload in experiment.workloads:
+        trace = workload.trace()
+        sizes = resolve_sizes(experiment.cache_sizes, trace)
+        meta[f"workload {workload.name}"] = _describe(workload, trace)
+        admissions = [p for p in experiment.policies if p.policy != NGINX]
+        if experiment.simulated and admissions:
+            say(f"{workload.name}: simulating {len(sizes) * len(admissions)} cells")
+            results = sweep(
+                trace,
+                list(sizes),
+                admissions,
+                workers=workers,
+                report=lambda done, total, r: say(f"  [{done}/{total}] {describe_cell(r)}"),
+            )
+            cells += [report.sim_cell(r, workload.name, sizes[r.cache_bytes]) for r in results]
+        if experiment.run_live:
+            live_sizes = sizes
+            if experiment.live_cache_sizes is not None:
+                live_sizes = resolve_sizes(experiment.live_cache_sizes, trace)
+            cells += asyncio.run(_live_cells(experiment, workload, trace, live_sizes, say))
+    meta["elapsed"] = f"{time.perf_counter() - started:.0f}s"
+    results_doc = {"title": experiment.title, "meta": meta, "cells": cells}
+    written = report.write_report(output, results_doc)
+    say(report.text_table(cells))
+    if rows := report.headline(cells):
+        say("\nheadline\n" + report.aligned(report.HEADLINE, rows, left=3))
+    if rows := report.agreement(cells):
+        say("\nlive against simulated\n" + report.aligned(report.AGREEMENT, rows, left=3))
+    return written
+
+
+def _describe(workload: Workload, trace: Trace) -> str:
+    source = f"trace {workload.trace_path}" if workload.trace_path else str(workload.spec)
+    return (
+        f"{source}: {len(trace):,} requests, {trace.distinct_objects():,} objects, "
+        f"{format_size(trace.distinct_bytes())} distinct"
+    )
+
+
+async def _live_cells(
+    experiment: Experiment, workload: Workload, trace: Trace, sizes: dict[int, str], say: Say
+) -> list[report.Cell]:
+    live = experiment.live
+    cells = []
+    async with _origin(trace, live) as origin_url:
+        for size, label in sizes.items():
+            for admission in experiment.policies:
+                name = "nginx (min_uses 2)" if admission.policy == NGINX else admission.label()
+                say(f"{workload.name}: live {name} @ {label}")
+                starter = _nginx if admission.policy == NGINX else _onehit
+                async with starter(origin_url, size, admission) as (target, admin_url):
+                    client = await replay(
+                        trace,
+                        ReplayConfig(
+                            target=target,
+                            concurrency=live.concurrency,
+                            rate=live.rate,
+                            max_requests=live.max_requests,
+                            max_seconds=live.max_seconds,
+                            progress=sys.stderr.isatty(),
+                        ),
+                    )
+                    proxy_stats = await _stats(admin_url) if admin_url else None
+                cells.append(_live_cell(workload.name, name, label, size, client, proxy_stats))
+    return cells
+
+
+def _live_cell(
+    workload: str,
+    policy: str,
+    label: str,
+    size: int,
+    client: Any,
+    proxy_stats: dict[str, Any] | None,
+) -> report.Cell:
+    seen = client.to_dict()
+    if proxy_stats is None:
+        stats: dict[str, Any] = dict.fromkeys(METRICS, 0)
+        stats.update(
+            requests=client.completed,
+            hits=client.hits,
+            hit_ratio=client.hit_ratio,
+            byte_hit_ratio=seen["byte_hit_ratio"],
+        )
+        disagreements: list[str] = []
+    else:
+        stats = proxy_stats["metrics"]
+        disagreements = _disagreements(f"{workload} {policy} @ {label}", client, stats)
+    return {
+        "workload": workload,
+        "mode": "live",
+        "policy": policy,
+        "cache": label,
+        "cache_bytes": size,
+        "stats": stats,
+        "client": seen,
+        "timeline": seen["timeline"],
+        "disagreements": disagreements,
+    }
+
+
+def _disagreements(cell: str, client: Any, stats: dict[str, Any]) -> list[str]:
+    out = []
+    served_from_cache = stats["hits"] + stats["stale_served"]
+    if client.completed != stats["requests"]:
+        out.append(
+            f"{cell}: client completed {client.completed} requests, proxy counted "
+            f"{stats['requests']}"
+        )
+    if client.hits != served_from_cache:
+        out.append(f"{cell}: client saw {client.hits} hits, proxy counted {served_from_cache}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _wait_healthy(url: str, process: asyncio.subprocess.Process, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if process.returncode is not None:
+                raise RuntimeError(f"{url}: the process exited with {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with session.get(url) as r:
+                    if r.status < 500:
+                        return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout}s")
+
+
+async def _stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 15)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+@contextlib.asynccontextmanager
+async def _origin(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
+    """The embedded origin in its own process, serving ``trace``."""
+    with tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp:
+        path = Path(tmp) / ("trace.csv" if trace.names is not None else "trace.bin")
+        write_trace(
+            replace(trace, times=trace.times.round()) if path.suffix == ".bin" else trace, path
+        )
+        port = free_port()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "loadgen",
+            "origin",
+            "--trace",
+            str(path),
+            "--port",
+            str(port),
+            "--latency",
+            f"{live.origin_latency}s",
+            "--latency-sigma",
+            str(live.origin_latency_sigma),
+            "--max-age",
+            str(live.max_age),
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            await _wait_healthy(f"http://127.0.0.1:{port}/", process)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def _onehit(
+    origin: str, size: int, admission: AdmissionConfig
+) -> AsyncIterator[tuple[str, str | None]]:
+    """A fresh onehit-proxy subprocess: (proxy URL, admin URL)."""
+    port, admin = free_port(), free_port()
+    settings = {
+        "upstream.origin": origin,
+        "server.listen": f"127.0.0.1:{port}",
+        "admin.listen": f"127.0.0.1:{admin}",
+        "server.access_log": "false",
+        "cache.size": str(size),
+        "cache.max_object_size": str(min(size, 16 << 20)),
+        "admission.policy": admission.policy,
+        "admission.window": str(admission.window),
+        "admission.expected_urls": str(admission.capacity),
+        "admission.fp_rate": str(admission.fp_rate),
+        "admission.generations": str(admission.generations),
+        "admission.max_window": str(admission.max_window),
+        "admission.auto_scale": str(admission.auto_scale),
+    }
+    args = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args, stderr=subprocess.DEVNULL
+    )
+    try:
+        await _wait_healthy(f"http://127.0.0.1:{admin}/healthz", process)
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
+    finally:
+        await _stop(process)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next(
+        (p for p in ("/usr/sbin/nginx", "/usr/local/nginx/sbin/nginx") if os.access(p, os.X_OK)),
+        None,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _nginx(
+    origin: str, size: int, admission: AdmissionConfig
+) -> AsyncIterator[tuple[str, str | None]]:
+    """nginx with proxy_cache_min_uses 2 and a cache of ``size`` bytes, configured here."""
+    binary = nginx_binary()
+    if binary is None:
+        raise ExperimentError(
+            'policy = "nginx" needs an nginx binary on PATH (apt-get install nginx); none was found'
+        )
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as root:
+        user = "user root;" if os.geteuid() == 0 else ""
+        Path(root, "nginx.conf").write_text(f"""
+{user}
+worker_processes 1;
+daemon off;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    proxy_cache_path {root}/cache levels=1:2 keys_zone=onehit:32m max_size={size};
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass {origin};
+            proxy_cache onehit;
+            proxy_cache_min_uses 2;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            add_header X-Cache $upstream_cache_status;
+        }}
+    }}
+}}
+""")
+        process = await asyncio.create_subprocess_exec(
+            binary, "-c", f"{root}/nginx.conf", "-p", root, stderr=subprocess.DEVNULL
+        )
+        try:
+            await _wait_healthy(f"http://127.0.0.1:{port}/", process)
+            yield f"http://127.0.0.1:{port}", None
+        finally:
+            await _stop(process)
+
+
+async def _stats(admin_url: str) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
+        return await r.json()
+
+
+def demo_experiment(requests: int = 60_000) -> Experiment:
+    """The main job on embedded defaults: LRU against second hit, live and simulated."""
+    return Experiment(
+        title="onehit demo: plain LRU against cache-on-second-hit",
+        mode="both",
+        cache_sizes=("0.5%", "1%", "2%", "5%", "10%", "20%"),
+        live_cache_sizes=("5%",),
+        workloads=(
+            Workload(
+                "zipf-0.8",
+                WorkloadSpec(
+                    objects=10_000, requests=requests, alpha=0.8, one_hit_share=0.25, rate=2000.0
+                ),
+            ),
+        ),
+        policies=(AdmissionConfig(policy="always"), AdmissionConfig(policy="second-hit")),
+        live=LiveSettings(concurrency=4, origin_latency=0.002),
+        meta={"embedded defaults": "onehit-loadgen demo"},
+    )

@@ -1,0 +1,208 @@
+"""The report's PNG plots (matplotlib, Agg backend): one file per figure, policies in the same
+colour everywhere, axes labelled with units."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+from proxy.units import format_size
+
+Cell = dict[str, Any]
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def colours(cells: Sequence[Cell]) -> dict[str, str]:
+    """One colour per policy label: LRU always grey, the rest in a fixed order."""
+    labels = sorted({c["policy"] for c in cells} - {"always"})
+    table = {label: _PALETTE[i % len(_PALETTE)] for i, label in enumerate(labels)}
+    table["always"] = "#555555"
+    return table
+
+
+def _series(cells: Sequence[Cell]) -> dict[tuple[str, str, str], list[Cell]]:
+    out: dict[tuple[str, str, str], list[Cell]] = defaultdict(list)
+    for c in cells:
+        out[(c["workload"], c["mode"], c["policy"])].append(c)
+    for group in out.values():
+        group.sort(key=lambda c: c["cache_bytes"])
+    return out
+
+
+def _panels(cells: Sequence[Cell]) -> list[tuple[str, str]]:
+    return sorted({(c["workload"], c["mode"]) for c in cells})
+
+
+def _figure(n: int) -> tuple[Any, list[Any]]:
+    fig, axes = plt.subplots(1, n, figsize=(6.2 * n, 4.2), squeeze=False)
+    return fig, list(axes[0])
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _by_size(
+    cells: Sequence[Cell],
+    directory: Path,
+    name: str,
+    metric: Callable[[Cell], float],
+    ylabel: str,
+    bytes_axis: bool = False,
+) -> Path | None:
+    """One panel per workload: simulated curves as lines, live runs as crosses on them."""
+    workloads = sorted({c["workload"] for c in cells})
+    series = _series(cells)
+    palette = colours(cells)
+    fig, axes = _figure(len(workloads))
+    for ax, workload in zip(axes, workloads, strict=True):
+        for (w, mode, policy), group in sorted(series.items()):
+            if w != workload:
+                continue
+            xs = [c["cache_bytes"] for c in group]
+            ys = [metric(c) for c in group]
+            if mode == "live":
+                ax.scatter(xs, ys, marker="X", s=90, label=f"{policy} (live)",
+                           color=palette[policy], edgecolors="black", zorder=3)  # fmt: skip
+            else:
+                ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        ax.set_xlabel("cache size (bytes, log scale)")
+        ax.set_ylabel(ylabel)
+        if bytes_axis:
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        ax.set_title(workload)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, directory / f"{name}.png")
+
+
+def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
+    """Hit ratio over the run, for the middle cache size of each workload and mode."""
+    palette = colours(cells)
+    panels = _panels(cells)
+    fig, axes = _figure(len(panels))
+    drawn = False
+    for ax, (workload, mode) in zip(axes, panels, strict=True):
+        group = [c for c in cells if (c["workload"], c["mode"]) == (workload, mode)]
+        sizes = sorted({c["cache_bytes"] for c in group})
+        middle = sizes[len(sizes) // 2]
+        for c in group:
+            if c["cache_bytes"] != middle or not c.get("timeline"):
+                continue
+            points = c["timeline"]
+            if mode == "live":
+                xs = [p["t"] for p in points]
+                ys = [p["cumulative_hit_ratio"] for p in points]
+                ax.set_xlabel("time since start (s)")
+            else:
+                xs = [p["requests"] for p in points]
+                ys = [p["hit_ratio"] for p in points]
+                ax.set_xlabel("requests replayed")
+            ax.plot(xs, ys, label=c["policy"], color=palette[c["policy"]])
+            drawn = True
+        ax.set_ylabel("cumulative hit ratio")
+        ax.set_title(f"{workload} ({mode}), cache {format_size(middle)}")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    if not drawn:
+        plt.close(fig)
+        return None
+    return _save(fig, directory / "hit-ratio-over-time.png")
+
+
+def _latency(cells: Sequence[Cell], directory: Path) -> Path | None:
+    live = [c for c in cells if c.get("client")]
+    if not live:
+        return None
+    palette = colours(cells)
+    percentiles = ["p50", "p90", "p99", "p99.9"]
+    fig, axes = _figure(1)
+    ax = axes[0]
+    width = 0.8 / len(live)
+    for i, c in enumerate(live):
+        values = [c["client"]["latency_ms"][p] for p in percentiles]
+        xs = [j + i * width for j in range(len(percentiles))]
+        label = f"{c['policy']} @ {c['cache']} ({c['workload']})"
+        ax.bar(
+            xs, values, width, label=label, color=palette[c["policy"]], alpha=0.6 + 0.4 * (i % 2)
+        )
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(percentiles))], percentiles)
+    ax.set_ylabel("latency (ms)")
+    ax.set_title("client-side latency per policy (live)")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, directory / "latency-percentiles.png")
+
+
+def _filter_health(cells: Sequence[Cell], directory: Path) -> Path | None:
+    chosen = [
+        c
+        for c in cells
+        if c["policy"] != "always" and c["mode"] == "simulate" and c.get("timeline")
+    ]
+    if not chosen:
+        return None
+    palette = colours(cells)
+    fig, axes = _figure(2)
+    for c in chosen:
+        xs = [p["requests"] for p in c["timeline"]]
+        label = f"{c['policy']} @ {c['cache']} ({c['workload']})"
+        colour = palette[c["policy"]]
+        axes[0].plot(xs, [p["filter_fill"] for p in c["timeline"]], label=label, color=colour)
+        axes[1].plot(
+            xs, [p["filter_fp_estimate"] for p in c["timeline"]], label=label, color=colour
+        )
+    axes[0].set_ylabel("fill of the fullest generation (share of bits set)")
+    axes[1].set_ylabel("estimated false-positive rate")
+    for ax in axes:
+        ax.set_xlabel("requests replayed")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_title("admission filter fill over time")
+    axes[1].set_title("admission filter false-positive estimate over time")
+    return _save(fig, directory / "filter-health.png")
+
+
+def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
+    """Every plot the cells support; returns the files written."""
+    drawn = [
+        _by_size(
+            cells,
+            directory,
+            "hit-ratio-vs-cache-size",
+            lambda c: c["stats"]["hit_ratio"],
+            "hit ratio (hits / requests)",
+        ),
+        _by_size(
+            cells,
+            directory,
+            "byte-hit-ratio-vs-cache-size",
+            lambda c: c["stats"]["byte_hit_ratio"],
+            "byte hit ratio (cached bytes / bytes)",
+        ),
+        _by_size(
+            cells,
+            directory,
+            "bytes-written-vs-cache-size",
+            lambda c: c["stats"]["bytes_written"],
+            "bytes written to the cache",
+            True,
+        ),
+        _over_time(cells, directory),
+        _latency(cells, directory),
+        _filter_health(cells, directory),
+    ]
+    return [p for p in drawn if p is not None]
