@@ -57,7 +57,7 @@ def _by_size(
     cells: Sequence[Cell],
     directory: Path,
     name: str,
-    metric: Callable[[Cell], float],
+    metric: Callable[[Cell], float | None],
     ylabel: str,
     bytes_axis: bool = False,
 ) -> Path | None:
@@ -69,6 +69,9 @@ def _by_size(
     for ax, workload in zip(axes, workloads, strict=True):
         for (w, mode, policy), group in sorted(series.items()):
             if w != workload:
+                continue
+            group = [c for c in group if metric(c) is not None]
+            if not group:
                 continue
             xs = [c["cache_bytes"] for c in group]
             ys = [metric(c) for c in group]

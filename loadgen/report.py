@@ -20,7 +20,7 @@ import base64
 import html
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +84,19 @@ def _space_text(c: Cell) -> str:
 
 def _row(c: Cell) -> list[str]:
     s = c["stats"]
+
+    def show(name: str, fmt: Callable[[Any], str]) -> str:
+        return "n/a" if s.get(name) is None else fmt(s[name])
+
     return [
         c["policy"],
         c["cache"],
-        f"{s['hit_ratio']:.4f}",
-        f"{s['byte_hit_ratio']:.4f}",
-        f"{s['admissions']:,}",
-        format_size(s["bytes_written"]),
-        format_size(s["dead_bytes"]),
-        f"{s['writes_saved']:.1%}",
+        show("hit_ratio", "{:.4f}".format),
+        show("byte_hit_ratio", "{:.4f}".format),
+        show("admissions", "{:,}".format),
+        show("bytes_written", format_size),
+        show("dead_bytes", format_size),
+        show("writes_saved", "{:.1%}".format),
         _space_text(c),
     ]
 
@@ -164,6 +168,7 @@ def headline(cells: Sequence[Cell]) -> list[list[str]]:
             best = max(others, key=lambda c: c["stats"]["hit_ratio"])
             delta = best["stats"]["hit_ratio"] - lru["stats"]["hit_ratio"]
             p99 = best.get("client", {}).get("latency_ms", {}).get("p99")
+            saved = best["stats"]["writes_saved"]
             rows.append(
                 [
                     workload,
@@ -173,7 +178,7 @@ def headline(cells: Sequence[Cell]) -> list[list[str]]:
                     best["policy"],
                     f"{best['stats']['hit_ratio']:.4f}",
                     f"{delta * 100:+.1f} pp",
-                    f"{best['stats']['writes_saved']:.1%}",
+                    "n/a" if saved is None else f"{saved:.1%}",
                     _space_text(best),
                     "" if p99 is None else f"{p99:.2f}",
                 ]

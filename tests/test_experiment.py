@@ -1,0 +1,80 @@
+"""Experiments: files are checked before anything runs; a small matrix runs live and simulated."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loadgen.experiment import ExperimentError, load_experiment, run
+from loadgen.trace import Trace, write_trace
+
+EXPERIMENTS = sorted(Path(__file__).parent.parent.glob("config/experiments/*.toml"))
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
+def test_ready_experiments_load(path):
+    experiment = load_experiment(path)
+    assert experiment.policies and experiment.workloads and experiment.cache_sizes
+
+
+def test_ready_experiments_cover_the_issue():
+    assert {p.stem for p in EXPERIMENTS} >= {"window-sweep", "one-hit-share", "compare-nginx"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('mode = "fast"\ncache_sizes = ["1%"]\n[[policies]]\n', "mode = 'fast': expected one of"),
+        ('cache_sizes = "1%"\n[[policies]]\n', "cache_sizes must be a list"),
+        ('cache_sizes = ["1%"]\n', "at least one [[policies]]"),
+        ('cache_sizes = ["1%"]\n[[policies]]\npolicy = "lfu"\n', "unknown policy 'lfu'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\nwindoe = "1m"\n', "did you mean 'window'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\n[[workloads]]\nalpha = -1\n', "alpha must be >= 0"),
+        ('cache_sizes = ["1%"]\n[[policies]]\n[live]\nconcurency = 2\n', "'concurrency'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\nwindow = "soon"\n', "duration 'soon'"),
+    ],
+)
+def test_bad_experiment_files_name_the_key(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ExperimentError) as info:
+        load_experiment(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_small_matrix_runs_live_and_simulated_into_one_report(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(
+        'title = "small"\nmode = "both"\ncache_sizes = ["2%", "10%"]\n'
+        'live_cache_sizes = ["10%"]\n'
+        '[[workloads]]\nname = "tiny"\nobjects = 300\nrequests = 1500\n'
+        'sizes = "lognormal:median=2KiB,sigma=1,max=64KiB"\n'
+        '[[policies]]\npolicy = "always"\n[[policies]]\npolicy = "second-hit"\n'
+        '[live]\nconcurrency = 1\norigin_latency = "0ms"\n'
+    )
+    lines: list[str] = []
+    written = run(load_experiment(path), tmp_path / "out", workers=1, say=lines.append)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    modes = [(c["mode"], c["policy"], c["cache_bytes"]) for c in results["cells"]]
+    assert len([m for m in modes if m[0] == "simulate"]) == 4
+    assert len([m for m in modes if m[0] == "live"]) == 2
+    live = [c for c in results["cells"] if c["mode"] == "live"]
+    for c in live:
+        # The proxy's /stats and the client agree, and nothing was flagged.
+        assert c["disagreements"] == []
+        assert c["client"]["completed"] == c["stats"]["requests"] == 1500
+    agreement = [line for line in lines if "within 1 pp" in line]
+    assert agreement, "the run prints live against simulated"
+    assert (tmp_path / "out" / "index.html") in written
+
+
+def test_workload_can_replay_a_recorded_trace(tmp_path):
+    write_trace(Trace(np.arange(4.0), np.array([1, 2, 1, 1]), np.array([10, 20, 10, 10])),
+                tmp_path / "t.csv")  # fmt: skip
+    path = tmp_path / "e.toml"
+    path.write_text('cache_sizes = ["100"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
+                    '[[policies]]\npolicy = "always"\n')  # fmt: skip
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
+    (cell,) = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    assert cell["stats"]["hits"] == 2
