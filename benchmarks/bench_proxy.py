@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import signal
@@ -24,6 +23,8 @@ import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
+
+from loadgen.nginx import nginx_binary, nginx_config
 
 SIZES = {"1k": 1024, "64k": 64 * 1024}
 
@@ -161,40 +162,14 @@ def _wrk_ms(out: str, percentile: str) -> float:
 
 
 def start_nginx(stack: ExitStack, port: int, origin: str) -> bool:
-    nginx = shutil.which("nginx") or (
-        "/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None
-    )
+    nginx = nginx_binary()
     if nginx is None:
-        print("  (nginx not on PATH: skipped; apt-get install nginx to compare)")
+        print("  (nginx not found: skipped; apt-get install nginx to compare)")
         return False
     root = Path(tempfile.mkdtemp(prefix="onehit-nginx-"))
     stack.callback(shutil.rmtree, root, True)
-    # As root, nginx's workers drop to `nobody` and could not write the cache in this temp dir.
-    user = "user root;" if os.geteuid() == 0 else ""
-    (root / "nginx.conf").write_text(f"""
-{user}
-worker_processes 1;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-    access_log off;
-    proxy_cache_path {root}/cache levels=1:2 keys_zone=bench:10m max_size=1g;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass {origin};
-            proxy_cache bench;
-            proxy_cache_min_uses 2;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            add_header X-Cache $upstream_cache_status;
-        }}
-    }}
-}}
-""")
-    spawn(stack, nginx, "-c", str(root / "nginx.conf"), "-p", str(root))
+    config = nginx_config(root, port, origin, 1 << 30)
+    spawn(stack, nginx, "-c", str(config), "-p", str(root))
     return True
 
 

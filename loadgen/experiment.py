@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +37,7 @@ from typing import Any
 import aiohttp
 
 from loadgen import report
+from loadgen.nginx import nginx_binary, nginx_config
 from loadgen.replay import ReplayConfig, replay
 from loadgen.simulate import describe_cell, sweep
 from loadgen.trace import Trace, read_trace, write_trace
@@ -434,13 +433,6 @@ async def _onehit(
         await _stop(process)
 
 
-def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/nginx/sbin/nginx") if os.access(p, os.X_OK)),
-        None,
-    )
-
-
 @contextlib.asynccontextmanager
 async def _nginx(
     origin: str, size: int, admission: AdmissionConfig
@@ -450,32 +442,9 @@ async def _nginx(
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as root:
-        user = "user root;" if os.geteuid() == 0 else ""
-        Path(root, "nginx.conf").write_text(f"""
-{user}
-worker_processes 1;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/error.log;
-events {{ worker_connections 4096; }}
-http {{
-    access_log off;
-    proxy_cache_path {root}/cache levels=1:2 keys_zone=onehit:32m max_size={size};
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{
-            proxy_pass {origin};
-            proxy_cache onehit;
-            proxy_cache_min_uses 2;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            add_header X-Cache $upstream_cache_status;
-        }}
-    }}
-}}
-""")
+        config = nginx_config(Path(root), port, origin, size)
         process = await asyncio.create_subprocess_exec(
-            binary, "-c", f"{root}/nginx.conf", "-p", root, stderr=subprocess.DEVNULL
+            binary, "-c", str(config), "-p", root, stderr=subprocess.DEVNULL
         )
         try:
             await _wait_healthy(f"http://127.0.0.1:{port}/", process)

@@ -215,41 +215,11 @@ class Proxy:
                 fetched = Fetched(stored, upstream.status, tuple(headers), body, meta.headers)
                 return response, fetched
         reason = "too-large" if rmeta.cacheable else rmeta.reason
-        streamed = await self._stream(request, meta, upstream, rmeta, headers, body, fwd, reason)
-        return streamed, None
-
-    async def _stream(
-        self,
-        request: web.BaseRequest,
-        meta: RequestMeta,
-        upstream: aiohttp.ClientResponse,
-        rmeta: ResponseMeta,
-        headers: list[tuple[str, str]],
-        head: bytes,
-        fwd: str,
-        reason: str,
-    ) -> web.StreamResponse:
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        _copy_headers(out.headers, headers)
-        out.headers["Cache-Status"] = f"{CACHE}; fwd={fwd}; detail={reason or 'uncacheable'}"
-        out.headers["X-Cache"] = "MISS"
-        out.headers["Via"] = VIA
-        await out.prepare(request)
-        total = len(head)
-        try:
-            if head:
-                await out.write(head)
-            async for chunk in upstream.content.iter_chunked(1 << 16):
-                total += len(chunk)
-                await out.write(chunk)
-        except _BODY_ERRORS as exc:
-            # Headers are gone: the only honest signal left is to cut the client off.
-            log.warning("%s %s: origin body failed mid-stream: %r", meta.method, meta.key, exc)
-            _abort(request)
-            return out
-        await out.write_eof()
-        self.engine.on_response(meta, rmeta, total, self.clock())
-        return out
+        cache_status = f"{CACHE}; fwd={fwd}; detail={reason or 'uncacheable'}"
+        out, total = await _stream(request, upstream, headers, cache_status, "MISS", body)
+        if total is not None:
+            self.engine.on_response(meta, rmeta, total, self.clock())
+        return out, None
 
     # Stale entries
 
@@ -347,19 +317,7 @@ class Proxy:
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
             headers = rfc9111.end_to_end(list(upstream.headers.items()))
-            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            _copy_headers(out.headers, headers)
-            out.headers["Cache-Status"] = f"{CACHE}; fwd=method"
-            out.headers["X-Cache"] = "BYPASS"
-            out.headers["Via"] = VIA
-            await out.prepare(request)
-            try:
-                async for chunk in upstream.content.iter_chunked(1 << 16):
-                    await out.write(chunk)
-            except _BODY_ERRORS:
-                _abort(request)
-                return out
-            await out.write_eof()
+            out, _ = await _stream(request, upstream, headers, f"{CACHE}; fwd=method", "BYPASS")
             return out
 
     # Building answers
@@ -444,6 +402,38 @@ def _same_variant(shared: Fetched, headers: tuple[tuple[str, str], ...]) -> bool
     return not names or rfc9111.vary_key(names, headers) == rfc9111.vary_key(
         names, shared.request_headers
     )
+
+
+async def _stream(
+    request: web.BaseRequest,
+    upstream: aiohttp.ClientResponse,
+    headers: list[tuple[str, str]],
+    cache_status: str,
+    x_cache: str,
+    head: bytes = b"",
+) -> tuple[web.StreamResponse, int | None]:
+    """Send ``upstream`` to the client as it arrives (after ``head``, bytes already read); the
+    body's size, or None when the origin cut it short and the client was cut off too."""
+    out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+    _copy_headers(out.headers, headers)
+    out.headers["Cache-Status"] = cache_status
+    out.headers["X-Cache"] = x_cache
+    out.headers["Via"] = VIA
+    await out.prepare(request)
+    total = len(head)
+    try:
+        if head:
+            await out.write(head)
+        async for chunk in upstream.content.iter_chunked(1 << 16):
+            total += len(chunk)
+            await out.write(chunk)
+    except _BODY_ERRORS as exc:
+        # Headers are gone: the only honest signal left is to cut the client off.
+        log.warning("%s %s: body failed mid-stream: %r", request.method, request.path, exc)
+        _abort(request)
+        return out, None
+    await out.write_eof()
+    return out, total
 
 
 async def _read_up_to(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
