@@ -89,6 +89,18 @@ class Proxy:
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request; a bug in here costs that request a 500, never the listener."""
+        try:
+            return await self._handle(request)
+        except Exception:
+            version = request.version
+            log.exception(
+                "unexpected error on %s %s HTTP/%d.%d from %s",
+                request.method, request.raw_path, version.major, version.minor, request.remote,
+            )  # fmt: skip
+            return _plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == "CONNECT":
             return _plain(405, "CONNECT is refused: this is a reverse proxy, not an open proxy")
         route_host, key_host = _hosts(request.host)
@@ -198,6 +210,8 @@ class Proxy:
             except _BODY_ERRORS as exc:
                 log.warning("%s %s: origin body failed: %r", meta.method, meta.key, exc)
                 status = f"{CACHE}; fwd={fwd}; detail=origin-error"
+                if isinstance(exc, TimeoutError):
+                    return _plain(504, "origin timed out mid-body", status), None
                 return _plain(502, "origin response cut short", status), None
             if upstream.content.at_eof():
                 stored = ResponseMeta(

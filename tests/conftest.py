@@ -144,3 +144,37 @@ def base(service: Service) -> str:
 def admin(service: Service) -> str:
     host, port = service.admin_address
     return f"http://{host}:{port}"
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+async def raw_origin() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
+    """An origin that speaks bytes on a socket as the test scripts them: for faults no HTTP
+    server library would commit. Returns its base URL."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: RawHandler) -> str:
+        async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await handler(reader, writer)
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(guarded, "127.0.0.1", 0)
+        servers.append(server)
+        host, port = server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """The request head a raw origin received (up to the blank line)."""
+    return await reader.readuntil(b"\r\n\r\n")

@@ -1,0 +1,154 @@
+"""Origin faults: the client gets a proper answer, nothing wrong is stored, and the proxy goes on
+serving; the next request for the same URL is fetched again and served correctly."""
+
+import asyncio
+
+import pytest
+from conftest import base, read_request
+
+OK = (
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nCache-Control: max-age=60\r\n"
+    b"Connection: keep-alive\r\n\r\nfresh"
+)
+
+
+async def get(client, url, **kwargs):
+    async with client.get(url, **kwargs) as r:
+        return r.status, r.headers.copy(), await r.read()
+
+
+def scripted(*replies):
+    """A raw origin handler answering successive connections with ``replies`` in turn (a reply
+    is bytes, or a coroutine function taking (reader, writer)); the last one repeats."""
+    queue = list(replies)
+
+    async def handler(reader, writer):
+        reply = queue.pop(0) if len(queue) > 1 else queue[0]
+        if callable(reply):
+            await reply(reader, writer)
+            return
+        await read_request(reader)
+        writer.write(reply)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+    return handler
+
+
+async def then_fine(client, proxy, path="/x"):
+    status, headers, body = await get(client, base(proxy) + path)
+    assert (status, body) == (200, b"fresh"), "the next request is fetched again and served"
+    return headers
+
+
+async def test_accept_then_never_answer_gives_504(raw_origin, start_proxy, client):
+    async def silent(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    url = await raw_origin(scripted(silent, OK))
+    proxy = await start_proxy(upstream__origin=url, upstream__read_timeout="300ms",
+                              admission__policy="always")  # fmt: skip
+    status, _, body = await get(client, base(proxy) + "/x")
+    assert status == 504 and b"timed out" in body
+    await then_fine(client, proxy)
+
+
+async def test_slow_body_times_out_mid_body_and_is_not_stored(raw_origin, start_proxy, client):
+    async def stalls(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nCache-Control: max-age=60\r\n\r\n")
+        writer.write(b"part")
+        await writer.drain()
+        await asyncio.sleep(10)
+
+    url = await raw_origin(scripted(stalls, OK))
+    proxy = await start_proxy(upstream__origin=url, upstream__read_timeout="300ms",
+                              admission__policy="always")  # fmt: skip
+    status, _, _ = await get(client, base(proxy) + "/x")
+    assert status == 504
+    headers = await then_fine(client, proxy)
+    assert headers["X-Cache"] == "MISS"
+
+
+async def test_invalid_chunked_encoding_is_a_502_and_not_stored(raw_origin, start_proxy, client):
+    bad = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=60\r\n\r\n"
+           b"5\r\nhello\r\nZZZ\r\nnot a chunk\r\n0\r\n\r\n")  # fmt: skip
+    url = await raw_origin(scripted(bad, OK))
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    status, _, _ = await get(client, base(proxy) + "/x")
+    assert status == 502
+    assert (await then_fine(client, proxy))["X-Cache"] == "MISS"
+
+
+async def test_5xx_without_a_stale_entry_passes_through_as_sent(raw_origin, start_proxy, client):
+    down = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 11\r\nRetry-After: 5\r\n\r\n"
+            b"maintenance")  # fmt: skip
+    url = await raw_origin(scripted(down, OK))
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    status, headers, body = await get(client, base(proxy) + "/x")
+    assert (status, body, headers["Retry-After"]) == (503, b"maintenance", "5")
+    await then_fine(client, proxy)
+
+
+async def test_interim_1xx_before_the_final_response(raw_origin, start_proxy, client):
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n" + OK
+    url = await raw_origin(scripted(early))
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    status, _, body = await get(client, base(proxy) + "/x")
+    assert (status, body) == (200, b"fresh")
+    _, headers, body = await get(client, base(proxy) + "/x")
+    assert headers["X-Cache"] == "HIT" and body == b"fresh"
+
+
+async def test_origin_closing_keep_alive_connections_between_requests(
+    raw_origin, start_proxy, client
+):
+    async def one_then_close(reader, writer):
+        await read_request(reader)
+        writer.write(OK)  # claims keep-alive, then closes once the proxy has pooled it
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+    url = await raw_origin(one_then_close)
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    for i in range(5):
+        status, _, body = await get(client, base(proxy) + f"/k{i}")
+        assert (status, body) == (200, b"fresh")
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("policy", ["always", "second-hit"])
+async def test_content_length_longer_than_the_body_is_never_stored(
+    raw_origin, start_proxy, client, policy
+):
+    short = b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nCache-Control: max-age=60\r\n\r\nonly10byte"
+    url = await raw_origin(scripted(short, short, OK))
+    proxy = await start_proxy(upstream__origin=url, admission__policy=policy)
+    for _ in range(2):
+        status, _, _ = await get(client, base(proxy) + "/x")
+        assert status == 502
+    stats = proxy.proxy.engine.stats()
+    assert stats["admissions"] == 0 and stats["rejected_first_sighting"] == 0
+    await then_fine(client, proxy)
+
+
+async def test_unexpected_exception_is_a_500_and_the_proxy_keeps_serving(
+    origin, start_proxy, client, caplog
+):
+    proxy = await start_proxy()
+    boom = RuntimeError("a bug")
+
+    def broken(*args, **kwargs):
+        raise boom
+
+    real = proxy.proxy.engine.lookup
+    proxy.proxy.engine.lookup = broken
+    status, _, _ = await get(client, base(proxy) + "/x?q=1")
+    assert status == 500
+    logged = [r for r in caplog.records if r.name == "onehit.proxy" and r.exc_info]
+    assert logged and "GET /x?q=1 HTTP/1.1" in logged[0].getMessage()
+    assert logged[0].exc_info[1] is boom
+    proxy.proxy.engine.lookup = real
+    status, _, _ = await get(client, base(proxy) + "/x")
+    assert status == 200
