@@ -107,6 +107,24 @@ def _window(value: Any) -> float | str:
         raise ValueError("expected 'auto' or a duration like 10m") from None
 
 
+FORWARDED_BY_DEFAULT = (
+    "accept", "accept-encoding", "accept-language", "authorization", "cookie", "cache-control",
+    "pragma", "if-none-match", "if-modified-since", "if-match", "if-unmodified-since",
+    "if-range", "range", "user-agent",
+)  # fmt: skip
+
+
+def _header_names(value: Any) -> tuple[str, ...]:
+    """A TOML list of field names, or one comma-separated string (from the environment)."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError('expected a list of header names, like ["accept", "user-agent"]')
+    cleaned = tuple(n.strip().lower() for n in names if n.strip())
+    if any(not n.replace("-", "").isalnum() for n in cleaned):
+        raise ValueError("expected header names made of letters, digits and '-'")
+    return cleaned
+
+
 def _policy(value: Any) -> str:
     if value not in POLICIES:
         raise ValueError(f"expected one of {', '.join(sorted(POLICIES))}")
@@ -153,7 +171,11 @@ class ServerSection:
     access_log: bool = _setting(True, _bool, "log one line per request")
     access_log_format: str = _setting("combined", _log_format, "combined or json")
     drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
-    max_header_size: int = _setting(8190, _positive_int, "largest request line or header field")
+    max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
+    max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")
+    forward_headers: tuple[str, ...] = _setting(
+        FORWARDED_BY_DEFAULT, _header_names, "request fields a GET/HEAD may pass to the origin"
+    )
 
 
 @dataclass(frozen=True)

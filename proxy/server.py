@@ -86,6 +86,9 @@ class Proxy:
         self.flights: SingleFlight[Fetched] = SingleFlight(config.upstream.single_flight_wait)
         self.max_object = engine.store.max_object_bytes
         self.allow_set_cookie = config.cache.store_set_cookie
+        self.max_url = config.server.max_url_length
+        self.max_headers = config.server.max_header_size
+        self.forwarded = frozenset(config.server.forward_headers)
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -101,6 +104,10 @@ class Proxy:
             return _plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if len(request.raw_path) > self.max_url:
+            return _plain(414, f"request target longer than {self.max_url} bytes")
+        if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > self.max_headers:
+            return _plain(431, f"request header fields larger than {self.max_headers} bytes")
         if request.method == "CONNECT":
             return _plain(405, "CONNECT is refused: this is a reverse proxy, not an open proxy")
         route_host, key_host = _hosts(request.host)
@@ -347,6 +354,10 @@ class Proxy:
             for k, v in rfc9111.end_to_end(list(request.headers.items()))
             if k.lower() not in replaced
         ]
+        if request.method in ("GET", "HEAD"):
+            # Only fields the operator lets through reach the origin: what is not keyed must
+            # not be able to change a stored answer (cache poisoning).
+            headers = [(k, v) for k, v in headers if k.lower() in self.forwarded]
         headers.extend(extra)
         peer = request.remote or ""
         headers += [

@@ -64,8 +64,10 @@ class Service:
         await upstream.start()
         proxy = Proxy(config, build_engine(config), upstream)
         server_kwargs: dict[str, object] = {
-            "max_line_size": config.server.max_header_size,
-            "max_field_size": config.server.max_header_size,
+            # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
+            # configured limits itself, with the statuses RFC 9110 names (414, 431).
+            "max_line_size": 4 * config.server.max_url_length + 64,
+            "max_field_size": 4 * config.server.max_header_size,
         }
         if config.server.access_log:
             server_kwargs["access_log"] = logging.getLogger("onehit.access")

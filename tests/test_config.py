@@ -94,3 +94,13 @@ def test_whole_config_checks():
         load(env={}, overrides={**ORIGIN, "cache.size": "1MiB", "cache.max_object_size": "2MiB"})
     with pytest.raises(ConfigError, match="generations"):
         load(env={}, overrides={**ORIGIN, "admission.generations": 1})
+
+
+def test_forward_headers_from_a_list_or_a_comma_separated_string(tmp_path):
+    path = tmp_path / "f.toml"
+    path.write_text('[server]\nforward_headers = ["Accept", "X-Tenant"]\n')
+    assert load(path, env={}, overrides=ORIGIN).server.forward_headers == ("accept", "x-tenant")
+    env = {"ONEHIT_SERVER_FORWARD_HEADERS": "accept, user-agent"}
+    assert load(env=env, overrides=ORIGIN).server.forward_headers == ("accept", "user-agent")
+    with pytest.raises(ConfigError, match="expected header names"):
+        load(env={"ONEHIT_SERVER_FORWARD_HEADERS": "bad header"}, overrides=ORIGIN)

@@ -9,6 +9,7 @@ import asyncio
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import admin, base
 from multidict import CIMultiDict
 
@@ -215,11 +216,36 @@ async def test_hop_by_hop_stripped_and_forwarding_headers_replaced(origin, start
         "Via": "1.1 forged",
         "X-Custom": "kept",
     }
-    await fetch(client, base(proxy) + "/h", headers=sent)
+    async with client.post(base(proxy) + "/h", headers=sent, data=b"x") as r:  # RFC 9110 7.6.1
+        await r.read()
     seen = origin.seen_headers["/h"]
     assert "X-Hop" not in seen and seen["X-Custom"] == "kept"
     assert seen["X-Forwarded-For"] == "127.0.0.1" and seen["Via"] == "1.1 onehit"
     assert seen["X-Forwarded-Proto"] == "http"
+
+
+async def test_get_passes_only_the_forwardable_fields_to_the_origin(origin, start_proxy, client):
+    proxy = await start_proxy()
+    sent = {"X-Custom": "dropped", "Accept-Language": "fr", "User-Agent": "test/1"}
+    await fetch(client, base(proxy) + "/g", headers=sent)
+    seen = origin.seen_headers["/g"]
+    assert "X-Custom" not in seen
+    assert seen["Accept-Language"] == "fr" and seen["User-Agent"] == "test/1"
+
+
+async def test_an_unkeyed_header_cannot_poison_what_others_are_served(origin, start_proxy, client):
+    async def reflect(request):
+        evil = request.headers.get("X-Forwarded-Scheme", "") + request.headers.get("X-Evil", "")
+        return web.Response(body=f"<script src='{evil}/app.js'>".encode(),
+                            headers={"Cache-Control": "max-age=60"})  # fmt: skip
+
+    origin.responder = reflect
+    proxy = await start_proxy()
+    attack = {"X-Evil": "https://attacker.example", "X-Forwarded-Scheme": "javascript:"}
+    for _ in range(2):  # first sighting, then stored
+        await fetch(client, base(proxy) + "/page", headers=attack)
+    _, headers, body = await fetch(client, base(proxy) + "/page")
+    assert headers["X-Cache"] == "HIT" and body == b"<script src='/app.js'>"
 
 
 async def test_host_case_and_default_port_share_one_cache_key(origin, start_proxy, client):
@@ -328,3 +354,32 @@ async def test_rfc5861_stale_while_revalidate_answers_at_once_and_refreshes_behi
     _, fresh, _ = await fetch(client, url)
     assert fresh["X-Cache"] == "HIT" and fresh["X-Origin-Count"] == "2"
     assert proxy.proxy.engine.stats()["stale_served"] == 1
+
+
+async def test_url_too_long_is_414_and_headers_too_large_are_431(origin, start_proxy, client):
+    proxy = await start_proxy(server__max_url_length=100, server__max_header_size=400)
+    status, _, _ = await fetch(client, base(proxy) + "/" + "a" * 120)  # RFC 9110 15.5.15
+    assert status == 414
+    status, _, _ = await fetch(client, base(proxy) + "/ok", headers={"X-Big": "b" * 500})
+    assert status == 431  # RFC 6585 5
+    status, _, _ = await fetch(client, base(proxy) + "/ok")
+    assert status == 200 and sum(origin.hits.values()) == 1
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /s HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /s HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+        b"GET /s HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n  folded\r\n\r\n",
+    ],
+    ids=["content-length-and-transfer-encoding", "duplicate-content-length", "obs-fold"],
+)
+async def test_rfc9112_ambiguous_framing_is_400_and_never_reaches_the_origin(
+    origin, start_proxy, request_bytes
+):
+    proxy = await start_proxy()
+    answer = await raw(proxy, request_bytes)
+    assert answer.split(b"\r\n")[0].endswith(b"400 Bad Request")
+    assert sum(origin.hits.values()) == 0
