@@ -340,11 +340,13 @@ async def test_reset_mid_stream_closes_the_client_connection(origin, start_proxy
 async def test_rfc5861_stale_while_revalidate_answers_at_once_and_refreshes_behind(
     origin, start_proxy, client
 ):
-    origin.set("/swr", headers={"Cache-Control": "max-age=1, stale-while-revalidate=30"})
+    # max-age=2: Date has one-second resolution, so a response can arrive up to 1 s old
+    # (RFC 9111 4.2.3 apparent age); the refreshed copy must still be fresh when asked again.
+    origin.set("/swr", headers={"Cache-Control": "max-age=2, stale-while-revalidate=30"})
     proxy = await start_proxy(admission__policy="always")
     url = base(proxy) + "/swr"
     await fetch(client, url)
-    await asyncio.sleep(1.1)
+    await asyncio.sleep(2.05)
     _, stale, _ = await fetch(client, url)
     assert stale["X-Cache"] == "STALE" and stale["X-Origin-Count"] == "1"
     for _ in range(50):  # the background refresh lands
