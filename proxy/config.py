@@ -209,6 +209,7 @@ class UpstreamSection:
     read_timeout: float = _setting(10.0, _duration, "longest wait for the next bytes")
     total_timeout: float = _setting(60.0, _duration, "longest a whole origin response may take")
     single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
+    max_connections: int = _setting(512, _positive_int, "origin connections open at most")
 
 
 @dataclass(frozen=True)

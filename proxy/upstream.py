@@ -33,7 +33,7 @@ class Upstream:
                 total=c.total_timeout, connect=c.connect_timeout, sock_read=c.read_timeout
             ),
             auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            connector=aiohttp.TCPConnector(limit=c.max_connections, ttl_dns_cache=60),
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
