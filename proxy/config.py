@@ -171,6 +171,7 @@ class ServerSection:
     access_log: bool = _setting(True, _bool, "log one line per request")
     access_log_format: str = _setting("combined", _log_format, "combined or json")
     drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
+    idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
     max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
     max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")
     forward_headers: tuple[str, ...] = _setting(

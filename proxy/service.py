@@ -68,6 +68,9 @@ class Service:
             # configured limits itself, with the statuses RFC 9110 names (414, 431).
             "max_line_size": 4 * config.server.max_url_length + 64,
             "max_field_size": 4 * config.server.max_header_size,
+            # aiohttp closes a connection whose request head is not complete this long after it
+            # opened or after its last response: idle keep-alives and slow-header clients.
+            "keepalive_timeout": config.server.idle_timeout,
         }
         if config.server.access_log:
             server_kwargs["access_log"] = logging.getLogger("onehit.access")

@@ -385,3 +385,29 @@ async def test_rfc9112_ambiguous_framing_is_400_and_never_reaches_the_origin(
     answer = await raw(proxy, request_bytes)
     assert answer.split(b"\r\n")[0].endswith(b"400 Bad Request")
     assert sum(origin.hits.values()) == 0
+
+
+async def test_a_slow_header_client_is_cut_off_and_others_are_unaffected(
+    origin, start_proxy, client
+):
+    proxy = await start_proxy(server__idle_timeout="1s")
+    host, port = proxy.proxy_address
+    reader, writer = await asyncio.open_connection(host, port)
+    head = b"GET /slow HTTP/1.1\r\nHost: h\r\nX-Drip: " + b"a" * 100
+    started = asyncio.get_running_loop().time()
+    for byte in head:  # one byte every 50 ms: the head would take 5 s
+        writer.write(bytes([byte]))
+        try:
+            await writer.drain()
+        except ConnectionError:
+            break
+        status, _, _ = await fetch(client, base(proxy) + "/other")  # others are served meanwhile
+        assert status == 200
+        await asyncio.sleep(0.05)
+        if reader.at_eof() or writer.is_closing():
+            break
+    data = await asyncio.wait_for(reader.read(), 3)
+    closed_after = asyncio.get_running_loop().time() - started
+    assert data == b"" and closed_after < 2.5
+    assert origin.hits["/slow"] == 0
+    writer.close()
