@@ -83,7 +83,7 @@ class Load:
 
     def __init__(self, target: str, keys: list[str], connections: int) -> None:
         self.target, self.keys, self.connections = target, keys, connections
-        self.sent = self.completed = 0
+        self.completed = 0
         self.statuses: Counter[int] = Counter()
         self.errors: Counter[str] = Counter()
         self.histogram = HdrHistogram(1, 120_000_000, 3)
@@ -100,7 +100,6 @@ class Load:
         while not self.stop.is_set():
             url = f"{self.target}/obj/{self.keys[i % len(self.keys)]}"
             i += self.connections
-            self.sent += 1
             started = time.perf_counter()
             try:
                 async with session.get(url) as r:

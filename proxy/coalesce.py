@@ -16,11 +16,14 @@ T = TypeVar("T")
 
 
 class Flight(Generic[T]):
-    __slots__ = ("_future", "followers")
+    __slots__ = ("_future",)
 
     def __init__(self) -> None:
         self._future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
-        self.followers = 0
+
+    async def wait(self) -> T | None:
+        """The flight's result; a waiter that gives up does not cancel it for the others."""
+        return await asyncio.shield(self._future)
 
     def land(self, result: T | None) -> None:
         if not self._future.done():
@@ -47,9 +50,8 @@ class SingleFlight(Generic[T]):
         flight = self._flights.get(key)
         if flight is None:
             return None
-        flight.followers += 1
         try:
-            return await asyncio.wait_for(asyncio.shield(flight._future), self.wait_limit)
+            return await asyncio.wait_for(flight.wait(), self.wait_limit)
         except TimeoutError:
             return None
 

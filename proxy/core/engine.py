@@ -191,7 +191,7 @@ class CacheEngine:
             c.uncacheable += 1
             return NotStored(response.reason or "uncacheable")
         store = self.store
-        if size > store.max_object_bytes:
+        if not store.fits(size):
             c.too_large += 1
             return TOO_LARGE
         url = request.key
