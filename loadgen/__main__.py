@@ -21,6 +21,7 @@ from loadgen.simulate import SimResult, describe_cell, progress_line, simulate, 
 from loadgen.trace import TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
+from proxy.core.store import ENTRY_OVERHEAD
 from proxy.units import format_size, parse_duration, parse_size
 
 
@@ -149,6 +150,13 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generations", type=int, default=d.generations)
     p.add_argument("--max-window", default="1h", help="time ceiling of the auto window")
     p.add_argument("--max-object-size", help="largest object stored (default: the cache size)")
+    p.add_argument(
+        "--entry-overhead",
+        type=int,
+        default=ENTRY_OVERHEAD,
+        help=f"bytes charged per entry besides its body, as the proxy does (default "
+        f"{ENTRY_OVERHEAD}; 0 counts body bytes only, as most cache simulators do)",
+    )
     p.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPUs)")
 
 
@@ -224,7 +232,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         label = configs[0].label()
         progress = None if args.json else progress_line(label)
         results = [
-            simulate(trace, size, configs[0], max_object_bytes=max_object, progress=progress)
+            simulate(
+                trace,
+                size,
+                configs[0],
+                max_object_bytes=max_object,
+                entry_overhead=args.entry_overhead,
+                progress=progress,
+            )
         ]
     else:
         results = sweep(
@@ -232,6 +247,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             list(sizes),
             configs,
             max_object_bytes=max_object,
+            entry_overhead=args.entry_overhead,
             workers=args.workers,
             report=None if args.json else _report_cell,
         )

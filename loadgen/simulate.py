@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig, make_policy
 from proxy.core.engine import CacheEngine, Hit, RequestMeta, ResponseMeta
-from proxy.core.store import LRUStore
+from proxy.core.store import ENTRY_OVERHEAD, LRUStore
 from proxy.units import format_size
 
 CHUNK = 1 << 16
@@ -62,9 +62,14 @@ class SimResult:
 
 
 def build_engine(
-    cache_bytes: int, admission: AdmissionConfig, max_object_bytes: int | None = None
+    cache_bytes: int,
+    admission: AdmissionConfig,
+    max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
 ) -> CacheEngine:
-    store = LRUStore(cache_bytes, max_object_bytes)
+    """The engine the proxy would build: same store (charging the same per-entry overhead,
+    unless told otherwise) and the same admission policy."""
+    store = LRUStore(cache_bytes, max_object_bytes, entry_overhead)
     return CacheEngine(store, make_policy(admission, store))
 
 
@@ -74,13 +79,14 @@ def simulate(
     admission: AdmissionConfig,
     *,
     max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
     ttl: float = math.inf,
     key_prefix: str = "",
     progress: Progress | None = None,
     timeline_points: int = 50,
 ) -> SimResult:
     """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key."""
-    engine = build_engine(cache_bytes, admission, max_object_bytes)
+    engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead)
     lookup = engine.lookup
     on_response = engine.on_response
     response = ResponseMeta(cacheable=True, lifetime=ttl)
@@ -129,10 +135,14 @@ class Cell:
 _SHARED_TRACE: Trace | None = None
 
 
-def _run_cell(cell: Cell, max_object_bytes: int | None) -> SimResult:
+def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> SimResult:
     assert _SHARED_TRACE is not None
     return simulate(
-        _SHARED_TRACE, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes
+        _SHARED_TRACE,
+        cell.cache_bytes,
+        cell.admission,
+        max_object_bytes=max_object_bytes,
+        entry_overhead=entry_overhead,
     )
 
 
@@ -142,6 +152,7 @@ def sweep(
     admissions: Sequence[AdmissionConfig],
     *,
     max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
     workers: int | None = None,
     report: Callable[[int, int, SimResult], None] | None = None,
 ) -> list[SimResult]:
@@ -153,7 +164,11 @@ def sweep(
     if workers == 1:
         for cell in cells:
             result = simulate(
-                trace, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes
+                trace,
+                cell.cache_bytes,
+                cell.admission,
+                max_object_bytes=max_object_bytes,
+                entry_overhead=entry_overhead,
             )
             results[cell] = result
             if report:
@@ -163,7 +178,9 @@ def sweep(
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = {pool.submit(_run_cell, c, max_object_bytes): c for c in cells}
+            futures = {
+                pool.submit(_run_cell, c, max_object_bytes, entry_overhead): c for c in cells
+            }
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if report:

@@ -19,7 +19,7 @@ from proxy.admin import admin_app
 from proxy.config import Config
 from proxy.core.admission import make_policy
 from proxy.core.engine import CacheEngine
-from proxy.core.store import LRUStore
+from proxy.core.store import ENTRY_OVERHEAD, LRUStore
 from proxy.server import Proxy
 from proxy.upstream import Upstream
 
@@ -47,7 +47,7 @@ class JsonAccessLogger(AbstractAccessLogger):
 
 
 def build_engine(config: Config) -> CacheEngine:
-    store = LRUStore(config.cache.size, config.cache.max_object_size)
+    store = LRUStore(config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD)
     return CacheEngine(store, make_policy(config.admission_config(), store))
 
 

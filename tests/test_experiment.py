@@ -73,7 +73,7 @@ def test_workload_can_replay_a_recorded_trace(tmp_path):
     write_trace(Trace(np.arange(4.0), np.array([1, 2, 1, 1]), np.array([10, 20, 10, 10])),
                 tmp_path / "t.csv")  # fmt: skip
     path = tmp_path / "e.toml"
-    path.write_text('cache_sizes = ["100"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
+    path.write_text('cache_sizes = ["10KiB"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
                     '[[policies]]\npolicy = "always"\n')  # fmt: skip
     run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
     (cell,) = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxy.core.store import Entry, LRUStore
+from proxy.core.store import Entry, LRUStore, entry_charge
 
 
 def entry(key: str, size: int) -> Entry:
@@ -76,3 +76,16 @@ def test_estimated_capacity_objects_extrapolates_mean_size():
 def test_bad_sizes_are_refused(cap, max_obj):
     with pytest.raises(ValueError):
         LRUStore(cap, max_obj)
+
+
+def test_entries_are_charged_their_overhead_so_capacity_bounds_memory():
+    store = LRUStore(10_000, entry_overhead=1000)
+    for i in range(20):
+        store.put(entry(str(i), 1000))
+    assert len(store) == 5 and store.bytes_used == 10_000  # 5 x (1000 + 1000)
+    assert store.max_object_bytes == 9000
+    heavy = Entry("h", 100, 0.0, headers=(("X-Big", "v" * 2000),))
+    assert entry_charge(heavy, 1000) == 100 + 1000 + 3 * 2005 - 1024
+    assert entry_charge(heavy, 0) == 100
+    with pytest.raises(ValueError, match="entry_overhead"):
+        LRUStore(100, entry_overhead=100)

@@ -36,7 +36,7 @@ METRICS: dict[str, str] = {
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
     "entries": "entries resident in the store",
-    "bytes_used": "body bytes resident in the store",
+    "bytes_used": "bytes charged to the store: bodies plus per-entry overhead",
     "filter_fill": "share of bits set in the fullest filter generation",
     "filter_fp_estimate": "estimated false-positive rate of the whole filter",
     "rotations": "filter generation rotations",
