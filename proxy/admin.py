@@ -44,6 +44,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 "capacity_bytes": engine.store.capacity_bytes,
                 "max_object_bytes": engine.store.max_object_bytes,
             },
+            "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
             "in_flight_fetches": len(proxy.flights),
             "uptime_s": round(time.time() - started, 3),
             "config": proxy.config.summary(),
@@ -51,8 +52,15 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
+        text = prometheus_text(proxy.engine.stats())
+        if proxy.shared is not None:
+            text += prometheus_text(
+                {"filter_fallbacks": proxy.shared.fallbacks,
+                 "filter_remote_decisions": proxy.shared.remote_decisions},
+                SHARED_METRICS,
+            )  # fmt: skip
         return web.Response(
-            text=prometheus_text(proxy.engine.stats()),
+            text=text,
             content_type="text/plain",
             charset="utf-8",
             headers={"X-Content-Type-Options": "nosniff"},
@@ -97,11 +105,17 @@ def _filter_health(proxy: Proxy) -> dict[str, object] | None:
     return None if health is None else asdict(health)
 
 
-def prometheus_text(stats: dict[str, int | float]) -> str:
-    """The Prometheus text exposition (format 0.0.4) of every metric, prefixed ``onehit_``;
+SHARED_METRICS = {
+    "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
+    "filter_remote_decisions": "admission decisions the shared Redis filter gave",
+}
+
+
+def prometheus_text(stats: dict[str, int | float], metrics: dict[str, str] = METRICS) -> str:
+    """The Prometheus text exposition (format 0.0.4) of ``metrics``, prefixed ``onehit_``;
     counters get the ``_total`` suffix."""
     lines = []
-    for name, help_text in METRICS.items():
+    for name, help_text in metrics.items():
         kind = "gauge" if name in GAUGES else "counter"
         metric = f"onehit_{name}" if kind == "gauge" else f"onehit_{name}_total"
         lines.append(f"# HELP {metric} {help_text}")

@@ -125,6 +125,19 @@ def _header_names(value: Any) -> tuple[str, ...]:
     return cleaned
 
 
+def _backend(value: Any) -> str:
+    if value not in ("memory", "redis"):
+        raise ValueError("expected 'memory' or 'redis'")
+    return value
+
+
+def _redis_url(value: Any) -> str:
+    text = _string(value)
+    if urlsplit(text).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("expected a Redis URL like redis://127.0.0.1:6379/0")
+    return text
+
+
 def _policy(value: Any) -> str:
     if value not in POLICIES:
         raise ValueError(f"expected one of {', '.join(sorted(POLICIES))}")
@@ -201,6 +214,10 @@ class AdmissionSection:
     generations: int = _setting(2, _positive_int, "filter generations (>= 2)")
     max_window: float = _setting(3600.0, _duration, "longest the auto window remembers")
     auto_scale: float = _setting(1.0, _positive_number, "multiple of the auto generation size")
+    backend: str = _setting("memory", _backend, "memory (this process) or redis (the fleet)")
+    redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url, "Redis for backend=redis")
+    redis_budget: float = _setting(0.005, _duration, "longest a miss waits for Redis")
+    redis_prefix: str = _setting("onehit:bf", _string, "key prefix of the shared filter")
 
 
 @dataclass(frozen=True)
@@ -429,6 +446,11 @@ def _check_whole(config: Config) -> None:
         raise ConfigError(
             "no origin: set [upstream] origin (or --origin, or ONEHIT_UPSTREAM_ORIGIN), "
             "or add [[routes]]"
+        )
+    if config.admission.backend == "redis" and config.admission.policy != "second-hit":
+        raise ConfigError(
+            f"[admission] backend = 'redis' shares the second-hit filter: expected policy = "
+            f"'second-hit', got {config.admission.policy!r}"
         )
     if not is_loopback(config.admin.listen[0]) and not config.admin.token:
         raise ConfigError(

@@ -42,6 +42,7 @@ from proxy.core.engine import (
     response_meta,
 )
 from proxy.core.store import Entry
+from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError
 
 log = logging.getLogger("onehit.proxy")
@@ -77,11 +78,13 @@ class Proxy:
         engine: CacheEngine,
         upstream: Upstream,
         clock: Callable[[], float] = time.time,
+        shared: SharedSecondHit | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.upstream = upstream
         self.clock = clock
+        self.shared = shared
         self.routes = config.route_table()
         self.flights: SingleFlight[Fetched] = SingleFlight(config.upstream.single_flight_wait)
         self.max_object = engine.store.max_object_bytes
@@ -153,7 +156,7 @@ class Proxy:
         if flight is None:
             shared = await self.flights.follow(meta.key)
             if shared is not None and _same_variant(shared, headers):
-                return self._collapsed(request, meta, shared)
+                return await self._collapsed(request, meta, shared)
             return (await self._fetch(request, meta, url, "uri-miss"))[0]
         fetched: Fetched | None = None
         try:
@@ -162,14 +165,24 @@ class Proxy:
         finally:
             self.flights.end(meta.key, flight, fetched)
 
-    def _collapsed(
+    async def _collapsed(
         self, request: web.BaseRequest, meta: RequestMeta, shared: Fetched
     ) -> web.Response:
-        outcome = self.engine.on_response(
-            meta, shared.meta, len(shared.body), self.clock(), fetched=False
-        )
+        outcome = await self._offer(meta, shared.meta, len(shared.body), fetched=False)
         status = f"{CACHE}; fwd=uri-miss; collapsed" + _stored_detail(outcome)
         return self._answer(request, shared.status, shared.headers, shared.body, status, "MISS")
+
+    async def _offer(
+        self, meta: RequestMeta, response: ResponseMeta, size: int, *, fetched: bool = True
+    ) -> Store | NotStored:
+        """``engine.on_response``, asking the fleet's filter first when there is one: the one
+        place the miss path awaits the admission backend."""
+        admitted = None
+        if self.shared is not None and self.engine.admission_pending(meta, response, size):
+            admitted = await self.shared.admit(meta.key, size, self.clock())
+        return self.engine.on_response(
+            meta, response, size, self.clock(), fetched=fetched, admitted=admitted
+        )
 
     async def _fetch(
         self,
@@ -230,7 +243,7 @@ class Proxy:
                     rmeta.reason,
                     (upstream.status, body),
                 )
-                outcome = self.engine.on_response(meta, stored, len(body), self.clock())
+                outcome = await self._offer(meta, stored, len(body))
                 status = f"{CACHE}; fwd={fwd}" + _stored_detail(outcome)
                 response = self._answer(request, upstream.status, headers, body, status, "MISS")
                 fetched = Fetched(stored, upstream.status, tuple(headers), body, meta.headers)

@@ -12,15 +12,17 @@ import logging
 import time
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from proxy.admin import admin_app
 from proxy.config import Config
-from proxy.core.admission import make_policy
+from proxy.core.admission import SecondHit, TurnoverSizer, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, LRUStore
 from proxy.server import Proxy
+from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
 
 COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
@@ -46,6 +48,22 @@ class JsonAccessLogger(AbstractAccessLogger):
         )
 
 
+def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
+    """The fleet's admission window when ``[admission] backend = "redis"``, else None."""
+    a = config.admission
+    if a.backend != "redis":
+        return None
+    assert isinstance(engine.admission, SecondHit)
+    client = aioredis.from_url(a.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
+    sizer = None
+    if a.window == "auto":
+        sizer = TurnoverSizer(engine.store.estimated_capacity_objects, scale=a.auto_scale)
+    window = a.max_window if a.window == "auto" else float(a.window)
+    remote = RedisWindow(client, a.expected_urls, a.fp_rate, window, a.generations,
+                         prefix=a.redis_prefix, sizer=sizer)  # fmt: skip
+    return SharedSecondHit(engine.admission, remote, a.redis_budget)
+
+
 def build_engine(config: Config) -> CacheEngine:
     store = LRUStore(config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD)
     return CacheEngine(store, make_policy(config.admission_config(), store))
@@ -62,7 +80,8 @@ class Service:
     async def start(cls, config: Config) -> Service:
         upstream = Upstream(config.upstream)
         await upstream.start()
-        proxy = Proxy(config, build_engine(config), upstream)
+        engine = build_engine(config)
+        proxy = Proxy(config, engine, upstream, shared=shared_admission(config, engine))
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
             # configured limits itself, with the statuses RFC 9110 names (414, 431).
@@ -109,3 +128,5 @@ class Service:
         await self.admin_runner.cleanup()
         await self.proxy.close()
         await self.proxy.upstream.close()
+        if self.proxy.shared is not None:
+            await self.proxy.shared.remote.client.aclose()

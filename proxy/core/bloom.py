@@ -43,6 +43,19 @@ def optimal_size(capacity: int, fp_rate: float) -> tuple[int, int]:
     return bits, probes
 
 
+def probe_positions(h: KeyHash, size_bits: int, num_hashes: int) -> list[int]:
+    """The bit positions a key with hash ``h`` probes in a filter of that sizing: the same
+    sequence ``add_hash`` and ``contains_hash`` walk (they inline it: it is their hot loop)."""
+    pos, step = h[0] % size_bits, h[1] % size_bits
+    out = []
+    for _ in range(num_hashes):
+        out.append(pos)
+        pos += step
+        if pos >= size_bits:
+            pos -= size_bits
+    return out
+
+
 class BloomFilter:
     """A bit array over a bytearray with k mmh3 double-hashing probes."""
 

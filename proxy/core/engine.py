@@ -176,11 +176,14 @@ class CacheEngine:
         *,
         fetched: bool = True,
         served: bool = True,
+        admitted: bool | None = None,
     ) -> Outcome:
         """Decide whether an origin response to a request that did not hit is stored (``now``
         is when it arrived). ``fetched=False``: a response shared with a collapsed request, which
         counts as a sighting but not as an origin fetch, and is not stored twice.
-        ``served=False``: a background refresh no client is waiting for."""
+        ``served=False``: a background refresh no client is waiting for. ``admitted``: the
+        admission answer when the driver already asked an asynchronous backend (see
+        ``admission_pending``); None asks the engine's own policy."""
         c = self.counters
         if fetched:
             c.origin_fetches += 1
@@ -201,7 +204,9 @@ class CacheEngine:
         known = key in store or url in self._vary
         if known and not fetched:
             return COLLAPSED
-        if not known and not self.admission.admit(url, size, now):
+        if admitted is None and not known:
+            admitted = self.admission.admit(url, size, now)
+        if not known and not admitted:
             c.rejected_first_sighting += 1
             c.bytes_not_written += size
             return FIRST_SIGHTING
@@ -223,6 +228,16 @@ class CacheEngine:
         c.admissions += 1
         c.bytes_written += size
         return Store(entry, tuple(evicted))
+
+    def admission_pending(self, request: RequestMeta, response: ResponseMeta, size: int) -> bool:
+        """Whether ``on_response`` for this response would consult the admission policy: a
+        driver with an asynchronous backend asks it first, and only then."""
+        if not response.cacheable or not self.store.fits(size):
+            return False
+        key = request.key
+        if response.vary:
+            key = _variant(key, rfc9111.vary_key(response.vary, request.headers))
+        return key not in self.store and request.key not in self._vary
 
     def on_not_modified(
         self,

@@ -24,12 +24,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.core.bloom import BloomFilter, key_hash
+from proxy.core.bloom import BloomFilter, key_hash, optimal_size
 
 # Generations are sized at 90% of their fp_rate / g share: at the edge (every generation full)
 # the union's expected rate is then 0.9 * fp_rate, so the bound holds as measured on a finite
 # sample, not only in expectation. It costs 0.22 bits per key.
 _FP_MARGIN = 0.9
+
+
+def generation_sizing(capacity: int, fp_rate: float, generations: int) -> tuple[int, int, int]:
+    """(keys per generation, bits, probes) of each generation of a windowed filter."""
+    share = math.ceil(capacity / (generations - 1))
+    bits, probes = optimal_size(share, fp_rate / generations * _FP_MARGIN)
+    return share, bits, probes
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +85,7 @@ class WindowedBloomFilter:
         self._span = window / (generations - 1)
         self._gen_fp = fp_rate / generations * _FP_MARGIN
         self._sizer = sizer
-        share = math.ceil(capacity / (generations - 1))
+        share, _, _ = generation_sizing(capacity, fp_rate, generations)
         self._gens = [BloomFilter(share, self._gen_fp) for _ in range(generations)]
         self._written = [-math.inf] * generations
         self._started: float | None = None

@@ -1,0 +1,139 @@
+"""The admission window shared through a real redis-server on 127.0.0.1 (no fakes of Redis)."""
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
+
+import pytest
+import redis.asyncio as aioredis
+from conftest import base
+from redis.exceptions import RedisError
+
+from proxy.core.window import WindowedBloomFilter
+from proxy.shared import RedisWindow
+
+REDIS = shutil.which("redis-server")
+pytestmark = pytest.mark.skipif(
+    REDIS is None,
+    reason="redis-server is not installed (apt-get install redis-server); CI installs it",
+)
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tempfile.mkdtemp(prefix="onehit-redis-")
+        self.process: subprocess.Popen | None = None
+
+    async def start(self) -> None:
+        self.process = subprocess.Popen(
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = aioredis.from_url(self.url)
+        for _ in range(100):
+            try:
+                await client.ping()
+                break
+            except (OSError, RedisError):
+                await asyncio.sleep(0.05)
+        await client.aclose()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+async def redis_server():
+    server = RedisServer()
+    await server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+async def test_same_decisions_as_the_in_process_filter(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    remote = RedisWindow(client, 300, 0.01, window=50.0, generations=3)
+    local = WindowedBloomFilter(300, 0.01, window=50.0, generations=3)
+    assert (remote.size_bits, remote.num_hashes) == (
+        local._gens[0].size_bits,
+        local._gens[0].num_hashes,
+    )
+    # 140 s over 60 keys (time rotations every 25 s), then a burst of new keys (forced ones).
+    keys = [f"/k{(i * 7919) % 60}" for i in range(2000)] + [f"/n{i}" for i in range(1000)]
+    decisions = []
+    for i, key in enumerate(keys):
+        now = i * 0.07
+        decisions.append((await remote.seen_before(key, now), local.seen_before(key, now)))
+    assert [r for r, _ in decisions] == [m for _, m in decisions]
+    assert any(r for r, _ in decisions) and not all(r for r, _ in decisions)
+    state = await remote.state()
+    assert int(state["rotations"]) == local.rotations
+    assert int(state["forced"]) == local.forced_rotations
+    assert 0 < local.forced_rotations < local.rotations
+    await client.aclose()
+
+
+async def test_generations_expire_in_redis(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    remote = RedisWindow(client, 1000, 0.01, window=2.0, generations=2, prefix="t")
+    await remote.seen_before("/a", 0.0)
+    ttl = await client.pttl("t:g:0")
+    assert 0 < ttl <= 4000  # window * g / (g - 1) = 4 s
+    await client.aclose()
+
+
+async def test_two_proxies_on_one_redis_share_what_they_have_seen(
+    redis_server, origin, start_proxy, client
+):
+    shared = {"admission__backend": "redis", "admission__redis_url": redis_server.url,
+              "admission__redis_budget": "200ms"}  # fmt: skip
+    first, second = await start_proxy(**shared), await start_proxy(**shared)
+
+    async def get(proxy):
+        async with client.get(base(proxy) + "/u", headers={"Host": "cdn.example"}) as r:
+            await r.read()
+            return r.headers["Cache-Status"]
+
+    assert await get(first) == "onehit; fwd=uri-miss; detail=first-sighting"
+    assert await get(second) == "onehit; fwd=uri-miss; stored"  # seen through the first
+    assert (await get(second)).startswith("onehit; hit")
+    assert second.proxy.shared.remote_decisions == 1 and second.proxy.shared.fallbacks == 0
+
+
+async def test_redis_down_falls_back_within_budget_and_returns(
+    redis_server, origin, start_proxy, client
+):
+    proxy = await start_proxy(admission__backend="redis", admission__redis_url=redis_server.url,
+                              admission__redis_budget="50ms")  # fmt: skip
+    shared = proxy.proxy.shared
+    shared.retry_after = 0.2
+
+    async def get(path):
+        async with client.get(base(proxy) + path) as r:
+            await r.read()
+            return r.status
+
+    assert await get("/before") == 200 and shared.remote_decisions == 1
+    redis_server.stop()
+    started = asyncio.get_running_loop().time()
+    statuses = [await get(f"/down{i}") for i in range(5)]
+    assert statuses == [200] * 5 and shared.fallbacks == 5 and not shared.healthy
+    assert asyncio.get_running_loop().time() - started < 5 * 1.0
+    await redis_server.start()
+    await asyncio.sleep(0.3)
+    assert await get("/after") == 200
+    assert shared.healthy and shared.remote_decisions == 2
+    async with client.get(base(proxy).replace(str(proxy.proxy_address[1]),
+                          str(proxy.admin_address[1])) + "/metrics") as r:  # fmt: skip
+        assert "onehit_filter_fallbacks_total 5.0" in await r.text()
