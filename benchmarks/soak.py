@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -26,8 +24,7 @@ from pathlib import Path
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
-from loadgen.experiment import free_port
-from loadgen.trace import write_trace
+from loadgen.experiment import LiveSettings, Running, onehit_process, origin_process
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 
 MiB = 1 << 20
@@ -42,40 +39,6 @@ def rss(pid: int) -> int:
 
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-async def wait_healthy(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            with contextlib.suppress(aiohttp.ClientError):
-                async with session.get(url) as r:
-                    if r.status < 500:
-                        return
-            await asyncio.sleep(0.1)
-    raise SystemExit(f"{url} never answered")
-
-
-async def start_proxy(origin: str, cache: str) -> tuple[asyncio.subprocess.Process, str]:
-    port, admin = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "proxy",
-        "--origin",
-        origin,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--admin-listen",
-        f"127.0.0.1:{admin}",
-        "--cache-size",
-        cache,
-        "--set",
-        "server.access_log=false",
-        "--set",
-        "server.drain_timeout=20s",
-    )
-    await wait_healthy(f"http://127.0.0.1:{admin}/healthz")
-    return process, f"http://127.0.0.1:{port}"
 
 
 class Load:
@@ -119,110 +82,92 @@ class Load:
 
 
 async def soak(args: argparse.Namespace) -> int:
+    sizes = SizeSpec.parse("lognormal:median=4KiB,sigma=1,max=1MiB")
     trace = generate(
-        WorkloadSpec(
-            objects=50_000,
-            requests=500_000,
-            alpha=0.8,
-            one_hit_share=0.25,
-            sizes=SizeSpec.parse("lognormal:median=4KiB,sigma=1,max=1MiB"),
-        )
+        WorkloadSpec(objects=50_000, requests=500_000, alpha=0.8, one_hit_share=0.25, sizes=sizes)
     )
     keys = trace.key_strings()
     failures: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "trace.bin"
-        write_trace(trace, path)
-        port = free_port()
-        origin = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "loadgen",
-            "origin",
-            "--trace",
-            str(path),
-            "--port",
-            str(port),
-            "--latency",
-            "2ms",
-            stdout=asyncio.subprocess.DEVNULL,
-        )
-        origin_url = f"http://127.0.0.1:{port}"
-        await wait_healthy(origin_url + "/")
-        try:
-            proxy, target = await start_proxy(origin_url, args.cache_size)
-            start_rss = rss(proxy.pid)
-            load = Load(target, keys, args.connections)
-            running = asyncio.ensure_future(load.run())
-            samples = []
-            began = time.perf_counter()
-            while time.perf_counter() - began < args.seconds:
-                await asyncio.sleep(1.0)
-                samples.append(rss(proxy.pid))
-                done = load.completed
-                print(
-                    f"\r  {time.perf_counter() - began:5.0f}s  {done:,} responses, "
-                    f"RSS {samples[-1] / MiB:.0f} MiB, errors {sum(load.errors.values())}",
-                    end="",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            load.stop.set()
-            await running
-            elapsed = time.perf_counter() - began
-            fds = open_fds(proxy.pid)
-            end_rss = rss(proxy.pid)
-            proxy.send_signal(signal.SIGTERM)
-            await proxy.wait()
-            print(file=sys.stderr)
-            peak = max(samples)
-            third = samples[len(samples) // 3]
-            print(f"phase 1: {args.connections} keep-alive connections for {elapsed:.0f}s")
-            print(
-                f"  responses {load.completed:,} ({load.completed / elapsed:,.0f}/s), "
-                f"statuses {dict(load.statuses)}, errors {dict(load.errors) or 0}"
-            )
-            print(
-                f"  latency p50 {load.histogram.get_value_at_percentile(50) / 1000:.1f} ms, "
-                f"p99 {load.histogram.get_value_at_percentile(99) / 1000:.1f} ms, "
-                f"max {load.histogram.get_max_value() / 1000:.1f} ms"
-            )
-            print(
-                f"  proxy RSS start {start_rss / MiB:.0f} MiB, peak {peak / MiB:.0f} MiB, "
-                f"end {end_rss / MiB:.0f} MiB; open fds at end {fds}"
-            )
-            if any(s >= 500 for s in load.statuses):
-                failures.append("5xx answers the origin never sent")
-            if load.errors:
-                failures.append(f"lost requests: {dict(load.errors)}")
-            if end_rss > third * 1.25 + 32 * MiB:
-                failures.append(
-                    f"RSS kept growing: {third / MiB:.0f} MiB at a third, "
-                    f"{end_rss / MiB:.0f} MiB at the end"
-                )
-
-            proxy, target = await start_proxy(origin_url, args.cache_size)
-            load = Load(target, keys, min(args.connections, 200))
-            running = asyncio.ensure_future(load.run())
-            await asyncio.sleep(3.0)
-            proxy.send_signal(signal.SIGTERM)
-            code = await asyncio.wait_for(proxy.wait(), 30)
-            load.stop.set()
-            await running
-            print(
-                f"phase 2: SIGTERM under load: exit {code}, responses {load.completed:,}, "
-                f"statuses {dict(load.statuses)}, cut short {load.errors['cut-short']}, "
-                f"refused after stop {sum(load.errors.values()) - load.errors['cut-short']}"
-            )
-            if code != 0 or load.errors["cut-short"] or any(s >= 500 for s in load.statuses):
-                failures.append("graceful shutdown lost or failed accepted requests")
-        finally:
-            origin.send_signal(signal.SIGTERM)
-            await origin.wait()
+    settings = {"cache.size": args.cache_size, "server.drain_timeout": "20s"}
+    async with origin_process(trace, LiveSettings(origin_latency=0.002)) as origin_url:
+        async with onehit_process(origin_url, settings) as proxy:
+            failures += await phase_one(args, proxy, keys)
+        async with onehit_process(origin_url, settings) as proxy:
+            failures += await phase_two(args, proxy, keys)
     for failure in failures:
         print(f"FAIL: {failure}")
     print("soak: " + ("FAILED" if failures else "passed"))
     return 1 if failures else 0
+
+
+async def phase_one(args: argparse.Namespace, proxy: Running, keys: list[str]) -> list[str]:
+    """Zipf traffic for ``args.seconds``; the proxy's RSS sampled every second."""
+    pid = proxy.process.pid
+    start_rss = rss(pid)
+    load = Load(proxy.url, keys, args.connections)
+    running = asyncio.ensure_future(load.run())
+    samples = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < args.seconds:
+        await asyncio.sleep(1.0)
+        samples.append(rss(pid))
+        print(
+            f"\r  {time.perf_counter() - began:5.0f}s  {load.completed:,} responses, "
+            f"RSS {samples[-1] / MiB:.0f} MiB, errors {sum(load.errors.values())}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+    load.stop.set()
+    await running
+    elapsed = time.perf_counter() - began
+    fds, end_rss = open_fds(pid), rss(pid)
+    print(file=sys.stderr)
+    h = load.histogram
+    print(f"phase 1: {args.connections} keep-alive connections for {elapsed:.0f}s")
+    print(
+        f"  responses {load.completed:,} ({load.completed / elapsed:,.0f}/s), "
+        f"statuses {dict(load.statuses)}, errors {dict(load.errors) or 0}"
+    )
+    print(
+        f"  latency p50 {h.get_value_at_percentile(50) / 1000:.1f} ms, "
+        f"p99 {h.get_value_at_percentile(99) / 1000:.1f} ms, max {h.get_max_value() / 1000:.1f} ms"
+    )
+    print(
+        f"  proxy RSS start {start_rss / MiB:.0f} MiB, peak {max(samples) / MiB:.0f} MiB, "
+        f"end {end_rss / MiB:.0f} MiB; open fds at end {fds}"
+    )
+    failures = []
+    if any(s >= 500 for s in load.statuses):
+        failures.append("5xx answers the origin never sent")
+    if load.errors:
+        failures.append(f"lost requests: {dict(load.errors)}")
+    third = samples[len(samples) // 3]
+    if end_rss > third * 1.25 + 32 * MiB:
+        failures.append(
+            f"RSS kept growing: {third / MiB:.0f} MiB at a third, {end_rss / MiB:.0f} MiB at end"
+        )
+    return failures
+
+
+async def phase_two(args: argparse.Namespace, proxy: Running, keys: list[str]) -> list[str]:
+    """SIGTERM in the middle of load: no accepted request may be lost."""
+    load = Load(proxy.url, keys, min(args.connections, 200))
+    running = asyncio.ensure_future(load.run())
+    await asyncio.sleep(3.0)
+    proxy.process.send_signal(signal.SIGTERM)
+    code = await asyncio.wait_for(proxy.process.wait(), 30)
+    load.stop.set()
+    await running
+    refused = sum(load.errors.values()) - load.errors["cut-short"]
+    print(
+        f"phase 2: SIGTERM under load: exit {code}, responses {load.completed:,}, "
+        f"statuses {dict(load.statuses)}, cut short {load.errors['cut-short']}, "
+        f"refused after stop {refused}"
+    )
+    if code != 0 or load.errors["cut-short"] or any(s >= 500 for s in load.statuses):
+        return ["graceful shutdown lost or failed accepted requests"]
+    return []
 
 
 def main() -> None:

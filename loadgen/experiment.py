@@ -263,7 +263,7 @@ async def _live_cells(
 ) -> list[report.Cell]:
     live = experiment.live
     cells = []
-    async with _origin(trace, live) as origin_url:
+    async with origin_process(trace, live) as origin_url:
         for size, label in sizes.items():
             for admission in experiment.policies:
                 if admission.policy == NGINX and nginx_binary() is None:
@@ -369,7 +369,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _origin(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
+async def origin_process(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
     """The embedded origin in its own process, serving ``trace``."""
     with tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp:
         path = Path(tmp) / ("trace.csv" if trace.names is not None else "trace.bin")
@@ -401,17 +401,44 @@ async def _origin(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
             await _stop(process)
 
 
+@dataclass(frozen=True)
+class Running:
+    """A onehit-proxy subprocess that answers: its URL, its admin URL, the process."""
+
+    url: str
+    admin_url: str
+    process: asyncio.subprocess.Process
+
+
 @contextlib.asynccontextmanager
-async def _onehit(
-    origin: str, size: int, admission: AdmissionConfig
-) -> AsyncIterator[tuple[str, str | None]]:
-    """A fresh onehit-proxy subprocess: (proxy URL, admin URL)."""
+async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator[Running]:
+    """A fresh onehit-proxy subprocess on free loopback ports in front of ``origin``, with
+    ``settings`` ("section.key" -> value) on top; stopped (SIGTERM) on leaving."""
     port, admin = free_port(), free_port()
-    settings = {
+    every = {
         "upstream.origin": origin,
         "server.listen": f"127.0.0.1:{port}",
         "admin.listen": f"127.0.0.1:{admin}",
         "server.access_log": "false",
+        **settings,
+    }
+    args = [arg for k, v in every.items() for arg in ("--set", f"{k}={v}")]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args, stderr=subprocess.DEVNULL
+    )
+    try:
+        await _wait_healthy(f"http://127.0.0.1:{admin}/healthz", process)
+        yield Running(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", process)
+    finally:
+        await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def _onehit(
+    origin: str, size: int, admission: AdmissionConfig
+) -> AsyncIterator[tuple[str, str | None]]:
+    """A fresh onehit-proxy for one cell: (proxy URL, admin URL)."""
+    settings = {
         "cache.size": str(size),
         "cache.max_object_size": str(min(size, 16 << 20)),
         "admission.policy": admission.policy,
@@ -422,15 +449,8 @@ async def _onehit(
         "admission.max_window": str(admission.max_window),
         "admission.auto_scale": str(admission.auto_scale),
     }
-    args = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args, stderr=subprocess.DEVNULL
-    )
-    try:
-        await _wait_healthy(f"http://127.0.0.1:{admin}/healthz", process)
-        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}"
-    finally:
-        await _stop(process)
+    async with onehit_process(origin, settings) as running:
+        yield running.url, running.admin_url
 
 
 @contextlib.asynccontextmanager
