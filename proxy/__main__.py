@@ -9,10 +9,13 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.config import Config, ConfigError, load
 from proxy.service import Service
+from proxy.workers import READY, serve_workers
+
+T = TypeVar("T")
 
 log = logging.getLogger("onehit")
 
@@ -44,11 +47,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        _run(_serve(config))
-    except OSError as exc:
-        print(f"onehit-proxy: cannot listen: {exc}", file=sys.stderr)
+        if args.workers > 1:
+            own = list(argv if argv is not None else sys.argv[1:])
+            return _run(serve_workers(config, _without_workers(own), args.workers))
+        _run(_serve(config, worker=args.worker))
+    except (OSError, ValueError, RuntimeError) as exc:
+        print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _without_workers(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,26 +84,32 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="any config key"
     )
+    p.add_argument(
+        "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)"
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
-def _run(coroutine: Coroutine[Any, Any, None]) -> None:
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop  # optional: a faster event loop when installed
     except ImportError:
-        asyncio.run(coroutine)
+        return asyncio.run(coroutine)
     else:
-        uvloop.run(coroutine)
+        return uvloop.run(coroutine)
 
 
-async def _serve(config: Config) -> None:
-    service = await Service.start(config)
+async def _serve(config: Config, worker: bool = False) -> None:
+    service = await Service.start(config, reuse_port=worker)
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
     log.info(
         "onehit listening on http://%s:%d (admin http://%s:%d), admission %s, cache %d bytes",
         host, port, admin_host, admin_port, config.admission_config().label(), config.cache.size,
     )  # fmt: skip
+    if worker:  # the parent waits for this line to learn where this worker's admin listens
+        print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

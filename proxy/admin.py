@@ -21,9 +21,8 @@ from proxy.server import Proxy, cache_key
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
-    started = time.time() if started is None else started
-    token = proxy.config.admin.token
+def token_middleware(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Every endpoint but /healthz needs ``Authorization: Bearer TOKEN`` when a token is set."""
 
     @web.middleware
     async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -32,6 +31,12 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401)
         return await handler(request)
+
+    return require_token
+
+
+def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
+    started = time.time() if started is None else started
 
     async def stats(request: web.Request) -> web.Response:
         engine = proxy.engine
@@ -91,7 +96,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         proxy.engine.admission.reset(time.time())
         return web.json_response({"reset": True})
 
-    app = web.Application(middlewares=[require_token])
+    app = web.Application(middlewares=[token_middleware(proxy.config.admin.token)])
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

@@ -77,7 +77,8 @@ class Service:
     admin_runner: web.BaseRunner
 
     @classmethod
-    async def start(cls, config: Config) -> Service:
+    async def start(cls, config: Config, *, reuse_port: bool = False) -> Service:
+        """Start both listeners; ``reuse_port`` lets several workers share the proxy port."""
         upstream = Upstream(config.upstream)
         await upstream.start()
         engine = build_engine(config)
@@ -108,7 +109,9 @@ class Service:
         await admin_runner.setup()
         service = cls(config, proxy, proxy_runner, admin_runner)
         try:
-            await web.TCPSite(proxy_runner, *config.server.listen, reuse_address=True).start()
+            await web.TCPSite(
+                proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port
+            ).start()
             await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
         except OSError:
             await service.stop()

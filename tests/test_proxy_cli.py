@@ -70,3 +70,40 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_workers_share_the_port_and_the_admin_sums_them(origin):
+    port, admin_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "--workers", "2", "--origin", origin.url,
+        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+        "--set", "server.access_log=false", stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        connector = aiohttp.TCPConnector(force_close=True)  # new connections spread over workers
+        async with aiohttp.ClientSession(connector=connector) as client:
+            for _ in range(100):
+                try:
+                    async with client.get(admin + "/healthz") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+            for i in range(30):
+                async with client.get(f"http://127.0.0.1:{port}/w{i % 5}") as r:
+                    assert r.status == 200
+            async with client.get(admin + "/stats") as r:
+                stats = await r.json()
+            async with client.get(admin + "/metrics") as r:
+                metrics = await r.text()
+        assert stats["worker_count"] == 2
+        per_worker = [w["metrics"]["requests"] for w in stats["workers"]]
+        assert sum(per_worker) == stats["sum"]["requests"] == 30
+        assert "onehit_requests_total 30.0" in metrics
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

@@ -112,3 +112,18 @@ def snapshot(
         out["forced_rotations"] = filter_stats.forced_rotations
         out["filter_bytes"] = filter_stats.memory_bytes
     return {name: out[name] for name in METRICS}
+
+
+def combine(snapshots: list[dict[str, int | float]]) -> dict[str, int | float]:
+    """One snapshot for several caches (the workers of one proxy): counters and sizes add up,
+    ratios are recomputed from the sums, filter fill and false-positive rate are the worst."""
+    out: dict[str, int | float] = {}
+    for name in METRICS:
+        values = [s[name] for s in snapshots]
+        out[name] = max(values) if name in ("filter_fill", "filter_fp_estimate") else sum(values)
+    out["hit_ratio"] = ratio(out["hits"], out["requests"])
+    out["byte_hit_ratio"] = ratio(out["hit_bytes"], out["bytes_served"])
+    out["writes_saved"] = ratio(
+        out["bytes_not_written"], out["bytes_written"] + out["bytes_not_written"]
+    )
+    return out
