@@ -8,8 +8,10 @@ An experiment file (``config/experiments/*.toml``)::
     [[workloads]]                      # keys of loadgen.workload.WorkloadSpec, plus `name`
     name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace)
     alpha = 0.8
-    [[policies]]                       # keys of proxy.core.admission.AdmissionConfig
-    policy = "always"                  # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
+    [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
+    policy = "always"                  # instances = 3 and backend = "memory" | "redis" (live:
+                                       # a fleet, requests round-robin; redis: one shared filter)
+                                       # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,7 +46,7 @@ from loadgen.simulate import describe_cell, sweep
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
-from proxy.core.stats import METRICS
+from proxy.core.stats import METRICS, combine
 from proxy.units import format_size, parse_duration, parse_size
 
 NGINX = "nginx"
@@ -79,12 +82,34 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class PolicySpec:
+    """One policy of an experiment: an admission config, run by one proxy or by a fleet."""
+
+    admission: AdmissionConfig
+    instances: int = 1
+    backend: str = "memory"
+
+    @property
+    def simulable(self) -> bool:
+        """The simulator models one onehit cache (with either backend: they decide alike)."""
+        return self.admission.policy != NGINX and self.instances == 1
+
+    def label(self) -> str:
+        if self.admission.policy == NGINX:
+            return "nginx (min_uses 2)"
+        if self.instances == 1:
+            return self.admission.label()
+        shared = "shared filter" if self.backend == "redis" else "local filters"
+        return f"{self.admission.label()} x{self.instances} {shared}"
+
+
+@dataclass(frozen=True)
 class Experiment:
     title: str
     mode: str
     cache_sizes: tuple[str, ...]
     workloads: tuple[Workload, ...]
-    policies: tuple[AdmissionConfig, ...]
+    policies: tuple[PolicySpec, ...]
     live: LiveSettings = LiveSettings()
     live_cache_sizes: tuple[str, ...] | None = None  # None: every size in cache_sizes
     meta: dict[str, str] = field(default_factory=dict)
@@ -182,19 +207,25 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
         raise ExperimentError(f"{where}: {exc}") from None
 
 
-def _policy(table: dict[str, Any], where: str) -> AdmissionConfig:
-    _only(table, {f.name for f in fields(AdmissionConfig)}, where)
+def _policy(table: dict[str, Any], where: str) -> PolicySpec:
+    _only(table, {f.name for f in fields(AdmissionConfig)} | {"instances", "backend"}, where)
     name = table.get("policy", "second-hit")
     if name not in POLICIES and name != NGINX:
         raise ExperimentError(f"{where}: " + unknown_name("policy", name, [*POLICIES, NGINX]))
     values = dict(table)
+    instances = values.pop("instances", 1)
+    backend = values.pop("backend", "memory")
+    if not isinstance(instances, int) or instances < 1:
+        raise ExperimentError(f"{where}: instances = {instances!r}: expected a whole number >= 1")
+    if backend not in ("memory", "redis"):
+        raise ExperimentError(f"{where}: backend = {backend!r}: expected 'memory' or 'redis'")
     try:
         for key in ("window", "max_window"):
             if key in values and values[key] != "auto":
                 values[key] = parse_duration(values[key])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
-    return AdmissionConfig(**values)
+    return PolicySpec(AdmissionConfig(**values), instances, backend)
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:
@@ -223,7 +254,7 @@ def run(
         trace = workload.trace()
         sizes = resolve_sizes(experiment.cache_sizes, trace)
         meta[f"workload {workload.name}"] = _describe(workload, trace)
-        admissions = [p for p in experiment.policies if p.policy != NGINX]
+        admissions = [p.admission for p in experiment.policies if p.simulable]
         if experiment.simulated and admissions:
             say(f"{workload.name}: simulating {len(sizes) * len(admissions)} cells")
             results = sweep(
@@ -263,21 +294,42 @@ async def _live_cells(
 ) -> list[report.Cell]:
     live = experiment.live
     cells = []
-    async with origin_process(trace, live) as origin_url:
+    wants_redis = any(p.backend == "redis" for p in experiment.policies)
+    async with origin_process(trace, live) as origin_url, _redis(wants_redis) as redis_url:
         for size, label in sizes.items():
-            for admission in experiment.policies:
-                if admission.policy == NGINX and nginx_binary() is None:
+            for n, spec in enumerate(experiment.policies):
+                if spec.admission.policy == NGINX and nginx_binary() is None:
                     say(f"{workload.name}: nginx is not installed: its cells are skipped "
                         "(apt-get install nginx to include them)")  # fmt: skip
                     continue
-                name = "nginx (min_uses 2)" if admission.policy == NGINX else admission.label()
-                say(f"{workload.name}: live {name} @ {label}")
-                starter = _nginx if admission.policy == NGINX else _onehit
-                async with starter(origin_url, size, admission) as (target, admin_url):
+                if spec.backend == "redis" and redis_url is None:
+                    say(f"{workload.name}: redis-server is not installed: {spec.label()} is "
+                        "skipped (apt-get install redis-server to include it)")  # fmt: skip
+                    continue
+                say(f"{workload.name}: live {spec.label()} @ {label}")
+                if spec.admission.policy == NGINX:
+                    starter = _nginx(origin_url, size)
+                else:
+                    shared = {}
+                    if spec.backend == "redis":
+                        shared = {
+                            "admission.backend": "redis",
+                            "admission.redis_url": str(redis_url),
+                            "admission.redis_prefix": f"onehit:experiment:{size}:{n}",
+                            # Several proxies, the origin and the client share this machine:
+                            # a roomy budget measures sharing, not the fallback.
+                            "admission.redis_budget": "100ms",
+                        }
+                    starter = _onehit(origin_url, size, spec, shared)
+                async with starter as (targets, admins):
                     client = await replay(
                         trace,
                         ReplayConfig(
-                            target=target,
+                            target=targets[0],
+                            fanout=tuple(targets[1:]),
+                            # A fleet sits behind one name: its cache keys (and shared filter
+                            # keys) are the same on every instance only if the Host is.
+                            host="fleet.onehit" if len(targets) > 1 else None,
                             concurrency=live.concurrency,
                             rate=live.rate,
                             max_requests=live.max_requests,
@@ -285,8 +337,8 @@ async def _live_cells(
                             progress=sys.stderr.isatty(),
                         ),
                     )
-                    proxy_stats = await _stats(admin_url) if admin_url else None
-                cells.append(_live_cell(workload.name, name, label, size, client, proxy_stats))
+                    stats = combine([await _stats(a) for a in admins]) if admins else None
+                cells.append(_live_cell(workload.name, spec.label(), label, size, client, stats))
     return cells
 
 
@@ -298,6 +350,7 @@ def _live_cell(
     client: Any,
     proxy_stats: dict[str, Any] | None,
 ) -> report.Cell:
+    """A live cell; ``proxy_stats`` are the metrics the proxies counted (None for nginx)."""
     seen = client.to_dict()
     if proxy_stats is None:
         # Only what the client saw is known of a target without /stats (nginx).
@@ -310,7 +363,7 @@ def _live_cell(
         )
         disagreements: list[str] = []
     else:
-        stats = proxy_stats["metrics"]
+        stats = proxy_stats
         disagreements = _disagreements(f"{workload} {policy} @ {label}", client, stats)
     return {
         "workload": workload,
@@ -435,9 +488,10 @@ async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator
 
 @contextlib.asynccontextmanager
 async def _onehit(
-    origin: str, size: int, admission: AdmissionConfig
-) -> AsyncIterator[tuple[str, str | None]]:
-    """A fresh onehit-proxy for one cell: (proxy URL, admin URL)."""
+    origin: str, size: int, spec: PolicySpec, extra: dict[str, str]
+) -> AsyncIterator[tuple[list[str], list[str]]]:
+    """Fresh onehit-proxies for one cell, ``spec.instances`` of them: (URLs, admin URLs)."""
+    admission = spec.admission
     settings = {
         "cache.size": str(size),
         "cache.max_object_size": str(min(size, 16 << 20)),
@@ -448,15 +502,18 @@ async def _onehit(
         "admission.generations": str(admission.generations),
         "admission.max_window": str(admission.max_window),
         "admission.auto_scale": str(admission.auto_scale),
+        **extra,
     }
-    async with onehit_process(origin, settings) as running:
-        yield running.url, running.admin_url
+    async with contextlib.AsyncExitStack() as stack:
+        fleet = [
+            await stack.enter_async_context(onehit_process(origin, settings))
+            for _ in range(spec.instances)
+        ]
+        yield [r.url for r in fleet], [r.admin_url for r in fleet]
 
 
 @contextlib.asynccontextmanager
-async def _nginx(
-    origin: str, size: int, admission: AdmissionConfig
-) -> AsyncIterator[tuple[str, str | None]]:
+async def _nginx(origin: str, size: int) -> AsyncIterator[tuple[list[str], list[str]]]:
     """nginx with proxy_cache_min_uses 2 and a cache of ``size`` bytes, configured here."""
     binary = nginx_binary()
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
@@ -468,14 +525,40 @@ async def _nginx(
         )
         try:
             await _wait_healthy(f"http://127.0.0.1:{port}/", process)
-            yield f"http://127.0.0.1:{port}", None
+            yield [f"http://127.0.0.1:{port}"], []
         finally:
             await _stop(process)
 
 
 async def _stats(admin_url: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
-        return await r.json()
+        return (await r.json())["metrics"]
+
+
+@contextlib.asynccontextmanager
+async def _redis(wanted: bool) -> AsyncIterator[str | None]:
+    """A redis-server of this run's own on a free loopback port, if wanted and installed."""
+    binary = shutil.which("redis-server") if wanted else None
+    if binary is None:
+        yield None
+        return
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="onehit-redis-") as data:
+        process = await asyncio.create_subprocess_exec(
+            binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", data,
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            for _ in range(100):
+                with contextlib.suppress(OSError):
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    break
+                await asyncio.sleep(0.05)
+            yield url
+        finally:
+            await _stop(process)
 
 
 def demo_experiment(requests: int = 60_000) -> Experiment:
@@ -493,7 +576,10 @@ def demo_experiment(requests: int = 60_000) -> Experiment:
                 ),
             ),
         ),
-        policies=(AdmissionConfig(policy="always"), AdmissionConfig(policy="second-hit")),
+        policies=(
+            PolicySpec(AdmissionConfig(policy="always")),
+            PolicySpec(AdmissionConfig(policy="second-hit")),
+        ),
         live=LiveSettings(concurrency=4, origin_latency=0.002),
         meta={"embedded defaults": "onehit-loadgen demo"},
     )

@@ -37,6 +37,8 @@ OPEN_LOOP_IN_FLIGHT = 10_000
 @dataclass(frozen=True)
 class ReplayConfig:
     target: str
+    fanout: tuple[str, ...] = ()  # more targets: request i goes to target i mod n (round robin)
+    host: str | None = None  # one Host for every target, as a load balancer in front would send
     concurrency: int = 1
     rate: float | None = None  # open loop at a fixed rate (requests/s)
     trace_time: bool = False  # open loop at the trace's times
@@ -126,9 +128,8 @@ class _Run:
         if config.max_requests is not None:
             n = min(n, config.max_requests)
         self.total = n
-        self.urls = [
-            config.target.rstrip("/") + config.path_prefix + k for k in trace.key_strings(0, n)
-        ]
+        bases = [t.rstrip("/") + config.path_prefix for t in (config.target, *config.fanout)]
+        self.urls = [bases[i % len(bases)] + k for i, k in enumerate(trace.key_strings(0, n))]
         self.times = trace.times[:n].tolist()
         mode = (
             "closed"
@@ -260,8 +261,9 @@ async def replay(trace: Trace, config: ReplayConfig) -> ReplayResult:
     run.started = time.perf_counter()
     ticker = asyncio.ensure_future(run.ticker(progress))
     try:
+        headers = {"Host": config.host} if config.host else None
         async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
+            connector=connector, timeout=timeout, auto_decompress=False, headers=headers
         ) as session:
             if config.open_loop:
                 sender: asyncio.Future[object] = asyncio.ensure_future(run.open_dispatch(session))

@@ -82,7 +82,10 @@ class Service:
         upstream = Upstream(config.upstream)
         await upstream.start()
         engine = build_engine(config)
-        proxy = Proxy(config, engine, upstream, shared=shared_admission(config, engine))
+        shared = shared_admission(config, engine)
+        if shared is not None:
+            await shared.connect()
+        proxy = Proxy(config, engine, upstream, shared=shared)
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
             # configured limits itself, with the statuses RFC 9110 names (414, 431).

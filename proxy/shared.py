@@ -103,6 +103,10 @@ class RedisWindow:
         self._sizer = sizer
         self._script = client.register_script(_SEEN_BEFORE)
 
+    async def prepare(self) -> None:
+        """Connect and load the script, so the first miss does not pay for either."""
+        await self.client.script_load(_SEEN_BEFORE)
+
     async def seen_before(self, key: str | bytes, now: float) -> bool:
         share = self.share if self._sizer is None else max(1, min(self.share, self._sizer()))
         positions = probe_positions(key_hash(key), self.size_bits, self.num_hashes)
@@ -134,6 +138,17 @@ class SharedSecondHit:
         self.remote_decisions = 0
         self.healthy = True
         self._retry_at = 0.0
+
+    async def connect(self, timeout: float = 2.0) -> None:
+        """Warm the connection at start-up; a Redis that does not answer yet is not an error
+        (misses fall back until it does)."""
+        try:
+            await asyncio.wait_for(self.remote.prepare(), timeout)
+        except (TimeoutError, RedisError, OSError) as exc:
+            self.healthy = False
+            self._retry_at = self.clock() + self.retry_after
+            log.warning("shared admission filter unavailable at start (%r): using the local one",
+                        exc)  # fmt: skip
 
     async def admit(self, key: str, size: int, now: float) -> bool:
         """The fleet's answer when Redis gives one within the budget, else this instance's."""

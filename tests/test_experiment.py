@@ -1,6 +1,7 @@
 """Experiments: files are checked before anything runs; a small matrix runs live and simulated."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,25 @@ def test_workload_can_replay_a_recorded_trace(tmp_path):
     run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
     (cell,) = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
     assert cell["stats"]["hits"] == 2
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
+def test_a_fleet_with_a_shared_filter_admits_what_local_filters_miss(tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        'mode = "live"\ncache_sizes = ["4MiB"]\n'
+        '[[workloads]]\nname = "tiny"\nobjects = 200\nrequests = 1200\none_hit_share = 0.0\n'
+        'sizes = "fixed:1KiB"\n'
+        '[[policies]]\npolicy = "second-hit"\ninstances = 3\nbackend = "memory"\n'
+        '[[policies]]\npolicy = "second-hit"\ninstances = 3\nbackend = "redis"\n'
+        '[live]\nconcurrency = 1\norigin_latency = "0ms"\n'
+    )
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
+    cells = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    local, shared = (next(c for c in cells if c["policy"].endswith(kind))
+                     for kind in ("local filters", "shared filter"))  # fmt: skip
+    for c in (local, shared):
+        assert c["stats"]["requests"] == 1200 and c["disagreements"] == []
+    # Round robin over three: a URL's second request usually lands on another instance.
+    assert shared["stats"]["admissions"] > local["stats"]["admissions"]
+    assert shared["stats"]["hits"] > local["stats"]["hits"]
