@@ -99,6 +99,8 @@ class PolicySpec:
             return "nginx (min_uses 2)"
         if self.instances == 1:
             return self.admission.label()
+        if self.admission.policy != "second-hit":
+            return f"{self.admission.label()} x{self.instances}"
         shared = "shared filter" if self.backend == "redis" else "local filters"
         return f"{self.admission.label()} x{self.instances} {shared}"
 
