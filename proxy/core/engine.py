@@ -224,7 +224,11 @@ class CacheEngine:
             rfc9111.response_directives(response.headers) if response.headers else {},
             response.payload,
         )
-        evicted = store.put(entry)
+        try:
+            evicted = store.put(entry)
+        except ValueError:  # the body fits, but with headers past the overhead estimate it does not
+            c.too_large += 1
+            return TOO_LARGE
         c.admissions += 1
         c.bytes_written += size
         return Store(entry, tuple(evicted))
@@ -308,6 +312,8 @@ class CacheEngine:
         return snapshot(self.counters, self.store, self.admission.filter_stats())
 
     def _store_key(self, request: RequestMeta) -> str:
+        if not self._vary:
+            return request.key
         known = self._vary.get(request.key)
         if known is None:
             return request.key

@@ -43,6 +43,7 @@ class Entry:
     directives: dict[str, str | None] = field(default_factory=dict)
     payload: Any = None
     hits: int = field(default=0)
+    charge: int = field(default=0)  # bytes counted against capacity, set by the store
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
@@ -57,6 +58,10 @@ ENTRY_OVERHEAD = 1536
 _HEADER_ALLOWANCE = 1024
 
 
+def _charged(entry: Entry) -> int:
+    return entry.charge
+
+
 def entry_charge(entry: Entry, overhead: int) -> int:
     """Bytes an entry counts against the store's capacity."""
     if not overhead:
@@ -68,8 +73,8 @@ def entry_charge(entry: Entry, overhead: int) -> int:
 class _EvictionLog(LRUCache):
     """cachetools' LRU with its evictions handed back to the store."""
 
-    def __init__(self, maxsize: int, overhead: int) -> None:
-        super().__init__(maxsize, getsizeof=lambda entry: entry_charge(entry, overhead))
+    def __init__(self, maxsize: int) -> None:
+        super().__init__(maxsize, getsizeof=_charged)
         self.evicted: list[Entry] = []
 
     def popitem(self) -> tuple[str, Entry]:
@@ -99,7 +104,7 @@ class LRUStore:
         self.capacity_bytes = capacity_bytes
         self.entry_overhead = entry_overhead
         self.max_object_bytes = min(max_object_bytes, capacity_bytes - entry_overhead)
-        self._lru = _EvictionLog(capacity_bytes, entry_overhead)
+        self._lru = _EvictionLog(capacity_bytes)
         self.evictions = 0
         self.evicted_bytes = 0
         self.evicted_unread = 0
@@ -138,11 +143,11 @@ class LRUStore:
         Raises ValueError for an entry over ``max_object_bytes`` or charged more than the whole
         capacity: callers check ``fits`` first.
         """
-        if entry.size > self.max_object_bytes or (
-            entry_charge(entry, self.entry_overhead) > self.capacity_bytes
-        ):
+        entry.charge = entry_charge(entry, self.entry_overhead)
+        if entry.size > self.max_object_bytes or entry.charge > self.capacity_bytes:
             raise ValueError(
-                f"entry of {entry.size} bytes is over max_object_bytes={self.max_object_bytes}"
+                f"entry of {entry.size} bytes (charged {entry.charge}) does not fit: "
+                f"max_object_bytes={self.max_object_bytes}, capacity_bytes={self.capacity_bytes}"
             )
         lru = self._lru
         if entry.key in lru:
