@@ -6,13 +6,12 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from proxy.config import Config, ConfigError, load
-from proxy.service import Service
+from proxy.service import Service, until_signalled
 from proxy.workers import READY, serve_workers
 
 T = TypeVar("T")
@@ -110,11 +109,7 @@ async def _serve(config: Config, worker: bool = False) -> None:
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     log.info("stopped")

@@ -7,8 +7,10 @@ seconds, then closes the origin connections.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import signal
 import time
 from dataclasses import dataclass
 
@@ -136,3 +138,13 @@ class Service:
         await self.proxy.upstream.close()
         if self.proxy.shared is not None:
             await self.proxy.shared.remote.client.aclose()
+
+
+async def until_signalled() -> None:
+    """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
+    while the caller drains)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -24,6 +24,7 @@ from aiohttp import web
 from proxy.admin import prometheus_text, token_middleware
 from proxy.config import Config
 from proxy.core.stats import combine
+from proxy.service import until_signalled
 
 log = logging.getLogger("onehit.workers")
 READY = "onehit-worker-admin "
@@ -54,11 +55,7 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
     await runner.setup()
     await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
     log.info("%d workers on %s:%d", count, *config.server.listen)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await until_signalled()
     for process in workers:
         process.send_signal(signal.SIGTERM)
     codes = await asyncio.gather(*(process.wait() for process in workers))

@@ -178,3 +178,17 @@ async def raw_origin() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     """The request head a raw origin received (up to the blank line)."""
     return await reader.readuntil(b"\r\n\r\n")
+
+
+async def wait_healthy(client: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> None:
+    """Poll ``url`` (a /healthz) until it answers 200: a subprocess under test is up."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            async with client.get(url) as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{url} did not answer within {timeout}s")

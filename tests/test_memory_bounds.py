@@ -6,6 +6,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from conftest import wait_healthy
 
 from loadgen.experiment import free_port
 
@@ -46,13 +47,7 @@ async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
     )  # fmt: skip
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
-            for _ in range(100):
-                try:
-                    async with client.get(f"http://127.0.0.1:{admin}/healthz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+            await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz")
             async with client.get(f"http://127.0.0.1:{port}/small") as r:  # warm the code paths
                 assert len(await r.read()) == len(CHUNK)
             before = peak_rss(proxy.pid)

@@ -8,6 +8,7 @@ import sys
 
 import aiohttp
 import pytest
+from conftest import wait_healthy
 
 
 def free_port() -> int:
@@ -52,13 +53,7 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
     )  # fmt: skip
     try:
         async with aiohttp.ClientSession() as client:
-            for _ in range(100):
-                try:
-                    async with client.get(f"http://127.0.0.1:{admin_port}/healthz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz")
             in_flight = asyncio.ensure_future(client.get(f"http://127.0.0.1:{port}/slow"))
             await asyncio.sleep(0.3)
             process.send_signal(signal.SIGTERM)
@@ -83,13 +78,7 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
     try:
         connector = aiohttp.TCPConnector(force_close=True)  # new connections spread over workers
         async with aiohttp.ClientSession(connector=connector) as client:
-            for _ in range(100):
-                try:
-                    async with client.get(admin + "/healthz") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+            await wait_healthy(client, admin + "/healthz")
             for i in range(30):
                 async with client.get(f"http://127.0.0.1:{port}/w{i % 5}") as r:
                     assert r.status == 200
