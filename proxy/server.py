@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 from aiohttp import web
@@ -234,15 +234,7 @@ class Proxy:
                     return _plain(504, "origin timed out mid-body", status), None
                 return _plain(502, "origin response cut short", status), None
             if upstream.content.at_eof():
-                stored = ResponseMeta(
-                    rmeta.cacheable,
-                    rmeta.lifetime,
-                    rmeta.initial_age,
-                    rmeta.headers,
-                    rmeta.vary,
-                    rmeta.reason,
-                    (upstream.status, body),
-                )
+                stored = replace(rmeta, payload=(upstream.status, body))
                 outcome = await self._offer(meta, stored, len(body))
                 status = f"{CACHE}; fwd={fwd}" + _stored_detail(outcome)
                 response = self._answer(request, upstream.status, headers, body, status, "MISS")
@@ -322,10 +314,7 @@ class Proxy:
                     )  # fmt: skip
                     body = await _read_up_to(upstream, self.max_object)
                     if rmeta.cacheable and upstream.content.at_eof():
-                        stored = ResponseMeta(
-                            True, rmeta.lifetime, rmeta.initial_age, rmeta.headers, rmeta.vary,
-                            "", (upstream.status, body),
-                        )  # fmt: skip
+                        stored = replace(rmeta, payload=(upstream.status, body))
                         self.engine.on_response(meta, stored, len(body), self.clock(), served=False)
             except (UpstreamError, *_BODY_ERRORS) as exc:
                 log.warning("background refresh of %s failed: %r", meta.key, exc)
