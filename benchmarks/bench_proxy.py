@@ -15,7 +15,6 @@ import asyncio
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,15 +23,10 @@ import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
+from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
 
 SIZES = {"1k": 1024, "64k": 64 * 1024}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Roles this script plays in its own subprocesses.

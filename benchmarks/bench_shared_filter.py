@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 
 import redis.asyncio as aioredis
 from hdrh.histogram import HdrHistogram
-from redis.exceptions import RedisError
 
-from loadgen.experiment import free_port
+from loadgen.experiment import redis_process
 from proxy.core.window import WindowedBloomFilter
 from proxy.shared import RedisWindow
 
@@ -35,61 +31,50 @@ def percentiles(samples_us: list[float]) -> str:
 
 
 async def main(keys: int, in_flight: int) -> None:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("redis-server is not installed (apt-get install redis-server)")
-    port = free_port()
-    data = tempfile.mkdtemp(prefix="onehit-redis-")
-    server = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", data],
-        stdout=subprocess.DEVNULL,
-    )
-    client = aioredis.from_url(f"redis://127.0.0.1:{port}/0")
-    try:
-        for _ in range(100):
-            try:
-                await client.ping()
-                break
-            except (OSError, RedisError):
-                await asyncio.sleep(0.05)
-        urls = [f"https://cdn.example.com/assets/{i % (keys // 2)}.js" for i in range(keys)]
-        local = WindowedBloomFilter(1_000_000, 0.01, 3600.0, 2)
-        remote = RedisWindow(client, 1_000_000, 0.01, 3600.0, 2)
-        local_us, remote_us = [], []
-        for url in urls:
-            started = time.perf_counter()
-            local.seen_before(url, 1.0)
-            local_us.append((time.perf_counter() - started) * 1e6)
-        for url in urls:
-            started = time.perf_counter()
-            await remote.seen_before(url, 1.0)
-            remote_us.append((time.perf_counter() - started) * 1e6)
-        print(f"admission decision on the miss path, {keys:,} URLs, one at a time:")
-        print(f"  in-process WindowedBloomFilter  {percentiles(local_us)}")
-        print(f"  Redis (one Lua round trip)      {percentiles(remote_us)}")
-        print(f"  Redis adds x{sum(remote_us) / sum(local_us):.0f} the in-process time per miss")
+    async with redis_process() as url:
+        if url is None:
+            sys.exit("redis-server is not installed (apt-get install redis-server)")
+        client = aioredis.from_url(url)
+        try:
+            await measure(client, keys, in_flight)
+        finally:
+            await client.aclose()
 
-        queue = iter(urls * 3)
-        done = 0
 
-        async def worker() -> None:
-            nonlocal done
-            for url in queue:
-                await remote.seen_before(url, 2.0)
-                done += 1
-
+async def measure(client: aioredis.Redis, keys: int, in_flight: int) -> None:
+    urls = [f"https://cdn.example.com/assets/{i % (keys // 2)}.js" for i in range(keys)]
+    local = WindowedBloomFilter(1_000_000, 0.01, 3600.0, 2)
+    remote = RedisWindow(client, 1_000_000, 0.01, 3600.0, 2)
+    local_us, remote_us = [], []
+    for url in urls:
         started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
-        elapsed = time.perf_counter() - started
-        print(
-            f"one Redis, {in_flight} decisions in flight from one client process: "
-            f"{done / elapsed:,.0f} filter operations/s (the client's CPU shares 2 cores)"
-        )
-    finally:
-        await client.aclose()
-        server.terminate()
-        server.wait(10)
-        shutil.rmtree(data, ignore_errors=True)
+        local.seen_before(url, 1.0)
+        local_us.append((time.perf_counter() - started) * 1e6)
+    for url in urls:
+        started = time.perf_counter()
+        await remote.seen_before(url, 1.0)
+        remote_us.append((time.perf_counter() - started) * 1e6)
+    print(f"admission decision on the miss path, {keys:,} URLs, one at a time:")
+    print(f"  in-process WindowedBloomFilter  {percentiles(local_us)}")
+    print(f"  Redis (one Lua round trip)      {percentiles(remote_us)}")
+    print(f"  Redis adds x{sum(remote_us) / sum(local_us):.0f} the in-process time per miss")
+
+    queue = iter(urls * 3)
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        for url in queue:
+            await remote.seen_before(url, 2.0)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    elapsed = time.perf_counter() - started
+    print(
+        f"one Redis, {in_flight} decisions in flight from one client process: "
+        f"{done / elapsed:,.0f} filter operations/s (the client's CPU shares 2 cores)"
+    )
 
 
 if __name__ == "__main__":

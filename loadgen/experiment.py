@@ -297,7 +297,8 @@ async def _live_cells(
     live = experiment.live
     cells = []
     wants_redis = any(p.backend == "redis" for p in experiment.policies)
-    async with origin_process(trace, live) as origin_url, _redis(wants_redis) as redis_url:
+    redis = redis_process() if wants_redis else contextlib.nullcontext(None)
+    async with origin_process(trace, live) as origin_url, redis as redis_url:
         for size, label in sizes.items():
             for n, spec in enumerate(experiment.policies):
                 if spec.admission.policy == NGINX and nginx_binary() is None:
@@ -538,9 +539,10 @@ async def _stats(admin_url: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def _redis(wanted: bool) -> AsyncIterator[str | None]:
-    """A redis-server of this run's own on a free loopback port, if wanted and installed."""
-    binary = shutil.which("redis-server") if wanted else None
+async def redis_process() -> AsyncIterator[str | None]:
+    """A redis-server of the caller's own on a free loopback port, answering: its URL; None
+    when redis-server is not installed. Stopped on leaving."""
+    binary = shutil.which("redis-server")
     if binary is None:
         yield None
         return

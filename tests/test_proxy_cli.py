@@ -2,7 +2,6 @@
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 
@@ -10,11 +9,7 @@ import aiohttp
 import pytest
 from conftest import wait_healthy
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from loadgen.experiment import free_port
 
 
 @pytest.mark.parametrize(

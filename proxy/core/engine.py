@@ -198,10 +198,7 @@ class CacheEngine:
             c.too_large += 1
             return TOO_LARGE
         url = request.key
-        key = url
-        if response.vary:
-            key = _variant(url, rfc9111.vary_key(response.vary, request.headers))
-        known = key in store or url in self._vary
+        key, known = self._storage_key(request, response)
         if known and not fetched:
             return COLLAPSED
         if admitted is None and not known:
@@ -238,10 +235,16 @@ class CacheEngine:
         driver with an asynchronous backend asks it first, and only then."""
         if not response.cacheable or not self.store.fits(size):
             return False
-        key = request.key
+        return not self._storage_key(request, response)[1]
+
+    def _storage_key(self, request: RequestMeta, response: ResponseMeta) -> tuple[str, bool]:
+        """The key a response is stored under (its variant, if it varies), and whether its URL
+        is already known (stored, or has variants): a known URL skips admission."""
+        url = request.key
+        key = url
         if response.vary:
-            key = _variant(key, rfc9111.vary_key(response.vary, request.headers))
-        return key not in self.store and request.key not in self._vary
+            key = _variant(url, rfc9111.vary_key(response.vary, request.headers))
+        return key, key in self.store or url in self._vary
 
     def on_not_modified(
         self,
