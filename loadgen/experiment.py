@@ -340,7 +340,7 @@ async def _live_cells(
                             progress=sys.stderr.isatty(),
                         ),
                     )
-                    stats = combine([await _stats(a) for a in admins]) if admins else None
+                    stats = combine([await admin_metrics(a) for a in admins]) if admins else None
                 cells.append(_live_cell(workload.name, spec.label(), label, size, client, stats))
     return cells
 
@@ -533,7 +533,8 @@ async def _nginx(origin: str, size: int) -> AsyncIterator[tuple[list[str], list[
             await _stop(process)
 
 
-async def _stats(admin_url: str) -> dict[str, Any]:
+async def admin_metrics(admin_url: str) -> dict[str, Any]:
+    """The ``metrics`` of a onehit admin listener's ``/stats``."""
     async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
         return (await r.json())["metrics"]
 
