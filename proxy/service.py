@@ -20,7 +20,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from proxy.admin import admin_app
 from proxy.config import Config
-from proxy.core.admission import SecondHit, TurnoverSizer, make_policy
+from proxy.core.admission import SecondHit, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, LRUStore
 from proxy.server import Proxy
@@ -57,12 +57,13 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
         return None
     assert isinstance(engine.admission, SecondHit)
     client = aioredis.from_url(a.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
-    sizer = None
-    if a.window == "auto":
-        sizer = TurnoverSizer(engine.store.estimated_capacity_objects, scale=a.auto_scale)
+    local = engine.admission.window
+    # In auto mode the fleet rotates after the share this instance's own sizer last chose:
+    # one sizer, smoothed per rotation as in memory.
+    share = (lambda: local.generation_share) if a.window == "auto" else None
     window = a.max_window if a.window == "auto" else float(a.window)
     remote = RedisWindow(client, a.expected_urls, a.fp_rate, window, a.generations,
-                         prefix=a.redis_prefix, sizer=sizer)  # fmt: skip
+                         prefix=a.redis_prefix, share=share)  # fmt: skip
     return SharedSecondHit(engine.admission, remote, a.redis_budget)
 
 

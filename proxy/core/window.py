@@ -97,6 +97,11 @@ class WindowedBloomFilter:
         """Distinct keys per window the newest generation is sized for."""
         return self._gens[0].capacity * (self.num_generations - 1)
 
+    @property
+    def generation_share(self) -> int:
+        """First sightings after which the newest generation rotates."""
+        return self._gens[0].capacity
+
     def seen_before(self, key: str | bytes, now: float) -> bool:
         """Test ``key``, then record it in the newest generation; one call."""
         self._advance(now)
