@@ -1,5 +1,9 @@
 """HTTP replay through the real proxy and the embedded origin, on 127.0.0.1."""
 
+import asyncio
+import json
+import signal
+import sys
 import time
 
 import aiohttp
@@ -9,7 +13,7 @@ from conftest import admin, base
 
 from loadgen.origin import OriginConfig, start_origin
 from loadgen.replay import ReplayConfig, cache_outcome, replay
-from loadgen.trace import Trace
+from loadgen.trace import Trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 
 SIZES = SizeSpec.parse("lognormal:median=1KiB,sigma=1,max=32KiB")
@@ -87,6 +91,26 @@ async def test_time_bound_stops_a_run_with_partial_results(trace, trace_origin):
     url = trace_origin
     result = await replay(trace, ReplayConfig(target=url, rate=100.0, max_seconds=0.5))
     assert 30 <= result.completed <= 70 and not result.interrupted
+
+
+async def test_ctrl_c_stops_the_replay_command_with_partial_results_written(trace, tmp_path):
+    runner, origin, url = await start_origin(trace)
+    write_trace(trace, tmp_path / "trace.csv")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "loadgen", "replay", "--trace", str(tmp_path / "trace.csv"),
+        "--target", url, "--rate", "200", "--output", str(tmp_path / "out"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while origin.requests < 50 and time.monotonic() < deadline:  # 800 take 4 s at 200/s
+        await asyncio.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    out, _ = await asyncio.wait_for(process.communicate(), 20)
+    await runner.cleanup()
+    assert process.returncode == 130, out
+    written = json.loads((tmp_path / "out" / "replay.json").read_text())
+    assert written["interrupted"] and 0 < written["completed"] < len(trace)
+    assert b"interrupted: partial results" in out
 
 
 def test_cache_outcome_reads_x_cache_then_cache_status():
