@@ -2,15 +2,17 @@
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loadgen.experiment import ExperimentError, load_experiment, run
+from loadgen.experiment import ExperimentError, demo_experiment, load_experiment, run
 from loadgen.trace import Trace, write_trace
 
-EXPERIMENTS = sorted(Path(__file__).parent.parent.glob("config/experiments/*.toml"))
+CONFIG = Path(__file__).parent.parent / "config"
+EXPERIMENTS = sorted(CONFIG.glob("experiments/*.toml"))
 
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: p.stem)
@@ -21,6 +23,11 @@ def test_ready_experiments_load(path):
 
 def test_ready_experiments_cover_the_issue():
     assert {p.stem for p in EXPERIMENTS} >= {"window-sweep", "one-hit-share", "compare-nginx"}
+
+
+def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
+    from_file = load_experiment(CONFIG / "demo.toml")
+    assert replace(from_file, meta={}) == replace(demo_experiment(), meta={})
 
 
 @pytest.mark.parametrize(
