@@ -60,10 +60,10 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     local = engine.admission.window
     # In auto mode the fleet rotates after the share this instance's own sizer last chose:
     # one sizer, smoothed per rotation as in memory.
-    share = (lambda: local.generation_share) if a.window == "auto" else None
+    auto_share = (lambda: local.generation_share) if a.window == "auto" else None
     window = a.max_window if a.window == "auto" else float(a.window)
     remote = RedisWindow(client, a.expected_urls, a.fp_rate, window, a.generations,
-                         prefix=a.redis_prefix, share=share)  # fmt: skip
+                         prefix=a.redis_prefix, auto_share=auto_share)  # fmt: skip
     return SharedSecondHit(engine.admission, remote, a.redis_budget)
 
 

@@ -11,8 +11,8 @@ What it guarantees:
   last write; the generation number, its start and its count of first sightings live in one hash,
   shared by every instance: in ``auto`` mode the fleet's first sightings fill one count, so every
   instance rotates together. In Redis the bitmaps keep the size of ``expected_urls``; the auto
-  share (``share``: the instance's own filter's current share, which its turnover sizer sets at
-  each rotation) can lower, never raise, the count at which a generation rotates.
+  share (``auto_share``: the instance's own filter's current share, which its turnover sizer
+  sets at each rotation) can lower, never raise, the count at which a generation rotates.
 * A miss never waits more than ``budget`` seconds for Redis. Past that, or on any Redis error, the
   decision comes from the instance's own in-process filter (which records every sighting, so it
   is warm), the fallback is counted, a line is logged when the state changes, and Redis is tried
@@ -90,7 +90,7 @@ class RedisWindow:
         generations: int = 2,
         *,
         prefix: str = "onehit:bf",
-        share: Callable[[], int] | None = None,
+        auto_share: Callable[[], int] | None = None,
     ) -> None:
         self.client = client
         self.share, self.size_bits, self.num_hashes = generation_sizing(
@@ -101,7 +101,7 @@ class RedisWindow:
         self._span = window / (generations - 1)
         self._ttl_ms = math.ceil(window * generations / (generations - 1) * 1000)
         self._keys = [f"{prefix}:state", f"{prefix}:g:"]
-        self._share = share
+        self._auto_share = auto_share
         self._script = client.register_script(_SEEN_BEFORE)
 
     async def prepare(self) -> None:
@@ -109,7 +109,9 @@ class RedisWindow:
         await self.client.script_load(_SEEN_BEFORE)
 
     async def seen_before(self, key: str | bytes, now: float) -> bool:
-        share = self.share if self._share is None else max(1, min(self.share, self._share()))
+        share = self.share
+        if self._auto_share is not None:
+            share = max(1, min(share, self._auto_share()))
         positions = probe_positions(key_hash(key), self.size_bits, self.num_hashes)
         args = [repr(now), repr(self._span), self.generations, share, self._ttl_ms, *positions]
         return bool(await self._script(keys=self._keys, args=args))

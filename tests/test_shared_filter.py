@@ -88,7 +88,7 @@ async def test_auto_share_rotates_the_fleet_after_the_local_sizers_choice(redis_
     client = aioredis.from_url(redis_server.url)
     local = WindowedBloomFilter(5, 0.01, window=3600.0, generations=2)
     remote = RedisWindow(client, 1000, 0.01, window=3600.0, generations=2,
-                         share=lambda: local.generation_share)  # fmt: skip
+                         auto_share=lambda: local.generation_share)  # fmt: skip
     for i in range(12):
         await remote.seen_before(f"/u{i}", 0.0)
     assert int((await remote.state())["forced"]) == 2  # after 5 and 10 first sightings
