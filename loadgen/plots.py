@@ -12,11 +12,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
 from proxy.units import format_size
 
 Cell = dict[str, Any]
+# More swept sizes than this and their labels would crowd the axis: powers of ten instead.
+_MAX_SIZE_TICKS = 8
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -81,15 +83,30 @@ def _by_size(
             else:
                 ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        swept = sorted({c["cache_bytes"] for c in cells if c["workload"] == workload})
+        if len(swept) <= _MAX_SIZE_TICKS:  # ticks at the sizes run, not at powers of ten
+            ax.set_xticks(swept, [format_size(size) for size in swept])
+            ax.xaxis.set_minor_locator(NullLocator())
+        else:
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
         ax.set_xlabel("cache size (bytes, log scale)")
         ax.set_ylabel(ylabel)
         if bytes_axis:
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+            _binary_ticks(ax)
         ax.set_title(workload)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, directory / f"{name}.png")
+
+
+def _binary_ticks(ax: Any) -> None:
+    """Y ticks at round multiples of KiB, MiB or GiB (powers of ten read badly in binary)."""
+    low, high = ax.get_ylim()
+    unit = next(size for size in (1 << 30, 1 << 20, 1 << 10, 1) if high >= size)
+    ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(low / unit, high / unit)
+    ax.set_yticks([t * unit for t in ticks if low <= t * unit <= high])
+    ax.set_ylim(low, high)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
 
 
 def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
