@@ -91,11 +91,12 @@ def simulate(
     on_response = engine.on_response
     response = ResponseMeta(cacheable=True, lifetime=ttl)
     total = len(trace)
-    every = max(CHUNK, total // max(1, timeline_points))
+    every = max(1, total // max(1, timeline_points))
+    step = min(CHUNK, every)  # a short trace still gets its timeline points
     timeline: list[dict[str, float]] = []
     started = time.perf_counter()
-    for start in range(0, total, CHUNK):
-        stop = min(total, start + CHUNK)
+    for start in range(0, total, step):
+        stop = min(total, start + step)
         times = trace.times[start:stop].tolist()
         sizes = trace.sizes[start:stop].tolist()
         keys = trace.key_strings(start, stop)

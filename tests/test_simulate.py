@@ -4,7 +4,7 @@ from collections import OrderedDict
 
 import pytest
 
-from loadgen.simulate import simulate, space_saved, sweep
+from loadgen.simulate import CHUNK, simulate, space_saved, sweep
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
@@ -106,9 +106,12 @@ def test_sweep_in_parallel_gives_the_same_figures_as_one_by_one(trace):
     ]
 
 
-def test_timeline_ends_with_the_final_hit_ratio(trace):
-    result = simulate(trace, round(trace.distinct_bytes() * 0.01), SECOND_HIT)
-    assert result.timeline[-1]["requests"] == len(trace)
+def test_timeline_has_its_points_even_for_a_trace_shorter_than_a_chunk(trace):
+    assert len(trace) < CHUNK
+    result = simulate(trace, round(trace.distinct_bytes() * 0.01), SECOND_HIT, timeline_points=20)
+    done = [point["requests"] for point in result.timeline]
+    assert len(done) == 20 and done == sorted(done)
+    assert done[-1] == len(trace)
     assert result.timeline[-1]["hit_ratio"] == result.stats["hit_ratio"]
 
 
