@@ -168,11 +168,19 @@ def _latency(cells: Sequence[Cell], directory: Path) -> Path | None:
 
 
 def _filter_health(cells: Sequence[Cell], directory: Path) -> Path | None:
-    chosen = [
-        c
-        for c in cells
-        if c["policy"] != "always" and c["mode"] == "simulate" and c.get("timeline")
-    ]
+    """Filter fill and false-positive estimate over the run, at the middle cache size of each
+    simulated workload (as the hit ratio over time), against each policy's target rate."""
+    simulated = [c for c in cells if c["mode"] == "simulate"]
+    chosen = []
+    for workload in sorted({c["workload"] for c in simulated}):
+        group = [c for c in simulated if c["workload"] == workload]
+        sizes = sorted({c["cache_bytes"] for c in group})
+        middle = sizes[len(sizes) // 2]
+        chosen += [
+            c
+            for c in group
+            if c["cache_bytes"] == middle and c["policy"] != "always" and c.get("timeline")
+        ]
     if not chosen:
         return None
     palette = colours(cells)
@@ -185,6 +193,11 @@ def _filter_health(cells: Sequence[Cell], directory: Path) -> Path | None:
         axes[1].plot(
             xs, [p["filter_fp_estimate"] for p in c["timeline"]], label=label, color=colour
         )
+    for target in sorted({c["admission"]["fp_rate"] for c in chosen if c.get("admission")}):
+        axes[1].axhline(target, color="black", linestyle="--", linewidth=1,
+                        label=f"target fp rate {target:g}")  # fmt: skip
+    axes[0].set_ylim(0, 1)
+    axes[1].set_ylim(bottom=0)
     axes[0].set_ylabel("fill of the fullest generation (share of bits set)")
     axes[1].set_ylabel("estimated false-positive rate")
     for ax in axes:
