@@ -324,7 +324,8 @@ async def _live_cells(
                             "admission.redis_budget": "100ms",
                         }
                     starter = _onehit(origin_url, size, spec, shared)
-                async with starter as (targets, admins):
+                async with starter as running:
+                    targets = running.urls
                     client = await replay(
                         trace,
                         ReplayConfig(
@@ -340,8 +341,12 @@ async def _live_cells(
                             progress=sys.stderr.isatty(),
                         ),
                     )
+                    admins = running.admins
                     stats = combine([await admin_metrics(a) for a in admins]) if admins else None
-                cells.append(_live_cell(workload.name, spec.label(), label, size, client, stats))
+                    held = None if running.disk_cache is None else _tree_bytes(running.disk_cache)
+                cells.append(
+                    _live_cell(workload.name, spec.label(), label, size, client, stats, held)
+                )
     return cells
 
 
@@ -352,8 +357,10 @@ def _live_cell(
     size: int,
     client: Any,
     proxy_stats: dict[str, Any] | None,
+    held: int | None = None,
 ) -> report.Cell:
-    """A live cell; ``proxy_stats`` are the metrics the proxies counted (None for nginx)."""
+    """A live cell; ``proxy_stats`` are the metrics the proxies counted (None for nginx);
+    ``held`` the bytes an nginx cache held on disk at the end, noted when over its size."""
     seen = client.to_dict()
     if proxy_stats is None:
         # Only what the client saw is known of a target without /stats (nginx).
@@ -368,7 +375,7 @@ def _live_cell(
     else:
         stats = proxy_stats
         disagreements = _disagreements(f"{workload} {policy} @ {label}", client, stats)
-    return {
+    cell = {
         "workload": workload,
         "mode": "live",
         "policy": policy,
@@ -379,6 +386,20 @@ def _live_cell(
         "timeline": seen["timeline"],
         "disagreements": disagreements,
     }
+    if held is not None and held > size:
+        cell["held_bytes"] = held
+        cell["notes"] = [
+            f"{workload} {policy} @ {label}: its cache held {format_size(held)} on disk at the "
+            f"end of the run, {held / size:.1f}x the size it was given (nginx enforces max_size "
+            "from its cache manager, which can sleep through a short run); the plots place it "
+            "at the bytes it held, so compare it with the curves there"
+        ]
+    return cell
+
+
+def _tree_bytes(directory: Path) -> int:
+    """Bytes of the files under ``directory``."""
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 def _disagreements(cell: str, client: Any, stats: dict[str, Any]) -> list[str]:
@@ -458,6 +479,16 @@ async def origin_process(trace: Trace, live: LiveSettings) -> AsyncIterator[str]
 
 
 @dataclass(frozen=True)
+class Targets:
+    """What one live cell replays against: base URLs, onehit admin URLs (none for nginx) and,
+    for nginx, its cache directory (to measure what it actually held)."""
+
+    urls: list[str]
+    admins: list[str]
+    disk_cache: Path | None = None
+
+
+@dataclass(frozen=True)
 class Running:
     """A onehit-proxy subprocess that answers: its URL, its admin URL, the process."""
 
@@ -492,7 +523,7 @@ async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator
 @contextlib.asynccontextmanager
 async def _onehit(
     origin: str, size: int, spec: PolicySpec, extra: dict[str, str]
-) -> AsyncIterator[tuple[list[str], list[str]]]:
+) -> AsyncIterator[Targets]:
     """Fresh onehit-proxies for one cell, ``spec.instances`` of them: (URLs, admin URLs)."""
     admission = spec.admission
     settings = {
@@ -512,11 +543,11 @@ async def _onehit(
             await stack.enter_async_context(onehit_process(origin, settings))
             for _ in range(spec.instances)
         ]
-        yield [r.url for r in fleet], [r.admin_url for r in fleet]
+        yield Targets([r.url for r in fleet], [r.admin_url for r in fleet])
 
 
 @contextlib.asynccontextmanager
-async def _nginx(origin: str, size: int) -> AsyncIterator[tuple[list[str], list[str]]]:
+async def _nginx(origin: str, size: int) -> AsyncIterator[Targets]:
     """nginx with proxy_cache_min_uses 2 and a cache of ``size`` bytes, configured here."""
     binary = nginx_binary()
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
@@ -528,7 +559,7 @@ async def _nginx(origin: str, size: int) -> AsyncIterator[tuple[list[str], list[
         )
         try:
             await _wait_healthy(f"http://127.0.0.1:{port}/", process)
-            yield [f"http://127.0.0.1:{port}"], []
+            yield Targets([f"http://127.0.0.1:{port}"], [], Path(root) / "cache")
         finally:
             await _stop(process)
 

@@ -75,10 +75,13 @@ def _by_size(
             group = [c for c in group if metric(c) is not None]
             if not group:
                 continue
-            xs = [c["cache_bytes"] for c in group]
+            # A cache that held more than its size (nginx) is placed at the bytes it held.
+            xs = [c.get("held_bytes", c["cache_bytes"]) for c in group]
             ys = [metric(c) for c in group]
             if mode == "live":
-                ax.scatter(xs, ys, marker="X", s=90, label=f"{policy} (live)",
+                held = any("held_bytes" in c for c in group)
+                label = f"{policy} (live{', at the bytes it held' if held else ''})"
+                ax.scatter(xs, ys, marker="X", s=90, label=label,
                            color=palette[policy], edgecolors="black", zorder=3)  # fmt: skip
             else:
                 ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])

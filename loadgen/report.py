@@ -225,11 +225,20 @@ def summary_markdown(results: dict[str, Any]) -> str:
         parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, rows)]
     for (workload, mode), group in _groups(cells).items():
         parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, [_row(c) for c in group])]
-    flagged = [d for c in cells for d in c.get("disagreements", [])]
-    if flagged:
-        parts += ["", "## Disagreements between client and proxy counts", ""]
-        parts += [f"- {d}" for d in flagged]
+    for heading, lines in _remarks(cells):
+        parts += ["", f"## {heading}", ""]
+        parts += [f"- {line}" for line in lines]
     return "\n".join(parts) + "\n"
+
+
+def _remarks(cells: Sequence[Cell]) -> list[tuple[str, list[str]]]:
+    """What a reader must know beside the tables: flagged disagreements, and notes on cells."""
+    out = []
+    if flagged := [d for c in cells for d in c.get("disagreements", [])]:
+        out.append(("Disagreements between client and proxy counts", flagged))
+    if notes := [n for c in cells for n in c.get("notes", [])]:
+        out.append(("Notes", notes))
+    return out
 
 
 def write_report(directory: Path, results: dict[str, Any]) -> list[Path]:
@@ -287,10 +296,9 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
             f"<h2>{html.escape(workload)} ({mode})</h2>",
             table(COLUMNS, [_row(c) for c in group]),
         ]
-    flagged = [d for c in cells for d in c.get("disagreements", [])]
-    if flagged:
-        parts.append("<h2>Disagreements between client and proxy counts</h2><ul>")
-        parts += [f"<li>{html.escape(d)}</li>" for d in flagged]
+    for heading, lines in _remarks(cells):
+        parts.append(f"<h2>{html.escape(heading)}</h2><ul>")
+        parts += [f"<li>{html.escape(line)}</li>" for line in lines]
         parts.append("</ul>")
     style = (
         "body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}"

@@ -76,3 +76,13 @@ def test_report_command_rerenders_from_results_json_alone(tmp_path, results):
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "index.html").exists() and (tmp_path / "filter-health.png").exists()
     assert render(tmp_path)  # and again, in-process: idempotent
+
+
+def test_notes_on_cells_reach_the_summary_and_the_page(tmp_path, results):
+    note = "w nginx (min_uses 2) @ 200B: its cache held 600B on disk, 3.0x the size it was given"
+    client = {"latency_ms": {"p50": 1.0, "p90": 2.0, "p99": 3.0, "p99.9": 4.0}}
+    results["cells"].append(cell("nginx (min_uses 2)", 200, 0.3, "live", client=client,
+                                 held_bytes=600, notes=[note]))  # fmt: skip
+    write_report(tmp_path, results)
+    assert f"## Notes\n\n- {note}" in (tmp_path / "summary.md").read_text()
+    assert f"<li>{note}</li>" in (tmp_path / "index.html").read_text()
