@@ -524,7 +524,7 @@ async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator
 async def _onehit(
     origin: str, size: int, spec: PolicySpec, extra: dict[str, str]
 ) -> AsyncIterator[Targets]:
-    """Fresh onehit-proxies for one cell, ``spec.instances`` of them: (URLs, admin URLs)."""
+    """Fresh onehit-proxies for one cell, ``spec.instances`` of them."""
     admission = spec.admission
     settings = {
         "cache.size": str(size),

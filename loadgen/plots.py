@@ -112,6 +112,12 @@ def _binary_ticks(ax: Any) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
 
 
+def _middle_size(group: Sequence[Cell]) -> int:
+    """The middle of the cache sizes a group of cells ran: the one the over-time plots show."""
+    sizes = sorted({c["cache_bytes"] for c in group})
+    return sizes[len(sizes) // 2]
+
+
 def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
     """Hit ratio over the run, for the middle cache size of each workload and mode."""
     palette = colours(cells)
@@ -120,8 +126,7 @@ def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
     drawn = False
     for ax, (workload, mode) in zip(axes, panels, strict=True):
         group = [c for c in cells if (c["workload"], c["mode"]) == (workload, mode)]
-        sizes = sorted({c["cache_bytes"] for c in group})
-        middle = sizes[len(sizes) // 2]
+        middle = _middle_size(group)
         for c in group:
             if c["cache_bytes"] != middle or not c.get("timeline"):
                 continue
@@ -177,8 +182,7 @@ def _filter_health(cells: Sequence[Cell], directory: Path) -> Path | None:
     chosen = []
     for workload in sorted({c["workload"] for c in simulated}):
         group = [c for c in simulated if c["workload"] == workload]
-        sizes = sorted({c["cache_bytes"] for c in group})
-        middle = sizes[len(sizes) // 2]
+        middle = _middle_size(group)
         chosen += [
             c
             for c in group
