@@ -142,9 +142,15 @@ async def test_redis_down_falls_back_within_budget_and_returns(
     assert statuses == [200] * 5 and shared.fallbacks == 5 and not shared.healthy
     assert asyncio.get_running_loop().time() - started < 5 * 1.0
     await redis_server.start()
-    await asyncio.sleep(0.3)
-    assert await get("/after") == 200
+    # Back to Redis once it answers: the first miss after the retry delay may still fall back
+    # while the pool reconnects and the script is loaded again, so allow a few.
+    deadline = asyncio.get_running_loop().time() + 10
+    after = 0
+    while shared.remote_decisions == 1 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.25)
+        assert await get(f"/after{after}") == 200
+        after += 1
     assert shared.healthy and shared.remote_decisions == 2
     async with client.get(base(proxy).replace(str(proxy.proxy_address[1]),
                           str(proxy.admin_address[1])) + "/metrics") as r:  # fmt: skip
-        assert "onehit_filter_fallbacks_total 5.0" in await r.text()
+        assert f"onehit_filter_fallbacks_total {float(shared.fallbacks)}" in await r.text()
