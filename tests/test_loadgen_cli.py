@@ -70,3 +70,12 @@ def test_bad_flags_get_one_clear_line(trace_file, flags, message):
 def test_missing_trace_file_is_a_clear_error(tmp_path):
     out = run("simulate", "--trace", str(tmp_path / "nope.csv"), "--cache-size", "1MiB")
     assert out.returncode == 2 and "nope.csv" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_malformed_experiment_file_names_the_key_and_exits_non_zero(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('cache_sizes = ["1%"]\n[[policies]]\nwindoe = "1m"\n')
+    out = run("experiment", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "'windoe'" in out.stderr and "did you mean 'window'" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
