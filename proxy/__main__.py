@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import sys
@@ -44,6 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
         return 2
+    if args.check_config:
+        print(json.dumps(config.effective(), indent=2))
+        print("onehit-proxy: configuration ok", file=sys.stderr)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if args.workers > 1:
@@ -85,6 +90,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)"
+    )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the settings (file, environment, flags), print those in force, and exit",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p

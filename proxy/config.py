@@ -264,6 +264,29 @@ class Config:
             table[""] = self.upstream.origin
         return table
 
+    def effective(self) -> dict[str, object]:
+        """Every setting in force, by section and key, in the units the file takes (bytes,
+        seconds, host:port); secrets (the admin token, a Redis password) are redacted."""
+        sections: dict[str, dict[str, object]] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            values: dict[str, object] = {}
+            for f in fields(section):
+                value = getattr(section, f.name)
+                values[f.name] = (
+                    _join(value) if f.name == "listen"
+                    else list(value) if isinstance(value, tuple)
+                    else value
+                )  # fmt: skip
+            sections[name] = values
+        if self.admin.token:
+            sections["admin"]["token"] = _REDACTED
+        redis_url = urlsplit(self.admission.redis_url)
+        if redis_url.password:
+            netloc = redis_url.netloc.replace(f":{redis_url.password}@", f":{_REDACTED}@", 1)
+            sections["admission"]["redis_url"] = redis_url._replace(netloc=netloc).geturl()
+        return {**sections, "routes": [{"host": r.host, "origin": r.origin} for r in self.routes]}
+
     def summary(self) -> dict[str, object]:
         return {
             "listen": _join(self.server.listen),
@@ -285,6 +308,9 @@ SECTIONS: dict[str, type] = {
     "admission": AdmissionSection,
     "upstream": UpstreamSection,
 }
+
+
+_REDACTED = "<redacted>"
 
 
 def _join(address: tuple[str, int]) -> str:

@@ -1,6 +1,7 @@
 """`onehit-proxy` as a user runs it: bad config stops start-up with one line; SIGTERM drains."""
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -36,6 +37,26 @@ def test_bad_config_stops_start_up_with_one_line(args, env, message):
     )
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_check_config_prints_the_settings_in_force_with_secrets_redacted(tmp_path):
+    path = tmp_path / "proxy.toml"
+    path.write_text('[cache]\nsize = "64MiB"\n[admin]\ntoken = "s3cret"\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "--check-config", "--config", str(path),
+         "--origin", "http://127.0.0.1:1", "--cache-size", "1GiB",
+         "--set", "admission.redis_url=redis://:pw@10.0.0.9:6379/0"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "ONEHIT_ADMISSION_POLICY": "always"},
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    settings = json.loads(out.stdout)
+    assert settings["cache"]["size"] == 1 << 30  # the flag over the file
+    assert settings["admission"]["policy"] == "always"  # the environment
+    assert settings["upstream"]["origin"] == "http://127.0.0.1:1"
+    assert settings["server"]["listen"] == "127.0.0.1:8080"  # a default
+    assert "s3cret" not in out.stdout and ":pw@" not in out.stdout
+    assert settings["admin"]["token"] == "<redacted>"
 
 
 async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
