@@ -69,7 +69,8 @@ def _by_size(
     palette = colours(cells)
     fig, axes = _figure(len(workloads))
     for ax, workload in zip(axes, workloads, strict=True):
-        for (w, mode, policy), group in sorted(series.items()):
+        # Curves first, then live crosses; policies in the order the experiment lists them.
+        for (w, mode, policy), group in sorted(series.items(), key=lambda kv: kv[0][1] == "live"):
             if w != workload:
                 continue
             group = [c for c in group if metric(c) is not None]
