@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -45,6 +44,7 @@ from loadgen.replay import ReplayConfig, replay
 from loadgen.simulate import describe_cell, sweep
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy.config import read_toml
 from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
 from proxy.core.stats import METRICS, combine
 from proxy.units import format_size, parse_duration, parse_size
@@ -151,11 +151,9 @@ def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
 def load_experiment(path: str | Path) -> Experiment:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ExperimentError(f"{path}: cannot read it ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ExperimentError(f"{path}: not valid TOML ({exc})") from None
+        data = read_toml(path)
+    except ValueError as exc:
+        raise ExperimentError(str(exc)) from None
     where = str(path)
     allowed = {"title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live"}
     _only(data, allowed, where)

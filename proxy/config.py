@@ -355,13 +355,21 @@ def load(
     return config
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path``; ValueError says in one line why it cannot be read."""
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+
+
 def _read_toml(path: Path, raw: dict, routes: list) -> None:
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"config {path}: cannot read it ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config {path}: not valid TOML ({exc})") from None
+        data = read_toml(path)
+    except ValueError as exc:
+        raise ConfigError(f"config {exc}") from None
     source = str(path)
     for name, table in data.items():
         if name == "routes":
