@@ -64,12 +64,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                  "filter_remote_decisions": proxy.shared.remote_decisions},
                 SHARED_METRICS,
             )  # fmt: skip
-        return web.Response(
-            text=text,
-            content_type="text/plain",
-            charset="utf-8",
-            headers={"X-Content-Type-Options": "nosniff"},
-        )
+        return metrics_response(text)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -96,13 +91,44 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         proxy.engine.admission.reset(time.time())
         return web.json_response({"reset": True})
 
-    app = web.Application(middlewares=[token_middleware(proxy.config.admin.token)])
+    return admin_application(
+        proxy.config.admin.token,
+        stats=stats,
+        metrics=metrics,
+        healthz=healthz,
+        purge=purge,
+        filter_reset=filter_reset,
+    )
+
+
+def admin_application(
+    token: str,
+    *,
+    stats: Handler,
+    metrics: Handler,
+    healthz: Handler,
+    purge: Handler,
+    filter_reset: Handler,
+) -> web.Application:
+    """The admin API's one route table, behind the bearer token when one is set: a single
+    proxy and a fleet of workers answer the same endpoints."""
+    app = web.Application(middlewares=[token_middleware(token)])
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/purge", purge)
     app.router.add_post("/filter/reset", filter_reset)
     return app
+
+
+def metrics_response(text: str) -> web.Response:
+    """A Prometheus text exposition as an HTTP answer."""
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
 
 
 def _filter_health(proxy: Proxy) -> dict[str, object] | None:

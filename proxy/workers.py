@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.admin import prometheus_text, token_middleware
+from proxy.admin import admin_application, metrics_response, prometheus_text
 from proxy.config import Config
 from proxy.core.stats import combine
 from proxy.service import until_signalled
@@ -88,8 +88,7 @@ def fleet_admin(config: Config, admins: list[str]) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         per_worker = await each("GET", "/stats")
-        text = prometheus_text(combine([w["metrics"] for w in per_worker]))
-        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+        return metrics_response(prometheus_text(combine([w["metrics"] for w in per_worker])))
 
     async def healthz(request: web.Request) -> web.Response:
         try:
@@ -105,10 +104,11 @@ def fleet_admin(config: Config, admins: list[str]) -> web.Application:
         removed = sum(a.get("removed", 0) for a in answers)
         return web.json_response({"workers": answers, "removed": removed})
 
-    app = web.Application(middlewares=[token_middleware(config.admin.token)])
-    app.router.add_get("/stats", stats)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_post("/purge", fan_out)
-    app.router.add_post("/filter/reset", fan_out)
-    return app
+    return admin_application(
+        config.admin.token,
+        stats=stats,
+        metrics=metrics,
+        healthz=healthz,
+        purge=fan_out,
+        filter_reset=fan_out,
+    )
