@@ -1,9 +1,12 @@
 """Single-flight: concurrent misses for one key share one origin fetch.
 
 The first caller of a key is the leader and runs the fetch; callers arriving while it runs are
-followers and wait (at most ``wait_limit`` seconds) for the leader's result. A leader that fails,
-or a result that cannot be shared (a streamed body), releases the followers with ``None``: each
-then fetches on its own. Nothing is cached here; the flight ends with its leader.
+followers and wait, each until its own deadline, for the leader's result. ``waiting`` tells the
+leader whether anyone is waiting, so it keeps a copy of the body for them. A leader that fails
+lands its flight with ``None``: the key is free again, and the first follower to wake leads the
+next fetch while the others follow it (one new leader, not a stampede). What a result means
+beyond that (shareable, or "go to the origin yourselves") is the caller's. Nothing is cached
+here; the flight ends with its leader.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ T = TypeVar("T")
 
 
 class Flight(Generic[T]):
-    __slots__ = ("_future",)
+    __slots__ = ("_future", "waiting")
 
     def __init__(self) -> None:
         self._future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
+        self.waiting = 0
 
     async def wait(self) -> T | None:
         """The flight's result; a waiter that gives up does not cancel it for the others."""
@@ -44,19 +48,25 @@ class SingleFlight(Generic[T]):
         self._flights[key] = flight
         return flight
 
-    async def follow(self, key: Hashable) -> T | None:
-        """The result of the flight under way for ``key``; None if it fails, cannot be shared,
-        ends without a flight, or takes longer than ``wait_limit``."""
+    async def follow(self, key: Hashable, deadline: float) -> T | None:
+        """The result of the flight under way for ``key``; None if it failed, if none is under
+        way, or once the event loop's clock passes ``deadline``."""
         flight = self._flights.get(key)
         if flight is None:
             return None
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            return None
+        flight.waiting += 1
         try:
-            return await asyncio.wait_for(flight.wait(), self.wait_limit)
+            return await asyncio.wait_for(flight.wait(), remaining)
         except TimeoutError:
             return None
+        finally:
+            flight.waiting -= 1
 
     def end(self, key: Hashable, flight: Flight[T], result: T | None) -> None:
-        """Land ``flight`` with ``result`` (None: followers fetch for themselves)."""
+        """Land ``flight`` with ``result`` (None: it failed; a follower leads the next try)."""
         if self._flights.get(key) is flight:
             del self._flights[key]
         flight.land(result)

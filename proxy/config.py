@@ -107,22 +107,50 @@ def _window(value: Any) -> float | str:
         raise ValueError("expected 'auto' or a duration like 10m") from None
 
 
-FORWARDED_BY_DEFAULT = (
-    "accept", "accept-encoding", "accept-language", "authorization", "cookie", "cache-control",
-    "pragma", "if-none-match", "if-modified-since", "if-match", "if-unmodified-since",
-    "if-range", "range", "user-agent",
+# Fields that rewrite the target, the method or the host an origin believes it serves: on a
+# cacheable GET/HEAD they could make the origin build an answer that is then stored for every
+# client under a key that does not name them (cache poisoning), so they never pass.
+DENIED_BY_DEFAULT = (
+    "x-original-url", "x-rewrite-url", "x-override-url", "x-http-method-override",
+    "x-http-method", "x-method-override", "x-forwarded-host", "x-forwarded-server",
+    "x-forwarded-scheme", "x-forwarded-port", "x-forwarded-prefix", "x-host", "forwarded",
 )  # fmt: skip
 
 
 def _header_names(value: Any) -> tuple[str, ...]:
-    """A TOML list of field names, or one comma-separated string (from the environment)."""
+    """A TOML list of field names, or one comma-separated string (from the environment);
+    never empty: a list that forwards or denies nothing by accident is an error."""
     names = value.split(",") if isinstance(value, str) else value
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
         raise ValueError('expected a list of header names, like ["accept", "user-agent"]')
-    cleaned = tuple(n.strip().lower() for n in names if n.strip())
+    cleaned = tuple(n.strip().lower() for n in names)
+    if not cleaned or any(not n for n in cleaned):
+        raise ValueError('expected a non-empty list of header names, like ["x-original-url"]')
     if any(not n.replace("-", "").isalnum() for n in cleaned):
         raise ValueError("expected header names made of letters, digits and '-'")
     return cleaned
+
+
+def _forward_names(value: Any) -> tuple[str, ...]:
+    """``["*"]`` (every end-to-end field but the denied ones) or an allow-list of names."""
+    if value == "*" or value == ["*"] or value == ("*",):
+        return ("*",)
+    try:
+        return _header_names(value)
+    except ValueError:
+        raise ValueError(
+            'expected ["*"] (forward every field but deny_headers) or a non-empty list of '
+            'header names, like ["accept", "user-agent"]'
+        ) from None
+
+
+def _optional_duration(value: Any) -> float:
+    if value in (0, "0"):
+        return 0.0
+    seconds = parse_duration(value)
+    if seconds < 0:
+        raise ValueError("expected a duration like 5s, or 0 for off")
+    return seconds
 
 
 def _backend(value: Any) -> str:
@@ -188,7 +216,10 @@ class ServerSection:
     max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
     max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")
     forward_headers: tuple[str, ...] = _setting(
-        FORWARDED_BY_DEFAULT, _header_names, "request fields a GET/HEAD may pass to the origin"
+        ("*",), _forward_names, '"*" or an allow-list of fields a GET/HEAD passes to the origin'
+    )
+    deny_headers: tuple[str, ...] = _setting(
+        DENIED_BY_DEFAULT, _header_names, "fields a cacheable GET/HEAD never passes to the origin"
     )
 
 
@@ -203,6 +234,9 @@ class CacheSection:
     size: int = _setting(256 << 20, _size, "bytes of response bodies held")
     max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
     store_set_cookie: bool = _setting(False, _bool, "store responses that carry Set-Cookie")
+    hit_for_miss: float = _setting(
+        5.0, _optional_duration, "how long an uncacheable URL goes straight to the origin"
+    )
 
 
 @dataclass(frozen=True)
@@ -228,6 +262,10 @@ class UpstreamSection:
     total_timeout: float = _setting(60.0, _duration, "longest a whole origin response may take")
     single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
     max_connections: int = _setting(512, _positive_int, "origin connections open at most")
+    idle_timeout: float = _setting(4.0, _duration, "longest an unused origin connection is kept")
+    retry_body_size: int = _setting(
+        64 << 10, _size, "request bodies up to this size are read first, so they can be retried"
+    )
 
 
 @dataclass(frozen=True)

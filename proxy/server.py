@@ -6,12 +6,25 @@ What it guarantees:
   must name a routed host, and a Host no route names is refused (421) unless a default origin
   is set.
 * The cache key is ``http://`` + host (lower-cased, default port dropped) + path and query as
-  received. Bodies pass byte for byte; hop-by-hop fields are stripped both ways; ``Via`` and
-  ``X-Forwarded-For/-Proto/-Host`` replace whatever the client sent.
-* A GET miss whose response may be stored and fits ``max_object_size`` is read whole, offered to
-  the engine, then sent; anything else streams through without being held. A response cut short
-  is never stored: if nothing was sent yet the client gets 502, else its connection is closed.
-* Concurrent unconditional GET misses of one URL share one origin fetch (single flight).
+  received.
+* Transparent: every end-to-end request field reaches the origin, except, on a GET or HEAD,
+  the fields of ``[server] deny_headers`` (those that rewrite the target, method or host: cache
+  poisoning), or only ``[server] forward_headers`` when that is an allow-list. Hop-by-hop fields
+  are stripped both ways; ``Via`` and ``X-Forwarded-For/-Proto/-Host`` replace what the client
+  sent. Every end-to-end response field reaches the client (the origin's ``Age`` and
+  ``Content-Range`` included), and bodies pass byte for byte.
+* What to do with a request is the engine's decision (``CacheEngine.plan``); this module carries
+  it out. A GET miss fetches the whole object without the client's conditionals and Range and
+  answers them from it (304, 206, 416). A response that will not be stored and was fetched
+  without fields the client sent is asked for again with them.
+* Bodies stream: the first bytes go to the client as they arrive, and a copy is kept only of a
+  body that will be stored (or that collapsed requests wait for), up to ``max_object_size``.
+  It is stored when it ends whole; a body cut short is never stored, and the client's
+  connection is closed so it cannot mistake it for a whole one.
+* Concurrent GET misses of one URL share one origin fetch (single flight). When the leader's
+  fetch fails, one follower leads the next try; a response that may not be shared (not
+  cacheable, too large) sends the followers to the origin at once, and the URL goes straight
+  there for ``[cache] hit_for_miss`` seconds.
 * Every response carries ``Cache-Status`` (RFC 9211) and ``X-Cache``; cached ones carry ``Age``.
 """
 
@@ -22,23 +35,26 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import assert_never
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.coalesce import SingleFlight
+from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
 from proxy.core import rfc9111
 from proxy.core.engine import (
-    Bypass,
+    Answer,
     CacheEngine,
-    Hit,
+    Fetch,
+    FromCache,
+    Keep,
     NotStored,
+    Refuse,
     RequestMeta,
     ResponseMeta,
-    Stale,
-    Store,
+    Revalidate,
     response_meta,
 )
 from proxy.core.store import Entry
@@ -51,22 +67,28 @@ CACHE = "onehit"
 VIA = "1.1 onehit"
 # Client fields that are replaced, never trusted (a client cannot pose as another hop).
 _REPLACED = frozenset({"host", "via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
-_CONDITIONAL = frozenset({"if-none-match", "if-modified-since", "if-match", "if-unmodified-since"})
+# Client fields a whole-object fetch leaves out: the cache answers them itself.
+_CLIENT_ASKS = frozenset(
+    {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
+)
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
-_NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding", "age"})
+_NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
 _BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
 
 @dataclass(frozen=True, slots=True)
-class Fetched:
-    """A whole origin response, shareable with collapsed requests."""
+class Shared:
+    """A whole origin response, kept for the requests collapsed onto its fetch."""
 
     meta: ResponseMeta
-    status: int
-    headers: tuple[tuple[str, str], ...]
     body: bytes
     request_headers: tuple[tuple[str, str], ...]
+
+
+# A flight's result that sends its followers to the origin at once: the response may not be
+# shared (not cacheable, or too large to keep).
+GO_DIRECT = Shared(ResponseMeta(cacheable=False), b"", ())
 
 
 class Proxy:
@@ -86,12 +108,15 @@ class Proxy:
         self.clock = clock
         self.shared = shared
         self.routes = config.route_table()
-        self.flights: SingleFlight[Fetched] = SingleFlight(config.upstream.single_flight_wait)
+        self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
         self.max_object = engine.store.max_object_bytes
         self.allow_set_cookie = config.cache.store_set_cookie
         self.max_url = config.server.max_url_length
         self.max_headers = config.server.max_header_size
-        self.forwarded = frozenset(config.server.forward_headers)
+        forward = config.server.forward_headers
+        self.allowed = None if forward == ("*",) else frozenset(forward)
+        self.denied = frozenset(config.server.deny_headers)
+        self.retry_body_size = config.upstream.retry_body_size
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -124,198 +149,259 @@ class Proxy:
         meta = RequestMeta(
             f"http://{key_host}{path}", request.method, tuple(request.headers.items())
         )
-        now = self.clock()
-        decision = self.engine.lookup(meta, now)
-        if isinstance(decision, Hit):
-            return self._from_cache(request, decision.entry, decision.age, "hit", "HIT")
-        if isinstance(decision, Bypass):
-            return await self._pass_through(request, meta, origin + path)
-        if isinstance(decision, Stale):
-            return await self._stale(request, meta, origin + path, decision)
-        if rfc9111.only_if_cached(meta.headers):
-            return _plain(504, "only-if-cached: not in cache", "onehit; fwd=uri-miss")
-        return await self._miss(request, meta, origin + path)
+        url = origin + path
+        action = self.engine.plan(meta, self.clock())
+        match action:
+            case FromCache():
+                if action.refresh:
+                    self._refresh_in_background(request, meta, url, action.entry)
+                x_cache = "HIT" if action.fresh else "STALE"
+                ttl = int(action.entry.lifetime - action.age)
+                status = f"{CACHE}; hit; ttl={ttl}"
+                return self._from_cache(request, meta, action.entry, action.age, status, x_cache)
+            case Revalidate():
+                return await self._revalidate(request, meta, url, action)
+            case Fetch(collapse=True):
+                return await self._collapsed_fetch(request, meta, url, action)
+            case Fetch():
+                return (await self._fetch(request, meta, url, action))[0]
+            case Refuse():
+                return _plain(action.status, action.text, f"{CACHE}; fwd={action.reason}")
+            case _:
+                assert_never(action)
 
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    # Misses
+    # Fetches
 
-    async def _miss(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str
+    async def _collapsed_fetch(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
-        headers = meta.headers
-        collapsible = meta.method == "GET" and not any(
-            k.lower() in _CONDITIONAL or k.lower() == "range" for k, _ in headers
-        )
-        if not collapsible:
-            return (await self._fetch(request, meta, url, "uri-miss"))[0]
-        flight = self.flights.lead(meta.key)
-        if flight is None:
-            shared = await self.flights.follow(meta.key)
-            if shared is not None and _same_variant(shared, headers):
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.flights.wait_limit
+        while True:
+            flight = self.flights.lead(meta.key)
+            if flight is not None:
+                result: Shared | None = None
+                try:
+                    response, result = await self._fetch(request, meta, url, action, flight)
+                    return response
+                finally:
+                    self.flights.end(meta.key, flight, result)
+            shared = await self.flights.follow(meta.key, deadline)
+            if shared is not None and shared is not GO_DIRECT and _same_variant(shared, meta):
                 return await self._collapsed(request, meta, shared)
-            return (await self._fetch(request, meta, url, "uri-miss"))[0]
-        fetched: Fetched | None = None
-        try:
-            response, fetched = await self._fetch(request, meta, url, "uri-miss")
-            return response
-        finally:
-            self.flights.end(meta.key, flight, fetched)
+            if shared is not None or loop.time() >= deadline:
+                return (await self._fetch(request, meta, url, replace(action, collapse=False)))[0]
+            # The leader failed: the key is free, and the first follower awake leads next.
 
     async def _collapsed(
-        self, request: web.BaseRequest, meta: RequestMeta, shared: Fetched
-    ) -> web.Response:
-        outcome = await self._offer(meta, shared.meta, len(shared.body), fetched=False)
-        status = f"{CACHE}; fwd=uri-miss; collapsed" + _stored_detail(outcome)
-        return self._answer(request, shared.status, shared.headers, shared.body, status, "MISS")
-
-    async def _offer(
-        self, meta: RequestMeta, response: ResponseMeta, size: int, *, fetched: bool = True
-    ) -> Store | NotStored:
-        """``engine.on_response``, asking the fleet's filter first when there is one: the one
-        place the miss path awaits the admission backend."""
-        admitted = None
-        if self.shared is not None and self.engine.admission_pending(meta, response, size):
-            admitted = await self.shared.admit(meta.key, size, self.clock())
-        return self.engine.on_response(
-            meta, response, size, self.clock(), fetched=fetched, admitted=admitted
-        )
+        self, request: web.BaseRequest, meta: RequestMeta, shared: Shared
+    ) -> web.StreamResponse:
+        """Answer from the response another request fetched; it counts as this request's
+        sighting of the URL too, so a burst of misses can store it."""
+        size = len(shared.body)
+        decision = await self._decide(meta, shared.meta, size, fetched=False)
+        outcome = self.engine.finish(meta, decision, size, self.clock(), payload=shared.body,
+                                     fetched=False)  # fmt: skip
+        status = f"{CACHE}; fwd=uri-miss; collapsed" + _detail(outcome)
+        age = shared.meta.initial_age
+        return self._whole(request, meta, shared.meta.status, shared.meta.headers, shared.body,
+                           status, "MISS", age)  # fmt: skip
 
     async def _fetch(
         self,
         request: web.BaseRequest,
         meta: RequestMeta,
         url: str,
-        fwd: str,
-    ) -> tuple[web.StreamResponse, Fetched | None]:
-        """Fetch ``url`` for a request that did not hit; the whole response too when it was
-        read whole (so collapsed requests can share it)."""
+        action: Fetch,
+        flight: Flight[Shared] | None = None,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Fetch ``url`` as ``action`` says, and what collapsed requests may share of it."""
+        if action.reason == "method":
+            return await self._pass_through(request, meta, url), None
         request_time = self.clock()
         try:
             upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(request)
+                meta.method, url, self._upstream_headers(request, whole=action.whole)
             )
         except UpstreamError as exc:
-            log.warning("%s %s: %s", meta.method, url, exc.detail)
-            error = _plain(exc.status, exc.detail, f"{CACHE}; fwd={fwd}; detail=origin-error")
-            return error, None
+            status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
+            return _plain(exc.status, exc.detail, status), None
         async with upstream:
-            return await self._relay(request, meta, upstream, request_time, fwd)
+            return await self._receive(request, meta, url, upstream, request_time, action, flight)
 
-    async def _relay(
+    async def _receive(
         self,
         request: web.BaseRequest,
         meta: RequestMeta,
+        url: str,
         upstream: aiohttp.ClientResponse,
         request_time: float,
-        fwd: str,
-    ) -> tuple[web.StreamResponse, Fetched | None]:
+        action: Fetch,
+        flight: Flight[Shared] | None,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Relay an origin response, keeping a copy of its body when it will be stored or when
+        collapsed requests wait for it, and answering the client's own conditionals and Range
+        when it was fetched whole."""
         headers = rfc9111.end_to_end(list(upstream.headers.items()))
         rmeta = response_meta(
-            meta,
-            upstream.status,
-            headers,
-            request_time,
-            self.clock(),
+            meta, upstream.status, headers, request_time, self.clock(),
             allow_set_cookie=self.allow_set_cookie,
-        )
+        )  # fmt: skip
         length = upstream.content_length
-        body = b""
-        if rmeta.cacheable and (length is None or length <= self.max_object):
-            try:
-                body = await _read_up_to(upstream, self.max_object)
-            except _BODY_ERRORS as exc:
-                log.warning("%s %s: origin body failed: %r", meta.method, meta.key, exc)
-                status = f"{CACHE}; fwd={fwd}; detail=origin-error"
-                if isinstance(exc, TimeoutError):
-                    return _plain(504, "origin timed out mid-body", status), None
-                return _plain(502, "origin response cut short", status), None
-            if upstream.content.at_eof():
-                stored = replace(rmeta, payload=(upstream.status, body))
-                outcome = await self._offer(meta, stored, len(body))
-                status = f"{CACHE}; fwd={fwd}" + _stored_detail(outcome)
-                response = self._answer(request, upstream.status, headers, body, status, "MISS")
-                fetched = Fetched(stored, upstream.status, tuple(headers), body, meta.headers)
-                return response, fetched
-        reason = "too-large" if rmeta.cacheable else rmeta.reason
-        cache_status = f"{CACHE}; fwd={fwd}; detail={reason or 'uncacheable'}"
-        out, total = await _stream(request, upstream, headers, cache_status, "MISS", body)
-        if total is not None:
-            self.engine.on_response(meta, rmeta, total, self.clock())
-        return out, None
-
-    # Stale entries
-
-    async def _stale(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str, stale: Stale
-    ) -> web.StreamResponse:
-        entry = stale.entry
-        if meta.method == "HEAD":
-            return (await self._fetch(request, meta, url, "stale"))[0]
-        if stale.serve_stale:
-            self.engine.served_stale(entry)
-            self._revalidate_in_background(request, meta, url, entry)
-            status = f"{CACHE}; hit; ttl={int(entry.lifetime - stale.age)}"
-            return self._from_cache(request, entry, stale.age, status, "STALE")
-        request_time = self.clock()
-        conditions = tuple(rfc9111.conditional_headers(entry.headers))
+        fits = length is None or length <= self.max_object
+        decision = await self._decide(meta, rmeta, length)
+        if action.whole and not (rmeta.cacheable and fits) and _asks(request):
+            # Not stored, so the client's own conditionals and Range are the origin's to answer.
+            upstream.close()
+            again = replace(action, whole=False, collapse=False)
+            return (await self._fetch(request, meta, url, again))[0], GO_DIRECT
+        share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
+        keep = type(decision) is Keep or share
+        answer = (
+            self.engine.answer(meta, upstream.status, headers, length)
+            if action.whole
+            else Answer(upstream.status)
+        )
+        detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
+        out = _head(answer, upstream, headers, length)
+        _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
+        await out.prepare(request)
+        sending = _wanted_bytes(answer, length)
+        parts: list[bytes] | None = [] if keep else None
+        total = 0
+        too_large = abandoned = False
         try:
-            upstream = await self.upstream.request(
-                "GET", url, self._upstream_headers(request, conditions)
+            if sending is None:
+                await out.write_eof()
+            if sending is not None or parts is not None:
+                async for chunk in upstream.content.iter_any():
+                    start = total
+                    total += len(chunk)
+                    if parts is not None:
+                        parts.append(chunk)
+                        if total > self.max_object:
+                            parts, too_large = None, True  # stream the rest, keep nothing
+                    if sending is not None:
+                        first, last = sending
+                        if start <= last and total > first:
+                            await out.write(chunk[max(0, first - start) : last + 1 - start])
+                        if total > last:
+                            sending = None
+                            await out.write_eof()
+                    if sending is None and parts is None:
+                        abandoned = True  # the client has its answer and nothing is kept
+                        break
+            if sending is not None:
+                await out.write_eof()
+        except _BODY_ERRORS as exc:
+            log.warning(
+                "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
             )
+            if sending is not None:
+                _abort(request)  # the headers are gone: a cut connection is the honest signal
+            self.engine.finish(meta, decision, total, self.clock(), complete=False)
+            return out, None
+        if abandoned and length is not None:
+            total = length
+        body = b"".join(parts) if parts is not None else b""
+        # A copy dropped past the max object size leaves a size the store refuses: too large.
+        self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        if too_large or (not rmeta.cacheable and rmeta.status < 500):
+            return out, GO_DIRECT
+        if parts is None or rmeta.status >= 500:
+            return out, None  # nothing to share: one follower fetches next
+        return out, Shared(rmeta, body, meta.headers)
+
+    async def _decide(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, *, fetched: bool = True
+    ) -> Keep | NotStored:
+        """``engine.on_response_head``, asking the fleet's filter first when there is one: the
+        one place a response awaits the admission backend."""
+        admitted = None
+        if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
+            admitted = await self.shared.admit(meta.key, length or 0, self.clock())
+        return self.engine.on_response_head(
+            meta, rmeta, length, self.clock(), fetched=fetched, admitted=admitted
+        )
+
+    # Stored responses the origin is asked about
+
+    async def _revalidate(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Revalidate
+    ) -> web.StreamResponse:
+        entry = action.entry
+        request_time = self.clock()
+        headers = self._upstream_headers(request, whole=True, extra=action.conditions,
+                                         keep=_vary_of(entry))  # fmt: skip
+        try:
+            upstream = await self.upstream.request("GET", url, headers)
         except UpstreamError as exc:
-            return self._origin_failed(request, meta, stale, exc.status, exc.detail)
+            return self._origin_failed(request, meta, action, exc.status, exc.detail)
         async with upstream:
             if upstream.status == 304:
-                headers = rfc9111.end_to_end(list(upstream.headers.items()))
-                self.engine.on_not_modified(entry, headers, request_time, self.clock())
+                fresh = rfc9111.end_to_end(list(upstream.headers.items()))
+                self.engine.on_not_modified(entry, fresh, request_time, self.clock())
                 status = f"{CACHE}; fwd=stale; fwd-status=304"
-                return self._from_cache(
-                    request, entry, entry.age(self.clock()), status, "REVALIDATED"
-                )
-            if upstream.status >= 500 and self.engine.may_serve_on_error(stale, meta):
-                return self._origin_failed(request, meta, stale, upstream.status, "origin error")
-            return (await self._relay(request, meta, upstream, request_time, "stale"))[0]
+                age = entry.age(self.clock())
+                return self._from_cache(request, meta, entry, age, status, "REVALIDATED")
+            if upstream.status >= 500 and action.stale_if_error:
+                return self._origin_failed(request, meta, action, upstream.status, "origin error")
+            fetch = Fetch("stale", whole=True, collapse=False)
+            return (await self._receive(request, meta, url, upstream, request_time, fetch, None))[0]
 
     def _origin_failed(
-        self, request: web.BaseRequest, meta: RequestMeta, stale: Stale, code: int, detail: str
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        action: Revalidate,
+        code: int,
+        detail: str,
     ) -> web.StreamResponse:
-        if self.engine.may_serve_on_error(stale, meta):
-            self.engine.served_stale(stale.entry)
+        if action.stale_if_error:
+            self.engine.served_stale(action.entry)
             status = f"{CACHE}; hit; detail=stale-if-error"
-            return self._from_cache(request, stale.entry, stale.age, status, "STALE")
+            return self._from_cache(request, meta, action.entry, action.age, status, "STALE")
         return _plain(code, detail, f"{CACHE}; fwd=stale; detail=origin-error")
 
-    def _revalidate_in_background(
+    def _refresh_in_background(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, entry: Entry
     ) -> None:
+        """Revalidate ``entry`` with no client waiting (stale-while-revalidate); what comes back
+        is decided as any response is."""
         flight = self.flights.lead(("refresh", meta.key))
         if flight is None:
             return
-        headers = self._upstream_headers(request, tuple(rfc9111.conditional_headers(entry.headers)))
+        conditions = tuple(rfc9111.conditional_headers(entry.headers))
+        headers = self._upstream_headers(
+            request, whole=True, extra=conditions, keep=_vary_of(entry)
+        )
 
         async def refresh() -> None:
             try:
                 request_time = self.clock()
                 async with await self.upstream.request("GET", url, headers) as upstream:
+                    fields = rfc9111.end_to_end(list(upstream.headers.items()))
                     if upstream.status == 304:
-                        fresh = rfc9111.end_to_end(list(upstream.headers.items()))
                         self.engine.on_not_modified(
-                            entry, fresh, request_time, self.clock(), served=False
+                            entry, fields, request_time, self.clock(), served=False
                         )
                         return
-                    hdrs = rfc9111.end_to_end(list(upstream.headers.items()))
                     rmeta = response_meta(
-                        meta, upstream.status, hdrs, request_time, self.clock(),
+                        meta, upstream.status, fields, request_time, self.clock(),
                         allow_set_cookie=self.allow_set_cookie,
                     )  # fmt: skip
-                    body = await _read_up_to(upstream, self.max_object)
-                    if rmeta.cacheable and upstream.content.at_eof():
-                        stored = replace(rmeta, payload=(upstream.status, body))
-                        self.engine.on_response(meta, stored, len(body), self.clock(), served=False)
+                    length = upstream.content_length
+                    decision = await self._decide(meta, rmeta, length)
+                    body = b""
+                    if type(decision) is Keep:
+                        body = await _read_up_to(upstream, self.max_object)
+                    self.engine.finish(meta, decision, len(body) or length or 0, self.clock(),
+                                       payload=body, served=False)  # fmt: skip
             except (UpstreamError, *_BODY_ERRORS) as exc:
                 log.warning("background refresh of %s failed: %r", meta.key, exc)
             finally:
@@ -330,137 +416,171 @@ class Proxy:
     async def _pass_through(
         self, request: web.BaseRequest, meta: RequestMeta, url: str
     ) -> web.StreamResponse:
-        body = request.content if request.body_exists else None
+        body: aiohttp.StreamReader | bytes | None = None
+        if request.body_exists:
+            length = request.content_length
+            small = length is not None and length <= self.retry_body_size
+            body = await request.read() if small else request.content
         try:
             upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(request), body
+                meta.method, url, self._upstream_headers(request, whole=False), body
             )
         except UpstreamError as exc:
             return _plain(exc.status, exc.detail, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
             headers = rfc9111.end_to_end(list(upstream.headers.items()))
-            out, _ = await _stream(request, upstream, headers, f"{CACHE}; fwd=method", "BYPASS")
+            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            _copy_headers(out.headers, headers)
+            _mark(out, f"{CACHE}; fwd=method", "BYPASS")
+            await out.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    await out.write(chunk)
+            except _BODY_ERRORS as exc:
+                log.warning("%s %s: origin body failed mid-stream: %r", meta.method, url, exc)
+                _abort(request)
+                return out
+            await out.write_eof()
             return out
 
-    # Building answers
+    # Building requests and answers
 
     def _upstream_headers(
-        self, request: web.BaseRequest, extra: tuple[tuple[str, str], ...] = ()
+        self,
+        request: web.BaseRequest,
+        *,
+        whole: bool,
+        extra: tuple[tuple[str, str], ...] = (),
+        keep: frozenset[str] = frozenset(),
     ) -> list[tuple[str, str]]:
-        replaced = _REPLACED | {k.lower() for k, _ in extra}
-        if extra:
-            replaced |= _CONDITIONAL
-        headers = [
-            (k, v)
-            for k, v in rfc9111.end_to_end(list(request.headers.items()))
-            if k.lower() not in replaced
-        ]
-        if request.method in ("GET", "HEAD"):
-            # Only fields the operator lets through reach the origin: what is not keyed must
-            # not be able to change a stored answer (cache poisoning).
-            headers = [(k, v) for k, v in headers if k.lower() in self.forwarded]
+        """The fields sent to the origin: the client's end-to-end ones (for a GET/HEAD, less
+        the denied ones, or only the allowed ones), without what a whole-object fetch answers
+        itself, plus ``extra`` and the forwarding fields. ``keep``: fields that pass whatever
+        the lists say (those a stored response's Vary names)."""
+        drop = _REPLACED | {k.lower() for k, _ in extra}
+        if whole or extra:
+            drop = drop | _CLIENT_ASKS
+        filtered = request.method in ("GET", "HEAD")
+        denied, allowed = self.denied, self.allowed
+        headers = []
+        for k, v in rfc9111.end_to_end(list(request.headers.items())):
+            low = k.lower()
+            if low in drop:
+                continue
+            if (
+                filtered
+                and low not in keep
+                and (low in denied or (allowed is not None and low not in allowed))
+            ):
+                continue
+            headers.append((k, v))
         headers.extend(extra)
-        peer = request.remote or ""
         headers += [
             ("Via", VIA),
-            ("X-Forwarded-For", peer),
+            ("X-Forwarded-For", request.remote or ""),
             ("X-Forwarded-Proto", request.scheme),
             ("X-Forwarded-Host", request.host),
         ]
         return headers
 
     def _from_cache(
-        self, request: web.BaseRequest, entry: Entry, age: float, cache_status: str, x_cache: str
-    ) -> web.Response:
-        status, body = entry.payload
-        if cache_status == "hit":
-            cache_status = f"{CACHE}; hit; ttl={int(entry.lifetime - age)}"
-        response = self._answer(request, status, entry.headers, body, cache_status, x_cache)
-        response.headers["Age"] = str(int(age))
-        return response
-
-    def _answer(
         self,
         request: web.BaseRequest,
-        status: int,
-        headers: tuple[tuple[str, str], ...] | list[tuple[str, str]],
-        body: bytes,
+        meta: RequestMeta,
+        entry: Entry,
+        age: float,
         cache_status: str,
         x_cache: str,
     ) -> web.Response:
-        """A whole response from stored or fetched parts, answering the client's conditionals
-        (304) and single byte range (206/416)."""
+        return self._whole(request, meta, entry.status, entry.headers, entry.payload,
+                           cache_status, x_cache, age)  # fmt: skip
+
+    def _whole(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        cache_status: str,
+        x_cache: str,
+        age: float,
+    ) -> web.Response:
+        """A response whose body is in hand (stored, or shared by a collapsed fetch),
+        answering the client's conditionals (304) and single byte range (206/416)."""
+        answer = self.engine.answer(meta, status, headers, len(body))
         kept = [(k, v) for k, v in headers if k.lower() not in _RECOMPUTED]
-        asked = request.headers
-        conditional = "If-None-Match" in asked or "If-Modified-Since" in asked
-        ranged = "Range" in asked and request.method == "GET"
-        request_headers = list(asked.items()) if conditional or ranged else []
-        if status == 200 and conditional and rfc9111.not_modified(request_headers, headers):
-            status, body = 304, b""
+        if answer.status == 304:
             kept = [(k, v) for k, v in kept if k.lower() not in _NOT_MODIFIED_DROPS]
-        elif status == 200 and ranged:
-            wanted = rfc9111.byte_range(request_headers, headers, len(body))
-            if wanted is False:
-                kept.append(("Content-Range", f"bytes */{len(body)}"))
-                status, body = 416, b""
-            elif wanted is not None:
-                first, last = wanted
-                kept.append(("Content-Range", f"bytes {first}-{last}/{len(body)}"))
-                status, body = 206, body[first : last + 1]
-        response = web.Response(status=status, body=body)
+            body = b""
+        elif answer.status == 416:
+            kept.append(("Content-Range", f"bytes */{len(body)}"))
+            body = b""
+        elif answer.status == 206:
+            kept.append(("Content-Range", f"bytes {answer.first}-{answer.last}/{len(body)}"))
+            body = body[answer.first : answer.last + 1]
+        response = web.Response(status=answer.status, body=body)
         _copy_headers(response.headers, kept)
-        response.headers["Cache-Status"] = cache_status
-        response.headers["X-Cache"] = x_cache
-        response.headers["Via"] = VIA
-        if status != 304:
+        _mark(response, cache_status, x_cache)
+        response.headers["Age"] = str(int(age))
+        if answer.status != 304:
             response.headers["Accept-Ranges"] = "bytes"
         return response
 
 
-def _stored_detail(outcome: Store | NotStored) -> str:
-    if isinstance(outcome, Store):
-        return "; stored"
-    return f"; detail={outcome.reason}"
-
-
-def _same_variant(shared: Fetched, headers: tuple[tuple[str, str], ...]) -> bool:
-    names = shared.meta.vary
-    return not names or rfc9111.vary_key(names, headers) == rfc9111.vary_key(
-        names, shared.request_headers
-    )
-
-
-async def _stream(
-    request: web.BaseRequest,
+def _head(
+    answer: Answer,
     upstream: aiohttp.ClientResponse,
     headers: list[tuple[str, str]],
-    cache_status: str,
-    x_cache: str,
-    head: bytes = b"",
-) -> tuple[web.StreamResponse, int | None]:
-    """Send ``upstream`` to the client as it arrives (after ``head``, bytes already read); the
-    body's size, or None when the origin cut it short and the client was cut off too."""
-    out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-    _copy_headers(out.headers, headers)
-    out.headers["Cache-Status"] = cache_status
-    out.headers["X-Cache"] = x_cache
-    out.headers["Via"] = VIA
-    await out.prepare(request)
-    total = len(head)
-    try:
-        if head:
-            await out.write(head)
-        async for chunk in upstream.content.iter_chunked(1 << 16):
-            total += len(chunk)
-            await out.write(chunk)
-    except _BODY_ERRORS as exc:
-        # Headers are gone: the only honest signal left is to cut the client off.
-        log.warning("%s %s: body failed mid-stream: %r", request.method, request.path, exc)
-        _abort(request)
-        return out, None
-    await out.write_eof()
-    return out, total
+    length: int | None,
+) -> web.StreamResponse:
+    """The head of the answer to a client from an origin response that is still arriving."""
+    if answer.status == upstream.status:
+        out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        _copy_headers(out.headers, headers)
+        return out
+    out = web.StreamResponse(status=answer.status)
+    drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
+    _copy_headers(out.headers, [(k, v) for k, v in headers if k.lower() not in drops])
+    if answer.status == 206:
+        out.headers["Content-Range"] = f"bytes {answer.first}-{answer.last}/{length}"
+        out.content_length = answer.last - answer.first + 1
+    elif answer.status == 416:
+        out.headers["Content-Range"] = f"bytes */{length}"
+        out.content_length = 0
+    return out
+
+
+def _wanted_bytes(answer: Answer, length: int | None) -> tuple[int, int] | None:
+    """The body bytes (first, last) the client gets of the origin's, or None for none."""
+    if answer.status in (304, 416):
+        return None
+    if answer.status == 206:
+        return answer.first, answer.last
+    return 0, (length - 1 if length is not None else 1 << 62)
+
+
+def _asks(request: web.BaseRequest) -> bool:
+    """Whether the client sent fields a whole-object fetch left out."""
+    return any(k.lower() in _CLIENT_ASKS for k in request.headers)
+
+
+def _vary_of(entry: Entry) -> frozenset[str]:
+    return frozenset(rfc9111.vary_names(entry.headers))
+
+
+def _detail(outcome: object) -> str:
+    if isinstance(outcome, NotStored):
+        return f"; detail={outcome.reason}"
+    return "; stored"
+
+
+def _same_variant(shared: Shared, meta: RequestMeta) -> bool:
+    names = shared.meta.vary
+    return not names or rfc9111.vary_key(names, meta.headers) == rfc9111.vary_key(
+        names, shared.request_headers
+    )
 
 
 async def _read_up_to(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -501,11 +621,17 @@ def _copy_headers(target: CIMultiDict[str], headers: list[tuple[str, str]] | tup
         target.add(k, v)
 
 
+def _mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None:
+    response.headers["Cache-Status"] = cache_status
+    response.headers["X-Cache"] = x_cache
+    response.headers["Via"] = VIA
+
+
 def _plain(status: int, text: str, cache_status: str | None = None) -> web.Response:
     response = web.Response(status=status, text=text + "\n")
-    response.headers["Cache-Status"] = cache_status or f"{CACHE}; fwd=request"
-    response.headers["X-Cache"] = "ERROR" if status >= 500 else "REFUSED"
-    response.headers["Via"] = VIA
+    _mark(
+        response, cache_status or f"{CACHE}; fwd=request", "ERROR" if status >= 500 else "REFUSED"
+    )
     return response
 
 

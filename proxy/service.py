@@ -69,7 +69,9 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
 
 def build_engine(config: Config) -> CacheEngine:
     store = LRUStore(config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD)
-    return CacheEngine(store, make_policy(config.admission_config(), store))
+    return CacheEngine(
+        store, make_policy(config.admission_config(), store), hit_for_miss=config.cache.hit_for_miss
+    )
 
 
 @dataclass

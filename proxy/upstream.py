@@ -2,14 +2,28 @@
 
 It never decompresses (bodies go to clients byte for byte, with their Content-Encoding), never
 follows redirects, and maps failures to what the client must get: an origin that cannot be
-reached is a 502, one that does not answer in time a 504.
+reached is a 502, one that does not answer in time a 504. Every failure is logged with its cause.
+
+Pooled connections are dropped after ``idle_timeout`` seconds unused, below the keep-alive
+timeouts origins commonly use (Node's 5 s), so the proxy rarely sends on a connection the origin
+has already closed. When it does, and the request failed before any byte of a response, it is
+sent once more on a new connection, if it can be: its method is idempotent, or its body is
+in hand (bytes), not a stream already partly consumed.
 """
 
 from __future__ import annotations
 
+import logging
+
 import aiohttp
 
 from proxy.config import UpstreamSection
+
+log = logging.getLogger("onehit.upstream")
+
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+# Failures of a connection the origin closed or reset before answering.
+_STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 class UpstreamError(Exception):
@@ -25,22 +39,34 @@ class Upstream:
     def __init__(self, config: UpstreamSection) -> None:
         self._config = config
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         c = self._config
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(
+        common = {
+            "timeout": aiohttp.ClientTimeout(
                 total=c.total_timeout, connect=c.connect_timeout, sock_read=c.read_timeout
             ),
-            auto_decompress=False,
-            connector=aiohttp.TCPConnector(limit=c.max_connections, ttl_dns_cache=60),
-            skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            cookie_jar=aiohttp.DummyCookieJar(),
+            "auto_decompress": False,
+            "skip_auto_headers": ("User-Agent", "Accept-Encoding"),
+            "cookie_jar": aiohttp.DummyCookieJar(),
+        }
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=c.max_connections, ttl_dns_cache=60, keepalive_timeout=c.idle_timeout
+            ),
+            **common,
+        )
+        # Retries go out on a connection of their own, never on another pooled one that may
+        # have gone stale at the same moment.
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=c.max_connections, force_close=True), **common
         )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
 
     async def request(
         self,
@@ -50,14 +76,27 @@ class Upstream:
         body: aiohttp.StreamReader | bytes | None = None,
     ) -> aiohttp.ClientResponse:
         """Send the request; the response's headers have arrived, its body is still to read."""
-        assert self._session is not None, "Upstream.start() was not awaited"
+        assert self._session is not None and self._fresh is not None, "start() was not awaited"
+        replayable = body is None or isinstance(body, bytes) or method in IDEMPOTENT
         try:
-            return await self._session.request(
-                method, url, headers=headers, data=body, allow_redirects=False
-            )
+            try:
+                return await self._session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
+                )
+            except _STALE_CONNECTION as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError) or not replayable:
+                    raise
+                log.info(
+                    "%s %s: %r on a pooled connection; retrying on a new one", method, url, exc
+                )
+                return await self._fresh.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
+                )
         except TimeoutError as exc:
-            raise UpstreamError(504, f"origin timed out ({type(exc).__name__})") from exc
+            error = UpstreamError(504, f"origin timed out ({type(exc).__name__})")
         except aiohttp.ClientConnectorError as exc:
-            raise UpstreamError(502, f"origin unreachable ({exc.os_error})") from exc
+            error = UpstreamError(502, f"origin unreachable ({exc.os_error})")
         except aiohttp.ClientError as exc:
-            raise UpstreamError(502, f"origin failed ({type(exc).__name__}: {exc})") from exc
+            error = UpstreamError(502, f"origin failed ({type(exc).__name__}: {exc})")
+        log.warning("%s %s: %s", method, url, error.detail)
+        raise error

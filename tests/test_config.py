@@ -102,5 +102,27 @@ def test_forward_headers_from_a_list_or_a_comma_separated_string(tmp_path):
     assert load(path, env={}, overrides=ORIGIN).server.forward_headers == ("accept", "x-tenant")
     env = {"ONEHIT_SERVER_FORWARD_HEADERS": "accept, user-agent"}
     assert load(env=env, overrides=ORIGIN).server.forward_headers == ("accept", "user-agent")
-    with pytest.raises(ConfigError, match="expected header names"):
+    with pytest.raises(ConfigError, match=r"FORWARD_HEADERS.*non-empty list of header names"):
         load(env={"ONEHIT_SERVER_FORWARD_HEADERS": "bad header"}, overrides=ORIGIN)
+    assert load(env={}, overrides=ORIGIN).server.forward_headers == ("*",)
+
+
+@pytest.mark.parametrize(
+    ("env", "key"),
+    [
+        ({"ONEHIT_SERVER_FORWARD_HEADERS": ""}, "forward_headers"),
+        ({"ONEHIT_SERVER_DENY_HEADERS": ""}, "deny_headers"),
+        ({"ONEHIT_SERVER_DENY_HEADERS": "x-original-url,,x-host"}, "deny_headers"),
+        ({"ONEHIT_SERVER_DENY_HEADERS": "x original"}, "deny_headers"),
+    ],
+)
+def test_an_empty_or_malformed_header_list_is_an_error_naming_the_key(env, key):
+    with pytest.raises(ConfigError, match=rf"\[server\] {key} = .*expected"):
+        load(env=env, overrides=ORIGIN)
+
+
+def test_an_empty_header_list_in_a_file_is_an_error(tmp_path):
+    path = tmp_path / "f.toml"
+    path.write_text("[server]\nforward_headers = []\n")
+    with pytest.raises(ConfigError, match=r"f.toml: \[server\] forward_headers = \[\]"):
+        load(path, env={}, overrides=ORIGIN)

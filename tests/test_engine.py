@@ -7,11 +7,13 @@ from proxy.core.engine import (
     FIRST_SIGHTING,
     Bypass,
     CacheEngine,
+    FromCache,
     Hit,
     Miss,
     NotStored,
     RequestMeta,
     ResponseMeta,
+    Revalidate,
     Stale,
     Store,
     response_meta,
@@ -200,9 +202,14 @@ def test_rfc5861_stale_while_revalidate_and_stale_if_error():
     assert isinstance(swr, Stale) and swr.serve_stale
     late = e.lookup(request, 100.0)
     assert isinstance(late, Stale) and not late.serve_stale
-    assert e.may_serve_on_error(late, request)
-    e.served_stale(late.entry)
+    # The plan: answer within stale-while-revalidate and refresh behind; past it, revalidate,
+    # with the stale entry allowed to answer if the origin fails.
+    planned = e.plan(request, 20.0)
+    assert isinstance(planned, FromCache) and not planned.fresh and planned.refresh
     assert e.stats()["stale_served"] == 1
+    revalidate = e.plan(request, 100.0)
+    assert isinstance(revalidate, Revalidate) and revalidate.stale_if_error
+    assert not e.plan(request, 400.0).stale_if_error
 
 
 def test_rfc9111_4_2_3_age_includes_what_the_response_brought():

@@ -2,20 +2,35 @@
 
 Rules this module keeps:
 
-* Drivers (the live proxy, the offline simulator) call ``lookup`` for every request, and
-  ``on_response`` for every response fetched from the origin for a GET whose lookup did not hit.
-  Every answer is a small frozen dataclass; drivers match on it.
+* A driver (the live proxy) asks ``plan`` what to do with a request and gets one action, a small
+  frozen dataclass: ``FromCache`` (answer from a stored response), ``Revalidate`` (ask the origin
+  about a stored one), ``Fetch`` (go to the origin) or ``Refuse`` (answer with an error, no origin
+  contact). The offline simulator calls ``lookup`` and ``on_response`` directly: the same
+  counting, the same store, the same admission.
 * ``lookup``: a method other than GET or HEAD is a ``Bypass`` (counted apart). A fresh entry is a
   ``Hit`` (counted; the entry's hit count goes up). An entry that is expired, or that the request
   or response says must be revalidated (``no-cache``, request ``max-age``/``min-fresh``), is
   ``Stale`` (a miss; ``serve_stale`` says whether RFC 9111/5861 allow answering with it while
   revalidating). Nothing stored is a ``Miss``.
-* ``on_response``: an uncacheable response is ``NotStored("uncacheable")``; one over the max
-  object size is ``NotStored("too-large")`` without consulting the policy; a URL already stored
-  (a refresh) is stored again without consulting the policy; otherwise the admission policy
-  decides on the URL, and a refusal is ``NotStored("first-sighting")``.
+* ``plan`` on top of it: ``only-if-cached`` never contacts the origin (a stale entry answers only
+  when it may be served stale; else 504, section 5.2.1.7). A GET miss fetches the whole
+  representation (``Fetch.whole``): the client's conditionals and Range are answered from what
+  arrives (``answer``), so what revalidating browsers and video players ask for is cached too.
+  A URL whose response was uncacheable a moment ago (``hit_for_miss`` seconds) goes straight to
+  the origin with the client's own fields and is not collapsed.
+* Responses are decided from their head, before their body: ``on_response_head`` says ``Keep``
+  (copy the body as it streams) or ``NotStored`` (stream it, keep nothing). An uncacheable
+  response is ``NotStored(reason)``; one over the max object size is ``NotStored("too-large")``
+  without consulting the policy; a URL already stored (a refresh) is kept without consulting the
+  policy; otherwise the admission policy decides on the URL, and a refusal is
+  ``NotStored("first-sighting")``. ``finish`` then stores a kept body that ended whole and fits;
+  a body cut short is never stored. ``on_response`` is both steps for a body already in hand.
+* A full response to a revalidation that may not be stored removes the stored one (section
+  4.3.4); a 304 refreshes it, keeping its status, and re-charges its size.
 * Variants (``Vary``) are stored under the URL plus the selecting request header values; the
-  admission policy sees only the URL. ``invalidate`` removes a URL with all its variants.
+  admission policy sees only the URL. The index of a URL's variants holds only stored variants:
+  a variant leaves it when evicted or deleted, so it is bounded by the store's byte budget.
+  ``invalidate`` removes a URL with all its variants.
 * Time is an argument. Nothing here does I/O.
 """
 
@@ -32,8 +47,8 @@ from proxy.core.stats import Counters, snapshot
 from proxy.core.store import Entry, LRUStore
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
-# URLs whose variant names are remembered; least recently used forgotten past this.
-VARY_INDEX_SIZE = 1 << 20
+# URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past this.
+HIT_FOR_MISS_URLS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +71,10 @@ class ResponseMeta:
     vary: tuple[str, ...] = ()
     reason: str = ""
     payload: object = None
+    status: int = 200
+
+
+# What ``lookup`` found.
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +100,68 @@ class Bypass:
     reason: str
 
 
+Lookup = Hit | Stale | Miss | Bypass
+
+# What ``plan`` tells the driver to do.
+
+
+@dataclass(frozen=True, slots=True)
+class FromCache:
+    """Answer from ``entry``. ``fresh``: a hit; else a stale answer RFC 9111/5861 allow, and
+    ``refresh`` asks for a background revalidation (stale-while-revalidate)."""
+
+    entry: Entry
+    age: float
+    fresh: bool = True
+    refresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Revalidate:
+    """Send the origin a conditional GET with ``conditions`` (the entry's validators).
+    ``stale_if_error``: the entry may answer if the origin fails (RFC 5861)."""
+
+    entry: Entry
+    age: float
+    conditions: tuple[tuple[str, str], ...]
+    stale_if_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Go to the origin. ``whole``: fetch the whole representation without the client's
+    conditionals and Range, and answer them from it. ``collapse``: share the fetch with
+    concurrent requests for the same URL. ``reason`` is the Cache-Status ``fwd`` value:
+    ``uri-miss``, ``method``, ``stale`` (a HEAD on a stale entry), or ``bypass`` (the URL was
+    uncacheable a moment ago: hit-for-miss)."""
+
+    reason: str
+    whole: bool
+    collapse: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer ``status`` without contacting the origin."""
+
+    status: int
+    text: str
+    reason: str
+
+
+Action = FromCache | Revalidate | Fetch | Refuse
+
+# What becomes of a response.
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    """Copy the body while it streams; ``finish`` stores it if it ends whole and fits."""
+
+    key: str
+    response: ResponseMeta
+
+
 @dataclass(frozen=True, slots=True)
 class Store:
     entry: Entry
@@ -92,8 +173,20 @@ class NotStored:
     reason: str
 
 
-Lookup = Hit | Stale | Miss | Bypass
 Outcome = Store | NotStored
+
+# How a client's conditional or Range request is answered from a whole response.
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """``status`` 304 (a matching validator), 206 (bytes ``first``..``last``), 416, or the
+    response's own status with the whole body."""
+
+    status: int
+    first: int = 0
+    last: int = -1
+
 
 _NO_DIRECTIVES: rfc9111.Directives = {}
 URI_MISS = Miss("uri-miss")
@@ -101,6 +194,9 @@ METHOD_BYPASS = Bypass("method")
 TOO_LARGE = NotStored("too-large")
 FIRST_SIGHTING = NotStored("first-sighting")
 COLLAPSED = NotStored("collapsed")
+CUT_SHORT = NotStored("cut-short")
+_CONDITIONALS = ("if-none-match", "if-modified-since")
+_PRECONDITIONS = ("if-match", "if-unmodified-since")
 
 
 def response_meta(
@@ -121,24 +217,33 @@ def response_meta(
     initial_age = rfc9111.current_age(headers, request_time, response_time, response_time)
     return ResponseMeta(
         cacheable=ok,
-        lifetime=rfc9111.freshness_lifetime(status, headers),
+        lifetime=rfc9111.freshness_lifetime(status, headers, response_time),
         initial_age=initial_age,
         headers=tuple(headers),
         vary=rfc9111.vary_names(headers),
         reason=reason,
         payload=payload,
+        status=status,
     )
 
 
 class CacheEngine:
-    """Drives ``store`` and ``admission`` and keeps the counters of both."""
+    """Drives ``store`` and ``admission`` and keeps the counters of both. ``hit_for_miss``:
+    seconds a URL whose response was uncacheable goes straight to the origin (0: never)."""
 
-    def __init__(self, store: LRUStore, admission: AdmissionPolicy) -> None:
+    def __init__(
+        self, store: LRUStore, admission: AdmissionPolicy, *, hit_for_miss: float = 0.0
+    ) -> None:
         self.store = store
         self.admission = admission
+        self.hit_for_miss = hit_for_miss
         self.counters = Counters()
-        # URL -> (varied-on header names, store keys of its variants)
-        self._vary: LRUCache[str, tuple[tuple[str, ...], set[str]]] = LRUCache(VARY_INDEX_SIZE)
+        # URL -> (varied-on header names, store keys of its stored variants)
+        self._vary: dict[str, tuple[tuple[str, ...], set[str]]] = {}
+        # URL -> until when it goes straight to the origin
+        self._uncacheable: LRUCache[str, float] = LRUCache(HIT_FOR_MISS_URLS)
+
+    # Requests
 
     def lookup(self, request: RequestMeta, now: float) -> Lookup:
         c = self.counters
@@ -167,6 +272,165 @@ class CacheEngine:
         serve = rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives)
         return Stale(entry, age, serve)
 
+    def plan(self, request: RequestMeta, now: float) -> Action:
+        """What the driver does with ``request`` (see the module's rules)."""
+        found = self.lookup(request, now)
+        if type(found) is Hit:
+            return FromCache(found.entry, found.age)
+        if type(found) is Bypass:
+            return Fetch(found.reason, whole=False, collapse=False)
+        offline = rfc9111.only_if_cached(request.headers)
+        if type(found) is Stale:
+            entry = found.entry
+            if found.serve_stale:
+                self.served_stale(entry)
+                return FromCache(entry, found.age, fresh=False, refresh=not offline)
+            if offline:
+                return Refuse(504, "only-if-cached: the stored response is stale", "stale")
+            if request.method == "HEAD":
+                return Fetch("stale", whole=False, collapse=False)
+            conditions = tuple(rfc9111.conditional_headers(entry.headers))
+            return Revalidate(
+                entry, found.age, conditions, self._may_serve_on_error(found, request)
+            )
+        if offline:
+            return Refuse(504, "only-if-cached: not in cache", "uri-miss")
+        until = self._uncacheable.get(request.key)
+        if until is not None:
+            if now < until:
+                self.counters.hit_for_miss += 1
+                return Fetch("bypass", whole=False, collapse=False)
+            del self._uncacheable[request.key]
+        # A precondition other than a validator check (If-Match, If-Unmodified-Since) is the
+        # origin's to judge: such a request goes as the client sent it.
+        whole = request.method == "GET" and not any(
+            name.lower() in _PRECONDITIONS for name, _ in request.headers
+        )
+        return Fetch("uri-miss", whole=whole, collapse=whole)
+
+    def answer(
+        self, request: RequestMeta, status: int, headers: Headers, length: int | None
+    ) -> Answer:
+        """How a whole ``status`` response of ``length`` body bytes answers ``request``: 304
+        when a client conditional matches its validators (RFC 9110 section 13.1), 206 or 416
+        for a single byte range of a 200 (section 14; not when the length is unknown, which
+        RFC 9110 allows: Range is optional), else the response itself."""
+        asked = request.headers
+        if status != 200 or not asked:
+            return Answer(status)
+        conditional = any(name.lower() in _CONDITIONALS for name, _ in asked)
+        if conditional and rfc9111.not_modified(asked, headers):
+            self.counters.not_modified_answers += 1
+            return Answer(304)
+        if length is None or request.method != "GET" or rfc9111.get_first(asked, "range") is None:
+            return Answer(status)
+        wanted = rfc9111.byte_range(asked, headers, length)
+        if wanted is None:
+            return Answer(status)
+        self.counters.range_answers += 1
+        if wanted is False:
+            return Answer(416)
+        return Answer(206, *wanted)
+
+    # Responses
+
+    def on_response_head(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        now: float,
+        *,
+        fetched: bool = True,
+        admitted: bool | None = None,
+    ) -> Keep | NotStored:
+        """Decide from a response's head whether its body will be kept (``length``: its
+        Content-Length, None when unknown). ``fetched=False``: a response shared with a
+        collapsed request, which counts as a sighting but not as an origin fetch, and is not
+        kept twice. ``admitted``: the admission answer when the driver already asked an
+        asynchronous backend (see ``admission_pending``); None asks the engine's own policy."""
+        c = self.counters
+        if fetched:
+            c.origin_fetches += 1
+        if not response.cacheable:
+            c.uncacheable += 1
+            self._refused(request, response, now)
+            return NotStored(response.reason or "uncacheable")
+        if length is not None and not self.store.fits(length):
+            c.too_large += 1
+            self._pass_for_a_while(request, now)
+            return TOO_LARGE
+        key, known = self._storage_key(request, response)
+        if known:
+            if not fetched:
+                c.collapsed += 1
+                return COLLAPSED
+            return Keep(key, response)
+        if admitted is None:
+            admitted = self.admission.admit(request.key, length or 0, now)
+        if not admitted:
+            return FIRST_SIGHTING
+        return Keep(key, response)
+
+    def finish(
+        self,
+        request: RequestMeta,
+        decision: Keep | NotStored,
+        size: int,
+        now: float,
+        *,
+        payload: object = None,
+        complete: bool = True,
+        fetched: bool = True,
+        served: bool = True,
+    ) -> Outcome:
+        """The body of a decided response ended after ``size`` bytes (``complete=False``: cut
+        short). A kept body that ended whole and fits is stored, with ``payload`` (the
+        driver's own: the store never reads it)."""
+        c = self.counters
+        if fetched:
+            c.origin_bytes += size
+        if served:
+            c.bytes_served += size
+        if not complete:
+            c.cut_short += 1
+            return CUT_SHORT
+        if type(decision) is NotStored:
+            if decision is FIRST_SIGHTING:
+                c.rejected_first_sighting += 1
+                c.bytes_not_written += size
+            return decision
+        if not self.store.fits(size):
+            c.too_large += 1
+            self._pass_for_a_while(request, now)
+            return TOO_LARGE
+        response = decision.response
+        url = request.key
+        if response.vary:
+            self._remember_variant(url, response.vary, decision.key)
+        elif url in self._vary:
+            self.invalidate(url)  # the origin stopped varying: its old variants are unreachable
+        entry = Entry(
+            decision.key,
+            size,
+            now,
+            response.lifetime,
+            response.initial_age,
+            response.headers,
+            rfc9111.response_directives(response.headers) if response.headers else {},
+            payload,
+            status=response.status,
+        )
+        try:
+            evicted = self.store.put(entry)
+        except ValueError:  # the body fits, but with headers past the overhead estimate it does not
+            c.too_large += 1
+            return TOO_LARGE
+        self._forget_variants(evicted)
+        c.admissions += 1
+        c.bytes_written += size
+        return Store(entry, tuple(evicted))
+
     def on_response(
         self,
         request: RequestMeta,
@@ -178,73 +442,23 @@ class CacheEngine:
         served: bool = True,
         admitted: bool | None = None,
     ) -> Outcome:
-        """Decide whether an origin response to a request that did not hit is stored (``now``
-        is when it arrived). ``fetched=False``: a response shared with a collapsed request, which
-        counts as a sighting but not as an origin fetch, and is not stored twice.
-        ``served=False``: a background refresh no client is waiting for. ``admitted``: the
-        admission answer when the driver already asked an asynchronous backend (see
-        ``admission_pending``); None asks the engine's own policy."""
-        c = self.counters
-        if fetched:
-            c.origin_fetches += 1
-            c.origin_bytes += size
-        if served:
-            c.bytes_served += size
-        if not response.cacheable:
-            c.uncacheable += 1
-            return NotStored(response.reason or "uncacheable")
-        store = self.store
-        if not store.fits(size):
-            c.too_large += 1
-            return TOO_LARGE
-        url = request.key
-        key, known = self._storage_key(request, response)
-        if known and not fetched:
-            return COLLAPSED
-        if admitted is None and not known:
-            admitted = self.admission.admit(url, size, now)
-        if not known and not admitted:
-            c.rejected_first_sighting += 1
-            c.bytes_not_written += size
-            return FIRST_SIGHTING
-        if response.vary:
-            self._remember_variant(url, response.vary, key)
-        elif url in self._vary:
-            self.invalidate(url)  # the origin stopped varying: its old variants are unreachable
-        entry = Entry(
-            key,
-            size,
-            now,
-            response.lifetime,
-            response.initial_age,
-            response.headers,
-            rfc9111.response_directives(response.headers) if response.headers else {},
-            response.payload,
+        """``on_response_head`` and ``finish`` for a response whose whole body (``size`` bytes,
+        ``response.payload``) is in hand: the simulator's path, and a collapsed request's."""
+        decision = self.on_response_head(
+            request, response, size, now, fetched=fetched, admitted=admitted
         )
-        try:
-            evicted = store.put(entry)
-        except ValueError:  # the body fits, but with headers past the overhead estimate it does not
-            c.too_large += 1
-            return TOO_LARGE
-        c.admissions += 1
-        c.bytes_written += size
-        return Store(entry, tuple(evicted))
+        return self.finish(
+            request, decision, size, now, payload=response.payload, fetched=fetched, served=served
+        )
 
-    def admission_pending(self, request: RequestMeta, response: ResponseMeta, size: int) -> bool:
-        """Whether ``on_response`` for this response would consult the admission policy: a
-        driver with an asynchronous backend asks it first, and only then."""
-        if not response.cacheable or not self.store.fits(size):
+    def admission_pending(
+        self, request: RequestMeta, response: ResponseMeta, length: int | None
+    ) -> bool:
+        """Whether ``on_response_head`` for this response would consult the admission policy:
+        a driver with an asynchronous backend asks it first, and only then."""
+        if not response.cacheable or (length is not None and not self.store.fits(length)):
             return False
         return not self._storage_key(request, response)[1]
-
-    def _storage_key(self, request: RequestMeta, response: ResponseMeta) -> tuple[str, bool]:
-        """The key a response is stored under (its variant, if it varies), and whether its URL
-        is already known (stored, or has variants): a known URL skips admission."""
-        url = request.key
-        key = url
-        if response.vary:
-            key = _variant(url, rfc9111.vary_key(response.vary, request.headers))
-        return key, key in self.store or url in self._vary
 
     def on_not_modified(
         self,
@@ -255,14 +469,16 @@ class CacheEngine:
         *,
         served: bool = True,
     ) -> Entry:
-        """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4) and,
-        when a client gets it, count the stored body as served from cache."""
+        """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4),
+        keeping its status, re-charge its size for the new headers and, when a client gets it,
+        count the stored body as served from cache."""
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
-        entry.lifetime = rfc9111.freshness_lifetime(200, headers)
+        entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
+        self._forget_variants(self.store.recharge(entry))
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
@@ -280,17 +496,6 @@ class CacheEngine:
         c.hit_bytes += entry.size
         c.bytes_served += entry.size
         self.store.record_hit(entry)
-
-    def may_serve_on_error(self, stale: Stale, request: RequestMeta) -> bool:
-        """RFC 5861 ``stale-if-error``: may ``stale`` answer now that the origin failed?"""
-        entry = stale.entry
-        return rfc9111.may_serve_stale(
-            entry.lifetime,
-            stale.age,
-            rfc9111.request_directives(request.headers),
-            entry.directives,
-            origin_failed=True,
-        )
 
     def invalidate(self, url: str) -> int:
         """Remove ``url`` and every stored variant of it; returns how many entries went."""
@@ -311,8 +516,48 @@ class CacheEngine:
         return sum(self.invalidate(url) for url in urls)
 
     def stats(self) -> dict[str, int | float]:
-        """Every metric of DESIGN.md section 4 at this instant."""
+        """Every metric at this instant (see ``proxy.core.stats.METRICS``)."""
         return snapshot(self.counters, self.store, self.admission.filter_stats())
+
+    def variant_index_size(self) -> int:
+        """Store keys the Vary index holds: never more than the stored variants."""
+        return sum(len(keys) for _, keys in self._vary.values())
+
+    # Internals
+
+    def _may_serve_on_error(self, stale: Stale, request: RequestMeta) -> bool:
+        entry = stale.entry
+        return rfc9111.may_serve_stale(
+            entry.lifetime,
+            stale.age,
+            rfc9111.request_directives(request.headers),
+            entry.directives,
+            origin_failed=True,
+        )
+
+    def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
+        """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
+        stored for the request, unless it is a server error (section 4.3.3 lets the cache
+        keep the stored response then)."""
+        if response.status >= 500 or response.status in (206, 304) or request.method != "GET":
+            return
+        self._pass_for_a_while(request, now)
+        stored = self._store_key(request)
+        if self.store.delete(stored) is not None:
+            self._forget_variants((stored,))
+
+    def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
+        if self.hit_for_miss > 0:
+            self._uncacheable[request.key] = now + self.hit_for_miss
+
+    def _storage_key(self, request: RequestMeta, response: ResponseMeta) -> tuple[str, bool]:
+        """The key a response is stored under (its variant, if it varies), and whether its URL
+        is already known (stored, or has variants): a known URL skips admission."""
+        url = request.key
+        key = url
+        if response.vary:
+            key = _variant(url, rfc9111.vary_key(response.vary, request.headers))
+        return key, key in self.store or url in self._vary
 
     def _store_key(self, request: RequestMeta) -> str:
         if not self._vary:
@@ -325,9 +570,24 @@ class CacheEngine:
     def _remember_variant(self, url: str, names: tuple[str, ...], key: str) -> None:
         known = self._vary.get(url)
         if known is None or known[0] != names:
+            # What was stored under other selecting fields (or none) is unreachable now.
+            self.invalidate(url)
             known = (names, set())
             self._vary[url] = known
         known[1].add(key)
+
+    def _forget_variants(self, gone: tuple | list) -> None:
+        """Entries (or keys) that left the store leave the Vary index with them."""
+        if not self._vary:
+            return
+        for item in gone:
+            key = item if isinstance(item, str) else item.key
+            url, sep, _ = key.partition("\0")
+            known = self._vary.get(url) if sep else None
+            if known is not None:
+                known[1].discard(key)
+                if not known[1]:
+                    del self._vary[url]
 
 
 def _variant(url: str, selected: tuple[tuple[str, str], ...]) -> str:

@@ -8,7 +8,13 @@ Rules this module keeps:
   directive value is ignored, a duplicated directive keeps its first value (section 4.2.1),
   quoted values are unquoted, whitespace is trimmed, delta-seconds cap at 2**31 (section 1.2.2).
 * This is a shared cache: ``private`` responses are not stored, ``s-maxage`` wins over
-  ``max-age``, and ``CDN-Cache-Control`` (RFC 9213) replaces ``Cache-Control`` for it when present.
+  ``max-age``, and ``CDN-Cache-Control`` (RFC 9213) replaces ``Cache-Control`` for it when present
+  and valid. It is a Structured Field Dictionary (RFC 8941): one that does not parse is ignored
+  as a whole, and ``Cache-Control`` applies.
+* Any final status may be stored with explicit freshness; without it only the heuristically
+  cacheable ones (RFC 9110 section 15.1). ``must-understand`` limits storing to statuses this
+  cache understands, and then overrides ``no-store`` (section 5.2.2.3). Partial (206) and 304
+  responses are never stored whole.
 * ``Pragma: no-cache`` on a request without ``Cache-Control`` acts as ``no-cache`` (section 5.4).
 """
 
@@ -17,6 +23,8 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Iterable, Sequence
+
+import http_sfv
 
 Headers = Sequence[tuple[str, str]]
 Directives = dict[str, str | None]
@@ -27,7 +35,8 @@ HEURISTIC_CAP = 86400.0
 
 # RFC 9110 section 15.1: statuses a cache may store with a heuristic lifetime.
 HEURISTICALLY_CACHEABLE = frozenset({200, 203, 204, 206, 300, 301, 308, 404, 405, 410, 414, 501})
-UNDERSTOOD_STATUSES = HEURISTICALLY_CACHEABLE | {302, 303, 307}
+# Statuses whose caching requirements this cache implements (for ``must-understand``).
+UNDERSTOOD_STATUSES = (HEURISTICALLY_CACHEABLE - {206}) | {302, 303, 307}
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"}
@@ -98,8 +107,11 @@ def delta_seconds(value: str | None) -> int | None:
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
 # RFC 9110 section 5.6.7: IMF-fixdate, and the obsolete rfc850 and asctime forms a recipient
 # must also accept.
-_IMF = re.compile(r"^[A-Za-z]{3}, (\d{2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT$")
-_RFC850 = re.compile(r"^[A-Za-z]+, (\d{2})-([A-Za-z]{3})-(\d{2}) (\d{2}):(\d{2}):(\d{2}) GMT$")
+# Recipients compare the zone case-insensitively ("gmt" is seen in the wild).
+_IMF = re.compile(r"^[A-Za-z]{3}, (\d{2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT$", re.I)
+_RFC850 = re.compile(
+    r"^[A-Za-z]+, (\d{2})-([A-Za-z]{3})-(\d{2}) (\d{2}):(\d{2}):(\d{2}) GMT$", re.I
+)
 _ASCTIME = re.compile(r"^[A-Za-z]{3} ([A-Za-z]{3}) ([ \d]\d) (\d{2}):(\d{2}):(\d{2}) (\d{4})$")
 
 
@@ -130,14 +142,33 @@ def http_date(value: str | None) -> float | None:
 
 
 def response_directives(headers: Headers) -> Directives:
-    """The directives this cache obeys: CDN-Cache-Control when present (RFC 9213), else
-    Cache-Control."""
+    """The directives this cache obeys: CDN-Cache-Control when present and a valid Structured
+    Field Dictionary (RFC 9213 section 2.1), else Cache-Control."""
     targeted = get_all(headers, "cdn-cache-control")
     if targeted:
-        directives = parse_directives(targeted)
-        if directives:
+        directives = targeted_directives(targeted)
+        if directives is not None:
             return directives
     return parse_directives(get_all(headers, "cache-control"))
+
+
+def targeted_directives(values: Sequence[str]) -> Directives | None:
+    """A targeted cache-control field (RFC 9213) as directives; None when it is not a valid
+    Structured Field Dictionary (RFC 8941 section 3.2), which makes the whole field ignored.
+    A true Boolean is a directive without a value; a false one is absent."""
+    field = http_sfv.Dictionary()
+    try:
+        field.parse(",".join(values).encode("latin-1"))
+    except (ValueError, UnicodeEncodeError):
+        return None
+    out: Directives = {}
+    for name, member in field.items():
+        value = getattr(member, "value", None)
+        if value is True:
+            out[name] = None
+        elif value is not False and isinstance(value, int | float | str):
+            out[name] = str(value)
+    return out
 
 
 def request_directives(headers: Headers) -> Directives:
@@ -163,15 +194,18 @@ def storable(
     req = request_directives(request_headers)
     if "no-store" in req:
         return False, "request-no-store"
+    if status == 206:  # this cache stores complete responses only
+        return False, "partial"
+    if status < 200 or status == 304:
+        return False, "status"
     cc = response_directives(response_headers)
-    if "no-store" in cc:
+    if "must-understand" in cc:
+        if status not in UNDERSTOOD_STATUSES:
+            return False, "status"
+    elif "no-store" in cc:
         return False, "no-store"
     if "private" in cc:
         return False, "private"
-    if status == 206:  # this cache stores complete responses only
-        return False, "partial"
-    if status not in UNDERSTOOD_STATUSES:
-        return False, "status"
     if any(v.strip() == "*" for v in _list_values(get_all(response_headers, "vary"))):
         return False, "vary-star"
     if get_first(request_headers, "authorization") is not None and not (
@@ -191,9 +225,11 @@ def storable(
     return True, ""
 
 
-def freshness_lifetime(status: int, headers: Headers) -> float:
+def freshness_lifetime(status: int, headers: Headers, response_time: float | None = None) -> float:
     """Seconds a response stays fresh (section 4.2.1): s-maxage, max-age, Expires - Date, then
-    10% of Date - Last-Modified (capped at a day) for heuristically cacheable statuses."""
+    10% of Date - Last-Modified (capped at a day) for heuristically cacheable statuses. Without a
+    valid Date, the time the response arrived stands in for it (section 4.2.1); an invalid
+    Expires means already expired (section 5.3)."""
     cc = response_directives(headers)
     for name in ("s-maxage", "max-age"):
         seconds = delta_seconds(cc.get(name))
@@ -202,6 +238,8 @@ def freshness_lifetime(status: int, headers: Headers) -> float:
         if name in cc:
             return 0.0  # present but invalid: treat as stale (section 4.2.1)
     date = http_date(get_first(headers, "date"))
+    if date is None:
+        date = response_time
     expires_values = get_all(headers, "expires")
     if expires_values:
         expires = http_date(expires_values[0])
@@ -215,13 +253,20 @@ def freshness_lifetime(status: int, headers: Headers) -> float:
     return 0.0
 
 
+def age_value(headers: Headers) -> int | None:
+    """The Age field (section 5.1): of a list, the first member; an invalid value is ignored
+    (None), never read as some number."""
+    values = _list_values(get_all(headers, "age"))
+    return delta_seconds(values[0]) if values else None
+
+
 def current_age(headers: Headers, request_time: float, response_time: float, now: float) -> float:
     """Section 4.2.3: the age of a stored response at ``now``."""
-    age_value = delta_seconds(get_first(headers, "age")) or 0
+    age = age_value(headers) or 0
     date_value = http_date(get_first(headers, "date"))
     apparent_age = max(0.0, response_time - date_value) if date_value is not None else 0.0
     response_delay = max(0.0, response_time - request_time)
-    corrected_initial_age = max(apparent_age, age_value + response_delay)
+    corrected_initial_age = max(apparent_age, age + response_delay)
     return corrected_initial_age + max(0.0, now - response_time)
 
 

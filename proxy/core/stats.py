@@ -33,6 +33,11 @@ METRICS: dict[str, str] = {
     "dead_writes": "entries evicted, or still resident, without a single hit",
     "dead_bytes": "body bytes of dead writes",
     "writes_saved": "bytes_not_written / (bytes_written + bytes_not_written)",
+    "collapsed": "misses answered from another request's origin fetch",
+    "hit_for_miss": "misses sent straight to the origin: the URL was recently uncacheable",
+    "not_modified_answers": "client conditionals the cache answered with 304",
+    "range_answers": "client Range requests the cache answered with 206 or 416",
+    "cut_short": "origin bodies that ended early (never stored)",
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
     "entries": "entries resident in the store",
@@ -78,6 +83,11 @@ class Counters:
     bytes_not_written: int = 0
     too_large: int = 0
     uncacheable: int = 0
+    collapsed: int = 0
+    hit_for_miss: int = 0
+    not_modified_answers: int = 0
+    range_answers: int = 0
+    cut_short: int = 0
     origin_fetches: int = 0
     origin_bytes: int = 0
 

@@ -42,6 +42,7 @@ class Entry:
     headers: tuple[tuple[str, str], ...] = ()
     directives: dict[str, str | None] = field(default_factory=dict)
     payload: Any = None
+    status: int = 200
     hits: int = field(default=0)
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
 
@@ -166,6 +167,27 @@ class LRUStore:
         if entry.hits == 0:
             self.resident_unread += 1
             self.resident_unread_bytes += entry.size
+        return evicted
+
+    def recharge(self, entry: Entry) -> list[Entry]:
+        """Charge a stored ``entry`` again after its headers changed (it stays most recently
+        used); returns the entries evicted for room. An entry no longer resident is left out."""
+        lru = self._lru
+        if lru.get(entry.key) is not entry:
+            return []
+        charge = entry_charge(entry, self.entry_overhead)
+        if charge == entry.charge:
+            return []
+        if charge > self.capacity_bytes:
+            self.delete(entry.key)
+            return []
+        hits = entry.hits
+        self.delete(entry.key)
+        entry.hits = 0  # put counts it as unread until the hits are restored
+        evicted = self.put(entry)
+        if hits:
+            self.record_hit(entry)
+            entry.hits = hits
         return evicted
 
     def delete(self, key: str) -> Entry | None:
