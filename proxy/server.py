@@ -271,7 +271,7 @@ class Proxy:
         out = _head(answer, upstream, headers, length)
         _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
         await out.prepare(request)
-        sending = _wanted_bytes(answer, length)
+        sending = _wanted_bytes(answer, upstream.status, length)
         parts: list[bytes] | None = [] if keep else None
         total = 0
         too_large = abandoned = False
@@ -552,13 +552,14 @@ def _head(
     return out
 
 
-def _wanted_bytes(answer: Answer, length: int | None) -> tuple[int, int] | None:
-    """The body bytes (first, last) the client gets of the origin's, or None for none."""
-    if answer.status in (304, 416):
-        return None
+def _wanted_bytes(answer: Answer, status: int, length: int | None) -> tuple[int, int] | None:
+    """The bytes (first, last) of the origin's ``status`` body that the client gets; None for
+    none."""
+    if answer.status == status:
+        return 0, (length - 1 if length is not None else 1 << 62)
     if answer.status == 206:
         return answer.first, answer.last
-    return 0, (length - 1 if length is not None else 1 << 62)
+    return None
 
 
 def _asks(request: web.BaseRequest) -> bool:

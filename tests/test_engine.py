@@ -5,12 +5,15 @@ import pytest
 from proxy.core.admission import AdmissionConfig, make_policy
 from proxy.core.engine import (
     FIRST_SIGHTING,
+    Answer,
     Bypass,
     CacheEngine,
+    Fetch,
     FromCache,
     Hit,
     Miss,
     NotStored,
+    Refuse,
     RequestMeta,
     ResponseMeta,
     Revalidate,
@@ -252,3 +255,102 @@ def test_origin_that_stops_varying_replaces_its_variants():
     origin(e, request, 0.0, 200, ("Vary", "Accept"), ("Cache-Control", "max-age=60"))
     origin(e, get("/x"), 1.0, 200, ("Cache-Control", "max-age=60"))
     assert isinstance(e.lookup(request, 2.0), Hit) and e.stats()["entries"] == 1
+
+
+def test_rfc9111_4_3_4_a_304_keeps_the_stored_status():
+    e = engine("always")
+    request = get("/gone")
+    origin(e, request, 0.0, 404, ("Cache-Control", "max-age=10"), ("ETag", '"g"'))
+    stale = e.lookup(request, 20.0)
+    assert isinstance(stale, Stale)
+    e.on_not_modified(stale.entry, [("Cache-Control", "max-age=100")], 20.0, 20.0)
+    hit = e.lookup(request, 30.0)
+    assert isinstance(hit, Hit) and hit.entry.status == 404 and hit.entry.lifetime == 100.0
+
+
+def test_rfc9111_4_3_4_a_304_that_grows_the_headers_recharges_the_entry():
+    store = LRUStore(100_000, entry_overhead=1536)
+    e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store))
+    request = get("/h")
+    origin(e, request, 0.0, 200, ("Cache-Control", "max-age=0"))
+    before = store.bytes_used
+    stale = e.lookup(request, 1.0)
+    e.on_not_modified(stale.entry, [("X-Big", "b" * 2000)], 1.0, 1.0)
+    assert store.bytes_used > before + 2000 and store.bytes_used == stale.entry.charge
+
+
+def test_rfc9111_4_3_4_a_full_response_that_may_not_be_stored_replaces_the_stored_one():
+    e = engine("always")
+    request = get("/r")
+    origin(e, request, 0.0, 200, ("Cache-Control", "max-age=0"))
+    assert isinstance(e.plan(request, 1.0), Revalidate)
+    outcome = origin(e, request, 1.0, 200, ("Cache-Control", "no-store"))
+    assert outcome == NotStored("no-store") and e.stats()["entries"] == 0
+
+
+def test_a_server_error_to_a_revalidation_keeps_the_stored_response():
+    e = engine("always")
+    request = get("/r")
+    origin(e, request, 0.0, 200, ("Cache-Control", "max-age=0"))
+    origin(e, request, 1.0, 503)
+    assert e.stats()["entries"] == 1
+
+
+def test_rfc9111_5_2_1_7_only_if_cached_on_a_stale_entry_never_contacts_the_origin():
+    e = engine("always")
+    origin(e, get("/o"), 0.0, 200, ("Cache-Control", "max-age=10"))
+    offline = ("Cache-Control", "only-if-cached")
+    assert e.plan(get("/o", offline), 20.0) == Refuse(
+        504, "only-if-cached: the stored response is stale", "stale"
+    )
+    served = e.plan(get("/o", ("Cache-Control", "only-if-cached, max-stale=60")), 20.0)
+    assert isinstance(served, FromCache) and not served.fresh and not served.refresh
+
+
+def test_an_uncacheable_url_goes_straight_to_the_origin_for_hit_for_miss_seconds():
+    store = LRUStore(10_000)
+    e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store), hit_for_miss=5.0)
+    request = get("/p")
+    assert e.plan(request, 0.0) == Fetch("uri-miss", whole=True, collapse=True)
+    origin(e, request, 0.0, 200, ("Cache-Control", "private"))
+    assert e.plan(request, 1.0) == Fetch("bypass", whole=False, collapse=False)
+    assert e.plan(request, 6.0) == Fetch("uri-miss", whole=True, collapse=True)
+    assert e.stats()["hit_for_miss"] == 1
+
+
+def test_a_get_with_a_precondition_goes_to_the_origin_as_sent():
+    e = engine()
+    plan = e.plan(get("/w", ("If-Match", '"v1"')), 0.0)
+    assert plan == Fetch("uri-miss", whole=False, collapse=False)
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        ((), Answer(200)),
+        ((("If-None-Match", '"v"'),), Answer(304)),
+        ((("If-None-Match", '"other"'),), Answer(200)),
+        ((("Range", "bytes=2-4"),), Answer(206, 2, 4)),
+        ((("Range", "bytes=50-"),), Answer(416)),
+        ((("Range", "bytes=2-4"), ("If-Range", '"other"')), Answer(200)),
+    ],
+)
+def test_rfc9110_13_and_14_client_conditionals_and_ranges_are_answered_from_a_whole_response(
+    asked, expected
+):
+    e = engine()
+    assert e.answer(get("/a", *asked), 200, [("ETag", '"v"')], 10) == expected
+    s = e.stats()
+    assert s["not_modified_answers"] == (expected.status == 304)
+    assert s["range_answers"] == (expected.status in (206, 416))
+
+
+def test_the_vary_index_holds_only_stored_variants():
+    store = LRUStore(2_000)
+    e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store))
+    for i in range(500):
+        request = get("/v", ("User-Agent", f"agent {i}"))
+        origin(e, request, float(i), 200, ("Cache-Control", "max-age=60"), ("Vary", "User-Agent"))
+    assert len(store) == 20 and e.variant_index_size() == 20
+    e.invalidate("/v")
+    assert len(store) == 0 and e.variant_index_size() == 0

@@ -1,4 +1,5 @@
-"""Memory bounds of the live proxy: a 1 GiB response streams through with bounded buffering."""
+"""Memory bounds of the live proxy: a 1 GiB response streams through with bounded buffering,
+and concurrent first sightings of large objects are streamed, never buffered."""
 
 import asyncio
 import sys
@@ -21,6 +22,24 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+async def serve(handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"
+
+
+async def start_proxy(origin: str, port: int, admin: int, admission: str):
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
+        "--admin-listen", f"127.0.0.1:{admin}", "--admission", admission,
+        "--set", "server.access_log=false", stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
     async def huge(request: web.Request) -> web.StreamResponse:
         if request.path == "/small":
@@ -32,19 +51,9 @@ async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
             await response.write(CHUNK)
         return response
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", huge)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, origin_port = runner.addresses[0][:2]
-    origin = f"http://{host}:{origin_port}"
+    runner, origin = await serve(huge)
     port, admin = free_port(), free_port()
-    proxy = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
-        "--admin-listen", f"127.0.0.1:{admin}", "--admission", "always",
-        "--set", "server.access_log=false", stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    proxy = await start_proxy(origin, port, admin, "always")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
             await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz")
@@ -60,6 +69,49 @@ async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
         assert received == GIB
         print(f"proxy peak RSS grew by {growth / (1 << 20):.1f} MiB for 1 GiB streamed")
         assert growth < 64 << 20, f"proxy peak RSS grew by {growth >> 20} MiB"
+    finally:
+        proxy.terminate()
+        await proxy.wait()
+        await runner.cleanup()
+
+
+async def test_concurrent_first_sightings_of_large_objects_stream_with_flat_rss():
+    """50 clients miss 50 different 4 MiB objects at once: second hit stores none of them, so
+    none is buffered (buffered, they would take 200 MiB)."""
+    object_size, clients = 4 << 20, 50
+
+    async def large(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Cache-Control": "max-age=60"})
+        response.content_length = object_size
+        await response.prepare(request)
+        for _ in range(object_size // len(CHUNK)):
+            await response.write(CHUNK)
+        return response
+
+    runner, origin = await serve(large)
+    port, admin = free_port(), free_port()
+    proxy = await start_proxy(origin, port, admin, "second-hit")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz")
+
+            async def get(path: str) -> int:
+                received = 0
+                async with client.get(f"http://127.0.0.1:{port}{path}") as r:
+                    assert r.headers["Cache-Status"].endswith("detail=first-sighting")
+                    async for chunk in r.content.iter_chunked(1 << 16):
+                        received += len(chunk)
+                return received
+
+            await get("/warm")
+            before = peak_rss(proxy.pid)
+            sizes = await asyncio.gather(*(get(f"/o{i}") for i in range(clients)))
+            growth = peak_rss(proxy.pid) - before
+        assert sizes == [object_size] * clients
+        print(f"proxy peak RSS grew by {growth / (1 << 20):.1f} MiB for {clients} x 4 MiB misses")
+        # Socket and stream buffers cost a few hundred KiB a connection, whatever the object's
+        # size; a buffered body would cost its whole 4 MiB.
+        assert growth < clients << 20, f"proxy peak RSS grew by {growth >> 20} MiB"
     finally:
         proxy.terminate()
         await proxy.wait()

@@ -244,3 +244,68 @@ def test_rfc9110_13_1_5_if_range_sends_the_whole_when_it_does_not_match():
     assert r.byte_range([*ask, ("If-Range", '"v2"')], stored, 10) is None
     assert r.byte_range([*ask, ("If-Range", DATE)], stored, 10) == (0, 0)
     assert r.byte_range([*ask, ("If-Range", 'W/"v1"')], stored, 10) is None
+
+
+def test_rfc9111_5_1_age_takes_the_first_member_of_a_list_and_ignores_invalid_values():
+    assert r.age_value([("Age", "30")]) == 30
+    assert r.age_value([("Age", "30, 60")]) == 30
+    assert r.age_value([("Age", "30"), ("Age", "60")]) == 30
+    assert r.age_value([("Age", "-5")]) is None
+    assert r.age_value([("Age", "abc")]) is None
+    assert r.age_value([]) is None
+    # An invalid Age adds nothing to the age: it is ignored, not read as a number.
+    assert r.current_age([("Age", "3e9")], 100.0, 100.0, 100.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("status", "cc", "ok", "why"),
+    [
+        (402, "max-age=60", True, ""),  # any final status with explicit freshness (section 3)
+        (418, "s-maxage=60", True, ""),
+        (402, "", False, "status"),  # not heuristically cacheable (RFC 9110 15.1)
+        (404, "", True, ""),  # heuristically cacheable
+        (103, "max-age=60", False, "status"),  # not final
+        (304, "max-age=60", False, "status"),
+        (200, "no-store, must-understand, max-age=60", True, ""),  # 5.2.2.3
+        (418, "no-store, must-understand, max-age=60", False, "status"),
+        (200, "no-store", False, "no-store"),
+    ],
+)
+def test_rfc9111_3_storable_statuses_and_must_understand(status, cc, ok, why):
+    headers = [("Cache-Control", cc)] if cc else []
+    assert r.storable("GET", status, [], headers) == (ok, why)
+
+
+def test_rfc9111_4_2_1_expires_without_date_counts_from_the_response_time():
+    headers = [("Expires", "Thu, 01 Jan 2026 00:01:40 GMT")]
+    arrived = 1767225600.0  # 2026-01-01 00:00:00 UTC
+    assert r.freshness_lifetime(200, headers, arrived) == 100.0
+    assert r.freshness_lifetime(200, headers) == 0.0  # no time to count from: expired
+
+
+def test_rfc9111_5_3_an_invalid_expires_means_already_expired():
+    date = ("Date", "Thu, 01 Jan 2026 00:00:00 GMT")
+    for value in ("0", "-1", "tomorrow", "Thu, 01 Jan 2026 25:00:00 GMT"):
+        assert r.freshness_lifetime(200, [date, ("Expires", value)], 0.0) == 0.0
+
+
+def test_rfc9110_5_6_7_the_gmt_zone_is_matched_case_insensitively():
+    assert r.http_date("Thu, 01 Jan 2026 00:00:00 gmt") == 1767225600.0
+    assert r.http_date("Thursday, 01-Jan-26 00:00:00 Gmt") == 1767225600.0
+
+
+@pytest.mark.parametrize(
+    ("targeted", "expected"),
+    [
+        ("max-age=60", {"max-age": "60"}),
+        ("no-store", {"no-store": None}),
+        ("max-age=60, no-store=?0", {"max-age": "60"}),  # a false Boolean is absent
+        ('max-age=60, private="x"', {"max-age": "60", "private": "x"}),
+        ("max-age=60, Bad-Key", {"max-age": "600"}),  # upper case: not a dictionary
+        ("max-age=6 0", {"max-age": "600"}),  # not one item: not a dictionary
+        ("max-age=60,, no-store", {"max-age": "600"}),
+    ],
+)
+def test_rfc9213_2_1_cdn_cache_control_is_a_structured_dictionary_or_ignored(targeted, expected):
+    headers = [("Cache-Control", "max-age=600"), ("CDN-Cache-Control", targeted)]
+    assert r.response_directives(headers) == expected
