@@ -3,9 +3,9 @@ and PNG plots.
 
 A report is built from *cells*, plain JSON-able dicts, one per (workload, mode, policy, cache
 size): ``workload``, ``mode`` ("simulate" or "live"), ``policy``, ``cache``, ``cache_bytes``,
-``stats`` (the metrics of DESIGN.md section 4), ``timeline``, and for live cells ``client`` (what
-the load generator saw, latency included). ``results.json`` holds them, so ``render`` rebuilds
-every other file without rerunning anything.
+``stats`` (the metrics of ``proxy.core.stats.METRICS``), ``timeline``, and for live cells
+``client`` (what the load generator saw, latency included). ``results.json`` holds them, so
+``render`` rebuilds every other file without rerunning anything.
 
 The baseline is the ``always`` policy (plain LRU). For every other policy and cache size S, the
 space saved at equal hit ratio is ``1 - S'/S`` with S' the smallest cache at which that policy

@@ -1,4 +1,4 @@
-"""DESIGN.md rule 1: proxy.core does no I/O and reads no clock."""
+"""proxy.core does no I/O and reads no clock: importing it loads no network or time module."""
 
 import ast
 import subprocess

@@ -1,5 +1,5 @@
-"""DESIGN.md rule 4: a trace through the live proxy at concurrency 1 and through the simulator
-gives the same counters."""
+"""One implementation, two drivers: a trace through the live proxy at concurrency 1 and
+through the simulator gives the same counters."""
 
 import numpy as np
 from aiohttp import web

@@ -1,4 +1,4 @@
-"""WindowedBloomFilter: every guarantee of DESIGN.md section 3, pinned directly."""
+"""WindowedBloomFilter: every guarantee its module docstring states, pinned directly."""
 
 import pytest
 from hypothesis import given, settings

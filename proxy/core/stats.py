@@ -1,4 +1,4 @@
-"""The counters of DESIGN.md section 4: one definition for the proxy, the simulator and reports.
+"""The counters: one definition for the proxy, the simulator and reports.
 
 ``Counters`` is what the engine increments; ``snapshot`` adds what the store and the filter know
 and derives the ratios. A ratio over nothing is 0.0, never a division error.
