@@ -297,3 +297,21 @@ async def test_the_client_of_a_cut_body_is_cut_off_too(origin, start_proxy, clie
     with pytest.raises(aiohttp.ClientPayloadError):
         await fetch(client, base(proxy) + "/cut")
     assert proxy.proxy.engine.stats()["cut_short"] == 1
+
+
+async def test_idle_origin_connections_are_closed_before_the_origins_own_timeout(
+    raw_origin, start_proxy, client
+):
+    closed = asyncio.Event()
+
+    async def answers_then_waits(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+        await writer.drain()
+        if await reader.read() == b"":  # the proxy, not this origin, ends the idle connection
+            closed.set()
+
+    url = await raw_origin(answers_then_waits)
+    proxy = await start_proxy(upstream__origin=url, upstream__idle_timeout="300ms")
+    assert (await fetch(client, base(proxy) + "/i"))[0] == 200
+    await asyncio.wait_for(closed.wait(), 5)
