@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_filter.py
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_proxy.py
+	$(BIN)/python benchmarks/bench_miss.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis

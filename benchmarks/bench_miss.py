@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+
+from bench_proxy import spawn, wait_ready
 
 from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
@@ -105,36 +106,6 @@ def peak_rss(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmHWM")
-
-
-def spawn(stack: ExitStack, *args: str, cwd: str | None = None) -> subprocess.Popen:
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
-
-    def stop() -> None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-    stack.callback(stop)
-    return process
-
-
-def wait_ready(url: str, timeout: float = 15.0) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                r.read()
-                return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
 def start_onehit(stack: ExitStack, origin: str, admission: str, source: str) -> tuple:

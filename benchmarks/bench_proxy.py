@@ -117,8 +117,9 @@ def wait_ready(url: str, timeout: float = 15.0) -> str:
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
-def spawn(stack: ExitStack, *args: str) -> subprocess.Popen:
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def spawn(stack: ExitStack, *args: str, cwd: str | None = None) -> subprocess.Popen:
+    """Start ``args`` (in ``cwd``), to be stopped by SIGTERM when ``stack`` closes."""
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
 
     def stop() -> None:
         process.send_signal(signal.SIGTERM)

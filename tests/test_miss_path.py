@@ -14,6 +14,21 @@ from conftest import base, read_request
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 
 
+def stalls_after_one_body(release: asyncio.Event):
+    """An origin handler that sends BODY, waits for ``release``, then sends BODY again."""
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Cache-Control": "max-age=60"})
+        response.content_length = 2 * len(BODY)
+        await response.prepare(request)
+        await response.write(BODY)
+        await release.wait()
+        await response.write(BODY)
+        return response
+
+    return handler
+
+
 async def fetch(client, url, **kwargs):
     async with client.get(url, **kwargs) as r:
         return r.status, r.headers.copy(), await r.read()
@@ -59,17 +74,7 @@ async def test_rfc9110_14_a_range_miss_answers_from_the_first_bytes_without_wait
     origin, start_proxy, client
 ):
     release = asyncio.Event()
-
-    async def slow_tail(request):
-        response = web.StreamResponse(headers={"Cache-Control": "max-age=60"})
-        response.content_length = 2 * len(BODY)
-        await response.prepare(request)
-        await response.write(BODY)
-        await release.wait()
-        await response.write(BODY)
-        return response
-
-    origin.responder = slow_tail
+    origin.responder = stalls_after_one_body(release)
     proxy = await start_proxy()  # second hit: a first sighting keeps nothing
     status, _, body = await asyncio.wait_for(
         fetch(client, base(proxy) + "/r", headers={"Range": "bytes=0-99"}), 5
@@ -132,17 +137,7 @@ async def test_a_miss_streams_its_first_bytes_before_the_origin_has_sent_the_res
     origin, start_proxy, client
 ):
     release = asyncio.Event()
-
-    async def stalls(request):
-        response = web.StreamResponse(headers={"Cache-Control": "max-age=60"})
-        response.content_length = 2 * len(BODY)
-        await response.prepare(request)
-        await response.write(BODY)
-        await release.wait()
-        await response.write(BODY)
-        return response
-
-    origin.responder = stalls
+    origin.responder = stalls_after_one_body(release)
     proxy = await start_proxy(admission__policy="always")
     url = base(proxy) + "/s"
     async with client.get(url) as r:
