@@ -277,7 +277,7 @@ class Proxy:
         too_large = abandoned = False
         try:
             if sending is None:
-                await out.write_eof()
+                await _send(out, b"", eof=True)
             if sending is not None or parts is not None:
                 async for chunk in upstream.content.iter_any():
                     start = total
@@ -288,16 +288,16 @@ class Proxy:
                             parts, too_large = None, True  # stream the rest, keep nothing
                     if sending is not None:
                         first, last = sending
-                        if start <= last and total > first:
-                            await out.write(chunk[max(0, first - start) : last + 1 - start])
-                        if total > last:
-                            sending = None
-                            await out.write_eof()
+                        # start <= last here: the chunk that passes ``last`` ends the answer.
+                        piece = chunk[max(0, first - start) : last + 1 - start]
+                        done = total > last
+                        if not await _send(out, piece, eof=done) or done:
+                            sending = None  # answered, or the client left
                     if sending is None and parts is None:
                         abandoned = True  # the client has its answer and nothing is kept
                         break
             if sending is not None:
-                await out.write_eof()
+                await _send(out, b"", eof=True)
         except _BODY_ERRORS as exc:
             log.warning(
                 "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
@@ -311,7 +311,7 @@ class Proxy:
         body = b"".join(parts) if parts is not None else b""
         # A copy dropped past the max object size leaves a size the store refuses: too large.
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
-        if too_large or (not rmeta.cacheable and rmeta.status < 500):
+        if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
             return out, GO_DIRECT
         if parts is None or rmeta.status >= 500:
             return out, None  # nothing to share: one follower fetches next
@@ -550,6 +550,19 @@ def _head(
         out.headers["Content-Range"] = f"bytes */{length}"
         out.content_length = 0
     return out
+
+
+async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
+    """Write to the client; False when it has gone (the origin's body may still be worth
+    reading to the end, to be stored)."""
+    try:
+        if data:
+            await out.write(data)
+        if eof:
+            await out.write_eof()
+    except ConnectionError:
+        return False
+    return True
 
 
 def _wanted_bytes(answer: Answer, status: int, length: int | None) -> tuple[int, int] | None:

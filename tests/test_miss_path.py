@@ -310,3 +310,22 @@ async def test_idle_origin_connections_are_closed_before_the_origins_own_timeout
     proxy = await start_proxy(upstream__origin=url, upstream__idle_timeout="300ms")
     assert (await fetch(client, base(proxy) + "/i"))[0] == 200
     await asyncio.wait_for(closed.wait(), 5)
+
+
+async def test_a_client_that_leaves_mid_body_does_not_stop_a_response_being_stored(
+    origin, start_proxy, client
+):
+    release = asyncio.Event()
+    origin.responder = stalls_after_one_body(release)
+    proxy = await start_proxy(admission__policy="always")
+    url = base(proxy) + "/left"
+    async with aiohttp.ClientSession() as leaving, leaving.get(url) as r:
+        assert await r.content.readexactly(len(BODY)) == BODY
+    release.set()  # the client has gone; the origin sends the rest
+    engine = proxy.proxy.engine
+    for _ in range(100):
+        if engine.stats()["entries"] == 1:
+            break
+        await asyncio.sleep(0.05)
+    _, headers, body = await fetch(client, url)
+    assert headers["X-Cache"] == "HIT" and body == BODY * 2 and origin.hits["/left"] == 1
