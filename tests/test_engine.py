@@ -24,6 +24,7 @@ from proxy.core.engine import (
 from proxy.core.store import LRUStore
 
 OK = ResponseMeta()
+DATE = "Sun, 06 Nov 1994 08:49:37 GMT"
 
 
 def engine(policy: str = "second-hit", cache: int = 10_000, **kw) -> CacheEngine:
@@ -318,9 +319,12 @@ def test_an_uncacheable_url_goes_straight_to_the_origin_for_hit_for_miss_seconds
     assert e.stats()["hit_for_miss"] == 1
 
 
-def test_a_get_with_a_precondition_goes_to_the_origin_as_sent():
+@pytest.mark.parametrize(
+    "field", [("If-Match", '"v1"'), ("If-Unmodified-Since", DATE), ("Cache-Control", "no-store")]
+)
+def test_a_get_with_a_precondition_or_no_store_goes_to_the_origin_as_sent(field):
     e = engine()
-    plan = e.plan(get("/w", ("If-Match", '"v1"')), 0.0)
+    plan = e.plan(get("/w", field, ("Range", "bytes=0-9")), 0.0)
     assert plan == Fetch("uri-miss", whole=False, collapse=False)
 
 

@@ -302,9 +302,12 @@ class CacheEngine:
                 return Fetch("bypass", whole=False, collapse=False)
             del self._uncacheable[request.key]
         # A precondition other than a validator check (If-Match, If-Unmodified-Since) is the
-        # origin's to judge: such a request goes as the client sent it.
-        whole = request.method == "GET" and not any(
-            name.lower() in _PRECONDITIONS for name, _ in request.headers
+        # origin's to judge, and a request that forbids storing cannot be answered from what
+        # the cache fetched for itself: such requests go as the client sent them.
+        whole = (
+            request.method == "GET"
+            and not any(name.lower() in _PRECONDITIONS for name, _ in request.headers)
+            and "no-store" not in rfc9111.request_directives(request.headers)
         )
         return Fetch("uri-miss", whole=whole, collapse=whole)
 
