@@ -157,7 +157,7 @@ async def test_100_concurrent_misses_make_one_origin_request(origin, start_proxy
     assert origin.hits["/hot"] == 1
     assert all(status == 200 and body == b"x" * 5000 for status, _, body in results)
     collapsed = [h for _, h, _ in results if "collapsed" in h["Cache-Status"]]
-    assert len(collapsed) == 99
+    assert len(collapsed) == 99 and proxy.proxy.engine.stats()["collapsed"] == 99
     # The burst counted as many sightings (like proxy_cache_min_uses): the URL is now stored.
     _, headers, _ = await fetch(client, url)
     assert headers["X-Cache"] == "HIT" and origin.hits["/hot"] == 1

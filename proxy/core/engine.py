@@ -355,6 +355,8 @@ class CacheEngine:
         c = self.counters
         if fetched:
             c.origin_fetches += 1
+        else:
+            c.collapsed += 1
         if not response.cacheable:
             c.uncacheable += 1
             self._refused(request, response, now)
@@ -365,10 +367,7 @@ class CacheEngine:
             return TOO_LARGE
         key, known = self._storage_key(request, response)
         if known:
-            if not fetched:
-                c.collapsed += 1
-                return COLLAPSED
-            return Keep(key, response)
+            return Keep(key, response) if fetched else COLLAPSED
         if admitted is None:
             admitted = self.admission.admit(request.key, length or 0, now)
         if not admitted:
