@@ -147,6 +147,12 @@ def test_rfc9111_4_1_vary_selects_variants_by_normalized_values():
     b = r.vary_key(names, [("accept-encoding", "gzip, br"), ("ACCEPT-LANGUAGE", "en")])
     c = r.vary_key(names, [("Accept-Encoding", "identity")])
     assert a == b != c
+    # Language tags and codings are case-insensitive: spacing and case select nothing new.
+    d = r.vary_key(names, [("Accept-Encoding", "GZIP ,br"), ("Accept-Language", "EN")])
+    assert d == a
+    e = r.vary_key(names, [("Accept-Language", "en-US;q=0.8, fr")])
+    f = r.vary_key(names, [("Accept-Language", "en-us; q=0.8,fr")])
+    assert e == f != r.vary_key(names, [("Accept-Language", "fr, en-US;q=0.8")])
 
 
 def test_rfc9111_4_3_1_validators_become_conditional_headers():

@@ -326,13 +326,23 @@ def vary_names(response_headers: Headers) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
+# Fields whose values are lists of case-insensitive tokens with parameters (RFC 9110 12.5):
+# "en-US;q=0.8, fr" and "en-us; q=0.8,fr" select the same variant.
+_CASELESS_LISTS = frozenset({"accept-encoding", "accept-language", "accept-charset"})
+_LIST_SPACING = re.compile(r"\s*([,;=])\s*")
+
+
 def vary_key(names: Sequence[str], request_headers: Headers) -> tuple[tuple[str, str], ...]:
-    """Section 4.1: the variant a request selects, from the values of the varied-on headers
-    (combined and whitespace-normalized)."""
-    return tuple(
-        (name, ", ".join(" ".join(v.split()) for v in get_all(request_headers, name)))
-        for name in names
-    )
+    """Section 4.1: the variant a request selects, from the values of the varied-on headers,
+    combined and whitespace-normalized; for the content-negotiation lists whose tokens are
+    case-insensitive, lower-cased with no space around separators."""
+    key = []
+    for name in names:
+        value = ", ".join(" ".join(v.split()) for v in get_all(request_headers, name))
+        if name in _CASELESS_LISTS:
+            value = _LIST_SPACING.sub(r"\1", value.lower())
+        key.append((name, value))
+    return tuple(key)
 
 
 def conditional_headers(stored_headers: Headers) -> list[tuple[str, str]]:
