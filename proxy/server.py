@@ -204,9 +204,9 @@ class Proxy:
         """Answer from the response another request fetched; it counts as this request's
         sighting of the URL too, so a burst of misses can store it."""
         size = len(shared.body)
-        decision = await self._decide(meta, shared.meta, size, fetched=False)
-        outcome = self.engine.finish(meta, decision, size, self.clock(), payload=shared.body,
-                                     fetched=False)  # fmt: skip
+        admitted = await self._ask_fleet(meta, shared.meta, size)
+        outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
+                                        payload=shared.body, admitted=admitted)  # fmt: skip
         status = f"{CACHE}; fwd=uri-miss; collapsed" + _detail(outcome)
         age = shared.meta.initial_age
         return self._whole(request, meta, shared.meta.status, shared.meta.headers, shared.body,
@@ -318,16 +318,20 @@ class Proxy:
         return out, Shared(rmeta, body, meta.headers)
 
     async def _decide(
-        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, *, fetched: bool = True
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
     ) -> Keep | NotStored:
-        """``engine.on_response_head``, asking the fleet's filter first when there is one: the
-        one place a response awaits the admission backend."""
-        admitted = None
+        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
+        admitted = await self._ask_fleet(meta, rmeta, length)
+        return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
+
+    async def _ask_fleet(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
+    ) -> bool | None:
+        """The fleet's admission answer when the engine would consult its policy (the one
+        place a response awaits the admission backend); None without a fleet."""
         if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
-            admitted = await self.shared.admit(meta.key, length or 0, self.clock())
-        return self.engine.on_response_head(
-            meta, rmeta, length, self.clock(), fetched=fetched, admitted=admitted
-        )
+            return await self.shared.admit(meta.key, length or 0, self.clock())
+        return None
 
     # Stored responses the origin is asked about
 

@@ -24,7 +24,8 @@ Rules this module keeps:
   without consulting the policy; a URL already stored (a refresh) is kept without consulting the
   policy; otherwise the admission policy decides on the URL, and a refusal is
   ``NotStored("first-sighting")``. ``finish`` then stores a kept body that ended whole and fits;
-  a body cut short is never stored. ``on_response`` is both steps for a body already in hand.
+  a body cut short is never stored. ``on_response`` is both steps for a body already in hand;
+  ``on_shared`` counts a request answered by another's fetch as a sighting, not a fetch.
 * A full response to a revalidation that may not be stored removes the stored one (section
   4.3.4); a 304 refreshes it, keeping its status, and re-charges its size.
 * Variants (``Vary``) are stored under the URL plus the selecting request header values; the
@@ -344,35 +345,14 @@ class CacheEngine:
         length: int | None,
         now: float,
         *,
-        fetched: bool = True,
         admitted: bool | None = None,
     ) -> Keep | NotStored:
-        """Decide from a response's head whether its body will be kept (``length``: its
-        Content-Length, None when unknown). ``fetched=False``: a response shared with a
-        collapsed request, which counts as a sighting but not as an origin fetch, and is not
-        kept twice. ``admitted``: the admission answer when the driver already asked an
-        asynchronous backend (see ``admission_pending``); None asks the engine's own policy."""
-        c = self.counters
-        if fetched:
-            c.origin_fetches += 1
-        else:
-            c.collapsed += 1
-        if not response.cacheable:
-            c.uncacheable += 1
-            self._refused(request, response, now)
-            return NotStored(response.reason or "uncacheable")
-        if length is not None and not self.store.fits(length):
-            c.too_large += 1
-            self._pass_for_a_while(request, now)
-            return TOO_LARGE
-        key, known = self._storage_key(request, response)
-        if known:
-            return Keep(key, response) if fetched else COLLAPSED
-        if admitted is None:
-            admitted = self.admission.admit(request.key, length or 0, now)
-        if not admitted:
-            return FIRST_SIGHTING
-        return Keep(key, response)
+        """Decide from the head of a response fetched from the origin whether its body will
+        be kept (``length``: its Content-Length, None when unknown). ``admitted``: the
+        admission answer when the driver already asked an asynchronous backend (see
+        ``admission_pending``); None asks the engine's own policy."""
+        self.counters.origin_fetches += 1
+        return self._decide(request, response, length, now, admitted, known=True)
 
     def finish(
         self,
@@ -383,20 +363,88 @@ class CacheEngine:
         *,
         payload: object = None,
         complete: bool = True,
-        fetched: bool = True,
         served: bool = True,
     ) -> Outcome:
         """The body of a decided response ended after ``size`` bytes (``complete=False``: cut
-        short). A kept body that ended whole and fits is stored, with ``payload`` (the
-        driver's own: the store never reads it)."""
+        short; ``served=False``: no client got it, as in a background refresh). A kept body
+        that ended whole and fits is stored, with ``payload`` (the driver's own: the store
+        never reads it)."""
         c = self.counters
-        if fetched:
-            c.origin_bytes += size
+        c.origin_bytes += size
         if served:
             c.bytes_served += size
         if not complete:
             c.cut_short += 1
             return CUT_SHORT
+        return self._settle(request, decision, size, now, payload)
+
+    def on_response(
+        self, request: RequestMeta, response: ResponseMeta, size: int, now: float
+    ) -> Outcome:
+        """``on_response_head`` and ``finish`` for a fetched response whose whole body
+        (``size`` bytes, ``response.payload``) is in hand: the simulator's path."""
+        decision = self.on_response_head(request, response, size, now)
+        return self.finish(request, decision, size, now, payload=response.payload)
+
+    def on_shared(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        size: int,
+        now: float,
+        *,
+        payload: object = None,
+        admitted: bool | None = None,
+    ) -> Outcome:
+        """A response another request fetched (single flight) answered this one: a sighting
+        of its URL, not an origin fetch. It is stored (with ``payload``) if this sighting
+        admits it and no other request stored it already."""
+        c = self.counters
+        c.collapsed += 1
+        c.bytes_served += size
+        decision = self._decide(request, response, size, now, admitted, known=False)
+        return self._settle(request, decision, size, now, payload)
+
+    def _decide(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        now: float,
+        admitted: bool | None,
+        *,
+        known: bool,
+    ) -> Keep | NotStored:
+        """Keep or not, by the HTTP rules, the size and the admission policy; a URL already
+        stored is kept again (a refresh) when ``known`` says so, else it is ``COLLAPSED``."""
+        c = self.counters
+        if not response.cacheable:
+            c.uncacheable += 1
+            self._refused(request, response, now)
+            return NotStored(response.reason or "uncacheable")
+        if length is not None and not self.store.fits(length):
+            c.too_large += 1
+            self._pass_for_a_while(request, now)
+            return TOO_LARGE
+        key, stored = self._storage_key(request, response)
+        if stored:
+            return Keep(key, response) if known else COLLAPSED
+        if admitted is None:
+            admitted = self.admission.admit(request.key, length or 0, now)
+        if not admitted:
+            return FIRST_SIGHTING
+        return Keep(key, response)
+
+    def _settle(
+        self,
+        request: RequestMeta,
+        decision: Keep | NotStored,
+        size: int,
+        now: float,
+        payload: object,
+    ) -> Outcome:
+        """Store a kept body of ``size`` bytes, or count why it was not."""
+        c = self.counters
         if type(decision) is NotStored:
             if decision is FIRST_SIGHTING:
                 c.rejected_first_sighting += 1
@@ -432,26 +480,6 @@ class CacheEngine:
         c.admissions += 1
         c.bytes_written += size
         return Store(entry, tuple(evicted))
-
-    def on_response(
-        self,
-        request: RequestMeta,
-        response: ResponseMeta,
-        size: int,
-        now: float,
-        *,
-        fetched: bool = True,
-        served: bool = True,
-        admitted: bool | None = None,
-    ) -> Outcome:
-        """``on_response_head`` and ``finish`` for a response whose whole body (``size`` bytes,
-        ``response.payload``) is in hand: the simulator's path, and a collapsed request's."""
-        decision = self.on_response_head(
-            request, response, size, now, fetched=fetched, admitted=admitted
-        )
-        return self.finish(
-            request, decision, size, now, payload=response.payload, fetched=fetched, served=served
-        )
 
     def admission_pending(
         self, request: RequestMeta, response: ResponseMeta, length: int | None
