@@ -38,6 +38,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from cachetools import LRUCache
 
@@ -155,9 +156,12 @@ Action = FromCache | Revalidate | Fetch | Refuse
 # What becomes of a response.
 
 
-@dataclass(frozen=True, slots=True)
-class Keep:
-    """Copy the body while it streams; ``finish`` stores it if it ends whole and fits."""
+class Keep(NamedTuple):
+    """Copy the body while it streams; ``finish`` stores it if it ends whole and fits.
+
+    A named tuple, not a frozen dataclass like the other decisions: one is made for every
+    admitted miss, the simulator's hottest allocation, and a tuple is made three times as
+    fast while being just as immutable."""
 
     key: str
     response: ResponseMeta
@@ -352,7 +356,7 @@ class CacheEngine:
         admission answer when the driver already asked an asynchronous backend (see
         ``admission_pending``); None asks the engine's own policy."""
         self.counters.origin_fetches += 1
-        return self._decide(request, response, length, now, admitted, known=True)
+        return self._decide(request, response, length, now, admitted, True)
 
     def finish(
         self,
@@ -383,8 +387,12 @@ class CacheEngine:
     ) -> Outcome:
         """``on_response_head`` and ``finish`` for a fetched response whose whole body
         (``size`` bytes, ``response.payload``) is in hand: the simulator's path."""
-        decision = self.on_response_head(request, response, size, now)
-        return self.finish(request, decision, size, now, payload=response.payload)
+        c = self.counters
+        c.origin_fetches += 1
+        c.origin_bytes += size
+        c.bytes_served += size
+        decision = self._decide(request, response, size, now, None, True)
+        return self._settle(request, decision, size, now, response.payload)
 
     def on_shared(
         self,
@@ -402,7 +410,7 @@ class CacheEngine:
         c = self.counters
         c.collapsed += 1
         c.bytes_served += size
-        decision = self._decide(request, response, size, now, admitted, known=False)
+        decision = self._decide(request, response, size, now, admitted, False)
         return self._settle(request, decision, size, now, payload)
 
     def _decide(
@@ -412,7 +420,6 @@ class CacheEngine:
         length: int | None,
         now: float,
         admitted: bool | None,
-        *,
         known: bool,
     ) -> Keep | NotStored:
         """Keep or not, by the HTTP rules, the size and the admission policy; a URL already
