@@ -249,9 +249,17 @@ async def replay(trace: Trace, config: ReplayConfig) -> ReplayResult:
     run = _Run(trace, config)
     loop = asyncio.get_running_loop()
     handled = []
+
+    def interrupt() -> None:
+        # Decided here, not from the sender afterwards: stopping may let the sender finish in
+        # the same loop turn, and the run would pass for complete.
+        if not run.stop.is_set():
+            run.result.interrupted = True
+        run.stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, run.stop.set)
+            loop.add_signal_handler(sig, interrupt)
             handled.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
@@ -274,7 +282,6 @@ async def replay(trace: Trace, config: ReplayConfig) -> ReplayResult:
             await asyncio.wait(
                 waiters, timeout=config.max_seconds, return_when=asyncio.FIRST_COMPLETED
             )
-            run.result.interrupted = run.stop.is_set() and not sender.done()
             run.stop.set()
             await sender
             waiters[1].cancel()

@@ -104,9 +104,12 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     try:
         import uvloop  # optional: a faster event loop when installed
     except ImportError:
+        uvloop = None
+    # Run outside the except clause: a traceback logged while serving must not carry the
+    # ImportError as its context.
+    if uvloop is None:
         return asyncio.run(coroutine)
-    else:
-        return uvloop.run(coroutine)
+    return uvloop.run(coroutine)
 
 
 async def _serve(config: Config, worker: bool = False) -> None:

@@ -1,8 +1,9 @@
 """The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, POST /purge and
 POST /filter/reset.
 
-When a token is configured every endpoint but /healthz requires ``Authorization: Bearer TOKEN``
-(the config refuses a non-loopback admin listener without one).
+/healthz is always open. When a token is configured every other endpoint requires
+``Authorization: Bearer TOKEN`` (the config refuses a non-loopback admin listener without one);
+without one, the request's Host must name the listener. POSTs must be JSON.
 """
 
 from __future__ import annotations
@@ -15,24 +16,57 @@ from dataclasses import asdict
 
 from aiohttp import web
 
+from proxy.config import AdminSection
 from proxy.core.stats import GAUGES, METRICS
 from proxy.server import Proxy, cache_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def token_middleware(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """Every endpoint but /healthz needs ``Authorization: Bearer TOKEN`` when a token is set."""
+# Host names under which a loopback admin listener may be addressed without a token.
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def guard_middleware(
+    token: str, listen_host: str
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """What every admin request but /healthz must show:
+
+    * with a token, ``Authorization: Bearer TOKEN``;
+    * without one, a ``Host`` naming the admin listener (its address, or a loopback name): a
+      page whose own domain resolves to 127.0.0.1 cannot reach the API (DNS rebinding);
+    * on POST, ``Content-Type: application/json``, which a cross-site form cannot send.
+    """
+    bracketed = f"[{listen_host}]" if ":" in listen_host else listen_host
+    allowed_hosts = _LOOPBACK_NAMES | {bracketed.lower()}
 
     @web.middleware
-    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token and request.path != "/healthz":
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        if token:
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        elif _host_name(request.headers.get("Host", "")) not in allowed_hosts:
+            return web.json_response(
+                {"error": "Host must name the admin listener (or set [admin] token)"}, status=403
+            )
+        if request.method == "POST" and request.content_type != "application/json":
+            return web.json_response(
+                {"error": "POST bodies must be Content-Type: application/json"}, status=415
+            )
         return await handler(request)
 
-    return require_token
+    return guard
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host value, lower-cased (an IPv6 literal keeps its brackets)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.partition(":")[0]
 
 
 def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
@@ -76,11 +110,16 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 params.update(await request.json())
             except (ValueError, TypeError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
-        if isinstance(params.get("url"), str):
-            removed = proxy.engine.invalidate(cache_key(params["url"]))
-        elif isinstance(params.get("prefix"), str):
-            removed = proxy.engine.purge_prefix(cache_key(params["prefix"]))
-        else:
+        try:
+            if isinstance(params.get("url"), str):
+                removed = proxy.engine.invalidate(cache_key(params["url"]))
+            elif isinstance(params.get("prefix"), str):
+                removed = proxy.engine.purge_prefix(cache_key(params["prefix"]))
+            else:
+                removed = None
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if removed is None:
             return web.json_response(
                 {"error": 'give {"url": "http://host/path"} or {"prefix": "http://host/dir/"}'},
                 status=400,
@@ -92,7 +131,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         return web.json_response({"reset": True})
 
     return admin_application(
-        proxy.config.admin.token,
+        proxy.config.admin,
         stats=stats,
         metrics=metrics,
         healthz=healthz,
@@ -102,7 +141,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
 
 
 def admin_application(
-    token: str,
+    config: AdminSection,
     *,
     stats: Handler,
     metrics: Handler,
@@ -110,9 +149,9 @@ def admin_application(
     purge: Handler,
     filter_reset: Handler,
 ) -> web.Application:
-    """The admin API's one route table, behind the bearer token when one is set: a single
-    proxy and a fleet of workers answer the same endpoints."""
-    app = web.Application(middlewares=[token_middleware(token)])
+    """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
+    of workers answer the same endpoints."""
+    app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

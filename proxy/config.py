@@ -144,6 +144,23 @@ def _forward_names(value: Any) -> tuple[str, ...]:
         ) from None
 
 
+# Analytics cookies: set by page scripts on every page, read by no origin.
+IGNORED_COOKIES = ("_ga", "_ga_*", "_gid", "_gat*", "_gcl_*", "_fbp", "__utm*", "_hj*")
+
+
+def _cookie_names(value: Any) -> tuple[str, ...]:
+    """Cookie names or glob patterns, as a list or one comma-separated string; [] for none."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError('expected a list of cookie names, like ["_ga", "_gid*"]')
+    cleaned = tuple(n.strip() for n in names)
+    if isinstance(value, str) and value.strip() == "":
+        return ()
+    if any(not n or any(c in n for c in ";=, \t") for n in cleaned):
+        raise ValueError('expected cookie names or globs without ";", "=" or spaces, like "_ga*"')
+    return cleaned
+
+
 def _optional_duration(value: Any) -> float:
     if value in (0, "0"):
         return 0.0
@@ -221,6 +238,10 @@ class ServerSection:
     deny_headers: tuple[str, ...] = _setting(
         DENIED_BY_DEFAULT, _header_names, "fields a cacheable GET/HEAD never passes to the origin"
     )
+    body_buffer_size: int = _setting(
+        64 << 10, _size, "request body bytes read before an origin connection is taken"
+    )
+    body_timeout: float = _setting(60.0, _duration, "longest wait for the next request body bytes")
 
 
 @dataclass(frozen=True)
@@ -236,6 +257,10 @@ class CacheSection:
     store_set_cookie: bool = _setting(False, _bool, "store responses that carry Set-Cookie")
     hit_for_miss: float = _setting(
         5.0, _optional_duration, "how long an uncacheable URL goes straight to the origin"
+    )
+    max_variants: int = _setting(32, _positive_int, "variants stored per URL (Vary); more pass")
+    ignore_cookies: tuple[str, ...] = _setting(
+        IGNORED_COOKIES, _cookie_names, "cookie names (globs) that do not make a request private"
     )
 
 
@@ -263,9 +288,6 @@ class UpstreamSection:
     single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
     max_connections: int = _setting(512, _positive_int, "origin connections open at most")
     idle_timeout: float = _setting(4.0, _duration, "longest an unused origin connection is kept")
-    retry_body_size: int = _setting(
-        64 << 10, _size, "request bodies up to this size are read first, so they can be retried"
-    )
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import assert_never
+from urllib.parse import urlsplit
 
 import aiohttp
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from multidict import CIMultiDict
 
 from proxy.coalesce import Flight, SingleFlight
@@ -65,8 +67,13 @@ log = logging.getLogger("onehit.proxy")
 
 CACHE = "onehit"
 VIA = "1.1 onehit"
-# Client fields that are replaced, never trusted (a client cannot pose as another hop).
-_REPLACED = frozenset({"host", "via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
+# Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
+# client cannot pose as another hop).
+_FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
+# Client fields never passed on: the origin's Host is its own (from its URL), and a body the
+# proxy has in hand needs no 100 Continue from the origin.
+_NEVER_SENT = frozenset({"host", "expect"})
+_VERSIONS = frozenset({HttpVersion10, HttpVersion11})
 # Client fields a whole-object fetch leaves out: the cache answers them itself.
 _CLIENT_ASKS = frozenset(
     {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
@@ -116,7 +123,8 @@ class Proxy:
         forward = config.server.forward_headers
         self.allowed = None if forward == ("*",) else frozenset(forward)
         self.denied = frozenset(config.server.deny_headers)
-        self.retry_body_size = config.upstream.retry_body_size
+        self.body_buffer_size = config.server.body_buffer_size
+        self.body_timeout = config.server.body_timeout
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -132,23 +140,43 @@ class Proxy:
             return _plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.version not in _VERSIONS:
+            return _refuse_version(request)
         if len(request.raw_path) > self.max_url:
             return _plain(414, f"request target longer than {self.max_url} bytes")
         if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > self.max_headers:
             return _plain(431, f"request header fields larger than {self.max_headers} bytes")
-        if request.method == "CONNECT":
-            return _plain(405, "CONNECT is refused: this is a reverse proxy, not an open proxy")
-        route_host, key_host = _hosts(request.host)
+        if request.method in ("CONNECT", "TRACE"):
+            return _plain(405, f"{request.method} is refused: this is a reverse proxy")
+        coding = request.headers.get("Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            return _plain(501, "only the chunked transfer coding is implemented", close=True)
         absolute = not request.raw_path.startswith("/")
+        target = urlsplit(request.raw_path) if absolute else None
+        hosts = _hosts(target.netloc if target is not None else request.host)
+        if hosts is None:
+            return _plain(400, "invalid Host")
+        route_host, key_host = hosts
         origin = self.routes.get(route_host)
         if origin is None and not absolute:
             origin = self.routes.get("")
         if origin is None:
             return _plain(421, f"no route for host {route_host!r}")
         path = request.rel_url.raw_path_qs if absolute else request.raw_path
-        meta = RequestMeta(
-            f"http://{key_host}{path}", request.method, tuple(request.headers.items())
+        # What the origin receives of Via and X-Forwarded-*, in place of anything the client
+        # sent: Vary selects variants on these values too.
+        forwarding = (
+            ("Via", VIA),
+            ("X-Forwarded-For", request.remote or ""),
+            ("X-Forwarded-Proto", request.scheme),
+            ("X-Forwarded-Host", key_host),
         )
+        fields = request.headers
+        if any(name in fields for name, _ in forwarding):
+            client = tuple((k, v) for k, v in fields.items() if k.lower() not in _FORWARDING)
+        else:
+            client = tuple(fields.items())
+        meta = RequestMeta(f"http://{key_host}{path}", request.method, client + forwarding)
         url = origin + path
         action = self.engine.plan(meta, self.clock())
         match action:
@@ -226,11 +254,11 @@ class Proxy:
         request_time = self.clock()
         try:
             upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(request, whole=action.whole)
+                meta.method, url, self._upstream_headers(meta, whole=action.whole)
             )
         except UpstreamError as exc:
             status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
-            return _plain(exc.status, exc.detail, status), None
+            return _plain(exc.status, exc.public, status), None
         async with upstream:
             return await self._receive(request, meta, url, upstream, request_time, action, flight)
 
@@ -250,7 +278,7 @@ class Proxy:
         headers = rfc9111.end_to_end(list(upstream.headers.items()))
         rmeta = response_meta(
             meta, upstream.status, headers, request_time, self.clock(),
-            allow_set_cookie=self.allow_set_cookie,
+            allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
         )  # fmt: skip
         length = upstream.content_length
         fits = length is None or length <= self.max_object
@@ -340,12 +368,12 @@ class Proxy:
     ) -> web.StreamResponse:
         entry = action.entry
         request_time = self.clock()
-        headers = self._upstream_headers(request, whole=True, extra=action.conditions,
+        headers = self._upstream_headers(meta, whole=True, extra=action.conditions,
                                          keep=_vary_of(entry))  # fmt: skip
         try:
             upstream = await self.upstream.request("GET", url, headers)
         except UpstreamError as exc:
-            return self._origin_failed(request, meta, action, exc.status, exc.detail)
+            return self._origin_failed(request, meta, action, exc.status, exc.public)
         async with upstream:
             if upstream.status == 304:
                 fresh = rfc9111.end_to_end(list(upstream.headers.items()))
@@ -381,9 +409,7 @@ class Proxy:
         if flight is None:
             return
         conditions = tuple(rfc9111.conditional_headers(entry.headers))
-        headers = self._upstream_headers(
-            request, whole=True, extra=conditions, keep=_vary_of(entry)
-        )
+        headers = self._upstream_headers(meta, whole=True, extra=conditions, keep=_vary_of(entry))
 
         async def refresh() -> None:
             try:
@@ -398,6 +424,7 @@ class Proxy:
                     rmeta = response_meta(
                         meta, upstream.status, fields, request_time, self.clock(),
                         allow_set_cookie=self.allow_set_cookie,
+                        ignored_cookies=self.engine.ignore_cookies,
                     )  # fmt: skip
                     length = upstream.content_length
                     decision = await self._decide(meta, rmeta, length)
@@ -420,17 +447,17 @@ class Proxy:
     async def _pass_through(
         self, request: web.BaseRequest, meta: RequestMeta, url: str
     ) -> web.StreamResponse:
-        body: aiohttp.StreamReader | bytes | None = None
-        if request.body_exists:
-            length = request.content_length
-            small = length is not None and length <= self.retry_body_size
-            body = await request.read() if small else request.content
+        try:
+            body = await self._request_body(request)
+        except TimeoutError:
+            log.info("%s %s: no request body bytes for %gs", meta.method, url, self.body_timeout)
+            return _plain(408, "request body timed out", close=True)
         try:
             upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(request, whole=False), body
+                meta.method, url, self._upstream_headers(meta, whole=False), body
             )
         except UpstreamError as exc:
-            return _plain(exc.status, exc.detail, f"{CACHE}; fwd=method; detail=origin-error")
+            return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
             headers = rfc9111.end_to_end(list(upstream.headers.items()))
@@ -448,11 +475,40 @@ class Proxy:
             await out.write_eof()
             return out
 
+    async def _request_body(self, request: web.BaseRequest) -> bytes | AsyncIterator[bytes] | None:
+        """The request body as the origin will get it, read before any origin connection is
+        taken: whole when it fits ``[server] body_buffer_size`` (then a failed connection can
+        send it again), else its first bytes and then the rest as it arrives. Every wait for
+        more bytes is bounded by ``[server] body_timeout`` (TimeoutError past it), so a client
+        that stalls mid-upload holds no origin connection. ``Expect: 100-continue`` is answered
+        here, as nginx does: the origin gets the body without being asked."""
+        if not request.body_exists:
+            return None
+        expect = request.headers.get("Expect", "")
+        if expect.lower() == "100-continue" and request.version == HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        reader, timeout, limit = request.content, self.body_timeout, self.body_buffer_size
+        parts: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = await asyncio.wait_for(reader.readany(), timeout)
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            size += len(chunk)
+
+        async def rest() -> AsyncIterator[bytes]:
+            yield b"".join(parts)
+            while chunk := await asyncio.wait_for(reader.readany(), timeout):
+                yield chunk
+
+        return rest()
+
     # Building requests and answers
 
     def _upstream_headers(
         self,
-        request: web.BaseRequest,
+        meta: RequestMeta,
         *,
         whole: bool,
         extra: tuple[tuple[str, str], ...] = (),
@@ -460,32 +516,27 @@ class Proxy:
     ) -> list[tuple[str, str]]:
         """The fields sent to the origin: the client's end-to-end ones (for a GET/HEAD, less
         the denied ones, or only the allowed ones), without what a whole-object fetch answers
-        itself, plus ``extra`` and the forwarding fields. ``keep``: fields that pass whatever
-        the lists say (those a stored response's Vary names)."""
-        drop = _REPLACED | {k.lower() for k, _ in extra}
+        itself, plus ``extra``, and the forwarding fields ``meta`` carries. ``keep``: fields
+        that pass whatever the lists say (those a stored response's Vary names)."""
+        drop = _NEVER_SENT | {k.lower() for k, _ in extra}
         if whole or extra:
             drop = drop | _CLIENT_ASKS
-        filtered = request.method in ("GET", "HEAD")
+        filtered = meta.method in ("GET", "HEAD")
         denied, allowed = self.denied, self.allowed
         headers = []
-        for k, v in rfc9111.end_to_end(list(request.headers.items())):
+        for k, v in rfc9111.end_to_end(meta.headers):
             low = k.lower()
             if low in drop:
                 continue
             if (
                 filtered
                 and low not in keep
+                and low not in _FORWARDING
                 and (low in denied or (allowed is not None and low not in allowed))
             ):
                 continue
             headers.append((k, v))
         headers.extend(extra)
-        headers += [
-            ("Via", VIA),
-            ("X-Forwarded-For", request.remote or ""),
-            ("X-Forwarded-Proto", request.scheme),
-            ("X-Forwarded-Host", request.host),
-        ]
         return headers
 
     def _from_cache(
@@ -615,21 +666,33 @@ async def _read_up_to(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
 
 
 def cache_key(url: str) -> str:
-    """The cache key of an absolute ``http://host[:port]/path?query`` URL, as the proxy forms it."""
+    """The cache key of an absolute ``http://host[:port]/path?query`` URL, as the proxy forms it
+    (ValueError for a host the proxy would refuse)."""
     _, _, rest = url.partition("://")
     host, slash, path = rest.partition("/")
-    return f"http://{_hosts(host)[1]}{slash}{path}"
+    hosts = _hosts(host)
+    if hosts is None:
+        raise ValueError(f"not a valid host: {host!r}")
+    return f"http://{hosts[1]}{slash}{path}"
 
 
-def _hosts(host: str) -> tuple[str, str]:
-    """(route host, key host) of a Host value: lower-cased; the key keeps a non-default port."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        name, _, rest = host.partition("]")
-        name += "]"
-        port = rest[1:] if rest.startswith(":") else ""
-    else:
-        name, _, port = host.partition(":")
+_HOST = re.compile(
+    r"(?P<name>\[[0-9A-Fa-f:.]+\]|(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+)"
+    r"(?::(?P<port>[0-9]{0,5}))?",
+    re.ASCII,
+)
+
+
+def _hosts(host: str) -> tuple[str, str] | None:
+    """(route host, key host) of a Host value (RFC 3986 3.2.2: a reg-name or an IP literal,
+    ASCII only), lower-cased by ASCII rules; the key keeps a non-default port. None when it is
+    not a valid host: ``/`` or ``@`` in it, a non-ASCII letter that would fold onto another
+    host's name (the Kelvin sign onto ``k``), an unbracketed IPv6 address."""
+    match = _HOST.fullmatch(host.strip())
+    if match is None:
+        return None
+    name = match["name"].lower()
+    port = match["port"] or ""
     key = name if port in ("", "80") else f"{name}:{port}"
     return name.strip("[]"), key
 
@@ -645,12 +708,32 @@ def _mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None
     response.headers["Via"] = VIA
 
 
-def _plain(status: int, text: str, cache_status: str | None = None) -> web.Response:
+def _plain(
+    status: int, text: str, cache_status: str | None = None, *, close: bool = False
+) -> web.Response:
+    """A short plain-text answer the proxy makes itself; ``close``: end the connection after
+    it (what is left of the request cannot be trusted)."""
     response = web.Response(status=status, text=text + "\n")
+    if close:
+        response.force_close()
     _mark(
         response, cache_status or f"{CACHE}; fwd=request", "ERROR" if status >= 500 else "REFUSED"
     )
     return response
+
+
+def _refuse_version(request: web.BaseRequest) -> web.Response:
+    """505 for a request line in a version other than HTTP/1.0 or 1.1, written as an HTTP/1.1
+    message (aiohttp would answer in the request's own version, which this proxy does not
+    speak), then the connection closes."""
+    text = b"HTTP versions 1.0 and 1.1 only\n"
+    if request.transport is not None:
+        request.transport.write(
+            b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(text), text)
+        )
+        request.transport.close()
+    return web.Response(status=505)
 
 
 def _abort(request: web.BaseRequest) -> None:

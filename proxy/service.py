@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -50,6 +51,38 @@ class JsonAccessLogger(AbstractAccessLogger):
         )
 
 
+class OneLineEvery(logging.Filter):
+    """Protocol errors (a malformed request is refused with 400 by aiohttp's parser) as one line
+    each, at most one per ``interval`` seconds, with a count of those left out: a client that
+    sends garbage cannot fill the log with tracebacks."""
+
+    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self.clock = clock
+        self._last = -float("inf")
+        self.suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self.clock()
+        if now - self._last < self.interval:
+            self.suppressed += 1
+            return False
+        self._last = now
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            message = f"{message}: {record.exc_info[1]!r}"
+        if self.suppressed:
+            message += f" ({self.suppressed} more since the last line)"
+            self.suppressed = 0
+        record.msg, record.args, record.exc_info, record.exc_text = message, (), None, None
+        return True
+
+
+HTTP_ERRORS = logging.getLogger("onehit.http")
+HTTP_ERRORS.addFilter(OneLineEvery())
+
+
 def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
     """The fleet's admission window when ``[admission] backend = "redis"``, else None."""
     a = config.admission
@@ -69,8 +102,13 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
 
 def build_engine(config: Config) -> CacheEngine:
     store = LRUStore(config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD)
+    c = config.cache
     return CacheEngine(
-        store, make_policy(config.admission_config(), store), hit_for_miss=config.cache.hit_for_miss
+        store,
+        make_policy(config.admission_config(), store),
+        hit_for_miss=c.hit_for_miss,
+        max_variants=c.max_variants,
+        ignore_cookies=c.ignore_cookies,
     )
 
 
@@ -99,6 +137,7 @@ class Service:
             # aiohttp closes a connection whose request head is not complete this long after it
             # opened or after its last response: idle keep-alives and slow-header clients.
             "keepalive_timeout": config.server.idle_timeout,
+            "logger": HTTP_ERRORS,
         }
         if config.server.access_log:
             server_kwargs["access_log"] = logging.getLogger("onehit.access")

@@ -7,13 +7,14 @@ reached is a 502, one that does not answer in time a 504. Every failure is logge
 Pooled connections are dropped after ``idle_timeout`` seconds unused, below the keep-alive
 timeouts origins commonly use (Node's 5 s), so the proxy rarely sends on a connection the origin
 has already closed. When it does, and the request failed before any byte of a response, it is
-sent once more on a new connection, if it can be: its method is idempotent, or its body is
-in hand (bytes), not a stream already partly consumed.
+sent once more on a new connection, if it can be: it has no body, or its body is in hand
+(bytes), not a stream already partly consumed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -21,17 +22,18 @@ from proxy.config import UpstreamSection
 
 log = logging.getLogger("onehit.upstream")
 
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 # Failures of a connection the origin closed or reset before answering.
 _STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 class UpstreamError(Exception):
-    """The origin failed before a response began; ``status`` is what the client gets."""
+    """The origin failed before a response began; ``status`` and ``public`` are what the
+    client gets, ``detail`` (with the origin's address) is for the log only."""
 
-    def __init__(self, status: int, detail: str) -> None:
+    def __init__(self, status: int, public: str, detail: str) -> None:
         super().__init__(detail)
         self.status = status
+        self.public = public
         self.detail = detail
 
 
@@ -73,11 +75,11 @@ class Upstream:
         method: str,
         url: str,
         headers: list[tuple[str, str]],
-        body: aiohttp.StreamReader | bytes | None = None,
+        body: AsyncIterator[bytes] | bytes | None = None,
     ) -> aiohttp.ClientResponse:
         """Send the request; the response's headers have arrived, its body is still to read."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
-        replayable = body is None or isinstance(body, bytes) or method in IDEMPOTENT
+        replayable = body is None or isinstance(body, bytes)
         try:
             try:
                 return await self._session.request(
@@ -93,10 +95,10 @@ class Upstream:
                     method, url, headers=headers, data=body, allow_redirects=False
                 )
         except TimeoutError as exc:
-            error = UpstreamError(504, f"origin timed out ({type(exc).__name__})")
+            error = UpstreamError(504, "origin timed out", f"timed out ({type(exc).__name__})")
         except aiohttp.ClientConnectorError as exc:
-            error = UpstreamError(502, f"origin unreachable ({exc.os_error})")
+            error = UpstreamError(502, "origin unreachable", f"unreachable ({exc.os_error})")
         except aiohttp.ClientError as exc:
-            error = UpstreamError(502, f"origin failed ({type(exc).__name__}: {exc})")
-        log.warning("%s %s: %s", method, url, error.detail)
+            error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
+        log.warning("%s %s: origin %s", method, url, error.detail)
         raise error

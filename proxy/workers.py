@@ -71,7 +71,8 @@ def fleet_admin(config: Config, admins: list[str]) -> web.Application:
         async with aiohttp.ClientSession(headers=headers) as session:
 
             async def one(admin: str) -> Any:
-                async with session.request(method, f"{admin}{path}", json=body) as r:
+                json_body = body if body is not None or method != "POST" else {}
+                async with session.request(method, f"{admin}{path}", json=json_body) as r:
                     r.raise_for_status()
                     return await (r.json() if r.content_type == "application/json" else r.text())
 
@@ -105,7 +106,7 @@ def fleet_admin(config: Config, admins: list[str]) -> web.Application:
         return web.json_response({"workers": answers, "removed": removed})
 
     return admin_application(
-        config.admin.token,
+        config.admin,
         stats=stats,
         metrics=metrics,
         healthz=healthz,

@@ -47,7 +47,7 @@ async def test_purge_by_prefix_and_filter_reset(start_proxy, client, origin):
         assert (await r.json()) == {"removed": 2}
     async with client.post(admin(proxy) + "/purge", json={}) as r:
         assert r.status == 400
-    async with client.post(admin(proxy) + "/filter/reset") as r:
+    async with client.post(admin(proxy) + "/filter/reset", json={}) as r:
         assert r.status == 200
     async with client.get(base(proxy) + "/img/1") as r:
         assert r.headers["Cache-Status"] == "onehit; fwd=uri-miss; detail=first-sighting"

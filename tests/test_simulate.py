@@ -21,7 +21,7 @@ def trace():
 
 def reference_lru_hits(trace, capacity: int, overhead: int) -> int:
     """A byte-bounded LRU from OrderedDict alone, independent of cachetools and the engine;
-    each entry costs its size plus ``overhead``."""
+    each entry costs its size plus ``overhead`` and, with an overhead, twice its key."""
     cache: OrderedDict[str, int] = OrderedDict()
     used = hits = 0
     for request in trace:
@@ -29,7 +29,7 @@ def reference_lru_hits(trace, capacity: int, overhead: int) -> int:
             cache.move_to_end(request.key)
             hits += 1
             continue
-        cost = request.size + overhead
+        cost = request.size + overhead + (2 * len(request.key) if overhead else 0)
         if cost > capacity:
             continue
         while used + cost > capacity:
@@ -52,17 +52,17 @@ def test_plain_lru_matches_an_independent_ordereddict_lru(trace, share, overhead
 # moves any of these must say why in its commit.
 GOLDEN = {
     "always": {
-        "hits": 10179,
-        "admissions": 49821,
-        "evictions": 49606,
-        "dead_writes": 46389,
+        "hits": 10174,
+        "admissions": 49826,
+        "evictions": 49612,
+        "dead_writes": 46394,
         "rotations": 0,
     },
     "second-hit(auto)": {
         "hits": 15452,
-        "admissions": 6508,
-        "evictions": 6292,
-        "dead_writes": 4255,
+        "admissions": 6507,
+        "evictions": 6291,
+        "dead_writes": 4252,
         "rotations": 41,
     },
 }

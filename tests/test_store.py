@@ -78,14 +78,16 @@ def test_bad_sizes_are_refused(cap, max_obj):
         LRUStore(cap, max_obj)
 
 
-def test_entries_are_charged_their_overhead_so_capacity_bounds_memory():
-    store = LRUStore(10_000, entry_overhead=1000)
+def test_entries_are_charged_their_overhead_and_key_so_capacity_bounds_memory():
+    store = LRUStore(10_020, entry_overhead=1000)
     for i in range(20):
-        store.put(entry(str(i), 1000))
-    assert len(store) == 5 and store.bytes_used == 10_000  # 5 x (1000 + 1000)
-    assert store.max_object_bytes == 9000
+        store.put(entry(f"{i:02d}", 1000))
+    assert len(store) == 5 and store.bytes_used == 10_020  # 5 x (1000 + 1000 + 2 x 2)
+    assert store.max_object_bytes == 9020
     heavy = Entry("h", 100, 0.0, headers=(("X-Big", "v" * 2000),))
-    assert entry_charge(heavy, 1000) == 100 + 1000 + 3 * 2005 - 1024
+    assert entry_charge(heavy, 1000) == 100 + 1000 + 2 + 3 * 2005 - 1024
+    long_key = Entry("k" * 8000, 100, 0.0)
+    assert entry_charge(long_key, 1000) == 100 + 1000 + 16_000
     assert entry_charge(heavy, 0) == 100
     with pytest.raises(ValueError, match="entry_overhead"):
         LRUStore(100, entry_overhead=100)

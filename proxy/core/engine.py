@@ -32,6 +32,14 @@ Rules this module keeps:
   admission policy sees only the URL. The index of a URL's variants holds only stored variants:
   a variant leaves it when evicted or deleted, so it is bounded by the store's byte budget.
   ``invalidate`` removes a URL with all its variants.
+* Cookies (as Varnish's built-in policy): a request carrying a cookie that is not ignored is
+  never answered from a stored response, nor collapsed with another request, and its response
+  is stored only when it is meant for shared caches (``public``, ``s-maxage``,
+  CDN-Cache-Control), as with ``Authorization``. A stored response never carries a
+  ``Set-Cookie``.
+* Memory is bounded by configuration: at most ``max_variants`` variants per URL (responses for
+  more are not stored, ``NotStored("variants")``), the hit-for-miss memory by bytes, the Vary
+  index by the stored variants, the store by its capacity (which charges keys and headers).
 * Time is an argument. Nothing here does I/O.
 """
 
@@ -49,8 +57,11 @@ from proxy.core.stats import Counters, snapshot
 from proxy.core.store import Entry, LRUStore
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
-# URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past this.
-HIT_FOR_MISS_URLS = 1 << 16
+# Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
+# this, so a flood of long uncacheable URLs cannot grow the process.
+HIT_FOR_MISS_BYTES = 4 << 20
+# What one remembered URL costs beyond its characters (dict slot, float, tuple).
+_REMEMBERED_OVERHEAD = 160
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +211,9 @@ TOO_LARGE = NotStored("too-large")
 FIRST_SIGHTING = NotStored("first-sighting")
 COLLAPSED = NotStored("collapsed")
 CUT_SHORT = NotStored("cut-short")
+TOO_MANY_VARIANTS = NotStored("variants")
+# A stored response that a request with a cookie may not be answered with.
+PRIVATE_MISS = Miss("cookie")
 _CONDITIONALS = ("if-none-match", "if-modified-since")
 _PRECONDITIONS = ("if-match", "if-unmodified-since")
 
@@ -212,19 +226,23 @@ def response_meta(
     response_time: float,
     *,
     allow_set_cookie: bool = False,
+    ignored_cookies: tuple[str, ...] = (),
     payload: object = None,
 ) -> ResponseMeta:
     """The engine's view of an origin response, by RFC 9111: storable or why not, lifetime,
-    the age it already had when it arrived, and what it varies on."""
+    the age it already had when it arrived, and what it varies on. Its ``headers`` are what
+    may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
+    cookie set for one client is never replayed to another)."""
     ok, reason = rfc9111.storable(
-        request.method, status, request.headers, headers, allow_set_cookie=allow_set_cookie
-    )
+        request.method, status, request.headers, headers,
+        allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
+    )  # fmt: skip
     initial_age = rfc9111.current_age(headers, request_time, response_time, response_time)
     return ResponseMeta(
         cacheable=ok,
         lifetime=rfc9111.freshness_lifetime(status, headers, response_time),
         initial_age=initial_age,
-        headers=tuple(headers),
+        headers=tuple(h for h in headers if h[0].lower() != "set-cookie"),
         vary=rfc9111.vary_names(headers),
         reason=reason,
         payload=payload,
@@ -234,19 +252,31 @@ def response_meta(
 
 class CacheEngine:
     """Drives ``store`` and ``admission`` and keeps the counters of both. ``hit_for_miss``:
-    seconds a URL whose response was uncacheable goes straight to the origin (0: never)."""
+    seconds a URL whose response was uncacheable goes straight to the origin (0: never).
+    ``max_variants``: variants stored per URL. ``ignore_cookies``: cookie names (globs) that
+    do not make a request private."""
 
     def __init__(
-        self, store: LRUStore, admission: AdmissionPolicy, *, hit_for_miss: float = 0.0
+        self,
+        store: LRUStore,
+        admission: AdmissionPolicy,
+        *,
+        hit_for_miss: float = 0.0,
+        max_variants: int = 32,
+        ignore_cookies: tuple[str, ...] = (),
     ) -> None:
         self.store = store
         self.admission = admission
         self.hit_for_miss = hit_for_miss
+        self.max_variants = max_variants
+        self.ignore_cookies = ignore_cookies
         self.counters = Counters()
         # URL -> (varied-on header names, store keys of its stored variants)
         self._vary: dict[str, tuple[tuple[str, ...], set[str]]] = {}
-        # URL -> until when it goes straight to the origin
-        self._uncacheable: LRUCache[str, float] = LRUCache(HIT_FOR_MISS_URLS)
+        # URL -> (until when it goes straight to the origin, bytes it is charged)
+        self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
+            HIT_FOR_MISS_BYTES, getsizeof=_second
+        )
 
     # Requests
 
@@ -260,6 +290,11 @@ class CacheEngine:
         if entry is None:
             c.misses += 1
             return URI_MISS
+        if self.carries_cookie(request) and not rfc9111.meant_for_shared_caches(
+            entry.headers, entry.directives
+        ):
+            c.misses += 1
+            return PRIVATE_MISS
         age = entry.age(now)
         fresh = age < entry.lifetime
         req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
@@ -300,9 +335,12 @@ class CacheEngine:
             )
         if offline:
             return Refuse(504, "only-if-cached: not in cache", "uri-miss")
-        until = self._uncacheable.get(request.key)
-        if until is not None:
-            if now < until:
+        if found is PRIVATE_MISS or self.carries_cookie(request):
+            # Answered for this user alone: never shared with another request's fetch.
+            return Fetch("bypass", whole=False, collapse=False)
+        remembered = self._uncacheable.get(request.key)
+        if remembered is not None:
+            if now < remembered[0]:
                 self.counters.hit_for_miss += 1
                 return Fetch("bypass", whole=False, collapse=False)
             del self._uncacheable[request.key]
@@ -315,6 +353,12 @@ class CacheEngine:
             and "no-store" not in rfc9111.request_directives(request.headers)
         )
         return Fetch("uri-miss", whole=whole, collapse=whole)
+
+    def carries_cookie(self, request: RequestMeta) -> bool:
+        """Whether ``request`` sends a cookie that is not ignored (see the module's rules)."""
+        return bool(request.headers) and rfc9111.carries_cookie(
+            request.headers, self.ignore_cookies
+        )
 
     def answer(
         self, request: RequestMeta, status: int, headers: Headers, length: int | None
@@ -436,6 +480,9 @@ class CacheEngine:
         key, stored = self._storage_key(request, response)
         if stored:
             return Keep(key, response) if known else COLLAPSED
+        if response.vary and self._variants_full(request.key, response.vary):
+            c.too_many_variants += 1
+            return TOO_MANY_VARIANTS
         if admitted is None:
             admitted = self.admission.admit(request.key, length or 0, now)
         if not admitted:
@@ -585,7 +632,12 @@ class CacheEngine:
 
     def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
         if self.hit_for_miss > 0:
-            self._uncacheable[request.key] = now + self.hit_for_miss
+            url = request.key
+            self._uncacheable[url] = (now + self.hit_for_miss, len(url) + _REMEMBERED_OVERHEAD)
+
+    def _variants_full(self, url: str, names: tuple[str, ...]) -> bool:
+        known = self._vary.get(url)
+        return known is not None and known[0] == names and len(known[1]) >= self.max_variants
 
     def _storage_key(self, request: RequestMeta, response: ResponseMeta) -> tuple[str, bool]:
         """The key a response is stored under (its variant, if it varies), and whether its URL
@@ -625,6 +677,10 @@ class CacheEngine:
                 known[1].discard(key)
                 if not known[1]:
                     del self._vary[url]
+
+
+def _second(item: tuple[float, int]) -> int:
+    return item[1]
 
 
 def _variant(url: str, selected: tuple[tuple[str, str], ...]) -> str:

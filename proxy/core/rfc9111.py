@@ -23,6 +23,7 @@ from __future__ import annotations
 import calendar
 import re
 from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 
 import http_sfv
 
@@ -180,6 +181,28 @@ def request_directives(headers: Headers) -> Directives:
     return {"no-cache": None} if "no-cache" in pragma else {}
 
 
+def carries_cookie(request_headers: Headers, ignored: Sequence[str] = ()) -> bool:
+    """Whether a request sends a cookie (RFC 6265 section 5.4) whose name matches none of the
+    ``ignored`` globs: a request that may be answered for this user alone."""
+    for value in get_all(request_headers, "cookie"):
+        for pair in value.split(";"):
+            name = pair.partition("=")[0].strip()
+            if name and not any(fnmatchcase(name, pattern) for pattern in ignored):
+                return True
+    return False
+
+
+def meant_for_shared_caches(response_headers: Headers, cc: Directives) -> bool:
+    """The response says shared caches may store it for everyone (section 3.5): ``public``,
+    ``s-maxage``, or a CDN-Cache-Control field (RFC 9213), which only shared caches obey.
+    ``cc``: the directives in force (``response_directives``)."""
+    return (
+        "public" in cc
+        or "s-maxage" in cc
+        or get_first(response_headers, "cdn-cache-control") is not None
+    )
+
+
 def storable(
     method: str,
     status: int,
@@ -187,8 +210,12 @@ def storable(
     response_headers: Headers,
     *,
     allow_set_cookie: bool = False,
+    ignored_cookies: Sequence[str] = (),
 ) -> tuple[bool, str]:
-    """Whether a shared cache may store this response (section 3), and why not if it may not."""
+    """Whether a shared cache may store this response (section 3), and why not if it may not.
+    A request with ``Authorization`` (section 3.5), or with a cookie not ``ignored``, makes a
+    response storable only when it is meant for shared caches (``must-revalidate`` also does for
+    ``Authorization``, as section 3.5 says)."""
     if method != "GET":  # a HEAD response has no body to store; other methods are not cached
         return False, "method"
     req = request_directives(request_headers)
@@ -212,6 +239,10 @@ def storable(
         "public" in cc or "s-maxage" in cc or "must-revalidate" in cc
     ):
         return False, "authorization"
+    if carries_cookie(request_headers, ignored_cookies) and not meant_for_shared_caches(
+        response_headers, cc
+    ):
+        return False, "cookie"
     if not allow_set_cookie and get_first(response_headers, "set-cookie") is not None:
         return False, "set-cookie"
     explicit = (

@@ -38,6 +38,7 @@ METRICS: dict[str, str] = {
     "not_modified_answers": "client conditionals the cache answered with 304",
     "range_answers": "client Range requests the cache answered with 206 or 416",
     "cut_short": "origin bodies that ended early (never stored)",
+    "too_many_variants": "responses not stored: their URL had max_variants variants already",
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
     "entries": "entries resident in the store",
@@ -88,6 +89,7 @@ class Counters:
     not_modified_answers: int = 0
     range_answers: int = 0
     cut_short: int = 0
+    too_many_variants: int = 0
     origin_fetches: int = 0
     origin_bytes: int = 0
 

@@ -5,8 +5,8 @@ Rules this module keeps:
 * The capacity loop is cachetools': inserting evicts least recently used entries until the new
   entry fits; ``bytes_used <= capacity_bytes`` always.
 * An entry is charged its body plus ``entry_overhead`` (the memory of its Python objects,
-  measured at about 1.2 KB for an entry with 200 B of headers), and more for header text past
-  what that estimate covers, so the capacity bounds memory, not only bodies. With
+  measured at about 1.2 KB for an entry with 200 B of headers), its key, and more for header
+  text past what that estimate covers, so the capacity bounds memory, not only bodies. With
   ``entry_overhead=0`` only body bytes count, as in most cache simulators.
 * An entry larger than ``max_object_bytes`` (or than the whole store) is never stored.
 * Every entry counts its hits. An entry that leaves by eviction with no hit is a *dead write*:
@@ -64,11 +64,13 @@ def _charged(entry: Entry) -> int:
 
 
 def entry_charge(entry: Entry, overhead: int) -> int:
-    """Bytes an entry counts against the store's capacity."""
+    """Bytes an entry counts against the store's capacity: its body, and with an overhead its
+    objects too, its key twice (the store's, and the Vary index's copy of its URL) and its
+    header text past what the overhead covers."""
     if not overhead:
         return entry.size
     text = sum(len(k) + len(v) for k, v in entry.headers)
-    return entry.size + overhead + max(0, 3 * text - _HEADER_ALLOWANCE)
+    return entry.size + overhead + 2 * len(entry.key) + max(0, 3 * text - _HEADER_ALLOWANCE)
 
 
 class _EvictionLog(LRUCache):
