@@ -192,3 +192,15 @@ async def wait_healthy(client: aiohttp.ClientSession, url: str, timeout: float =
             pass
         await asyncio.sleep(0.1)
     raise AssertionError(f"{url} did not answer within {timeout}s")
+
+
+async def raw(service: Service, request: bytes) -> bytes:
+    """Send ``request`` as bytes to the proxy (no client library to normalise it); the first
+    bytes of the answer."""
+    host, port = service.proxy_address
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(65536), 5)
+    writer.close()
+    return data

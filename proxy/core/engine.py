@@ -216,6 +216,8 @@ TOO_MANY_VARIANTS = NotStored("variants")
 PRIVATE_MISS = Miss("cookie")
 _CONDITIONALS = ("if-none-match", "if-modified-since")
 _PRECONDITIONS = ("if-match", "if-unmodified-since")
+# Reasons a response may not be stored that belong to the request, not to the URL.
+_REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
 
 
 def response_meta(
@@ -478,11 +480,15 @@ class CacheEngine:
             self._pass_for_a_while(request, now)
             return TOO_LARGE
         key, stored = self._storage_key(request, response)
-        if stored:
-            return Keep(key, response) if known else COLLAPSED
-        if response.vary and self._variants_full(request.key, response.vary):
+        if (
+            response.vary
+            and key not in self.store
+            and self._variants_full(request.key, response.vary)
+        ):
             c.too_many_variants += 1
             return TOO_MANY_VARIANTS
+        if stored:
+            return Keep(key, response) if known else COLLAPSED
         if admitted is None:
             admitted = self.admission.admit(request.key, length or 0, now)
         if not admitted:
@@ -622,8 +628,13 @@ class CacheEngine:
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
         stored for the request, unless it is a server error (section 4.3.3 lets the cache
-        keep the stored response then)."""
-        if response.status >= 500 or response.status in (206, 304) or request.method != "GET":
+        keep the stored response then) or the request alone made it uncacheable."""
+        if (
+            response.status >= 500
+            or response.status in (206, 304)
+            or request.method != "GET"
+            or response.reason in _REQUEST_REASONS
+        ):
             return
         self._pass_for_a_while(request, now)
         stored = self._store_key(request)
