@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_proxy.py
 	$(BIN)/python benchmarks/bench_miss.py
+	$(BIN)/python benchmarks/bench_hostile.py
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache .ruff_cache .hypothesis

@@ -254,7 +254,9 @@ class AdminSection:
 class CacheSection:
     size: int = _setting(256 << 20, _size, "bytes of response bodies held")
     max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
-    store_set_cookie: bool = _setting(False, _bool, "store responses that carry Set-Cookie")
+    store_set_cookie: bool = _setting(
+        False, _bool, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
+    )
     hit_for_miss: float = _setting(
         5.0, _optional_duration, "how long an uncacheable URL goes straight to the origin"
     )
