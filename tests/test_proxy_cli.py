@@ -112,3 +112,15 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+def test_errors_logged_while_serving_do_not_carry_the_uvloop_import_error():
+    from proxy.__main__ import _run
+
+    async def context_of_a_new_error() -> BaseException | None:
+        try:
+            raise RuntimeError("while serving")
+        except RuntimeError as exc:
+            return exc.__context__
+
+    assert _run(context_of_a_new_error()) is None
