@@ -277,6 +277,7 @@ class AdmissionSection:
     auto_scale: float = _setting(1.0, _positive_number, "multiple of the auto generation size")
     backend: str = _setting("memory", _backend, "memory (this process) or redis (the fleet)")
     redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url, "Redis for backend=redis")
+    redis_cluster: bool = _setting(False, _bool, "redis_url names one node of a Redis Cluster")
     redis_budget: float = _setting(0.005, _duration, "longest a miss waits for Redis")
     redis_prefix: str = _setting("onehit:bf", _string, "key prefix of the shared filter")
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from redis.asyncio.cluster import RedisCluster
 
 from proxy.admin import admin_app
 from proxy.config import Config
@@ -89,7 +90,11 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     if a.backend != "redis":
         return None
     assert isinstance(engine.admission, SecondHit)
-    client = aioredis.from_url(a.redis_url, socket_connect_timeout=1.0, socket_timeout=1.0)
+    timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0}
+    if a.redis_cluster:  # the node named discovers the others, as RedisCluster.from_url does
+        client = RedisCluster.from_url(a.redis_url, **timeouts)
+    else:
+        client = aioredis.from_url(a.redis_url, **timeouts)
     local = engine.admission.window
     # In auto mode the fleet rotates after the share this instance's own sizer last chose:
     # one sizer, smoothed per rotation as in memory.
@@ -179,6 +184,7 @@ class Service:
         await self.proxy.close()
         await self.proxy.upstream.close()
         if self.proxy.shared is not None:
+            await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()
 
 

@@ -63,7 +63,7 @@ async def redis_server():
 
 async def test_same_decisions_as_the_in_process_filter(redis_server):
     client = aioredis.from_url(redis_server.url)
-    remote = RedisWindow(client, 300, 0.01, window=50.0, generations=3)
+    remote = RedisWindow(client, 300, 0.01, window=50.0, generations=3, redis_time=False)
     local = WindowedBloomFilter(300, 0.01, window=50.0, generations=3)
     assert (remote.size_bits, remote.num_hashes) == (
         local._gens[0].size_bits,
@@ -99,7 +99,7 @@ async def test_generations_expire_in_redis(redis_server):
     client = aioredis.from_url(redis_server.url)
     remote = RedisWindow(client, 1000, 0.01, window=2.0, generations=2, prefix="t")
     await remote.seen_before("/a", 0.0)
-    ttl = await client.pttl("t:g:0")
+    ttl = await client.pttl("{t}:g:0")
     assert 0 < ttl <= 4000  # window * g / (g - 1) = 4 s
     await client.aclose()
 
@@ -154,3 +154,44 @@ async def test_redis_down_falls_back_within_budget_and_returns(
     async with client.get(base(proxy).replace(str(proxy.proxy_address[1]),
                           str(proxy.admin_address[1])) + "/metrics") as r:  # fmt: skip
         assert f"onehit_filter_fallbacks_total {float(shared.fallbacks)}" in await r.text()
+
+
+def size_class(size: int) -> int:
+    """The allocation jemalloc (Redis's allocator) makes for ``size`` bytes: four size classes
+    between consecutive powers of two."""
+    step = max(16, (1 << (size - 1).bit_length()) // 8)
+    return -(-size // step) * step
+
+
+async def test_redis_memory_is_g_bitmaps_and_one_hash_after_200_forced_rotations(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    remote = RedisWindow(client, 100_000, 0.01, window=3600.0, generations=2, prefix="mem",
+                         auto_share=lambda: 10)  # fmt: skip
+    for start in range(0, 2000, 50):
+        await remote.seen_before_many([f"/k{i}" for i in range(start, start + 50)], 0.0)
+    assert int((await remote.state())["forced"]) == 200
+    keys = await client.keys("*")
+    assert await client.dbsize() == remote.generations + 1
+    used = sum([await client.memory_usage(k) for k in keys])
+    # The README's formula: g bitmaps of size_bits / 8 bytes, each rounded up to the
+    # allocator's size class with a string header (~56 B), plus the state hash (~140 B).
+    bitmap = -(-remote.size_bits // 8)
+    expected = remote.generations * (size_class(bitmap + 16) + 56) + 140
+    assert abs(used - expected) <= 0.1 * expected, (used, expected)
+    await client.aclose()
+
+
+async def test_instances_whose_clocks_disagree_rotate_on_redis_time(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    window = dict(capacity=1000, fp_rate=0.01, window=0.4, generations=2, prefix="clock")
+    fast, slow = RedisWindow(client, **window), RedisWindow(client, **window)
+    assert not await fast.seen_before("/a", 10_000.0)
+    # Ten minutes behind: with its own clock this instance would start the window again.
+    assert await slow.seen_before("/a", 10_000.0 - 600)
+    assert int((await slow.state()).get("rotations", 0)) == 0
+    await asyncio.sleep(0.5)  # one span of Redis's own time
+    assert await fast.seen_before("/a", 10_000.0)  # still inside the window
+    assert int((await fast.state())["rotations"]) == 1
+    await asyncio.sleep(1.0)
+    assert not await slow.seen_before("/a", 0.0)  # forgotten, whatever its clock says
+    await client.aclose()
