@@ -9,6 +9,7 @@ import tempfile
 import pytest
 import redis.asyncio as aioredis
 from conftest import base
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from proxy.core.window import WindowedBloomFilter
@@ -21,19 +22,39 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-class RedisServer:
-    def __init__(self) -> None:
+def free_port_pair(offset: int = 10_000) -> int:
+    """A free port ``p`` whose ``p + offset`` is free too (a cluster node's bus port)."""
+    for _ in range(100):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+            port = s.getsockname()[1]
+        if port + offset > 65_535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + offset))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+class RedisServer:
+    def __init__(self, port: int | None = None) -> None:
+        if port is None:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        self.port = port
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tempfile.mkdtemp(prefix="onehit-redis-")
         self.process: subprocess.Popen | None = None
+        self.extra: list[str] = []
 
     async def start(self) -> None:
         self.process = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
+             "--appendonly", "no", "--dir", self.dir, *self.extra],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         client = aioredis.from_url(self.url)
@@ -195,3 +216,102 @@ async def test_instances_whose_clocks_disagree_rotate_on_redis_time(redis_server
     await asyncio.sleep(1.0)
     assert not await slow.seen_before("/a", 0.0)  # forgotten, whatever its clock says
     await client.aclose()
+
+
+@pytest.fixture
+async def redis_cluster():
+    """Three real redis-server nodes joined into a cluster by redis-cli; yields one node's URL."""
+    redis_cli = shutil.which("redis-cli")
+    if redis_cli is None:
+        pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
+    nodes = [RedisServer(free_port_pair()) for _ in range(3)]
+    for node in nodes:
+        node.extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        await node.start()
+    try:
+        subprocess.run(
+            [redis_cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+             "--cluster-yes"],
+            check=True, capture_output=True, timeout=30,
+        )  # fmt: skip
+        probe = aioredis.from_url(nodes[0].url)
+        for _ in range(100):
+            if b"cluster_state:ok" in await probe.execute_command("CLUSTER", "INFO"):
+                break
+            await asyncio.sleep(0.1)
+        await probe.aclose()
+        yield nodes[0].url
+    finally:
+        for node in nodes:
+            node.stop()
+            shutil.rmtree(node.dir, ignore_errors=True)
+
+
+async def test_a_redis_cluster_decides_exactly_as_one_node_and_the_local_filter(
+    redis_server, redis_cluster
+):
+    single = aioredis.from_url(redis_server.url)
+    cluster = RedisCluster.from_url(redis_cluster)
+    local = WindowedBloomFilter(300, 0.01, window=50.0, generations=3)
+    windows = [
+        RedisWindow(client, 300, 0.01, window=50.0, generations=3, redis_time=False)
+        for client in (single, cluster)
+    ]
+    keys = [f"/k{(i * 7919) % 60}" for i in range(600)] + [f"/n{i}" for i in range(600)]
+    decisions: list[tuple[bool, ...]] = []
+    for start in range(0, len(keys), 40):
+        now = start * 0.2
+        batch = keys[start : start + 40]
+        on_single, on_cluster = [await w.seen_before_many(batch, now) for w in windows]
+        expected = [local.seen_before(key, now) for key in batch]
+        decisions += zip(on_single, on_cluster, expected, strict=True)
+    assert all(a == b == c for a, b, c in decisions)
+    assert any(d[0] for d in decisions) and not all(d[0] for d in decisions)
+    assert int((await windows[1].state())["forced"]) == local.forced_rotations > 0
+    await single.aclose()
+    await cluster.aclose()
+
+
+async def test_16_concurrent_clients_fall_back_for_under_10_percent_of_decisions(
+    redis_server, origin, start_proxy, client
+):
+    proxy = await start_proxy(admission__backend="redis", admission__redis_url=redis_server.url)
+    shared = proxy.proxy.shared  # the default 5 ms budget
+
+    async def worker(n: int) -> None:
+        for i in range(60):
+            async with client.get(base(proxy) + f"/w{n}-{i}") as r:
+                assert r.status == 200
+                await r.read()
+
+    await asyncio.gather(*(worker(n) for n in range(16)))
+    decisions = shared.fallbacks + shared.remote_decisions
+    print(f"{shared.fallbacks} fallbacks of {decisions} decisions in {shared.batches} calls")
+    assert decisions == 16 * 60
+    assert shared.fallbacks < 0.1 * decisions, shared.stats()
+    assert shared.batches < decisions, "concurrent misses share round trips"
+
+
+async def test_redis_slower_than_the_budget_falls_back_then_returns(
+    redis_server, origin, start_proxy, client
+):
+    proxy = await start_proxy(admission__backend="redis", admission__redis_url=redis_server.url,
+                              admission__redis_budget="50ms")  # fmt: skip
+    shared = proxy.proxy.shared
+    shared.retry_after = 0.2
+    pauser = aioredis.from_url(redis_server.url)
+    await pauser.execute_command("CLIENT", "PAUSE", "600", "ALL")  # Redis stops answering
+    statuses = []
+    for i in range(3):
+        async with client.get(base(proxy) + f"/slow{i}") as r:
+            statuses.append(r.status)
+    assert statuses == [200] * 3 and shared.fallbacks == 3 and not shared.healthy
+    await asyncio.sleep(0.8)
+    for i in range(20):
+        async with client.get(base(proxy) + f"/back{i}") as r:
+            assert r.status == 200
+        if shared.healthy and shared.remote_decisions:
+            break
+        await asyncio.sleep(0.1)
+    assert shared.healthy and shared.remote_decisions >= 1
+    await pauser.aclose()
