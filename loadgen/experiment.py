@@ -569,18 +569,19 @@ async def admin_metrics(admin_url: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def redis_process() -> AsyncIterator[str | None]:
-    """A redis-server of the caller's own on a free loopback port, answering: its URL; None
-    when redis-server is not installed. Stopped on leaving."""
+async def redis_process(*options: str, port: int | None = None) -> AsyncIterator[str | None]:
+    """A redis-server of the caller's own on a free loopback port (or ``port``), with extra
+    command-line ``options``, answering: its URL; None when redis-server is not installed.
+    Stopped on leaving."""
     binary = shutil.which("redis-server")
     if binary is None:
         yield None
         return
-    port = free_port()
+    port = port or free_port()
     with tempfile.TemporaryDirectory(prefix="onehit-redis-") as data:
         process = await asyncio.create_subprocess_exec(
             binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", data,
-            stdout=subprocess.DEVNULL,
+            *options, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         try:
             url = f"redis://127.0.0.1:{port}/0"
@@ -593,6 +594,52 @@ async def redis_process() -> AsyncIterator[str | None]:
             yield url
         finally:
             await _stop(process)
+
+
+@contextlib.asynccontextmanager
+async def redis_cluster_process(nodes: int = 3) -> AsyncIterator[str | None]:
+    """A Redis Cluster of ``nodes`` masters of the caller's own on loopback, joined by
+    ``redis-cli --cluster create`` and answering: one node's URL (clients discover the rest);
+    None when redis-server or redis-cli is not installed. Stopped on leaving."""
+    cli = shutil.which("redis-cli")
+    if cli is None or shutil.which("redis-server") is None:
+        yield None
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        cluster_options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        urls = [
+            await stack.enter_async_context(redis_process(*cluster_options, port=_port_with_bus()))
+            for _ in range(nodes)
+        ]
+        addresses = [url.removeprefix("redis://").removesuffix("/0") for url in urls]
+        create = await asyncio.create_subprocess_exec(
+            cli, "--cluster", "create", *addresses, "--cluster-yes",
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(create.communicate(), 30)
+        if create.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed: {err.decode().strip()}")
+        host, port = addresses[0].split(":")
+        for _ in range(100):
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"CLUSTER INFO\r\n")
+            info = await reader.read(4096)
+            writer.close()
+            if b"cluster_state:ok" in info:
+                break
+            await asyncio.sleep(0.1)
+        yield urls[0]
+
+
+def _port_with_bus(offset: int = 10_000) -> int:
+    """A free port whose cluster bus port (``port + offset``) is free and valid too."""
+    for _ in range(100):
+        port = free_port()
+        if port + offset <= 65_535:
+            with socket.socket() as probe, contextlib.suppress(OSError):
+                probe.bind(("127.0.0.1", port + offset))
+                return port
+    raise RuntimeError("no free port with a free cluster bus port")
 
 
 def demo_experiment(requests: int = 60_000) -> Experiment:

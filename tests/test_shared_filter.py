@@ -12,6 +12,7 @@ from conftest import base
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from loadgen.experiment import redis_cluster_process
 from proxy.core.window import WindowedBloomFilter
 from proxy.shared import RedisWindow
 
@@ -22,39 +23,19 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def free_port_pair(offset: int = 10_000) -> int:
-    """A free port ``p`` whose ``p + offset`` is free too (a cluster node's bus port)."""
-    for _ in range(100):
+class RedisServer:
+    def __init__(self) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + offset > 65_535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + offset))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
-class RedisServer:
-    def __init__(self, port: int | None = None) -> None:
-        if port is None:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        self.port = port
+            self.port = s.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.dir = tempfile.mkdtemp(prefix="onehit-redis-")
         self.process: subprocess.Popen | None = None
-        self.extra: list[str] = []
 
     async def start(self) -> None:
         self.process = subprocess.Popen(
             [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, *self.extra],
+             "--appendonly", "no", "--dir", self.dir],
             stdout=subprocess.DEVNULL,
         )  # fmt: skip
         client = aioredis.from_url(self.url)
@@ -220,31 +201,11 @@ async def test_instances_whose_clocks_disagree_rotate_on_redis_time(redis_server
 
 @pytest.fixture
 async def redis_cluster():
-    """Three real redis-server nodes joined into a cluster by redis-cli; yields one node's URL."""
-    redis_cli = shutil.which("redis-cli")
-    if redis_cli is None:
-        pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
-    nodes = [RedisServer(free_port_pair()) for _ in range(3)]
-    for node in nodes:
-        node.extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
-        await node.start()
-    try:
-        subprocess.run(
-            [redis_cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-             "--cluster-yes"],
-            check=True, capture_output=True, timeout=30,
-        )  # fmt: skip
-        probe = aioredis.from_url(nodes[0].url)
-        for _ in range(100):
-            if b"cluster_state:ok" in await probe.execute_command("CLUSTER", "INFO"):
-                break
-            await asyncio.sleep(0.1)
-        await probe.aclose()
-        yield nodes[0].url
-    finally:
-        for node in nodes:
-            node.stop()
-            shutil.rmtree(node.dir, ignore_errors=True)
+    """Three real redis-server nodes joined into a cluster by redis-cli; one node's URL."""
+    async with redis_cluster_process(3) as url:
+        if url is None:
+            pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
+        yield url
 
 
 async def test_a_redis_cluster_decides_exactly_as_one_node_and_the_local_filter(
