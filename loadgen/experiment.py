@@ -11,6 +11,8 @@ An experiment file (``config/experiments/*.toml``)::
     [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
     policy = "always"                  # instances = 3 and backend = "memory" | "redis" (live:
                                        # a fleet, requests round-robin; redis: one shared filter)
+                                       # balancer = "round-robin" | "url-hash": a real nginx in
+                                       # front of the fleet (else the client spreads requests)
                                        # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
@@ -39,7 +41,13 @@ from typing import Any
 import aiohttp
 
 from loadgen import report
-from loadgen.nginx import nginx_binary, nginx_config
+from loadgen.nginx import (
+    BALANCER_PROBE,
+    BALANCING,
+    nginx_balancer_config,
+    nginx_binary,
+    nginx_config,
+)
 from loadgen.replay import ReplayConfig, replay
 from loadgen.simulate import describe_cell, sweep
 from loadgen.trace import Trace, read_trace, write_trace
@@ -88,6 +96,7 @@ class PolicySpec:
     admission: AdmissionConfig
     instances: int = 1
     backend: str = "memory"
+    balancer: str = "client"
 
     @property
     def simulable(self) -> bool:
@@ -102,7 +111,8 @@ class PolicySpec:
         if self.admission.policy != "second-hit":
             return f"{self.admission.label()} x{self.instances}"
         shared = "shared filter" if self.backend == "redis" else "local filters"
-        return f"{self.admission.label()} x{self.instances} {shared}"
+        behind = "" if self.balancer == "client" else f" behind nginx {self.balancer}"
+        return f"{self.admission.label()} x{self.instances} {shared}{behind}"
 
 
 @dataclass(frozen=True)
@@ -208,13 +218,22 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
 
 
 def _policy(table: dict[str, Any], where: str) -> PolicySpec:
-    _only(table, {f.name for f in fields(AdmissionConfig)} | {"instances", "backend"}, where)
+    _only(
+        table,
+        {f.name for f in fields(AdmissionConfig)} | {"instances", "backend", "balancer"},
+        where,
+    )
     name = table.get("policy", "second-hit")
     if name not in POLICIES and name != NGINX:
         raise ExperimentError(f"{where}: " + unknown_name("policy", name, [*POLICIES, NGINX]))
     values = dict(table)
     instances = values.pop("instances", 1)
     backend = values.pop("backend", "memory")
+    balancer = values.pop("balancer", "client")
+    if balancer not in ("client", *BALANCING):
+        raise ExperimentError(
+            f"{where}: balancer = {balancer!r}: expected 'client', 'round-robin' or 'url-hash'"
+        )
     if not isinstance(instances, int) or instances < 1:
         raise ExperimentError(f"{where}: instances = {instances!r}: expected a whole number >= 1")
     if backend not in ("memory", "redis"):
@@ -225,7 +244,7 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
                 values[key] = parse_duration(values[key])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
-    return PolicySpec(AdmissionConfig(**values), instances, backend)
+    return PolicySpec(AdmissionConfig(**values), instances, backend, balancer)
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:
@@ -299,6 +318,10 @@ async def _live_cells(
     async with origin_process(trace, live) as origin_url, redis as redis_url:
         for size, label in sizes.items():
             for n, spec in enumerate(experiment.policies):
+                if spec.balancer != "client" and nginx_binary() is None:
+                    say(f"{workload.name}: nginx is not installed: {spec.label()} is skipped "
+                        "(apt-get install nginx to include it)")  # fmt: skip
+                    continue
                 if spec.admission.policy == NGINX and nginx_binary() is None:
                     say(f"{workload.name}: nginx is not installed: its cells are skipped "
                         "(apt-get install nginx to include them)")  # fmt: skip
@@ -541,7 +564,28 @@ async def _onehit(
             await stack.enter_async_context(onehit_process(origin, settings))
             for _ in range(spec.instances)
         ]
-        yield Targets([r.url for r in fleet], [r.admin_url for r in fleet])
+        urls, admins = [r.url for r in fleet], [r.admin_url for r in fleet]
+        if spec.balancer != "client":
+            urls = [await stack.enter_async_context(_balancer(urls, spec.balancer))]
+        yield Targets(urls, admins)
+
+
+@contextlib.asynccontextmanager
+async def _balancer(backends: list[str], balancing: str) -> AsyncIterator[str]:
+    """nginx in front of ``backends``, balancing by ``balancing``: its base URL."""
+    binary = nginx_binary()
+    assert binary is not None, "callers skip balanced cells when nginx is not installed"
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="onehit-balancer-") as root:
+        config = nginx_balancer_config(Path(root), port, backends, balancing)
+        process = await asyncio.create_subprocess_exec(
+            binary, "-c", str(config), "-p", root, stderr=subprocess.DEVNULL
+        )
+        try:
+            await _wait_healthy(f"http://127.0.0.1:{port}{BALANCER_PROBE}", process)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await _stop(process)
 
 
 @contextlib.asynccontextmanager
@@ -597,10 +641,11 @@ async def redis_process(*options: str, port: int | None = None) -> AsyncIterator
 
 
 @contextlib.asynccontextmanager
-async def redis_cluster_process(nodes: int = 3) -> AsyncIterator[str | None]:
-    """A Redis Cluster of ``nodes`` masters of the caller's own on loopback, joined by
-    ``redis-cli --cluster create`` and answering: one node's URL (clients discover the rest);
-    None when redis-server or redis-cli is not installed. Stopped on leaving."""
+async def redis_cluster_process(nodes: int = 3, replicas: int = 0) -> AsyncIterator[str | None]:
+    """A Redis Cluster of the caller's own on loopback, ``nodes`` servers of which each master
+    has ``replicas`` replicas, joined by ``redis-cli --cluster create`` and answering: one
+    node's URL (clients discover the rest); None when redis-server or redis-cli is not
+    installed. Stopped on leaving."""
     cli = shutil.which("redis-cli")
     if cli is None or shutil.which("redis-server") is None:
         yield None
@@ -613,7 +658,8 @@ async def redis_cluster_process(nodes: int = 3) -> AsyncIterator[str | None]:
         ]
         addresses = [url.removeprefix("redis://").removesuffix("/0") for url in urls]
         create = await asyncio.create_subprocess_exec(
-            cli, "--cluster", "create", *addresses, "--cluster-yes",
+            cli, "--cluster", "create", *addresses, "--cluster-replicas", str(replicas),
+            "--cluster-yes",
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         _, err = await asyncio.wait_for(create.communicate(), 30)

@@ -1,8 +1,12 @@
-"""A local nginx as a comparison target: found on this machine, configured by us.
+"""A local nginx, found on this machine and configured by us, in two roles.
 
-The configuration is nginx's own answer to one-hit wonders: ``proxy_cache`` with
+As a comparison target, nginx's own answer to one-hit wonders: ``proxy_cache`` with
 ``proxy_cache_min_uses 2``, a cache of a given size, keep-alive to the origin, and the cache
 outcome in ``X-Cache`` (from ``$upstream_cache_status``) so replays can count hits.
+
+As the load balancer in front of a fleet of onehit instances: round robin, or consistent
+hashing on the request URI (every request for a URL reaches one instance), passing the Host
+through so every instance forms the same cache keys.
 """
 
 from __future__ import annotations
@@ -44,6 +48,45 @@ http {{
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             add_header X-Cache $upstream_cache_status;
+        }}
+    }}
+}}
+""")
+    return path
+
+
+BALANCING = {"round-robin": "", "url-hash": "hash $request_uri consistent;"}
+# Answered by the balancer itself: a readiness probe that sends nothing to the fleet.
+BALANCER_PROBE = "/__balancer"
+
+
+def nginx_balancer_config(root: Path, port: int, backends: list[str], balancing: str) -> Path:
+    """Write ``root/nginx.conf`` for a foreground nginx on 127.0.0.1:``port`` spreading
+    requests over ``backends`` (base URLs) by ``balancing`` (a key of ``BALANCING``)."""
+    user = "user root;" if os.geteuid() == 0 else ""
+    servers = "\n".join(f"        server {b.removeprefix('http://')};" for b in backends)
+    path = root / "nginx.conf"
+    path.write_text(f"""{user}
+worker_processes 1;
+daemon off;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    upstream fleet {{
+        {BALANCING[balancing]}
+{servers}
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location = {BALANCER_PROBE} {{ return 204; }}
+        location / {{
+            proxy_pass http://fleet;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
         }}
     }}
 }}

@@ -25,6 +25,12 @@ def test_ready_experiments_cover_the_issue():
     assert {p.stem for p in EXPERIMENTS} >= {"window-sweep", "one-hit-share", "compare-nginx"}
 
 
+def test_the_fleet_experiment_puts_nginx_in_front_by_round_robin_and_url_hash():
+    labels = [p.label() for p in load_experiment(CONFIG / "experiments" / "fleet.toml").policies]
+    assert "second-hit(auto) x3 shared filter behind nginx round-robin" in labels
+    assert "second-hit(auto) x3 local filters behind nginx url-hash" in labels
+
+
 def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
     from_file = load_experiment(CONFIG / "demo.toml")
     assert replace(from_file, meta={}) == replace(demo_experiment(), meta={})
@@ -41,6 +47,7 @@ def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
         ('cache_sizes = ["1%"]\n[[policies]]\n[[workloads]]\nalpha = -1\n', "alpha must be >= 0"),
         ('cache_sizes = ["1%"]\n[[policies]]\n[live]\nconcurency = 2\n', "'concurrency'"),
         ('cache_sizes = ["1%"]\n[[policies]]\nwindow = "soon"\n', "duration 'soon'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\nbalancer = "random"\n', "balancer = 'random'"),
     ],
 )
 def test_bad_experiment_files_name_the_key(tmp_path, text, message):

@@ -276,3 +276,51 @@ async def test_redis_slower_than_the_budget_falls_back_then_returns(
         await asyncio.sleep(0.1)
     assert shared.healthy and shared.remote_decisions >= 1
     await pauser.aclose()
+
+
+async def test_a_cluster_failover_keeps_every_request_served_and_the_filter_returns(
+    origin, start_proxy, client
+):
+    async with redis_cluster_process(6, replicas=1) as url:
+        if url is None:
+            pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
+        proxy = await start_proxy(admission__backend="redis", admission__redis_url=url,
+                                  admission__redis_cluster=True,
+                                  admission__redis_budget="200ms")  # fmt: skip
+        shared = proxy.proxy.shared
+        shared.retry_after = 0.2
+
+        async def get(path: str) -> int:
+            async with client.get(base(proxy) + path) as r:
+                await r.read()
+                return r.status
+
+        assert await get("/before") == 200 and shared.remote_decisions == 1
+        # Promote the replica of the master that holds the filter's hash slot.
+        replica = await replica_of_slot(url, shared.remote.keys[0])
+        await replica.execute_command("CLUSTER", "FAILOVER")
+        deadline = asyncio.get_running_loop().time() + 20
+        statuses = []
+        while asyncio.get_running_loop().time() < deadline:
+            statuses.append(await get(f"/during{len(statuses)}"))
+            if shared.healthy and shared.remote_decisions > 1 and len(statuses) > 5:
+                break
+            await asyncio.sleep(0.1)
+        assert set(statuses) == {200}
+        assert shared.healthy and shared.remote_decisions > 1
+        assert (await replica.execute_command("ROLE"))[0] == b"master", "the replica took over"
+        await replica.aclose()
+
+
+async def replica_of_slot(url: str, key: str) -> aioredis.Redis:
+    """A client of the replica serving ``key``'s hash slot, once the replica has joined."""
+    node = aioredis.from_url(url)
+    slot = await node.execute_command("CLUSTER", "KEYSLOT", key)
+    for _ in range(100):
+        for start, end, _master, *replicas in await node.execute_command("CLUSTER", "SLOTS"):
+            if start <= slot <= end and replicas:
+                host, port = replicas[0][0].decode(), replicas[0][1]
+                await node.aclose()
+                return aioredis.from_url(f"redis://{host}:{port}/0")
+        await asyncio.sleep(0.1)
+    raise AssertionError("no replica joined the slot's master")
