@@ -5,6 +5,7 @@ the behaviour they pin."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import aiohttp
 import pytest
@@ -171,12 +172,17 @@ async def test_hit_for_miss_sends_concurrent_requests_for_an_uncacheable_url_at_
     origin, start_proxy, client
 ):
     in_flight = peak = 0
+    all_in = asyncio.Event()
 
     async def private(request):
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
-        await asyncio.sleep(0.2)
+        if peak == 10:
+            all_in.set()
+        # Answer once all ten are here (or after a while, if they were queued one by one).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_in.wait(), 1.0)
         in_flight -= 1
         return web.Response(body=b"yours", headers={"Cache-Control": "private"})
 
