@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench_miss import peak_rss
-from bench_proxy import spawn, wait_ready
+from bench_proxy import run_server, spawn, wait_ready
 
 from loadgen.experiment import free_port
 
@@ -36,13 +36,7 @@ def serve_origin(port: int) -> None:
         vary = "User-Agent" if request.path == "/one" else "Accept-Encoding"
         return web.Response(body=b"b" * 100, headers={"Cache-Control": "max-age=600", "Vary": vary})
 
-    async def main() -> None:
-        runner = web.ServerRunner(web.Server(handle, access_log=None))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    run_server(handle, port)
 
 
 def rss(pid: int) -> int:

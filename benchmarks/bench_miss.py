@@ -27,7 +27,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_proxy import spawn, wait_ready
+from bench_proxy import run_server, spawn, wait_ready
 
 from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
@@ -53,13 +53,7 @@ def serve_origin(port: int, rate: float) -> None:
                 await asyncio.sleep(CHUNK / rate)
         return response
 
-    async def main() -> None:
-        runner = web.ServerRunner(web.Server(handle, access_log=None))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        await asyncio.Event().wait()
-
-    asyncio.run(main())
+    run_server(handle, port)
 
 
 async def timed_get(session, url: str) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]

@@ -42,7 +42,7 @@ def serve_origin(port: int) -> None:
             body=bodies[request.path], headers={"Cache-Control": "max-age=3600", "ETag": '"b1"'}
         )
 
-    _run_server(handle, port)
+    run_server(handle, port)
 
 
 def serve_passthrough(port: int, origin: str) -> None:
@@ -59,10 +59,11 @@ def serve_passthrough(port: int, origin: str) -> None:
             body = await upstream.read()
             return web.Response(status=upstream.status, body=body)
 
-    _run_server(handle, port)
+    run_server(handle, port)
 
 
-def _run_server(handler, port: int) -> None:  # type: ignore[no-untyped-def]
+def run_server(handler, port: int) -> None:  # type: ignore[no-untyped-def]
+    """Serve ``handler`` (an aiohttp low-level handler) on 127.0.0.1:``port`` until killed."""
     from aiohttp import web
 
     async def main() -> None:

@@ -573,35 +573,42 @@ async def _onehit(
 @contextlib.asynccontextmanager
 async def _balancer(backends: list[str], balancing: str) -> AsyncIterator[str]:
     """nginx in front of ``backends``, balancing by ``balancing``: its base URL."""
-    binary = nginx_binary()
-    assert binary is not None, "callers skip balanced cells when nginx is not installed"
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="onehit-balancer-") as root:
-        config = nginx_balancer_config(Path(root), port, backends, balancing)
-        process = await asyncio.create_subprocess_exec(
-            binary, "-c", str(config), "-p", root, stderr=subprocess.DEVNULL
-        )
-        try:
-            await _wait_healthy(f"http://127.0.0.1:{port}{BALANCER_PROBE}", process)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            await _stop(process)
+    async with _nginx_process(
+        lambda root, port: nginx_balancer_config(root, port, backends, balancing), BALANCER_PROBE
+    ) as (url, _):
+        yield url
 
 
 @contextlib.asynccontextmanager
 async def _nginx(origin: str, size: int) -> AsyncIterator[Targets]:
     """nginx with proxy_cache_min_uses 2 and a cache of ``size`` bytes, configured here."""
+    async with _nginx_process(lambda root, port: nginx_config(root, port, origin, size), "/") as (
+        url,
+        root,
+    ):
+        yield Targets([url], [], root / "cache")
+
+
+@contextlib.asynccontextmanager
+async def _nginx_process(
+    configure: Callable[[Path, int], Path], probe: str
+) -> AsyncIterator[tuple[str, Path]]:
+    """An nginx of our own on a free loopback port, configured by ``configure(root, port)``
+    in a fresh directory, answering ``probe``: (its base URL, that directory). Stopped on
+    leaving. Callers skip their cells when nginx is not installed."""
     binary = nginx_binary()
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as root:
-        config = nginx_config(Path(root), port, origin, size)
+    with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as directory:
+        root = Path(directory)
+        config = configure(root, port)
         process = await asyncio.create_subprocess_exec(
-            binary, "-c", str(config), "-p", root, stderr=subprocess.DEVNULL
+            binary, "-c", str(config), "-p", directory, stderr=subprocess.DEVNULL
         )
         try:
-            await _wait_healthy(f"http://127.0.0.1:{port}/", process)
-            yield Targets([f"http://127.0.0.1:{port}"], [], Path(root) / "cache")
+            url = f"http://127.0.0.1:{port}"
+            await _wait_healthy(url + probe, process)
+            yield url, root
         finally:
             await _stop(process)
 

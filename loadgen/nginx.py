@@ -26,15 +26,8 @@ def nginx_binary() -> str | None:
 
 def nginx_config(root: Path, port: int, origin: str, max_size: int) -> Path:
     """Write ``root/nginx.conf`` for a foreground nginx on 127.0.0.1:``port``; returns its path."""
-    # As root, nginx's workers drop to `nobody` and could not write the cache under `root`.
-    user = "user root;" if os.geteuid() == 0 else ""
     path = root / "nginx.conf"
-    path.write_text(f"""{user}
-worker_processes 1;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/error.log;
-events {{ worker_connections 4096; }}
+    path.write_text(f"""{_main_context(root)}
 http {{
     access_log off;
     upstream origin {{ server {origin.removeprefix("http://")}; keepalive 64; }}
@@ -63,15 +56,9 @@ BALANCER_PROBE = "/__balancer"
 def nginx_balancer_config(root: Path, port: int, backends: list[str], balancing: str) -> Path:
     """Write ``root/nginx.conf`` for a foreground nginx on 127.0.0.1:``port`` spreading
     requests over ``backends`` (base URLs) by ``balancing`` (a key of ``BALANCING``)."""
-    user = "user root;" if os.geteuid() == 0 else ""
     servers = "\n".join(f"        server {b.removeprefix('http://')};" for b in backends)
     path = root / "nginx.conf"
-    path.write_text(f"""{user}
-worker_processes 1;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/error.log;
-events {{ worker_connections 4096; }}
+    path.write_text(f"""{_main_context(root)}
 http {{
     access_log off;
     upstream fleet {{
@@ -92,3 +79,16 @@ http {{
 }}
 """)
     return path
+
+
+def _main_context(root: Path) -> str:
+    """What every nginx of ours starts with: one worker in the foreground, files under
+    ``root``."""
+    # As root, nginx's workers drop to `nobody` and could not write the cache under `root`.
+    user = "user root;" if os.geteuid() == 0 else ""
+    return f"""{user}
+worker_processes 1;
+daemon off;
+pid {root}/nginx.pid;
+error_log {root}/error.log;
+events {{ worker_connections 4096; }}"""
