@@ -182,7 +182,7 @@ class Proxy:
         match action:
             case FromCache():
                 if action.refresh:
-                    self._refresh_in_background(request, meta, url, action.entry)
+                    self._refresh_in_background(meta, url, action.entry)
                 x_cache = "HIT" if action.fresh else "STALE"
                 ttl = int(action.entry.lifetime - action.age)
                 status = f"{CACHE}; hit; ttl={ttl}"
@@ -400,9 +400,7 @@ class Proxy:
             return self._from_cache(request, meta, action.entry, action.age, status, "STALE")
         return _plain(code, detail, f"{CACHE}; fwd=stale; detail=origin-error")
 
-    def _refresh_in_background(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str, entry: Entry
-    ) -> None:
+    def _refresh_in_background(self, meta: RequestMeta, url: str, entry: Entry) -> None:
         """Revalidate ``entry`` with no client waiting (stale-while-revalidate); what comes back
         is decided as any response is."""
         flight = self.flights.lead(("refresh", meta.key))
