@@ -31,6 +31,7 @@ What it guarantees:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -681,11 +682,20 @@ _HOST = re.compile(
 )
 
 
+# A DNS name (253 characters at most) and a port: anything longer is no host.
+_HOST_MAX = 253 + len(":65535")
+
+
 def _hosts(host: str) -> tuple[str, str] | None:
     """(route host, key host) of a Host value (RFC 3986 3.2.2: a reg-name or an IP literal,
     ASCII only), lower-cased by ASCII rules; the key keeps a non-default port. None when it is
     not a valid host: ``/`` or ``@`` in it, a non-ASCII letter that would fold onto another
-    host's name (the Kelvin sign onto ``k``), an unbracketed IPv6 address."""
+    host's name (the Kelvin sign onto ``k``), an unbracketed IPv6 address, too long a name."""
+    return None if len(host) > _HOST_MAX else _parsed_host(host)
+
+
+@functools.lru_cache(maxsize=1024)  # few distinct Hosts, each on every request; short ones only
+def _parsed_host(host: str) -> tuple[str, str] | None:
     match = _HOST.fullmatch(host.strip())
     if match is None:
         return None

@@ -351,7 +351,7 @@ class CacheEngine:
         # the cache fetched for itself: such requests go as the client sent them.
         whole = (
             request.method == "GET"
-            and not any(name.lower() in _PRECONDITIONS for name, _ in request.headers)
+            and not any(rfc9111.get_first(request.headers, name) for name in _PRECONDITIONS)
             and "no-store" not in rfc9111.request_directives(request.headers)
         )
         return Fetch("uri-miss", whole=whole, collapse=whole)
@@ -372,7 +372,7 @@ class CacheEngine:
         asked = request.headers
         if status != 200 or not asked:
             return Answer(status)
-        conditional = any(name.lower() in _CONDITIONALS for name, _ in asked)
+        conditional = any(rfc9111.get_first(asked, name) is not None for name in _CONDITIONALS)
         if conditional and rfc9111.not_modified(asked, headers):
             self.counters.not_modified_answers += 1
             return Answer(304)

@@ -50,13 +50,15 @@ _NOT_UPDATED_BY_304 = frozenset({"content-length", "content-encoding", "transfer
 def get_all(headers: Headers, name: str) -> list[str]:
     """Every value of field ``name``, in order."""
     name = name.lower()
-    return [v for k, v in headers if k.lower() == name]
+    size = len(name)  # compared first: most fields are ruled out without lower-casing them
+    return [v for k, v in headers if len(k) == size and k.lower() == name]
 
 
 def get_first(headers: Headers, name: str) -> str | None:
     name = name.lower()
+    size = len(name)
     for k, v in headers:
-        if k.lower() == name:
+        if len(k) == size and k.lower() == name:
             return v
     return None
 
