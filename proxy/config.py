@@ -242,6 +242,9 @@ class ServerSection:
         64 << 10, _size, "request body bytes read before an origin connection is taken"
     )
     body_timeout: float = _setting(60.0, _duration, "longest wait for the next request body bytes")
+    max_streamed_uploads: int = _setting(
+        64, _positive_int, "bodies over body_buffer_size streaming to origins at once (else 503)"
+    )
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,8 @@ class Proxy:
         self.denied = frozenset(config.server.deny_headers)
         self.body_buffer_size = config.server.body_buffer_size
         self.body_timeout = config.server.body_timeout
+        self.max_streamed_uploads = config.server.max_streamed_uploads
+        self.streamed_uploads = 0
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -451,6 +453,26 @@ class Proxy:
         except TimeoutError:
             log.info("%s %s: no request body bytes for %gs", meta.method, url, self.body_timeout)
             return _plain(408, "request body timed out", close=True)
+        streamed = body is not None and not isinstance(body, bytes)
+        if streamed:
+            if self.streamed_uploads >= self.max_streamed_uploads:
+                refused = _plain(503, "too many large uploads in progress", close=True)
+                refused.headers["Retry-After"] = "1"
+                return refused
+            self.streamed_uploads += 1
+        try:
+            return await self._send_through(request, meta, url, body)
+        finally:
+            if streamed:
+                self.streamed_uploads -= 1
+
+    async def _send_through(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        body: bytes | AsyncIterator[bytes] | None,
+    ) -> web.StreamResponse:
         try:
             upstream = await self.upstream.request(
                 meta.method, url, self._upstream_headers(meta, whole=False), body

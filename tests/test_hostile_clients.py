@@ -262,3 +262,28 @@ async def test_malformed_requests_log_one_line_at_most_each_second(origin, start
         )
     lines = [r for r in caplog.records if r.name == "onehit.http"]
     assert len(lines) == 1 and lines[0].exc_info is None and "\n" not in lines[0].getMessage()
+
+
+async def test_large_uploads_that_stall_cannot_take_every_origin_connection(
+    origin, start_proxy, client
+):
+    async def reads_the_body(request):
+        return web.Response(text=str(len(await request.read())))
+
+    origin.responder = reads_the_body
+    proxy = await start_proxy(server__body_buffer_size="1KiB", server__max_streamed_uploads=2,
+                              upstream__max_connections=4)  # fmt: skip
+    host, port = proxy.proxy_address
+    writers = []
+    for _ in range(2):  # past the buffer, then silence: each holds an origin connection
+        _, writer = await asyncio.open_connection(host, port)
+        writer.write(b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100000\r\n\r\n"
+                     + b"x" * 4096)  # fmt: skip
+        writers.append(writer)
+    await asyncio.sleep(0.3)
+    third = b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100000\r\n\r\n" + b"x" * 4096
+    assert (await raw(proxy, third)).startswith(b"HTTP/1.1 503")
+    results = await asyncio.gather(*(fetch(client, base(proxy) + f"/m{i}") for i in range(10)))
+    assert [status for status, _, _ in results] == [200] * 10
+    for writer in writers:
+        writer.close()
