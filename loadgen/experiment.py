@@ -13,6 +13,7 @@ An experiment file (``config/experiments/*.toml``)::
                                        # a fleet, requests round-robin; redis: one shared filter)
                                        # balancer = "round-robin" | "url-hash": a real nginx in
                                        # front of the fleet (else the client spreads requests)
+                                       # cache_scale = 3: each instance's cache is 3x the cell's
                                        # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
@@ -97,17 +98,20 @@ class PolicySpec:
     instances: int = 1
     backend: str = "memory"
     balancer: str = "client"
+    cache_scale: int = 1  # each instance's cache is the cell's size times this
 
     @property
     def simulable(self) -> bool:
-        """The simulator models one onehit cache (with either backend: they decide alike)."""
-        return self.admission.policy != NGINX and self.instances == 1
+        """The simulator models one onehit cache of the cell's size (with either backend:
+        they decide alike)."""
+        return self.admission.policy != NGINX and self.instances == 1 and self.cache_scale == 1
 
     def label(self) -> str:
         if self.admission.policy == NGINX:
             return "nginx (min_uses 2)"
         if self.instances == 1:
-            return self.admission.label()
+            scaled = f" ({self.cache_scale}x cache)" if self.cache_scale != 1 else ""
+            return self.admission.label() + scaled
         if self.admission.policy != "second-hit":
             return f"{self.admission.label()} x{self.instances}"
         shared = "shared filter" if self.backend == "redis" else "local filters"
@@ -218,11 +222,8 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
 
 
 def _policy(table: dict[str, Any], where: str) -> PolicySpec:
-    _only(
-        table,
-        {f.name for f in fields(AdmissionConfig)} | {"instances", "backend", "balancer"},
-        where,
-    )
+    fleet_keys = {"instances", "backend", "balancer", "cache_scale"}
+    _only(table, {f.name for f in fields(AdmissionConfig)} | fleet_keys, where)
     name = table.get("policy", "second-hit")
     if name not in POLICIES and name != NGINX:
         raise ExperimentError(f"{where}: " + unknown_name("policy", name, [*POLICIES, NGINX]))
@@ -230,6 +231,11 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
     instances = values.pop("instances", 1)
     backend = values.pop("backend", "memory")
     balancer = values.pop("balancer", "client")
+    cache_scale = values.pop("cache_scale", 1)
+    if not isinstance(cache_scale, int) or cache_scale < 1:
+        raise ExperimentError(
+            f"{where}: cache_scale = {cache_scale!r}: expected a whole number >= 1"
+        )
     if balancer not in ("client", *BALANCING):
         raise ExperimentError(
             f"{where}: balancer = {balancer!r}: expected 'client', 'round-robin' or 'url-hash'"
@@ -244,7 +250,7 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
                 values[key] = parse_duration(values[key])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
-    return PolicySpec(AdmissionConfig(**values), instances, backend, balancer)
+    return PolicySpec(AdmissionConfig(**values), instances, backend, balancer, cache_scale)
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:
@@ -547,6 +553,7 @@ async def _onehit(
 ) -> AsyncIterator[Targets]:
     """Fresh onehit-proxies for one cell, ``spec.instances`` of them."""
     admission = spec.admission
+    size *= spec.cache_scale
     settings = {
         "cache.size": str(size),
         "cache.max_object_size": str(min(size, 16 << 20)),

@@ -29,6 +29,7 @@ def test_the_fleet_experiment_puts_nginx_in_front_by_round_robin_and_url_hash():
     labels = [p.label() for p in load_experiment(CONFIG / "experiments" / "fleet.toml").policies]
     assert "second-hit(auto) x3 shared filter behind nginx round-robin" in labels
     assert "second-hit(auto) x3 local filters behind nginx url-hash" in labels
+    assert "second-hit(auto) (3x cache)" in labels
 
 
 def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
@@ -48,6 +49,7 @@ def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
         ('cache_sizes = ["1%"]\n[[policies]]\n[live]\nconcurency = 2\n', "'concurrency'"),
         ('cache_sizes = ["1%"]\n[[policies]]\nwindow = "soon"\n', "duration 'soon'"),
         ('cache_sizes = ["1%"]\n[[policies]]\nbalancer = "random"\n', "balancer = 'random'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\ncache_scale = 0\n', "cache_scale = 0"),
     ],
 )
 def test_bad_experiment_files_name_the_key(tmp_path, text, message):
