@@ -192,6 +192,8 @@ class Proxy:
                 return self._from_cache(request, meta, action.entry, action.age, status, x_cache)
             case Revalidate():
                 return await self._revalidate(request, meta, url, action)
+            case Fetch(reason="method"):
+                return await self._pass_through(request, meta, url)
             case Fetch(collapse=True):
                 return await self._collapsed_fetch(request, meta, url, action)
             case Fetch():
@@ -252,8 +254,6 @@ class Proxy:
         flight: Flight[Shared] | None = None,
     ) -> tuple[web.StreamResponse, Shared | None]:
         """Fetch ``url`` as ``action`` says, and what collapsed requests may share of it."""
-        if action.reason == "method":
-            return await self._pass_through(request, meta, url), None
         request_time = self.clock()
         try:
             upstream = await self.upstream.request(
@@ -278,11 +278,8 @@ class Proxy:
         """Relay an origin response, keeping a copy of its body when it will be stored or when
         collapsed requests wait for it, and answering the client's own conditionals and Range
         when it was fetched whole."""
-        headers = rfc9111.end_to_end(list(upstream.headers.items()))
-        rmeta = response_meta(
-            meta, upstream.status, headers, request_time, self.clock(),
-            allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
-        )  # fmt: skip
+        headers = _fields(upstream)
+        rmeta = self._response_meta(meta, upstream.status, headers, request_time)
         length = upstream.content_length
         fits = length is None or length <= self.max_object
         decision = await self._decide(meta, rmeta, length)
@@ -348,6 +345,15 @@ class Proxy:
             return out, None  # nothing to share: one follower fetches next
         return out, Shared(rmeta, body, meta.headers)
 
+    def _response_meta(
+        self, meta: RequestMeta, status: int, fields: list[tuple[str, str]], request_time: float
+    ) -> ResponseMeta:
+        """The engine's view of an origin response, under this proxy's cookie settings."""
+        return response_meta(
+            meta, status, fields, request_time, self.clock(),
+            allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
+        )  # fmt: skip
+
     async def _decide(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
     ) -> Keep | NotStored:
@@ -379,8 +385,7 @@ class Proxy:
             return self._origin_failed(request, meta, action, exc.status, exc.public)
         async with upstream:
             if upstream.status == 304:
-                fresh = rfc9111.end_to_end(list(upstream.headers.items()))
-                self.engine.on_not_modified(entry, fresh, request_time, self.clock())
+                self.engine.on_not_modified(entry, _fields(upstream), request_time, self.clock())
                 status = f"{CACHE}; fwd=stale; fwd-status=304"
                 age = entry.age(self.clock())
                 return self._from_cache(request, meta, entry, age, status, "REVALIDATED")
@@ -416,17 +421,13 @@ class Proxy:
             try:
                 request_time = self.clock()
                 async with await self.upstream.request("GET", url, headers) as upstream:
-                    fields = rfc9111.end_to_end(list(upstream.headers.items()))
+                    fields = _fields(upstream)
                     if upstream.status == 304:
                         self.engine.on_not_modified(
                             entry, fields, request_time, self.clock(), served=False
                         )
                         return
-                    rmeta = response_meta(
-                        meta, upstream.status, fields, request_time, self.clock(),
-                        allow_set_cookie=self.allow_set_cookie,
-                        ignored_cookies=self.engine.ignore_cookies,
-                    )  # fmt: skip
+                    rmeta = self._response_meta(meta, upstream.status, fields, request_time)
                     length = upstream.content_length
                     decision = await self._decide(meta, rmeta, length)
                     body = b""
@@ -481,9 +482,8 @@ class Proxy:
             return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
-            headers = rfc9111.end_to_end(list(upstream.headers.items()))
             out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            _copy_headers(out.headers, headers)
+            _copy_headers(out.headers, _fields(upstream))
             _mark(out, f"{CACHE}; fwd=method", "BYPASS")
             await out.prepare(request)
             try:
@@ -603,6 +603,11 @@ class Proxy:
         if answer.status != 304:
             response.headers["Accept-Ranges"] = "bytes"
         return response
+
+
+def _fields(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+    """An origin response's end-to-end fields (hop-by-hop ones stripped)."""
+    return rfc9111.end_to_end(list(upstream.headers.items()))
 
 
 def _head(

@@ -54,6 +54,15 @@ class RedisServer:
             self.process = None
 
 
+async def shared_proxy(start_proxy, url: str, budget: str, **settings):
+    """A proxy deciding admission through the Redis at ``url`` within ``budget``, retrying a
+    Redis it gave up on after 0.2 s; (the service, its shared filter)."""
+    proxy = await start_proxy(admission__backend="redis", admission__redis_url=url,
+                              admission__redis_budget=budget, **settings)  # fmt: skip
+    proxy.proxy.shared.retry_after = 0.2
+    return proxy, proxy.proxy.shared
+
+
 @pytest.fixture
 async def redis_server():
     server = RedisServer()
@@ -127,10 +136,7 @@ async def test_two_proxies_on_one_redis_share_what_they_have_seen(
 async def test_redis_down_falls_back_within_budget_and_returns(
     redis_server, origin, start_proxy, client
 ):
-    proxy = await start_proxy(admission__backend="redis", admission__redis_url=redis_server.url,
-                              admission__redis_budget="50ms")  # fmt: skip
-    shared = proxy.proxy.shared
-    shared.retry_after = 0.2
+    proxy, shared = await shared_proxy(start_proxy, redis_server.url, "50ms")
 
     async def get(path):
         async with client.get(base(proxy) + path) as r:
@@ -256,10 +262,7 @@ async def test_16_concurrent_clients_fall_back_for_under_10_percent_of_decisions
 async def test_redis_slower_than_the_budget_falls_back_then_returns(
     redis_server, origin, start_proxy, client
 ):
-    proxy = await start_proxy(admission__backend="redis", admission__redis_url=redis_server.url,
-                              admission__redis_budget="50ms")  # fmt: skip
-    shared = proxy.proxy.shared
-    shared.retry_after = 0.2
+    proxy, shared = await shared_proxy(start_proxy, redis_server.url, "50ms")
     pauser = aioredis.from_url(redis_server.url)
     await pauser.execute_command("CLIENT", "PAUSE", "600", "ALL")  # Redis stops answering
     statuses = []
@@ -284,11 +287,7 @@ async def test_a_cluster_failover_keeps_every_request_served_and_the_filter_retu
     async with redis_cluster_process(6, replicas=1) as url:
         if url is None:
             pytest.skip("redis-cli is not installed (apt-get install redis-tools); CI installs it")
-        proxy = await start_proxy(admission__backend="redis", admission__redis_url=url,
-                                  admission__redis_cluster=True,
-                                  admission__redis_budget="200ms")  # fmt: skip
-        shared = proxy.proxy.shared
-        shared.retry_after = 0.2
+        proxy, shared = await shared_proxy(start_proxy, url, "200ms", admission__redis_cluster=True)
 
         async def get(path: str) -> int:
             async with client.get(base(proxy) + path) as r:
