@@ -680,7 +680,7 @@ async def redis_cluster_process(nodes: int = 3, replicas: int = 0) -> AsyncItera
         if create.returncode != 0:
             raise RuntimeError(f"redis-cli --cluster create failed: {err.decode().strip()}")
         host, port = addresses[0].split(":")
-        for _ in range(100):
+        for _ in range(300):
             reader, writer = await asyncio.open_connection(host, int(port))
             writer.write(b"CLUSTER INFO\r\n")
             info = await reader.read(4096)
@@ -688,6 +688,8 @@ async def redis_cluster_process(nodes: int = 3, replicas: int = 0) -> AsyncItera
             if b"cluster_state:ok" in info:
                 break
             await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError("the Redis Cluster did not reach cluster_state:ok within 30 s")
         yield urls[0]
 
 

@@ -312,14 +312,29 @@ async def test_a_cluster_failover_keeps_every_request_served_and_the_filter_retu
 
 
 async def replica_of_slot(url: str, key: str) -> aioredis.Redis:
-    """A client of the replica serving ``key``'s hash slot, once the replica has joined."""
+    """A client of a replica of the master serving ``key``'s hash slot, once that replica says
+    its link to the master is up. Each node is asked about itself (``ROLE``): gossip may take
+    a while to tell the node at ``url`` about the replicas on a slow machine."""
     node = aioredis.from_url(url)
     slot = await node.execute_command("CLUSTER", "KEYSLOT", key)
-    for _ in range(100):
-        for start, end, _master, *replicas in await node.execute_command("CLUSTER", "SLOTS"):
-            if start <= slot <= end and replicas:
-                host, port = replicas[0][0].decode(), replicas[0][1]
-                await node.aclose()
-                return aioredis.from_url(f"redis://{host}:{port}/0")
+    owner = next(
+        master
+        for start, end, master, *_ in await node.execute_command("CLUSTER", "SLOTS")
+        if start <= slot <= end
+    )
+    owner_port = int(owner[1])
+    addresses = [
+        line.split()[1].split("@")[0]
+        for line in (await node.execute_command("CLUSTER", "NODES")).decode().splitlines()
+    ]
+    await node.aclose()
+    deadline = asyncio.get_running_loop().time() + 60
+    while asyncio.get_running_loop().time() < deadline:
+        for address in addresses:
+            candidate = aioredis.from_url(f"redis://{address}/0")
+            role = await candidate.execute_command("ROLE")
+            if role[0] == b"slave" and int(role[2]) == owner_port and role[3] == b"connected":
+                return candidate
+            await candidate.aclose()
         await asyncio.sleep(0.1)
-    raise AssertionError("no replica joined the slot's master")
+    raise AssertionError("no replica of the slot's master came up within 60 s")
