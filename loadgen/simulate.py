@@ -1,7 +1,8 @@
 """Offline replay of a trace through the real cache core, with the trace's time as the clock.
 
-Every request is a ``lookup``; every miss (absent or stale) is an origin fetch whose response is
-offered to ``on_response``, exactly as the live proxy drives the same engine. Responses are
+Every request is a lookup; every miss (absent or stale) is an origin fetch whose response is
+offered for storing, by the rules the live proxy's engine applies, to the same compiled store
+and admission filter. Responses are
 cacheable and never expire unless ``ttl`` says otherwise.
 
 A sweep runs every (cache size x admission) cell over one trace, in parallel worker processes that
@@ -20,10 +21,20 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from loadgen.trace import Trace
-from proxy.core.admission import AdmissionConfig, make_policy
-from proxy.core.engine import CacheEngine, Hit, RequestMeta, ResponseMeta
+from proxy.core._native import hash64, simulate_chunk
+from proxy.core.admission import (
+    AdmissionConfig,
+    AdmissionPolicy,
+    AlwaysAdmit,
+    SecondHit,
+    make_policy,
+)
+from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, LRUStore
+from proxy.core.window import WindowedBloomFilter
 from proxy.units import format_size
 
 CHUNK = 1 << 16
@@ -85,11 +96,18 @@ def simulate(
     progress: Progress | None = None,
     timeline_points: int = 50,
 ) -> SimResult:
-    """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key."""
+    """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key.
+
+    The per-request loop is compiled (``proxy.core._native.simulate_chunk``): it drives the
+    engine's own store index and admission filter with the engine's rules for a cacheable
+    response, so its counters are the ones the live proxy would count."""
     engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead)
-    lookup = engine.lookup
-    on_response = engine.on_response
-    response = ResponseMeta(cacheable=True, lifetime=ttl)
+    store = engine.store
+    window = _compiled_admission(engine.admission)
+    keys = _key_arrays(trace, key_prefix)
+    times = np.ascontiguousarray(trace.times, dtype=np.float64)
+    sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
+    counters = engine.counters
     total = len(trace)
     every = max(1, total // max(1, timeline_points))
     step = min(CHUNK, every)  # a short trace still gets its timeline points
@@ -97,21 +115,61 @@ def simulate(
     started = time.perf_counter()
     for start in range(0, total, step):
         stop = min(total, start + step)
-        times = trace.times[start:stop].tolist()
-        sizes = trace.sizes[start:stop].tolist()
-        keys = trace.key_strings(start, stop)
-        for now, key, size in zip(times, keys, sizes, strict=True):
-            request = RequestMeta(key_prefix + key)
-            if type(lookup(request, now)) is not Hit:
-                on_response(request, response, size, now)
+        deltas = simulate_chunk(
+            store.index,
+            window,
+            times[start:stop],
+            keys.ids[start:stop],
+            sizes[start:stop],
+            keys.prefix,
+            keys.prefix_chars,
+            ttl,
+            store.entry_overhead,
+            store.max_object_bytes,
+            *keys.names,
+        )
+        for name, value in deltas.items():
+            setattr(counters, name, getattr(counters, name) + value)
         if stop == total or stop // every != start // every:
-            timeline.append(_timeline_point(engine, stop, times[-1]))
+            timeline.append(_timeline_point(engine, stop, float(times[stop - 1])))
         if progress is not None:
             progress(stop, total)
     elapsed = time.perf_counter() - started
     return SimResult(
         admission.label(), cache_bytes, admission, total, engine.stats(), elapsed, timeline
     )
+
+
+def _compiled_admission(policy: AdmissionPolicy) -> WindowedBloomFilter | None:
+    """The filter the compiled loop consults: None admits everything."""
+    if isinstance(policy, AlwaysAdmit):
+        return None
+    if isinstance(policy, SecondHit):
+        return policy.window
+    raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
+
+
+@dataclass(frozen=True)
+class _KeyArrays:
+    """A trace's keys as the compiled loop takes them: numeric ids it formats after ``prefix``
+    itself, or ids into per-name arrays (h1, h2, characters) of the names with the prefix."""
+
+    ids: np.ndarray
+    prefix: bytes
+    prefix_chars: int
+    names: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[()]
+
+
+def _key_arrays(trace: Trace, prefix: str) -> _KeyArrays:
+    if trace.names is None:
+        ids = np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False)
+        return _KeyArrays(ids, prefix.encode(), len(prefix), ())
+    hashes = [hash64(prefix + name) for name in trace.names]
+    h1 = np.fromiter((h for h, _ in hashes), dtype=np.uint64, count=len(hashes))
+    h2 = np.fromiter((h for _, h in hashes), dtype=np.uint64, count=len(hashes))
+    chars = np.fromiter((len(prefix) + len(n) for n in trace.names), dtype=np.int64)
+    ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
+    return _KeyArrays(ids, b"", 0, (h1, h2, chars))
 
 
 def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, float]:

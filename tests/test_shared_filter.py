@@ -77,8 +77,8 @@ async def test_same_decisions_as_the_in_process_filter(redis_server):
     remote = RedisWindow(client, 300, 0.01, window=50.0, generations=3, redis_time=False)
     local = WindowedBloomFilter(300, 0.01, window=50.0, generations=3)
     assert (remote.size_bits, remote.num_hashes) == (
-        local._gens[0].size_bits,
-        local._gens[0].num_hashes,
+        local.generations()[0].size_bits,
+        local.generations()[0].num_hashes,
     )
     # 140 s over 60 keys (time rotations every 25 s), then a burst of new keys (forced ones).
     keys = [f"/k{(i * 7919) % 60}" for i in range(2000)] + [f"/n{i}" for i in range(1000)]

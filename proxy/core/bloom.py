@@ -2,6 +2,8 @@
 
 Rules this module keeps:
 
+* The bits, the probing and the sizing are compiled (``proxy.core._native``); this module
+  gives them their Python face and their file format.
 * Sizing is the textbook optimum for ``capacity`` keys at ``fp_rate``:
   ``m = ceil(-n ln p / (ln 2)^2)`` bits and ``k = round(m / n * ln 2)`` probes.
 * A key is hashed once with MurmurHash3 x64/128 (mmh3); the two 64-bit halves drive
@@ -14,38 +16,28 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import math
 import struct
+from collections.abc import Callable
 
-import mmh3
+from proxy.core import _native
 
-_LN2 = math.log(2)
 _HEADER = struct.Struct("<4sBxxxQdQIQ")
 _MAGIC = b"OHBF"
 _VERSION = 1
 
 KeyHash = tuple[int, int]
 
+key_hash: Callable[[str | bytes], KeyHash] = _native.hash64
+"""The (h1, h2) pair every filter of this module probes with: mmh3.hash64(key, signed=False)."""
 
-def key_hash(key: str | bytes) -> KeyHash:
-    """The (h1, h2) pair every filter of this module probes with."""
-    return mmh3.hash64(key, signed=False)
-
-
-def optimal_size(capacity: int, fp_rate: float) -> tuple[int, int]:
-    """(bits, probes) of a filter holding ``capacity`` keys at false-positive rate ``fp_rate``."""
-    if not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity must be a positive integer of keys, got {capacity!r}")
-    if not 0.0 < fp_rate < 1.0:
-        raise ValueError(f"fp_rate must be between 0 and 1 (exclusive), got {fp_rate!r}")
-    bits = math.ceil(-capacity * math.log(fp_rate) / (_LN2 * _LN2))
-    probes = max(1, round(bits / capacity * _LN2))
-    return bits, probes
+optimal_size: Callable[[int, float], tuple[int, int]] = _native.optimal_size
+"""(bits, probes) of a filter holding ``capacity`` keys at false-positive rate ``fp_rate``;
+ValueError names a bad argument."""
 
 
 def probe_positions(h: KeyHash, size_bits: int, num_hashes: int) -> list[int]:
-    """The bit positions a key with hash ``h`` probes in a filter of that sizing: the same
-    sequence ``add_hash`` and ``contains_hash`` walk (they inline it: it is their hot loop)."""
+    """The bit positions a key with hash ``h`` probes in a filter of that sizing: the sequence
+    the compiled filter walks, for stores that keep the bits elsewhere (Redis)."""
     pos, step = h[0] % size_bits, h[1] % size_bits
     out = []
     for _ in range(num_hashes):
@@ -56,75 +48,15 @@ def probe_positions(h: KeyHash, size_bits: int, num_hashes: int) -> list[int]:
     return out
 
 
-class BloomFilter:
-    """A bit array over a bytearray with k mmh3 double-hashing probes."""
+class BloomFilter(_native.Bloom):
+    """A bit array with k mmh3 double-hashing probes (compiled): ``add``, ``in``, ``len``,
+    ``add_hash``/``contains_hash`` for pre-hashed keys, ``fill_ratio``, ``clear``."""
 
-    __slots__ = ("_bits", "_count", "capacity", "fp_rate", "num_hashes", "size_bits")
-
-    def __init__(self, capacity: int, fp_rate: float = 0.01) -> None:
-        self.size_bits, self.num_hashes = optimal_size(capacity, fp_rate)
-        self.capacity = capacity
-        self.fp_rate = fp_rate
-        self._bits = bytearray((self.size_bits + 7) // 8)
-        self._count = 0
-
-    def add(self, key: str | bytes) -> bool:
-        """Record ``key``; True if it was (probably) present before."""
-        return self.add_hash(key_hash(key))
-
-    def __contains__(self, key: str | bytes) -> bool:
-        return self.contains_hash(key_hash(key))
-
-    def add_hash(self, h: KeyHash) -> bool:
-        """``add`` for a key already hashed with ``key_hash``."""
-        bits = self._bits
-        m = self.size_bits
-        pos, step = h[0] % m, h[1] % m
-        present = True
-        for _ in range(self.num_hashes):
-            byte, mask = pos >> 3, 1 << (pos & 7)
-            if not bits[byte] & mask:
-                bits[byte] |= mask
-                present = False
-            pos += step
-            if pos >= m:
-                pos -= m
-        if not present:
-            self._count += 1
-        return present
-
-    def contains_hash(self, h: KeyHash) -> bool:
-        """``in`` for a key already hashed with ``key_hash``."""
-        bits = self._bits
-        m = self.size_bits
-        pos, step = h[0] % m, h[1] % m
-        for _ in range(self.num_hashes):
-            if not bits[pos >> 3] & (1 << (pos & 7)):
-                return False
-            pos += step
-            if pos >= m:
-                pos -= m
-        return True
-
-    def __len__(self) -> int:
-        return self._count
-
-    def fill_ratio(self) -> float:
-        """Share of the bits that are set."""
-        ones = int.from_bytes(self._bits, "little").bit_count()
-        return ones / self.size_bits
+    __slots__ = ()
 
     def estimated_fp_rate(self) -> float:
         """The false-positive rate a random absent key sees now: fill ratio to the power k."""
         return self.fill_ratio() ** self.num_hashes
-
-    @property
-    def memory_bytes(self) -> int:
-        return len(self._bits)
-
-    def clear(self) -> None:
-        self._bits = bytearray(len(self._bits))
-        self._count = 0
 
     def to_bytes(self) -> bytes:
         header = _HEADER.pack(
@@ -134,9 +66,9 @@ class BloomFilter:
             self.fp_rate,
             self.size_bits,
             self.num_hashes,
-            self._count,
+            len(self),
         )
-        return header + bytes(self._bits)
+        return header + self.raw_bits()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> BloomFilter:
@@ -147,9 +79,7 @@ class BloomFilter:
         if magic != _MAGIC or version != _VERSION:
             raise ValueError(f"not a BloomFilter (magic {magic!r}, version {version})")
         bf = cls(capacity, fp_rate)
-        body = data[_HEADER.size :]
-        if (bf.size_bits, bf.num_hashes) != (size_bits, num_hashes) or len(body) != len(bf._bits):
+        if (bf.size_bits, bf.num_hashes) != (size_bits, num_hashes):
             raise ValueError("BloomFilter bytes do not match their header's sizing")
-        bf._bits[:] = body
-        bf._count = count
+        bf.load_raw_bits(data[_HEADER.size :], count)
         return bf

@@ -2,8 +2,11 @@
 
 Rules this module keeps:
 
-* The capacity loop is cachetools': inserting evicts least recently used entries until the new
-  entry fits; ``bytes_used <= capacity_bytes`` always.
+* The bookkeeping is compiled (``proxy.core._native.LRUIndex``, the simulator's too): keys as
+  their 64-bit hash, each with its size, charge and hits, in LRU order. Inserting evicts least
+  recently used entries until the new entry fits; ``bytes_used <= capacity_bytes`` always. The
+  entries themselves stay here, by key hash; an entry whose key is not the one asked for (a
+  hash collision) is a miss, never another key's answer.
 * An entry is charged its body plus ``entry_overhead`` (the memory of its Python objects,
   measured at about 1.2 KB for an entry with 200 B of headers), its key, and more for header
   text past what that estimate covers, so the capacity bounds memory, not only bodies. With
@@ -21,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachetools import LRUCache
+from proxy.core._native import LRUIndex, hash64
 
 
 @dataclass(slots=True, eq=False)
@@ -43,7 +46,6 @@ class Entry:
     directives: dict[str, str | None] = field(default_factory=dict)
     payload: Any = None
     status: int = 200
-    hits: int = field(default=0)
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
 
     def age(self, now: float) -> float:
@@ -53,14 +55,10 @@ class Entry:
 
 
 # Bytes charged per entry for its Python objects (Entry, key, header tuples, parsed directives,
-# cachetools' bookkeeping): 1,208 B measured with tracemalloc for 7 header fields of 201 B.
+# the index's node): 1,208 B measured with tracemalloc for 7 header fields of 201 B.
 ENTRY_OVERHEAD = 1536
 # Header text (times 3, for the tuples and strings that hold it) that ENTRY_OVERHEAD covers.
 _HEADER_ALLOWANCE = 1024
-
-
-def _charged(entry: Entry) -> int:
-    return entry.charge
 
 
 def entry_charge(entry: Entry, overhead: int) -> int:
@@ -71,19 +69,6 @@ def entry_charge(entry: Entry, overhead: int) -> int:
         return entry.size
     text = sum(len(k) + len(v) for k, v in entry.headers)
     return entry.size + overhead + 2 * len(entry.key) + max(0, 3 * text - _HEADER_ALLOWANCE)
-
-
-class _EvictionLog(LRUCache):
-    """cachetools' LRU with its evictions handed back to the store."""
-
-    def __init__(self, maxsize: int) -> None:
-        super().__init__(maxsize, getsizeof=_charged)
-        self.evicted: list[Entry] = []
-
-    def popitem(self) -> tuple[str, Entry]:
-        key, entry = super().popitem()
-        self.evicted.append(entry)
-        return key, entry
 
 
 class LRUStore:
@@ -107,35 +92,63 @@ class LRUStore:
         self.capacity_bytes = capacity_bytes
         self.entry_overhead = entry_overhead
         self.max_object_bytes = min(max_object_bytes, capacity_bytes - entry_overhead)
-        self._lru = _EvictionLog(capacity_bytes)
-        self.evictions = 0
-        self.evicted_bytes = 0
-        self.evicted_unread = 0
-        self.evicted_unread_bytes = 0
-        self.resident_unread = 0
-        self.resident_unread_bytes = 0
+        self.index = LRUIndex(capacity_bytes)
+        self._entries: dict[int, Entry] = {}
 
     def __len__(self) -> int:
-        return len(self._lru)
+        return len(self.index)
 
     def __contains__(self, key: str) -> bool:
-        return key in self._lru
+        entry = self._entries.get(hash64(key)[0])
+        return entry is not None and entry.key == key
 
     @property
     def bytes_used(self) -> int:
-        return self._lru.currsize
+        return self.index.bytes_used
+
+    @property
+    def evictions(self) -> int:
+        return self.index.evictions
+
+    @property
+    def evicted_bytes(self) -> int:
+        return self.index.evicted_bytes
+
+    @property
+    def evicted_unread(self) -> int:
+        return self.index.evicted_unread
+
+    @property
+    def evicted_unread_bytes(self) -> int:
+        return self.index.evicted_unread_bytes
+
+    @property
+    def resident_unread(self) -> int:
+        return self.index.resident_unread
+
+    @property
+    def resident_unread_bytes(self) -> int:
+        return self.index.resident_unread_bytes
 
     def get(self, key: str) -> Entry | None:
         """The entry for ``key`` (now most recently used), or None."""
-        # Cache.get tests membership first: a miss costs no KeyError.
-        return self._lru.get(key)
+        h = hash64(key)[0]
+        entry = self._entries.get(h)
+        if entry is None or entry.key != key:
+            return None
+        self.index.touch(h)
+        return entry
 
     def record_hit(self, entry: Entry) -> None:
         """Count one answer served from ``entry``."""
-        if entry.hits == 0:
-            self.resident_unread -= 1
-            self.resident_unread_bytes -= entry.size
-        entry.hits += 1
+        h = hash64(entry.key)[0]
+        if self._entries.get(h) is entry:
+            self.index.record_hit(h)
+
+    def hits(self, entry: Entry) -> int:
+        """Answers served from ``entry`` while resident (0 once it has left)."""
+        h = hash64(entry.key)[0]
+        return self.index.hits(h) if self._entries.get(h) is entry else 0
 
     def fits(self, size: int) -> bool:
         return size <= self.max_object_bytes
@@ -146,71 +159,52 @@ class LRUStore:
         Raises ValueError for an entry over ``max_object_bytes`` or charged more than the whole
         capacity: callers check ``fits`` first.
         """
+        return self._put(entry, 0)
+
+    def recharge(self, entry: Entry) -> list[Entry]:
+        """Charge a stored ``entry`` again after its headers changed (it stays most recently
+        used, its hits kept); returns the entries evicted for room. An entry no longer
+        resident is left out."""
+        h = hash64(entry.key)[0]
+        if self._entries.get(h) is not entry:
+            return []
+        charge = entry_charge(entry, self.entry_overhead)
+        if charge == entry.charge:
+            self.index.touch(h)
+            return []
+        if charge > self.capacity_bytes:
+            self.delete(entry.key)
+            return []
+        return self._put(entry, self.index.hits(h))
+
+    def delete(self, key: str) -> Entry | None:
+        """Remove ``key``'s entry (not an eviction); returns it, or None if absent."""
+        h = hash64(key)[0]
+        entry = self._entries.get(h)
+        if entry is None or entry.key != key:
+            return None
+        del self._entries[h]
+        self.index.delete(h)
+        return entry
+
+    def __iter__(self) -> Iterator[str]:
+        """Every stored key, from a snapshot: the store may change while this is iterated."""
+        return iter([entry.key for entry in self._entries.values()])
+
+    def estimated_capacity_objects(self) -> int:
+        """How many objects of the resident mean charge the store holds when full (0 when
+        empty)."""
+        return self.index.estimated_capacity_objects()
+
+    def _put(self, entry: Entry, hits: int) -> list[Entry]:
         entry.charge = entry_charge(entry, self.entry_overhead)
         if entry.size > self.max_object_bytes or entry.charge > self.capacity_bytes:
             raise ValueError(
                 f"entry of {entry.size} bytes (charged {entry.charge}) does not fit: "
                 f"max_object_bytes={self.max_object_bytes}, capacity_bytes={self.capacity_bytes}"
             )
-        lru = self._lru
-        if entry.key in lru:
-            self.delete(entry.key)
-        lru[entry.key] = entry
-        evicted = lru.evicted
-        if evicted:
-            lru.evicted = []
-            for old in evicted:
-                self._forget(old)
-                self.evictions += 1
-                self.evicted_bytes += old.size
-                if old.hits == 0:
-                    self.evicted_unread += 1
-                    self.evicted_unread_bytes += old.size
-        if entry.hits == 0:
-            self.resident_unread += 1
-            self.resident_unread_bytes += entry.size
+        h = hash64(entry.key)[0]
+        entries = self._entries
+        evicted = [entries.pop(old) for old in self.index.put(h, entry.size, entry.charge, hits)]
+        entries[h] = entry
         return evicted
-
-    def recharge(self, entry: Entry) -> list[Entry]:
-        """Charge a stored ``entry`` again after its headers changed (it stays most recently
-        used); returns the entries evicted for room. An entry no longer resident is left out."""
-        lru = self._lru
-        if lru.get(entry.key) is not entry:
-            return []
-        charge = entry_charge(entry, self.entry_overhead)
-        if charge == entry.charge:
-            return []
-        if charge > self.capacity_bytes:
-            self.delete(entry.key)
-            return []
-        hits = entry.hits
-        self.delete(entry.key)
-        entry.hits = 0  # put counts it as unread until the hits are restored
-        evicted = self.put(entry)
-        if hits:
-            self.record_hit(entry)
-            entry.hits = hits
-        return evicted
-
-    def delete(self, key: str) -> Entry | None:
-        """Remove ``key``'s entry (not an eviction); returns it, or None if absent."""
-        entry = self._lru.pop(key, None)
-        if entry is not None:
-            self._forget(entry)
-        return entry
-
-    def __iter__(self) -> Iterator[str]:
-        """Every stored key, from a snapshot: the store may change while this is iterated."""
-        return iter(list(self._lru))
-
-    def estimated_capacity_objects(self) -> int:
-        """How many objects of the resident mean size the store holds when full (0 when empty)."""
-        used = self._lru.currsize
-        if used == 0:
-            return 0
-        return round(self.capacity_bytes * len(self._lru) / used)
-
-    def _forget(self, entry: Entry) -> None:
-        if entry.hits == 0:
-            self.resident_unread -= 1
-            self.resident_unread_bytes -= entry.size

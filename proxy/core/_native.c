@@ -1,0 +1,1195 @@
+/* The compiled policy core: hashing, Bloom filters, windowed generations, the LRU store's
+ * bookkeeping and the simulator's per-request loop.
+ *
+ * Rules this module keeps:
+ *
+ * - hash64 is MurmurHash3 x64/128 (seed 0) of a key's UTF-8 bytes, as two unsigned 64-bit
+ *   halves: bit for bit what mmh3.hash64(key, signed=False) returns, so probe positions are
+ *   the same here, in pure-Python readers of a filter and in the Redis script.
+ * - A Bloom filter probes (h1 + i*h2) mod m for i < k (Kirsch-Mitzenmacher double hashing).
+ * - A Window is g Bloom generations, newest first; its rotation rules are those documented in
+ *   proxy/core/window.py, including Python's float floor division for elapsed spans, so a
+ *   window decides identically whoever drives it.
+ * - An LRUIndex is a byte-bounded LRU over 64-bit key hashes: sizes, charges, hits and the
+ *   store time of each entry, and the eviction and dead-write counts. Callers keep payloads.
+ * - simulate_chunk drives an LRUIndex and an optional Window over a trace's arrays with the
+ *   cache engine's rules for a cacheable response (see loadgen/simulate.py).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* MurmurHash3 x64/128, after Austin Appleby's public-domain reference. */
+
+static inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+static inline uint64_t fmix64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+static void murmur3_128(const uint8_t *data, Py_ssize_t len, uint64_t *out1, uint64_t *out2) {
+    const Py_ssize_t nblocks = len / 16;
+    uint64_t h1 = 0, h2 = 0;
+    const uint64_t c1 = 0x87c37b91114253d5ULL, c2 = 0x4cf5ad432745937fULL;
+    for (Py_ssize_t i = 0; i < nblocks; i++) {
+        uint64_t k1, k2;
+        memcpy(&k1, data + i * 16, 8);
+        memcpy(&k2, data + i * 16 + 8, 8);
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+        h1 = rotl64(h1, 27); h1 += h2; h1 = h1 * 5 + 0x52dce729;
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+        h2 = rotl64(h2, 31); h2 += h1; h2 = h2 * 5 + 0x38495ab5;
+    }
+    const uint8_t *tail = data + nblocks * 16;
+    uint64_t k1 = 0, k2 = 0;
+    switch (len & 15) {
+    case 15: k2 ^= ((uint64_t)tail[14]) << 48; /* fall through */
+    case 14: k2 ^= ((uint64_t)tail[13]) << 40; /* fall through */
+    case 13: k2 ^= ((uint64_t)tail[12]) << 32; /* fall through */
+    case 12: k2 ^= ((uint64_t)tail[11]) << 24; /* fall through */
+    case 11: k2 ^= ((uint64_t)tail[10]) << 16; /* fall through */
+    case 10: k2 ^= ((uint64_t)tail[9]) << 8; /* fall through */
+    case 9:
+        k2 ^= ((uint64_t)tail[8]);
+        k2 *= c2; k2 = rotl64(k2, 33); k2 *= c1; h2 ^= k2;
+        /* fall through */
+    case 8: k1 ^= ((uint64_t)tail[7]) << 56; /* fall through */
+    case 7: k1 ^= ((uint64_t)tail[6]) << 48; /* fall through */
+    case 6: k1 ^= ((uint64_t)tail[5]) << 40; /* fall through */
+    case 5: k1 ^= ((uint64_t)tail[4]) << 32; /* fall through */
+    case 4: k1 ^= ((uint64_t)tail[3]) << 24; /* fall through */
+    case 3: k1 ^= ((uint64_t)tail[2]) << 16; /* fall through */
+    case 2: k1 ^= ((uint64_t)tail[1]) << 8; /* fall through */
+    case 1:
+        k1 ^= ((uint64_t)tail[0]);
+        k1 *= c1; k1 = rotl64(k1, 31); k1 *= c2; h1 ^= k1;
+    }
+    h1 ^= (uint64_t)len; h2 ^= (uint64_t)len;
+    h1 += h2; h2 += h1;
+    h1 = fmix64(h1); h2 = fmix64(h2);
+    h1 += h2; h2 += h1;
+    *out1 = h1;
+    *out2 = h2;
+}
+
+/* The bytes of a str (UTF-8) or bytes-like key; -1 with an exception set otherwise. */
+static int key_bytes(PyObject *key, const char **data, Py_ssize_t *len) {
+    if (PyUnicode_Check(key)) {
+        *data = PyUnicode_AsUTF8AndSize(key, len);
+        return *data == NULL ? -1 : 0;
+    }
+    if (PyBytes_Check(key)) {
+        *data = PyBytes_AS_STRING(key);
+        *len = PyBytes_GET_SIZE(key);
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "a key is str or bytes, not %.100s", Py_TYPE(key)->tp_name);
+    return -1;
+}
+
+static int hash_key(PyObject *key, uint64_t *h1, uint64_t *h2) {
+    const char *data;
+    Py_ssize_t len;
+    if (key_bytes(key, &data, &len) < 0) return -1;
+    murmur3_128((const uint8_t *)data, len, h1, h2);
+    return 0;
+}
+
+static int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2) {
+    if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a key hash is a (h1, h2) tuple");
+        return -1;
+    }
+    *h1 = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(h, 0));
+    *h2 = PyLong_AsUnsignedLongLongMask(PyTuple_GET_ITEM(h, 1));
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *py_hash64(PyObject *module, PyObject *key) {
+    uint64_t h1, h2;
+    if (hash_key(key, &h1, &h2) < 0) return NULL;
+    return Py_BuildValue("(KK)", (unsigned long long)h1, (unsigned long long)h2);
+}
+
+/* Sizing: m = ceil(-n ln p / (ln 2)^2), k = round(m / n * ln 2), at least 1. */
+
+static const double LN2 = 0.6931471805599453;
+
+static int sizing(long long capacity, double fp_rate, long long *bits, int *probes) {
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity must be a positive integer of keys, got %lld",
+                     capacity);
+        return -1;
+    }
+    if (!(fp_rate > 0.0 && fp_rate < 1.0)) {
+        PyObject *repr = PyFloat_FromDouble(fp_rate);
+        PyErr_Format(PyExc_ValueError, "fp_rate must be between 0 and 1 (exclusive), got %R",
+                     repr);
+        Py_XDECREF(repr);
+        return -1;
+    }
+    double m = ceil(-(double)capacity * log(fp_rate) / (LN2 * LN2));
+    *bits = (long long)m;
+    double k = nearbyint((double)*bits / (double)capacity * LN2);
+    *probes = k < 1.0 ? 1 : (int)k;
+    return 0;
+}
+
+static PyObject *py_optimal_size(PyObject *module, PyObject *args) {
+    PyObject *cap;
+    double fp_rate;
+    if (!PyArg_ParseTuple(args, "Od", &cap, &fp_rate)) return NULL;
+    if (!PyLong_Check(cap) || PyBool_Check(cap)) {
+        PyErr_Format(PyExc_ValueError, "capacity must be a positive integer of keys, got %R", cap);
+        return NULL;
+    }
+    long long capacity = PyLong_AsLongLong(cap);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    long long bits;
+    int probes;
+    if (sizing(capacity, fp_rate, &bits, &probes) < 0) return NULL;
+    return Py_BuildValue("(Li)", bits, probes);
+}
+
+/* Bloom */
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *bits;
+    long long size_bits;
+    long long nbytes;
+    long long capacity;
+    long long count;
+    double fp_rate;
+    int num_hashes;
+} BloomObject;
+
+static PyTypeObject BloomType;
+
+static int bloom_setup(BloomObject *self, long long capacity, double fp_rate) {
+    long long bits;
+    int probes;
+    if (sizing(capacity, fp_rate, &bits, &probes) < 0) return -1;
+    uint8_t *mem = PyMem_Calloc((size_t)((bits + 7) / 8), 1);
+    if (mem == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(self->bits);
+    self->bits = mem;
+    self->size_bits = bits;
+    self->nbytes = (bits + 7) / 8;
+    self->num_hashes = probes;
+    self->capacity = capacity;
+    self->fp_rate = fp_rate;
+    self->count = 0;
+    return 0;
+}
+
+static BloomObject *bloom_new(long long capacity, double fp_rate) {
+    BloomObject *b = PyObject_New(BloomObject, &BloomType);
+    if (b == NULL) return NULL;
+    b->bits = NULL;
+    if (bloom_setup(b, capacity, fp_rate) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    return b;
+}
+
+static inline int bloom_add(BloomObject *b, uint64_t h1, uint64_t h2) {
+    const uint64_t m = (uint64_t)b->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    uint8_t *bits = b->bits;
+    int present = 1;
+    for (int i = 0; i < b->num_hashes; i++) {
+        uint8_t mask = (uint8_t)(1u << (pos & 7));
+        if (!(bits[pos >> 3] & mask)) {
+            bits[pos >> 3] |= mask;
+            present = 0;
+        }
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    if (!present) b->count++;
+    return present;
+}
+
+static inline int bloom_contains(const BloomObject *b, uint64_t h1, uint64_t h2) {
+    const uint64_t m = (uint64_t)b->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    for (int i = 0; i < b->num_hashes; i++) {
+        if (!(b->bits[pos >> 3] & (1u << (pos & 7)))) return 0;
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    return 1;
+}
+
+static void bloom_clear(BloomObject *b) {
+    memset(b->bits, 0, (size_t)b->nbytes);
+    b->count = 0;
+}
+
+static double bloom_fill(const BloomObject *b) {
+    long long ones = 0;
+    long long i = 0;
+    for (; i + 8 <= b->nbytes; i += 8) {
+        uint64_t word;
+        memcpy(&word, b->bits + i, 8);
+        ones += __builtin_popcountll(word);
+    }
+    for (; i < b->nbytes; i++) ones += __builtin_popcount(b->bits[i]);
+    return (double)ones / (double)b->size_bits;
+}
+
+static int Bloom_init(BloomObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"capacity", "fp_rate", NULL};
+    PyObject *cap;
+    double fp_rate = 0.01;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|d", kwlist, &cap, &fp_rate)) return -1;
+    if (!PyLong_Check(cap) || PyBool_Check(cap)) {
+        PyErr_Format(PyExc_ValueError, "capacity must be a positive integer of keys, got %R", cap);
+        return -1;
+    }
+    long long capacity = PyLong_AsLongLong(cap);
+    if (capacity == -1 && PyErr_Occurred()) return -1;
+    return bloom_setup(self, capacity, fp_rate);
+}
+
+static void Bloom_dealloc(BloomObject *self) {
+    PyMem_Free(self->bits);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Bloom_add(BloomObject *self, PyObject *key) {
+    uint64_t h1, h2;
+    if (hash_key(key, &h1, &h2) < 0) return NULL;
+    return PyBool_FromLong(bloom_add(self, h1, h2));
+}
+
+static PyObject *Bloom_add_hash(BloomObject *self, PyObject *h) {
+    uint64_t h1, h2;
+    if (parse_hash(h, &h1, &h2) < 0) return NULL;
+    return PyBool_FromLong(bloom_add(self, h1, h2));
+}
+
+static PyObject *Bloom_contains_hash(BloomObject *self, PyObject *h) {
+    uint64_t h1, h2;
+    if (parse_hash(h, &h1, &h2) < 0) return NULL;
+    return PyBool_FromLong(bloom_contains(self, h1, h2));
+}
+
+static int Bloom_sq_contains(BloomObject *self, PyObject *key) {
+    uint64_t h1, h2;
+    if (hash_key(key, &h1, &h2) < 0) return -1;
+    return bloom_contains(self, h1, h2);
+}
+
+static Py_ssize_t Bloom_len(BloomObject *self) { return (Py_ssize_t)self->count; }
+
+static PyObject *Bloom_fill_ratio(BloomObject *self, PyObject *unused) {
+    return PyFloat_FromDouble(bloom_fill(self));
+}
+
+static PyObject *Bloom_clear(BloomObject *self, PyObject *unused) {
+    bloom_clear(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Bloom_raw(BloomObject *self, PyObject *unused) {
+    return PyBytes_FromStringAndSize((const char *)self->bits, (Py_ssize_t)self->nbytes);
+}
+
+static PyObject *Bloom_load_raw(BloomObject *self, PyObject *args) {
+    Py_buffer view;
+    long long count;
+    if (!PyArg_ParseTuple(args, "y*L", &view, &count)) return NULL;
+    if (view.len != self->nbytes) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "BloomFilter bytes do not match their header's sizing");
+        return NULL;
+    }
+    memcpy(self->bits, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    self->count = count;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Bloom_methods[] = {
+    {"add", (PyCFunction)Bloom_add, METH_O, "Record key; True if it was (probably) present before."},
+    {"add_hash", (PyCFunction)Bloom_add_hash, METH_O, "add for a key already hashed with hash64."},
+    {"contains_hash", (PyCFunction)Bloom_contains_hash, METH_O,
+     "in for a key already hashed with hash64."},
+    {"fill_ratio", (PyCFunction)Bloom_fill_ratio, METH_NOARGS, "Share of the bits that are set."},
+    {"clear", (PyCFunction)Bloom_clear, METH_NOARGS, "Unset every bit."},
+    {"raw_bits", (PyCFunction)Bloom_raw, METH_NOARGS, "The bit array, as bytes."},
+    {"load_raw_bits", (PyCFunction)Bloom_load_raw, METH_VARARGS,
+     "Replace the bit array and the count of keys recorded."},
+    {NULL},
+};
+
+static PyMemberDef Bloom_members[] = {
+    {"size_bits", T_LONGLONG, offsetof(BloomObject, size_bits), READONLY, "bits"},
+    {"num_hashes", T_INT, offsetof(BloomObject, num_hashes), READONLY, "probes per key"},
+    {"capacity", T_LONGLONG, offsetof(BloomObject, capacity), READONLY, "keys sized for"},
+    {"fp_rate", T_DOUBLE, offsetof(BloomObject, fp_rate), READONLY, "target rate"},
+    {"memory_bytes", T_LONGLONG, offsetof(BloomObject, nbytes), READONLY, "bytes of bits"},
+    {NULL},
+};
+
+static PySequenceMethods Bloom_as_sequence = {
+    .sq_length = (lenfunc)Bloom_len,
+    .sq_contains = (objobjproc)Bloom_sq_contains,
+};
+
+static PyTypeObject BloomType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.core._native.Bloom",
+    .tp_basicsize = sizeof(BloomObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "A bit array with k double-hashing probes per key.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Bloom_init,
+    .tp_dealloc = (destructor)Bloom_dealloc,
+    .tp_methods = Bloom_methods,
+    .tp_members = Bloom_members,
+    .tp_as_sequence = &Bloom_as_sequence,
+};
+
+/* Window */
+
+typedef struct {
+    PyObject_HEAD
+    BloomObject **gens;
+    double *written;
+    int g;
+    double window;
+    double span;
+    double gen_fp;
+    double started;
+    int has_started;
+    PyObject *sizer;
+    long long rotations;
+    long long forced_rotations;
+} WindowObject;
+
+/* Python's float floor division, so elapsed spans round exactly as in pure Python. */
+static double py_floor_div(double vx, double wx) {
+    double mod = fmod(vx, wx);
+    double div = (vx - mod) / wx;
+    if (mod) {
+        if ((wx < 0) != (mod < 0)) div -= 1.0;
+    }
+    double floordiv;
+    if (div) {
+        floordiv = floor(div);
+        if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+        floordiv = copysign(0.0, vx / wx);
+    }
+    return floordiv;
+}
+
+static int window_rotate(WindowObject *w, double now) {
+    BloomObject *oldest = w->gens[w->g - 1];
+    long long share = oldest->capacity;
+    if (w->sizer != NULL) {
+        PyObject *r = PyObject_CallNoArgs(w->sizer);
+        if (r == NULL) return -1;
+        long long asked = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        if (asked == -1 && PyErr_Occurred()) return -1;
+        share = asked < 1 ? 1 : asked;
+    }
+    if (share == oldest->capacity) {
+        bloom_clear(oldest);
+    } else {
+        BloomObject *fresh = bloom_new(share, w->gen_fp);
+        if (fresh == NULL) return -1;
+        Py_DECREF(oldest);
+        oldest = fresh;
+    }
+    memmove(w->gens + 1, w->gens, sizeof(BloomObject *) * (size_t)(w->g - 1));
+    memmove(w->written + 1, w->written, sizeof(double) * (size_t)(w->g - 1));
+    w->gens[0] = oldest;
+    w->written[0] = -INFINITY;
+    w->started = now;
+    w->rotations++;
+    return 0;
+}
+
+static int window_advance(WindowObject *w, double now) {
+    if (!w->has_started) {
+        w->started = now;
+        w->has_started = 1;
+        return 0;
+    }
+    double started = w->started;
+    if (now - started < w->span) return 0;
+    long long elapsed = (long long)py_floor_div(now - started, w->span);
+    long long due = elapsed < w->g ? elapsed : w->g;
+    /* The oldest generation goes only once its last write is out of the window: in exact
+     * arithmetic that always holds here, and it keeps the guarantee when floats round. */
+    while (due && w->written[w->g - 1] + w->window < now) {
+        if (window_rotate(w, now) < 0) return -1;
+        due--;
+    }
+    if (!due) w->started = started + (double)elapsed * w->span;
+    return 0;
+}
+
+/* 1 seen, 0 not, -1 error. */
+static int window_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
+    if (window_advance(w, now) < 0) return -1;
+    BloomObject *newest = w->gens[0];
+    w->written[0] = now;
+    if (bloom_add(newest, h1, h2)) return 1;
+    int seen = 0;
+    for (int i = 1; i < w->g; i++) {
+        if (bloom_contains(w->gens[i], h1, h2)) {
+            seen = 1;
+            break;
+        }
+    }
+    if (newest->count >= newest->capacity) {
+        w->forced_rotations++;
+        if (window_rotate(w, now) < 0) return -1;
+    }
+    return seen;
+}
+
+static int Window_init(WindowObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"share", "gen_fp", "window", "generations", "sizer", NULL};
+    long long share;
+    double gen_fp, window;
+    int g;
+    PyObject *sizer = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Lddi|O", kwlist, &share, &gen_fp, &window, &g,
+                                     &sizer))
+        return -1;
+    if (g < 2) {
+        PyErr_Format(PyExc_ValueError, "generations must be an integer >= 2, got %d", g);
+        return -1;
+    }
+    if (self->gens != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Window is initialised once");
+        return -1;
+    }
+    self->gens = PyMem_Calloc((size_t)g, sizeof(BloomObject *));
+    self->written = PyMem_Calloc((size_t)g, sizeof(double));
+    if (self->gens == NULL || self->written == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->g = g;
+    for (int i = 0; i < g; i++) {
+        self->gens[i] = bloom_new(share, gen_fp);
+        if (self->gens[i] == NULL) return -1;
+        self->written[i] = -INFINITY;
+    }
+    self->window = window;
+    self->span = window / (double)(g - 1);
+    self->gen_fp = gen_fp;
+    self->has_started = 0;
+    self->started = 0.0;
+    self->rotations = 0;
+    self->forced_rotations = 0;
+    if (sizer != Py_None) {
+        Py_INCREF(sizer);
+        self->sizer = sizer;
+    }
+    return 0;
+}
+
+static int Window_traverse(WindowObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->sizer);
+    return 0;
+}
+
+static int Window_clear_refs(WindowObject *self) {
+    Py_CLEAR(self->sizer);
+    return 0;
+}
+
+static void Window_dealloc(WindowObject *self) {
+    PyObject_GC_UnTrack(self);
+    Window_clear_refs(self);
+    if (self->gens != NULL) {
+        for (int i = 0; i < self->g; i++) Py_XDECREF(self->gens[i]);
+    }
+    PyMem_Free(self->gens);
+    PyMem_Free(self->written);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int window_now(PyObject *arg, double *now) {
+    *now = PyFloat_AsDouble(arg);
+    return (*now == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *Window_seen_before(WindowObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "seen_before(key, now)");
+        return NULL;
+    }
+    uint64_t h1, h2;
+    double now;
+    if (hash_key(args[0], &h1, &h2) < 0 || window_now(args[1], &now) < 0) return NULL;
+    int seen = window_seen_before(self, h1, h2, now);
+    if (seen < 0) return NULL;
+    return PyBool_FromLong(seen);
+}
+
+static PyObject *Window_contains(WindowObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2) {
+        PyErr_SetString(PyExc_TypeError, "contains(key, now)");
+        return NULL;
+    }
+    uint64_t h1, h2;
+    double now;
+    if (hash_key(args[0], &h1, &h2) < 0 || window_now(args[1], &now) < 0) return NULL;
+    if (window_advance(self, now) < 0) return NULL;
+    for (int i = 0; i < self->g; i++) {
+        if (bloom_contains(self->gens[i], h1, h2)) Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Window_clear(WindowObject *self, PyObject *const *args, Py_ssize_t n) {
+    for (int i = 0; i < self->g; i++) {
+        bloom_clear(self->gens[i]);
+        self->written[i] = -INFINITY;
+    }
+    if (n >= 1 && args[0] != Py_None) {
+        if (window_now(args[0], &self->started) < 0) return NULL;
+        self->has_started = 1;
+    } else {
+        self->has_started = 0;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Window_generations(WindowObject *self, PyObject *unused) {
+    PyObject *out = PyTuple_New(self->g);
+    if (out == NULL) return NULL;
+    for (int i = 0; i < self->g; i++) {
+        Py_INCREF(self->gens[i]);
+        PyTuple_SET_ITEM(out, i, (PyObject *)self->gens[i]);
+    }
+    return out;
+}
+
+static PyMethodDef Window_methods[] = {
+    {"seen_before", (PyCFunction)(void (*)(void))Window_seen_before, METH_FASTCALL,
+     "Test key, then record it in the newest generation; one call."},
+    {"contains", (PyCFunction)(void (*)(void))Window_contains, METH_FASTCALL,
+     "Test key without recording it."},
+    {"clear", (PyCFunction)(void (*)(void))Window_clear, METH_FASTCALL,
+     "Forget everything; the next generation starts at now (or at the next call)."},
+    {"generations", (PyCFunction)Window_generations, METH_NOARGS,
+     "The generations, newest first."},
+    {NULL},
+};
+
+static PyMemberDef Window_members[] = {
+    {"window", T_DOUBLE, offsetof(WindowObject, window), READONLY, "seconds remembered"},
+    {"num_generations", T_INT, offsetof(WindowObject, g), READONLY, "generations"},
+    {"rotations", T_LONGLONG, offsetof(WindowObject, rotations), READONLY, "rotations"},
+    {"forced_rotations", T_LONGLONG, offsetof(WindowObject, forced_rotations), READONLY,
+     "rotations because the newest generation reached its share"},
+    {NULL},
+};
+
+static PyTypeObject WindowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.core._native.Window",
+    .tp_basicsize = sizeof(WindowObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Rotating Bloom generations over a time window.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Window_init,
+    .tp_dealloc = (destructor)Window_dealloc,
+    .tp_traverse = (traverseproc)Window_traverse,
+    .tp_clear = (inquiry)Window_clear_refs,
+    .tp_methods = Window_methods,
+    .tp_members = Window_members,
+};
+
+/* LRUIndex: nodes in one array, linked most recently used first, found through an
+ * open-addressing table of node numbers (0 is empty) with backward-shift deletion. */
+
+typedef struct {
+    uint64_t key;
+    long long size;
+    long long charge;
+    long long hits;
+    double stored_at;
+    int32_t prev, next;
+} Node;
+
+typedef struct {
+    PyObject_HEAD
+    Node *nodes;
+    int32_t nodes_cap;
+    int32_t free_head;
+    int32_t head, tail;
+    long long count;
+    int32_t *table;
+    uint64_t mask;
+    long long capacity;
+    long long used;
+    long long evictions, evicted_bytes, evicted_unread, evicted_unread_bytes;
+    long long resident_unread, resident_unread_bytes;
+} IndexObject;
+
+static inline uint64_t slot_of(uint64_t key, uint64_t mask) {
+    return (key * 0x9e3779b97f4a7c15ULL) >> 17 & mask;
+}
+
+static int64_t index_find_slot(const IndexObject *x, uint64_t key) {
+    uint64_t s = slot_of(key, x->mask);
+    for (;;) {
+        int32_t n = x->table[s];
+        if (n == 0) return -(int64_t)s - 1;
+        if (x->nodes[n - 1].key == key) return (int64_t)s;
+        s = (s + 1) & x->mask;
+    }
+}
+
+static inline int32_t index_find(const IndexObject *x, uint64_t key) {
+    int64_t s = index_find_slot(x, key);
+    return s < 0 ? -1 : x->table[s] - 1;
+}
+
+static int index_grow_table(IndexObject *x) {
+    uint64_t size = (x->mask + 1) * 2;
+    int32_t *table = PyMem_Calloc((size_t)size, sizeof(int32_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t mask = size - 1;
+    for (uint64_t i = 0; i <= x->mask; i++) {
+        int32_t n = x->table[i];
+        if (n == 0) continue;
+        uint64_t s = slot_of(x->nodes[n - 1].key, mask);
+        while (table[s]) s = (s + 1) & mask;
+        table[s] = n;
+    }
+    PyMem_Free(x->table);
+    x->table = table;
+    x->mask = mask;
+    return 0;
+}
+
+static void index_table_remove(IndexObject *x, uint64_t s) {
+    uint64_t mask = x->mask;
+    uint64_t hole = s;
+    uint64_t j = s;
+    for (;;) {
+        j = (j + 1) & mask;
+        int32_t n = x->table[j];
+        if (n == 0) break;
+        uint64_t home = slot_of(x->nodes[n - 1].key, mask);
+        /* Move n into the hole unless its home lies cyclically in (hole, j]. */
+        if (hole <= j ? (home <= hole || home > j) : (home <= hole && home > j)) {
+            x->table[hole] = n;
+            hole = j;
+        }
+    }
+    x->table[hole] = 0;
+}
+
+static inline void list_unlink(IndexObject *x, int32_t i) {
+    Node *n = &x->nodes[i];
+    if (n->prev >= 0) x->nodes[n->prev].next = n->next; else x->head = n->next;
+    if (n->next >= 0) x->nodes[n->next].prev = n->prev; else x->tail = n->prev;
+}
+
+static inline void list_push_front(IndexObject *x, int32_t i) {
+    Node *n = &x->nodes[i];
+    n->prev = -1;
+    n->next = x->head;
+    if (x->head >= 0) x->nodes[x->head].prev = i; else x->tail = i;
+    x->head = i;
+}
+
+static inline void index_touch(IndexObject *x, int32_t i) {
+    if (x->head == i) return;
+    list_unlink(x, i);
+    list_push_front(x, i);
+}
+
+static inline void index_record_hit(IndexObject *x, int32_t i) {
+    Node *n = &x->nodes[i];
+    if (n->hits == 0) {
+        x->resident_unread--;
+        x->resident_unread_bytes -= n->size;
+    }
+    n->hits++;
+}
+
+/* Unlinks node i found at table slot s, frees it; returns nothing, counts nothing. */
+static void index_drop(IndexObject *x, int32_t i, uint64_t s) {
+    Node *n = &x->nodes[i];
+    index_table_remove(x, s);
+    list_unlink(x, i);
+    x->used -= n->charge;
+    x->count--;
+    if (n->hits == 0) {
+        x->resident_unread--;
+        x->resident_unread_bytes -= n->size;
+    }
+    n->next = x->free_head;
+    x->free_head = i;
+}
+
+static int index_delete(IndexObject *x, uint64_t key) {
+    int64_t s = index_find_slot(x, key);
+    if (s < 0) return 0;
+    index_drop(x, x->table[s] - 1, (uint64_t)s);
+    return 1;
+}
+
+/* Stores key (replacing it), evicting least recently used entries until it fits; appends
+ * the evicted keys to `evicted` when it is not NULL. The caller checked charge <= capacity. */
+static int index_put(IndexObject *x, uint64_t key, long long size, long long charge,
+                     long long hits, double stored_at, PyObject *evicted) {
+    index_delete(x, key);
+    while (x->used + charge > x->capacity && x->tail >= 0) {
+        int32_t victim = x->tail;
+        Node *v = &x->nodes[victim];
+        x->evictions++;
+        x->evicted_bytes += v->size;
+        if (v->hits == 0) {
+            x->evicted_unread++;
+            x->evicted_unread_bytes += v->size;
+        }
+        if (evicted != NULL) {
+            PyObject *k = PyLong_FromUnsignedLongLong(v->key);
+            if (k == NULL || PyList_Append(evicted, k) < 0) {
+                Py_XDECREF(k);
+                return -1;
+            }
+            Py_DECREF(k);
+        }
+        index_drop(x, victim, (uint64_t)index_find_slot(x, v->key));
+    }
+    if (x->free_head < 0) {
+        int32_t cap = x->nodes_cap ? x->nodes_cap * 2 : 1024;
+        Node *nodes = PyMem_Realloc(x->nodes, sizeof(Node) * (size_t)cap);
+        if (nodes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int32_t i = x->nodes_cap; i < cap; i++) nodes[i].next = i + 1 < cap ? i + 1 : -1;
+        x->nodes = nodes;
+        x->free_head = x->nodes_cap;
+        x->nodes_cap = cap;
+    }
+    if ((uint64_t)(x->count + 1) * 2 > x->mask + 1 && index_grow_table(x) < 0) return -1;
+    int32_t i = x->free_head;
+    Node *n = &x->nodes[i];
+    x->free_head = n->next;
+    n->key = key;
+    n->size = size;
+    n->charge = charge;
+    n->hits = hits;
+    n->stored_at = stored_at;
+    int64_t s = index_find_slot(x, key);
+    x->table[-s - 1] = i + 1;
+    list_push_front(x, i);
+    x->count++;
+    x->used += charge;
+    if (hits == 0) {
+        x->resident_unread++;
+        x->resident_unread_bytes += size;
+    }
+    return 0;
+}
+
+static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"capacity_bytes", NULL};
+    long long capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L", kwlist, &capacity)) return -1;
+    if (self->table != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "an LRUIndex is initialised once");
+        return -1;
+    }
+    self->table = PyMem_Calloc(1024, sizeof(int32_t));
+    if (self->table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = 1023;
+    self->nodes = NULL;
+    self->nodes_cap = 0;
+    self->free_head = -1;
+    self->head = self->tail = -1;
+    self->capacity = capacity;
+    return 0;
+}
+
+static void Index_dealloc(IndexObject *self) {
+    PyMem_Free(self->nodes);
+    PyMem_Free(self->table);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int parse_key(PyObject *arg, uint64_t *key) {
+    *key = PyLong_AsUnsignedLongLong(arg);
+    return (*key == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *Index_touch(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    if (i < 0) Py_RETURN_FALSE;
+    index_touch(self, i);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Index_record_hit(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    if (i >= 0) index_record_hit(self, i);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Index_hits(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    return PyLong_FromLongLong(i < 0 ? 0 : self->nodes[i].hits);
+}
+
+static PyObject *Index_put(IndexObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "put(key, size, charge, hits)");
+        return NULL;
+    }
+    uint64_t key;
+    if (parse_key(args[0], &key) < 0) return NULL;
+    long long size = PyLong_AsLongLong(args[1]);
+    long long charge = PyLong_AsLongLong(args[2]);
+    long long hits = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (charge > self->capacity) {
+        PyErr_Format(PyExc_ValueError, "a charge of %lld bytes exceeds the capacity of %lld",
+                     charge, self->capacity);
+        return NULL;
+    }
+    PyObject *evicted = PyList_New(0);
+    if (evicted == NULL) return NULL;
+    if (index_put(self, key, size, charge, hits, 0.0, evicted) < 0) {
+        Py_DECREF(evicted);
+        return NULL;
+    }
+    return evicted;
+}
+
+static PyObject *Index_delete(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    return PyBool_FromLong(index_delete(self, key));
+}
+
+static int Index_sq_contains(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return -1;
+    return index_find(self, key) >= 0;
+}
+
+static Py_ssize_t Index_len(IndexObject *self) { return (Py_ssize_t)self->count; }
+
+static PyObject *Index_estimated_capacity_objects(IndexObject *self, PyObject *unused) {
+    if (self->used == 0) return PyLong_FromLong(0);
+    double estimate = nearbyint((double)self->capacity * (double)self->count / (double)self->used);
+    return PyLong_FromDouble(estimate);
+}
+
+static PyMethodDef Index_methods[] = {
+    {"touch", (PyCFunction)Index_touch, METH_O,
+     "Make key most recently used; False if it is absent."},
+    {"record_hit", (PyCFunction)Index_record_hit, METH_O, "Count one answer served from key."},
+    {"hits", (PyCFunction)Index_hits, METH_O, "Answers served from key's entry (0 if absent)."},
+    {"put", (PyCFunction)(void (*)(void))Index_put, METH_FASTCALL,
+     "put(key, size, charge, hits): store key, replacing it; returns the keys evicted."},
+    {"delete", (PyCFunction)Index_delete, METH_O, "Remove key (not an eviction)."},
+    {"estimated_capacity_objects", (PyCFunction)Index_estimated_capacity_objects, METH_NOARGS,
+     "Objects of the resident mean charge the index holds when full (0 when empty)."},
+    {NULL},
+};
+
+static PyMemberDef Index_members[] = {
+    {"capacity_bytes", T_LONGLONG, offsetof(IndexObject, capacity), READONLY, ""},
+    {"bytes_used", T_LONGLONG, offsetof(IndexObject, used), READONLY, ""},
+    {"evictions", T_LONGLONG, offsetof(IndexObject, evictions), READONLY, ""},
+    {"evicted_bytes", T_LONGLONG, offsetof(IndexObject, evicted_bytes), READONLY, ""},
+    {"evicted_unread", T_LONGLONG, offsetof(IndexObject, evicted_unread), READONLY, ""},
+    {"evicted_unread_bytes", T_LONGLONG, offsetof(IndexObject, evicted_unread_bytes), READONLY,
+     ""},
+    {"resident_unread", T_LONGLONG, offsetof(IndexObject, resident_unread), READONLY, ""},
+    {"resident_unread_bytes", T_LONGLONG, offsetof(IndexObject, resident_unread_bytes), READONLY,
+     ""},
+    {NULL},
+};
+
+static PySequenceMethods Index_as_sequence = {
+    .sq_length = (lenfunc)Index_len,
+    .sq_contains = (objobjproc)Index_sq_contains,
+};
+
+static PyTypeObject IndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.core._native.LRUIndex",
+    .tp_basicsize = sizeof(IndexObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A byte-bounded LRU over 64-bit key hashes, with dead-write accounting.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Index_init,
+    .tp_dealloc = (destructor)Index_dealloc,
+    .tp_methods = Index_methods,
+    .tp_members = Index_members,
+    .tp_as_sequence = &Index_as_sequence,
+};
+
+/* The simulator's loop. */
+
+enum {
+    C_REQUESTS, C_HITS, C_MISSES, C_HIT_BYTES, C_BYTES_SERVED, C_ORIGIN_FETCHES,
+    C_ORIGIN_BYTES, C_TOO_LARGE, C_REJECTED, C_BYTES_NOT_WRITTEN, C_ADMISSIONS,
+    C_BYTES_WRITTEN, C_COUNT
+};
+
+static const char *counter_names[C_COUNT] = {
+    "requests", "hits", "misses", "hit_bytes", "bytes_served", "origin_fetches",
+    "origin_bytes", "too_large", "rejected_first_sighting", "bytes_not_written", "admissions",
+    "bytes_written",
+};
+
+static int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_t itemsize,
+                     char kind) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    char f = view->format ? view->format[strlen(view->format) - 1] : 'B';
+    int ok = view->itemsize == itemsize &&
+             (kind == 'f' ? f == 'd' : (kind == 'u' ? (f == 'Q' || f == 'L')
+                                                   : (f == 'q' || f == 'l')));
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous %s array", what,
+                     kind == 'f' ? "float64" : (kind == 'u' ? "uint64" : "int64"));
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static int format_decimal(char *out, uint64_t v) {
+    char tmp[24];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (int i = 0; i < n; i++) out[i] = tmp[n - 1 - i];
+    return n;
+}
+
+static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"index", "window", "times", "ids", "sizes", "prefix",
+                             "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
+                             "names_h1", "names_h2", "names_chars", NULL};
+    PyObject *index_obj, *window_obj, *times_obj, *ids_obj, *sizes_obj;
+    PyObject *nh1_obj = Py_None, *nh2_obj = Py_None, *nchars_obj = Py_None;
+    Py_buffer prefix;
+    long long prefix_chars, overhead, max_object;
+    double ttl;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOy*LdLL|OOO", kwlist, &IndexType,
+                                     &index_obj, &window_obj, &times_obj, &ids_obj, &sizes_obj,
+                                     &prefix, &prefix_chars, &ttl, &overhead, &max_object,
+                                     &nh1_obj, &nh2_obj, &nchars_obj))
+        return NULL;
+    IndexObject *x = (IndexObject *)index_obj;
+    WindowObject *w = NULL;
+    if (window_obj != Py_None) {
+        if (!PyObject_TypeCheck(window_obj, &WindowType)) {
+            PyBuffer_Release(&prefix);
+            PyErr_SetString(PyExc_TypeError, "window must be a Window or None");
+            return NULL;
+        }
+        w = (WindowObject *)window_obj;
+    }
+    Py_buffer tv, iv, sv, h1v = {0}, h2v = {0}, cv = {0};
+    int named = nh1_obj != Py_None;
+    PyObject *result = NULL;
+    int have_t = 0, have_i = 0, have_s = 0, have_named = 0;
+    if (get_array(times_obj, &tv, "times", 8, 'f') < 0) goto done;
+    have_t = 1;
+    if (get_array(ids_obj, &iv, "ids", 8, named ? 'i' : 'u') < 0) goto done;
+    have_i = 1;
+    if (get_array(sizes_obj, &sv, "sizes", 8, 'i') < 0) goto done;
+    have_s = 1;
+    if (named) {
+        if (get_array(nh1_obj, &h1v, "names_h1", 8, 'u') < 0) goto done;
+        if (get_array(nh2_obj, &h2v, "names_h2", 8, 'u') < 0) {
+            PyBuffer_Release(&h1v);
+            goto done;
+        }
+        if (get_array(nchars_obj, &cv, "names_chars", 8, 'i') < 0) {
+            PyBuffer_Release(&h1v);
+            PyBuffer_Release(&h2v);
+            goto done;
+        }
+        have_named = 1;
+    }
+    Py_ssize_t n = tv.len / 8;
+    if (iv.len / 8 != n || sv.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "times, ids and sizes must have one length");
+        goto done;
+    }
+    const double *times = tv.buf;
+    const uint64_t *ids = iv.buf;
+    const long long *sizes = sv.buf;
+    const uint64_t *nh1 = named ? h1v.buf : NULL, *nh2 = named ? h2v.buf : NULL;
+    const long long *nchars = named ? cv.buf : NULL;
+    Py_ssize_t names = named ? h1v.len / 8 : 0;
+    long long c[C_COUNT] = {0};
+    char *key = PyMem_Malloc((size_t)prefix.len + 24);
+    if (key == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(key, prefix.buf, (size_t)prefix.len);
+    const int finite_ttl = !isinf(ttl);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const double now = times[r];
+        const long long size = sizes[r];
+        uint64_t h1, h2;
+        long long chars;
+        if (named) {
+            uint64_t id = ids[r];
+            if (id >= (uint64_t)names) {
+                PyErr_Format(PyExc_IndexError, "key id %llu has no name", (unsigned long long)id);
+                PyMem_Free(key);
+                goto done;
+            }
+            h1 = nh1[id];
+            h2 = nh2[id];
+            chars = nchars[id];
+        } else {
+            int digits = format_decimal(key + prefix.len, ids[r]);
+            murmur3_128((const uint8_t *)key, prefix.len + digits, &h1, &h2);
+            chars = prefix_chars + digits;
+        }
+        c[C_REQUESTS]++;
+        int32_t i = index_find(x, h1);
+        if (i >= 0) {
+            index_touch(x, i);
+            Node *node = &x->nodes[i];
+            double resident = now - node->stored_at;
+            if (!finite_ttl || (resident > 0.0 ? resident : 0.0) < ttl) {
+                c[C_HITS]++;
+                c[C_HIT_BYTES] += node->size;
+                c[C_BYTES_SERVED] += node->size;
+                index_record_hit(x, i);
+                continue;
+            }
+        }
+        c[C_MISSES]++;
+        c[C_ORIGIN_FETCHES]++;
+        c[C_ORIGIN_BYTES] += size;
+        c[C_BYTES_SERVED] += size;
+        if (size > max_object) {
+            c[C_TOO_LARGE]++;
+            continue;
+        }
+        if (i < 0 && w != NULL) {
+            int seen = window_seen_before(w, h1, h2, now);
+            if (seen < 0) {
+                PyMem_Free(key);
+                goto done;
+            }
+            if (!seen) {
+                c[C_REJECTED]++;
+                c[C_BYTES_NOT_WRITTEN] += size;
+                continue;
+            }
+        }
+        long long charge = overhead ? size + overhead + 2 * chars : size;
+        if (charge > x->capacity) {
+            c[C_TOO_LARGE]++;
+            continue;
+        }
+        if (index_put(x, h1, size, charge, 0, now, NULL) < 0) {
+            PyMem_Free(key);
+            goto done;
+        }
+        c[C_ADMISSIONS]++;
+        c[C_BYTES_WRITTEN] += size;
+    }
+    PyMem_Free(key);
+    result = PyDict_New();
+    if (result == NULL) goto done;
+    for (int k = 0; k < C_COUNT; k++) {
+        PyObject *v = PyLong_FromLongLong(c[k]);
+        if (v == NULL || PyDict_SetItemString(result, counter_names[k], v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(v);
+    }
+done:
+    PyBuffer_Release(&prefix);
+    if (have_t) PyBuffer_Release(&tv);
+    if (have_i) PyBuffer_Release(&iv);
+    if (have_s) PyBuffer_Release(&sv);
+    if (have_named) {
+        PyBuffer_Release(&h1v);
+        PyBuffer_Release(&h2v);
+        PyBuffer_Release(&cv);
+    }
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"hash64", (PyCFunction)py_hash64, METH_O,
+     "MurmurHash3 x64/128 of a key's UTF-8 bytes: (h1, h2), unsigned."},
+    {"optimal_size", (PyCFunction)py_optimal_size, METH_VARARGS,
+     "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
+    {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
+     METH_VARARGS | METH_KEYWORDS,
+     "Replay requests through an LRUIndex and an optional Window; returns counter deltas."},
+    {NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "proxy.core._native", "The compiled policy core.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&BloomType) < 0 || PyType_Ready(&WindowType) < 0 ||
+        PyType_Ready(&IndexType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "Bloom", (PyObject *)&BloomType) < 0 ||
+        PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
+        PyModule_AddObjectRef(m, "LRUIndex", (PyObject *)&IndexType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

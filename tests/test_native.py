@@ -1,0 +1,86 @@
+"""The compiled policy core against independent references: mmh3 for the hash, the textbook
+formula for sizing, and an OrderedDict LRU for the store index."""
+
+import math
+from collections import OrderedDict
+
+import mmh3
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core._native import LRUIndex, hash64, optimal_size
+from proxy.core.bloom import BloomFilter, probe_positions
+
+
+@given(st.one_of(st.text(max_size=80), st.binary(max_size=80)))
+def test_hash64_is_mmh3_hash64_unsigned(key):
+    assert hash64(key) == mmh3.hash64(key, signed=False)
+
+
+@given(st.integers(1, 10**9), st.floats(1e-9, 0.999))
+def test_sizing_is_the_textbook_optimum(capacity, fp_rate):
+    bits = math.ceil(-capacity * math.log(fp_rate) / (math.log(2) ** 2))
+    assert optimal_size(capacity, fp_rate) == (bits, max(1, round(bits / capacity * math.log(2))))
+
+
+@given(st.lists(st.text(max_size=20), max_size=50))
+def test_the_filter_sets_exactly_the_probe_positions_a_python_reader_computes(keys):
+    bf = BloomFilter(40, 0.01)
+    expected = set()
+    for key in keys:
+        bf.add(key)
+        expected.update(probe_positions(hash64(key), bf.size_bits, bf.num_hashes))
+    bits = int.from_bytes(bf.raw_bits(), "little")
+    assert {i for i in range(bf.size_bits) if bits >> i & 1} == expected
+
+
+operations = st.lists(
+    st.tuples(st.sampled_from(["put", "get", "delete", "hit"]), st.integers(0, 30),
+              st.integers(1, 400)),
+    max_size=300,
+)  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(operations)
+def test_lru_index_agrees_with_an_ordereddict_lru(ops):
+    """Order, bytes, evictions and dead writes, op by op; capacity 1000 bytes."""
+    index = LRUIndex(1000)
+    ref: OrderedDict[int, list[int]] = OrderedDict()  # key -> [charge, hits]
+    evictions = unread = 0
+    for op, key, charge in ops:
+        if op == "put":
+            ref.pop(key, None)
+            expected = []
+            while ref and sum(c for c, _ in ref.values()) + charge > 1000:
+                old, (_, hits) = ref.popitem(last=False)
+                expected.append(old)
+                evictions += 1
+                unread += hits == 0
+            ref[key] = [charge, 0]
+            assert index.put(key, charge, charge, 0) == expected
+        elif op == "get":
+            assert index.touch(key) == (key in ref)
+            if key in ref:
+                ref.move_to_end(key)
+        elif op == "hit" and key in ref:
+            index.record_hit(key)
+            ref[key][1] += 1
+        elif op == "delete":
+            assert index.delete(key) == (ref.pop(key, None) is not None)
+        assert len(index) == len(ref)
+        assert index.bytes_used == sum(c for c, _ in ref.values())
+        assert (index.evictions, index.evicted_unread) == (evictions, unread)
+        assert index.resident_unread == sum(1 for _, h in ref.values() if h == 0)
+
+
+def test_lru_index_grows_past_its_first_table_and_keeps_every_key():
+    index = LRUIndex(10**9)
+    keys = [hash64(str(i))[0] for i in range(50_000)]
+    for key in keys:
+        index.put(key, 10, 10, 0)
+    assert len(index) == 50_000 and all(key in index for key in keys)
+    for key in keys[::2]:
+        assert index.delete(key)
+    assert len(index) == 25_000
+    assert all((key in index) == (i % 2 == 1) for i, key in enumerate(keys))
