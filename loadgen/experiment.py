@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -50,13 +50,13 @@ from loadgen.nginx import (
     nginx_config,
 )
 from loadgen.replay import ReplayConfig, replay
-from loadgen.simulate import describe_cell, sweep
+from loadgen.simulate import describe_cell, resolve_sizes, sweep
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import read_toml
 from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
 from proxy.core.stats import METRICS, combine
-from proxy.units import format_size, parse_duration, parse_size
+from proxy.units import format_size, parse_duration
 
 NGINX = "nginx"
 MODES = ("simulate", "live", "both")
@@ -137,29 +137,6 @@ class Experiment:
     @property
     def run_live(self) -> bool:
         return self.mode in ("live", "both")
-
-
-def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
-    """Bytes of each size (a percentage is of the trace's distinct bytes) -> its label."""
-    sizes: dict[int, str] = {}
-    footprint: int | None = None
-    for text in texts:
-        text = str(text).strip()
-        if text.endswith("%"):
-            try:
-                share = float(text[:-1]) / 100
-            except ValueError:
-                raise ValueError(f"cache size {text!r} is not a percentage like 1%") from None
-            footprint = trace.distinct_bytes() if footprint is None else footprint
-            size = round(footprint * share)
-        else:
-            size = parse_size(text)
-        if size < 1:
-            raise ValueError(f"cache size {text!r} is under one byte")
-        sizes[size] = f"{text} ({format_size(size)})" if text.endswith("%") else format_size(size)
-    if not sizes:
-        raise ValueError("at least one cache size is needed")
-    return sizes
 
 
 def load_experiment(path: str | Path) -> Experiment:

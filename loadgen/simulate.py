@@ -35,7 +35,7 @@ from proxy.core.admission import (
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, LRUStore
 from proxy.core.window import WindowedBloomFilter
-from proxy.units import format_size
+from proxy.units import format_size, parse_size
 
 CHUNK = 1 << 16
 
@@ -247,6 +247,29 @@ def sweep(
     finally:
         _SHARED_TRACE = None
     return [results[c] for c in cells]
+
+
+def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
+    """Bytes of each size (a percentage is of the trace's distinct bytes) -> its label."""
+    sizes: dict[int, str] = {}
+    footprint: int | None = None
+    for text in texts:
+        text = str(text).strip()
+        if text.endswith("%"):
+            try:
+                share = float(text[:-1]) / 100
+            except ValueError:
+                raise ValueError(f"cache size {text!r} is not a percentage like 1%") from None
+            footprint = trace.distinct_bytes() if footprint is None else footprint
+            size = round(footprint * share)
+        else:
+            size = parse_size(text)
+        if size < 1:
+            raise ValueError(f"cache size {text!r} is under one byte")
+        sizes[size] = f"{text} ({format_size(size)})" if text.endswith("%") else format_size(size)
+    if not sizes:
+        raise ValueError("at least one cache size is needed")
+    return sizes
 
 
 def space_saved(

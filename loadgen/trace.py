@@ -2,11 +2,17 @@
 
 Two on-disk forms, both read and written:
 
-* CSV with the header ``time,key,size`` (``.csv``): any key string.
+* CSV with the header ``time,key,size`` (``.csv``): any key string. Traces from other tools
+  are read with ``columns``: three header names, or three 1-based positions, for time, key and
+  size (``timestamp,obj_id,obj_size`` or ``1,2,4``); with positions a first row whose time is
+  not a number is a header and skipped.
 * libCacheSim's oracleGeneral binary (any other suffix, conventionally ``.oracleGeneral.bin``):
   24-byte little-endian records ``uint32 time, uint64 object id, uint32 size, int64 next access``,
   where next access is the index of the object's next request, -1 if none. Keys are the decimal
-  object id; times are whole seconds.
+  object id; times are whole seconds. The file is mapped, not read into Python objects.
+
+Either form may be zstd-compressed (``.zst`` after the suffix, as the public traces ship); it
+is decompressed as it is read.
 
 Malformed input raises ``TraceError`` naming the file and the line (CSV) or byte offset (binary).
 In memory a trace is three numpy arrays: ``times``, ``ids`` (index into ``names`` when the keys
@@ -16,12 +22,17 @@ came as strings, else the numeric object id) and ``sizes``.
 from __future__ import annotations
 
 import csv
+import io
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import zstandard
+
+from proxy.core._native import footprint
 
 ORACLE_DTYPE = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 CSV_HEADER = ["time", "key", "size"]
@@ -67,24 +78,37 @@ class Trace:
             for t, k, s in zip(times, self.key_strings(start, stop), sizes, strict=True):
                 yield Request(t, k, s)
 
+    @cached_property
+    def _footprint(self) -> tuple[int, int]:
+        ids = np.ascontiguousarray(self.ids).astype(np.uint64, copy=False)
+        return footprint(ids, np.ascontiguousarray(self.sizes, dtype=np.int64))
+
     def distinct_objects(self) -> int:
-        return len(np.unique(self.ids))
+        return self._footprint[0]
 
     def distinct_bytes(self) -> int:
         """Bytes of every distinct object at its largest requested size: the footprint to cache."""
-        order = np.lexsort((self.sizes, self.ids))
-        ids = self.ids[order]
-        last = np.r_[ids[1:] != ids[:-1], True]
-        return int(self.sizes[order][last].sum())
+        return self._footprint[1]
 
     def duration(self) -> float:
         return float(self.times[-1] - self.times[0]) if len(self) else 0.0
 
 
-def read_trace(path: str | Path) -> Trace:
+Columns = Sequence[str]
+
+
+def read_trace(path: str | Path, columns: Columns | None = None) -> Trace:
+    """The trace at ``path`` (see the module's rules); ``columns`` picks a CSV's time, key and
+    size columns by header name or 1-based position. TraceError says what and where."""
     path = Path(path)
-    if path.suffix == ".csv":
-        return _read_csv(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such trace file")
+    inner = path.with_suffix("") if path.suffix == ".zst" else path
+    if inner.suffix == ".csv":
+        with _open_text(path) as f:
+            return _read_csv(f, path, columns)
+    if columns is not None:
+        raise TraceError(f"{path}: CSV columns apply to .csv traces only")
     return _read_oracle(path)
 
 
@@ -96,43 +120,137 @@ def write_trace(trace: Trace, path: str | Path) -> None:
         _write_oracle(trace, path)
 
 
-def _read_csv(path: Path) -> Trace:
+def _open_text(path: Path) -> io.TextIOBase:
+    if path.suffix != ".zst":
+        return path.open(newline="")
+    return io.TextIOWrapper(io.BufferedReader(_Chunks(_zstd_chunks(path))), newline="")
+
+
+def _zstd_chunks(path: Path) -> Iterator[bytes]:
+    """The decompressed bytes of a zstd file, frame after frame; TraceError when the data is
+    corrupt or the last frame ends early, naming how many bytes came out before."""
+    done = 0
+    in_frame = False
+    with path.open("rb") as f:
+        decoder = zstandard.ZstdDecompressor().decompressobj()
+        while chunk := f.read(1 << 20):
+            while chunk:
+                in_frame = True
+                try:
+                    out = decoder.decompress(chunk)
+                except zstandard.ZstdError as exc:
+                    raise TraceError(
+                        f"{path}: corrupt zstd data after {done} decompressed bytes: {exc}"
+                    ) from None
+                done += len(out)
+                if out:
+                    yield out
+                chunk = b""
+                if decoder.eof:
+                    chunk, in_frame = decoder.unused_data, False
+                    decoder = zstandard.ZstdDecompressor().decompressobj()
+    if in_frame:
+        raise TraceError(
+            f"{path}: truncated zstd data: the stream ends early, after {done} decompressed bytes"
+        )
+
+
+class _Chunks(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks, self._left = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while not self._left:
+            self._left = next(self._chunks, b"")
+            if not self._left:
+                return 0
+        n = min(len(buffer), len(self._left))
+        buffer[:n] = self._left[:n]
+        self._left = self._left[n:]
+        return n
+
+
+def _column_picker(header: list[str], columns: Columns, path: Path) -> tuple[list[int], bool]:
+    """Indexes of the time, key and size columns, and whether the first row is a header."""
+    if len(columns) != 3:
+        raise TraceError(f"{path}: columns are time,key,size: three names or positions")
+    if all(c.strip().isdecimal() for c in columns):
+        picks = [int(c) - 1 for c in columns]
+        if min(picks) < 0:
+            raise TraceError(f"{path}: column positions count from 1, got {','.join(columns)}")
+        try:
+            float(header[picks[0]]) if picks[0] < len(header) else None
+            is_header = False
+        except ValueError:
+            is_header = True
+        return picks, is_header
+    names = [h.strip() for h in header]
+    missing = [c for c in columns if c.strip() not in names]
+    if missing:
+        raise TraceError(f"{path}:1: no column named {missing[0]!r}; the header has {names}")
+    return [names.index(c.strip()) for c in columns], True
+
+
+def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None) -> Trace:
     times: list[float] = []
     sizes: list[int] = []
     ids: list[int] = []
     index: dict[str, int] = {}
-    with path.open(newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows, None)
+    rows = csv.reader(f)
+    header = next(rows, None)
+    if columns is None:
         if header is None or [h.strip() for h in header] != CSV_HEADER:
             raise TraceError(f"{path}:1: expected the header 'time,key,size', got {header!r}")
-        for line, row in enumerate(rows, start=2):
-            if len(row) != 3:
-                raise TraceError(f"{path}:{line}: expected 3 fields (time,key,size), got {row!r}")
-            t, key, size = row
-            try:
-                tf = float(t)
-            except ValueError:
-                raise TraceError(f"{path}:{line}: time {t!r} is not a number") from None
-            if not math.isfinite(tf):
-                raise TraceError(f"{path}:{line}: time {t!r} is not a finite number")
-            try:
-                si = int(size)
-            except ValueError:
-                raise TraceError(f"{path}:{line}: size {size!r} is not an integer") from None
-            if si < 0:
-                raise TraceError(f"{path}:{line}: size {si} is negative")
-            if not key:
-                raise TraceError(f"{path}:{line}: empty key")
-            times.append(tf)
-            sizes.append(si)
-            ids.append(index.setdefault(key, len(index)))
+        picks, first = [0, 1, 2], 2
+    elif header is None:
+        raise TraceError(f"{path}:1: the file is empty")
+    else:
+        picks, is_header = _column_picker(header, columns, path)
+        if not is_header:
+            rows = _chain_first(header, rows)
+        first = 2 if is_header else 1
+    width = max(picks) + 1
+    ti, ki, zi = picks
+    for line, row in enumerate(rows, start=first):
+        if len(row) < width or (columns is None and len(row) != 3):
+            raise TraceError(
+                f"{path}:{line}: expected {3 if columns is None else f'at least {width}'} "
+                f"fields (time,key,size), got {row!r}"
+            )
+        t, key, size = row[ti], row[ki], row[zi]
+        try:
+            tf = float(t)
+        except ValueError:
+            raise TraceError(f"{path}:{line}: time {t!r} is not a number") from None
+        if not math.isfinite(tf):
+            raise TraceError(f"{path}:{line}: time {t!r} is not a finite number")
+        try:
+            si = int(size)
+        except ValueError:
+            raise TraceError(f"{path}:{line}: size {size!r} is not an integer") from None
+        if si < 0:
+            raise TraceError(f"{path}:{line}: size {si} is negative")
+        if not key:
+            raise TraceError(f"{path}:{line}: empty key")
+        times.append(tf)
+        sizes.append(si)
+        ids.append(index.setdefault(key, len(index)))
     return Trace(
         np.asarray(times, dtype=np.float64),
         np.asarray(ids, dtype=np.int64),
         np.asarray(sizes, dtype=np.int64),
         list(index),
     )
+
+
+def _chain_first(first: list[str], rows: Iterator[list[str]]) -> Iterator[list[str]]:
+    yield first
+    yield from rows
 
 
 def _write_csv(trace: Trace, path: Path) -> None:
@@ -147,20 +265,29 @@ def _fmt_time(t: float) -> str:
 
 
 def _read_oracle(path: Path) -> Trace:
-    data = path.read_bytes()
+    if path.suffix == ".zst":
+        data = b"".join(_zstd_chunks(path))
+        records = _records(np.frombuffer(data, dtype=np.uint8), path)
+    else:
+        empty = path.stat().st_size == 0  # mmap refuses an empty file
+        data = np.zeros(0, np.uint8) if empty else np.memmap(path, dtype=np.uint8, mode="r")
+        records = _records(data, path)
+    return Trace(
+        records["time"].astype(np.float64),
+        records["id"].astype(np.uint64),
+        records["size"].astype(np.int64),
+        None,
+    )
+
+
+def _records(data: np.ndarray, path: Path) -> np.ndarray:
     whole, rest = divmod(len(data), ORACLE_DTYPE.itemsize)
     if rest:
         raise TraceError(
             f"{path}: truncated record at byte offset {whole * ORACLE_DTYPE.itemsize} "
             f"({rest} of {ORACLE_DTYPE.itemsize} bytes); is this an oracleGeneral trace?"
         )
-    records = np.frombuffer(data, dtype=ORACLE_DTYPE)
-    return Trace(
-        records["time"].astype(np.float64),
-        records["id"].copy(),
-        records["size"].astype(np.int64),
-        None,
-    )
+    return data[: whole * ORACLE_DTYPE.itemsize].view(ORACLE_DTYPE)
 
 
 def _write_oracle(trace: Trace, path: Path) -> None:

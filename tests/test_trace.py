@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import zstandard
 
 from loadgen.trace import ORACLE_DTYPE, Trace, TraceError, next_access, read_trace, write_trace
 from loadgen.workload import WorkloadSpec, generate
@@ -85,3 +86,41 @@ def test_string_keys_cannot_be_written_as_oracle_general(tmp_path):
 def test_distinct_bytes_counts_each_object_once_at_its_largest_size():
     t = Trace(np.zeros(4), np.array([1, 2, 1, 1]), np.array([10, 5, 30, 20]))
     assert t.distinct_bytes() == 35 and t.distinct_objects() == 2
+
+
+def test_zstd_compressed_traces_read_as_they_are(trace, tmp_path):
+    whole = Trace(np.floor(trace.times), trace.ids, trace.sizes)
+    for name in ("t.oracleGeneral.bin", "t.csv"):
+        plain = tmp_path / name
+        write_trace(whole, plain)
+        packed = tmp_path / f"{name}.zst"
+        packed.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
+        assert same(read_trace(packed), whole)
+
+
+def test_a_cut_zstd_trace_names_how_far_it_got(trace, tmp_path):
+    plain = tmp_path / "t.oracleGeneral.bin"
+    write_trace(trace, plain)
+    packed = zstandard.ZstdCompressor().compress(plain.read_bytes())
+    cut = tmp_path / "cut.oracleGeneral.bin.zst"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(TraceError, match=r"cut\.oracleGeneral\.bin\.zst: (corrupt|truncated)"):
+        read_trace(cut)
+
+
+def test_csv_columns_by_name_or_position_read_other_tools_traces(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("op,ts,obj,bytes\nGET,1,a,10\nGET,2,b,20\nGET,3,a,10\n")
+    by_name = read_trace(path, ["ts", "obj", "bytes"])
+    by_position = read_trace(path, ["2", "3", "4"])
+    for t in (by_name, by_position):
+        assert t.key_strings() == ["a", "b", "a"] and t.sizes.tolist() == [10, 20, 10]
+        assert t.times.tolist() == [1.0, 2.0, 3.0]
+    headless = tmp_path / "headless.csv"
+    headless.write_text("1,a,10\n2,b,20\n")
+    assert read_trace(headless, ["1", "2", "3"]).key_strings() == ["a", "b"]
+    with pytest.raises(TraceError, match=r"no column named 'size'; the header has"):
+        read_trace(path, ["ts", "obj", "size"])
+    with pytest.raises(TraceError, match=r"other.csv:3: size 'x' is not an integer"):
+        path.write_text("ts,obj,bytes\n1,a,10\n2,b,x\n")
+        read_trace(path, ["ts", "obj", "bytes"])
