@@ -14,10 +14,12 @@ from pathlib import Path
 from loadgen import report
 from loadgen.report import render
 from loadgen.simulate import (
+    Sample,
     SimResult,
     describe_cell,
     progress_line,
     resolve_sizes,
+    sample_trace,
     simulate,
     sweep,
 )
@@ -66,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     _trace_flags(sim)
     _cache_flags(sim)
+    sim.add_argument(
+        "--sample",
+        help="spatial sampling (SHARDS): simulate only the keys whose hash falls under this "
+        "rate (0.01 or 1%%), with the cache and the filter scaled to match",
+    )
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
     sim.set_defaults(run=_cmd_simulate)
@@ -246,13 +253,24 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--cache-size: {exc}") from None
     configs = admissions(args)
     max_object = parse_size(args.max_object_size) if args.max_object_size else None
+    meta = {"trace": str(args.trace)}
+    source: Trace | Sample = trace
+    if args.sample:
+        source = sample_trace(trace, _rate(args.sample))
+        meta["sampling"] = (
+            f"spatial (SHARDS) at {source.rate:.4g}: {len(source.trace):,} of {len(trace):,} "
+            "requests simulated; counts are estimates for the whole trace, hit ratios are "
+            "corrected for the sample's share of requests (SHARDS_adj)"
+        )
+        if not args.json:
+            print(f"sampling: {meta['sampling']}", file=sys.stderr)
     if len(sizes) * len(configs) == 1:
         (size,) = sizes
         label = configs[0].label()
         progress = None if args.json else progress_line(label)
         results = [
             simulate(
-                trace,
+                source,
                 size,
                 configs[0],
                 max_object_bytes=max_object,
@@ -262,7 +280,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         ]
     else:
         results = sweep(
-            trace,
+            source,
             list(sizes),
             configs,
             max_object_bytes=max_object,
@@ -273,7 +291,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
     report.add_space_saved(cells)
-    doc = {"title": f"onehit: {name}", "meta": {"trace": str(args.trace)}, "cells": cells}
+    doc = {"title": f"onehit: {name}", "meta": meta, "cells": cells}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -282,6 +300,17 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         for path in report.write_report(args.report_dir, doc):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _rate(text: str) -> float:
+    """A sampling rate written as 0.01 or 1%."""
+    try:
+        rate = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"--sample: {text!r} is not a rate like 0.01 or 1%") from None
+    if not 0.0 < rate <= 1.0:
+        raise UsageError(f"--sample: a rate is above 0 and at most 1 (100%), got {text!r}")
+    return rate
 
 
 def _report_cell(done: int, total: int, result: SimResult) -> None:

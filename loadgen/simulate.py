@@ -19,12 +19,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.core._native import hash64, simulate_chunk
+from proxy.core._native import hash64, hash_ids, simulate_chunk
 from proxy.core.admission import (
     AdmissionConfig,
     AdmissionPolicy,
@@ -53,6 +53,7 @@ class SimResult:
     stats: dict[str, int | float]
     elapsed: float
     timeline: list[dict[str, float]] = field(default_factory=list)
+    sample_rate: float = 1.0
 
     @property
     def requests_per_second(self) -> float:
@@ -67,6 +68,7 @@ class SimResult:
             },
             "requests": self.requests,
             "elapsed_s": round(self.elapsed, 3),
+            "sample_rate": self.sample_rate,
             "stats": self.stats,
             "timeline": self.timeline,
         }
@@ -84,8 +86,49 @@ def build_engine(
     return CacheEngine(store, make_policy(admission, store))
 
 
+@dataclass(frozen=True)
+class Sample:
+    """A spatially sampled trace (SHARDS, Waldspurger et al., FAST'15): the requests whose key
+    hash falls under ``rate`` of the hash space, with what the whole trace held."""
+
+    trace: Trace
+    rate: float
+    full_requests: int
+    full_bytes: int
+
+
+def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
+    """Keep every request of the keys whose 64-bit hash (the store's, of ``key_prefix + key``)
+    is below ``rate * 2**64``: each key is kept whole or not at all."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"a sampling rate is in (0, 1], got {rate!r}")
+    if trace.names is None:
+        hashes = np.empty(len(trace), dtype=np.uint64)
+        hash_ids(np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False),
+                 key_prefix.encode(), hashes)  # fmt: skip
+    else:
+        by_name = np.fromiter(
+            (hash64(key_prefix + name)[0] for name in trace.names), np.uint64, len(trace.names)
+        )
+        hashes = by_name[trace.ids]
+    keep = hashes < np.uint64(min(2**64 - 1, int(rate * 2**64)))
+    kept = Trace(trace.times[keep], trace.ids[keep], trace.sizes[keep], trace.names)
+    return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
+
+
+def scaled(admission: AdmissionConfig, rate: float) -> AdmissionConfig:
+    """The admission settings for a cache ``rate`` times as large, fed ``rate`` of the keys:
+    key counts scale, times do not (a key's reuse interval is the same in the sample)."""
+    return replace(
+        admission,
+        capacity=max(1, round(admission.capacity * rate)),
+        min_keys=max(1, round(admission.min_keys * rate)),
+        max_keys=max(1, round(admission.max_keys * rate)),
+    )
+
+
 def simulate(
-    trace: Trace,
+    trace: Trace | Sample,
     cache_bytes: int,
     admission: AdmissionConfig,
     *,
@@ -98,10 +141,20 @@ def simulate(
 ) -> SimResult:
     """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key.
 
-    The per-request loop is compiled (``proxy.core._native.simulate_chunk``): it drives the
+    A ``Sample`` runs a cache ``rate`` times ``cache_bytes`` with ``scaled`` admission; its
+    stats are estimates for the whole trace (see ``_estimated``). The per-request loop is
+    compiled (``proxy.core._native.simulate_chunk``): it drives the
     engine's own store index and admission filter with the engine's rules for a cacheable
     response, so its counters are the ones the live proxy would count."""
-    engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead)
+    sample = trace if isinstance(trace, Sample) else None
+    if sample is not None:
+        trace = sample.trace
+        run_bytes = max(1 + entry_overhead, round(cache_bytes * sample.rate))
+        engine = build_engine(
+            run_bytes, scaled(admission, sample.rate), max_object_bytes, entry_overhead
+        )
+    else:
+        engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead)
     store = engine.store
     window = _compiled_admission(engine.admission)
     keys = _key_arrays(trace, key_prefix)
@@ -135,9 +188,48 @@ def simulate(
         if progress is not None:
             progress(stop, total)
     elapsed = time.perf_counter() - started
+    if sample is None:
+        return SimResult(
+            admission.label(), cache_bytes, admission, total, engine.stats(), elapsed, timeline
+        )
+    stats = _estimated(engine.stats(), sample)
     return SimResult(
-        admission.label(), cache_bytes, admission, total, engine.stats(), elapsed, timeline
+        admission.label(),
+        cache_bytes,
+        admission,
+        sample.full_requests,
+        stats,
+        elapsed,
+        timeline,
+        sample.rate,
     )
+
+
+# Stats of a sampled run that are not counts of requests, bytes or entries.
+_UNSCALED = frozenset(
+    {"hit_ratio", "byte_hit_ratio", "writes_saved", "filter_fill", "filter_fp_estimate",
+     "rotations", "forced_rotations"}
+)  # fmt: skip
+
+
+def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int | float]:
+    """A sampled run's stats as estimates for the whole trace: counts over the rate, and the
+    hit ratios corrected as SHARDS_adj does. Heavy keys make the sample hold more or fewer
+    requests (and bytes) than ``rate`` of the whole; the difference is counted as hits,
+    which is what those keys' requests mostly are."""
+    rate = sample.rate
+    out = {k: v if k in _UNSCALED else round(v / rate) for k, v in stats.items()}
+    expected = sample.full_requests * rate
+    hit_ratio = (stats["hits"] + expected - stats["requests"]) / expected
+    expected_bytes = sample.full_bytes * rate
+    byte_hits = stats["hit_bytes"] + expected_bytes - stats["bytes_served"]
+    out["hit_ratio"] = min(1.0, max(0.0, hit_ratio))
+    out["byte_hit_ratio"] = min(1.0, max(0.0, byte_hits / expected_bytes))
+    out["requests"] = sample.full_requests
+    out["hits"] = round(out["hit_ratio"] * sample.full_requests)
+    out["bytes_served"] = sample.full_bytes
+    out["hit_bytes"] = round(out["byte_hit_ratio"] * sample.full_bytes)
+    return out
 
 
 def _compiled_admission(policy: AdmissionPolicy) -> WindowedBloomFilter | None:
@@ -191,7 +283,7 @@ class Cell:
     admission: AdmissionConfig
 
 
-_SHARED_TRACE: Trace | None = None
+_SHARED_TRACE: Trace | Sample | None = None
 
 
 def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> SimResult:
@@ -206,7 +298,7 @@ def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> 
 
 
 def sweep(
-    trace: Trace,
+    trace: Trace | Sample,
     cache_sizes: Sequence[int],
     admissions: Sequence[AdmissionConfig],
     *,
@@ -318,8 +410,12 @@ def progress_line(label: str) -> Progress:
 
 
 def describe_cell(result: SimResult) -> str:
+    speed = (
+        f"{result.requests_per_second:,.0f} req/s"
+        if result.sample_rate == 1.0
+        else f"sampled at {result.sample_rate:g}"
+    )
     return (
         f"{result.label} @ {format_size(result.cache_bytes)}: hit ratio "
-        f"{result.stats['hit_ratio']:.3f} ({result.elapsed:.1f}s, "
-        f"{result.requests_per_second:,.0f} req/s)"
+        f"{result.stats['hit_ratio']:.3f} ({result.elapsed:.1f}s, {speed})"
     )

@@ -59,12 +59,28 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
         (["--cache-size", "lots"], "--cache-size: size 'lots' is not a size"),
         (["--cache-size", "1%", "--admission", "lfu"], "unknown --admission policy 'lfu'"),
         (["--cache-size", "1%", "--window", "soon"], "duration 'soon'"),
+        (["--cache-size", "1%", "--sample", "2"], "--sample: a rate is above 0 and at most 1"),
+        (["--cache-size", "1%", "--sample", "some"], "--sample: 'some' is not a rate"),
+        (["--cache-size", "1%", "--csv-columns", "a,b,c"], "no column named 'a'"),
     ],
 )
 def test_bad_flags_get_one_clear_line(trace_file, flags, message):
     out = run("simulate", "--trace", str(trace_file), *flags)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_sampled_run_says_so_and_estimates_the_whole_trace(trace_file, tmp_path):
+    out = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "5%", "--admission", "always",
+        "--sample", "50%", "--json", "--report-dir", str(tmp_path / "r"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert "SHARDS" in doc["meta"]["sampling"] and "of 30,000 requests" in doc["meta"]["sampling"]
+    (cell,) = doc["cells"]
+    assert cell["sample_rate"] == 0.5 and cell["stats"]["requests"] == 30_000
+    assert "sampling: spatial (SHARDS) at 0.5" in (tmp_path / "r" / "summary.md").read_text()
 
 
 def test_missing_trace_file_is_a_clear_error(tmp_path):

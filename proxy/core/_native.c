@@ -1164,6 +1164,47 @@ done:
     return result;
 }
 
+/* h1 of each numeric id's key (prefix, then the id in decimal), as the simulator hashes it. */
+static PyObject *py_hash_ids(PyObject *module, PyObject *args) {
+    PyObject *ids_obj, *out_obj;
+    Py_buffer prefix;
+    if (!PyArg_ParseTuple(args, "Oy*O", &ids_obj, &prefix, &out_obj)) return NULL;
+    Py_buffer iv, ov;
+    PyObject *result = NULL;
+    if (get_array(ids_obj, &iv, "ids", 8, 'u') < 0) {
+        PyBuffer_Release(&prefix);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_obj, &ov, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        goto release_ids;
+    if (ov.itemsize != 8 || ov.len != iv.len) {
+        PyErr_SetString(PyExc_ValueError, "out must be a writable uint64 array as long as ids");
+        goto release_all;
+    }
+    char *key = PyMem_Malloc((size_t)prefix.len + 24);
+    if (key == NULL) {
+        PyErr_NoMemory();
+        goto release_all;
+    }
+    memcpy(key, prefix.buf, (size_t)prefix.len);
+    const uint64_t *ids = iv.buf;
+    uint64_t *out = ov.buf;
+    Py_ssize_t n = iv.len / 8;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        uint64_t h2;
+        int digits = format_decimal(key + prefix.len, ids[r]);
+        murmur3_128((const uint8_t *)key, prefix.len + digits, &out[r], &h2);
+    }
+    PyMem_Free(key);
+    result = Py_NewRef(Py_None);
+release_all:
+    PyBuffer_Release(&ov);
+release_ids:
+    PyBuffer_Release(&iv);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
 /* Distinct objects and their bytes, each at its largest requested size, through one
  * open-addressing table of (id, largest size) slots, -1 marking an empty one: linear in the
  * trace where sorting it would not be, and sized by the objects rather than the requests. */
@@ -1253,6 +1294,8 @@ static PyMethodDef module_methods[] = {
      "MurmurHash3 x64/128 of a key's UTF-8 bytes: (h1, h2), unsigned."},
     {"optimal_size", (PyCFunction)py_optimal_size, METH_VARARGS,
      "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
+    {"hash_ids", (PyCFunction)py_hash_ids, METH_VARARGS,
+     "hash_ids(ids, prefix, out): out[i] = h1 of prefix + str(ids[i])."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,
      "footprint(ids, sizes): (distinct objects, their bytes at each one's largest size)."},
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
