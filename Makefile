@@ -30,6 +30,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	$(BIN)/python benchmarks/bench_filter.py
 	$(BIN)/python benchmarks/bench_simulate.py
 	$(BIN)/python benchmarks/bench_proxy.py

@@ -1,116 +1,134 @@
-"""Simulator throughput: requests per second through the real cache core.
+"""Simulator speed and fidelity on a 10,000,000-request oracleGeneral trace, against libCacheSim.
 
-Replays one Zipf trace (2,000,000 requests by default) at 1% cache with plain LRU and with
-second-hit, and prints requests/s beside two references measured in the same run: a minimal
-OrderedDict LRU over the same requests (the least a Python simulator can do per request) and the
-bare loop over the trace. Then it splits where the second-hit run's time goes.
+1. Whole processes, trace loading included: ``onehit-loadgen simulate`` with plain LRU and with
+   second hit at a 1% cache, beside libCacheSim's LRU (the ``libcachesim`` package) on the same
+   file and cache size, each in its own process, in the same run. Prints requests/s, the ratio to
+   libCacheSim and both hit ratios.
+2. Sampling: a 10-size sweep (0.5% to 30%, LRU and second hit) at ``--sample 0.01`` against the
+   full sweep of the same trace: the mean absolute hit-ratio error.
+3. Sweep wall time on all cores: the README's sweep (3 sizes; LRU and second hit at 6 window
+   scales) at full fidelity, and a 50-point size curve of both policies at ``--sample 0.01``.
 
-    .venv/bin/python benchmarks/bench_simulate.py [--requests N]
+The trace is generated once (the README's flags) and kept in the temporary directory.
+
+    .venv/bin/python benchmarks/bench_simulate.py [--requests N] [--trace PATH] [--skip-sweeps]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
-from collections import OrderedDict
+from pathlib import Path
 
-from loadgen.simulate import simulate
-from loadgen.trace import Trace
-from loadgen.workload import WorkloadSpec, generate
+import numpy as np
+
+from loadgen.simulate import sample_trace, sweep
+from loadgen.trace import read_trace
 from proxy.core.admission import AdmissionConfig
-from proxy.core.engine import RequestMeta
-from proxy.core.store import Entry, LRUStore
-from proxy.core.window import WindowedBloomFilter
+
+GEN_FLAGS = (
+    "--objects", "1000000", "--alpha", "0.8", "--one-hit-share", "0.25",
+    "--sizes", "lognormal:median=16KiB,sigma=1,max=16MiB", "--seed", "1",
+)  # fmt: skip
+LIBCACHESIM_LRU = """
+import sys, libcachesim as lcs
+reader = lcs.TraceReader(sys.argv[1], lcs.TraceType.ORACLE_GENERAL_TRACE)
+print(1 - lcs.LRU(int(sys.argv[2])).process_trace(reader)[0])
+"""
 
 
-def bare_loop(trace: Trace) -> float:
-    """The loop every driver runs: walk the trace and build each request."""
-    rows = list(zip(trace.times.tolist(), trace.key_strings(), trace.sizes.tolist(), strict=True))
+def timed(*command: str) -> tuple[float, str]:
     started = time.perf_counter()
-    for _now, key, _size in rows:
-        RequestMeta(key)
-    return time.perf_counter() - started
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
+    return time.perf_counter() - started, out.stdout
 
 
-def ordered_dict_lru(trace: Trace, capacity: int) -> tuple[float, int]:
-    keys, sizes = trace.key_strings(), trace.sizes.tolist()
+def loadgen(*args: str) -> tuple[float, str]:
+    return timed(sys.executable, "-m", "loadgen", *args)
+
+
+def trace_file(requests: int) -> Path:
+    path = Path(tempfile.gettempdir()) / f"onehit-bench-zipf-{requests}.oracleGeneral.bin"
+    if not path.exists():
+        print(f"generating {path} ...", file=sys.stderr)
+        loadgen("gen", *GEN_FLAGS, "--requests", str(requests), "-o", str(path))
+    return path
+
+
+def whole_processes(path: Path, n: int, cache: int) -> None:
+    ref_s, ref_out = timed(sys.executable, "-c", LIBCACHESIM_LRU, str(path), str(cache))
+    print(f"whole process, trace loading included: {n:,} requests, cache 1% ({cache:,} bytes)")
+    rows = [("libCacheSim LRU (reference)", ref_s, float(ref_out))]
+    for policy in ("always", "second-hit"):
+        seconds, out = loadgen(
+            "simulate", "--trace", str(path), "--cache-size", str(cache), "--admission", policy,
+            "--entry-overhead", "0", "--json",
+        )  # fmt: skip
+        hit_ratio = json.loads(out)["cells"][0]["stats"]["hit_ratio"]
+        rows.append((f"onehit simulate, {policy}", seconds, hit_ratio))
+    for name, seconds, hit_ratio in rows:
+        print(
+            f"  {name:32s} {seconds:6.2f} s  {n / seconds:>11,.0f} req/s  "
+            f"x{ref_s / seconds:.2f} of libCacheSim  hit ratio {hit_ratio:.4f}"
+        )
+
+
+def sampling_error(path: Path) -> None:
+    trace = read_trace(path)
+    sizes = [round(trace.distinct_bytes() * s) for s in np.geomspace(0.005, 0.3, 10)]
+    policies = [AdmissionConfig(policy="always"), AdmissionConfig(policy="second-hit")]
     started = time.perf_counter()
-    cache: OrderedDict[str, int] = OrderedDict()
-    used = hits = 0
-    for key, size in zip(keys, sizes, strict=True):
-        if key in cache:
-            cache.move_to_end(key)
-            hits += 1
-            continue
-        while used + size > capacity:
-            used -= cache.popitem(last=False)[1]
-        cache[key] = size
-        used += size
-    return time.perf_counter() - started, hits
-
-
-def store_alone(trace: Trace, capacity: int) -> float:
-    """The LRU run's store work by itself: a get per request, an Entry and a put per miss."""
-    keys, sizes = trace.key_strings(), trace.sizes.tolist()
-    store = LRUStore(capacity)
-    get, put = store.get, store.put
+    full = sweep(trace, sizes, policies, entry_overhead=0)
+    full_s = time.perf_counter() - started
     started = time.perf_counter()
-    for key, size in zip(keys, sizes, strict=True):
-        if get(key) is None:
-            put(Entry(key, size, 0.0))
-    return time.perf_counter() - started
+    sampled = sweep(sample_trace(trace, 0.01), sizes, policies, entry_overhead=0)
+    sampled_s = time.perf_counter() - started
+    print("sampling at 0.01, 10 sizes from 0.5% to 30% (the same cells, in-process, all cores)")
+    for i, policy in enumerate(policies):
+        errors = [
+            abs(f.stats["hit_ratio"] - s.stats["hit_ratio"])
+            for f, s in zip(full[i::2], sampled[i::2], strict=True)
+        ]
+        print(
+            f"  {policy.label():18s} mean abs hit-ratio error {np.mean(errors):.4f}, "
+            f"largest {max(errors):.4f}"
+        )
+    print(f"  full sweep {full_s:.1f} s, sampled {sampled_s:.1f} s (x{full_s / sampled_s:.0f})")
 
 
-def filter_alone(keys: list[str], capacity: int) -> float:
-    window = WindowedBloomFilter(capacity, 0.01, 3600.0, 2)
-    seen = window.seen_before
-    started = time.perf_counter()
-    for key in keys:
-        seen(key, 0.0)
-    return time.perf_counter() - started
+def sweep_wall_time(path: Path) -> None:
+    print("sweeps as whole processes on all cores")
+    seconds, _ = loadgen(
+        "simulate", "--trace", str(path), "--cache-size", "0.1%,1%,10%", "--admission",
+        "always,second-hit", "--auto-scale", "0.25,0.5,1,2,4,8", "--entry-overhead", "0", "--json",
+    )  # fmt: skip
+    print(f"  README sweep, full fidelity (3 sizes x (LRU + 6 window scales)): {seconds:.1f} s")
+    curve = ",".join(f"{s:.4g}%" for s in np.geomspace(0.1, 30, 50))
+    seconds, _ = loadgen(
+        "simulate", "--trace", str(path), "--cache-size", curve, "--admission",
+        "always,second-hit", "--sample", "0.01", "--entry-overhead", "0", "--json",
+    )  # fmt: skip
+    print(f"  50-point size curve x (LRU, second hit) at --sample 0.01: {seconds:.1f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2_000_000)
+    parser.add_argument("--requests", type=int, default=10_000_000)
+    parser.add_argument("--trace", type=Path, help="an oracleGeneral trace instead")
+    parser.add_argument("--skip-sweeps", action="store_true")
     args = parser.parse_args()
-    trace = generate(WorkloadSpec(objects=200_000, requests=args.requests, one_hit_share=0.25))
-    n = len(trace)
-    capacity = round(trace.distinct_bytes() * 0.01)
-
-    loop = bare_loop(trace)
-    ref_time, ref_hits = ordered_dict_lru(trace, capacity)
-    # Body bytes only (entry_overhead=0), like the OrderedDict reference it is checked against.
-    lru = simulate(trace, capacity, AdmissionConfig(policy="always"), entry_overhead=0)
-    sh = simulate(trace, capacity, AdmissionConfig(policy="second-hit"), entry_overhead=0)
-    assert lru.stats["hits"] == ref_hits, "the simulator's LRU disagrees with the reference"
-
-    print(f"trace: {n:,} requests, cache 1% of distinct bytes; one process, one core")
-    rows = [
-        ("bare loop over the trace (reference)", loop),
-        ("OrderedDict LRU (reference)", ref_time),
-        ("onehit simulate, always (LRU)", lru.elapsed),
-        ("onehit simulate, second-hit(auto)", sh.elapsed),
-    ]
-    for name, seconds in rows:
-        print(
-            f"  {name:40s} {n / seconds:>11,.0f} req/s  {1e6 * seconds / n:5.2f} us/req  "
-            f"x{ref_time / seconds:.2f} of OrderedDict LRU"
-        )
-    store = store_alone(trace, capacity)
-    print(
-        f"  where LRU's time goes: the bare loop {loop / lru.elapsed:.0%}, the store (cachetools "
-        f"LRU, entries, eviction accounting) {store / lru.elapsed:.0%}, the engine's rules and "
-        f"counters the other {1 - (loop + store) / lru.elapsed:.0%}"
-    )
-    misses = int(sh.stats["misses"])
-    miss_keys = trace.key_strings()[:misses]
-    per_call = filter_alone(miss_keys, misses) / misses
-    print(
-        f"  where second-hit's time goes: {misses:,} misses call the filter "
-        f"(~{1e6 * per_call:.2f} us each, {per_call * misses / sh.elapsed:.0%} of the run); "
-        f"the bare loop is {loop / sh.elapsed:.0%}; the rest is the engine and the store"
-    )
+    path = args.trace or trace_file(args.requests)
+    trace = read_trace(path)
+    n, cache = len(trace), round(trace.distinct_bytes() * 0.01)
+    del trace
+    whole_processes(path, n, cache)
+    if not args.skip_sweeps:
+        sampling_error(path)
+        sweep_wall_time(path)
 
 
 if __name__ == "__main__":
