@@ -50,7 +50,7 @@ from loadgen.nginx import (
     nginx_config,
 )
 from loadgen.replay import ReplayConfig, replay
-from loadgen.simulate import describe_cell, resolve_sizes, sweep
+from loadgen.simulate import Sample, describe_cell, resolve_sizes, sample_trace, sweep
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import read_toml
@@ -129,6 +129,7 @@ class Experiment:
     live: LiveSettings = LiveSettings()
     live_cache_sizes: tuple[str, ...] | None = None  # None: every size in cache_sizes
     meta: dict[str, str] = field(default_factory=dict)
+    sample: float | None = None  # simulate a spatial sample of the keys (SHARDS) at this rate
 
     @property
     def simulated(self) -> bool:
@@ -146,8 +147,18 @@ def load_experiment(path: str | Path) -> Experiment:
     except ValueError as exc:
         raise ExperimentError(str(exc)) from None
     where = str(path)
-    allowed = {"title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live"}
+    allowed = {
+        "title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live",
+        "sample",
+    }  # fmt: skip
     _only(data, allowed, where)
+    sample = data.get("sample")
+    if sample is not None and (
+        not isinstance(sample, int | float) or isinstance(sample, bool) or not 0 < sample <= 1
+    ):
+        raise ExperimentError(
+            f"{where}: sample = {sample!r}: expected a rate above 0 and at most 1, like 0.01"
+        )
     mode = data.get("mode", "simulate")
     if mode not in MODES:
         raise ExperimentError(f"{where}: mode = {mode!r}: expected one of {', '.join(MODES)}")
@@ -174,6 +185,7 @@ def load_experiment(path: str | Path) -> Experiment:
         if "live_cache_sizes" in data
         else None,
         meta={"experiment": str(path)},
+        sample=None if sample is None else float(sample),
     )
 
 
@@ -259,8 +271,16 @@ def run(
         admissions = [p.admission for p in experiment.policies if p.simulable]
         if experiment.simulated and admissions:
             say(f"{workload.name}: simulating {len(sizes) * len(admissions)} cells")
+            source: Trace | Sample = trace
+            if experiment.sample is not None:
+                source = sample_trace(trace, experiment.sample)
+                meta[f"sampling {workload.name}"] = (
+                    f"simulated cells: spatial (SHARDS) at {experiment.sample:g}, "
+                    f"{len(source.trace):,} of {len(trace):,} requests; hit ratios corrected "
+                    "(SHARDS_adj), counts estimated"
+                )
             results = sweep(
-                trace,
+                source,
                 list(sizes),
                 admissions,
                 workers=workers,

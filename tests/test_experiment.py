@@ -50,6 +50,7 @@ def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
         ('cache_sizes = ["1%"]\n[[policies]]\nwindow = "soon"\n', "duration 'soon'"),
         ('cache_sizes = ["1%"]\n[[policies]]\nbalancer = "random"\n', "balancer = 'random'"),
         ('cache_sizes = ["1%"]\n[[policies]]\ncache_scale = 0\n', "cache_scale = 0"),
+        ('sample = 2\ncache_sizes = ["1%"]\n[[policies]]\n', "sample = 2: expected a rate"),
     ],
 )
 def test_bad_experiment_files_name_the_key(tmp_path, text, message):
@@ -84,6 +85,20 @@ def test_a_small_matrix_runs_live_and_simulated_into_one_report(tmp_path):
     agreement = [line for line in lines if "within 1 pp" in line]
     assert agreement, "the run prints live against simulated"
     assert (tmp_path / "out" / "index.html") in written
+
+
+def test_a_sampled_experiment_simulates_a_sample_and_says_so(tmp_path):
+    path = tmp_path / "sampled.toml"
+    path.write_text(
+        'sample = 0.25\ncache_sizes = ["2%", "10%"]\n'
+        '[[workloads]]\nname = "z"\nobjects = 2000\nrequests = 20000\n'
+        '[[policies]]\npolicy = "always"\n'
+    )
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "SHARDS" in results["meta"]["sampling z"]
+    assert [c["sample_rate"] for c in results["cells"]] == [0.25, 0.25]
+    assert all(c["stats"]["requests"] == 20_000 for c in results["cells"])
 
 
 def test_workload_can_replay_a_recorded_trace(tmp_path):

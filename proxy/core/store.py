@@ -145,11 +145,6 @@ class LRUStore:
         if self._entries.get(h) is entry:
             self.index.record_hit(h)
 
-    def hits(self, entry: Entry) -> int:
-        """Answers served from ``entry`` while resident (0 once it has left)."""
-        h = hash64(entry.key)[0]
-        return self.index.hits(h) if self._entries.get(h) is entry else 0
-
     def fits(self, size: int) -> bool:
         return size <= self.max_object_bytes
 

@@ -67,7 +67,7 @@ class FilterStats:
 class WindowedBloomFilter(_native.Window):
     """Rotating Bloom filter generations: remembers keys for one window, then forgets them.
 
-    ``seen_before(key, now)``, ``contains(key, now)`` and ``clear(now=None)`` are compiled;
+    ``seen_before(key, now)``, ``contains(key, now)`` and ``clear([now])`` are compiled;
     ``generations()`` gives the generations, newest first."""
 
     def __init__(
