@@ -17,6 +17,7 @@ from loadgen.simulate import (
     Sample,
     SimResult,
     describe_cell,
+    policy_label,
     progress_line,
     resolve_sizes,
     sample_trace,
@@ -25,8 +26,9 @@ from loadgen.simulate import (
 )
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
-from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
-from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.names import unknown_name
+from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
 from proxy.units import format_size, parse_duration, parse_size
 
 
@@ -165,6 +167,7 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admission", default="always,second-hit", help=f"comma-separated: {', '.join(POLICIES)}"
     )
+    p.add_argument("--eviction", default="lru", help=f"comma-separated: {', '.join(EVICTIONS)}")
     p.add_argument("--window", default="auto", help="second-hit windows: auto or durations (10m)")
     p.add_argument(
         "--auto-scale",
@@ -264,25 +267,31 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if not args.json:
             print(f"sampling: {meta['sampling']}", file=sys.stderr)
-    if len(sizes) * len(configs) == 1:
+    evictions = _split(args.eviction)
+    for eviction in evictions:
+        if eviction not in EVICTIONS:
+            raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
+    policies = [(config, eviction) for eviction in evictions for config in configs]
+    if len(sizes) * len(policies) == 1:
         (size,) = sizes
-        label = configs[0].label()
-        progress = None if args.json else progress_line(label)
+        ((config, eviction),) = policies
+        progress = None if args.json else progress_line(policy_label(config, eviction))
         results = [
             simulate(
                 source,
                 size,
-                configs[0],
+                config,
                 max_object_bytes=max_object,
                 entry_overhead=args.entry_overhead,
                 progress=progress,
+                eviction=eviction,
             )
         ]
     else:
         results = sweep(
             source,
             list(sizes),
-            configs,
+            policies,
             max_object_bytes=max_object,
             entry_overhead=args.entry_overhead,
             workers=args.workers,

@@ -50,12 +50,21 @@ from loadgen.nginx import (
     nginx_config,
 )
 from loadgen.replay import ReplayConfig, replay
-from loadgen.simulate import Sample, describe_cell, resolve_sizes, sample_trace, sweep
+from loadgen.simulate import (
+    Sample,
+    describe_cell,
+    policy_label,
+    resolve_sizes,
+    sample_trace,
+    sweep,
+)
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import read_toml
-from proxy.core.admission import POLICIES, AdmissionConfig, unknown_name
+from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.names import unknown_name
 from proxy.core.stats import METRICS, combine
+from proxy.core.store import EVICTIONS
 from proxy.units import format_size, parse_duration
 
 NGINX = "nginx"
@@ -99,6 +108,7 @@ class PolicySpec:
     backend: str = "memory"
     balancer: str = "client"
     cache_scale: int = 1  # each instance's cache is the cell's size times this
+    eviction: str = "lru"
 
     @property
     def simulable(self) -> bool:
@@ -111,7 +121,7 @@ class PolicySpec:
             return "nginx (min_uses 2)"
         if self.instances == 1:
             scaled = f" ({self.cache_scale}x cache)" if self.cache_scale != 1 else ""
-            return self.admission.label() + scaled
+            return policy_label(self.admission, self.eviction) + scaled
         if self.admission.policy != "second-hit":
             return f"{self.admission.label()} x{self.instances}"
         shared = "shared filter" if self.backend == "redis" else "local filters"
@@ -211,7 +221,7 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
 
 
 def _policy(table: dict[str, Any], where: str) -> PolicySpec:
-    fleet_keys = {"instances", "backend", "balancer", "cache_scale"}
+    fleet_keys = {"instances", "backend", "balancer", "cache_scale", "eviction"}
     _only(table, {f.name for f in fields(AdmissionConfig)} | fleet_keys, where)
     name = table.get("policy", "second-hit")
     if name not in POLICIES and name != NGINX:
@@ -221,6 +231,9 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
     backend = values.pop("backend", "memory")
     balancer = values.pop("balancer", "client")
     cache_scale = values.pop("cache_scale", 1)
+    eviction = values.pop("eviction", "lru")
+    if eviction not in EVICTIONS:
+        raise ExperimentError(f"{where}: " + unknown_name("eviction", str(eviction), EVICTIONS))
     if not isinstance(cache_scale, int) or cache_scale < 1:
         raise ExperimentError(
             f"{where}: cache_scale = {cache_scale!r}: expected a whole number >= 1"
@@ -239,7 +252,9 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
                 values[key] = parse_duration(values[key])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
-    return PolicySpec(AdmissionConfig(**values), instances, backend, balancer, cache_scale)
+    return PolicySpec(
+        AdmissionConfig(**values), instances, backend, balancer, cache_scale, eviction
+    )
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:
@@ -268,9 +283,9 @@ def run(
         trace = workload.trace()
         sizes = resolve_sizes(experiment.cache_sizes, trace)
         meta[f"workload {workload.name}"] = _describe(workload, trace)
-        admissions = [p.admission for p in experiment.policies if p.simulable]
-        if experiment.simulated and admissions:
-            say(f"{workload.name}: simulating {len(sizes) * len(admissions)} cells")
+        simulable = [p for p in experiment.policies if p.simulable]
+        if experiment.simulated and simulable:
+            say(f"{workload.name}: simulating {len(sizes) * len(simulable)} cells")
             source: Trace | Sample = trace
             if experiment.sample is not None:
                 source = sample_trace(trace, experiment.sample)
@@ -282,7 +297,7 @@ def run(
             results = sweep(
                 source,
                 list(sizes),
-                admissions,
+                [(p.admission, p.eviction) for p in simulable],
                 workers=workers,
                 report=lambda done, total, r: say(f"  [{done}/{total}] {describe_cell(r)}"),
             )
@@ -554,6 +569,7 @@ async def _onehit(
     settings = {
         "cache.size": str(size),
         "cache.max_object_size": str(min(size, 16 << 20)),
+        "cache.eviction": spec.eviction,
         "admission.policy": admission.policy,
         "admission.window": str(admission.window),
         "admission.expected_urls": str(admission.capacity),

@@ -33,7 +33,7 @@ from proxy.core.admission import (
     make_policy,
 )
 from proxy.core.engine import CacheEngine
-from proxy.core.store import ENTRY_OVERHEAD, LRUStore
+from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.window import WindowedBloomFilter
 from proxy.units import format_size, parse_size
 
@@ -54,6 +54,7 @@ class SimResult:
     elapsed: float
     timeline: list[dict[str, float]] = field(default_factory=list)
     sample_rate: float = 1.0
+    eviction: str = "lru"
 
     @property
     def requests_per_second(self) -> float:
@@ -69,6 +70,7 @@ class SimResult:
             "requests": self.requests,
             "elapsed_s": round(self.elapsed, 3),
             "sample_rate": self.sample_rate,
+            "eviction": self.eviction,
             "stats": self.stats,
             "timeline": self.timeline,
         }
@@ -79,10 +81,11 @@ def build_engine(
     admission: AdmissionConfig,
     max_object_bytes: int | None = None,
     entry_overhead: int = ENTRY_OVERHEAD,
+    eviction: str = "lru",
 ) -> CacheEngine:
     """The engine the proxy would build: same store (charging the same per-entry overhead,
-    unless told otherwise) and the same admission policy."""
-    store = LRUStore(cache_bytes, max_object_bytes, entry_overhead)
+    unless told otherwise, evicting the same way) and the same admission policy."""
+    store = CacheStore(cache_bytes, max_object_bytes, entry_overhead, eviction)
     return CacheEngine(store, make_policy(admission, store))
 
 
@@ -138,6 +141,7 @@ def simulate(
     key_prefix: str = "",
     progress: Progress | None = None,
     timeline_points: int = 50,
+    eviction: str = "lru",
 ) -> SimResult:
     """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key.
 
@@ -151,10 +155,10 @@ def simulate(
         trace = sample.trace
         run_bytes = max(1 + entry_overhead, round(cache_bytes * sample.rate))
         engine = build_engine(
-            run_bytes, scaled(admission, sample.rate), max_object_bytes, entry_overhead
+            run_bytes, scaled(admission, sample.rate), max_object_bytes, entry_overhead, eviction
         )
     else:
-        engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead)
+        engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
     store = engine.store
     window = _compiled_admission(engine.admission)
     keys = _key_arrays(trace, key_prefix)
@@ -188,13 +192,14 @@ def simulate(
         if progress is not None:
             progress(stop, total)
     elapsed = time.perf_counter() - started
+    label = policy_label(admission, eviction)
     if sample is None:
         return SimResult(
-            admission.label(), cache_bytes, admission, total, engine.stats(), elapsed, timeline
+            label, cache_bytes, admission, total, engine.stats(), elapsed, timeline, 1.0, eviction
         )
     stats = _estimated(engine.stats(), sample)
     return SimResult(
-        admission.label(),
+        label,
         cache_bytes,
         admission,
         sample.full_requests,
@@ -202,7 +207,14 @@ def simulate(
         elapsed,
         timeline,
         sample.rate,
+        eviction,
     )
+
+
+def policy_label(admission: AdmissionConfig, eviction: str = "lru") -> str:
+    """A run's policy in reports: the admission's label, and the eviction unless it is LRU
+    (``always`` alone is plain LRU, the baseline)."""
+    return admission.label() if eviction == "lru" else f"{admission.label()} / {eviction}"
 
 
 # Stats of a sampled run that are not counts of requests, bytes or entries.
@@ -281,6 +293,7 @@ def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, flo
 class Cell:
     cache_bytes: int
     admission: AdmissionConfig
+    eviction: str = "lru"
 
 
 _SHARED_TRACE: Trace | Sample | None = None
@@ -294,22 +307,28 @@ def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> 
         cell.admission,
         max_object_bytes=max_object_bytes,
         entry_overhead=entry_overhead,
+        eviction=cell.eviction,
     )
+
+
+Policy = AdmissionConfig | tuple[AdmissionConfig, str]
+"""An admission, evicting by LRU, or an (admission, eviction) pair."""
 
 
 def sweep(
     trace: Trace | Sample,
     cache_sizes: Sequence[int],
-    admissions: Sequence[AdmissionConfig],
+    policies: Sequence[Policy],
     *,
     max_object_bytes: int | None = None,
     entry_overhead: int = ENTRY_OVERHEAD,
     workers: int | None = None,
     report: Callable[[int, int, SimResult], None] | None = None,
 ) -> list[SimResult]:
-    """Every (size, admission) cell over ``trace``; results in size-major, admission-minor order."""
+    """Every (size, policy) cell over ``trace``; results in size-major, policy-minor order."""
     global _SHARED_TRACE
-    cells = [Cell(size, adm) for size in cache_sizes for adm in admissions]
+    pairs = [p if isinstance(p, tuple) else (p, "lru") for p in policies]
+    cells = [Cell(size, adm, ev) for size in cache_sizes for adm, ev in pairs]
     workers = max(1, min(workers or os.cpu_count() or 1, len(cells)))
     results: dict[Cell, SimResult] = {}
     if workers == 1:
@@ -320,6 +339,7 @@ def sweep(
                 cell.admission,
                 max_object_bytes=max_object_bytes,
                 entry_overhead=entry_overhead,
+                eviction=cell.eviction,
             )
             results[cell] = result
             if report:

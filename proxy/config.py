@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.store import EVICTIONS
 from proxy.units import parse_duration, parse_size
 
 Parser = Callable[[Any], Any]
@@ -189,6 +190,12 @@ def _policy(value: Any) -> str:
     return value
 
 
+def _eviction(value: Any) -> str:
+    if value not in EVICTIONS:
+        raise ValueError(f"expected one of {', '.join(EVICTIONS)}")
+    return value
+
+
 def _log_format(value: Any) -> str:
     if value not in ("combined", "json"):
         raise ValueError("expected 'combined' or 'json'")
@@ -256,6 +263,7 @@ class AdminSection:
 @dataclass(frozen=True)
 class CacheSection:
     size: int = _setting(256 << 20, _size, "bytes of response bodies held")
+    eviction: str = _setting("lru", _eviction, "lru, s3fifo or sieve: which entry makes room")
     max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
     store_set_cookie: bool = _setting(
         False, _bool, "store responses that carry Set-Cookie (never the Set-Cookie itself)"

@@ -24,7 +24,7 @@ from proxy.admin import admin_app
 from proxy.config import Config
 from proxy.core.admission import SecondHit, make_policy
 from proxy.core.engine import CacheEngine
-from proxy.core.store import ENTRY_OVERHEAD, LRUStore
+from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.server import Proxy
 from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
@@ -106,7 +106,9 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
 
 
 def build_engine(config: Config) -> CacheEngine:
-    store = LRUStore(config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD)
+    store = CacheStore(
+        config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.cache.eviction
+    )
     c = config.cache
     return CacheEngine(
         store,

@@ -1,5 +1,5 @@
-"""The simulator against libCacheSim, the reference simulator its users compare with, and
-sampled runs (SHARDS) against full runs of the same trace."""
+"""The simulator against libCacheSim, the reference simulator its users compare with (LRU,
+S3-FIFO and SIEVE eviction), and sampled runs (SHARDS) against full runs of the same trace."""
 
 import libcachesim
 import numpy as np
@@ -20,14 +20,18 @@ def trace() -> Trace:
     return Trace(np.floor(t.times), t.ids, t.sizes)  # oracleGeneral times are whole seconds
 
 
+REFERENCES = {"lru": libcachesim.LRU, "s3fifo": libcachesim.S3FIFO, "sieve": libcachesim.Sieve}
+
+
+@pytest.mark.parametrize("eviction", sorted(REFERENCES))
 @pytest.mark.parametrize("share", [0.005, 0.05, 0.3])
-def test_lru_matches_libcachesim_lru_to_four_digits(trace, tmp_path, share):
+def test_eviction_matches_libcachesim_to_four_digits(trace, tmp_path, share, eviction):
     path = tmp_path / "t.oracleGeneral.bin"
     write_trace(trace, path)
     size = round(trace.distinct_bytes() * share)
     reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
-    miss_ratio, byte_miss_ratio = libcachesim.LRU(size).process_trace(reader)
-    ours = simulate(trace, size, LRU, entry_overhead=0).stats
+    miss_ratio, byte_miss_ratio = REFERENCES[eviction](size).process_trace(reader)
+    ours = simulate(trace, size, LRU, entry_overhead=0, eviction=eviction).stats
     assert ours["hit_ratio"] == pytest.approx(1 - miss_ratio, abs=5e-5)
     assert ours["byte_hit_ratio"] == pytest.approx(1 - byte_miss_ratio, abs=5e-5)
     assert 0.05 < ours["hit_ratio"] < 0.95

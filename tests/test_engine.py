@@ -21,14 +21,14 @@ from proxy.core.engine import (
     Store,
     response_meta,
 )
-from proxy.core.store import LRUStore
+from proxy.core.store import CacheStore
 
 OK = ResponseMeta()
 DATE = "Sun, 06 Nov 1994 08:49:37 GMT"
 
 
 def engine(policy: str = "second-hit", cache: int = 10_000, **kw) -> CacheEngine:
-    store = LRUStore(cache, kw.pop("max_object_bytes", None))
+    store = CacheStore(cache, kw.pop("max_object_bytes", None))
     return CacheEngine(store, make_policy(AdmissionConfig(policy=policy, **kw), store))
 
 
@@ -107,7 +107,7 @@ def test_stats_name_every_metric_and_filter_health():
 
 
 def test_unknown_policy_names_the_known_ones_and_a_close_match():
-    store = LRUStore(100)
+    store = CacheStore(100)
     with pytest.raises(ValueError, match=r"'second-hit'\?.*always, second-hit"):
         make_policy(AdmissionConfig(policy="second_hit"), store)
 
@@ -270,7 +270,7 @@ def test_rfc9111_4_3_4_a_304_keeps_the_stored_status():
 
 
 def test_rfc9111_4_3_4_a_304_that_grows_the_headers_recharges_the_entry():
-    store = LRUStore(100_000, entry_overhead=1536)
+    store = CacheStore(100_000, entry_overhead=1536)
     e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store))
     request = get("/h")
     origin(e, request, 0.0, 200, ("Cache-Control", "max-age=0"))
@@ -309,7 +309,7 @@ def test_rfc9111_5_2_1_7_only_if_cached_on_a_stale_entry_never_contacts_the_orig
 
 
 def test_an_uncacheable_url_goes_straight_to_the_origin_for_hit_for_miss_seconds():
-    store = LRUStore(10_000)
+    store = CacheStore(10_000)
     e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store), hit_for_miss=5.0)
     request = get("/p")
     assert e.plan(request, 0.0) == Fetch("uri-miss", whole=True, collapse=True)
@@ -350,7 +350,7 @@ def test_rfc9110_13_and_14_client_conditionals_and_ranges_are_answered_from_a_wh
 
 
 def test_the_vary_index_holds_only_stored_variants():
-    store = LRUStore(2_000)
+    store = CacheStore(2_000)
     e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store))
     for i in range(500):
         request = get("/v", ("User-Agent", f"agent {i}"))

@@ -5,10 +5,11 @@ import math
 from collections import OrderedDict
 
 import mmh3
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core._native import LRUIndex, hash64, optimal_size
+from proxy.core._native import StoreIndex, hash64, optimal_size
 from proxy.core.bloom import BloomFilter, probe_positions
 
 
@@ -45,7 +46,7 @@ operations = st.lists(
 @given(operations)
 def test_lru_index_agrees_with_an_ordereddict_lru(ops):
     """Order, bytes, evictions and dead writes, op by op; capacity 1000 bytes."""
-    index = LRUIndex(1000)
+    index = StoreIndex(1000)
     ref: OrderedDict[int, list[int]] = OrderedDict()  # key -> [charge, hits]
     evictions = unread = 0
     for op, key, charge in ops:
@@ -75,7 +76,7 @@ def test_lru_index_agrees_with_an_ordereddict_lru(ops):
 
 
 def test_lru_index_grows_past_its_first_table_and_keeps_every_key():
-    index = LRUIndex(10**9)
+    index = StoreIndex(10**9)
     keys = [hash64(str(i))[0] for i in range(50_000)]
     for key in keys:
         index.put(key, 10, 10, 0)
@@ -84,3 +85,52 @@ def test_lru_index_grows_past_its_first_table_and_keeps_every_key():
         assert index.delete(key)
     assert len(index) == 25_000
     assert all((key in index) == (i % 2 == 1) for i, key in enumerate(keys))
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(["lru", "sieve", "s3fifo"]), operations)
+def test_every_eviction_keeps_the_byte_bound_and_its_counts(eviction, ops):
+    index = StoreIndex(1000, eviction)
+    resident: dict[int, int] = {}
+    for op, key, charge in ops:
+        if op == "put" and charge <= index.max_charge:
+            resident.pop(key, None)
+            for gone in index.put(key, charge, charge, 0):
+                assert resident.pop(gone) > 0
+            resident[key] = charge
+        elif op == "get":
+            assert index.touch(key) == (key in resident)
+        elif op == "delete":
+            assert index.delete(key) == (resident.pop(key, None) is not None)
+        assert index.bytes_used == sum(resident.values()) <= 1000
+        assert len(index) == len(resident) and all(k in index for k in resident)
+
+
+def test_sieve_spares_a_visited_entry_and_its_hand_stays():
+    index = StoreIndex(300, "sieve")
+    for key in (1, 2, 3):
+        index.put(key, 100, 100, 0)
+    index.touch(1)
+    assert index.put(4, 100, 100, 0) == [2]  # 1 is visited: its mark is cleared, 2 goes
+    assert index.put(5, 100, 100, 0) == [3]  # the hand goes on from where it stopped,
+    assert index.put(6, 100, 100, 0) == [4]  # towards the newest, so 1 outlives 4
+    assert 1 in index
+
+
+def test_s3fifo_evicts_one_hit_wonders_before_reused_entries_and_remembers_them():
+    index = StoreIndex(1000, "s3fifo")
+    assert index.max_charge == 100  # the small queue's size
+    for key in range(8):
+        index.put(key, 100, 100, 0)
+        index.touch(key)
+        index.touch(key)
+    wonders = range(100, 140)
+    for key in wonders:
+        index.put(key, 10, 10, 0)
+    assert all(key in index for key in range(8)), "reused entries outlive a scan"
+    gone = [key for key in wonders if key not in index]
+    assert gone and 0 < index.ghosts <= len(gone)  # those evicted from the small queue
+    index.put(gone[-1], 10, 10, 0)
+    assert gone[-1] in index
+    with pytest.raises(ValueError, match="exceeds the 100 bytes an entry may take"):
+        index.put(999, 101, 101, 0)

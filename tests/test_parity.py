@@ -2,6 +2,7 @@
 through the simulator gives the same counters."""
 
 import numpy as np
+import pytest
 from aiohttp import web
 from conftest import base
 
@@ -12,7 +13,11 @@ from loadgen.workload import SizeSpec, WorkloadSpec, generate
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
 
 
-async def test_live_and_simulated_counters_agree_exactly(origin, start_proxy, client):
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve"])
+@pytest.mark.parametrize("admission", ["always", "second-hit"])
+async def test_live_and_simulated_counters_agree_exactly(
+    origin, start_proxy, client, admission, eviction
+):
     sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
     trace = generate(WorkloadSpec(objects=300, requests=1500, one_hit_share=0.3, sizes=sizes))
     trace = Trace(np.zeros(len(trace)), trace.ids, trace.sizes)
@@ -24,13 +29,20 @@ async def test_live_and_simulated_counters_agree_exactly(origin, start_proxy, cl
 
     origin.responder = serve  # every path: a body of the trace's size for that key
     capacity = round(trace.distinct_bytes() * 0.05)
-    proxy = await start_proxy(cache__size=str(capacity), cache__max_object_size=str(capacity))
+    proxy = await start_proxy(
+        cache__size=str(capacity),
+        cache__max_object_size=str(capacity),
+        cache__eviction=eviction,
+        admission__policy=admission,
+    )
     prefix = base(proxy) + "/obj/"
     for key in trace.key_strings():
         async with client.get(prefix + key) as r:
             assert r.status == 200
             await r.read()
     live = proxy.proxy.engine.stats()
-    sim = simulate(trace, capacity, proxy.config.admission_config(), key_prefix=prefix).stats
+    config = proxy.config.admission_config()
+    sim = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction).stats
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
-    assert live["hits"] > 0 and live["rejected_first_sighting"] > 0
+    assert live["hits"] > 0 and live["evictions"] > 0
+    assert (live["rejected_first_sighting"] > 0) == (admission == "second-hit")

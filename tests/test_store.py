@@ -1,8 +1,8 @@
-"""LRUStore: the byte bound, LRU order, too-large objects and dead-write accounting."""
+"""CacheStore: the byte bound, LRU order, too-large objects and dead-write accounting."""
 
 import pytest
 
-from proxy.core.store import Entry, LRUStore, entry_charge
+from proxy.core.store import CacheStore, Entry, entry_charge
 
 
 def entry(key: str, size: int) -> Entry:
@@ -10,7 +10,7 @@ def entry(key: str, size: int) -> Entry:
 
 
 def test_evicts_least_recently_used_to_stay_within_bytes():
-    store = LRUStore(300)
+    store = CacheStore(300)
     for k in "abc":
         store.put(entry(k, 100))
     store.get("a")  # a is now most recent; b is the oldest
@@ -21,7 +21,7 @@ def test_evicts_least_recently_used_to_stay_within_bytes():
 
 
 def test_one_big_entry_evicts_as_many_as_it_needs():
-    store = LRUStore(300)
+    store = CacheStore(300)
     for k in "abc":
         store.put(entry(k, 100))
     evicted = store.put(entry("big", 250))
@@ -30,7 +30,7 @@ def test_one_big_entry_evicts_as_many_as_it_needs():
 
 
 def test_entry_over_max_object_bytes_is_never_stored():
-    store = LRUStore(1000, max_object_bytes=100)
+    store = CacheStore(1000, max_object_bytes=100)
     assert not store.fits(101) and store.fits(100)
     with pytest.raises(ValueError, match="max_object_bytes"):
         store.put(entry("x", 101))
@@ -38,11 +38,11 @@ def test_entry_over_max_object_bytes_is_never_stored():
 
 
 def test_max_object_bytes_cannot_exceed_capacity():
-    assert LRUStore(100, max_object_bytes=10_000).max_object_bytes == 100
+    assert CacheStore(100, max_object_bytes=10_000).max_object_bytes == 100
 
 
 def test_dead_writes_count_evicted_and_resident_entries_never_hit():
-    store = LRUStore(200)
+    store = CacheStore(200)
     store.put(entry("read", 100))
     store.record_hit(store.get("read"))
     store.put(entry("unread", 100))
@@ -55,7 +55,7 @@ def test_dead_writes_count_evicted_and_resident_entries_never_hit():
 
 
 def test_replacing_or_deleting_is_not_an_eviction():
-    store = LRUStore(500)
+    store = CacheStore(500)
     store.put(entry("a", 100))
     store.put(entry("a", 200))
     assert store.evictions == 0 and store.bytes_used == 200 and store.resident_unread == 1
@@ -65,7 +65,7 @@ def test_replacing_or_deleting_is_not_an_eviction():
 
 
 def test_estimated_capacity_objects_extrapolates_mean_size():
-    store = LRUStore(1000)
+    store = CacheStore(1000)
     assert store.estimated_capacity_objects() == 0
     store.put(entry("a", 100))
     store.put(entry("b", 300))
@@ -75,11 +75,11 @@ def test_estimated_capacity_objects_extrapolates_mean_size():
 @pytest.mark.parametrize(("cap", "max_obj"), [(0, None), (-1, None), (10, 0)])
 def test_bad_sizes_are_refused(cap, max_obj):
     with pytest.raises(ValueError):
-        LRUStore(cap, max_obj)
+        CacheStore(cap, max_obj)
 
 
 def test_entries_are_charged_their_overhead_and_key_so_capacity_bounds_memory():
-    store = LRUStore(10_020, entry_overhead=1000)
+    store = CacheStore(10_020, entry_overhead=1000)
     for i in range(20):
         store.put(entry(f"{i:02d}", 1000))
     assert len(store) == 5 and store.bytes_used == 10_020  # 5 x (1000 + 1000 + 2 x 2)
@@ -90,4 +90,4 @@ def test_entries_are_charged_their_overhead_and_key_so_capacity_bounds_memory():
     assert entry_charge(long_key, 1000) == 100 + 1000 + 16_000
     assert entry_charge(heavy, 0) == 100
     with pytest.raises(ValueError, match="entry_overhead"):
-        LRUStore(100, entry_overhead=100)
+        CacheStore(100, entry_overhead=100)

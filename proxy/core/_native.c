@@ -10,9 +10,10 @@
  * - A Window is g Bloom generations, newest first; its rotation rules are those documented in
  *   proxy/core/window.py, including Python's float floor division for elapsed spans, so a
  *   window decides identically whoever drives it.
- * - An LRUIndex is a byte-bounded LRU over 64-bit key hashes: sizes, charges, hits and the
- *   store time of each entry, and the eviction and dead-write counts. Callers keep payloads.
- * - simulate_chunk drives an LRUIndex and an optional Window over a trace's arrays with the
+ * - A StoreIndex is a byte-bounded store over 64-bit key hashes, evicting by LRU, SIEVE or
+ *   S3-FIFO: sizes, charges, hits and the store time of each entry, and the eviction and
+ *   dead-write counts. Callers keep payloads.
+ * - simulate_chunk drives a StoreIndex and an optional Window over a trace's arrays with the
  *   cache engine's rules for a cacheable response (see loadgen/simulate.py).
  */
 #define PY_SSIZE_T_CLEAN
@@ -625,8 +626,28 @@ static PyTypeObject WindowType = {
     .tp_members = Window_members,
 };
 
-/* LRUIndex: nodes in one array, linked most recently used first, found through an
- * open-addressing table of node numbers (0 is empty) with backward-shift deletion. */
+/* StoreIndex: the store's bookkeeping. Nodes live in one array and are found through an
+ * open-addressing table of node numbers (0 is empty) with backward-shift deletion. Each
+ * resident node sits in one queue, newest first; S3-FIFO's ghost queue holds the keys (and
+ * charges) of entries evicted from its small queue, which are not resident.
+ *
+ * Eviction, chosen at creation:
+ * - lru: a hit moves the entry to the front; the back is evicted.
+ * - sieve (Zhang et al., NSDI'24): a hit marks the entry visited; a hand walks from the back
+ *   towards the front, unmarking visited entries and evicting the first unvisited one, and
+ *   stays where it stopped.
+ * - s3fifo (Yang et al., SOSP'23): a small FIFO of 10% of the bytes, a main FIFO of the rest
+ *   and a ghost FIFO of 90% of the bytes; a hit counts (up to 3). New keys enter the small
+ *   queue, keys found in the ghost enter the main one. The small queue's oldest entry moves
+ *   to main if it was hit twice, else it is evicted into the ghost; main's oldest is evicted
+ *   if its count is 0, else re-inserted with one count less. Until the first eviction, new
+ *   keys go to main once the small queue is full. An entry larger than the small queue is not
+ *   stored. These are libCacheSim's rules, so the two agree on a trace. */
+
+enum { EV_LRU, EV_SIEVE, EV_S3FIFO };
+enum { Q_MAIN, Q_SMALL, Q_GHOST, N_QUEUES };
+
+static const char *eviction_names[] = {"lru", "sieve", "s3fifo"};
 
 typedef struct {
     uint64_t key;
@@ -635,6 +656,8 @@ typedef struct {
     long long hits;
     double stored_at;
     int32_t prev, next;
+    uint8_t queue;
+    uint8_t freq;
 } Node;
 
 typedef struct {
@@ -642,11 +665,18 @@ typedef struct {
     Node *nodes;
     int32_t nodes_cap;
     int32_t free_head;
-    int32_t head, tail;
-    long long count;
+    int32_t head[N_QUEUES], tail[N_QUEUES];
+    long long bytes[N_QUEUES];
+    int32_t hand;
+    int eviction;
+    int has_evicted;
+    long long count;   /* resident entries */
+    long long ghosts;  /* keys in the ghost queue */
     int32_t *table;
     uint64_t mask;
     long long capacity;
+    long long small_capacity;
+    long long ghost_capacity;
     long long used;
     long long evictions, evicted_bytes, evicted_unread, evicted_unread_bytes;
     long long resident_unread, resident_unread_bytes;
@@ -666,9 +696,12 @@ static int64_t index_find_slot(const IndexObject *x, uint64_t key) {
     }
 }
 
+/* The resident node of key, or -1 (a ghost is not resident). */
 static inline int32_t index_find(const IndexObject *x, uint64_t key) {
     int64_t s = index_find_slot(x, key);
-    return s < 0 ? -1 : x->table[s] - 1;
+    if (s < 0) return -1;
+    int32_t i = x->table[s] - 1;
+    return x->nodes[i].queue == Q_GHOST ? -1 : i;
 }
 
 static int index_grow_table(IndexObject *x) {
@@ -712,22 +745,39 @@ static void index_table_remove(IndexObject *x, uint64_t s) {
 
 static inline void list_unlink(IndexObject *x, int32_t i) {
     Node *n = &x->nodes[i];
-    if (n->prev >= 0) x->nodes[n->prev].next = n->next; else x->head = n->next;
-    if (n->next >= 0) x->nodes[n->next].prev = n->prev; else x->tail = n->prev;
+    int q = n->queue;
+    if (x->hand == i) x->hand = n->prev;
+    if (n->prev >= 0) x->nodes[n->prev].next = n->next; else x->head[q] = n->next;
+    if (n->next >= 0) x->nodes[n->next].prev = n->prev; else x->tail[q] = n->prev;
+    x->bytes[q] -= n->charge;
 }
 
-static inline void list_push_front(IndexObject *x, int32_t i) {
+static inline void list_push_front(IndexObject *x, int32_t i, int q) {
     Node *n = &x->nodes[i];
+    n->queue = (uint8_t)q;
     n->prev = -1;
-    n->next = x->head;
-    if (x->head >= 0) x->nodes[x->head].prev = i; else x->tail = i;
-    x->head = i;
+    n->next = x->head[q];
+    if (x->head[q] >= 0) x->nodes[x->head[q]].prev = i; else x->tail[q] = i;
+    x->head[q] = i;
+    x->bytes[q] += n->charge;
 }
 
+/* A hit's effect on the eviction order. */
 static inline void index_touch(IndexObject *x, int32_t i) {
-    if (x->head == i) return;
-    list_unlink(x, i);
-    list_push_front(x, i);
+    Node *n = &x->nodes[i];
+    switch (x->eviction) {
+    case EV_LRU:
+        if (x->head[Q_MAIN] != i) {
+            list_unlink(x, i);
+            list_push_front(x, i, Q_MAIN);
+        }
+        break;
+    case EV_SIEVE:
+        n->freq = 1;
+        break;
+    default:
+        if (n->freq < 3) n->freq++;
+    }
 }
 
 static inline void index_record_hit(IndexObject *x, int32_t i) {
@@ -739,52 +789,143 @@ static inline void index_record_hit(IndexObject *x, int32_t i) {
     n->hits++;
 }
 
-/* Unlinks node i found at table slot s, frees it; returns nothing, counts nothing. */
-static void index_drop(IndexObject *x, int32_t i, uint64_t s) {
-    Node *n = &x->nodes[i];
-    index_table_remove(x, s);
-    list_unlink(x, i);
+/* A resident node leaves the store's counts (it is unlinked already). */
+static void index_forget(IndexObject *x, Node *n) {
     x->used -= n->charge;
     x->count--;
     if (n->hits == 0) {
         x->resident_unread--;
         x->resident_unread_bytes -= n->size;
     }
+}
+
+/* Unlinks node i found at table slot s and frees it; a resident one leaves the counts. */
+static void index_drop(IndexObject *x, int32_t i, uint64_t s) {
+    Node *n = &x->nodes[i];
+    index_table_remove(x, s);
+    list_unlink(x, i);
+    if (n->queue == Q_GHOST) x->ghosts--; else index_forget(x, n);
     n->next = x->free_head;
     x->free_head = i;
 }
 
+/* Removes a resident key (not an eviction); 1 if it was there. */
 static int index_delete(IndexObject *x, uint64_t key) {
     int64_t s = index_find_slot(x, key);
-    if (s < 0) return 0;
+    if (s < 0 || x->nodes[x->table[s] - 1].queue == Q_GHOST) return 0;
     index_drop(x, x->table[s] - 1, (uint64_t)s);
     return 1;
 }
 
-/* Stores key (replacing it), evicting least recently used entries until it fits; appends
- * the evicted keys to `evicted` when it is not NULL. The caller checked charge <= capacity. */
+/* Counts node i's eviction and reports its key; the caller then removes it. */
+static int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted) {
+    Node *v = &x->nodes[i];
+    x->evictions++;
+    x->evicted_bytes += v->size;
+    if (v->hits == 0) {
+        x->evicted_unread++;
+        x->evicted_unread_bytes += v->size;
+    }
+    if (evicted != NULL) {
+        PyObject *k = PyLong_FromUnsignedLongLong(v->key);
+        if (k == NULL || PyList_Append(evicted, k) < 0) {
+            Py_XDECREF(k);
+            return -1;
+        }
+        Py_DECREF(k);
+    }
+    return 0;
+}
+
+static int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted) {
+    if (index_count_eviction(x, i, evicted) < 0) return -1;
+    index_drop(x, i, (uint64_t)index_find_slot(x, x->nodes[i].key));
+    return 0;
+}
+
+static int index_evict_small(IndexObject *x, PyObject *evicted) {
+    while (x->tail[Q_SMALL] >= 0) {
+        int32_t i = x->tail[Q_SMALL];
+        Node *n = &x->nodes[i];
+        list_unlink(x, i);
+        if (n->freq >= 2) {
+            n->freq = 0;
+            list_push_front(x, i, Q_MAIN);
+            continue;
+        }
+        /* Evicted into the ghost: the node stays, as a key that is not resident. */
+        if (index_count_eviction(x, i, evicted) < 0) return -1;
+        index_forget(x, n);
+        n->freq = 0;
+        list_push_front(x, i, Q_GHOST);
+        x->ghosts++;
+        while (x->bytes[Q_GHOST] > x->ghost_capacity) {
+            int32_t old = x->tail[Q_GHOST];
+            index_drop(x, old, (uint64_t)index_find_slot(x, x->nodes[old].key));
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static int index_evict_main(IndexObject *x, PyObject *evicted) {
+    while (x->tail[Q_MAIN] >= 0) {
+        int32_t i = x->tail[Q_MAIN];
+        Node *n = &x->nodes[i];
+        if (n->freq >= 1) {
+            list_unlink(x, i);
+            n->freq = (uint8_t)((n->freq < 3 ? n->freq : 3) - 1);
+            list_push_front(x, i, Q_MAIN);
+            continue;
+        }
+        return index_evict_node(x, i, evicted);
+    }
+    return 0;
+}
+
+static int index_evict(IndexObject *x, PyObject *evicted) {
+    x->has_evicted = 1;
+    switch (x->eviction) {
+    case EV_LRU:
+        return index_evict_node(x, x->tail[Q_MAIN], evicted);
+    case EV_SIEVE: {
+        int32_t i = x->hand >= 0 ? x->hand : x->tail[Q_MAIN];
+        while (x->nodes[i].freq > 0) {
+            x->nodes[i].freq = 0;
+            i = x->nodes[i].prev >= 0 ? x->nodes[i].prev : x->tail[Q_MAIN];
+        }
+        x->hand = x->nodes[i].prev;
+        return index_evict_node(x, i, evicted);
+    }
+    default:
+        if (x->bytes[Q_MAIN] > x->capacity - x->small_capacity || x->bytes[Q_SMALL] == 0)
+            return index_evict_main(x, evicted);
+        return index_evict_small(x, evicted);
+    }
+}
+
+/* The largest charge the index stores. */
+static inline long long index_max_charge(const IndexObject *x) {
+    return x->eviction == EV_S3FIFO ? x->small_capacity : x->capacity;
+}
+
+/* Stores key (replacing it), evicting until it fits; appends the evicted keys to `evicted`
+ * when it is not NULL. The caller checked charge <= index_max_charge. */
 static int index_put(IndexObject *x, uint64_t key, long long size, long long charge,
                      long long hits, double stored_at, PyObject *evicted) {
-    index_delete(x, key);
-    while (x->used + charge > x->capacity && x->tail >= 0) {
-        int32_t victim = x->tail;
-        Node *v = &x->nodes[victim];
-        x->evictions++;
-        x->evicted_bytes += v->size;
-        if (v->hits == 0) {
-            x->evicted_unread++;
-            x->evicted_unread_bytes += v->size;
-        }
-        if (evicted != NULL) {
-            PyObject *k = PyLong_FromUnsignedLongLong(v->key);
-            if (k == NULL || PyList_Append(evicted, k) < 0) {
-                Py_XDECREF(k);
-                return -1;
-            }
-            Py_DECREF(k);
-        }
-        index_drop(x, victim, (uint64_t)index_find_slot(x, v->key));
+    int queue = x->eviction == EV_S3FIFO ? Q_SMALL : Q_MAIN;
+    int64_t found = index_find_slot(x, key);
+    if (found >= 0) {
+        int32_t old = x->table[found] - 1;
+        if (x->nodes[old].queue == Q_GHOST) queue = Q_MAIN;
+        index_drop(x, old, (uint64_t)found);
     }
+    while (x->used + charge > x->capacity && x->count > 0) {
+        if (index_evict(x, evicted) < 0) return -1;
+    }
+    /* Until the first eviction, S3-FIFO fills main once the small queue is full. */
+    if (queue == Q_SMALL && !x->has_evicted && x->bytes[Q_SMALL] >= x->small_capacity)
+        queue = Q_MAIN;
     if (x->free_head < 0) {
         int32_t cap = x->nodes_cap ? x->nodes_cap * 2 : 1024;
         Node *nodes = PyMem_Realloc(x->nodes, sizeof(Node) * (size_t)cap);
@@ -797,7 +938,8 @@ static int index_put(IndexObject *x, uint64_t key, long long size, long long cha
         x->free_head = x->nodes_cap;
         x->nodes_cap = cap;
     }
-    if ((uint64_t)(x->count + 1) * 2 > x->mask + 1 && index_grow_table(x) < 0) return -1;
+    if ((uint64_t)(x->count + x->ghosts + 1) * 2 > x->mask + 1 && index_grow_table(x) < 0)
+        return -1;
     int32_t i = x->free_head;
     Node *n = &x->nodes[i];
     x->free_head = n->next;
@@ -806,9 +948,10 @@ static int index_put(IndexObject *x, uint64_t key, long long size, long long cha
     n->charge = charge;
     n->hits = hits;
     n->stored_at = stored_at;
+    n->freq = 0;
     int64_t s = index_find_slot(x, key);
     x->table[-s - 1] = i + 1;
-    list_push_front(x, i);
+    list_push_front(x, i, queue);
     x->count++;
     x->used += charge;
     if (hits == 0) {
@@ -819,11 +962,25 @@ static int index_put(IndexObject *x, uint64_t key, long long size, long long cha
 }
 
 static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"capacity_bytes", NULL};
+    static char *kwlist[] = {"capacity_bytes", "eviction", NULL};
     long long capacity;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L", kwlist, &capacity)) return -1;
+    const char *eviction = "lru";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L|s", kwlist, &capacity, &eviction)) return -1;
     if (self->table != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "an LRUIndex is initialised once");
+        PyErr_SetString(PyExc_RuntimeError, "a StoreIndex is initialised once");
+        return -1;
+    }
+    self->eviction = -1;
+    for (int e = 0; e < (int)(sizeof(eviction_names) / sizeof(*eviction_names)); e++) {
+        if (strcmp(eviction, eviction_names[e]) == 0) self->eviction = e;
+    }
+    if (self->eviction < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve",
+                     PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1) : Py_None);
+        return -1;
+    }
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity_bytes must be positive, got %lld", capacity);
         return -1;
     }
     self->table = PyMem_Calloc(1024, sizeof(int32_t));
@@ -835,8 +992,16 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
     self->nodes = NULL;
     self->nodes_cap = 0;
     self->free_head = -1;
-    self->head = self->tail = -1;
+    for (int q = 0; q < N_QUEUES; q++) {
+        self->head[q] = self->tail[q] = -1;
+        self->bytes[q] = 0;
+    }
+    self->hand = -1;
+    self->has_evicted = 0;
     self->capacity = capacity;
+    /* libCacheSim's sizing: (int64_t)(size * ratio) */
+    self->small_capacity = (long long)((double)capacity * 0.1);
+    self->ghost_capacity = (long long)((double)capacity * 0.9);
     return 0;
 }
 
@@ -886,9 +1051,9 @@ static PyObject *Index_put(IndexObject *self, PyObject *const *args, Py_ssize_t 
     long long charge = PyLong_AsLongLong(args[2]);
     long long hits = PyLong_AsLongLong(args[3]);
     if (PyErr_Occurred()) return NULL;
-    if (charge > self->capacity) {
-        PyErr_Format(PyExc_ValueError, "a charge of %lld bytes exceeds the capacity of %lld",
-                     charge, self->capacity);
+    if (charge > index_max_charge(self)) {
+        PyErr_Format(PyExc_ValueError, "a charge of %lld bytes exceeds the %lld bytes an entry "
+                     "may take", charge, index_max_charge(self));
         return NULL;
     }
     PyObject *evicted = PyList_New(0);
@@ -920,9 +1085,17 @@ static PyObject *Index_estimated_capacity_objects(IndexObject *self, PyObject *u
     return PyLong_FromDouble(estimate);
 }
 
+static PyObject *Index_max_charge(IndexObject *self, void *closure) {
+    return PyLong_FromLongLong(index_max_charge(self));
+}
+
+static PyObject *Index_eviction(IndexObject *self, void *closure) {
+    return PyUnicode_FromString(eviction_names[self->eviction]);
+}
+
 static PyMethodDef Index_methods[] = {
     {"touch", (PyCFunction)Index_touch, METH_O,
-     "Make key most recently used; False if it is absent."},
+     "A hit's effect on the eviction order; False if key is absent."},
     {"record_hit", (PyCFunction)Index_record_hit, METH_O, "Count one answer served from key."},
     {"hits", (PyCFunction)Index_hits, METH_O, "Answers served from key's entry (0 if absent)."},
     {"put", (PyCFunction)(void (*)(void))Index_put, METH_FASTCALL,
@@ -933,9 +1106,16 @@ static PyMethodDef Index_methods[] = {
     {NULL},
 };
 
+static PyGetSetDef Index_getset[] = {
+    {"max_charge", (getter)Index_max_charge, NULL, "The largest charge an entry may have.", NULL},
+    {"eviction", (getter)Index_eviction, NULL, "The eviction policy's name.", NULL},
+    {NULL},
+};
+
 static PyMemberDef Index_members[] = {
     {"capacity_bytes", T_LONGLONG, offsetof(IndexObject, capacity), READONLY, ""},
     {"bytes_used", T_LONGLONG, offsetof(IndexObject, used), READONLY, ""},
+    {"ghosts", T_LONGLONG, offsetof(IndexObject, ghosts), READONLY, "keys in the ghost queue"},
     {"evictions", T_LONGLONG, offsetof(IndexObject, evictions), READONLY, ""},
     {"evicted_bytes", T_LONGLONG, offsetof(IndexObject, evicted_bytes), READONLY, ""},
     {"evicted_unread", T_LONGLONG, offsetof(IndexObject, evicted_unread), READONLY, ""},
@@ -954,15 +1134,17 @@ static PySequenceMethods Index_as_sequence = {
 
 static PyTypeObject IndexType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "proxy.core._native.LRUIndex",
+    .tp_name = "proxy.core._native.StoreIndex",
     .tp_basicsize = sizeof(IndexObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A byte-bounded LRU over 64-bit key hashes, with dead-write accounting.",
+    .tp_doc = "The store's bookkeeping over 64-bit key hashes: lru, sieve or s3fifo eviction, "
+              "with dead-write accounting.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Index_init,
     .tp_dealloc = (destructor)Index_dealloc,
     .tp_methods = Index_methods,
     .tp_members = Index_members,
+    .tp_getset = Index_getset,
     .tp_as_sequence = &Index_as_sequence,
 };
 
@@ -1128,7 +1310,7 @@ static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *k
             }
         }
         long long charge = overhead ? size + overhead + 2 * chars : size;
-        if (charge > x->capacity) {
+        if (charge > index_max_charge(x)) {
             c[C_TOO_LARGE]++;
             continue;
         }
@@ -1300,7 +1482,7 @@ static PyMethodDef module_methods[] = {
      "footprint(ids, sizes): (distinct objects, their bytes at each one's largest size)."},
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
      METH_VARARGS | METH_KEYWORDS,
-     "Replay requests through an LRUIndex and an optional Window; returns counter deltas."},
+     "Replay requests through a StoreIndex and an optional Window; returns counter deltas."},
     {NULL},
 };
 
@@ -1316,7 +1498,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Bloom", (PyObject *)&BloomType) < 0 ||
         PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
-        PyModule_AddObjectRef(m, "LRUIndex", (PyObject *)&IndexType) < 0) {
+        PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

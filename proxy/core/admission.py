@@ -16,13 +16,13 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import difflib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.core.store import LRUStore
+from proxy.core.names import unknown_name
+from proxy.core.store import CacheStore
 from proxy.core.window import FilterStats, WindowedBloomFilter
 
 
@@ -43,7 +43,7 @@ class AdmissionPolicy(Protocol):
 
 
 class AlwaysAdmit:
-    """Store every cacheable response: plain LRU."""
+    """CacheStore every cacheable response: plain LRU."""
 
     name = "always"
 
@@ -58,7 +58,7 @@ class AlwaysAdmit:
 
 
 class SecondHit:
-    """Store a response only when its key was already seen inside the window."""
+    """CacheStore a response only when its key was already seen inside the window."""
 
     name = "second-hit"
 
@@ -148,11 +148,11 @@ def _seconds_label(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def _always(config: AdmissionConfig, store: LRUStore) -> AdmissionPolicy:
+def _always(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     return AlwaysAdmit()
 
 
-def _second_hit(config: AdmissionConfig, store: LRUStore) -> AdmissionPolicy:
+def _second_hit(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     g = config.generations
     if config.window == "auto":
         sizer = TurnoverSizer(
@@ -172,24 +172,16 @@ def _second_hit(config: AdmissionConfig, store: LRUStore) -> AdmissionPolicy:
     return SecondHit(window)
 
 
-POLICIES: dict[str, Callable[[AdmissionConfig, LRUStore], AdmissionPolicy]] = {
+POLICIES: dict[str, Callable[[AdmissionConfig, CacheStore], AdmissionPolicy]] = {
     "always": _always,
     "second-hit": _second_hit,
 }
 
 
-def make_policy(config: AdmissionConfig, store: LRUStore) -> AdmissionPolicy:
+def make_policy(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     """The policy ``config.policy`` names, wired to ``store``; ValueError names the known ones."""
     try:
         factory = POLICIES[config.policy]
     except KeyError:
         raise ValueError(unknown_name("admission policy", config.policy, POLICIES)) from None
     return factory(config, store)
-
-
-def unknown_name(what: str, name: str, known: Iterable[str]) -> str:
-    """'unknown <what> <name>; expected one of ...' with the closest match, for error messages."""
-    names = sorted(known)
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"unknown {what} {name!r}{hint}; expected one of {', '.join(names)}"

@@ -54,7 +54,7 @@ from proxy.core import rfc9111
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.rfc9111 import Headers
 from proxy.core.stats import Counters, snapshot
-from proxy.core.store import Entry, LRUStore
+from proxy.core.store import CacheStore, Entry
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -260,7 +260,7 @@ class CacheEngine:
 
     def __init__(
         self,
-        store: LRUStore,
+        store: CacheStore,
         admission: AdmissionPolicy,
         *,
         hit_for_miss: float = 0.0,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from proxy.core.store import LRUStore
+from proxy.core.store import CacheStore
 from proxy.core.window import FilterStats
 
 METRICS: dict[str, str] = {
@@ -99,7 +99,7 @@ def ratio(part: float, whole: float) -> float:
 
 
 def snapshot(
-    counters: Counters, store: LRUStore, filter_stats: FilterStats | None
+    counters: Counters, store: CacheStore, filter_stats: FilterStats | None
 ) -> dict[str, int | float]:
     """Every metric of ``METRICS`` at this instant, by name."""
     out: dict[str, int | float] = asdict(counters)

@@ -1,17 +1,20 @@
-"""A byte-bounded LRU store that knows which of its writes were ever read.
+"""A byte-bounded store that knows which of its writes were ever read.
 
 Rules this module keeps:
 
-* The bookkeeping is compiled (``proxy.core._native.LRUIndex``, the simulator's too): keys as
-  their 64-bit hash, each with its size, charge and hits, in LRU order. Inserting evicts least
-  recently used entries until the new entry fits; ``bytes_used <= capacity_bytes`` always. The
-  entries themselves stay here, by key hash; an entry whose key is not the one asked for (a
-  hash collision) is a miss, never another key's answer.
+* The bookkeeping is compiled (``proxy.core._native.StoreIndex``, the simulator's too): keys as
+  their 64-bit hash, each with its size, charge and hits, in the order of the eviction policy
+  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``). Inserting evicts until the new entry fits;
+  ``bytes_used <= capacity_bytes`` always. The entries themselves stay here, by key hash; an
+  entry whose key is not the one asked for (a hash collision) is a miss, never another key's
+  answer.
 * An entry is charged its body plus ``entry_overhead`` (the memory of its Python objects,
   measured at about 1.2 KB for an entry with 200 B of headers), its key, and more for header
   text past what that estimate covers, so the capacity bounds memory, not only bodies. With
   ``entry_overhead=0`` only body bytes count, as in most cache simulators.
-* An entry larger than ``max_object_bytes`` (or than the whole store) is never stored.
+* An entry larger than ``max_object_bytes``, or than the whole store, is never stored; with
+  ``s3fifo`` neither is one larger than its small queue (a tenth of the store), as S3-FIFO
+  specifies.
 * Every entry counts its hits. An entry that leaves by eviction with no hit is a *dead write*:
   bytes written that never served anyone. Entries still resident with no hit are reported apart,
   so a run's dead writes are ``evicted_unread + resident_unread``.
@@ -24,7 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.core._native import LRUIndex, hash64
+from proxy.core._native import StoreIndex, hash64
+from proxy.core.names import unknown_name
 
 
 @dataclass(slots=True, eq=False)
@@ -71,11 +75,18 @@ def entry_charge(entry: Entry, overhead: int) -> int:
     return entry.size + overhead + 2 * len(entry.key) + max(0, 3 * text - _HEADER_ALLOWANCE)
 
 
-class LRUStore:
-    """Byte-bounded LRU over ``Entry`` objects with hit and dead-write accounting."""
+EVICTIONS = ("lru", "s3fifo", "sieve")
+
+
+class CacheStore:
+    """Byte-bounded store over ``Entry`` objects with hit and dead-write accounting."""
 
     def __init__(
-        self, capacity_bytes: int, max_object_bytes: int | None = None, entry_overhead: int = 0
+        self,
+        capacity_bytes: int,
+        max_object_bytes: int | None = None,
+        entry_overhead: int = 0,
+        eviction: str = "lru",
     ) -> None:
         if not isinstance(capacity_bytes, int) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
@@ -89,10 +100,15 @@ class LRUStore:
             raise ValueError(
                 f"max_object_bytes must be a positive integer, got {max_object_bytes!r}"
             )
+        if eviction not in EVICTIONS:
+            raise ValueError(unknown_name("eviction", eviction, EVICTIONS))
         self.capacity_bytes = capacity_bytes
         self.entry_overhead = entry_overhead
-        self.max_object_bytes = min(max_object_bytes, capacity_bytes - entry_overhead)
-        self.index = LRUIndex(capacity_bytes)
+        self.eviction = eviction
+        self.index = StoreIndex(capacity_bytes, eviction)
+        self.max_object_bytes = max(
+            0, min(max_object_bytes, self.index.max_charge - entry_overhead)
+        )
         self._entries: dict[int, Entry] = {}
 
     def __len__(self) -> int:
@@ -167,7 +183,7 @@ class LRUStore:
         if charge == entry.charge:
             self.index.touch(h)
             return []
-        if charge > self.capacity_bytes:
+        if charge > self.index.max_charge:
             self.delete(entry.key)
             return []
         return self._put(entry, self.index.hits(h))
@@ -193,7 +209,7 @@ class LRUStore:
 
     def _put(self, entry: Entry, hits: int) -> list[Entry]:
         entry.charge = entry_charge(entry, self.entry_overhead)
-        if entry.size > self.max_object_bytes or entry.charge > self.capacity_bytes:
+        if entry.size > self.max_object_bytes or entry.charge > self.index.max_charge:
             raise ValueError(
                 f"entry of {entry.size} bytes (charged {entry.charge}) does not fit: "
                 f"max_object_bytes={self.max_object_bytes}, capacity_bytes={self.capacity_bytes}"
