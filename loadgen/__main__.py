@@ -26,7 +26,7 @@ from loadgen.simulate import (
 )
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
-from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
 from proxy.units import format_size, parse_duration, parse_size
@@ -165,7 +165,9 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         help="comma-separated sizes: 64MiB, or a percentage of the trace's distinct bytes (1%%)",
     )
     p.add_argument(
-        "--admission", default="always,second-hit", help=f"comma-separated: {', '.join(POLICIES)}"
+        "--admission",
+        default="always,second-hit",
+        help="comma-separated: " + ", ".join(form for _, _, form in POLICIES.values()),
     )
     p.add_argument("--eviction", default="lru", help=f"comma-separated: {', '.join(EVICTIONS)}")
     p.add_argument("--window", default="auto", help="second-hit windows: auto or durations (10m)")
@@ -209,15 +211,16 @@ def admissions(args: argparse.Namespace) -> list[AdmissionConfig]:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     out: list[AdmissionConfig] = []
-    for policy in _split(args.admission):
-        if policy not in POLICIES:
-            raise UsageError(unknown_name("--admission policy", policy, POLICIES))
-        if policy != "second-hit":
-            out.append(replace(base, policy=policy))
-            continue
-        for window in windows:
-            for scale in scales if window == "auto" else [1.0]:
-                out.append(replace(base, policy=policy, window=window, auto_scale=scale))
+    try:
+        for policy in _split(args.admission):
+            if parse_policy(policy)[0] != "second-hit":
+                out.append(replace(base, policy=policy))
+                continue
+            for window in windows:
+                for scale in scales if window == "auto" else [1.0]:
+                    out.append(replace(base, policy=policy, window=window, auto_scale=scale))
+    except ValueError as exc:
+        raise UsageError(f"--admission: {exc}") from None
     return out
 
 

@@ -61,7 +61,7 @@ from loadgen.simulate import (
 from loadgen.trace import Trace, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import read_toml
-from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
 from proxy.core.stats import METRICS, combine
 from proxy.core.store import EVICTIONS
@@ -109,15 +109,16 @@ class PolicySpec:
     balancer: str = "client"
     cache_scale: int = 1  # each instance's cache is the cell's size times this
     eviction: str = "lru"
+    nginx: bool = False  # the peer: nginx proxy_cache_min_uses 2, not onehit
 
     @property
     def simulable(self) -> bool:
         """The simulator models one onehit cache of the cell's size (with either backend:
         they decide alike)."""
-        return self.admission.policy != NGINX and self.instances == 1 and self.cache_scale == 1
+        return not self.nginx and self.instances == 1 and self.cache_scale == 1
 
     def label(self) -> str:
-        if self.admission.policy == NGINX:
+        if self.nginx:
             return "nginx (min_uses 2)"
         if self.instances == 1:
             scaled = f" ({self.cache_scale}x cache)" if self.cache_scale != 1 else ""
@@ -224,8 +225,11 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
     fleet_keys = {"instances", "backend", "balancer", "cache_scale", "eviction"}
     _only(table, {f.name for f in fields(AdmissionConfig)} | fleet_keys, where)
     name = table.get("policy", "second-hit")
-    if name not in POLICIES and name != NGINX:
-        raise ExperimentError(f"{where}: " + unknown_name("policy", name, [*POLICIES, NGINX]))
+    if name != NGINX:
+        try:
+            parse_policy(name)
+        except ValueError as exc:
+            raise ExperimentError(f"{where}: {exc} (or {NGINX!r})") from None
     values = dict(table)
     instances = values.pop("instances", 1)
     backend = values.pop("backend", "memory")
@@ -252,9 +256,14 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
                 values[key] = parse_duration(values[key])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
-    return PolicySpec(
-        AdmissionConfig(**values), instances, backend, balancer, cache_scale, eviction
-    )
+    nginx = values.get("policy") == NGINX
+    if nginx:
+        values["policy"] = "second-hit"  # what nginx's min_uses 2 is compared with
+    try:
+        admission = AdmissionConfig(**values)
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return PolicySpec(admission, instances, backend, balancer, cache_scale, eviction, nginx)
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:
@@ -340,7 +349,7 @@ async def _live_cells(
                     say(f"{workload.name}: nginx is not installed: {spec.label()} is skipped "
                         "(apt-get install nginx to include it)")  # fmt: skip
                     continue
-                if spec.admission.policy == NGINX and nginx_binary() is None:
+                if spec.nginx and nginx_binary() is None:
                     say(f"{workload.name}: nginx is not installed: its cells are skipped "
                         "(apt-get install nginx to include them)")  # fmt: skip
                     continue
@@ -349,7 +358,7 @@ async def _live_cells(
                         "skipped (apt-get install redis-server to include it)")  # fmt: skip
                     continue
                 say(f"{workload.name}: live {spec.label()} @ {label}")
-                if spec.admission.policy == NGINX:
+                if spec.nginx:
                     starter = _nginx(origin_url, size)
                 else:
                     shared = {}

@@ -24,17 +24,15 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.core._native import hash64, hash_ids, simulate_chunk
+from proxy.core._native import Admission, hash64, hash_ids, simulate_chunk
 from proxy.core.admission import (
     AdmissionConfig,
     AdmissionPolicy,
-    AlwaysAdmit,
-    SecondHit,
+    CompiledPolicy,
     make_policy,
 )
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.core.window import WindowedBloomFilter
 from proxy.units import format_size, parse_size
 
 CHUNK = 1 << 16
@@ -160,7 +158,7 @@ def simulate(
     else:
         engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
     store = engine.store
-    window = _compiled_admission(engine.admission)
+    admission_core = _compiled_admission(engine.admission)
     keys = _key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
@@ -174,7 +172,7 @@ def simulate(
         stop = min(total, start + step)
         deltas = simulate_chunk(
             store.index,
-            window,
+            admission_core,
             times[start:stop],
             keys.ids[start:stop],
             sizes[start:stop],
@@ -244,13 +242,11 @@ def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int |
     return out
 
 
-def _compiled_admission(policy: AdmissionPolicy) -> WindowedBloomFilter | None:
-    """The filter the compiled loop consults: None admits everything."""
-    if isinstance(policy, AlwaysAdmit):
-        return None
-    if isinstance(policy, SecondHit):
-        return policy.window
-    raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
+def _compiled_admission(policy: AdmissionPolicy) -> Admission:
+    """The compiled policy the loop drives: the engine's own."""
+    if not isinstance(policy, CompiledPolicy):
+        raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
+    return policy.native
 
 
 @dataclass(frozen=True)

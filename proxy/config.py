@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.core.admission import POLICIES, AdmissionConfig
+from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.store import EVICTIONS
 from proxy.units import parse_duration, parse_size
 
@@ -185,8 +185,7 @@ def _redis_url(value: Any) -> str:
 
 
 def _policy(value: Any) -> str:
-    if value not in POLICIES:
-        raise ValueError(f"expected one of {', '.join(sorted(POLICIES))}")
+    parse_policy(value)
     return value
 
 

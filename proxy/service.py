@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from proxy.admin import admin_app
 from proxy.config import Config
-from proxy.core.admission import SecondHit, make_policy
+from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.server import Proxy
@@ -89,7 +89,7 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     a = config.admission
     if a.backend != "redis":
         return None
-    assert isinstance(engine.admission, SecondHit)
+    assert isinstance(engine.admission, CompiledPolicy) and engine.admission.window is not None
     timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0}
     if a.redis_cluster:  # the node named discovers the others, as RedisCluster.from_url does
         client = RedisCluster.from_url(a.redis_url, **timeouts)

@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
-from proxy.core.admission import SecondHit
+from proxy.core.admission import CompiledPolicy
 from proxy.core.bloom import key_hash, probe_positions
 from proxy.core.window import generation_sizing
 
@@ -183,7 +183,7 @@ class SharedSecondHit:
 
     def __init__(
         self,
-        local: SecondHit,
+        local: CompiledPolicy,
         remote: RedisWindow,
         budget: float = 0.005,
         retry_after: float = 1.0,

@@ -58,7 +58,10 @@ def test_routes_from_the_environment():
         ('[cahce]\nsize = "1MiB"\n', "unknown section [cahce] (did you mean [cache]?)"),
         ('[[routes]]\nhost = "a"\norigin = "ftp://x"\n', "route a origin 'ftp://x': expected an"),
         ("[admission]\nfp_rate = 2\n", "[admission] fp_rate = 2: expected a number between 0"),
-        ('[admission]\npolicy = "lfu"\n', "expected one of always, second-hit"),
+        (
+            '[admission]\npolicy = "lfu"\n',
+            "unknown admission policy 'lfu' (did you mean 'tinylfu'?)",
+        ),
         ('[cache]\neviction = "fifo"\n', "[cache] eviction = 'fifo': expected one of lru, s3fifo"),
         ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
         ('[server]\nlisten = "8080"\n', "expected host:port"),

@@ -108,7 +108,9 @@ def test_stats_name_every_metric_and_filter_health():
 
 def test_unknown_policy_names_the_known_ones_and_a_close_match():
     store = CacheStore(100)
-    with pytest.raises(ValueError, match=r"'second-hit'\?.*always, second-hit"):
+    with pytest.raises(
+        ValueError, match=r"'second-hit'\?.*always, nth-hit:N, probabilistic:P, second-hit"
+    ):
         make_policy(AdmissionConfig(policy="second_hit"), store)
 
 

@@ -43,7 +43,11 @@ def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
         ('mode = "fast"\ncache_sizes = ["1%"]\n[[policies]]\n', "mode = 'fast': expected one of"),
         ('cache_sizes = "1%"\n[[policies]]\n', "cache_sizes must be a list"),
         ('cache_sizes = ["1%"]\n', "at least one [[policies]]"),
-        ('cache_sizes = ["1%"]\n[[policies]]\npolicy = "lfu"\n', "unknown policy 'lfu'"),
+        ('cache_sizes = ["1%"]\n[[policies]]\npolicy = "lfu"\n', "unknown admission policy 'lfu'"),
+        (
+            'cache_sizes = ["1%"]\n[[policies]]\nfp_rate = "0.01"\n',
+            "fp_rate = '0.01': expected a number",
+        ),
         ('cache_sizes = ["1%"]\n[[policies]]\nwindoe = "1m"\n', "did you mean 'window'"),
         ('cache_sizes = ["1%"]\n[[policies]]\n[[workloads]]\nalpha = -1\n', "alpha must be >= 0"),
         ('cache_sizes = ["1%"]\n[[policies]]\n[live]\nconcurency = 2\n', "'concurrency'"),

@@ -57,7 +57,14 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
     ("flags", "message"),
     [
         (["--cache-size", "lots"], "--cache-size: size 'lots' is not a size"),
-        (["--cache-size", "1%", "--admission", "lfu"], "unknown --admission policy 'lfu'"),
+        (
+            ["--cache-size", "1%", "--admission", "lfu"],
+            "--admission: unknown admission policy 'lfu'",
+        ),
+        (
+            ["--cache-size", "1%", "--admission", "nth-hit"],
+            "'nth-hit' needs its parameter: nth-hit:N",
+        ),
         (["--cache-size", "1%", "--window", "soon"], "duration 'soon'"),
         (["--cache-size", "1%", "--sample", "2"], "--sample: a rate is above 0 and at most 1"),
         (["--cache-size", "1%", "--sample", "some"], "--sample: 'some' is not a rate"),

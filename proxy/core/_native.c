@@ -13,7 +13,9 @@
  * - A StoreIndex is a byte-bounded store over 64-bit key hashes, evicting by LRU, SIEVE or
  *   S3-FIFO: sizes, charges, hits and the store time of each entry, and the eviction and
  *   dead-write counts. Callers keep payloads.
- * - simulate_chunk drives a StoreIndex and an optional Window over a trace's arrays with the
+ * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
+ *   probabilistic, size-below).
+ * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the
  *   cache engine's rules for a cacheable response (see loadgen/simulate.py).
  */
 #define PY_SSIZE_T_CLEAN
@@ -1148,6 +1150,385 @@ static PyTypeObject IndexType = {
     .tp_as_sequence = &Index_as_sequence,
 };
 
+/* Admission: which cacheable responses of missed keys are stored. One object per policy,
+ * driven by the proxy (through proxy/core/admission.py) and by the simulator's loop alike.
+ *
+ * - always: everything.
+ * - second-hit: keys already seen in a Window.
+ * - nth-hit:N: keys sighted N times, counted in a count-min sketch (4 rows of 8-bit counters
+ *   saturating at 255) whose counts halve once it has counted as many sightings as it has
+ *   columns: an aging window of about one sketch-width of sightings.
+ * - tinylfu (Einziger et al., TOS 2017): every request is counted, first in a doorkeeper
+ *   Bloom filter and from the second on in the sketch (counters saturate at 15, as 4-bit
+ *   ones would); after ten sketch-widths of counts the sketch halves and the doorkeeper
+ *   clears. A candidate is admitted while the store has room, else only when its estimated
+ *   frequency beats that of the entry the store would evict next.
+ * - probabilistic:p: each miss admitted with probability p (xorshift64*, fixed seed, so a
+ *   run is repeatable and the live proxy and the simulator decide alike).
+ * - size-below:BYTES: responses smaller than BYTES.
+ * The sketch is sized to a power of two at least the keys it is given, and re-sized at a
+ * halving when a sizer (the store's object count) asks for twice or half as many. */
+
+enum { A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW };
+
+static const char *admission_kinds[] = {
+    "always", "second-hit", "nth-hit", "tinylfu", "probabilistic", "size-below",
+};
+
+typedef struct {
+    uint8_t *rows;   /* 4 rows of `width` counters */
+    uint64_t width;  /* a power of two */
+    uint8_t ceiling;
+    long long added;
+    long long period;
+} Sketch;
+
+static int sketch_init(Sketch *s, long long keys, uint8_t ceiling, long long periods) {
+    uint64_t width = 64;
+    while ((long long)width < keys) width *= 2;
+    uint8_t *rows = PyMem_Calloc((size_t)(4 * width), 1);
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(s->rows);
+    s->rows = rows;
+    s->width = width;
+    s->ceiling = ceiling;
+    s->added = 0;
+    s->period = (long long)width * periods;
+    return 0;
+}
+
+static inline uint64_t sketch_slot(const Sketch *s, uint64_t h1, uint64_t h2, int row) {
+    return row * s->width + ((h1 + (uint64_t)row * (h2 | 1)) & (s->width - 1));
+}
+
+static inline int sketch_estimate(const Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = 255;
+    for (int r = 0; r < 4; r++) {
+        int v = s->rows[sketch_slot(s, h1, h2, r)];
+        if (v < least) least = v;
+    }
+    return least;
+}
+
+/* Counts one sighting (conservative update: only the smallest counters grow); returns the
+ * estimate after it. */
+static inline int sketch_add(Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = sketch_estimate(s, h1, h2);
+    if (least < s->ceiling) {
+        for (int r = 0; r < 4; r++) {
+            uint8_t *v = &s->rows[sketch_slot(s, h1, h2, r)];
+            if (*v == least) *v = (uint8_t)(least + 1);
+        }
+        least++;
+    }
+    s->added++;
+    return least;
+}
+
+static void sketch_halve(Sketch *s) {
+    for (uint64_t i = 0; i < 4 * s->width; i++) s->rows[i] >>= 1;
+    s->added = 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    WindowObject *window;
+    IndexObject *index;
+    BloomObject *doorkeeper;
+    PyObject *sizer;
+    Sketch sketch;
+    int threshold;
+    double probability;
+    uint64_t rng;
+    long long limit;
+    long long halvings;
+    long long admitted;
+    long long rejected;
+} AdmissionObject;
+
+static PyTypeObject AdmissionType;
+
+/* At a halving, the sketch follows the sizer's key count when it doubled or halved. */
+static int admission_age(AdmissionObject *a) {
+    Sketch *s = &a->sketch;
+    a->halvings++;
+    if (a->sizer != NULL) {
+        PyObject *r = PyObject_CallNoArgs(a->sizer);
+        if (r == NULL) return -1;
+        long long keys = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        if (keys == -1 && PyErr_Occurred()) return -1;
+        if (keys > (long long)s->width * 2 || keys * 2 < (long long)s->width) {
+            long long periods = s->period / (long long)s->width;
+            if (sketch_init(s, keys, s->ceiling, periods) < 0) return -1;
+            if (a->doorkeeper != NULL && bloom_setup(a->doorkeeper, (long long)s->width, 0.01) < 0)
+                return -1;
+            return 0;
+        }
+    }
+    sketch_halve(s);
+    if (a->doorkeeper != NULL) bloom_clear(a->doorkeeper);
+    return 0;
+}
+
+/* TinyLFU hashes a key from h1 alone: the store index, which names its victim, keeps only h1. */
+static inline uint64_t second_hash(uint64_t h1) { return fmix64(h1 ^ 0x5bd1e9955bd1e995ULL); }
+
+static inline int tinylfu_estimate(const AdmissionObject *a, uint64_t h1) {
+    uint64_t h2 = second_hash(h1);
+    return sketch_estimate(&a->sketch, h1, h2) + bloom_contains(a->doorkeeper, h1, h2);
+}
+
+/* Every request, hit or miss: TinyLFU counts them all. */
+static inline int admission_observe(AdmissionObject *a, uint64_t h1) {
+    if (a->kind != A_TINYLFU) return 0;
+    uint64_t h2 = second_hash(h1);
+    if (bloom_add(a->doorkeeper, h1, h2)) sketch_add(&a->sketch, h1, h2);
+    else a->sketch.added++;
+    if (a->sketch.added >= a->sketch.period) return admission_age(a);
+    return 0;
+}
+
+/* The key the index would evict next, without evicting it; 0 with found = 0 when empty. */
+static uint64_t index_peek_victim(const IndexObject *x, int *found) {
+    int32_t i = -1;
+    switch (x->eviction) {
+    case EV_LRU:
+        i = x->tail[Q_MAIN];
+        break;
+    case EV_SIEVE:
+        i = x->hand >= 0 ? x->hand : x->tail[Q_MAIN];
+        for (long long steps = 0; i >= 0 && x->nodes[i].freq > 0 && steps <= x->count; steps++)
+            i = x->nodes[i].prev >= 0 ? x->nodes[i].prev : x->tail[Q_MAIN];
+        break;
+    default:
+        i = (x->bytes[Q_MAIN] > x->capacity - x->small_capacity || x->tail[Q_SMALL] < 0)
+                ? x->tail[Q_MAIN]
+                : x->tail[Q_SMALL];
+    }
+    *found = i >= 0;
+    return i >= 0 ? x->nodes[i].key : 0;
+}
+
+/* 1 admit, 0 not, -1 error. */
+static int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size,
+                           double now) {
+    int admit = 1;
+    switch (a->kind) {
+    case A_ALWAYS:
+        break;
+    case A_SECOND_HIT:
+        admit = window_seen_before(a->window, h1, h2, now);
+        break;
+    case A_NTH_HIT:
+        admit = sketch_add(&a->sketch, h1, h2) >= a->threshold;
+        if (a->sketch.added >= a->sketch.period && admission_age(a) < 0) return -1;
+        break;
+    case A_TINYLFU: {
+        IndexObject *x = a->index;
+        if (x->used + size <= x->capacity) break;
+        int found;
+        uint64_t victim = index_peek_victim(x, &found);
+        if (!found) break;
+        admit = tinylfu_estimate(a, h1) > tinylfu_estimate(a, victim);
+        break;
+    }
+    case A_PROBABILISTIC: {
+        a->rng ^= a->rng >> 12;
+        a->rng ^= a->rng << 25;
+        a->rng ^= a->rng >> 27;
+        double u = (double)((a->rng * 0x2545F4914F6CDD1DULL) >> 11) * 0x1.0p-53;
+        admit = u < a->probability;
+        break;
+    }
+    default:
+        admit = size < a->limit;
+    }
+    if (admit < 0) return -1;
+    if (admit) a->admitted++; else a->rejected++;
+    return admit;
+}
+
+static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"kind", "window", "index", "keys", "threshold", "probability",
+                             "limit", "sizer", NULL};
+    const char *kind;
+    PyObject *window = Py_None, *index = Py_None, *sizer = Py_None;
+    long long keys = 1024, limit = 0;
+    int threshold = 2;
+    double probability = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLO", kwlist, &kind, &window, &index,
+                                     &keys, &threshold, &probability, &limit, &sizer))
+        return -1;
+    if (self->kind != 0 || self->window != NULL || self->sketch.rows != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "an Admission is initialised once");
+        return -1;
+    }
+    self->kind = -1;
+    for (int k = 0; k < (int)(sizeof(admission_kinds) / sizeof(*admission_kinds)); k++) {
+        if (strcmp(kind, admission_kinds[k]) == 0) self->kind = k;
+    }
+    if (self->kind < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown admission kind %s", kind);
+        return -1;
+    }
+    if (self->kind == A_SECOND_HIT) {
+        if (!PyObject_TypeCheck(window, &WindowType)) {
+            PyErr_SetString(PyExc_TypeError, "second-hit needs a window");
+            return -1;
+        }
+        Py_INCREF(window);
+        self->window = (WindowObject *)window;
+    }
+    if (self->kind == A_TINYLFU) {
+        if (!PyObject_TypeCheck(index, &IndexType)) {
+            PyErr_SetString(PyExc_TypeError, "tinylfu needs the store's index");
+            return -1;
+        }
+        Py_INCREF(index);
+        self->index = (IndexObject *)index;
+    }
+    if (self->kind == A_NTH_HIT || self->kind == A_TINYLFU) {
+        int tiny = self->kind == A_TINYLFU;
+        if (sketch_init(&self->sketch, keys, tiny ? 15 : 255, tiny ? 10 : 1) < 0) return -1;
+        if (tiny) {
+            self->doorkeeper = bloom_new((long long)self->sketch.width, 0.01);
+            if (self->doorkeeper == NULL) return -1;
+        }
+        if (sizer != Py_None) {
+            Py_INCREF(sizer);
+            self->sizer = sizer;
+        }
+    }
+    if (self->kind == A_NTH_HIT && (threshold < 1 || threshold > 255)) {
+        PyErr_Format(PyExc_ValueError, "nth-hit counts 1 to 255 sightings, got %d", threshold);
+        return -1;
+    }
+    self->threshold = threshold;
+    self->probability = probability;
+    self->rng = 0x9e3779b97f4a7c15ULL;
+    self->limit = limit;
+    return 0;
+}
+
+static int Admission_traverse(AdmissionObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->window);
+    Py_VISIT(self->index);
+    Py_VISIT(self->sizer);
+    return 0;
+}
+
+static int Admission_clear_refs(AdmissionObject *self) {
+    Py_CLEAR(self->window);
+    Py_CLEAR(self->index);
+    Py_CLEAR(self->sizer);
+    return 0;
+}
+
+static void Admission_dealloc(AdmissionObject *self) {
+    PyObject_GC_UnTrack(self);
+    Admission_clear_refs(self);
+    Py_XDECREF(self->doorkeeper);
+    PyMem_Free(self->sketch.rows);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Admission_admit(AdmissionObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "admit(key, size, now)");
+        return NULL;
+    }
+    uint64_t h1, h2;
+    if (hash_key(args[0], &h1, &h2) < 0) return NULL;
+    long long size = PyLong_AsLongLong(args[1]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    double now;
+    if (window_now(args[2], &now) < 0) return NULL;
+    int admit = admission_admit(self, h1, h2, size, now);
+    if (admit < 0) return NULL;
+    return PyBool_FromLong(admit);
+}
+
+static PyObject *Admission_observe(AdmissionObject *self, PyObject *key) {
+    uint64_t h1, h2;
+    if (hash_key(key, &h1, &h2) < 0) return NULL;
+    if (admission_observe(self, h1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Admission_estimate(AdmissionObject *self, PyObject *key) {
+    uint64_t h1, h2;
+    if (hash_key(key, &h1, &h2) < 0) return NULL;
+    if (self->kind == A_TINYLFU) return PyLong_FromLong(tinylfu_estimate(self, h1));
+    if (self->kind == A_NTH_HIT) return PyLong_FromLong(sketch_estimate(&self->sketch, h1, h2));
+    PyErr_SetString(PyExc_TypeError, "only nth-hit and tinylfu count sightings");
+    return NULL;
+}
+
+static PyObject *Admission_reset(AdmissionObject *self, PyObject *unused) {
+    if (self->sketch.rows != NULL) {
+        memset(self->sketch.rows, 0, (size_t)(4 * self->sketch.width));
+        self->sketch.added = 0;
+    }
+    if (self->doorkeeper != NULL) bloom_clear(self->doorkeeper);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Admission_sketch_bytes(AdmissionObject *self, void *closure) {
+    long long bytes = (long long)(4 * self->sketch.width) * (self->sketch.rows != NULL);
+    if (self->doorkeeper != NULL) bytes += self->doorkeeper->nbytes;
+    return PyLong_FromLongLong(bytes);
+}
+
+static PyObject *Admission_kind(AdmissionObject *self, void *closure) {
+    return PyUnicode_FromString(admission_kinds[self->kind]);
+}
+
+static PyMethodDef Admission_methods[] = {
+    {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
+     "admit(key, size, now): whether a missed key's cacheable response is stored."},
+    {"observe", (PyCFunction)Admission_observe, METH_O,
+     "Count one request of key, hit or miss (TinyLFU counts them all; others ignore it)."},
+    {"estimate", (PyCFunction)Admission_estimate, METH_O, "A key's counted sightings."},
+    {"reset", (PyCFunction)Admission_reset, METH_NOARGS, "Forget every count."},
+    {NULL},
+};
+
+static PyGetSetDef Admission_getset[] = {
+    {"kind", (getter)Admission_kind, NULL, "The policy's kind.", NULL},
+    {"sketch_bytes", (getter)Admission_sketch_bytes, NULL,
+     "Bytes of the sketch and doorkeeper.", NULL},
+    {NULL},
+};
+
+static PyMemberDef Admission_members[] = {
+    {"halvings", T_LONGLONG, offsetof(AdmissionObject, halvings), READONLY,
+     "times the sketch aged (halved, or was re-sized)"},
+    {"admitted", T_LONGLONG, offsetof(AdmissionObject, admitted), READONLY, ""},
+    {"rejected", T_LONGLONG, offsetof(AdmissionObject, rejected), READONLY, ""},
+    {NULL},
+};
+
+static PyTypeObject AdmissionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.core._native.Admission",
+    .tp_basicsize = sizeof(AdmissionObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "An admission policy (see the module's rules).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Admission_init,
+    .tp_dealloc = (destructor)Admission_dealloc,
+    .tp_traverse = (traverseproc)Admission_traverse,
+    .tp_clear = (inquiry)Admission_clear_refs,
+    .tp_methods = Admission_methods,
+    .tp_members = Admission_members,
+    .tp_getset = Admission_getset,
+};
+
 /* The simulator's loop. */
 
 enum {
@@ -1190,29 +1571,22 @@ static int format_decimal(char *out, uint64_t v) {
 }
 
 static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"index", "window", "times", "ids", "sizes", "prefix",
+    static char *kwlist[] = {"index", "admission", "times", "ids", "sizes", "prefix",
                              "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
                              "names_h1", "names_h2", "names_chars", NULL};
-    PyObject *index_obj, *window_obj, *times_obj, *ids_obj, *sizes_obj;
+    PyObject *index_obj, *admission_obj, *times_obj, *ids_obj, *sizes_obj;
     PyObject *nh1_obj = Py_None, *nh2_obj = Py_None, *nchars_obj = Py_None;
     Py_buffer prefix;
     long long prefix_chars, overhead, max_object;
     double ttl;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOy*LdLL|OOO", kwlist, &IndexType,
-                                     &index_obj, &window_obj, &times_obj, &ids_obj, &sizes_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOy*LdLL|OOO", kwlist, &IndexType,
+                                     &index_obj, &AdmissionType, &admission_obj, &times_obj,
+                                     &ids_obj, &sizes_obj,
                                      &prefix, &prefix_chars, &ttl, &overhead, &max_object,
                                      &nh1_obj, &nh2_obj, &nchars_obj))
         return NULL;
     IndexObject *x = (IndexObject *)index_obj;
-    WindowObject *w = NULL;
-    if (window_obj != Py_None) {
-        if (!PyObject_TypeCheck(window_obj, &WindowType)) {
-            PyBuffer_Release(&prefix);
-            PyErr_SetString(PyExc_TypeError, "window must be a Window or None");
-            return NULL;
-        }
-        w = (WindowObject *)window_obj;
-    }
+    AdmissionObject *a = (AdmissionObject *)admission_obj;
     Py_buffer tv, iv, sv, h1v = {0}, h2v = {0}, cv = {0};
     int named = nh1_obj != Py_None;
     PyObject *result = NULL;
@@ -1276,6 +1650,10 @@ static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *k
             chars = prefix_chars + digits;
         }
         c[C_REQUESTS]++;
+        if (a->kind == A_TINYLFU && admission_observe(a, h1) < 0) {
+            PyMem_Free(key);
+            goto done;
+        }
         int32_t i = index_find(x, h1);
         if (i >= 0) {
             index_touch(x, i);
@@ -1297,13 +1675,13 @@ static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *k
             c[C_TOO_LARGE]++;
             continue;
         }
-        if (i < 0 && w != NULL) {
-            int seen = window_seen_before(w, h1, h2, now);
-            if (seen < 0) {
+        if (i < 0) {
+            int admit = admission_admit(a, h1, h2, size, now);
+            if (admit < 0) {
                 PyMem_Free(key);
                 goto done;
             }
-            if (!seen) {
+            if (!admit) {
                 c[C_REJECTED]++;
                 c[C_BYTES_NOT_WRITTEN] += size;
                 continue;
@@ -1482,7 +1860,7 @@ static PyMethodDef module_methods[] = {
      "footprint(ids, sizes): (distinct objects, their bytes at each one's largest size)."},
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
      METH_VARARGS | METH_KEYWORDS,
-     "Replay requests through a StoreIndex and an optional Window; returns counter deltas."},
+     "Replay requests through a StoreIndex and an Admission; returns counter deltas."},
     {NULL},
 };
 
@@ -1492,13 +1870,14 @@ static struct PyModuleDef native_module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&BloomType) < 0 || PyType_Ready(&WindowType) < 0 ||
-        PyType_Ready(&IndexType) < 0)
+        PyType_Ready(&IndexType) < 0 || PyType_Ready(&AdmissionType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Bloom", (PyObject *)&BloomType) < 0 ||
         PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
-        PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0) {
+        PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0 ||
+        PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -2,12 +2,25 @@
 
 Rules this module keeps:
 
-* A policy is asked once per cacheable response of a missed key (``admit``); hits never reach it.
-* ``always`` admits everything: plain LRU, the baseline every report compares against.
-* ``second-hit`` admits a key only if it was already seen within the window: the first miss
-  records it and says no. Concurrent misses of one key are separate sightings.
-* Policies are chosen by name from ``POLICIES``; an unknown name is an error that lists the known
-  ones and the closest match.
+* A policy is asked once per cacheable response of a missed key (``admit``). Only a policy
+  that ``observes`` (TinyLFU) also counts every request, hits included.
+* The policies, each compiled (``proxy.core._native.Admission``, where its guarantees are
+  stated), and the memory each keeps per key:
+  - ``always`` admits everything: plain LRU, the baseline every report compares against.
+  - ``second-hit`` admits a key only if it was already seen within the window: the first miss
+    records it and says no. Concurrent misses of one key are separate sightings. About 10
+    bits per key remembered (two generations, 1% false positives).
+  - ``nth-hit:N`` admits a key on its Nth sighting, counted in a count-min sketch that halves
+    its counts every sketch-width of sightings ("nginx ``proxy_cache_min_uses N``" in 4 bytes
+    per column, without a zone of 128 bytes per key).
+  - ``tinylfu`` admits a candidate only when it has been requested more often than the entry
+    it would evict (a doorkeeper Bloom filter, then a 4-row sketch; 4 bytes per column and
+    about 1.2 bytes per key of doorkeeper).
+  - ``probabilistic:P`` admits each miss with probability P; ``size-below:BYTES`` admits
+    responses smaller than BYTES. No memory per key: the baselines papers compare with.
+* A policy is named by ``parse_policy``: the one definition of names and parameters that
+  the proxy's config, the simulator's flags and experiment files all use. An unknown name is
+  an error that lists the known ones and the closest match.
 * ``window="auto"`` sizes each filter generation for the number of objects the cache holds when
   full (read from the store at every rotation, smoothed, clamped to ``[min_keys, max_keys]``, times
   ``auto_scale``), so what is remembered follows the cache's turnover. ``max_window`` seconds still
@@ -21,20 +34,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from proxy.core._native import Admission
 from proxy.core.names import unknown_name
 from proxy.core.store import CacheStore
 from proxy.core.window import FilterStats, WindowedBloomFilter
+from proxy.units import parse_size
 
 
 class AdmissionPolicy(Protocol):
     name: str
+    observes: bool
 
     def admit(self, key: str, size: int, now: float) -> bool:
         """True if a cacheable response of ``size`` bytes for missed ``key`` should be stored."""
         ...
 
+    def observe(self, key: str) -> None:
+        """Count one request of ``key``, hit or miss; called only when ``observes``."""
+        ...
+
     def filter_stats(self) -> FilterStats | None:
         """Health of the policy's filter, if it has one."""
+        ...
+
+    def policy_stats(self) -> dict[str, int]:
+        """The policy's own state: its sketch's bytes and halvings, its decisions."""
         ...
 
     def reset(self, now: float) -> None:
@@ -42,37 +66,36 @@ class AdmissionPolicy(Protocol):
         ...
 
 
-class AlwaysAdmit:
-    """CacheStore every cacheable response: plain LRU."""
+class CompiledPolicy:
+    """A policy of the compiled core (``proxy.core._native.Admission``), which the simulator's
+    loop drives directly; ``window`` is second hit's filter."""
 
-    name = "always"
-
-    def admit(self, key: str, size: int, now: float) -> bool:
-        return True
-
-    def filter_stats(self) -> None:
-        return None
-
-    def reset(self, now: float) -> None:
-        return None
-
-
-class SecondHit:
-    """CacheStore a response only when its key was already seen inside the window."""
-
-    name = "second-hit"
-
-    def __init__(self, window: WindowedBloomFilter) -> None:
+    def __init__(
+        self, name: str, native: Admission, window: WindowedBloomFilter | None = None
+    ) -> None:
+        self.name = name
+        self.native = native
         self.window = window
+        self.observes = native.kind == "tinylfu"
+        self.admit = native.admit
+        self.observe = native.observe
 
-    def admit(self, key: str, size: int, now: float) -> bool:
-        return self.window.seen_before(key, now)
+    def filter_stats(self) -> FilterStats | None:
+        return self.window.stats() if self.window is not None else None
 
-    def filter_stats(self) -> FilterStats:
-        return self.window.stats()
+    def policy_stats(self) -> dict[str, int]:
+        n = self.native
+        return {
+            "sketch_bytes": n.sketch_bytes,
+            "sketch_halvings": n.halvings,
+            "policy_admitted": n.admitted,
+            "policy_rejected": n.rejected,
+        }
 
     def reset(self, now: float) -> None:
-        self.window.clear(now)
+        if self.window is not None:
+            self.window.clear(now)
+        self.native.reset()
 
 
 class TurnoverSizer:
@@ -130,8 +153,29 @@ class AdmissionConfig:
     min_keys: int = 1024
     max_keys: int = 50_000_000
 
+    def __post_init__(self) -> None:
+        """Every setting checked where it is made, whoever makes it (the proxy's config, the
+        simulator's flags, an experiment file): ValueError names the setting."""
+        parse_policy(self.policy)
+        if self.window != "auto" and not _positive(self.window):
+            raise ValueError(f"window = {self.window!r}: expected 'auto' or a positive duration")
+        for name in ("capacity", "min_keys", "max_keys"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} = {value!r}: expected a whole number >= 1")
+        if not isinstance(self.generations, int) or self.generations < 2:
+            raise ValueError(f"generations = {self.generations!r}: expected a whole number >= 2")
+        if not _number(self.fp_rate) or not 0 < self.fp_rate < 1:
+            raise ValueError(f"fp_rate = {self.fp_rate!r}: expected a number between 0 and 1")
+        for name in ("max_window", "auto_scale"):
+            if not _positive(getattr(self, name)):
+                raise ValueError(f"{name} = {getattr(self, name)!r}: expected a positive number")
+        if self.min_keys > self.max_keys:
+            raise ValueError(f"min_keys = {self.min_keys} is above max_keys = {self.max_keys}")
+
     def label(self) -> str:
-        """A short name for reports: ``always``, ``second-hit(auto)``, ``second-hit(auto x2)``..."""
+        """A short name for reports: ``always``, ``second-hit(auto)``, ``second-hit(auto x2)``,
+        ``nth-hit:3``..."""
         if self.policy != "second-hit":
             return self.policy
         if self.window != "auto":
@@ -139,6 +183,14 @@ class AdmissionConfig:
         if self.auto_scale == 1.0:
             return f"{self.policy}(auto)"
         return f"{self.policy}(auto x{self.auto_scale:g})"
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _positive(value: object) -> bool:
+    return _number(value) and 0 < value < math.inf  # type: ignore[operator]
 
 
 def _seconds_label(seconds: float) -> str:
@@ -149,18 +201,13 @@ def _seconds_label(seconds: float) -> str:
 
 
 def _always(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
-    return AlwaysAdmit()
+    return CompiledPolicy("always", Admission("always"))
 
 
 def _second_hit(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     g = config.generations
     if config.window == "auto":
-        sizer = TurnoverSizer(
-            store.estimated_capacity_objects,
-            scale=config.auto_scale,
-            min_keys=config.min_keys,
-            max_keys=config.max_keys,
-        )
+        sizer = _turnover(config, store)
         window = WindowedBloomFilter(
             sizer.initial() * (g - 1), config.fp_rate, config.max_window, g, sizer=sizer
         )
@@ -169,19 +216,108 @@ def _second_hit(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
         if not seconds > 0 or math.isinf(seconds):
             raise ValueError(f"window must be 'auto' or a positive duration, got {config.window!r}")
         window = WindowedBloomFilter(config.capacity, config.fp_rate, seconds, g)
-    return SecondHit(window)
+    return CompiledPolicy("second-hit", Admission("second-hit", window=window), window)
 
 
-POLICIES: dict[str, Callable[[AdmissionConfig, CacheStore], AdmissionPolicy]] = {
-    "always": _always,
-    "second-hit": _second_hit,
-}
+def _turnover(config: AdmissionConfig, store: CacheStore) -> TurnoverSizer:
+    return TurnoverSizer(
+        store.estimated_capacity_objects,
+        scale=config.auto_scale,
+        min_keys=config.min_keys,
+        max_keys=config.max_keys,
+    )
+
+
+def _sketch_keys(config: AdmissionConfig, store: CacheStore) -> tuple[int, TurnoverSizer | None]:
+    """Columns of a sketch, and what re-sizes it: the cache's objects when the window is
+    ``auto``, else the configured key capacity."""
+    if config.window == "auto":
+        sizer = _turnover(config, store)
+        return sizer.initial(), sizer
+    return config.capacity, None
+
+
+def _nth_hit(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    _, n = parse_policy(config.policy)
+    keys, sizer = _sketch_keys(config, store)
+    native = Admission("nth-hit", keys=keys, threshold=int(n), sizer=sizer)
+    return CompiledPolicy(config.policy, native)
+
+
+def _tinylfu(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    keys, sizer = _sketch_keys(config, store)
+    native = Admission("tinylfu", index=store.index, keys=keys, sizer=sizer)
+    return CompiledPolicy("tinylfu", native)
+
+
+def _probabilistic(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    _, p = parse_policy(config.policy)
+    return CompiledPolicy(config.policy, Admission("probabilistic", probability=float(p)))
+
+
+def _size_below(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    _, limit = parse_policy(config.policy)
+    return CompiledPolicy(config.policy, Admission("size-below", limit=int(limit)))
+
+
+def _whole_number(text: str) -> int:
+    if not text.isdecimal() or not 1 <= int(text) <= 255:
+        raise ValueError("N is a whole number from 1 to 255, as in nth-hit:3")
+    return int(text)
+
+
+def _probability(text: str) -> float:
+    try:
+        p = float(text)
+    except ValueError:
+        p = -1.0
+    if not 0.0 < p <= 1.0:
+        raise ValueError("P is a probability above 0 and at most 1, as in probabilistic:0.1")
+    return p
+
+
+def _bytes(text: str) -> int:
+    size = parse_size(text)
+    if size < 1:
+        raise ValueError("BYTES is a size of at least one byte, as in size-below:64KiB")
+    return size
+
+
+# name -> (factory, parameter parser or None, the name written with its parameter)
+POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolicy],
+                          Callable[[str], float] | None, str]] = {
+    "always": (_always, None, "always"),
+    "second-hit": (_second_hit, None, "second-hit"),
+    "nth-hit": (_nth_hit, _whole_number, "nth-hit:N"),
+    "tinylfu": (_tinylfu, None, "tinylfu"),
+    "probabilistic": (_probabilistic, _probability, "probabilistic:P"),
+    "size-below": (_size_below, _bytes, "size-below:BYTES"),
+}  # fmt: skip
+
+
+def parse_policy(text: object) -> tuple[str, float | None]:
+    """(name, parameter) of a policy written ``name`` or ``name:parameter``; ValueError says
+    what is wrong, listing the known policies for an unknown name."""
+    if not isinstance(text, str):
+        raise ValueError(f"a policy is a name like 'second-hit' or 'nth-hit:3', got {text!r}")
+    name, _, arg = text.partition(":")
+    if name not in POLICIES:
+        forms = [form for _, _, form in POLICIES.values()]
+        raise ValueError(unknown_name("admission policy", text, forms))
+    _, parse, form = POLICIES[name]
+    if parse is None:
+        if arg:
+            raise ValueError(f"admission policy {name!r} takes no parameter, got {text!r}")
+        return name, None
+    if not arg:
+        raise ValueError(f"admission policy {name!r} needs its parameter: {form}")
+    try:
+        return name, parse(arg)
+    except ValueError as exc:
+        raise ValueError(f"admission policy {text!r}: {exc}") from None
 
 
 def make_policy(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     """The policy ``config.policy`` names, wired to ``store``; ValueError names the known ones."""
-    try:
-        factory = POLICIES[config.policy]
-    except KeyError:
-        raise ValueError(unknown_name("admission policy", config.policy, POLICIES)) from None
-    return factory(config, store)
+    name, _ = parse_policy(config.policy)
+    return POLICIES[name][0](config, store)

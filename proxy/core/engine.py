@@ -288,6 +288,8 @@ class CacheEngine:
             c.bypass += 1
             return METHOD_BYPASS
         c.requests += 1
+        if self.admission.observes:
+            self.admission.observe(request.key)
         entry = self.store.get(self._store_key(request))
         if entry is None:
             c.misses += 1
@@ -607,7 +609,10 @@ class CacheEngine:
 
     def stats(self) -> dict[str, int | float]:
         """Every metric at this instant (see ``proxy.core.stats.METRICS``)."""
-        return snapshot(self.counters, self.store, self.admission.filter_stats())
+        admission = self.admission
+        return snapshot(
+            self.counters, self.store, admission.filter_stats(), admission.policy_stats()
+        )
 
     def variant_index_size(self) -> int:
         """Store keys the Vary index holds: never more than the stored variants."""

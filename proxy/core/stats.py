@@ -48,6 +48,10 @@ METRICS: dict[str, str] = {
     "rotations": "filter generation rotations",
     "forced_rotations": "rotations because a generation reached its key share early",
     "filter_bytes": "memory of the filter's bit arrays",
+    "sketch_bytes": "memory of the admission policy's count sketch and doorkeeper",
+    "sketch_halvings": "times the count sketch aged (halved its counts, or was re-sized)",
+    "policy_admitted": "misses the admission policy admitted",
+    "policy_rejected": "misses the admission policy kept out",
 }
 
 
@@ -62,6 +66,7 @@ GAUGES = frozenset(
         "filter_fill",
         "filter_fp_estimate",
         "filter_bytes",
+        "sketch_bytes",
         "dead_writes",
         "dead_bytes",
     }
@@ -99,10 +104,16 @@ def ratio(part: float, whole: float) -> float:
 
 
 def snapshot(
-    counters: Counters, store: CacheStore, filter_stats: FilterStats | None
+    counters: Counters,
+    store: CacheStore,
+    filter_stats: FilterStats | None,
+    policy_stats: dict[str, int] | None = None,
 ) -> dict[str, int | float]:
     """Every metric of ``METRICS`` at this instant, by name."""
     out: dict[str, int | float] = asdict(counters)
+    out.update(dict.fromkeys(("sketch_bytes", "sketch_halvings", "policy_admitted",
+                              "policy_rejected"), 0))  # fmt: skip
+    out.update(policy_stats or {})
     out["hit_ratio"] = ratio(counters.hits, counters.requests)
     out["byte_hit_ratio"] = ratio(counters.hit_bytes, counters.bytes_served)
     out["writes_saved"] = ratio(
