@@ -14,7 +14,10 @@ COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting
 
 
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve"])
-@pytest.mark.parametrize("admission", ["always", "second-hit"])
+@pytest.mark.parametrize(
+    "admission",
+    ["always", "second-hit", "nth-hit:3", "tinylfu", "probabilistic:0.5", "size-below:4KiB"],
+)
 async def test_live_and_simulated_counters_agree_exactly(
     origin, start_proxy, client, admission, eviction
 ):
@@ -45,4 +48,4 @@ async def test_live_and_simulated_counters_agree_exactly(
     sim = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction).stats
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert live["hits"] > 0 and live["evictions"] > 0
-    assert (live["rejected_first_sighting"] > 0) == (admission == "second-hit")
+    assert (live["rejected_first_sighting"] > 0) == (admission != "always")

@@ -1,0 +1,101 @@
+"""The admission family: each policy's stated guarantee, pinned directly on the compiled core."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.core._native import Admission, StoreIndex, hash64
+from proxy.core.admission import AdmissionConfig, make_policy, parse_policy
+from proxy.core.store import CacheStore
+
+
+@settings(max_examples=100)
+@given(st.integers(1, 6), st.lists(st.integers(0, 40), max_size=200))
+def test_nth_hit_admits_exactly_on_the_nth_sighting_while_nothing_ages(n, keys):
+    policy = Admission("nth-hit", keys=1 << 16, threshold=n)  # far more columns than sightings
+    seen: dict[int, int] = {}
+    for key in keys:
+        seen[key] = seen.get(key, 0) + 1
+        assert policy.admit(f"/k{key}", 100, 0.0) == (seen[key] >= n)
+    assert policy.halvings == 0
+
+
+def test_nth_hit_forgets_by_halving_after_a_sketch_width_of_sightings():
+    policy = Admission("nth-hit", keys=64, threshold=3)
+    assert [policy.admit("/a", 1, 0.0) for _ in range(2)] == [False, False]
+    for i in range(64):  # a sketch-width of other sightings: the counts halve
+        policy.admit(f"/other{i}", 1, 0.0)
+    assert policy.halvings == 1
+    assert policy.estimate("/a") == 1
+    assert policy.admit("/a", 1, 0.0) is False  # 1 + 1: its third sighting came too late
+
+
+def test_tinylfu_admits_while_there_is_room_then_only_what_beats_the_victim():
+    index = StoreIndex(300)
+    policy = Admission("tinylfu", index=index, keys=1024)
+    for key in ("/a", "/b", "/c"):
+        policy.observe(key)
+        assert policy.admit(key, 100, 0.0)
+        index.put(hash64(key)[0], 100, 100, 0)
+    for _ in range(3):
+        policy.observe("/hot")
+    policy.observe("/cold")
+    assert policy.estimate("/hot") > policy.estimate("/a") >= policy.estimate("/cold")
+    assert policy.admit("/hot", 100, 0.0), "more frequent than the LRU victim /a"
+    assert not policy.admit("/cold", 100, 0.0), "no more frequent than the victim"
+
+
+def test_tinylfu_ages_its_sketch_after_ten_widths_of_requests():
+    policy = Admission("tinylfu", index=StoreIndex(1000), keys=64)
+    for _ in range(5):
+        policy.observe("/hot")
+    for i in range(640):
+        policy.observe(f"/scan{i}")
+    assert policy.halvings == 1
+    assert 1 <= policy.estimate("/hot") <= 2  # 4 in the sketch, halved; the doorkeeper cleared
+
+
+def test_probabilistic_admits_its_share_and_repeats_itself():
+    first, second = (
+        Admission("probabilistic", probability=0.25),
+        Admission("probabilistic", probability=0.25),
+    )
+    a = [first.admit(f"/k{i}", 1, 0.0) for i in range(20_000)]
+    b = [second.admit(f"/k{i}", 1, 0.0) for i in range(20_000)]
+    assert a == b, "a fixed seed: the proxy and the simulator decide alike"
+    assert 0.23 < sum(a) / len(a) < 0.27
+
+
+def test_size_below_admits_only_smaller_responses():
+    policy = Admission("size-below", limit=1000)
+    assert policy.admit("/small", 999, 0.0) and not policy.admit("/big", 1000, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("always", ("always", None)),
+        ("nth-hit:3", ("nth-hit", 3)),
+        ("probabilistic:0.1", ("probabilistic", 0.1)),
+        ("size-below:64KiB", ("size-below", 65536)),
+    ],
+)
+def test_policy_names_carry_their_parameter(text, parsed):
+    assert parse_policy(text) == parsed
+    assert make_policy(AdmissionConfig(policy=text), CacheStore(10_000)).name == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("nth-hit", "needs its parameter: nth-hit:N"),
+        ("nth-hit:0", "N is a whole number from 1 to 255"),
+        ("probabilistic:2", "P is a probability above 0 and at most 1"),
+        ("size-below:lots", "size 'lots' is not a size"),
+        ("always:1", "takes no parameter"),
+        ("tiny-lfu", "did you mean 'tinylfu'"),
+    ],
+)
+def test_bad_policy_names_say_what_is_wrong(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_policy(text)
