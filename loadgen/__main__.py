@@ -307,6 +307,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
+        if finding := report.verdict(cells):
+            print(finding)
         print(report.text_table(cells))
     if args.report_dir:
         for path in report.write_report(args.report_dir, doc):

@@ -103,6 +103,32 @@ def _by_size(
     return _save(fig, directory / f"{name}.png")
 
 
+def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
+    """Hit ratio against bytes written, one point per cache size, a line per policy: the
+    trade-off a flash-backed cache decides on (up and to the left is better)."""
+    simulated = [c for c in cells if c["mode"] == "simulate" and c["stats"]["bytes_written"]]
+    if not simulated:
+        return None
+    workloads = sorted({c["workload"] for c in simulated})
+    palette = colours(cells)
+    fig, axes = _figure(len(workloads))
+    for ax, workload in zip(axes, workloads, strict=True):
+        for (w, _, policy), group in sorted(_series(simulated).items()):
+            if w != workload:
+                continue
+            xs = [c["stats"]["bytes_written"] for c in group]
+            ys = [c["stats"]["hit_ratio"] for c in group]
+            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        ax.set_xlabel("bytes written to the cache (log scale; one point per cache size)")
+        ax.set_ylabel("hit ratio (hits / requests)")
+        ax.set_title(f"{workload}: hit ratio against writes")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, directory / "hit-ratio-vs-bytes-written.png")
+
+
 def _binary_ticks(ax: Any) -> None:
     """Y ticks at round multiples of KiB, MiB or GiB (powers of ten read badly in binary)."""
     low, high = ax.get_ylim()
@@ -242,6 +268,7 @@ def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
             "bytes written to the cache",
             True,
         ),
+        _tradeoff(cells, directory),
         _over_time(cells, directory),
         _latency(cells, directory),
         _filter_health(cells, directory),

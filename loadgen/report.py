@@ -82,11 +82,13 @@ def _space_text(c: Cell) -> str:
     return f"{saved:.0%}"
 
 
-def _row(c: Cell) -> list[str]:
+def _row(c: Cell, best: frozenset[tuple[int, str]] = frozenset()) -> list[str]:
+    """One table row; ``best`` holds the (cell id, metric) pairs to mark with ``*``."""
     s = c["stats"]
 
     def show(name: str, fmt: Callable[[Any], str]) -> str:
-        return "n/a" if s.get(name) is None else fmt(s[name])
+        text = "n/a" if s.get(name) is None else fmt(s[name])
+        return f"*{text}" if (id(c), name) in best else text
 
     return [
         c["policy"],
@@ -99,6 +101,55 @@ def _row(c: Cell) -> list[str]:
         show("writes_saved", "{:.1%}".format),
         _space_text(c),
     ]
+
+
+def _best(group: Sequence[Cell]) -> frozenset[tuple[int, str]]:
+    """Per cache size with more than one policy: the best hit ratio and the fewest bytes
+    written (ties all marked)."""
+    marks = set()
+    by_size: dict[int, list[Cell]] = defaultdict(list)
+    for c in group:
+        by_size[c["cache_bytes"]].append(c)
+    for at_size in by_size.values():
+        if len(at_size) < 2:
+            continue
+        for name, pick in (("hit_ratio", max), ("bytes_written", min)):
+            values = [c["stats"].get(name) for c in at_size if c["stats"].get(name) is not None]
+            if values:
+                chosen = pick(values)
+                marks |= {(id(c), name) for c in at_size if c["stats"].get(name) == chosen}
+    return frozenset(marks)
+
+
+def rows(group: Sequence[Cell]) -> list[list[str]]:
+    """The table rows of one (workload, mode) group, best values marked with ``*``."""
+    best = _best(group)
+    return [_row(c, best) for c in group]
+
+
+def verdict(cells: Sequence[Cell]) -> str | None:
+    """The report's finding in a sentence: at the middle size swept, what the policy with the
+    best hit ratio did against plain LRU, for each simulated (else live) workload."""
+    sentences = []
+    for (workload, mode), group in _groups(cells).items():
+        if mode == "live" and any(c["mode"] == "simulate" for c in cells):
+            continue
+        sizes = sorted({c["cache_bytes"] for c in group})
+        at = [c for c in group if c["cache_bytes"] == sizes[len(sizes) // 2]]
+        lru = next((c for c in at if c["policy"] == BASELINE), None)
+        others = [c for c in at if c["policy"] != BASELINE]
+        if lru is None or not others:
+            continue
+        best = max(others, key=lambda c: c["stats"]["hit_ratio"])
+        before, after = lru["stats"]["hit_ratio"], best["stats"]["hit_ratio"]
+        change = "raised" if after > before else "lowered" if after < before else "kept"
+        written = best["stats"]["bytes_written"] / max(1, lru["stats"]["bytes_written"])
+        sentences.append(
+            f"{workload}: with a cache of {best['cache']}, {best['policy']} {change} the hit "
+            f"ratio from {before:.3f} (plain LRU) to {after:.3f} and wrote {written:.0%} of "
+            "LRU's bytes."
+        )
+    return " ".join(sentences) or None
 
 
 def _groups(cells: Iterable[Cell]) -> dict[tuple[str, str], list[Cell]]:
@@ -115,7 +166,7 @@ def text_table(cells: Sequence[Cell]) -> str:
     for (workload, mode), group in groups.items():
         if len(groups) > 1:
             out.append(f"\n{workload} ({mode})")
-        out.append(aligned(COLUMNS, [_row(c) for c in group], left=2))
+        out.append(aligned(COLUMNS, rows(group), left=2))
     return "\n".join(out).lstrip("\n")
 
 
@@ -218,13 +269,16 @@ AGREEMENT = ["workload", "policy", "cache", "live hit ratio", "simulated", "gap"
 def summary_markdown(results: dict[str, Any]) -> str:
     cells = results["cells"]
     parts = [f"# {results.get('title', 'onehit report')}", ""]
+    if finding := verdict(cells):
+        parts += [finding, ""]
     parts += [f"- {k}: {v}" for k, v in results.get("meta", {}).items()]
-    if rows := headline(cells):
-        parts += ["", "## Headline", "", _markdown(HEADLINE, rows)]
-    if rows := agreement(cells):
-        parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, rows)]
+    if table := headline(cells):
+        parts += ["", "## Headline", "", _markdown(HEADLINE, table)]
+    if table := agreement(cells):
+        parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, table)]
     for (workload, mode), group in _groups(cells).items():
-        parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, [_row(c) for c in group])]
+        parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, rows(group))]
+        parts += ["", "`*` marks, per cache size, the best hit ratio and the fewest bytes written."]
     for heading, lines in _remarks(cells):
         parts += ["", f"## {heading}", ""]
         parts += [f"- {line}" for line in lines]
@@ -276,16 +330,19 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
     title = html.escape(results.get("title", "onehit report"))
-    parts = [f"<h1>{title}</h1>", "<ul>"]
+    parts = [f"<h1>{title}</h1>"]
+    if finding := verdict(cells):
+        parts.append(f"<p><strong>{html.escape(finding)}</strong></p>")
+    parts.append("<ul>")
     parts += [
         f"<li>{html.escape(str(k))}: {html.escape(str(v))}</li>"
         for k, v in results.get("meta", {}).items()
     ]
     parts.append("</ul>")
-    if rows := headline(cells):
-        parts += ["<h2>Headline</h2>", table(HEADLINE, rows)]
-    if rows := agreement(cells):
-        parts += ["<h2>Live against simulated</h2>", table(AGREEMENT, rows)]
+    if found := headline(cells):
+        parts += ["<h2>Headline</h2>", table(HEADLINE, found)]
+    if found := agreement(cells):
+        parts += ["<h2>Live against simulated</h2>", table(AGREEMENT, found)]
     parts.append("<h2>Plots</h2>")
     for image in images:
         data = base64.b64encode(image.read_bytes()).decode()
@@ -294,7 +351,7 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
     for (workload, mode), group in _groups(cells).items():
         parts += [
             f"<h2>{html.escape(workload)} ({mode})</h2>",
-            table(COLUMNS, [_row(c) for c in group]),
+            table(COLUMNS, rows(group)),
         ]
     for heading, lines in _remarks(cells):
         parts.append(f"<h2>{html.escape(heading)}</h2><ul>")

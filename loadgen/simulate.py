@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -117,17 +117,6 @@ def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
     return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
 
 
-def scaled(admission: AdmissionConfig, rate: float) -> AdmissionConfig:
-    """The admission settings for a cache ``rate`` times as large, fed ``rate`` of the keys:
-    key counts scale, times do not (a key's reuse interval is the same in the sample)."""
-    return replace(
-        admission,
-        capacity=max(1, round(admission.capacity * rate)),
-        min_keys=max(1, round(admission.min_keys * rate)),
-        max_keys=max(1, round(admission.max_keys * rate)),
-    )
-
-
 def simulate(
     trace: Trace | Sample,
     cache_bytes: int,
@@ -153,7 +142,7 @@ def simulate(
         trace = sample.trace
         run_bytes = max(1 + entry_overhead, round(cache_bytes * sample.rate))
         engine = build_engine(
-            run_bytes, scaled(admission, sample.rate), max_object_bytes, entry_overhead, eviction
+            run_bytes, admission.scaled(sample.rate), max_object_bytes, entry_overhead, eviction
         )
     else:
         engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)

@@ -34,12 +34,12 @@ def test_tinylfu_admits_while_there_is_room_then_only_what_beats_the_victim():
     index = StoreIndex(300)
     policy = Admission("tinylfu", index=index, keys=1024)
     for key in ("/a", "/b", "/c"):
-        policy.observe(key)
+        policy.observe(key, 100, 0.0)
         assert policy.admit(key, 100, 0.0)
         index.put(hash64(key)[0], 100, 100, 0)
     for _ in range(3):
-        policy.observe("/hot")
-    policy.observe("/cold")
+        policy.observe("/hot", 100, 0.0)
+    policy.observe("/cold", 100, 0.0)
     assert policy.estimate("/hot") > policy.estimate("/a") >= policy.estimate("/cold")
     assert policy.admit("/hot", 100, 0.0), "more frequent than the LRU victim /a"
     assert not policy.admit("/cold", 100, 0.0), "no more frequent than the victim"
@@ -48,9 +48,9 @@ def test_tinylfu_admits_while_there_is_room_then_only_what_beats_the_victim():
 def test_tinylfu_ages_its_sketch_after_ten_widths_of_requests():
     policy = Admission("tinylfu", index=StoreIndex(1000), keys=64)
     for _ in range(5):
-        policy.observe("/hot")
+        policy.observe("/hot", 100, 0.0)
     for i in range(640):
-        policy.observe(f"/scan{i}")
+        policy.observe(f"/scan{i}", 100, 0.0)
     assert policy.halvings == 1
     assert 1 <= policy.estimate("/hot") <= 2  # 4 in the sketch, halved; the doorkeeper cleared
 

@@ -45,12 +45,18 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
         "--report-dir", str(tmp_path / "r"),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    verdict, *lines = out.stdout.splitlines()
+    assert verdict.startswith("t.csv: with a cache of 2% (") and "of LRU's bytes" in verdict
     assert lines[0].split()[:2] == ["policy", "cache"] and "space saved" in lines[0]
     assert len(lines) == 2 + 3 * 3
     assert sum("second-hit(auto x4)" in line for line in lines) == 3
+    for size in ("0.5%", "2%", "8%"):  # per size, the best hit ratio and the fewest writes
+        at = [line for line in lines if f" {size} (" in line]
+        assert sum(line.count("*") for line in at) >= 2
     assert json.loads((tmp_path / "r" / "results.json").read_text())["cells"]
-    assert "| policy |" in (tmp_path / "r" / "summary.md").read_text()
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert summary.splitlines()[2] == verdict and "| policy |" in summary
+    assert (tmp_path / "r" / "hit-ratio-vs-bytes-written.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize(

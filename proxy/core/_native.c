@@ -1166,13 +1166,21 @@ static PyTypeObject IndexType = {
  * - probabilistic:p: each miss admitted with probability p (xorshift64*, fixed seed, so a
  *   run is repeatable and the live proxy and the simulator decide alike).
  * - size-below:BYTES: responses smaller than BYTES.
+ * - adaptive: several candidate policies decide side by side, each fed every request; the
+ *   one whose shadow cache scores the most hits decides. The shadows are caches of `rate`
+ *   times the store's bytes, each with its candidate's policy, fed the requests of the keys
+ *   whose hash falls under `rate` of the hash space (spatial sampling, as SHARDS does). Every
+ *   `period` sampled requests the scores are compared, then halved; the choice moves only to
+ *   a candidate ahead by more than `margin` of a period's requests.
  * The sketch is sized to a power of two at least the keys it is given, and re-sized at a
  * halving when a sizer (the store's object count) asks for twice or half as many. */
 
-enum { A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW };
+enum {
+    A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW, A_ADAPTIVE
+};
 
 static const char *admission_kinds[] = {
-    "always", "second-hit", "nth-hit", "tinylfu", "probabilistic", "size-below",
+    "always", "second-hit", "nth-hit", "tinylfu", "probabilistic", "size-below", "adaptive",
 };
 
 typedef struct {
@@ -1248,6 +1256,18 @@ typedef struct {
     long long halvings;
     long long admitted;
     long long rejected;
+    /* adaptive */
+    PyObject *candidates;  /* tuple of Admission: each candidate, deciding for the store */
+    PyObject *shadows;     /* tuple of StoreIndex: each candidate's shadow cache */
+    PyObject *shadow_policies;  /* tuple of Admission: each candidate, for its shadow */
+    double *scores;
+    int choice;
+    uint64_t sample_below;
+    long long overhead;
+    long long period;
+    long long sampled;
+    long long margin_hits;
+    long long switches;
 } AdmissionObject;
 
 static PyTypeObject AdmissionType;
@@ -1283,10 +1303,18 @@ static inline int tinylfu_estimate(const AdmissionObject *a, uint64_t h1) {
     return sketch_estimate(&a->sketch, h1, h2) + bloom_contains(a->doorkeeper, h1, h2);
 }
 
-/* Every request, hit or miss: TinyLFU counts them all. */
-static inline int admission_observe(AdmissionObject *a, uint64_t h1) {
+static int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size,
+                           double now);
+static int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size,
+                            double now);
+
+/* Every request, hit or miss, once its size is known: TinyLFU counts them all, adaptive
+ * feeds its candidates and shadows; the others ignore it. */
+static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2,
+                                    long long size, double now) {
+    if (a->kind == A_ADAPTIVE) return adaptive_observe(a, h1, h2, size, now);
     if (a->kind != A_TINYLFU) return 0;
-    uint64_t h2 = second_hash(h1);
+    h2 = second_hash(h1);
     if (bloom_add(a->doorkeeper, h1, h2)) sketch_add(&a->sketch, h1, h2);
     else a->sketch.added++;
     if (a->sketch.added >= a->sketch.period) return admission_age(a);
@@ -1345,6 +1373,16 @@ static int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long lo
         admit = u < a->probability;
         break;
     }
+    case A_ADAPTIVE: {
+        Py_ssize_t n = PyTuple_GET_SIZE(a->candidates);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            AdmissionObject *c = (AdmissionObject *)PyTuple_GET_ITEM(a->candidates, j);
+            int says = admission_admit(c, h1, h2, size, now);
+            if (says < 0) return -1;
+            if (j == a->choice) admit = says;
+        }
+        break;
+    }
     default:
         admit = size < a->limit;
     }
@@ -1353,16 +1391,59 @@ static int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long lo
     return admit;
 }
 
+static int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size,
+                            double now) {
+    Py_ssize_t n = PyTuple_GET_SIZE(a->candidates);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        AdmissionObject *c = (AdmissionObject *)PyTuple_GET_ITEM(a->candidates, j);
+        if (admission_observe(c, h1, h2, size, now) < 0) return -1;
+    }
+    if (h1 >= a->sample_below) return 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        IndexObject *x = (IndexObject *)PyTuple_GET_ITEM(a->shadows, j);
+        AdmissionObject *p = (AdmissionObject *)PyTuple_GET_ITEM(a->shadow_policies, j);
+        if (admission_observe(p, h1, h2, size, now) < 0) return -1;
+        int32_t i = index_find(x, h1);
+        if (i >= 0) {
+            index_touch(x, i);
+            a->scores[j] += 1.0;
+            continue;
+        }
+        long long charge = size + a->overhead;
+        if (charge > index_max_charge(x)) continue;
+        int admit = admission_admit(p, h1, h2, size, now);
+        if (admit < 0) return -1;
+        if (admit && index_put(x, h1, size, charge, 0, now, NULL) < 0) return -1;
+    }
+    if (++a->sampled % a->period == 0) {
+        int best = a->choice;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (a->scores[j] > a->scores[best]) best = (int)j;
+        }
+        if (best != a->choice && a->scores[best] - a->scores[a->choice] > a->margin_hits) {
+            a->choice = best;
+            a->switches++;
+        }
+        for (Py_ssize_t j = 0; j < n; j++) a->scores[j] /= 2.0;
+    }
+    return 0;
+}
+
 static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"kind", "window", "index", "keys", "threshold", "probability",
-                             "limit", "sizer", NULL};
+                             "limit", "sizer", "candidates", "shadows", "shadow_policies",
+                             "rate", "overhead", "period", "margin", "choice", NULL};
     const char *kind;
     PyObject *window = Py_None, *index = Py_None, *sizer = Py_None;
-    long long keys = 1024, limit = 0;
+    PyObject *candidates = Py_None, *shadows = Py_None, *shadow_policies = Py_None;
+    long long keys = 1024, limit = 0, overhead = 0, period = 4096;
     int threshold = 2;
-    double probability = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLO", kwlist, &kind, &window, &index,
-                                     &keys, &threshold, &probability, &limit, &sizer))
+    double probability = 1.0, rate = 1.0 / 16, margin = 0.002;
+    int choice = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdi", kwlist, &kind, &window,
+                                     &index, &keys, &threshold, &probability, &limit, &sizer,
+                                     &candidates, &shadows, &shadow_policies, &rate, &overhead,
+                                     &period, &margin, &choice))
         return -1;
     if (self->kind != 0 || self->window != NULL || self->sketch.rows != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "an Admission is initialised once");
@@ -1408,6 +1489,47 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "nth-hit counts 1 to 255 sightings, got %d", threshold);
         return -1;
     }
+    if (self->kind == A_ADAPTIVE) {
+        if (!PyTuple_Check(candidates) || !PyTuple_Check(shadows) ||
+            !PyTuple_Check(shadow_policies) || PyTuple_GET_SIZE(candidates) < 1 ||
+            PyTuple_GET_SIZE(shadows) != PyTuple_GET_SIZE(candidates) ||
+            PyTuple_GET_SIZE(shadow_policies) != PyTuple_GET_SIZE(candidates)) {
+            PyErr_SetString(PyExc_TypeError, "adaptive needs tuples of candidates, shadows and "
+                                             "shadow policies, one of each per candidate");
+            return -1;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(candidates); j++) {
+            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(candidates, j), &AdmissionType) ||
+                !PyObject_TypeCheck(PyTuple_GET_ITEM(shadow_policies, j), &AdmissionType) ||
+                !PyObject_TypeCheck(PyTuple_GET_ITEM(shadows, j), &IndexType)) {
+                PyErr_SetString(PyExc_TypeError, "candidates and shadow policies are Admission "
+                                                 "objects, shadows StoreIndex objects");
+                return -1;
+            }
+        }
+        if (!(rate > 0.0 && rate <= 1.0) || period < 1 || choice < 0 ||
+            choice >= PyTuple_GET_SIZE(candidates)) {
+            PyErr_SetString(PyExc_ValueError,
+                            "adaptive needs 0 < rate <= 1, period >= 1 and a candidate to start");
+            return -1;
+        }
+        self->scores = PyMem_Calloc((size_t)PyTuple_GET_SIZE(candidates), sizeof(double));
+        if (self->scores == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_INCREF(candidates);
+        Py_INCREF(shadows);
+        Py_INCREF(shadow_policies);
+        self->candidates = candidates;
+        self->shadows = shadows;
+        self->shadow_policies = shadow_policies;
+        self->sample_below = rate >= 1.0 ? UINT64_MAX : (uint64_t)(rate * 18446744073709551616.0);
+        self->overhead = overhead;
+        self->period = period;
+        self->margin_hits = (long long)(margin * (double)period);
+        self->choice = choice;
+    }
     self->threshold = threshold;
     self->probability = probability;
     self->rng = 0x9e3779b97f4a7c15ULL;
@@ -1419,6 +1541,9 @@ static int Admission_traverse(AdmissionObject *self, visitproc visit, void *arg)
     Py_VISIT(self->window);
     Py_VISIT(self->index);
     Py_VISIT(self->sizer);
+    Py_VISIT(self->candidates);
+    Py_VISIT(self->shadows);
+    Py_VISIT(self->shadow_policies);
     return 0;
 }
 
@@ -1426,6 +1551,9 @@ static int Admission_clear_refs(AdmissionObject *self) {
     Py_CLEAR(self->window);
     Py_CLEAR(self->index);
     Py_CLEAR(self->sizer);
+    Py_CLEAR(self->candidates);
+    Py_CLEAR(self->shadows);
+    Py_CLEAR(self->shadow_policies);
     return 0;
 }
 
@@ -1433,6 +1561,7 @@ static void Admission_dealloc(AdmissionObject *self) {
     PyObject_GC_UnTrack(self);
     Admission_clear_refs(self);
     Py_XDECREF(self->doorkeeper);
+    PyMem_Free(self->scores);
     PyMem_Free(self->sketch.rows);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -1453,11 +1582,35 @@ static PyObject *Admission_admit(AdmissionObject *self, PyObject *const *args, P
     return PyBool_FromLong(admit);
 }
 
-static PyObject *Admission_observe(AdmissionObject *self, PyObject *key) {
+static PyObject *Admission_observe(AdmissionObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "observe(key, size, now)");
+        return NULL;
+    }
     uint64_t h1, h2;
-    if (hash_key(key, &h1, &h2) < 0) return NULL;
-    if (admission_observe(self, h1) < 0) return NULL;
+    if (hash_key(args[0], &h1, &h2) < 0) return NULL;
+    long long size = PyLong_AsLongLong(args[1]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    double now;
+    if (window_now(args[2], &now) < 0) return NULL;
+    if (admission_observe(self, h1, h2, size, now) < 0) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
+    if (self->kind != A_ADAPTIVE) return PyTuple_New(0);
+    Py_ssize_t n = PyTuple_GET_SIZE(self->candidates);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v = PyFloat_FromDouble(self->scores[j]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, j, v);
+    }
+    return out;
 }
 
 static PyObject *Admission_estimate(AdmissionObject *self, PyObject *key) {
@@ -1491,10 +1644,12 @@ static PyObject *Admission_kind(AdmissionObject *self, void *closure) {
 static PyMethodDef Admission_methods[] = {
     {"admit", (PyCFunction)(void (*)(void))Admission_admit, METH_FASTCALL,
      "admit(key, size, now): whether a missed key's cacheable response is stored."},
-    {"observe", (PyCFunction)Admission_observe, METH_O,
-     "Count one request of key, hit or miss (TinyLFU counts them all; others ignore it)."},
+    {"observe", (PyCFunction)(void (*)(void))Admission_observe, METH_FASTCALL,
+     "observe(key, size, now): one request of key, hit or miss, once its size is known."},
     {"estimate", (PyCFunction)Admission_estimate, METH_O, "A key's counted sightings."},
     {"reset", (PyCFunction)Admission_reset, METH_NOARGS, "Forget every count."},
+    {"scores", (PyCFunction)Admission_scores, METH_NOARGS,
+     "adaptive: each candidate's recent shadow hits (halved every period)."},
     {NULL},
 };
 
@@ -1510,6 +1665,12 @@ static PyMemberDef Admission_members[] = {
      "times the sketch aged (halved, or was re-sized)"},
     {"admitted", T_LONGLONG, offsetof(AdmissionObject, admitted), READONLY, ""},
     {"rejected", T_LONGLONG, offsetof(AdmissionObject, rejected), READONLY, ""},
+    {"choice", T_INT, offsetof(AdmissionObject, choice), READONLY,
+     "adaptive: the candidate deciding now (its index)"},
+    {"switches", T_LONGLONG, offsetof(AdmissionObject, switches), READONLY,
+     "adaptive: times the deciding candidate changed"},
+    {"sampled", T_LONGLONG, offsetof(AdmissionObject, sampled), READONLY,
+     "adaptive: requests its shadows saw"},
     {NULL},
 };
 
@@ -1650,16 +1811,16 @@ static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *k
             chars = prefix_chars + digits;
         }
         c[C_REQUESTS]++;
-        if (a->kind == A_TINYLFU && admission_observe(a, h1) < 0) {
-            PyMem_Free(key);
-            goto done;
-        }
         int32_t i = index_find(x, h1);
         if (i >= 0) {
             index_touch(x, i);
             Node *node = &x->nodes[i];
             double resident = now - node->stored_at;
             if (!finite_ttl || (resident > 0.0 ? resident : 0.0) < ttl) {
+                if (admission_observe(a, h1, h2, node->size, now) < 0) {
+                    PyMem_Free(key);
+                    goto done;
+                }
                 c[C_HITS]++;
                 c[C_HIT_BYTES] += node->size;
                 c[C_BYTES_SERVED] += node->size;
@@ -1671,6 +1832,10 @@ static PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *k
         c[C_ORIGIN_FETCHES]++;
         c[C_ORIGIN_BYTES] += size;
         c[C_BYTES_SERVED] += size;
+        if (admission_observe(a, h1, h2, size, now) < 0) {
+            PyMem_Free(key);
+            goto done;
+        }
         if (size > max_object) {
             c[C_TOO_LARGE]++;
             continue;

@@ -18,6 +18,8 @@ Rules this module keeps:
     about 1.2 bytes per key of doorkeeper).
   - ``probabilistic:P`` admits each miss with probability P; ``size-below:BYTES`` admits
     responses smaller than BYTES. No memory per key: the baselines papers compare with.
+  - ``adaptive`` lets ``always``, ``second-hit`` and ``tinylfu`` decide side by side and
+    follows the one whose sampled shadow cache hits most (``AdaptivePolicy``).
 * A policy is named by ``parse_policy``: the one definition of names and parameters that
   the proxy's config, the simulator's flags and experiment files all use. An unknown name is
   an error that lists the known ones and the closest match.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from proxy.core._native import Admission
@@ -49,8 +51,9 @@ class AdmissionPolicy(Protocol):
         """True if a cacheable response of ``size`` bytes for missed ``key`` should be stored."""
         ...
 
-    def observe(self, key: str) -> None:
-        """Count one request of ``key``, hit or miss; called only when ``observes``."""
+    def observe(self, key: str, size: int, now: float) -> None:
+        """One request of ``key`` (hit or miss) of ``size`` bytes, once its size is known;
+        called only when ``observes``."""
         ...
 
     def filter_stats(self) -> FilterStats | None:
@@ -76,7 +79,7 @@ class CompiledPolicy:
         self.name = name
         self.native = native
         self.window = window
-        self.observes = native.kind == "tinylfu"
+        self.observes = native.kind in ("tinylfu", "adaptive")
         self.admit = native.admit
         self.observe = native.observe
 
@@ -96,6 +99,39 @@ class CompiledPolicy:
         if self.window is not None:
             self.window.clear(now)
         self.native.reset()
+
+
+class AdaptivePolicy(CompiledPolicy):
+    """``adaptive``: the candidates of ``ADAPTIVE_CANDIDATES`` decide side by side; the one
+    whose shadow cache (``ADAPTIVE_RATE`` of the keys, in as much of the bytes) hits most
+    decides for the store (the rules are in ``proxy.core._native``). Memory: each candidate's
+    own, plus shadows of a sixteenth of the store's entries, keys only."""
+
+    def __init__(self, native: Admission, candidates: list[CompiledPolicy]) -> None:
+        window = next((c.window for c in candidates if c.window is not None), None)
+        super().__init__("adaptive", native, window)
+        self.candidates = candidates
+
+    @property
+    def choice(self) -> str:
+        """The candidate deciding now."""
+        return self.candidates[self.native.choice].name
+
+    def policy_stats(self) -> dict[str, int]:
+        n = self.native
+        sketch = sum(c.native.sketch_bytes for c in self.candidates)
+        return {
+            "sketch_bytes": sketch,
+            "sketch_halvings": sum(c.native.halvings for c in self.candidates),
+            "policy_admitted": n.admitted,
+            "policy_rejected": n.rejected,
+            "adaptive_choice": n.choice,
+            "adaptive_switches": n.switches,
+        }
+
+    def reset(self, now: float) -> None:
+        for candidate in self.candidates:
+            candidate.reset(now)
 
 
 class TurnoverSizer:
@@ -172,6 +208,16 @@ class AdmissionConfig:
                 raise ValueError(f"{name} = {getattr(self, name)!r}: expected a positive number")
         if self.min_keys > self.max_keys:
             raise ValueError(f"min_keys = {self.min_keys} is above max_keys = {self.max_keys}")
+
+    def scaled(self, rate: float) -> AdmissionConfig:
+        """These settings for a cache ``rate`` times as large, fed ``rate`` of the keys: key
+        counts scale, times do not (a key's reuse interval is the same in a sample)."""
+        return replace(
+            self,
+            capacity=max(1, round(self.capacity * rate)),
+            min_keys=max(1, round(self.min_keys * rate)),
+            max_keys=max(1, round(self.max_keys * rate)),
+        )
 
     def label(self) -> str:
         """A short name for reports: ``always``, ``second-hit(auto)``, ``second-hit(auto x2)``,
@@ -283,6 +329,35 @@ def _bytes(text: str) -> int:
     return size
 
 
+ADAPTIVE_CANDIDATES = ("always", "second-hit", "tinylfu")
+ADAPTIVE_RATE = 1 / 16
+ADAPTIVE_PERIOD = 1024  # sampled requests between two comparisons of the shadows
+
+
+def _adaptive(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    candidates, shadows, shadow_policies = [], [], []
+    for name in ADAPTIVE_CANDIDATES:
+        candidate = make_policy(replace(config, policy=name), store)
+        capacity = max(1, round(store.capacity_bytes * ADAPTIVE_RATE))
+        shadow = CacheStore(capacity, eviction=store.eviction)
+        shadow_policy = make_policy(replace(config, policy=name).scaled(ADAPTIVE_RATE), shadow)
+        assert isinstance(candidate, CompiledPolicy) and isinstance(shadow_policy, CompiledPolicy)
+        candidates.append(candidate)
+        shadows.append(shadow.index)
+        shadow_policies.append(shadow_policy.native)
+    native = Admission(
+        "adaptive",
+        candidates=tuple(c.native for c in candidates),
+        shadows=tuple(shadows),
+        shadow_policies=tuple(shadow_policies),
+        rate=ADAPTIVE_RATE,
+        overhead=store.entry_overhead,
+        period=ADAPTIVE_PERIOD,
+        choice=ADAPTIVE_CANDIDATES.index("second-hit"),
+    )
+    return AdaptivePolicy(native, candidates)
+
+
 # name -> (factory, parameter parser or None, the name written with its parameter)
 POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolicy],
                           Callable[[str], float] | None, str]] = {
@@ -292,6 +367,7 @@ POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolic
     "tinylfu": (_tinylfu, None, "tinylfu"),
     "probabilistic": (_probabilistic, _probability, "probabilistic:P"),
     "size-below": (_size_below, _bytes, "size-below:BYTES"),
+    "adaptive": (_adaptive, None, "adaptive"),
 }  # fmt: skip
 
 

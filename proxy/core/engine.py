@@ -288,8 +288,6 @@ class CacheEngine:
             c.bypass += 1
             return METHOD_BYPASS
         c.requests += 1
-        if self.admission.observes:
-            self.admission.observe(request.key)
         entry = self.store.get(self._store_key(request))
         if entry is None:
             c.misses += 1
@@ -307,6 +305,8 @@ class CacheEngine:
                 entry.lifetime, age, req
             ) and not rfc9111.must_revalidate_before_use(entry.directives, req)
         if fresh:
+            if self.admission.observes:
+                self.admission.observe(request.key, entry.size, now)
             c.hits += 1
             c.hit_bytes += entry.size
             c.bytes_served += entry.size
@@ -477,6 +477,8 @@ class CacheEngine:
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
+        if self.admission.observes:
+            self.admission.observe(request.key, length or 0, now)
         if length is not None and not self.store.fits(length):
             c.too_large += 1
             self._pass_for_a_while(request, now)

@@ -52,6 +52,8 @@ METRICS: dict[str, str] = {
     "sketch_halvings": "times the count sketch aged (halved its counts, or was re-sized)",
     "policy_admitted": "misses the admission policy admitted",
     "policy_rejected": "misses the admission policy kept out",
+    "adaptive_choice": "adaptive: the candidate deciding now (0 always, 1 second-hit, 2 tinylfu)",
+    "adaptive_switches": "adaptive: times the deciding candidate changed",
 }
 
 
@@ -67,6 +69,7 @@ GAUGES = frozenset(
         "filter_fp_estimate",
         "filter_bytes",
         "sketch_bytes",
+        "adaptive_choice",
         "dead_writes",
         "dead_bytes",
     }
@@ -111,8 +114,9 @@ def snapshot(
 ) -> dict[str, int | float]:
     """Every metric of ``METRICS`` at this instant, by name."""
     out: dict[str, int | float] = asdict(counters)
-    out.update(dict.fromkeys(("sketch_bytes", "sketch_halvings", "policy_admitted",
-                              "policy_rejected"), 0))  # fmt: skip
+    policy_metrics = ("sketch_bytes", "sketch_halvings", "policy_admitted", "policy_rejected",
+                      "adaptive_choice", "adaptive_switches")  # fmt: skip
+    out.update(dict.fromkeys(policy_metrics, 0))
     out.update(policy_stats or {})
     out["hit_ratio"] = ratio(counters.hits, counters.requests)
     out["byte_hit_ratio"] = ratio(counters.hit_bytes, counters.bytes_served)
