@@ -99,3 +99,35 @@ def test_policy_names_carry_their_parameter(text, parsed):
 def test_bad_policy_names_say_what_is_wrong(text, message):
     with pytest.raises(ValueError, match=message):
         parse_policy(text)
+
+
+def test_adaptive_follows_the_candidate_whose_shadow_hits_more():
+    """A candidate that stores nothing (size-below:1) against always, on a small working set
+    every request of which is sampled: always's shadow hits, the other's never, so the
+    choice moves to always after one period and stays."""
+    adaptive = Admission(
+        "adaptive",
+        candidates=(Admission("size-below", limit=1), Admission("always")),
+        shadows=(StoreIndex(10_000), StoreIndex(10_000)),
+        shadow_policies=(Admission("size-below", limit=1), Admission("always")),
+        rate=1.0,
+        period=100,
+        choice=0,
+    )
+    assert adaptive.admit("/k0", 100, 0.0) is False  # the starting choice decides
+    for i in range(1000):
+        adaptive.observe(f"/k{i % 20}", 100, float(i))
+    assert adaptive.choice == 1 and adaptive.switches == 1 and adaptive.sampled == 1000
+    assert adaptive.admit("/new", 100, 0.0) is True
+    scores = adaptive.scores()
+    assert scores[1] > scores[0] == 0.0
+
+
+def test_adaptive_on_a_store_reports_its_choice_and_keeps_second_hit_s_filter():
+    store = CacheStore(1 << 20)
+    policy = make_policy(AdmissionConfig(policy="adaptive"), store)
+    assert policy.observes and policy.choice == "second-hit"
+    assert policy.filter_stats() is not None
+    stats = policy.policy_stats()
+    assert stats["adaptive_choice"] == 1 and stats["adaptive_switches"] == 0
+    assert stats["sketch_bytes"] > 0  # tinylfu's, a candidate

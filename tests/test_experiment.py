@@ -10,6 +10,8 @@ import pytest
 
 from loadgen.experiment import ExperimentError, demo_experiment, load_experiment, run
 from loadgen.trace import Trace, write_trace
+from proxy.core.admission import POLICIES
+from proxy.core.store import EVICTIONS
 
 CONFIG = Path(__file__).parent.parent / "config"
 EXPERIMENTS = sorted(CONFIG.glob("experiments/*.toml"))
@@ -22,7 +24,18 @@ def test_ready_experiments_load(path):
 
 
 def test_ready_experiments_cover_the_issue():
-    assert {p.stem for p in EXPERIMENTS} >= {"window-sweep", "one-hit-share", "compare-nginx"}
+    assert {p.stem for p in EXPERIMENTS} >= {
+        "window-sweep",
+        "one-hit-share",
+        "compare-nginx",
+        "policies",
+    }
+
+
+def test_the_policies_experiment_crosses_every_admission_with_every_eviction():
+    specs = load_experiment(CONFIG / "experiments" / "policies.toml").policies
+    pairs = {(p.admission.policy.split(":")[0], p.eviction) for p in specs}
+    assert pairs == {(name, eviction) for name in POLICIES for eviction in EVICTIONS}
 
 
 def test_the_fleet_experiment_puts_nginx_in_front_by_round_robin_and_url_hash():
