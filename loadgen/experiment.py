@@ -328,7 +328,7 @@ def run(
 
 
 def _describe(workload: Workload, trace: Trace) -> str:
-    source = f"trace {workload.trace_path}" if workload.trace_path else str(workload.spec)
+    source = f"trace {workload.trace_path}" if workload.trace_path else workload.spec.describe()
     return (
         f"{source}: {len(trace):,} requests, {trace.distinct_objects():,} objects, "
         f"{format_size(trace.distinct_bytes())} distinct"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.units import parse_size
+from proxy.units import format_size, parse_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +83,26 @@ class WorkloadSpec:
     churn_period: int = 100_000
     rate: float = 1000.0
     seed: int = 1
+
+    def describe(self) -> str:
+        """The workload in words and numbers, for reports."""
+        sizes = (
+            f"every object {format_size(self.sizes.fixed)}"
+            if self.sizes.kind == "fixed"
+            else f"lognormal sizes (median {format_size(self.sizes.median)}, sigma "
+            f"{self.sizes.sigma:g}, at most {format_size(self.sizes.max)})"
+        )
+        churn = (
+            f", {self.churn:.0%} of popularity ranks handed to new objects every "
+            f"{self.churn_period:,} requests"
+            if self.churn
+            else ""
+        )
+        return (
+            f"{self.requests:,} requests, Zipf alpha {self.alpha:g} over {self.objects:,} "
+            f"popular objects, {self.one_hit_share:.0%} of requests for one-hit wonders, "
+            f"{sizes}{churn}, {self.rate:,.0f} requests/s, seed {self.seed}"
+        )
 
     def __post_init__(self) -> None:
         checks = [

@@ -278,7 +278,11 @@ class CacheSection:
 
 @dataclass(frozen=True)
 class AdmissionSection:
-    policy: str = _setting("second-hit", _policy, "second-hit or always (plain LRU)")
+    policy: str = _setting(
+        "second-hit",
+        _policy,
+        "always, second-hit, nth-hit:N, tinylfu, adaptive, probabilistic:P or size-below:BYTES",
+    )
     window: float | str = _setting("auto", _window, "auto, or how long a first sighting counts")
     expected_urls: int = _setting(1_000_000, _positive_int, "distinct URLs per fixed window")
     fp_rate: float = _setting(0.01, _probability, "false-positive rate of the filter")

@@ -82,3 +82,10 @@ def test_bad_workload_is_refused():
 
 def _fields(spec: WorkloadSpec) -> dict:
     return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+
+
+def test_a_workload_describes_itself_in_words():
+    text = WorkloadSpec(objects=2000, requests=30_000, churn=0.05).describe()
+    assert text.startswith("30,000 requests, Zipf alpha 0.8 over 2,000 popular objects")
+    assert "25% of requests for one-hit wonders" in text and "median 16KiB" in text
+    assert "5% of popularity ranks handed to new objects every 100,000 requests" in text
