@@ -331,7 +331,8 @@ def _bytes(text: str) -> int:
 
 ADAPTIVE_CANDIDATES = ("always", "second-hit", "tinylfu")
 ADAPTIVE_RATE = 1 / 16
-ADAPTIVE_PERIOD = 1024  # sampled requests between two comparisons of the shadows
+ADAPTIVE_PERIOD = 256  # sampled requests between two comparisons of the shadows
+ADAPTIVE_MARGIN = 0.002  # of a period's requests: the lead a candidate needs to take over
 
 
 def _adaptive(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
@@ -353,6 +354,7 @@ def _adaptive(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
         rate=ADAPTIVE_RATE,
         overhead=store.entry_overhead,
         period=ADAPTIVE_PERIOD,
+        margin=ADAPTIVE_MARGIN,
         choice=ADAPTIVE_CANDIDATES.index("second-hit"),
     )
     return AdaptivePolicy(native, candidates)
