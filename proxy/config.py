@@ -262,7 +262,9 @@ class AdminSection:
 @dataclass(frozen=True)
 class CacheSection:
     size: int = _setting(256 << 20, _size, "bytes of response bodies held")
-    eviction: str = _setting("lru", _eviction, "lru, s3fifo or sieve: which entry makes room")
+    eviction: str = _setting(
+        "lru", _eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
+    )
     max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
     store_set_cookie: bool = _setting(
         False, _bool, "store responses that carry Set-Cookie (never the Set-Cookie itself)"

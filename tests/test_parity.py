@@ -13,7 +13,7 @@ from loadgen.workload import SizeSpec, WorkloadSpec, generate
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
 
 
-@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve"])
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
 @pytest.mark.parametrize(
     "admission",
     ["always", "second-hit", "nth-hit:3", "tinylfu", "probabilistic:0.5", "size-below:4KiB"],

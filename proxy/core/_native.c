@@ -628,6 +628,69 @@ static PyTypeObject WindowType = {
     .tp_members = Window_members,
 };
 
+/* A count-min sketch: 4 rows of 8-bit counters saturating at a ceiling, halved after a
+ * period of counts. */
+typedef struct {
+    uint8_t *rows;   /* 4 rows of `width` counters */
+    uint64_t width;  /* a power of two */
+    uint8_t ceiling;
+    long long added;
+    long long period;
+} Sketch;
+
+static int sketch_init(Sketch *s, long long keys, uint8_t ceiling, long long periods) {
+    uint64_t width = 64;
+    while ((long long)width < keys) width *= 2;
+    uint8_t *rows = PyMem_Calloc((size_t)(4 * width), 1);
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyMem_Free(s->rows);
+    s->rows = rows;
+    s->width = width;
+    s->ceiling = ceiling;
+    s->added = 0;
+    s->period = (long long)width * periods;
+    return 0;
+}
+
+static inline uint64_t sketch_slot(const Sketch *s, uint64_t h1, uint64_t h2, int row) {
+    return row * s->width + ((h1 + (uint64_t)row * (h2 | 1)) & (s->width - 1));
+}
+
+static inline int sketch_estimate(const Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = 255;
+    for (int r = 0; r < 4; r++) {
+        int v = s->rows[sketch_slot(s, h1, h2, r)];
+        if (v < least) least = v;
+    }
+    return least;
+}
+
+/* Counts one sighting (conservative update: only the smallest counters grow); returns the
+ * estimate after it. */
+static inline int sketch_add(Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = sketch_estimate(s, h1, h2);
+    if (least < s->ceiling) {
+        for (int r = 0; r < 4; r++) {
+            uint8_t *v = &s->rows[sketch_slot(s, h1, h2, r)];
+            if (*v == least) *v = (uint8_t)(least + 1);
+        }
+        least++;
+    }
+    s->added++;
+    return least;
+}
+
+static void sketch_halve(Sketch *s) {
+    for (uint64_t i = 0; i < 4 * s->width; i++) s->rows[i] >>= 1;
+    s->added = 0;
+}
+
+/* TinyLFU hashes a key from h1 alone: the store index, which names its victim, keeps only h1. */
+static inline uint64_t second_hash(uint64_t h1) { return fmix64(h1 ^ 0x5bd1e9955bd1e995ULL); }
+
 /* StoreIndex: the store's bookkeeping. Nodes live in one array and are found through an
  * open-addressing table of node numbers (0 is empty) with backward-shift deletion. Each
  * resident node sits in one queue, newest first; S3-FIFO's ghost queue holds the keys (and
@@ -644,12 +707,19 @@ static PyTypeObject WindowType = {
  *   to main if it was hit twice, else it is evicted into the ghost; main's oldest is evicted
  *   if its count is 0, else re-inserted with one count less. Until the first eviction, new
  *   keys go to main once the small queue is full. An entry larger than the small queue is not
- *   stored. These are libCacheSim's rules, so the two agree on a trace. */
+ *   stored. These are libCacheSim's rules, so the two agree on a trace.
+ * - wtinylfu (Einziger et al., TOS 2017; Caffeine): new keys enter an LRU window of 1% of
+ *   the bytes; what leaves the window is a candidate for the main space (an SLRU: probation,
+ *   and a protected 80% that a hit in probation promotes to). When the store is over its
+ *   bytes, the candidate and probation's LRU entry meet: the one requested less often, by a
+ *   4-row sketch of every request (halved after ten sketch-widths of counts, re-sized then to
+ *   the entries held), is evicted; a tie evicts the candidate. */
 
-enum { EV_LRU, EV_SIEVE, EV_S3FIFO };
-enum { Q_MAIN, Q_SMALL, Q_GHOST, N_QUEUES };
+enum { EV_LRU, EV_SIEVE, EV_S3FIFO, EV_WTINYLFU };
+/* S3-FIFO's small queue is W-TinyLFU's window, its main W-TinyLFU's probation. */
+enum { Q_MAIN, Q_SMALL, Q_GHOST, Q_PROTECTED, N_QUEUES };
 
-static const char *eviction_names[] = {"lru", "sieve", "s3fifo"};
+static const char *eviction_names[] = {"lru", "sieve", "s3fifo", "wtinylfu"};
 
 typedef struct {
     uint64_t key;
@@ -679,9 +749,11 @@ typedef struct {
     long long capacity;
     long long small_capacity;
     long long ghost_capacity;
+    long long protected_capacity;
     long long used;
     long long evictions, evicted_bytes, evicted_unread, evicted_unread_bytes;
     long long resident_unread, resident_unread_bytes;
+    Sketch sketch;  /* wtinylfu */
 } IndexObject;
 
 static inline uint64_t slot_of(uint64_t key, uint64_t mask) {
@@ -764,6 +836,24 @@ static inline void list_push_front(IndexObject *x, int32_t i, int q) {
     x->bytes[q] += n->charge;
 }
 
+/* W-TinyLFU counts every request of a key it holds or takes in. */
+static void index_count(IndexObject *x, uint64_t key) {
+    Sketch *s = &x->sketch;
+    sketch_add(s, key, second_hash(key));
+    if (s->added >= s->period) {
+        long long target = x->count > 1024 ? x->count : 1024;
+        if ((target > (long long)s->width * 2 || target * 2 < (long long)s->width) &&
+            sketch_init(s, target, 15, 10) == 0)
+            return;
+        PyErr_Clear();  /* re-sizing is an optimisation: on failure, halve as usual */
+        sketch_halve(s);
+    }
+}
+
+static inline int index_frequency(const IndexObject *x, uint64_t key) {
+    return sketch_estimate(&x->sketch, key, second_hash(key));
+}
+
 /* A hit's effect on the eviction order. */
 static inline void index_touch(IndexObject *x, int32_t i) {
     Node *n = &x->nodes[i];
@@ -776,6 +866,21 @@ static inline void index_touch(IndexObject *x, int32_t i) {
         break;
     case EV_SIEVE:
         n->freq = 1;
+        break;
+    case EV_WTINYLFU:
+        index_count(x, n->key);
+        if (n->queue == Q_PROTECTED || n->queue == Q_SMALL) {
+            list_unlink(x, i);
+            list_push_front(x, i, n->queue);
+        } else {
+            list_unlink(x, i);
+            list_push_front(x, i, Q_PROTECTED);
+            while (x->bytes[Q_PROTECTED] > x->protected_capacity && x->tail[Q_PROTECTED] != i) {
+                int32_t old = x->tail[Q_PROTECTED];
+                list_unlink(x, old);
+                list_push_front(x, old, Q_MAIN);
+            }
+        }
         break;
     default:
         if (n->freq < 3) n->freq++;
@@ -911,18 +1016,53 @@ static inline long long index_max_charge(const IndexObject *x) {
     return x->eviction == EV_S3FIFO ? x->small_capacity : x->capacity;
 }
 
+/* W-TinyLFU after key entered the window: what leaves the window becomes a candidate at the
+ * front of probation; while over the bytes, the candidates meet probation's LRU entry. */
+static int index_settle_window(IndexObject *x, uint64_t key, PyObject *evicted) {
+    index_count(x, key);
+    long long candidates = 0;
+    while (x->bytes[Q_SMALL] > x->small_capacity && x->tail[Q_SMALL] >= 0) {
+        int32_t c = x->tail[Q_SMALL];
+        list_unlink(x, c);
+        list_push_front(x, c, Q_MAIN);
+        candidates++;
+    }
+    while (x->used > x->capacity) {
+        int32_t victim = x->tail[Q_MAIN];
+        int32_t loser;
+        if (victim < 0) {
+            loser = x->tail[Q_PROTECTED] >= 0 ? x->tail[Q_PROTECTED] : x->tail[Q_SMALL];
+        } else if (candidates > 0 && x->head[Q_MAIN] != victim) {
+            /* The oldest candidate still waiting sits just before those moved after it. */
+            int32_t candidate = x->head[Q_MAIN];
+            for (long long k = 1; k < candidates; k++) candidate = x->nodes[candidate].next;
+            candidates--;
+            loser = index_frequency(x, x->nodes[candidate].key) >
+                            index_frequency(x, x->nodes[victim].key)
+                        ? victim
+                        : candidate;
+        } else {
+            if (candidates > 0) candidates--;
+            loser = victim;
+        }
+        if (index_evict_node(x, loser, evicted) < 0) return -1;
+    }
+    return 0;
+}
+
 /* Stores key (replacing it), evicting until it fits; appends the evicted keys to `evicted`
  * when it is not NULL. The caller checked charge <= index_max_charge. */
 static int index_put(IndexObject *x, uint64_t key, long long size, long long charge,
                      long long hits, double stored_at, PyObject *evicted) {
-    int queue = x->eviction == EV_S3FIFO ? Q_SMALL : Q_MAIN;
+    int wtinylfu = x->eviction == EV_WTINYLFU;
+    int queue = (x->eviction == EV_S3FIFO || wtinylfu) ? Q_SMALL : Q_MAIN;
     int64_t found = index_find_slot(x, key);
     if (found >= 0) {
         int32_t old = x->table[found] - 1;
         if (x->nodes[old].queue == Q_GHOST) queue = Q_MAIN;
         index_drop(x, old, (uint64_t)found);
     }
-    while (x->used + charge > x->capacity && x->count > 0) {
+    while (!wtinylfu && x->used + charge > x->capacity && x->count > 0) {
         if (index_evict(x, evicted) < 0) return -1;
     }
     /* Until the first eviction, S3-FIFO fills main once the small queue is full. */
@@ -960,7 +1100,7 @@ static int index_put(IndexObject *x, uint64_t key, long long size, long long cha
         x->resident_unread++;
         x->resident_unread_bytes += size;
     }
-    return 0;
+    return wtinylfu ? index_settle_window(x, key, evicted) : 0;
 }
 
 static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
@@ -977,7 +1117,7 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
         if (strcmp(eviction, eviction_names[e]) == 0) self->eviction = e;
     }
     if (self->eviction < 0) {
-        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve",
+        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve, wtinylfu",
                      PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1) : Py_None);
         return -1;
     }
@@ -1001,13 +1141,20 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
     self->hand = -1;
     self->has_evicted = 0;
     self->capacity = capacity;
-    /* libCacheSim's sizing: (int64_t)(size * ratio) */
-    self->small_capacity = (long long)((double)capacity * 0.1);
-    self->ghost_capacity = (long long)((double)capacity * 0.9);
+    if (self->eviction == EV_WTINYLFU) {
+        self->small_capacity = capacity / 100;  /* Caffeine's window: 1% */
+        self->protected_capacity = (capacity - self->small_capacity) / 5 * 4;
+        if (sketch_init(&self->sketch, 1024, 15, 10) < 0) return -1;
+    } else {
+        /* libCacheSim's sizing: (int64_t)(size * ratio) */
+        self->small_capacity = (long long)((double)capacity * 0.1);
+        self->ghost_capacity = (long long)((double)capacity * 0.9);
+    }
     return 0;
 }
 
 static void Index_dealloc(IndexObject *self) {
+    PyMem_Free(self->sketch.rows);
     PyMem_Free(self->nodes);
     PyMem_Free(self->table);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -1184,64 +1331,6 @@ static const char *admission_kinds[] = {
 };
 
 typedef struct {
-    uint8_t *rows;   /* 4 rows of `width` counters */
-    uint64_t width;  /* a power of two */
-    uint8_t ceiling;
-    long long added;
-    long long period;
-} Sketch;
-
-static int sketch_init(Sketch *s, long long keys, uint8_t ceiling, long long periods) {
-    uint64_t width = 64;
-    while ((long long)width < keys) width *= 2;
-    uint8_t *rows = PyMem_Calloc((size_t)(4 * width), 1);
-    if (rows == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    PyMem_Free(s->rows);
-    s->rows = rows;
-    s->width = width;
-    s->ceiling = ceiling;
-    s->added = 0;
-    s->period = (long long)width * periods;
-    return 0;
-}
-
-static inline uint64_t sketch_slot(const Sketch *s, uint64_t h1, uint64_t h2, int row) {
-    return row * s->width + ((h1 + (uint64_t)row * (h2 | 1)) & (s->width - 1));
-}
-
-static inline int sketch_estimate(const Sketch *s, uint64_t h1, uint64_t h2) {
-    int least = 255;
-    for (int r = 0; r < 4; r++) {
-        int v = s->rows[sketch_slot(s, h1, h2, r)];
-        if (v < least) least = v;
-    }
-    return least;
-}
-
-/* Counts one sighting (conservative update: only the smallest counters grow); returns the
- * estimate after it. */
-static inline int sketch_add(Sketch *s, uint64_t h1, uint64_t h2) {
-    int least = sketch_estimate(s, h1, h2);
-    if (least < s->ceiling) {
-        for (int r = 0; r < 4; r++) {
-            uint8_t *v = &s->rows[sketch_slot(s, h1, h2, r)];
-            if (*v == least) *v = (uint8_t)(least + 1);
-        }
-        least++;
-    }
-    s->added++;
-    return least;
-}
-
-static void sketch_halve(Sketch *s) {
-    for (uint64_t i = 0; i < 4 * s->width; i++) s->rows[i] >>= 1;
-    s->added = 0;
-}
-
-typedef struct {
     PyObject_HEAD
     int kind;
     WindowObject *window;
@@ -1295,9 +1384,6 @@ static int admission_age(AdmissionObject *a) {
     return 0;
 }
 
-/* TinyLFU hashes a key from h1 alone: the store index, which names its victim, keeps only h1. */
-static inline uint64_t second_hash(uint64_t h1) { return fmix64(h1 ^ 0x5bd1e9955bd1e995ULL); }
-
 static inline int tinylfu_estimate(const AdmissionObject *a, uint64_t h1) {
     uint64_t h2 = second_hash(h1);
     return sketch_estimate(&a->sketch, h1, h2) + bloom_contains(a->doorkeeper, h1, h2);
@@ -1332,6 +1418,9 @@ static uint64_t index_peek_victim(const IndexObject *x, int *found) {
         i = x->hand >= 0 ? x->hand : x->tail[Q_MAIN];
         for (long long steps = 0; i >= 0 && x->nodes[i].freq > 0 && steps <= x->count; steps++)
             i = x->nodes[i].prev >= 0 ? x->nodes[i].prev : x->tail[Q_MAIN];
+        break;
+    case EV_WTINYLFU:
+        i = x->tail[Q_MAIN] >= 0 ? x->tail[Q_MAIN] : x->tail[Q_PROTECTED];
         break;
     default:
         i = (x->bytes[Q_MAIN] > x->capacity - x->small_capacity || x->tail[Q_SMALL] < 0)

@@ -4,8 +4,9 @@ Rules this module keeps:
 
 * The bookkeeping is compiled (``proxy.core._native.StoreIndex``, the simulator's too): keys as
   their 64-bit hash, each with its size, charge and hits, in the order of the eviction policy
-  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``). Inserting evicts until the new entry fits;
-  ``bytes_used <= capacity_bytes`` always. The entries themselves stay here, by key hash; an
+  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``, ``wtinylfu``). Inserting evicts until the new
+  entry fits (W-TinyLFU may evict the new entry itself); ``bytes_used <= capacity_bytes``
+  always. The entries themselves stay here, by key hash; an
   entry whose key is not the one asked for (a hash collision) is a miss, never another key's
   answer.
 * An entry is charged its body plus ``entry_overhead`` (the memory of its Python objects,
@@ -75,7 +76,7 @@ def entry_charge(entry: Entry, overhead: int) -> int:
     return entry.size + overhead + 2 * len(entry.key) + max(0, 3 * text - _HEADER_ALLOWANCE)
 
 
-EVICTIONS = ("lru", "s3fifo", "sieve")
+EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu")
 
 
 class CacheStore:
@@ -216,6 +217,7 @@ class CacheStore:
             )
         h = hash64(entry.key)[0]
         entries = self._entries
-        evicted = [entries.pop(old) for old in self.index.put(h, entry.size, entry.charge, hits)]
+        gone = self.index.put(h, entry.size, entry.charge, hits)
         entries[h] = entry
-        return evicted
+        # W-TinyLFU may evict the new entry itself at once: a write nobody will read.
+        return [entries.pop(old) for old in gone]
