@@ -319,6 +319,8 @@ def run(
     meta["elapsed"] = f"{time.perf_counter() - started:.0f}s"
     results_doc = {"title": experiment.title, "meta": meta, "cells": cells}
     written = report.write_report(output, results_doc)
+    if finding := report.verdict(cells):
+        say(finding)
     say(report.text_table(cells))
     if rows := report.headline(cells):
         say("\nheadline\n" + report.aligned(report.HEADLINE, rows, left=3))

@@ -22,12 +22,37 @@ _MAX_SIZE_TICKS = 8
 _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
+# A policy label is "admission" or "admission / eviction": the colour follows the admission,
+# the line style the eviction, so a cross-product of both stays readable.
+_STYLES = {"lru": "-", "s3fifo": "--", "sieve": ":", "wtinylfu": "-."}
+
+
 def colours(cells: Sequence[Cell]) -> dict[str, str]:
-    """One colour per policy label: LRU always grey, the rest in a fixed order."""
-    labels = sorted({c["policy"] for c in cells} - {"always"})
-    table = {label: _PALETTE[i % len(_PALETTE)] for i, label in enumerate(labels)}
-    table["always"] = "#555555"
-    return table
+    """One colour per policy label, the same for every eviction of one admission: LRU's
+    admission (``always``) grey, the rest in a fixed order."""
+    admissions = sorted({_admission(c["policy"]) for c in cells} - {"always"})
+    by_admission = {a: _PALETTE[i % len(_PALETTE)] for i, a in enumerate(admissions)}
+    by_admission["always"] = "#555555"
+    return {c["policy"]: by_admission[_admission(c["policy"])] for c in cells}
+
+
+def _admission(label: str) -> str:
+    return label.split(" / ")[0]
+
+
+def _line_style(label: str) -> str:
+    _, _, eviction = label.partition(" / ")
+    return _STYLES.get(eviction or "lru", "-")
+
+
+def _legend(ax: Any) -> None:
+    """The legend inside the panel, or beside it when there are many policies."""
+    handles = ax.get_legend_handles_labels()[0]
+    if len(handles) <= 10:
+        ax.legend(fontsize=8)
+    else:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=1 + len(handles) // 24)  # fmt: skip
 
 
 def _series(cells: Sequence[Cell]) -> dict[tuple[str, str, str], list[Cell]]:
@@ -43,9 +68,20 @@ def _panels(cells: Sequence[Cell]) -> list[tuple[str, str]]:
     return sorted({(c["workload"], c["mode"]) for c in cells})
 
 
+# Every figure of a report has this width, so the HTML shows them at one scale: panels go
+# two to a row.
+_WIDTH = 12.4
+
+
 def _figure(n: int) -> tuple[Any, list[Any]]:
-    fig, axes = plt.subplots(1, n, figsize=(6.2 * n, 4.2), squeeze=False)
-    return fig, list(axes[0])
+    """A figure of ``n`` panels, two to a row, ``_WIDTH`` inches wide."""
+    cols = min(n, 2)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(_WIDTH, 4.2 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for spare in flat[n:]:
+        spare.set_visible(False)
+    return fig, flat[:n]
 
 
 def _save(fig: Any, path: Path) -> Path:
@@ -85,7 +121,8 @@ def _by_size(
                 ax.scatter(xs, ys, marker="X", s=90, label=label,
                            color=palette[policy], edgecolors="black", zorder=3)  # fmt: skip
             else:
-                ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])
+                ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
+                        linestyle=_line_style(policy))  # fmt: skip
         ax.set_xscale("log")
         swept = sorted({c["cache_bytes"] for c in cells if c["workload"] == workload})
         if len(swept) <= _MAX_SIZE_TICKS:  # ticks at the sizes run, not at powers of ten
@@ -99,7 +136,7 @@ def _by_size(
             _binary_ticks(ax)
         ax.set_title(workload)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, directory / f"{name}.png")
 
 
@@ -118,14 +155,15 @@ def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
                 continue
             xs = [c["stats"]["bytes_written"] for c in group]
             ys = [c["stats"]["hit_ratio"] for c in group]
-            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy])
+            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
+                    linestyle=_line_style(policy))  # fmt: skip
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
         ax.set_xlabel("bytes written to the cache (log scale; one point per cache size)")
         ax.set_ylabel("hit ratio (hits / requests)")
         ax.set_title(f"{workload}: hit ratio against writes")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, directory / "hit-ratio-vs-bytes-written.png")
 
 
@@ -171,7 +209,7 @@ def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
         ax.set_ylabel("cumulative hit ratio")
         ax.set_title(f"{workload} ({mode}), cache {format_size(middle)}")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend(ax)
     if not drawn:
         plt.close(fig)
         return None

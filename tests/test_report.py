@@ -44,16 +44,22 @@ def test_every_file_is_written_and_the_html_is_self_contained(tmp_path, results)
     assert {"results.json", "summary.md", "index.html"} <= names
     assert {"hit-ratio-vs-cache-size.png", "byte-hit-ratio-vs-cache-size.png",
             "bytes-written-vs-cache-size.png", "hit-ratio-over-time.png",
-            "latency-percentiles.png", "filter-health.png"} <= names  # fmt: skip
+            "latency-percentiles.png", "filter-health.png",
+            "hit-ratio-vs-bytes-written.png"} <= names  # fmt: skip
+    widths = set()
     for path in written:
         assert path.exists() and path.stat().st_size > 0
         if path.suffix == ".png":
-            assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            head = path.read_bytes()[:24]
+            assert head[:8] == b"\x89PNG\r\n\x1a\n"
+            widths.add(int.from_bytes(head[16:20], "big"))
+    assert len(widths) == 1, f"every plot one width, got {widths}"
     page = (tmp_path / "index.html").read_text()
     references = re.findall(r'(?:src|href)="([^"]+)"', page)
     assert references and all(ref.startswith("data:image/png;base64,") for ref in references)
     summary = (tmp_path / "summary.md").read_text()
     assert "## Headline" in summary and "## Live against simulated" in summary
+    assert summary.splitlines()[2].startswith("w: with a cache of 200B, second-hit(auto) raised")
 
 
 def test_headline_and_space_saved_from_the_size_curves(results):
