@@ -1,11 +1,15 @@
-"""Cache-hit throughput and latency of onehit beside references measured in the same run.
+"""Cache-hit throughput and latency of onehit beside caches doing the same job, in one run.
 
-Targets, each a separate process on 127.0.0.1: the origin itself (aiohttp), a minimal aiohttp
-pass-through proxy (no cache: the floor any aiohttp proxy pays), onehit serving hits, and nginx
-``proxy_cache`` when an ``nginx`` binary is on PATH. Load comes from ``wrk`` when installed,
-else from a closed-loop aiohttp client in its own process. Bodies of 1 KiB and 64 KiB.
+Servers, each a separate process on 127.0.0.1, each pinned to the second core and the load
+generator to the first where ``taskset`` exists: onehit; a minimal aiohttp cache (a dict lookup
+in a ``web.Server`` handler: the least an aiohttp cache can do per hit, the reference);
+nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodies of 1 KiB,
+16 KiB and 256 KiB, requested as one URL and as 1,000 URLs. The origin counts its requests:
+a cell in which a cache sent it any is flagged, so only hits are measured. The origin direct
+and a minimal aiohttp pass-through (no cache) are measured apart, as the miss path's floor.
+Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
-    .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 32]
+    .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 64]
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from pathlib import Path
 from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
 
-SIZES = {"1k": 1024, "64k": 64 * 1024}
+SIZES = {"1k": 1024, "16k": 16 * 1024, "256k": 256 * 1024}
+URLS = 1000  # the many-URL cells spread their requests over this many objects of one size
 
 
 # Roles this script plays in its own subprocesses.
@@ -35,12 +40,42 @@ SIZES = {"1k": 1024, "64k": 64 * 1024}
 def serve_origin(port: int) -> None:
     from aiohttp import web
 
-    bodies = {f"/{name}": b"o" * size for name, size in SIZES.items()}
+    bodies = {name: b"o" * size for name, size in SIZES.items()}
+    served = 0
 
     async def handle(request: web.BaseRequest) -> web.Response:
+        nonlocal served
+        if request.path == "/__count":
+            return web.Response(text=str(served))
+        served += 1
+        name = request.path.strip("/").split("/")[0]
         return web.Response(
-            body=bodies[request.path], headers={"Cache-Control": "max-age=3600", "ETag": '"b1"'}
+            body=bodies[name], headers={"Cache-Control": "max-age=3600", "ETag": '"b1"'}
         )
+
+    run_server(handle, port)
+
+
+def serve_mini_cache(port: int, origin: str) -> None:
+    """The reference: a dict of whole responses by path, filled from the origin on a miss."""
+    import aiohttp
+    from aiohttp import web
+
+    cache: dict[str, tuple[int, dict[str, str], bytes]] = {}
+    session: aiohttp.ClientSession | None = None
+
+    async def handle(request: web.BaseRequest) -> web.Response:
+        nonlocal session
+        hit = cache.get(request.raw_path)
+        if hit is None:
+            if session is None:
+                session = aiohttp.ClientSession(auto_decompress=False)
+            async with session.get(origin + request.raw_path) as upstream:
+                body = await upstream.read()
+                kept = {k: upstream.headers[k] for k in ("Cache-Control", "ETag")}
+                hit = cache[request.raw_path] = (upstream.status, kept, body)
+        status, headers, body = hit
+        return web.Response(status=status, body=body, headers=headers)
 
     run_server(handle, port)
 
@@ -134,12 +169,25 @@ def spawn(stack: ExitStack, *args: str, cwd: str | None = None) -> subprocess.Po
     return process
 
 
-def measure(url: str, seconds: float, connections: int) -> tuple[float, float, float]:
-    """(requests/s, p50 ms, p99 ms) of ``url`` under load."""
+LOAD_CORE = ("taskset", "-c", "0") if shutil.which("taskset") else ()
+SERVER_CORE = ("taskset", "-c", "1") if shutil.which("taskset") else ()
+MANY_URLS_LUA = f"""
+request = function()
+  return wrk.format(nil, wrk.path .. "/" .. math.random(0, {URLS - 1}))
+end
+"""
+
+
+def measure(
+    url: str, seconds: float, connections: int, script: Path | None = None
+) -> tuple[float, float, float]:
+    """(requests/s, p50 ms, p99 ms) of ``url`` under load (``script``: wrk's request picker)."""
     wrk = shutil.which("wrk")
     if wrk:
+        extra = ["-s", str(script)] if script is not None else []
         out = subprocess.run(
-            [wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency", url],
+            [*LOAD_CORE, wrk, "-t1", f"-c{connections}", f"-d{seconds:g}s", "--latency",
+             *extra, url],
             capture_output=True, text=True, timeout=seconds + 30, check=True,
         ).stdout  # fmt: skip
         rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))  # type: ignore[union-attr]
@@ -165,56 +213,93 @@ def start_nginx(stack: ExitStack, port: int, origin: str) -> bool:
     root = Path(tempfile.mkdtemp(prefix="onehit-nginx-"))
     stack.callback(shutil.rmtree, root, True)
     config = nginx_config(root, port, origin, 1 << 30)
-    spawn(stack, nginx, "-c", str(config), "-p", str(root))
+    spawn(stack, *SERVER_CORE, nginx, "-c", str(config), "-p", str(root))
     return True
+
+
+def start_varnish(stack: ExitStack, port: int, origin_port: int) -> bool:
+    varnishd = shutil.which("varnishd")
+    if varnishd is None:
+        print("  (varnishd not found: skipped; apt-get install varnish to compare)")
+        return False
+    root = Path(tempfile.mkdtemp(prefix="onehit-varnish-"))
+    stack.callback(shutil.rmtree, root, True)
+    spawn(stack, *SERVER_CORE, varnishd, "-F", "-a", f"127.0.0.1:{port}",
+          "-b", f"127.0.0.1:{origin_port}", "-s", "malloc,256m", "-n", str(root))  # fmt: skip
+    return True
+
+
+def origin_count(origin: str) -> int:
+    with urllib.request.urlopen(f"{origin}/__count", timeout=5) as r:
+        return int(r.read())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=64)
     args = parser.parse_args()
-    ports = {name: free_port() for name in ("origin", "pass", "onehit", "admin", "nginx")}
+    names = ("origin", "pass", "mini", "onehit", "admin", "nginx", "varnish")
+    ports = {name: free_port() for name in names}
     origin = f"http://127.0.0.1:{ports['origin']}"
     py = sys.executable
     with ExitStack() as stack:
-        spawn(stack, py, __file__, "--role", "origin", str(ports["origin"]))
-        spawn(stack, py, __file__, "--role", "passthrough", str(ports["pass"]), origin)
+        script = Path(tempfile.mkdtemp(prefix="onehit-wrk-")) / "many.lua"
+        stack.callback(shutil.rmtree, script.parent, True)
+        script.write_text(MANY_URLS_LUA)
+        spawn(stack, *SERVER_CORE, py, __file__, "--role", "origin", str(ports["origin"]))
+        spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough", str(ports["pass"]),
+              origin)  # fmt: skip
+        spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]), origin)
         spawn(
-            stack, py, "-m", "proxy", "--origin", origin, "--listen",
+            stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
             f"127.0.0.1:{ports['onehit']}", "--admin-listen", f"127.0.0.1:{ports['admin']}",
             "--admission", "always", "--set", "server.access_log=false",
+            "--set", "cache.size=1GiB",
         )  # fmt: skip
-        targets = {
-            "origin direct": f"http://127.0.0.1:{ports['origin']}",
-            "aiohttp pass-through": f"http://127.0.0.1:{ports['pass']}",
-            "onehit (hits)": f"http://127.0.0.1:{ports['onehit']}",
+        caches = {
+            "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
+            "onehit": f"http://127.0.0.1:{ports['onehit']}",
         }
         if start_nginx(stack, ports["nginx"], origin):
-            targets["nginx proxy_cache (hits)"] = f"http://127.0.0.1:{ports['nginx']}"
-        for target, url in targets.items():
-            for name in SIZES:
-                for _ in range(3):  # warm: min_uses 2 has stored by the third request
-                    last = wait_ready(f"{url}/{name}")
-                if "(hits)" in target and last.upper() != "HIT":
-                    raise SystemExit(f"{target} is not serving {name} from cache (X-Cache: {last})")
+            caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"
+        if start_varnish(stack, ports["varnish"], ports["origin"]):
+            caches["varnish (malloc)"] = f"http://127.0.0.1:{ports['varnish']}"
+        floors = {
+            "origin direct": origin,
+            "aiohttp pass-through (no cache)": f"http://127.0.0.1:{ports['pass']}",
+        }
+        wait_ready(f"{origin}/__count")
         tool = "wrk" if shutil.which("wrk") else "aiohttp client loop"
-        print(
-            f"load: {tool}, {args.connections} connections, {args.seconds:g}s per cell, "
-            f"2 cores shared by load and server"
-        )
+        pinned = "servers on core 1, load on core 0" if SERVER_CORE else "not pinned"
+        print(f"load: {tool}, {args.connections} connections, {args.seconds:g}s per cell, {pinned}")
         for name in SIZES:
-            results = {
-                t: measure(f"{u}/{name}", args.seconds, args.connections)
-                for t, u in targets.items()
-            }
-            floor = results["aiohttp pass-through"][0]
-            print(f"\n  body {name}:")
-            for target, (rps, p50, p99) in results.items():
-                print(
-                    f"    {target:26s} {rps:>10,.0f} req/s  p50 {p50:6.2f} ms  p99 {p99:6.2f} ms"
-                    f"  x{rps / floor:.2f} of pass-through"
-                )
+            # Warm every cache with this size's URLs (nginx's min_uses 2 stores on the second
+            # request), just before they are measured.
+            for url in caches.values():
+                for path in [f"/{name}"] + [f"/{name}/{i}" for i in range(URLS)]:
+                    for _ in range(2):
+                        wait_ready(url + path)
+            for many in (False, True):
+                label = f"{name} body, {URLS:,} URLs" if many else f"{name} body, one URL"
+                path = f"/{name}"
+                results = {}
+                for target, url in caches.items():
+                    before = origin_count(origin)
+                    results[target] = measure(url + path, args.seconds, args.connections,
+                                              script if many else None)  # fmt: skip
+                    fetched = origin_count(origin) - before
+                    if fetched:
+                        print(f"  ({target}: the origin saw {fetched} requests: not all hits)")
+                reference = results["minimal aiohttp cache (reference)"][0]
+                print(f"\n  {label}:")
+                for target, (rps, _, p99) in results.items():
+                    print(f"    {target:36s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
+                          f"x{rps / reference:.2f} of the reference")  # fmt: skip
+        print("\n  the miss path's floor (no cache), 1k body, one URL:")
+        for target, url in floors.items():
+            rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
+            print(f"    {target:36s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
 
 
 if __name__ == "__main__":
@@ -224,6 +309,8 @@ if __name__ == "__main__":
             serve_origin(int(rest[0]))
         elif role == "passthrough":
             serve_passthrough(int(rest[0]), rest[1])
+        elif role == "mini":
+            serve_mini_cache(int(rest[0]), rest[1])
         elif role == "client":
             client_load(rest[0], float(rest[1]), int(rest[2]))
     else:
