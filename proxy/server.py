@@ -37,6 +37,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import assert_never
 from urllib.parse import urlsplit
 
@@ -147,7 +148,8 @@ class Proxy:
             return _refuse_version(request)
         if len(request.raw_path) > self.max_url:
             return _plain(414, f"request target longer than {self.max_url} bytes")
-        if sum(len(k) + len(v) + 4 for k, v in request.raw_headers) > self.max_headers:
+        raw = request.raw_headers
+        if sum(map(len, chain.from_iterable(raw))) + 4 * len(raw) > self.max_headers:
             return _plain(431, f"request header fields larger than {self.max_headers} bytes")
         if request.method in ("CONNECT", "TRACE"):
             return _plain(405, f"{request.method} is refused: this is a reverse proxy")

@@ -176,11 +176,20 @@ def targeted_directives(values: Sequence[str]) -> Directives | None:
 
 def request_directives(headers: Headers) -> Directives:
     """Request Cache-Control; ``Pragma: no-cache`` counts as ``no-cache`` when there is none."""
-    cc = get_all(headers, "cache-control")
+    # One pass for both fields, read on every hit: most requests carry neither.
+    cc: list[str] = []
+    pragma: list[str] = []
+    for k, v in headers:
+        size = len(k)
+        if size == 13 and k.lower() == "cache-control":
+            cc.append(v)
+        elif size == 6 and k.lower() == "pragma":
+            pragma.append(v)
     if cc:
         return parse_directives(cc)
-    pragma = parse_directives(get_all(headers, "pragma"))
-    return {"no-cache": None} if "no-cache" in pragma else {}
+    if pragma and "no-cache" in parse_directives(pragma):
+        return {"no-cache": None}
+    return {}
 
 
 def carries_cookie(request_headers: Headers, ignored: Sequence[str] = ()) -> bool:
