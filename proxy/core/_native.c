@@ -1286,8 +1286,8 @@ static PyTypeObject IndexType = {
     .tp_name = "proxy.core._native.StoreIndex",
     .tp_basicsize = sizeof(IndexObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The store's bookkeeping over 64-bit key hashes: lru, sieve or s3fifo eviction, "
-              "with dead-write accounting.",
+    .tp_doc = "The store's bookkeeping over 64-bit key hashes: lru, sieve, s3fifo or wtinylfu "
+              "eviction, with dead-write accounting.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Index_init,
     .tp_dealloc = (destructor)Index_dealloc,
