@@ -22,7 +22,7 @@ async def test_live_and_simulated_counters_agree_exactly(
     origin, start_proxy, client, admission, eviction
 ):
     sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
-    trace = generate(WorkloadSpec(objects=300, requests=1500, one_hit_share=0.3, sizes=sizes))
+    trace = generate(WorkloadSpec(objects=200, requests=1000, one_hit_share=0.3, sizes=sizes))
     trace = Trace(np.zeros(len(trace)), trace.ids, trace.sizes)
     size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
 
