@@ -1,7 +1,8 @@
 """Cache-hit throughput and latency of onehit beside caches doing the same job, in one run.
 
 Servers, each a separate process on 127.0.0.1, each pinned to the second core and the load
-generator to the first where ``taskset`` exists: onehit; a minimal aiohttp cache (a dict lookup
+generator to the first where ``taskset`` exists: onehit on uvloop and on asyncio's own loop; a
+minimal aiohttp cache (a dict lookup
 in a ``web.Server`` handler: the least an aiohttp cache can do per hit, the reference);
 nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodies of 1 KiB,
 16 KiB and 256 KiB, requested as one URL and as 1,000 URLs. The origin counts its requests:
@@ -239,7 +240,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     args = parser.parse_args()
-    names = ("origin", "pass", "mini", "onehit", "admin", "nginx", "varnish")
+    names = ("origin", "pass", "mini", "onehit", "onehit-admin", "onehit-asyncio",
+             "onehit-asyncio-admin", "nginx", "varnish")  # fmt: skip
     ports = {name: free_port() for name in names}
     origin = f"http://127.0.0.1:{ports['origin']}"
     py = sys.executable
@@ -251,15 +253,17 @@ def main() -> None:
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough", str(ports["pass"]),
               origin)  # fmt: skip
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]), origin)
-        spawn(
-            stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
-            f"127.0.0.1:{ports['onehit']}", "--admin-listen", f"127.0.0.1:{ports['admin']}",
-            "--admission", "always", "--set", "server.access_log=false",
-            "--set", "cache.size=1GiB",
-        )  # fmt: skip
+        for name, loop in (("onehit", "uvloop"), ("onehit-asyncio", "asyncio")):
+            spawn(
+                stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
+                f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
+                "--admission", "always", "--set", "server.access_log=false",
+                "--set", "cache.size=1GiB", "--set", f"server.event_loop={loop}",
+            )  # fmt: skip
         caches = {
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
-            "onehit": f"http://127.0.0.1:{ports['onehit']}",
+            "onehit (uvloop)": f"http://127.0.0.1:{ports['onehit']}",
+            "onehit (asyncio loop)": f"http://127.0.0.1:{ports['onehit-asyncio']}",
         }
         if start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"

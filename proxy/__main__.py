@@ -53,8 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.workers > 1:
             own = list(argv if argv is not None else sys.argv[1:])
-            return _run(serve_workers(config, _without_workers(own), args.workers))
-        _run(_serve(config, worker=args.worker))
+            return _run(
+                serve_workers(config, _without_workers(own), args.workers),
+                config.server.event_loop,
+            )
+        _run(_serve(config, worker=args.worker), config.server.event_loop)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -100,11 +103,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-    try:
-        import uvloop  # optional: a faster event loop when installed
-    except ImportError:
-        uvloop = None
+def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "auto") -> T:
+    """Run ``coroutine`` on uvloop (``auto``, where it installs: a dependency on Linux and
+    macOS) or on asyncio's own loop."""
+    uvloop = None
+    if event_loop != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if event_loop == "uvloop":
+                raise SystemExit(
+                    "[server] event_loop = 'uvloop', but uvloop is not installed"
+                ) from None
     # Run outside the except clause: a traceback logged while serving must not carry the
     # ImportError as its context.
     if uvloop is None:

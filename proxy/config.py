@@ -195,6 +195,12 @@ def _eviction(value: Any) -> str:
     return value
 
 
+def _event_loop(value: Any) -> str:
+    if value not in ("auto", "uvloop", "asyncio"):
+        raise ValueError("expected 'auto' (uvloop where installed), 'uvloop' or 'asyncio'")
+    return value
+
+
 def _log_format(value: Any) -> str:
     if value not in ("combined", "json"):
         raise ValueError("expected 'combined' or 'json'")
@@ -235,6 +241,9 @@ class ServerSection:
     access_log: bool = _setting(True, _bool, "log one line per request")
     access_log_format: str = _setting("combined", _log_format, "combined or json")
     drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
+    event_loop: str = _setting(
+        "auto", _event_loop, "auto (uvloop where installed), uvloop, asyncio"
+    )
     idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
     max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
     max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")

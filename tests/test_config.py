@@ -63,6 +63,7 @@ def test_routes_from_the_environment():
             "unknown admission policy 'lfu' (did you mean 'tinylfu'?)",
         ),
         ('[cache]\neviction = "fifo"\n', "[cache] eviction = 'fifo': expected one of lru, s3fifo"),
+        ('[server]\nevent_loop = "fast"\n', "[server] event_loop = 'fast': expected 'auto'"),
         ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
         ('[server]\nlisten = "8080"\n', "expected host:port"),
         ("[cache]\nsize = [\n", "not valid TOML"),
