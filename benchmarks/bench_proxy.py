@@ -1,7 +1,7 @@
 """Cache-hit throughput and latency of onehit beside caches doing the same job, in one run.
 
 Servers, each a separate process on 127.0.0.1, each pinned to the second core and the load
-generator to the first where ``taskset`` exists: onehit on uvloop and on asyncio's own loop; a
+generator to the first where ``taskset`` exists: onehit (on asyncio's loop, and on uvloop); a
 minimal aiohttp cache (a dict lookup
 in a ``web.Server`` handler: the least an aiohttp cache can do per hit, the reference);
 nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodies of 1 KiB,
@@ -240,8 +240,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     args = parser.parse_args()
-    names = ("origin", "pass", "mini", "onehit", "onehit-admin", "onehit-asyncio",
-             "onehit-asyncio-admin", "nginx", "varnish")  # fmt: skip
+    names = ("origin", "pass", "mini", "onehit", "onehit-admin", "onehit-uvloop",
+             "onehit-uvloop-admin", "nginx", "varnish")  # fmt: skip
     ports = {name: free_port() for name in names}
     origin = f"http://127.0.0.1:{ports['origin']}"
     py = sys.executable
@@ -253,7 +253,7 @@ def main() -> None:
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough", str(ports["pass"]),
               origin)  # fmt: skip
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]), origin)
-        for name, loop in (("onehit", "uvloop"), ("onehit-asyncio", "asyncio")):
+        for name, loop in (("onehit", "asyncio"), ("onehit-uvloop", "uvloop")):
             spawn(
                 stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
                 f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
@@ -262,8 +262,8 @@ def main() -> None:
             )  # fmt: skip
         caches = {
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
-            "onehit (uvloop)": f"http://127.0.0.1:{ports['onehit']}",
-            "onehit (asyncio loop)": f"http://127.0.0.1:{ports['onehit-asyncio']}",
+            "onehit": f"http://127.0.0.1:{ports['onehit']}",
+            "onehit on uvloop": f"http://127.0.0.1:{ports['onehit-uvloop']}",
         }
         if start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"

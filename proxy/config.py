@@ -242,7 +242,7 @@ class ServerSection:
     access_log_format: str = _setting("combined", _log_format, "combined or json")
     drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
     event_loop: str = _setting(
-        "auto", _event_loop, "auto (uvloop where installed), uvloop, asyncio"
+        "asyncio", _event_loop, "asyncio, uvloop, or auto (uvloop where installed)"
     )
     idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
     max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
