@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.core._native import Admission, hash64, hash_ids, simulate_chunk
+from proxy.core._native import Admission, hash_ids, simulate_chunk
 from proxy.core.admission import (
     AdmissionConfig,
     AdmissionPolicy,
@@ -108,10 +108,7 @@ def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
         hash_ids(np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False),
                  key_prefix.encode(), hashes)  # fmt: skip
     else:
-        by_name = np.fromiter(
-            (hash64(key_prefix + name)[0] for name in trace.names), np.uint64, len(trace.names)
-        )
-        hashes = by_name[trace.ids]
+        hashes = trace.name_hashes(key_prefix)[0][trace.ids]
     keep = hashes < np.uint64(min(2**64 - 1, int(rate * 2**64)))
     kept = Trace(trace.times[keep], trace.ids[keep], trace.sizes[keep], trace.names)
     return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
@@ -253,12 +250,8 @@ def _key_arrays(trace: Trace, prefix: str) -> _KeyArrays:
     if trace.names is None:
         ids = np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False)
         return _KeyArrays(ids, prefix.encode(), len(prefix), ())
-    hashes = [hash64(prefix + name) for name in trace.names]
-    h1 = np.fromiter((h for h, _ in hashes), dtype=np.uint64, count=len(hashes))
-    h2 = np.fromiter((h for _, h in hashes), dtype=np.uint64, count=len(hashes))
-    chars = np.fromiter((len(prefix) + len(n) for n in trace.names), dtype=np.int64)
     ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
-    return _KeyArrays(ids, b"", 0, (h1, h2, chars))
+    return _KeyArrays(ids, b"", 0, trace.name_hashes(prefix))
 
 
 def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, float]:
@@ -330,6 +323,9 @@ def sweep(
             if report:
                 report(len(results), len(cells), result)
         return [results[c] for c in cells]
+    requests = trace.trace if isinstance(trace, Sample) else trace
+    if requests.names is not None:
+        requests.name_hashes()  # once, before the workers fork, not once a cell
     _SHARED_TRACE = trace
     try:
         context = multiprocessing.get_context("fork")

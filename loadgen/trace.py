@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from proxy.core._native import footprint
+from proxy.core._native import footprint, hash64
 
 ORACLE_DTYPE = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 CSV_HEADER = ["time", "key", "size"]
@@ -89,6 +89,21 @@ class Trace:
     def distinct_bytes(self) -> int:
         """Bytes of every distinct object at its largest requested size: the footprint to cache."""
         return self._footprint[1]
+
+    def name_hashes(self, prefix: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each of ``names``: the (h1, h2) hash of ``prefix + name`` and its length in
+        characters, as the store keys it. Computed once per prefix: every simulated cell of
+        a sweep reads them."""
+        assert self.names is not None, "numeric ids are hashed by the compiled loop itself"
+        cache = self.__dict__.setdefault("_name_hashes", {})
+        if prefix not in cache:
+            hashes = [hash64(prefix + name) for name in self.names]
+            cache[prefix] = (
+                np.fromiter((h for h, _ in hashes), dtype=np.uint64, count=len(hashes)),
+                np.fromiter((h for _, h in hashes), dtype=np.uint64, count=len(hashes)),
+                np.fromiter((len(prefix) + len(n) for n in self.names), dtype=np.int64),
+            )
+        return cache[prefix]
 
     def duration(self) -> float:
         return float(self.times[-1] - self.times[0]) if len(self) else 0.0

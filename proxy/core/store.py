@@ -52,6 +52,7 @@ class Entry:
     payload: Any = None
     status: int = 200
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
+    key_hash: int = field(default=0)  # the index's key, set by the store: no rehash per hit
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
@@ -158,7 +159,7 @@ class CacheStore:
 
     def record_hit(self, entry: Entry) -> None:
         """Count one answer served from ``entry``."""
-        h = hash64(entry.key)[0]
+        h = entry.key_hash
         if self._entries.get(h) is entry:
             self.index.record_hit(h)
 
@@ -177,7 +178,7 @@ class CacheStore:
         """Charge a stored ``entry`` again after its headers changed (it stays most recently
         used, its hits kept); returns the entries evicted for room. An entry no longer
         resident is left out."""
-        h = hash64(entry.key)[0]
+        h = entry.key_hash
         if self._entries.get(h) is not entry:
             return []
         charge = entry_charge(entry, self.entry_overhead)
@@ -215,7 +216,7 @@ class CacheStore:
                 f"entry of {entry.size} bytes (charged {entry.charge}) does not fit: "
                 f"max_object_bytes={self.max_object_bytes}, capacity_bytes={self.capacity_bytes}"
             )
-        h = hash64(entry.key)[0]
+        h = entry.key_hash = hash64(entry.key)[0]
         entries = self._entries
         gone = self.index.put(h, entry.size, entry.charge, hits)
         entries[h] = entry
