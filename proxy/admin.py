@@ -85,6 +85,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             },
             "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
             "in_flight_fetches": len(proxy.flights),
+            "fast_hits": proxy.fast_hits,
             "uptime_s": round(time.time() - started, 3),
             "config": proxy.config.summary(),
         }
@@ -92,6 +93,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         text = prometheus_text(proxy.engine.stats())
+        text += prometheus_text({"fast_hits": proxy.fast_hits}, PROXY_METRICS)
         if proxy.shared is not None:
             text += prometheus_text(
                 {"filter_fallbacks": proxy.shared.fallbacks,
@@ -175,6 +177,9 @@ def _filter_health(proxy: Proxy) -> dict[str, object] | None:
     return None if health is None else asdict(health)
 
 
+PROXY_METRICS = {
+    "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
+}
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
     "filter_remote_decisions": "admission decisions the shared Redis filter gave",

@@ -43,7 +43,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import HttpVersion10, HttpVersion11, web
-from multidict import CIMultiDict
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
+from aiohttp.http_parser import RawRequestMessage
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
@@ -82,7 +85,18 @@ _CLIENT_ASKS = frozenset(
 )
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
+# Fields every answer carries with the proxy's own values (``_mark``).
+_MARKS = frozenset({"cache-status", "x-cache", "via"})
 _NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
+# Request fields that keep a hit from ``answer_hit``: what ``handle`` answers itself (the
+# client's conditionals and Range), and a body's framing.
+_HANDLER_FIELDS = _CLIENT_ASKS | {"transfer-encoding", "content-length"}
+# Request fields the cache's rules read on a hit; a request with none of them is looked up by
+# its key alone (``CacheEngine.fresh_plain``).
+_RULE_FIELDS = frozenset({"cookie", "cache-control", "pragma"})
+# Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
+# a part whose range ``handle`` writes (206).
+_NOT_PLAIN = frozenset({204, 206, 304})
 _BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
 
@@ -129,6 +143,7 @@ class Proxy:
         self.body_timeout = config.server.body_timeout
         self.max_streamed_uploads = config.server.max_streamed_uploads
         self.streamed_uploads = 0
+        self.fast_hits = 0  # hits ``answer_hit`` answered (also counted among the engine's hits)
         self._background: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -168,20 +183,8 @@ class Proxy:
         if origin is None:
             return _plain(421, f"no route for host {route_host!r}")
         path = request.rel_url.raw_path_qs if absolute else request.raw_path
-        # What the origin receives of Via and X-Forwarded-*, in place of anything the client
-        # sent: Vary selects variants on these values too.
-        forwarding = (
-            ("Via", VIA),
-            ("X-Forwarded-For", request.remote or ""),
-            ("X-Forwarded-Proto", request.scheme),
-            ("X-Forwarded-Host", key_host),
-        )
-        fields = request.headers
-        if any(name in fields for name, _ in forwarding):
-            client = tuple((k, v) for k, v in fields.items() if k.lower() not in _FORWARDING)
-        else:
-            client = tuple(fields.items())
-        meta = RequestMeta(f"http://{key_host}{path}", request.method, client + forwarding)
+        meta = self._meta(request.method, key_host, path, request.headers, request.remote or "",
+                          request.scheme)  # fmt: skip
         url = origin + path
         action = self.engine.plan(meta, self.clock())
         match action:
@@ -209,6 +212,90 @@ class Proxy:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _meta(
+        self,
+        method: str,
+        key_host: str,
+        path: str,
+        fields: CIMultiDictProxy[str],
+        remote: str,
+        scheme: str,
+    ) -> RequestMeta:
+        # What the origin receives of Via and X-Forwarded-*, in place of anything the client
+        # sent: Vary selects variants on these values too.
+        forwarding = (
+            ("Via", VIA),
+            ("X-Forwarded-For", remote),
+            ("X-Forwarded-Proto", scheme),
+            ("X-Forwarded-Host", key_host),
+        )
+        if any(name in fields for name, _ in forwarding):
+            client = tuple((k, v) for k, v in fields.items() if k.lower() not in _FORWARDING)
+        else:
+            client = tuple(fields.items())
+        return RequestMeta(f"http://{key_host}{path}", method, client + forwarding)
+
+    def answer_hit(
+        self, message: RawRequestMessage, remote: str, scheme: str
+    ) -> tuple[bytes, int] | None:
+        """The whole answer to a plain fresh hit (its bytes and status), counted as ``handle``
+        counts one; None, with
+        nothing counted, for any other request (``handle`` answers it). Plain: GET or HEAD,
+        HTTP/1.1 keep-alive, an origin-form target and fields within the limits, a routed
+        Host, no body, no conditional or Range, and a stored response whose status has a body."""
+        method = message.method
+        if (
+            (method != "GET" and method != "HEAD")
+            or message.version != HttpVersion11
+            or message.should_close
+            or message.upgrade
+            or message.chunked
+        ):
+            return None
+        path = message.path
+        raw = message.raw_headers
+        if (
+            not path.startswith("/")
+            or len(path) > self.max_url
+            or sum(map(len, chain.from_iterable(raw))) + 4 * len(raw) > self.max_headers
+        ):
+            return None
+        fields = message.headers
+        host = fields.get("Host")
+        hosts = None if host is None else _hosts(host)
+        if hosts is None or (hosts[0] not in self.routes and "" not in self.routes):
+            return None
+        names = set(map(str.lower, fields))
+        if not names.isdisjoint(_HANDLER_FIELDS):
+            return None
+        now = self.clock()
+        if not names.isdisjoint(_RULE_FIELDS):
+            meta = self._meta(method, hosts[1], path, fields, remote, scheme)
+            key = meta.key
+            hit = self.engine.fresh(meta, now)
+        else:
+            key = f"http://{hosts[1]}{path}"
+            hit = self.engine.fresh_plain(key, now)
+        if hit is None:
+            return None
+        entry = hit.entry
+        rendered = entry.rendered
+        if rendered is None:
+            rendered = entry.rendered = _render(entry)
+        if rendered is False:
+            return None
+        self.engine.served(key, hit, now)
+        self.fast_hits += 1
+        age = int(hit.age)
+        ttl = int(entry.lifetime - hit.age)
+        head, default_type, dated = rendered
+        per_hit = b"Cache-Status: onehit; hit; ttl=%d\r\nAge: %d\r\n" % (ttl, age)
+        if not dated:
+            per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+        if method == "HEAD":
+            return b"".join((head, per_hit, b"\r\n")), entry.status
+        return b"".join((head, default_type, per_hit, b"\r\n", entry.payload)), entry.status
 
     # Fetches
 
@@ -776,3 +863,30 @@ def _refuse_version(request: web.BaseRequest) -> web.Response:
 def _abort(request: web.BaseRequest) -> None:
     if request.transport is not None:
         request.transport.close()
+
+
+def _render(entry: Entry) -> tuple[bytes, bytes, bool] | bool:
+    """What every hit on ``entry`` writes the same, built once per stored response: the head
+    without its per-hit fields (Age, Cache-Status, Date when the origin sent none), the
+    Content-Type a body without one gets (as aiohttp adds), and whether the origin sent a Date.
+    False for a status ``answer_hit`` leaves to ``handle``."""
+    if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
+        return False
+    kept = [(k, v) for k, v in entry.headers if k.lower() not in _RECOMPUTED | _MARKS]
+    names = {k.lower() for k, _ in kept}
+    reason = web.Response(status=entry.status).reason
+    lines = [f"HTTP/1.1 {entry.status} {reason}"]
+    lines += [f"{k}: {v}" for k, v in kept]
+    lines += [
+        f"Content-Length: {len(entry.payload)}",
+        "X-Cache: HIT",
+        f"Via: {VIA}",
+        "Accept-Ranges: bytes",
+    ]
+    if "server" not in names:
+        lines.append(f"Server: {SERVER_SOFTWARE}")
+    head = ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+    default_type = b""
+    if "content-type" not in names and entry.payload:
+        default_type = b"Content-Type: application/octet-stream\r\n"
+    return head, default_type, "date" in names

@@ -25,6 +25,7 @@ from proxy.config import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.fastpath import HitServer
 from proxy.server import Proxy
 from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
@@ -154,10 +155,11 @@ class Service:
                 server_kwargs["access_log_format"] = COMBINED
         else:
             server_kwargs["access_log"] = None
-        proxy_runner = web.ServerRunner(
-            web.Server(proxy.handle, **server_kwargs),  # type: ignore[arg-type]
-            shutdown_timeout=config.server.drain_timeout,
-        )
+        if config.server.fast_hits:
+            server = HitServer(proxy.handle, proxy.answer_hit, **server_kwargs)
+        else:
+            server = web.Server(proxy.handle, **server_kwargs)  # type: ignore[arg-type]
+        proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)
         admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
         await proxy_runner.setup()
         await admin_runner.setup()

@@ -252,6 +252,18 @@ def response_meta(
     )
 
 
+def _fresh(entry: Entry, age: float, req: rfc9111.Directives) -> bool:
+    """Whether ``entry`` at ``age`` answers a request with directives ``req`` without
+    revalidation (RFC 9111 sections 4.2, 5.2.1 and 5.2.2)."""
+    if age >= entry.lifetime:
+        return False
+    if req or "no-cache" in entry.directives:
+        return rfc9111.fresh_enough(
+            entry.lifetime, age, req
+        ) and not rfc9111.must_revalidate_before_use(entry.directives, req)
+    return True
+
+
 class CacheEngine:
     """Drives ``store`` and ``admission`` and keeps the counters of both. ``hit_for_miss``:
     seconds a URL whose response was uncacheable goes straight to the origin (0: never).
@@ -292,29 +304,65 @@ class CacheEngine:
         if entry is None:
             c.misses += 1
             return URI_MISS
-        if self.carries_cookie(request) and not rfc9111.meant_for_shared_caches(
-            entry.headers, entry.directives
-        ):
+        if self._private(request, entry):
             c.misses += 1
             return PRIVATE_MISS
         age = entry.age(now)
-        fresh = age < entry.lifetime
         req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
-        if fresh and (req or "no-cache" in entry.directives):
-            fresh = rfc9111.fresh_enough(
-                entry.lifetime, age, req
-            ) and not rfc9111.must_revalidate_before_use(entry.directives, req)
-        if fresh:
-            if self.admission.observes:
-                self.admission.observe(request.key, entry.size, now)
-            c.hits += 1
-            c.hit_bytes += entry.size
-            c.bytes_served += entry.size
-            self.store.record_hit(entry)
-            return Hit(entry, age)
+        if _fresh(entry, age, req):
+            return self._count_hit(request.key, Hit(entry, age), now)
         c.misses += 1
         serve = rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives)
         return Stale(entry, age, serve)
+
+    def fresh(self, request: RequestMeta, now: float) -> Hit | None:
+        """The stored response that answers ``request`` as a hit, or None; nothing is counted
+        or moved. A driver with a faster way to answer a hit peeks here, and then calls
+        ``served`` (counted exactly as ``lookup`` counts a hit) or ``plan``."""
+        if request.method not in CACHEABLE_METHODS:
+            return None
+        entry = self.store.peek(self._store_key(request))
+        if entry is None or self._private(request, entry):
+            return None
+        age = entry.age(now)
+        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+        return Hit(entry, age) if _fresh(entry, age, req) else None
+
+    def fresh_plain(self, key: str, now: float) -> Hit | None:
+        """``fresh`` for a GET or HEAD of ``key`` whose fields the driver has checked hold
+        none the rules read (Cookie, Cache-Control, Pragma), so none are scanned. None when
+        the URL has variants: they are selected on fields."""
+        if self._vary and key in self._vary:
+            return None
+        entry = self.store.peek(key)
+        if entry is None:
+            return None
+        age = entry.age(now)
+        return Hit(entry, age) if _fresh(entry, age, _NO_DIRECTIVES) else None
+
+    def served(self, key: str, hit: Hit, now: float) -> Hit:
+        """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``
+        would have."""
+        self.counters.requests += 1
+        self.store.touch(hit.entry)
+        return self._count_hit(key, hit, now)
+
+    def _count_hit(self, key: str, hit: Hit, now: float) -> Hit:
+        entry = hit.entry
+        if self.admission.observes:
+            self.admission.observe(key, entry.size, now)
+        c = self.counters
+        c.hits += 1
+        c.hit_bytes += entry.size
+        c.bytes_served += entry.size
+        self.store.record_hit(entry)
+        return hit
+
+    def _private(self, request: RequestMeta, entry: Entry) -> bool:
+        """``request`` carries a cookie and ``entry`` is not meant for shared caches."""
+        return self.carries_cookie(request) and not rfc9111.meant_for_shared_caches(
+            entry.headers, entry.directives
+        )
 
     def plan(self, request: RequestMeta, now: float) -> Action:
         """What the driver does with ``request`` (see the module's rules)."""
@@ -572,6 +620,7 @@ class CacheEngine:
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
+        entry.rendered = None
         self._forget_variants(self.store.recharge(entry))
         c = self.counters
         c.revalidated += 1

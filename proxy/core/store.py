@@ -39,7 +39,7 @@ class Entry:
     It is fresh while ``initial_age + (now - stored_at) < lifetime`` (RFC 9111 section 4.2);
     ``headers`` are the stored response's fields and ``directives`` its parsed cache directives
     (parsed once, read on every hit); ``payload`` is the driver's (status, body), never read by
-    the core.
+    the core, and ``rendered`` the driver's memo of what it derives from ``headers``.
     """
 
     key: str
@@ -53,6 +53,9 @@ class Entry:
     status: int = 200
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
     key_hash: int = field(default=0)  # the index's key, set by the store: no rehash per hit
+    # What a driver derives from ``headers`` once (a serialized response head); the engine
+    # clears it whenever ``headers`` change.
+    rendered: Any = None
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
@@ -150,12 +153,20 @@ class CacheStore:
 
     def get(self, key: str) -> Entry | None:
         """The entry for ``key`` (now most recently used), or None."""
-        h = hash64(key)[0]
-        entry = self._entries.get(h)
-        if entry is None or entry.key != key:
-            return None
-        self.index.touch(h)
+        entry = self.peek(key)
+        if entry is not None:
+            self.index.touch(entry.key_hash)
         return entry
+
+    def peek(self, key: str) -> Entry | None:
+        """The entry for ``key``, or None; its place in the eviction order is unchanged."""
+        entry = self._entries.get(hash64(key)[0])
+        return entry if entry is not None and entry.key == key else None
+
+    def touch(self, entry: Entry) -> None:
+        """``entry`` was used: what ``get`` does to its place in the eviction order."""
+        if self._entries.get(entry.key_hash) is entry:
+            self.index.touch(entry.key_hash)
 
     def record_hit(self, entry: Entry) -> None:
         """Count one answer served from ``entry``."""

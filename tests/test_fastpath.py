@@ -1,0 +1,270 @@
+"""Hits answered as soon as they are parsed (``[server] fast_hits``): the same answer as the
+request handler's, in order, under the same parser, limits and back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+
+import pytest
+from conftest import base
+
+from proxy.service import Service
+
+HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
+
+
+async def connect(service: Service) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = service.proxy_address
+    return await asyncio.open_connection(host, port)
+
+
+async def read_response(reader: asyncio.StreamReader, *, head_only: bool = False):
+    """(status, fields as (lower-cased name, value), body) of one response on ``reader``."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    fields = [(k.lower(), v) for k, _, v in (line.partition(": ") for line in lines[1:] if line)]
+    length = int(dict(fields).get("content-length", "0"))
+    body = b"" if head_only else await asyncio.wait_for(reader.readexactly(length), 5)
+    return status, fields, body
+
+
+async def exchange(service: Service, request: bytes, count: int = 1, *, head_only=False):
+    reader, writer = await connect(service)
+    try:
+        writer.write(request)
+        return [await read_response(reader, head_only=head_only) for _ in range(count)]
+    finally:
+        writer.close()
+
+
+def comparable(fields: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Fields with the values that move with the clock masked."""
+    masked = {"date": "*", "age": "*"}
+    out = [(k, masked.get(k, v)) for k, v in fields]
+    return sorted((k, re.sub(r"ttl=\d+", "ttl=*", v)) for k, v in out)
+
+
+async def stored(service: Service, path: str = "/hit") -> None:
+    """Fetch ``path`` until it is stored (the default admission stores on a second sighting)."""
+    for _ in range(2):
+        await exchange(service, f"GET {path} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode())
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_a_fast_hit_is_the_handlers_answer_status_fields_and_body(
+    origin, raw_origin, start_proxy, method
+):
+    # An origin that sends no Date, Server or Content-Type: the fields aiohttp adds itself.
+    async def respond(reader, writer):
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(
+                b'HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nETag: "v1"\r\n'
+                b"X-Cache: origin's own\r\nContent-Length: 5\r\n\r\nhello"
+            )
+            await writer.drain()
+
+    url = await raw_origin(respond)
+    fast = await start_proxy(upstream__origin=url)
+    slow = await start_proxy(upstream__origin=url, server__fast_hits=False)
+    request = f"{method} /hit HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
+    answers = []
+    for service in (fast, slow):
+        await stored(service)
+        [answer] = await exchange(service, request, head_only=method == "HEAD")
+        answers.append(answer)
+    assert fast.proxy.fast_hits == 1 and slow.proxy.fast_hits == 0
+    (status, fields, body), (slow_status, slow_fields, slow_body) = answers
+    assert (
+        (status, body) == (slow_status, slow_body) == (200, b"" if method == "HEAD" else b"hello")
+    )
+    assert comparable(fields) == comparable(slow_fields)
+    names = {k for k, _ in fields}
+    assert {"date", "server", "age", "cache-status", "via", "accept-ranges"} <= names
+    assert ("x-cache", "HIT") in fields and ("content-length", "5") in fields
+
+
+async def test_origin_date_and_content_type_are_kept_not_doubled(origin, start_proxy, client):
+    origin.set("/hit", headers={"Cache-Control": "max-age=60", "Content-Type": "text/css"})
+    service = await start_proxy()
+    await stored(service)
+    [(_, fields, body)] = await exchange(service, HIT)
+    assert service.proxy.fast_hits == 1
+    names = [k for k, _ in fields]
+    assert names.count("date") == names.count("content-type") == names.count("server") == 1
+    assert ("content-type", "text/css") in fields and body == b"hello from the origin"
+
+
+async def test_pipelined_requests_are_answered_in_order_when_a_miss_sits_between_hits(
+    origin, start_proxy
+):
+    origin.set("/slow", delay=0.3)
+    service = await start_proxy()
+    await stored(service)
+    miss = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    answers = await exchange(service, HIT + miss + HIT + HIT, 4)
+    assert [dict(f)["x-cache"] for _, f, _ in answers] == ["HIT", "MISS", "HIT", "HIT"]
+    # The first hit is answered at once; the two behind the miss wait for it, in the handler.
+    assert service.proxy.fast_hits == 1
+    assert [body for _, _, body in answers][1] == b"hello from the origin"
+
+
+async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start_proxy):
+    service = await start_proxy()
+    await stored(service)
+    reader, writer = await connect(service)
+    try:
+        for path in (b"/hit", b"/new", b"/hit"):
+            writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
+            await read_response(reader)
+            await asyncio.sleep(0.05)  # the handler finishes its request
+    finally:
+        writer.close()
+    assert service.proxy.fast_hits == 2
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ('If-None-Match: "b1"', 304),
+        ("Range: bytes=0-4", 206),
+        ("Range: bytes=100-200", 416),
+    ],
+)
+async def test_conditionals_and_ranges_on_a_hit_are_answered_by_the_handler(
+    origin, start_proxy, fields, status
+):
+    origin.set("/hit", headers={"Cache-Control": "max-age=60", "ETag": '"b1"'})
+    service = await start_proxy()
+    await stored(service)
+    request = f"GET /hit HTTP/1.1\r\nHost: example.test\r\n{fields}\r\n\r\n".encode()
+    [(got, answer_fields, _)] = await exchange(service, request)
+    assert got == status and dict(answer_fields)["x-cache"] == "HIT"
+    assert service.proxy.fast_hits == 0
+    assert service.proxy.engine.counters.hits == 1
+
+
+async def test_http_1_0_and_connection_close_go_to_the_handler(origin, start_proxy):
+    service = await start_proxy()
+    await stored(service)
+    for request in (
+        b"GET /hit HTTP/1.0\r\nHost: example.test\r\n\r\n",
+        b"GET /hit HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n",
+    ):
+        reader, writer = await connect(service)
+        writer.write(request)
+        status, fields, _ = await read_response(reader)
+        assert status == 200 and dict(fields)["x-cache"] == "HIT"
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the answer
+        writer.close()
+    assert service.proxy.fast_hits == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        # Request smuggling: both framings at once (RFC 9112 section 6.1), refused by the parser.
+        b"GET /hit HTTP/1.1\r\nHost: example.test\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"GET /hit HTTP/1.1\r\nHost: example.test\r\nContent-Length: 1\r\n"
+        b"Content-Length: 2\r\n\r\n",
+        b"GET /hit HTTP/1.1\r\nHost : example.test\r\n\r\n",
+        b"GET /hit HTTP/1.1\r\nHost: example.test\r\n Folded: line\r\n\r\n",
+        b"GET /hit HTTP/1.1\nHost: example.test\n\n",
+    ],
+)
+async def test_what_the_strict_parser_refuses_is_refused_even_after_a_hit(origin, start_proxy, bad):
+    service = await start_proxy()
+    await stored(service)
+    reader, writer = await connect(service)
+    writer.write(HIT)
+    status, _, _ = await read_response(reader)
+    assert status == 200
+    writer.write(bad)
+    status, _, _ = await read_response(reader)
+    assert status == 400
+    writer.close()
+    assert service.proxy.fast_hits == 1
+
+
+async def test_a_hit_with_a_body_or_a_wrong_host_is_not_answered_fast(origin, start_proxy):
+    service = await start_proxy()
+    await stored(service)
+    with_body = b"GET /hit HTTP/1.1\r\nHost: example.test\r\nContent-Length: 2\r\n\r\nab"
+    [(status, fields, _)] = await exchange(service, with_body)
+    assert status == 200 and dict(fields)["x-cache"] == "HIT"
+    [(status, _, _)] = await exchange(service, b"GET /hit HTTP/1.1\r\nHost: a/b\r\n\r\n")
+    assert status == 400
+    assert service.proxy.fast_hits == 0
+
+
+async def test_a_client_that_pipelines_and_never_reads_holds_a_bounded_buffer(origin, start_proxy):
+    body = b"x" * (64 << 10)
+    origin.set("/hit", body=body)
+    service = await start_proxy()
+    await stored(service)
+    count = 400  # 25 MiB of answers if every one were written at once
+    reader, writer = await connect(service)
+    writer.write(HIT * count)
+    await writer.drain()
+    await asyncio.sleep(0.5)
+    server = service.proxy_runner.server
+    assert server is not None
+    buffered = max(h.transport.get_write_buffer_size() for h in server.connections if h.transport)
+    assert buffered < 1 << 20
+    answers = [await read_response(reader) for _ in range(count)]
+    writer.close()
+    assert all(status == 200 and got == body for status, _, got in answers)
+    assert service.proxy.engine.counters.hits == count
+    assert 0 < service.proxy.fast_hits < count  # the handler took over while the client lagged
+
+
+async def test_hits_keep_a_connection_open_past_the_idle_timeout(origin, start_proxy):
+    service = await start_proxy(server__idle_timeout="400ms")
+    await stored(service)
+    reader, writer = await connect(service)
+    for _ in range(6):  # 0.9 s of hits, one every 150 ms
+        writer.write(HIT)
+        status, _, _ = await read_response(reader)
+        assert status == 200
+        await asyncio.sleep(0.15)
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # then idle: closed
+    writer.close()
+    assert service.proxy.fast_hits == 6
+
+
+async def test_a_fast_hit_writes_the_access_log_line_the_handler_would(origin, start_proxy, caplog):
+    fast = await start_proxy(server__access_log=True)
+    slow = await start_proxy(server__access_log=True, server__fast_hits=False)
+    lines = []
+    for service in (fast, slow):
+        await stored(service, "/hit?q=1")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="onehit.access"):
+            await exchange(
+                service,
+                b"GET /hit?q=1 HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\n\r\n",
+            )
+            await asyncio.sleep(0.05)
+        [line] = [r.getMessage() for r in caplog.records if r.name == "onehit.access"]
+        lines.append(re.sub(r"\[.*?\]|\d+\.\d+(?= \")|ttl=\d+", "*", line))
+    assert fast.proxy.fast_hits == 1
+    assert lines[0] == lines[1]
+    assert '"GET /hit?q=1 HTTP/1.1" 200 ' in lines[0]
+
+
+async def test_fast_hits_are_counted_on_the_admin_port(origin, start_proxy, client):
+    service = await start_proxy()
+    await stored(service)
+    await exchange(service, HIT + HIT, 2)
+    host, port = service.admin_address
+    async with client.get(f"http://{host}:{port}/stats") as r:
+        stats = await r.json()
+    assert stats["fast_hits"] == 2 and stats["metrics"]["hits"] == 2
+    async with client.get(f"http://{host}:{port}/metrics") as r:
+        assert "onehit_fast_hits_total 2.0" in await r.text()
+    async with client.get(base(service) + "/hit", headers={"Host": "example.test"}) as r:
+        assert r.headers["X-Cache"] == "HIT"
+    assert service.proxy.fast_hits == 3
