@@ -1,22 +1,26 @@
 """Cache-hit throughput and latency of onehit beside caches doing the same job, in one run.
 
 Servers, each a separate process on 127.0.0.1, each pinned to the second core and the load
-generator to the first where ``taskset`` exists: onehit (on asyncio's loop, and on uvloop); a
-minimal aiohttp cache (a dict lookup
-in a ``web.Server`` handler: the least an aiohttp cache can do per hit, the reference);
+generator to the first where ``taskset`` exists: onehit (on asyncio's loop, and on uvloop,
+answering hits as they are parsed; and with ``fast_hits = false``, every hit through aiohttp's
+request handler, as before); a minimal aiohttp cache on both loops (a dict lookup in a
+``web.Server`` handler: the least an aiohttp cache can do per hit; on asyncio, the reference);
 nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodies of 1 KiB,
 16 KiB and 256 KiB, requested as one URL and as 1,000 URLs. The origin counts its requests:
 a cell in which a cache sent it any is flagged, so only hits are measured. The origin direct
 and a minimal aiohttp pass-through (no cache) are measured apart, as the miss path's floor.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
-    .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 64]
+Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
+
+    .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 64] [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import signal
@@ -99,8 +103,16 @@ def serve_passthrough(port: int, origin: str) -> None:
 
 
 def run_server(handler, port: int) -> None:  # type: ignore[no-untyped-def]
-    """Serve ``handler`` (an aiohttp low-level handler) on 127.0.0.1:``port`` until killed."""
+    """Serve ``handler`` (an aiohttp low-level handler) on 127.0.0.1:``port`` until killed, on
+    uvloop when ``ONEHIT_BENCH_UVLOOP`` is set."""
+    import os
+
     from aiohttp import web
+
+    if os.environ.get("ONEHIT_BENCH_UVLOOP"):
+        import uvloop
+
+        uvloop.install()
 
     async def main() -> None:
         runner = web.ServerRunner(web.Server(handler, access_log=None))
@@ -154,9 +166,14 @@ def wait_ready(url: str, timeout: float = 15.0) -> str:
     raise RuntimeError(f"{url} did not answer within {timeout}s")
 
 
-def spawn(stack: ExitStack, *args: str, cwd: str | None = None) -> subprocess.Popen:
-    """Start ``args`` (in ``cwd``), to be stopped by SIGTERM when ``stack`` closes."""
-    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+def spawn(
+    stack: ExitStack, *args: str, cwd: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """Start ``args`` (in ``cwd``, with ``env`` added), to be stopped by SIGTERM when
+    ``stack`` closes."""
+    environ = None if env is None else {**os.environ, **env}
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               cwd=cwd, env=environ)  # fmt: skip
 
     def stop() -> None:
         process.send_signal(signal.SIGTERM)
@@ -239,9 +256,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=1, help="runs per cell; the median is shown")
     args = parser.parse_args()
-    names = ("origin", "pass", "mini", "onehit", "onehit-admin", "onehit-uvloop",
-             "onehit-uvloop-admin", "nginx", "varnish")  # fmt: skip
+    onehits = {
+        "onehit": ("asyncio", True),
+        "onehit-uvloop": ("uvloop", True),
+        "onehit-handler": ("asyncio", False),
+    }
+    names = ("origin", "pass", "mini", "mini-uvloop", "nginx", "varnish", *onehits,
+             *(f"{name}-admin" for name in onehits))  # fmt: skip
     ports = {name: free_port() for name in names}
     origin = f"http://127.0.0.1:{ports['origin']}"
     py = sys.executable
@@ -253,17 +276,22 @@ def main() -> None:
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough", str(ports["pass"]),
               origin)  # fmt: skip
         spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]), origin)
-        for name, loop in (("onehit", "asyncio"), ("onehit-uvloop", "uvloop")):
+        spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini-uvloop"]),
+              origin, env={"ONEHIT_BENCH_UVLOOP": "1"})  # fmt: skip
+        for name, (loop, fast) in onehits.items():
             spawn(
                 stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
                 f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
                 "--admission", "always", "--set", "server.access_log=false",
                 "--set", "cache.size=1GiB", "--set", f"server.event_loop={loop}",
+                "--set", f"server.fast_hits={str(fast).lower()}",
             )  # fmt: skip
         caches = {
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
+            "minimal aiohttp cache on uvloop": f"http://127.0.0.1:{ports['mini-uvloop']}",
             "onehit": f"http://127.0.0.1:{ports['onehit']}",
             "onehit on uvloop": f"http://127.0.0.1:{ports['onehit-uvloop']}",
+            "onehit, hits via aiohttp's handler": f"http://127.0.0.1:{ports['onehit-handler']}",
         }
         if start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"
@@ -290,20 +318,22 @@ def main() -> None:
                 results = {}
                 for target, url in caches.items():
                     before = origin_count(origin)
-                    results[target] = measure(url + path, args.seconds, args.connections,
-                                              script if many else None)  # fmt: skip
+                    picker = script if many else None
+                    runs = [measure(url + path, args.seconds, args.connections, picker)
+                            for _ in range(args.runs)]  # fmt: skip
+                    results[target] = sorted(runs)[len(runs) // 2]
                     fetched = origin_count(origin) - before
                     if fetched:
                         print(f"  ({target}: the origin saw {fetched} requests: not all hits)")
                 reference = results["minimal aiohttp cache (reference)"][0]
                 print(f"\n  {label}:")
                 for target, (rps, _, p99) in results.items():
-                    print(f"    {target:36s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
+                    print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
                           f"x{rps / reference:.2f} of the reference")  # fmt: skip
         print("\n  the miss path's floor (no cache), 1k body, one URL:")
         for target, url in floors.items():
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
-            print(f"    {target:36s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
+            print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
 
 
 if __name__ == "__main__":

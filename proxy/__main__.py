@@ -76,6 +76,21 @@ def _without_workers(argv: list[str]) -> list[str]:
     return out
 
 
+def worker_count(value: str) -> int:
+    """``--workers``: a positive count, or ``auto`` for one per core the process may run on
+    (its CPU affinity, as nginx's ``worker_processes auto``)."""
+    if value == "auto":
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        return len(cores) if cores else os.cpu_count() or 1
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive count or auto, not {value!r}")
+    return count
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="onehit-proxy",
@@ -92,7 +107,10 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="any config key"
     )
     p.add_argument(
-        "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)"
+        "--workers",
+        type=worker_count,
+        default=1,
+        help="processes sharing the port (SO_REUSEPORT), or auto: one per core this may use",
     )
     p.add_argument(
         "--check-config",

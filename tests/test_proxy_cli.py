@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 from conftest import wait_healthy
 
 from loadgen.experiment import free_port
+from proxy.__main__ import main, worker_count
 
 
 @pytest.mark.parametrize(
@@ -81,6 +83,15 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+def test_workers_auto_is_one_per_core_this_process_may_use(capsys):
+    assert worker_count("auto") == len(os.sched_getaffinity(0))
+    assert worker_count("3") == 3
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(SystemExit):
+            main(["--workers", bad, "--check-config"])
+        assert "expected a positive count or auto" in capsys.readouterr().err
 
 
 async def test_workers_share_the_port_and_the_admin_sums_them(origin):
