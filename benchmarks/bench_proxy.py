@@ -241,9 +241,10 @@ def start_varnish(stack: ExitStack, port: int, origin_port: int) -> bool:
         print("  (varnishd not found: skipped; apt-get install varnish to compare)")
         return False
     root = Path(tempfile.mkdtemp(prefix="onehit-varnish-"))
+    root.chmod(0o755)  # varnishd's compiler runs as its own user (vcache) and writes in here
     stack.callback(shutil.rmtree, root, True)
     spawn(stack, *SERVER_CORE, varnishd, "-F", "-a", f"127.0.0.1:{port}",
-          "-b", f"127.0.0.1:{origin_port}", "-s", "malloc,256m", "-n", str(root))  # fmt: skip
+          "-b", f"127.0.0.1:{origin_port}", "-s", "malloc,1g", "-n", str(root))  # fmt: skip
     return True
 
 
@@ -257,6 +258,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--runs", type=int, default=1, help="runs per cell; the median is shown")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="body sizes, e.g. 1k,256k")
     args = parser.parse_args()
     onehits = {
         "onehit": ("asyncio", True),
@@ -305,7 +307,7 @@ def main() -> None:
         tool = "wrk" if shutil.which("wrk") else "aiohttp client loop"
         pinned = "servers on core 1, load on core 0" if SERVER_CORE else "not pinned"
         print(f"load: {tool}, {args.connections} connections, {args.seconds:g}s per cell, {pinned}")
-        for name in SIZES:
+        for name in args.sizes.split(","):
             # Warm every cache with this size's URLs (nginx's min_uses 2 stores on the second
             # request), just before they are measured.
             for url in caches.values():
@@ -326,10 +328,12 @@ def main() -> None:
                     if fetched:
                         print(f"  ({target}: the origin saw {fetched} requests: not all hits)")
                 reference = results["minimal aiohttp cache (reference)"][0]
+                varnish = results.get("varnish (malloc)", (0.0,))[0]
                 print(f"\n  {label}:")
                 for target, (rps, _, p99) in results.items():
+                    peer = f", x{rps / varnish:.2f} of varnish" if varnish else ""
                     print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
-                          f"x{rps / reference:.2f} of the reference")  # fmt: skip
+                          f"x{rps / reference:.2f} of the reference{peer}")  # fmt: skip
         print("\n  the miss path's floor (no cache), 1k body, one URL:")
         for target, url in floors.items():
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)

@@ -26,6 +26,8 @@ What it guarantees:
   cacheable, too large) sends the followers to the origin at once, and the URL goes straight
   there for ``[cache] hit_for_miss`` seconds.
 * Every response carries ``Cache-Status`` (RFC 9211) and ``X-Cache``; cached ones carry ``Age``.
+* A plain fresh hit may be answered by ``answer_hit`` as soon as it is parsed (see
+  ``proxy.fastpath``): the same status, fields, body and counters as ``handle`` would give it.
 """
 
 from __future__ import annotations

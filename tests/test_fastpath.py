@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import tracemalloc
 
 import pytest
 from conftest import base
@@ -268,3 +269,32 @@ async def test_fast_hits_are_counted_on_the_admin_port(origin, start_proxy, clie
     async with client.get(base(service) + "/hit", headers={"Host": "example.test"}) as r:
         assert r.headers["X-Cache"] == "HIT"
     assert service.proxy.fast_hits == 3
+
+
+async def test_rendered_heads_of_a_full_cache_stay_within_its_size(origin, start_proxy):
+    # 16 KB of header text per response: its rendered head is as large again, and is charged.
+    headers = {"Cache-Control": "max-age=60", "X-Large-1": "h" * 8000, "X-Large-2": "h" * 8000}
+    origin.set("/", headers=headers)
+    service = await start_proxy(
+        cache__size="2MiB", cache__max_object_size="64KiB", admission__policy="always"
+    )
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200):
+            path = f"/large/{i}"
+            origin.set(path, headers=headers)
+            reader, writer = await connect(service)
+            request = f"GET {path} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
+            for _ in range(3):  # stored, then a hit that renders its head, then another
+                writer.write(request)
+                await read_response(reader)
+            writer.close()
+        growth = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    stats = service.proxy.engine.stats()
+    assert service.proxy.fast_hits == 400 and stats["evictions"] > 150
+    assert stats["bytes_used"] <= 2 << 20
+    print(f"traced memory grew {growth / (1 << 20):.1f} MiB for a 2 MiB cache")
+    assert growth < (2 << 20) + (2 << 20), f"grew {growth >> 20} MiB for a 2 MiB cache"

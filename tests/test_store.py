@@ -85,7 +85,7 @@ def test_entries_are_charged_their_overhead_and_key_so_capacity_bounds_memory():
     assert len(store) == 5 and store.bytes_used == 10_020  # 5 x (1000 + 1000 + 2 x 2)
     assert store.max_object_bytes == 9020
     heavy = Entry("h", 100, 0.0, headers=(("X-Big", "v" * 2000),))
-    assert entry_charge(heavy, 1000) == 100 + 1000 + 2 + 3 * 2005 - 1024
+    assert entry_charge(heavy, 1000) == 100 + 1000 + 2 + 4 * 2005 - 1024
     long_key = Entry("k" * 8000, 100, 0.0)
     assert entry_charge(long_key, 1000) == 100 + 1000 + 16_000
     assert entry_charge(heavy, 0) == 100
