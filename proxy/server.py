@@ -92,10 +92,11 @@ _MARKS = frozenset({"cache-status", "x-cache", "via"})
 _NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
 # Request fields that keep a hit from ``answer_hit``: what ``handle`` answers itself (the
 # client's conditionals and Range), and a body's framing.
-_HANDLER_FIELDS = _CLIENT_ASKS | {"transfer-encoding", "content-length"}
-# Request fields the cache's rules read on a hit; a request with none of them is looked up by
-# its key alone (``CacheEngine.fresh_plain``).
-_RULE_FIELDS = frozenset({"cookie", "cache-control", "pragma"})
+_CONDITIONALS = frozenset({"if-none-match", "if-modified-since"})
+_HANDLER_FIELDS = (_CLIENT_ASKS - _CONDITIONALS) | {"transfer-encoding", "content-length"}
+# Request fields the cache's rules read on a hit (the validators a 304 answers, too); a request
+# with none of them is looked up by its key alone (``CacheEngine.fresh_plain``).
+_RULE_FIELDS = _CONDITIONALS | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
@@ -245,7 +246,8 @@ class Proxy:
         counts one; None, with
         nothing counted, for any other request (``handle`` answers it). Plain: GET or HEAD,
         HTTP/1.1 keep-alive, an origin-form target and fields within the limits, a routed
-        Host, no body, no conditional or Range, and a stored response whose status has a body."""
+        Host, no body, no Range or precondition (a validator that matches is answered 304),
+        and a stored response whose status has a body."""
         method = message.method
         if (
             (method != "GET" and method != "HEAD")
@@ -272,6 +274,7 @@ class Proxy:
         if not names.isdisjoint(_HANDLER_FIELDS):
             return None
         now = self.clock()
+        meta = None
         if not names.isdisjoint(_RULE_FIELDS):
             meta = self._meta(method, hosts[1], path, fields, remote, scheme)
             key = meta.key
@@ -295,6 +298,10 @@ class Proxy:
         per_hit = b"Cache-Status: onehit; hit; ttl=%d\r\nAge: %d\r\n" % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+        if meta is not None and not names.isdisjoint(_CONDITIONALS):
+            answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
+            if answer.status == 304:
+                return b"".join((_render_not_modified(entry), per_hit, b"\r\n")), 304
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), entry.status
         return b"".join((head, default_type, per_hit, b"\r\n", entry.payload)), entry.status
@@ -874,21 +881,27 @@ def _render(entry: Entry) -> tuple[bytes, bytes, bool] | bool:
     False for a status ``answer_hit`` leaves to ``handle``."""
     if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
         return False
-    kept = [(k, v) for k, v in entry.headers if k.lower() not in _RECOMPUTED | _MARKS]
-    names = {k.lower() for k, _ in kept}
-    reason = web.Response(status=entry.status).reason
-    lines = [f"HTTP/1.1 {entry.status} {reason}"]
-    lines += [f"{k}: {v}" for k, v in kept]
-    lines += [
-        f"Content-Length: {len(entry.payload)}",
-        "X-Cache: HIT",
-        f"Via: {VIA}",
-        "Accept-Ranges: bytes",
-    ]
-    if "server" not in names:
-        lines.append(f"Server: {SERVER_SOFTWARE}")
-    head = ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+    names = {k.lower() for k, _ in entry.headers}
+    extra = [f"Content-Length: {len(entry.payload)}", "Accept-Ranges: bytes"]
+    head = _head_text(entry, entry.status, _RECOMPUTED | _MARKS, extra)
     default_type = b""
     if "content-type" not in names and entry.payload:
         default_type = b"Content-Type: application/octet-stream\r\n"
     return head, default_type, "date" in names
+
+
+def _render_not_modified(entry: Entry) -> bytes:
+    """The head of a 304 from ``entry`` without its per-hit fields, as ``_whole`` writes it:
+    no body fields (RFC 9110 section 15.4.5) and no Accept-Ranges."""
+    return _head_text(entry, 304, _RECOMPUTED | _MARKS | _NOT_MODIFIED_DROPS, [])
+
+
+def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str]) -> bytes:
+    """A status line and ``entry``'s fields less ``drops``, then ``extra`` and the fields the
+    proxy adds to every answer from cache, CRLF-terminated, without the blank line."""
+    lines = [f"HTTP/1.1 {status} {web.Response(status=status).reason}"]
+    lines += [f"{k}: {v}" for k, v in entry.headers if k.lower() not in drops]
+    lines += [*extra, "X-Cache: HIT", f"Via: {VIA}"]
+    if not any(k.lower() == "server" for k, _ in entry.headers):
+        lines.append(f"Server: {SERVER_SOFTWARE}")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")

@@ -129,22 +129,56 @@ async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start
 @pytest.mark.parametrize(
     ("fields", "status"),
     [
-        ('If-None-Match: "b1"', 304),
         ("Range: bytes=0-4", 206),
         ("Range: bytes=100-200", 416),
+        ('If-Match: "b1"', 200),
     ],
 )
-async def test_conditionals_and_ranges_on_a_hit_are_answered_by_the_handler(
+async def test_ranges_and_preconditions_on_a_hit_are_answered_by_the_handler(
     origin, start_proxy, fields, status
 ):
     origin.set("/hit", headers={"Cache-Control": "max-age=60", "ETag": '"b1"'})
     service = await start_proxy()
     await stored(service)
     request = f"GET /hit HTTP/1.1\r\nHost: example.test\r\n{fields}\r\n\r\n".encode()
-    [(got, answer_fields, _)] = await exchange(service, request)
-    assert got == status and dict(answer_fields)["x-cache"] == "HIT"
+    [(got, _, _)] = await exchange(service, request)
+    assert got == status
     assert service.proxy.fast_hits == 0
-    assert service.proxy.engine.counters.hits == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ('If-None-Match: "b1"', 304),
+        ('If-None-Match: "other"', 200),
+        ("If-Modified-Since: Sun, 01 Jan 2034 00:00:00 GMT", 304),
+        ("If-Modified-Since: Sun, 01 Jan 2006 00:00:00 GMT", 200),
+    ],
+)
+async def test_rfc9110_13_1_a_revalidating_hit_is_answered_as_parsed_as_the_handler_would(
+    origin, start_proxy, fields, status
+):
+    headers = {"Cache-Control": "max-age=60", "ETag": '"b1"', "Content-Type": "text/css",
+               "Last-Modified": "Sun, 01 Jan 2017 00:00:00 GMT", "X-Origin-Count": "1"}  # fmt: skip
+    origin.set("/hit", headers=headers)
+    fast = await start_proxy()
+    slow = await start_proxy(server__fast_hits=False)
+    request = f"GET /hit HTTP/1.1\r\nHost: example.test\r\n{fields}\r\n\r\n".encode()
+    answers = []
+    for service in (fast, slow):
+        await stored(service)
+        [answer] = await exchange(service, request, head_only=status == 304)
+        answers.append(answer)
+    (got, fields_sent, body), (slow_got, slow_fields, slow_body) = answers
+    assert got == slow_got == status and body == slow_body
+    assert comparable(fields_sent) == comparable(slow_fields)
+    assert fast.proxy.fast_hits == 1 and dict(fields_sent)["x-cache"] == "HIT"
+    counted = fast.proxy.engine.stats(), slow.proxy.engine.stats()
+    assert counted[0]["hits"] == counted[1]["hits"] == 1
+    assert counted[0]["not_modified_answers"] == counted[1]["not_modified_answers"]
+    if status == 304:
+        assert "content-length" not in dict(fields_sent)
+        assert "content-type" not in dict(fields_sent)
 
 
 async def test_http_1_0_and_connection_close_go_to_the_handler(origin, start_proxy):

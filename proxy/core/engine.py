@@ -90,8 +90,10 @@ class ResponseMeta:
 # What ``lookup`` found.
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
+class Hit(NamedTuple):
+    """A fresh stored response and its age. A named tuple, as ``Keep``: one is made for every
+    hit, the live proxy's hottest allocation."""
+
     entry: Entry
     age: float
 
