@@ -9,6 +9,9 @@ nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodie
 16 KiB and 256 KiB, requested as one URL and as 1,000 URLs. The origin counts its requests:
 a cell in which a cache sent it any is flagged, so only hits are measured. The origin direct
 and a minimal aiohttp pass-through (no cache) are measured apart, as the miss path's floor.
+Misses are measured last: every request a URL never asked before (the origin counts them all),
+as misses per second under the same load, and as the p50 latency one connection sees, added to
+the origin's own.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -189,6 +193,14 @@ def spawn(
 
 LOAD_CORE = ("taskset", "-c", "0") if shutil.which("taskset") else ()
 SERVER_CORE = ("taskset", "-c", "1") if shutil.which("taskset") else ()
+# Every wrk run gets its own prefix: wrk's Lua starts each run from the same random seed.
+NEW_URLS_LUA = """
+counter = 0
+request = function()
+  counter = counter + 1
+  return wrk.format(nil, wrk.path .. "/miss-{prefix}-" .. counter)
+end
+"""
 MANY_URLS_LUA = f"""
 request = function()
   return wrk.format(nil, wrk.path .. "/" .. math.random(0, {URLS - 1}))
@@ -307,7 +319,7 @@ def main() -> None:
         tool = "wrk" if shutil.which("wrk") else "aiohttp client loop"
         pinned = "servers on core 1, load on core 0" if SERVER_CORE else "not pinned"
         print(f"load: {tool}, {args.connections} connections, {args.seconds:g}s per cell, {pinned}")
-        for name in args.sizes.split(","):
+        for name in filter(None, args.sizes.split(",")):
             # Warm every cache with this size's URLs (nginx's min_uses 2 stores on the second
             # request), just before they are measured.
             for url in caches.values():
@@ -317,16 +329,20 @@ def main() -> None:
             for many in (False, True):
                 label = f"{name} body, {URLS:,} URLs" if many else f"{name} body, one URL"
                 path = f"/{name}"
-                results = {}
-                for target, url in caches.items():
-                    before = origin_count(origin)
-                    picker = script if many else None
-                    runs = [measure(url + path, args.seconds, args.connections, picker)
-                            for _ in range(args.runs)]  # fmt: skip
-                    results[target] = sorted(runs)[len(runs) // 2]
-                    fetched = origin_count(origin) - before
-                    if fetched:
-                        print(f"  ({target}: the origin saw {fetched} requests: not all hits)")
+                picker = script if many else None
+                runs: dict[str, list[tuple[float, float, float]]] = {t: [] for t in caches}
+                before = origin_count(origin)
+                # Round robin over the servers, run after run: a machine that slows down for
+                # a while slows every server's runs alike, and the median drops it.
+                for _ in range(args.runs):
+                    for target, url in caches.items():
+                        runs[target].append(
+                            measure(url + path, args.seconds, args.connections, picker)
+                        )
+                fetched = origin_count(origin) - before
+                if fetched:
+                    print(f"  (the origin saw {fetched} requests: not all hits)")
+                results = {t: sorted(r)[len(r) // 2] for t, r in runs.items()}
                 reference = results["minimal aiohttp cache (reference)"][0]
                 varnish = results.get("varnish (malloc)", (0.0,))[0]
                 print(f"\n  {label}:")
@@ -338,6 +354,36 @@ def main() -> None:
         for target, url in floors.items():
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
             print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
+        if shutil.which("wrk"):
+            misses(origin, {**floors, **caches}, args, script.parent)
+
+
+def misses(origin: str, servers: dict[str, str], args: argparse.Namespace, scripts: Path) -> None:
+    """Every request for a URL never asked before: misses/s under load, and the p50 one
+    connection sees, beside the origin's own; runs taken round robin, as for hits."""
+    print(f"\n  misses, 1k body, a new URL every request (median of {args.runs}):")
+    loaded: dict[str, list[tuple[float, float, float]]] = {t: [] for t in servers}
+    alone: dict[str, list[tuple[float, float, float]]] = {t: [] for t in servers}
+    for _ in range(args.runs):
+        for target, url in servers.items():
+            before = origin_count(origin)
+            for connections, into in ((args.connections, loaded), (1, alone)):
+                script = scripts / f"new-{uuid.uuid4().hex}.lua"
+                script.write_text(NEW_URLS_LUA.format(prefix=script.stem))
+                into[target].append(measure(url + "/1k", args.seconds, connections, script))
+            fetched = origin_count(origin) - before
+            served = (loaded[target][-1][0] + alone[target][-1][0]) * args.seconds
+            if fetched < 0.95 * served:
+                print(f"  ({target}: the origin saw {fetched:,} of ~{served:,.0f}: not all misses)")
+    median = {t: sorted(r)[len(r) // 2] for t, r in loaded.items()}
+    p50 = {t: sorted(r[1] for r in runs)[len(runs) // 2] for t, runs in alone.items()}
+    floor = next(iter(p50.values()))
+    for target in servers:
+        rps, _, p99 = median[target]
+        print(
+            f"    {target:38s} {rps:>10,.0f} misses/s  p99 {p99:7.2f} ms;  one connection: "
+            f"p50 {p50[target]:.3f} ms, {p50[target] - floor:+.3f} ms over the origin"
+        )
 
 
 if __name__ == "__main__":

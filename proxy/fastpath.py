@@ -7,10 +7,9 @@ more than the rest of a hit together. ``HitServer`` makes aiohttp's own connecti
 * One parser. aiohttp's request parser (llhttp, strict) splits the bytes into requests, as it
   does for every other request; what it refuses is refused as before (400), never answered.
 * Only a plain fresh hit is answered here (``Proxy.answer_hit`` says which: GET or HEAD,
-  HTTP/1.1 keep-alive, no body, no Range or precondition; a matching validator gets its
-  304 here too). Anything else goes to aiohttp's
-  handler, and requests keep their order: once one is queued there, every later request on
-  the connection waits its turn behind it.
+  HTTP/1.1 keep-alive, no body, no Range or precondition; a matching validator gets its 304
+  here too). Anything else goes to aiohttp's handler, and requests keep their order: once one
+  is queued there, every later request on the connection waits its turn behind it.
 * The same answer: the same status, fields, body and counters as the handler would give, and
   the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause
@@ -36,9 +35,12 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
 
-# A plain fresh hit's whole answer (its bytes and status), or None when aiohttp's handler is
-# to answer the request.
-AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, int] | None"]
+# A plain fresh hit's whole answer (its head, body and status), or None when aiohttp's handler
+# is to answer the request.
+AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | None"]
+# Bodies below this go out in one write with their head (copying them costs less than a second
+# send); larger ones in a write of their own, never copied.
+JOIN_BELOW = 64 << 10
 
 
 class HitServer(web.Server):
@@ -134,7 +136,12 @@ class HitHandler(RequestHandler):
             self._request_count += 1
             self._parser.message_consumed()  # type: ignore[union-attr]
             self._manager.requests_count += 1  # type: ignore[union-attr]
-            transport.write(answered[0])
+            head, body, _ = answered
+            if len(body) < JOIN_BELOW:
+                transport.write(head + body)
+            else:
+                transport.write(head)
+                transport.write(body)
             self._next_keepalive_close_time = started + self._keepalive_timeout
             if self._logging_enabled and self.access_logger is not None:
                 self.access_logger.log(
@@ -178,17 +185,18 @@ class _LoggedRequest:
 class _LoggedResponse:
     """What the access loggers read of an answer written here."""
 
-    __slots__ = ("_data", "status")
+    __slots__ = ("_body", "_head", "status")
 
-    def __init__(self, data: bytes, status: int) -> None:
-        self._data = data
+    def __init__(self, head: bytes, body: bytes, status: int) -> None:
+        self._head = head
+        self._body = body
         self.status = status
 
     # As aiohttp counts it: every byte written, head included.
-    body_length = property(lambda self: len(self._data))
+    body_length = property(lambda self: len(self._head) + len(self._body))
 
     @property
     def headers(self) -> CIMultiDict[str]:
-        head = self._data[: self._data.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
+        head = self._head[: self._head.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
         fields = (line.partition(": ") for line in head.split("\r\n")[1:])
         return CIMultiDict((name, value) for name, _, value in fields)

@@ -241,8 +241,8 @@ class Proxy:
 
     def answer_hit(
         self, message: RawRequestMessage, remote: str, scheme: str
-    ) -> tuple[bytes, int] | None:
-        """The whole answer to a plain fresh hit (its bytes and status), counted as ``handle``
+    ) -> tuple[bytes, bytes, int] | None:
+        """The whole answer to a plain fresh hit (its head, body and status), counted as ``handle``
         counts one; None, with
         nothing counted, for any other request (``handle`` answers it). Plain: GET or HEAD,
         HTTP/1.1 keep-alive, an origin-form target and fields within the limits, a routed
@@ -301,10 +301,10 @@ class Proxy:
         if meta is not None and not names.isdisjoint(_CONDITIONALS):
             answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
             if answer.status == 304:
-                return b"".join((_render_not_modified(entry), per_hit, b"\r\n")), 304
+                return b"".join((_render_not_modified(entry), per_hit, b"\r\n")), b"", 304
         if method == "HEAD":
-            return b"".join((head, per_hit, b"\r\n")), entry.status
-        return b"".join((head, default_type, per_hit, b"\r\n", entry.payload)), entry.status
+            return b"".join((head, per_hit, b"\r\n")), b"", entry.status
+        return b"".join((head, default_type, per_hit, b"\r\n")), entry.payload, entry.status
 
     # Fetches
 

@@ -190,6 +190,46 @@ def test_rfc9111_4_3_4_304_refreshes_headers_and_lifetime():
     assert e.stats()["revalidated"] == 1
 
 
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
+def test_a_peeked_hit_counts_and_moves_nothing_until_served_then_as_lookup_does(eviction):
+    def filled() -> CacheEngine:
+        store = CacheStore(1_200, eviction=eviction)
+        e = CacheEngine(store, make_policy(AdmissionConfig(policy="always"), store))
+        for i in range(8):
+            origin(e, get(f"/{i}"), 0.0, 200, ("Cache-Control", "max-age=60"))
+        return e
+
+    peeked, looked_up = filled(), filled()
+    before = peeked.stats()
+    hit = peeked.fresh(get("/0"), 1.0)
+    assert isinstance(hit, Hit) and peeked.fresh_plain("/0", 1.0) == hit
+    assert peeked.stats() == before  # nothing counted
+    assert peeked.served("/0", hit, 1.0) == hit
+    found = looked_up.lookup(get("/0"), 1.0)
+    assert isinstance(found, Hit) and (found.entry.key, found.age) == ("/0", hit.age)
+    for i in range(8, 14):  # past capacity: the oldest entry stays only if its hit moved it
+        for e in (peeked, looked_up):
+            origin(e, get(f"/{i}"), 2.0, 200, ("Cache-Control", "max-age=60"))
+    assert peeked.stats() == looked_up.stats()
+    assert sorted(peeked.store) == sorted(looked_up.store)
+
+
+def test_a_peek_finds_no_hit_where_the_rules_say_miss():
+    e = engine("always")
+    origin(e, get("/s"), 0.0, 200, ("Cache-Control", "max-age=10"))
+    origin(e, get("/c"), 0.0, 200, ("Cache-Control", "max-age=60"))
+    origin(e, get("/v", ("Accept-Language", "en")), 0.0, 200,
+           ("Cache-Control", "max-age=60"), ("Vary", "Accept-Language"))  # fmt: skip
+    before = e.stats()
+    assert e.fresh(get("/s"), 20.0) is None and e.fresh_plain("/s", 20.0) is None  # stale
+    assert e.fresh(get("/c", ("Cache-Control", "no-cache")), 1.0) is None
+    assert e.fresh(get("/c", ("Cookie", "id=1")), 1.0) is None  # private to its client
+    assert e.fresh(RequestMeta("/c", "POST"), 1.0) is None
+    assert e.fresh_plain("/v", 1.0) is None  # variants are chosen on fields
+    assert isinstance(e.fresh(get("/v", ("Accept-Language", "en")), 1.0), Hit)
+    assert e.stats() == before
+
+
 def test_rfc9111_5_2_request_no_cache_and_max_age_force_revalidation():
     e = engine("always")
     origin(e, get("/n"), 0.0, 200, ("Cache-Control", "max-age=100"))
