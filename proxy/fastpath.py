@@ -35,12 +35,9 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
 
-# A plain fresh hit's whole answer (its head, body and status), or None when aiohttp's handler
-# is to answer the request.
+# A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
+# status), or None when aiohttp's handler is to answer the request.
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | None"]
-# Bodies below this go out in one write with their head (copying them costs less than a second
-# send); larger ones in a write of their own, never copied.
-JOIN_BELOW = 64 << 10
 
 
 class HitServer(web.Server):
@@ -136,12 +133,9 @@ class HitHandler(RequestHandler):
             self._request_count += 1
             self._parser.message_consumed()  # type: ignore[union-attr]
             self._manager.requests_count += 1  # type: ignore[union-attr]
-            head, body, _ = answered
-            if len(body) < JOIN_BELOW:
-                transport.write(head + body)
-            else:
-                transport.write(head)
-                transport.write(body)
+            transport.write(answered[0])
+            if answered[1]:
+                transport.write(answered[1])
             self._next_keepalive_close_time = started + self._keepalive_timeout
             if self._logging_enabled and self.access_logger is not None:
                 self.access_logger.log(

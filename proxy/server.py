@@ -100,6 +100,9 @@ _RULE_FIELDS = _CONDITIONALS | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
+# A cached body below this is written in one piece with its head (copying it costs less than a
+# second send); a larger one apart, never copied.
+_JOIN_BELOW = 64 << 10
 _BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
 
@@ -242,7 +245,8 @@ class Proxy:
     def answer_hit(
         self, message: RawRequestMessage, remote: str, scheme: str
     ) -> tuple[bytes, bytes, int] | None:
-        """The whole answer to a plain fresh hit (its head, body and status), counted as ``handle``
+        """The whole answer to a plain fresh hit (bytes to write, then a large body to write
+        apart or b"", and the status), counted as ``handle``
         counts one; None, with
         nothing counted, for any other request (``handle`` answers it). Plain: GET or HEAD,
         HTTP/1.1 keep-alive, an origin-form target and fields within the limits, a routed
@@ -304,7 +308,10 @@ class Proxy:
                 return b"".join((_render_not_modified(entry), per_hit, b"\r\n")), b"", 304
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), b"", entry.status
-        return b"".join((head, default_type, per_hit, b"\r\n")), entry.payload, entry.status
+        body = entry.payload
+        if len(body) < _JOIN_BELOW:
+            return b"".join((head, default_type, per_hit, b"\r\n", body)), b"", entry.status
+        return b"".join((head, default_type, per_hit, b"\r\n")), body, entry.status
 
     # Fetches
 
