@@ -90,9 +90,10 @@ _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
 # Fields every answer carries with the proxy's own values (``_mark``).
 _MARKS = frozenset({"cache-status", "x-cache", "via"})
 _NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
-# Request fields that keep a hit from ``answer_hit``: what ``handle`` answers itself (the
-# client's conditionals and Range), and a body's framing.
+# The client's validators: a hit that matches one is answered 304.
 _CONDITIONALS = frozenset({"if-none-match", "if-modified-since"})
+# Request fields that keep a hit from ``answer_hit``: Range and preconditions, which ``handle``
+# answers, and a body's framing.
 _HANDLER_FIELDS = (_CLIENT_ASKS - _CONDITIONALS) | {"transfer-encoding", "content-length"}
 # Request fields the cache's rules read on a hit (the validators a 304 answers, too); a request
 # with none of them is looked up by its key alone (``CacheEngine.fresh_plain``).
@@ -103,6 +104,8 @@ _NOT_PLAIN = frozenset({204, 206, 304})
 # A cached body below this is written in one piece with its head (copying it costs less than a
 # second send); a larger one apart, never copied.
 _JOIN_BELOW = 64 << 10
+# The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
+_PER_HIT = f"Cache-Status: {CACHE}; hit; ttl=%d\r\nAge: %d\r\n".encode()
 _BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
 
@@ -169,8 +172,7 @@ class Proxy:
             return _refuse_version(request)
         if len(request.raw_path) > self.max_url:
             return _plain(414, f"request target longer than {self.max_url} bytes")
-        raw = request.raw_headers
-        if sum(map(len, chain.from_iterable(raw))) + 4 * len(raw) > self.max_headers:
+        if _fields_size(request.raw_headers) > self.max_headers:
             return _plain(431, f"request header fields larger than {self.max_headers} bytes")
         if request.method in ("CONNECT", "TRACE"):
             return _plain(405, f"{request.method} is refused: this is a reverse proxy")
@@ -246,12 +248,11 @@ class Proxy:
         self, message: RawRequestMessage, remote: str, scheme: str
     ) -> tuple[bytes, bytes, int] | None:
         """The whole answer to a plain fresh hit (bytes to write, then a large body to write
-        apart or b"", and the status), counted as ``handle``
-        counts one; None, with
-        nothing counted, for any other request (``handle`` answers it). Plain: GET or HEAD,
-        HTTP/1.1 keep-alive, an origin-form target and fields within the limits, a routed
-        Host, no body, no Range or precondition (a validator that matches is answered 304),
-        and a stored response whose status has a body."""
+        apart or b"", and the status), counted as ``handle`` counts one; None, with nothing
+        counted, for any other request (``handle`` answers it). Plain: GET or HEAD, HTTP/1.1
+        keep-alive, an origin-form target and fields within the limits, a routed Host, no
+        body, no Range or precondition (a validator that matches is answered 304), and a
+        stored response whose status has a body."""
         method = message.method
         if (
             (method != "GET" and method != "HEAD")
@@ -266,7 +267,7 @@ class Proxy:
         if (
             not path.startswith("/")
             or len(path) > self.max_url
-            or sum(map(len, chain.from_iterable(raw))) + 4 * len(raw) > self.max_headers
+            or _fields_size(raw) > self.max_headers
         ):
             return None
         fields = message.headers
@@ -299,7 +300,7 @@ class Proxy:
         age = int(hit.age)
         ttl = int(entry.lifetime - hit.age)
         head, default_type, dated = rendered
-        per_hit = b"Cache-Status: onehit; hit; ttl=%d\r\nAge: %d\r\n" % (ttl, age)
+        per_hit = _PER_HIT % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
         if meta is not None and not names.isdisjoint(_CONDITIONALS):
@@ -835,6 +836,11 @@ def _parsed_host(host: str) -> tuple[str, str] | None:
     port = match["port"] or ""
     key = name if port in ("", "80") else f"{name}:{port}"
     return name.strip("[]"), key
+
+
+def _fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:
+    """Bytes of a request's header fields as sent: names, values, ": " and CRLF."""
+    return sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
 
 
 def _copy_headers(target: CIMultiDict[str], headers: list[tuple[str, str]] | tuple) -> None:

@@ -12,6 +12,9 @@ Rules this module keeps:
   or response says must be revalidated (``no-cache``, request ``max-age``/``min-fresh``), is
   ``Stale`` (a miss; ``serve_stale`` says whether RFC 9111/5861 allow answering with it while
   revalidating). Nothing stored is a ``Miss``.
+* ``fresh`` (and ``fresh_plain``, for a request without Cookie, Cache-Control or Pragma)
+  peeks for a driver that writes hits itself: the hit ``lookup`` would find, with nothing
+  counted or moved; ``served`` then counts it exactly as ``lookup`` does.
 * ``plan`` on top of it: ``only-if-cached`` never contacts the origin (a stale entry answers only
   when it may be served stale; else 504, section 5.2.1.7). A GET miss fetches the whole
   representation (``Fetch.whole``): the client's conditionals and Range are answered from what
