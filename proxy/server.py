@@ -280,13 +280,12 @@ class Proxy:
             return None
         now = self.clock()
         meta = None
-        if not names.isdisjoint(_RULE_FIELDS):
-            meta = self._meta(method, hosts[1], path, fields, remote, scheme)
-            key = meta.key
-            hit = self.engine.fresh(meta, now)
-        else:
-            key = f"http://{hosts[1]}{path}"
+        key = f"http://{hosts[1]}{path}"
+        if names.isdisjoint(_RULE_FIELDS) and not self.engine.varies(key):
             hit = self.engine.fresh_plain(key, now)
+        else:
+            meta = self._meta(method, hosts[1], path, fields, remote, scheme)
+            hit = self.engine.fresh(meta, now)
         if hit is None:
             return None
         entry = hit.entry

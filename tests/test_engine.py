@@ -226,6 +226,7 @@ def test_a_peek_finds_no_hit_where_the_rules_say_miss():
     assert e.fresh(get("/c", ("Cookie", "id=1")), 1.0) is None  # private to its client
     assert e.fresh(RequestMeta("/c", "POST"), 1.0) is None
     assert e.fresh_plain("/v", 1.0) is None  # variants are chosen on fields
+    assert e.varies("/v") and not e.varies("/c")
     assert isinstance(e.fresh(get("/v", ("Accept-Language", "en")), 1.0), Hit)
     assert e.stats() == before
 

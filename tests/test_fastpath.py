@@ -98,6 +98,19 @@ async def test_origin_date_and_content_type_are_kept_not_doubled(origin, start_p
     assert ("content-type", "text/css") in fields and body == b"hello from the origin"
 
 
+async def test_rfc9111_4_1_a_hit_on_a_variant_is_answered_as_parsed(origin, start_proxy):
+    origin.set("/hit", headers={"Cache-Control": "max-age=60", "Vary": "Accept-Encoding"})
+    service = await start_proxy()
+    gzip = b"GET /hit HTTP/1.1\r\nHost: example.test\r\nAccept-Encoding: gzip\r\n\r\n"
+    plain = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    for _ in range(2):  # stored on the second sighting of the URL
+        await exchange(service, gzip)
+    [(_, fields, _)] = await exchange(service, gzip)
+    assert dict(fields)["x-cache"] == "HIT" and service.proxy.fast_hits == 1
+    [(_, fields, _)] = await exchange(service, plain)  # another variant: not stored yet
+    assert dict(fields)["x-cache"] == "MISS" and service.proxy.fast_hits == 1
+
+
 async def test_pipelined_requests_are_answered_in_order_when_a_miss_sits_between_hits(
     origin, start_proxy
 ):

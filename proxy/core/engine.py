@@ -345,6 +345,10 @@ class CacheEngine:
         age = entry.age(now)
         return Hit(entry, age) if _fresh(entry, age, _NO_DIRECTIVES) else None
 
+    def varies(self, key: str) -> bool:
+        """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""
+        return key in self._vary
+
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``
         would have."""
