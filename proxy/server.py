@@ -90,14 +90,15 @@ _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
 # Fields every answer carries with the proxy's own values (``_mark``).
 _MARKS = frozenset({"cache-status", "x-cache", "via"})
 _NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
-# The client's validators: a hit that matches one is answered 304.
-_CONDITIONALS = frozenset({"if-none-match", "if-modified-since"})
-# Request fields that keep a hit from ``answer_hit``: Range and preconditions, which ``handle``
-# answers, and a body's framing.
-_HANDLER_FIELDS = (_CLIENT_ASKS - _CONDITIONALS) | {"transfer-encoding", "content-length"}
-# Request fields the cache's rules read on a hit (the validators a 304 answers, too); a request
+# Request fields a hit is answered from (RFC 9110 sections 13.1 and 14): a validator that
+# matches gets a 304, a byte range a 206 or 416.
+_ANSWERED = frozenset({"if-none-match", "if-modified-since", "range", "if-range"})
+# Request fields that keep a hit from ``answer_hit``: preconditions (the origin's to judge,
+# through ``handle``) and a body's framing.
+_HANDLER_FIELDS = (_CLIENT_ASKS - _ANSWERED) | {"transfer-encoding", "content-length"}
+# Request fields the cache's rules read on a hit (and those it is answered from); a request
 # with none of them is looked up by its key alone (``CacheEngine.fresh_plain``).
-_RULE_FIELDS = _CONDITIONALS | {"cookie", "cache-control", "pragma"}
+_RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
@@ -251,8 +252,8 @@ class Proxy:
         apart or b"", and the status), counted as ``handle`` counts one; None, with nothing
         counted, for any other request (``handle`` answers it). Plain: GET or HEAD, HTTP/1.1
         keep-alive, an origin-form target and fields within the limits, a routed Host, no
-        body, no Range or precondition (a validator that matches is answered 304), and a
-        stored response whose status has a body."""
+        body, no precondition (a validator or a Range is answered from the stored response:
+        304, 206, 416), and a stored response whose status has a body."""
         method = message.method
         if (
             (method != "GET" and method != "HEAD")
@@ -302,10 +303,11 @@ class Proxy:
         per_hit = _PER_HIT % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
-        if meta is not None and not names.isdisjoint(_CONDITIONALS):
+        if meta is not None and not names.isdisjoint(_ANSWERED):
             answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
-            if answer.status == 304:
-                return b"".join((_render_not_modified(entry), per_hit, b"\r\n")), b"", 304
+            if answer.status != entry.status:
+                head, body = _render_part(entry, answer)
+                return b"".join((head, per_hit, b"\r\n", body)), b"", answer.status
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), b"", entry.status
         body = entry.payload
@@ -902,10 +904,25 @@ def _render(entry: Entry) -> tuple[bytes, bytes, bool] | bool:
     return head, default_type, "date" in names
 
 
-def _render_not_modified(entry: Entry) -> bytes:
-    """The head of a 304 from ``entry`` without its per-hit fields, as ``_whole`` writes it:
-    no body fields (RFC 9110 section 15.4.5) and no Accept-Ranges."""
-    return _head_text(entry, 304, _RECOMPUTED | _MARKS | _NOT_MODIFIED_DROPS, [])
+def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes]:
+    """The head (without its per-hit fields) and body of a 304, 206 or 416 from ``entry``,
+    as ``_whole`` writes them: a 304 without body fields (RFC 9110 section 15.4.5) or
+    Accept-Ranges, a range with its Content-Range (section 14.4)."""
+    size = len(entry.payload)
+    if answer.status == 304:
+        return _head_text(entry, 304, _RECOMPUTED | _MARKS | _NOT_MODIFIED_DROPS, []), b""
+    if answer.status == 416:
+        extra = [f"Content-Range: bytes */{size}", "Content-Length: 0", "Accept-Ranges: bytes"]
+        return _head_text(entry, 416, _RECOMPUTED | _MARKS, extra), b""
+    body = entry.payload[answer.first : answer.last + 1]
+    extra = [
+        f"Content-Range: bytes {answer.first}-{answer.last}/{size}",
+        f"Content-Length: {len(body)}",
+        "Accept-Ranges: bytes",
+    ]
+    if body and not any(k.lower() == "content-type" for k, _ in entry.headers):
+        extra.append("Content-Type: application/octet-stream")
+    return _head_text(entry, answer.status, _RECOMPUTED | _MARKS, extra), body
 
 
 def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str]) -> bytes:
