@@ -17,6 +17,7 @@ more than the rest of a hit together. ``HitServer`` makes aiohttp's own connecti
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
   limit stops reading the connection.
 * Every answer pushes back the connection's idle timeout, as one from the handler does.
+* A bug in answering a hit here is logged and the handler answers the request.
 
 It drives a few of ``RequestHandler``'s private fields (its parser, its queue of requests, its
 idle timer), which is why ``pyproject.toml`` holds aiohttp to one minor version and
@@ -26,6 +27,7 @@ idle timer), which is why ``pyproject.toml`` holds aiohttp to one minor version 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +37,8 @@ from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
+
+log = logging.getLogger("onehit.proxy")
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
 # status), or None when aiohttp's handler is to answer the request.
@@ -128,7 +132,12 @@ class HitHandler(RequestHandler):
             ):
                 break
             started = self._loop.time()
-            answered = self._answer_hit(message, self._remote, self._scheme)
+            try:
+                answered = self._answer_hit(message, self._remote, self._scheme)
+            except Exception:
+                # A bug here costs speed, never the answer: the handler answers instead.
+                log.exception("answering %s %s as parsed failed", message.method, message.path)
+                answered = None
             if answered is None:
                 break
             self._request_count += 1

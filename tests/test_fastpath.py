@@ -11,6 +11,7 @@ import tracemalloc
 import pytest
 from conftest import base
 
+from proxy.fastpath import HitServer
 from proxy.service import Service
 
 HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
@@ -353,3 +354,21 @@ async def test_rendered_heads_of_a_full_cache_stay_within_its_size(origin, start
     assert stats["bytes_used"] <= 2 << 20
     print(f"traced memory grew {growth / (1 << 20):.1f} MiB for a 2 MiB cache")
     assert growth < (2 << 20) + (2 << 20), f"grew {growth >> 20} MiB for a 2 MiB cache"
+
+
+async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
+    origin, start_proxy, caplog
+):
+    service = await start_proxy()
+    await stored(service)
+
+    def broken(message, remote, scheme):
+        raise RuntimeError("a bug in the fast path")
+
+    server = service.proxy_runner.server
+    assert isinstance(server, HitServer)
+    server.answer_hit = broken
+    with caplog.at_level(logging.ERROR, logger="onehit.proxy"):
+        [(status, fields, body)] = await exchange(service, HIT)
+    assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
+    assert "answering GET /hit as parsed failed" in caplog.text
