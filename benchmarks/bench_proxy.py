@@ -35,6 +35,7 @@ import urllib.request
 import uuid
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
@@ -230,6 +231,14 @@ def measure(
     return rps, p50, p99
 
 
+T = TypeVar("T")
+
+
+def median(runs: list[T]) -> T:
+    """The middle run (by requests/s for measurements): a run, not an average of runs."""
+    return sorted(runs)[len(runs) // 2]  # type: ignore[type-var]
+
+
 def _wrk_ms(out: str, percentile: str) -> float:
     value, unit = re.search(rf"{percentile}\s+([\d.]+)(us|ms|s)", out).groups()  # type: ignore[union-attr]
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
@@ -342,7 +351,7 @@ def main() -> None:
                 fetched = origin_count(origin) - before
                 if fetched:
                     print(f"  (the origin saw {fetched} requests: not all hits)")
-                results = {t: sorted(r)[len(r) // 2] for t, r in runs.items()}
+                results = {t: median(r) for t, r in runs.items()}
                 reference = results["minimal aiohttp cache (reference)"][0]
                 varnish = results.get("varnish (malloc)", (0.0,))[0]
                 print(f"\n  {label}:")
@@ -375,11 +384,10 @@ def misses(origin: str, servers: dict[str, str], args: argparse.Namespace, scrip
             served = (loaded[target][-1][0] + alone[target][-1][0]) * args.seconds
             if fetched < 0.95 * served:
                 print(f"  ({target}: the origin saw {fetched:,} of ~{served:,.0f}: not all misses)")
-    median = {t: sorted(r)[len(r) // 2] for t, r in loaded.items()}
-    p50 = {t: sorted(r[1] for r in runs)[len(runs) // 2] for t, runs in alone.items()}
+    p50 = {t: median([r[1] for r in runs]) for t, runs in alone.items()}
     floor = next(iter(p50.values()))
     for target in servers:
-        rps, _, p99 = median[target]
+        rps, _, p99 = median(loaded[target])
         print(
             f"    {target:38s} {rps:>10,.0f} misses/s  p99 {p99:7.2f} ms;  one connection: "
             f"p50 {p50[target]:.3f} ms, {p50[target] - floor:+.3f} ms over the origin"

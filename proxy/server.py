@@ -48,6 +48,7 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_parser import RawRequestMessage
+from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.coalesce import Flight, SingleFlight
@@ -837,6 +838,109 @@ def _parsed_host(host: str) -> tuple[str, str] | None:
     port = match["port"] or ""
     key = name if port in ("", "80") else f"{name}:{port}"
     return name.strip("[]"), key
+
+
+def _fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:
+    """Bytes of a request's header fields as sent: names, values, ": " and CRLF."""
+    return sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
+
+
+def _copy_headers(target: CIMultiDict[str], headers: list[tuple[str, str]] | tuple) -> None:
+    for k, v in headers:
+        target.add(k, v)
+
+
+def _mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None:
+    response.headers["Cache-Status"] = cache_status
+    response.headers["X-Cache"] = x_cache
+    response.headers["Via"] = VIA
+
+
+def _plain(
+    status: int, text: str, cache_status: str | None = None, *, close: bool = False
+) -> web.Response:
+    """A short plain-text answer the proxy makes itself; ``close``: end the connection after
+    it (what is left of the request cannot be trusted)."""
+    response = web.Response(status=status, text=text + "\n")
+    if close:
+        response.force_close()
+    _mark(
+        response, cache_status or f"{CACHE}; fwd=request", "ERROR" if status >= 500 else "REFUSED"
+    )
+    return response
+
+
+def _refuse_version(request: web.BaseRequest) -> web.Response:
+    """505 for a request line in a version other than HTTP/1.0 or 1.1, written as an HTTP/1.1
+    message (aiohttp would answer in the request's own version, which this proxy does not
+    speak), then the connection closes."""
+    text = b"HTTP versions 1.0 and 1.1 only\n"
+    if request.transport is not None:
+        request.transport.write(
+            b"HTTP/1.1 505 HTTP Version Not Supported\r\nContent-Type: text/plain\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(text), text)
+        )
+        request.transport.close()
+    return web.Response(status=505)
+
+
+def _abort(request: web.BaseRequest) -> None:
+    if request.transport is not None:
+        request.transport.close()
+
+
+def _render(entry: Entry) -> tuple[bytes, bytes, bool] | bool:
+    """What every hit on ``entry`` writes the same, built once per stored response: the head
+    without its per-hit fields (Age, Cache-Status, Date when the origin sent none), the
+    Content-Type a body without one gets (as aiohttp adds), and whether the origin sent a Date.
+    False for a status ``answer_hit`` leaves to ``handle``."""
+    if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
+        return False
+    extra = [f"Content-Length: {len(entry.payload)}", "Accept-Ranges: bytes"]
+    head = _head_text(entry, entry.status, _RECOMPUTED | _MARKS, extra)
+    return head, _default_type(entry, entry.payload), _has_field(entry, "date")
+
+
+def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes]:
+    """The head (without its per-hit fields) and body of a 304, 206 or 416 from ``entry``,
+    as ``_whole`` writes them: a 304 without body fields (RFC 9110 section 15.4.5) or
+    Accept-Ranges, a range with its Content-Range (section 14.4)."""
+    size = len(entry.payload)
+    if answer.status == 304:
+        return _head_text(entry, 304, _RECOMPUTED | _MARKS | _NOT_MODIFIED_DROPS, []), b""
+    if answer.status == 416:
+        extra = [f"Content-Range: bytes */{size}", "Content-Length: 0", "Accept-Ranges: bytes"]
+        return _head_text(entry, 416, _RECOMPUTED | _MARKS, extra), b""
+    body = entry.payload[answer.first : answer.last + 1]
+    extra = [
+        f"Content-Range: bytes {answer.first}-{answer.last}/{size}",
+        f"Content-Length: {len(body)}",
+        "Accept-Ranges: bytes",
+    ]
+    head = _head_text(entry, answer.status, _RECOMPUTED | _MARKS, extra)
+    return head + _default_type(entry, body), body
+
+
+def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str]) -> bytes:
+    """A status line and ``entry``'s fields less ``drops``, then ``extra`` and the fields the
+    proxy adds to every answer from cache, CRLF-terminated, without the blank line."""
+    lines = [f"HTTP/1.1 {status} {REASON_PHRASES.get(status, '')}"]
+    lines += [f"{k}: {v}" for k, v in entry.headers if k.lower() not in drops]
+    lines += [*extra, "X-Cache: HIT", f"Via: {VIA}"]
+    if not _has_field(entry, "server"):
+        lines.append(f"Server: {SERVER_SOFTWARE}")
+    return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+
+
+def _default_type(entry: Entry, body: bytes) -> bytes:
+    """The Content-Type field aiohttp adds to a body sent without one, or b""."""
+    if not body or _has_field(entry, "content-type"):
+        return b""
+    return b"Content-Type: application/octet-stream\r\n"
+
+
+def _has_field(entry: Entry, name: str) -> bool:
+    return any(k.lower() == name for k, _ in entry.headers)
 
 
 def _fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:
