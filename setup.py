@@ -1,21 +1,21 @@
-"""The compiled policy core (proxy/core/_native.c); everything else is in pyproject.toml."""
+"""The compiled policy core (proxy/core/_native.c) and the proxy's compiled plain hit
+(proxy/_hits.c); everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
+FLAGS = [
+    "-O3",
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    "-Wno-cast-function-type",
+]
+
 setup(
     ext_modules=[
-        Extension(
-            "proxy.core._native",
-            ["proxy/core/_native.c"],
-            extra_compile_args=[
-                "-O3",
-                "-std=c11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                "-Wno-missing-field-initializers",
-                "-Wno-cast-function-type",
-            ],
-        )
+        Extension("proxy.core._native", ["proxy/core/_native.c"], extra_compile_args=FLAGS),
+        Extension("proxy._hits", ["proxy/_hits.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -6,7 +6,8 @@ more than the rest of a hit together. ``HitServer`` makes aiohttp's own connecti
 
 * One parser. aiohttp's request parser (llhttp, strict) splits the bytes into requests, as it
   does for every other request; what it refuses is refused as before (400), never answered.
-* Only a plain fresh hit is answered here (``Proxy.answer_hit`` says which: GET or HEAD,
+* Only a plain fresh hit is answered here (the answerers say which, ``Proxy.answer_hit`` and
+  its compiled common case ``Proxy.plain_hits``: GET or HEAD,
   HTTP/1.1 keep-alive, no body, no precondition; a matching validator gets its 304 and a byte
   range its 206 or 416 here too). Anything else goes to aiohttp's handler, and requests keep
   their order: once one is queued there, every later request on the connection waits its
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -41,16 +42,17 @@ from multidict import CIMultiDict
 log = logging.getLogger("onehit.proxy")
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
-# status), or None when aiohttp's handler is to answer the request.
+# status), or None when the next answerer, and after the last aiohttp's handler, is to answer.
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | None"]
 
 
 class HitServer(web.Server):
-    """``web.Server`` whose connections try ``answer_hit`` before the request handler."""
+    """``web.Server`` whose connections try ``answers``, in order, before the request
+    handler."""
 
-    def __init__(self, handler: Any, answer_hit: AnswerHit, **kwargs: Any) -> None:
+    def __init__(self, handler: Any, answers: Sequence[AnswerHit], **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
-        self.answer_hit = answer_hit
+        self.answers = tuple(answers)
 
     def __call__(self) -> RequestHandler:
         return HitHandler(self, loop=self._loop, **self._kwargs)
@@ -59,11 +61,11 @@ class HitServer(web.Server):
 class HitHandler(RequestHandler):
     """aiohttp's connection protocol, answering plain fresh hits as they are parsed."""
 
-    __slots__ = ("_answer_hit", "_remote", "_scheme")
+    __slots__ = ("_answers", "_remote", "_scheme")
 
     def __init__(self, manager: HitServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
-        self._answer_hit = manager.answer_hit
+        self._answers = manager.answers
         self._remote = ""
         self._scheme = "http"
 
@@ -132,8 +134,12 @@ class HitHandler(RequestHandler):
             ):
                 break
             started = self._loop.time()
+            answered = None
             try:
-                answered = self._answer_hit(message, self._remote, self._scheme)
+                for answer in self._answers:
+                    answered = answer(message, self._remote, self._scheme)
+                    if answered is not None:
+                        break
             except Exception:
                 # A bug here costs speed, never the answer: the handler answers instead.
                 log.exception("answering %s %s as parsed failed", message.method, message.path)

@@ -156,7 +156,8 @@ class Service:
         else:
             server_kwargs["access_log"] = None
         if config.server.fast_hits:
-            server = HitServer(proxy.handle, proxy.answer_hit, **server_kwargs)
+            answers = (proxy.plain_hits.answer, proxy.answer_hit)
+            server = HitServer(proxy.handle, answers, **server_kwargs)
         else:
             server = web.Server(proxy.handle, **server_kwargs)  # type: ignore[arg-type]
         proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)

@@ -320,6 +320,8 @@ async def test_fast_hits_are_counted_on_the_admin_port(origin, start_proxy, clie
     async with client.get(f"http://{host}:{port}/stats") as r:
         stats = await r.json()
     assert stats["fast_hits"] == 2 and stats["metrics"]["hits"] == 2
+    # The first hit rendered the stored head (Python); the second was answered compiled.
+    assert service.proxy.plain_hits.answered == 1
     async with client.get(f"http://{host}:{port}/metrics") as r:
         assert "onehit_fast_hits_total 2.0" in await r.text()
     async with client.get(base(service) + "/hit", headers={"Host": "example.test"}) as r:
@@ -367,7 +369,7 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
 
     server = service.proxy_runner.server
     assert isinstance(server, HitServer)
-    server.answer_hit = broken
+    server.answers = (broken,)
     with caplog.at_level(logging.ERROR, logger="onehit.proxy"):
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")

@@ -48,12 +48,14 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cachetools import LRUCache
 
 from proxy.core import rfc9111
+from proxy.core._native import StoreIndex
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.rfc9111 import Headers
 from proxy.core.stats import Counters, snapshot
@@ -99,6 +101,18 @@ class Hit(NamedTuple):
 
     entry: Entry
     age: float
+
+
+class HitState(NamedTuple):
+    """What ``fresh_plain`` and ``served`` read and change, for a compiled driver that finds
+    and counts plain hits itself: it must find a hit as ``fresh_plain`` does and count it as
+    ``served`` does."""
+
+    entries: dict[int, Entry]  # the store's entries by their key's hash
+    vary: dict[str, Any]  # URLs with stored variants (``fresh_plain`` declines them)
+    index: StoreIndex  # the store's eviction order and hit counts
+    counters: Counters
+    observe: Callable[[str, int, float], None] | None  # the admission's, when it observes
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +362,12 @@ class CacheEngine:
     def varies(self, key: str) -> bool:
         """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""
         return key in self._vary
+
+    def hit_state(self) -> HitState:
+        """The objects ``fresh_plain`` and ``served`` work on; they stay the same objects for
+        the engine's life."""
+        observe = self.admission.observe if self.admission.observes else None
+        return HitState(self.store.by_hash, self._vary, self.store.index, self.counters, observe)
 
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``

@@ -152,6 +152,12 @@ class CacheStore:
     def resident_unread_bytes(self) -> int:
         return self.index.resident_unread_bytes
 
+    @property
+    def by_hash(self) -> dict[int, Entry]:
+        """The entries by their key's hash (``hash64(key)[0]``), for a compiled reader: it
+        checks the entry's key as ``peek`` does, and never changes the mapping."""
+        return self._entries
+
     def get(self, key: str) -> Entry | None:
         """The entry for ``key`` (now most recently used), or None."""
         entry = self.peek(key)
