@@ -193,6 +193,11 @@ class Proxy:
         """Answer one request; a bug in here costs that request a 500, never the listener."""
         try:
             return await self._handle(request)
+        except ConnectionResetError:
+            # The client closed its connection before its answer's head went out: nothing to
+            # write to, and no fault of the proxy's (nginx logs these as 499).
+            log.info("%s %s: the client left before its answer", request.method, request.raw_path)
+            return _plain(499, "client closed request", f"{CACHE}; detail=client-left")
         except Exception:
             version = request.version
             log.exception(

@@ -54,6 +54,25 @@ async def test_a_request_body_that_stops_arriving_gets_408(origin, start_proxy):
     assert answer.startswith(b"HTTP/1.1 408") and origin.hits["/p"] == 0
 
 
+async def test_a_client_that_leaves_during_a_miss_is_logged_as_gone_not_as_an_error(
+    origin, start_proxy, caplog
+):
+    origin.set("/slow", delay=0.3)
+    proxy = await start_proxy()
+    with caplog.at_level(logging.INFO, logger="onehit.proxy"):
+        _, writer = await asyncio.open_connection(*proxy.proxy_address)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        await writer.drain()
+        writer.close()
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if "left before its answer" in caplog.text:
+                break
+    assert "GET /slow: the client left before its answer" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert await raw(proxy, b"GET /slow HTTP/1.1\r\nHost: a.example\r\n\r\n")
+
+
 async def test_rfc9110_10_1_1_expect_100_continue_is_answered_by_the_proxy(origin, start_proxy):
     async def reads_the_body_first(request):
         body = await request.read()
