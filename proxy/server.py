@@ -445,16 +445,22 @@ class Proxy:
         detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
         out = _head(answer, upstream, headers, length)
         _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
-        await out.prepare(request)
         sending = _wanted_bytes(answer, upstream.status, length)
+        first = _in_hand(upstream)
+        if first and sending is not None and sending[0] < len(first):
+            # The head goes out with the body bytes already in hand, in one write: never
+            # later than it would alone, since the first of those bytes is written at once.
+            out._send_headers_immediately = False
+        await out.prepare(request)
         parts: list[bytes] | None = [] if keep else None
         total = 0
         too_large = abandoned = False
+        chunks = _body(first, upstream.content)
         try:
             if sending is None:
                 await _send(out, b"", eof=True)
             if sending is not None or parts is not None:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in chunks:
                     start = total
                     total += len(chunk)
                     if parts is not None:
@@ -477,10 +483,12 @@ class Proxy:
             log.warning(
                 "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
             )
+            await chunks.aclose()
             if sending is not None:
                 _abort(request)  # the headers are gone: a cut connection is the honest signal
             self.engine.finish(meta, decision, total, self.clock(), complete=False)
             return out, None
+        await chunks.aclose()
         if abandoned and length is not None:
             total = length
         body = b"".join(parts) if parts is not None else b""
@@ -778,6 +786,23 @@ def _head(
         out.headers["Content-Range"] = f"bytes */{length}"
         out.content_length = 0
     return out
+
+
+def _in_hand(upstream: aiohttp.ClientResponse) -> bytes:
+    """The body bytes that arrived with the head, b"" if none; a body that already failed
+    gives b"", and its failure is met when the rest is read."""
+    try:
+        return upstream.content.read_nowait()
+    except _BODY_ERRORS:
+        return b""
+
+
+async def _body(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """``first``, then the rest of a body as it arrives."""
+    if first:
+        yield first
+    async for chunk in content.iter_any():
+        yield chunk
 
 
 async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:

@@ -150,6 +150,29 @@ async def test_a_miss_streams_its_first_bytes_before_the_origin_has_sent_the_res
     assert headers["X-Cache"] == "HIT" and body == BODY * 2
 
 
+@pytest.mark.parametrize("asked", [{}, {"Range": "bytes=5000-5009"}], ids=["whole", "range"])
+async def test_a_miss_head_reaches_the_client_before_the_origin_sends_its_body(
+    origin, start_proxy, client, asked
+):
+    release = asyncio.Event()
+
+    async def head_then_body(request):
+        response = web.StreamResponse(headers={"Cache-Control": "max-age=60"})
+        response.content_length = len(BODY)
+        await response.prepare(request)
+        await release.wait()
+        await response.write(BODY)
+        return response
+
+    origin.responder = head_then_body
+    proxy = await start_proxy(admission__policy="always")
+    async with asyncio.timeout(5):
+        async with client.get(base(proxy) + "/h", headers=asked) as r:
+            assert r.status == (206 if asked else 200)  # the head, with no body byte sent yet
+            release.set()
+            assert await r.read() == (BODY[5000:5010] if asked else BODY)
+
+
 async def test_single_flight_elects_one_new_leader_when_the_leader_fails(
     origin, start_proxy, client
 ):
