@@ -52,8 +52,8 @@ typedef struct {
 typedef struct {
     const char *text;
     PyObject *name;
-    PyTypeObject *type; /* the type whose member is at offset, or NULL */
-    Py_ssize_t offset;
+    PyTypeObject *type; /* the type last seen, or NULL */
+    Py_ssize_t offset;  /* where that type keeps the attribute, or -1: not in a slot */
     int writable;
 } Attr;
 
@@ -76,18 +76,25 @@ static PyObject *s_touch, *s_record_hit, *s_no_cache;
 static PyObject **slot(PyObject *obj, Attr *a) {
     PyTypeObject *type = Py_TYPE(obj);
     if (type != a->type) {
-        PyObject *descr = _PyType_Lookup(type, a->name);
-        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type))
+        /* Held, so that no other type can take its address while it is remembered. */
+        Py_XSETREF(a->type, (PyTypeObject *)Py_NewRef(type));
+        a->offset = -1;
+        PyObject *descr = PyObject_GetAttr((PyObject *)type, a->name);
+        if (descr == NULL) {
+            PyErr_Clear();
             return NULL;
-        PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-        if ((member->type != T_OBJECT_EX && member->type != T_OBJECT) ||
-            (member->flags & READ_RESTRICTED))
-            return NULL;
-        a->type = type;
-        a->offset = member->offset;
-        a->writable = !(member->flags & READONLY);
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if ((member->type == T_OBJECT_EX || member->type == T_OBJECT) &&
+                !(member->flags & READ_RESTRICTED)) {
+                a->offset = member->offset;
+                a->writable = !(member->flags & READONLY);
+            }
+        }
+        Py_DECREF(descr);
     }
-    return (PyObject **)((char *)obj + a->offset);
+    return a->offset < 0 ? NULL : (PyObject **)((char *)obj + a->offset);
 }
 
 /* obj.a, a new reference; NULL with an exception set when it has none. */
