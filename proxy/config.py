@@ -317,7 +317,9 @@ class UpstreamSection:
     read_timeout: float = _setting(10.0, _duration, "longest wait for the next bytes")
     total_timeout: float = _setting(60.0, _duration, "longest a whole origin response may take")
     single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
-    max_connections: int = _setting(512, _positive_int, "origin connections open at most")
+    max_connections: int = _setting(
+        512, _positive_int, "origin connections in use at most, per origin client (pool, session)"
+    )
     idle_timeout: float = _setting(4.0, _duration, "longest an unused origin connection is kept")
 
 

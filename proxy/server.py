@@ -73,7 +73,7 @@ from proxy.core.engine import (
 )
 from proxy.core.store import Entry
 from proxy.shared import SharedSecondHit
-from proxy.upstream import Upstream, UpstreamError
+from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("onehit.proxy")
 
@@ -417,7 +417,7 @@ class Proxy:
         request: web.BaseRequest,
         meta: RequestMeta,
         url: str,
-        upstream: aiohttp.ClientResponse,
+        upstream: UpstreamResponse,
         request_time: float,
         action: Fetch,
         flight: Flight[Shared] | None,
@@ -760,14 +760,14 @@ class Proxy:
         return response
 
 
-def _fields(upstream: aiohttp.ClientResponse) -> list[tuple[str, str]]:
+def _fields(upstream: UpstreamResponse) -> list[tuple[str, str]]:
     """An origin response's end-to-end fields (hop-by-hop ones stripped)."""
     return rfc9111.end_to_end(list(upstream.headers.items()))
 
 
 def _head(
     answer: Answer,
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     headers: list[tuple[str, str]],
     length: int | None,
 ) -> web.StreamResponse:
@@ -788,7 +788,7 @@ def _head(
     return out
 
 
-def _in_hand(upstream: aiohttp.ClientResponse) -> bytes:
+def _in_hand(upstream: UpstreamResponse) -> bytes:
     """The body bytes that arrived with the head, b"" if none; a body that already failed
     gives b"", and its failure is met when the rest is read."""
     try:
@@ -850,7 +850,7 @@ def _same_variant(shared: Shared, meta: RequestMeta) -> bool:
     )
 
 
-async def _read_up_to(upstream: aiohttp.ClientResponse, limit: int) -> bytes:
+async def _read_up_to(upstream: UpstreamResponse, limit: int) -> bytes:
     """The body, or its first bytes past ``limit`` (then the stream is not at EOF)."""
     parts: list[bytes] = []
     size = 0

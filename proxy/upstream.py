@@ -1,4 +1,6 @@
-"""The origin client: one aiohttp session for the proxy's life, bodies passed through untouched.
+"""The origin client: bodiless GET and HEAD requests to plain-HTTP origins go through the
+proxy's own pool (``proxy.pool``: aiohttp's response protocol without its session), the rest
+through one aiohttp session; bodies pass through untouched either way.
 
 It never decompresses (bodies go to clients byte for byte, with their Content-Encoding), never
 follows redirects, and maps failures to what the client must get: an origin that cannot be
@@ -17,10 +19,15 @@ import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import UpstreamSection
+from proxy.pool import OriginPool, OriginResponse, Unreachable
 
 log = logging.getLogger("onehit.upstream")
+
+# What ``Upstream.request`` returns: the pool's response or the session's, read the same way.
+UpstreamResponse = aiohttp.ClientResponse | OriginResponse
 
 # Failures of a connection the origin closed or reset before answering.
 _STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
@@ -42,6 +49,7 @@ class Upstream:
         self._config = config
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
+        self._pool = OriginPool(config)
 
     async def start(self) -> None:
         c = self._config
@@ -66,6 +74,7 @@ class Upstream:
         )
 
     async def close(self) -> None:
+        self._pool.close()
         for session in (self._session, self._fresh):
             if session is not None:
                 await session.close()
@@ -76,11 +85,13 @@ class Upstream:
         url: str,
         headers: list[tuple[str, str]],
         body: AsyncIterator[bytes] | bytes | None = None,
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """Send the request; the response's headers have arrived, its body is still to read."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
         replayable = body is None or isinstance(body, bytes)
         try:
+            if body is None and method in ("GET", "HEAD") and self._pool.serves(url):
+                return await self._pool.request(method, url, headers)
             try:
                 return await self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False
@@ -96,9 +107,9 @@ class Upstream:
                 )
         except TimeoutError as exc:
             error = UpstreamError(504, "origin timed out", f"timed out ({type(exc).__name__})")
-        except aiohttp.ClientConnectorError as exc:
+        except (aiohttp.ClientConnectorError, Unreachable) as exc:
             error = UpstreamError(502, "origin unreachable", f"unreachable ({exc.os_error})")
-        except aiohttp.ClientError as exc:
+        except (aiohttp.ClientError, HttpProcessingError) as exc:
             error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
         log.warning("%s %s: origin %s", method, url, error.detail)
         raise error

@@ -247,10 +247,38 @@ async def test_a_request_body_survives_an_origin_that_closed_its_pooled_connecti
 
     url = await raw_origin(closes_the_second_request)
     proxy = await start_proxy(upstream__origin=url)
-    assert (await fetch(client, base(proxy) + "/a"))[0] == 200
+    async with client.post(base(proxy) + "/a", data=b"first") as r:
+        assert r.status == 200
     caplog.set_level("INFO", logger="onehit.upstream")
     async with client.post(base(proxy) + "/b", data=b"payload") as r:
         assert r.status == 200 and await r.read() == b"ok"
+    assert connections == 2
+    assert "retrying on a new one" in caplog.text
+
+
+@pytest.mark.parametrize("hang_up", ["close", "reset"])
+async def test_a_miss_on_a_pooled_connection_the_origin_dropped_is_sent_again(
+    raw_origin, start_proxy, client, caplog, hang_up
+):
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
+    connections = 0
+
+    async def drops_the_second_request(reader, writer):
+        nonlocal connections
+        connections += 1
+        await read_request(reader)
+        writer.write(ok)
+        await writer.drain()
+        if connections == 1:
+            await read_request(reader)  # the reused connection: read, then hang up unanswered
+            if hang_up == "reset":
+                writer.transport.abort()
+
+    url = await raw_origin(drops_the_second_request)
+    proxy = await start_proxy(upstream__origin=url)
+    assert (await fetch(client, base(proxy) + "/a"))[:3:2] == (200, b"ok")
+    caplog.set_level("INFO", logger="onehit.upstream")
+    assert (await fetch(client, base(proxy) + "/b"))[:3:2] == (200, b"ok")
     assert connections == 2
     assert "retrying on a new one" in caplog.text
 

@@ -1,0 +1,172 @@
+"""The origin pool of bodiless GET and HEAD requests (``proxy.pool``), against origins that
+speak raw bytes on real sockets: connections reused and bounded, closed when their response
+was not read to its end, timeouts as the session's client keeps them."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import read_request
+
+from proxy.config import load
+from proxy.pool import OriginPool, Unreachable
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def pool(**settings: object) -> OriginPool:
+    overrides = {"upstream.origin": "http://127.0.0.1:9"}
+    overrides.update({f"upstream.{k}": v for k, v in settings.items()})
+    return OriginPool(load(env={}, overrides=overrides).upstream)
+
+
+class Counting:
+    """A raw origin that answers every request on a connection with ``answer``, counting
+    connections and the most open at once."""
+
+    def __init__(self, answer: bytes = OK, delay: float = 0.0) -> None:
+        self.answer = answer
+        self.delay = delay
+        self.connections = self.open = self.most_open = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            while await read_request(reader):
+                await asyncio.sleep(self.delay)
+                writer.write(self.answer)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open -= 1
+
+
+async def get(p: OriginPool, url: str, method: str = "GET") -> tuple[int, bytes]:
+    async with await p.request(method, url, [("X-Test", "1")]) as response:
+        return response.status, await response.content.read()
+
+
+async def test_sequential_requests_share_one_kept_alive_connection(raw_origin):
+    origin = Counting()
+    url = await raw_origin(origin)
+    p = pool()
+    try:
+        for i in range(5):
+            assert await get(p, f"{url}/{i}") == (200, b"ok")
+        assert origin.connections == 1
+    finally:
+        p.close()
+
+
+async def test_connections_in_use_are_bounded_and_later_requests_wait(raw_origin):
+    origin = Counting(delay=0.05)
+    url = await raw_origin(origin)
+    p = pool(max_connections=2)
+    try:
+        results = await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(8)))
+        assert results == [(200, b"ok")] * 8
+        assert origin.most_open == 2
+    finally:
+        p.close()
+
+
+async def test_a_response_not_read_to_its_end_closes_its_connection(raw_origin):
+    connections = 0
+
+    async def body_in_two_parts(reader, writer):
+        nonlocal connections
+        connections += 1
+        while await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfirst")
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.write(b"-last")
+            await writer.drain()
+
+    url = await raw_origin(body_in_two_parts)
+    p = pool()
+    try:
+        response = await p.request("GET", f"{url}/a", [])
+        response.close()  # half the body is still to come: the connection cannot carry another
+        assert await get(p, f"{url}/b") == (200, b"first-last")
+        assert connections == 2
+        assert await get(p, f"{url}/c") == (200, b"first-last")
+        assert connections == 2  # read to its end: kept
+    finally:
+        p.close()
+
+
+async def test_a_body_without_a_length_ends_with_the_connection(raw_origin):
+    async def http10(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
+        await writer.drain()
+        writer.close()
+
+    url = await raw_origin(http10)
+    p = pool()
+    try:
+        assert await get(p, f"{url}/a") == (200, b"until the end")
+        assert p._idle == {}
+    finally:
+        p.close()
+
+
+async def test_a_head_response_has_no_body_and_keeps_its_connection(raw_origin):
+    origin = Counting(answer=b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+    url = await raw_origin(origin)
+    p = pool()
+    try:
+        for _ in range(2):
+            async with await p.request("HEAD", f"{url}/a", []) as response:
+                assert response.content_length == 50 and await response.content.read() == b""
+        assert origin.connections == 1
+    finally:
+        p.close()
+
+
+async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin):
+    async def trickles(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(100):
+            writer.write(b"x")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # never silent for the read timeout
+
+    url = await raw_origin(trickles)
+    p = pool(total_timeout="400ms", read_timeout="5s")
+    try:
+        response = await p.request("GET", f"{url}/a", [])
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(5):
+                await response.content.read()
+        response.close()
+    finally:
+        p.close()
+
+
+async def test_an_origin_that_refuses_connections_is_unreachable():
+    p = pool()
+    try:
+        with pytest.raises(Unreachable):
+            await p.request("GET", "http://127.0.0.1:9/a", [])
+        assert p._in_use == 0
+    finally:
+        p.close()
+
+
+async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin):
+    origin = Counting()
+    url = await raw_origin(origin)
+    p = pool()
+    try:
+        with pytest.raises(ValueError, match="newline"):
+            await p.request("GET", f"{url}/a", [("X-Test", "1\r\nX-Injected: 1")])
+        assert origin.connections == 0
+    finally:
+        p.close()
