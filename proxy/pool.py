@@ -226,6 +226,10 @@ class OriginPool:
             self._waiting.append(waiter)
             try:
                 await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake()  # woken for a free connection, but leaving: pass it on
+                raise
             finally:
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)

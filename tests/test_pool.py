@@ -74,6 +74,36 @@ async def test_connections_in_use_are_bounded_and_later_requests_wait(raw_origin
         p.close()
 
 
+async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_origin):
+    release = asyncio.Event()
+
+    async def first_body_held(reader, writer):
+        head = await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\no")
+        await writer.drain()
+        if head.startswith(b"GET /a "):
+            await release.wait()
+        writer.write(b"k")
+        while await read_request(reader):
+            writer.write(OK)
+
+    url = await raw_origin(first_body_held)
+    p = pool(max_connections=1)
+    try:
+        holder = await p.request("GET", f"{url}/a", [])
+        second = asyncio.create_task(get(p, f"{url}/b"))
+        third = asyncio.create_task(get(p, f"{url}/c"))
+        await asyncio.sleep(0.05)
+        assert p._in_use == 1 and len(p._waiting) == 2  # both wait for the one connection
+        release.set()
+        assert await holder.content.read() == b"ok"  # released: the second is woken...
+        second.cancel()  # ...and cancelled before it runs
+        assert await asyncio.wait_for(third, 2) == (200, b"ok")
+        assert p._in_use == 0
+    finally:
+        p.close()
+
+
 async def test_a_response_not_read_to_its_end_closes_its_connection(raw_origin):
     connections = 0
 
