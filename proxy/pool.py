@@ -28,7 +28,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import ClientOSError, ServerDisconnectedError
 from aiohttp.client_proto import ResponseHandler
-from aiohttp.helpers import TimeoutHandle
+from aiohttp.helpers import BaseTimerContext, TimeoutHandle
+from aiohttp.http_parser import RawResponseMessage
 from aiohttp.streams import StreamReader
 from multidict import CIMultiDictProxy
 
@@ -183,11 +184,11 @@ class OriginPool:
                 raise
 
     async def _send(
-        self, protocol: ResponseHandler, head: bytes, method: str, timer: object
-    ) -> tuple:
+        self, protocol: ResponseHandler, head: bytes, method: str, timer: BaseTimerContext
+    ) -> tuple[RawResponseMessage, StreamReader]:
         """The final response's message and body stream (interim 1xx responses skipped)."""
         protocol.set_response_params(
-            timer=timer,  # type: ignore[arg-type]
+            timer=timer,
             skip_payload=method == "HEAD",
             read_until_eof=True,  # a body without a length ends with the connection
             auto_decompress=False,
