@@ -230,56 +230,49 @@ async def test_followers_of_an_uncacheable_response_go_to_the_origin_at_once(
     assert origin.hits["/mine"] == 10
 
 
+class DropsItsFirstConnection:
+    """A raw origin that answers a connection's first request, then hangs up on its second
+    (``reset``: with a TCP reset) unanswered; later connections are answered once each."""
+
+    def __init__(self, reset: bool = False) -> None:
+        self.reset = reset
+        self.connections = 0
+
+    async def __call__(self, reader, writer) -> None:
+        self.connections += 1
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok")
+        await writer.drain()
+        if self.connections == 1:
+            await read_request(reader)  # the reused connection: read, then hang up unanswered
+            if self.reset:
+                writer.transport.abort()
+
+
 async def test_a_request_body_survives_an_origin_that_closed_its_pooled_connection(
     raw_origin, start_proxy, client, caplog
 ):
-    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
-    connections = 0
-
-    async def closes_the_second_request(reader, writer):
-        nonlocal connections
-        connections += 1
-        await read_request(reader)
-        writer.write(ok)
-        await writer.drain()
-        if connections == 1:
-            await read_request(reader)  # the reused connection: read, then hang up unanswered
-
-    url = await raw_origin(closes_the_second_request)
-    proxy = await start_proxy(upstream__origin=url)
+    origin = DropsItsFirstConnection()
+    proxy = await start_proxy(upstream__origin=await raw_origin(origin))
     async with client.post(base(proxy) + "/a", data=b"first") as r:
         assert r.status == 200
     caplog.set_level("INFO", logger="onehit.upstream")
     async with client.post(base(proxy) + "/b", data=b"payload") as r:
         assert r.status == 200 and await r.read() == b"ok"
-    assert connections == 2
+    assert origin.connections == 2
     assert "retrying on a new one" in caplog.text
 
 
-@pytest.mark.parametrize("hang_up", ["close", "reset"])
+@pytest.mark.parametrize("reset", [False, True], ids=["close", "reset"])
 async def test_a_miss_on_a_pooled_connection_the_origin_dropped_is_sent_again(
-    raw_origin, start_proxy, client, caplog, hang_up
+    raw_origin, start_proxy, client, caplog, reset
 ):
-    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: keep-alive\r\n\r\nok"
-    connections = 0
-
-    async def drops_the_second_request(reader, writer):
-        nonlocal connections
-        connections += 1
-        await read_request(reader)
-        writer.write(ok)
-        await writer.drain()
-        if connections == 1:
-            await read_request(reader)  # the reused connection: read, then hang up unanswered
-            if hang_up == "reset":
-                writer.transport.abort()
-
-    url = await raw_origin(drops_the_second_request)
-    proxy = await start_proxy(upstream__origin=url)
+    origin = DropsItsFirstConnection(reset)
+    proxy = await start_proxy(upstream__origin=await raw_origin(origin))
     assert (await fetch(client, base(proxy) + "/a"))[:3:2] == (200, b"ok")
     caplog.set_level("INFO", logger="onehit.upstream")
     assert (await fetch(client, base(proxy) + "/b"))[:3:2] == (200, b"ok")
-    assert connections == 2
+    assert origin.connections == 2
     assert "retrying on a new one" in caplog.text
 
 
