@@ -6,12 +6,11 @@ more than the rest of a hit together. ``HitServer`` makes aiohttp's own connecti
 
 * One parser. aiohttp's request parser (llhttp, strict) splits the bytes into requests, as it
   does for every other request; what it refuses is refused as before (400), never answered.
-* Only a plain fresh hit is answered here (the answerers say which, ``Proxy.answer_hit`` and
-  its compiled common case ``Proxy.plain_hits``: GET or HEAD,
-  HTTP/1.1 keep-alive, no body, no precondition; a matching validator gets its 304 and a byte
-  range its 206 or 416 here too). Anything else goes to aiohttp's handler, and requests keep
-  their order: once one is queued there, every later request on the connection waits its
-  turn behind it.
+* Only a plain fresh hit is answered here; the answerers say which (``Proxy.answer_hit``,
+  and its compiled common case ``Proxy.plain_hits``): GET or HEAD, HTTP/1.1 keep-alive, no
+  body, no precondition (a matching validator gets its 304 and a byte range its 206 or 416
+  here too). Anything else goes to aiohttp's handler, and requests keep their order: once one
+  is queued there, every later request on the connection waits its turn behind it.
 * The same answer: the same status, fields, body and counters as the handler would give, and
   the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause

@@ -127,11 +127,10 @@ class OriginPool:
             target += "?" + parts.query
         lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
         lines += [f"{name}: {value}" for name, value in headers]
-        text = "\r\n".join(lines)
-        if text.count("\r") != len(lines) - 1 or "\n" in text.replace("\r\n", ""):
+        if any("\r" in line or "\n" in line for line in lines):
             # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
             raise ValueError("a newline or carriage return in a request line or field")
-        head = (text + "\r\n\r\n").encode("utf-8", "surrogateescape")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         loop = asyncio.get_running_loop()
         timeout = TimeoutHandle(loop, self._config.total_timeout)
         deadline = timeout.start()

@@ -446,8 +446,8 @@ class Proxy:
         out = _head(answer, upstream, headers, length)
         _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
         sending = _wanted_bytes(answer, upstream.status, length)
-        first = _in_hand(upstream)
-        if first and sending is not None and sending[0] < len(first):
+        arrived = _in_hand(upstream)
+        if arrived and sending is not None and sending[0] < len(arrived):
             # The head goes out with the body bytes already in hand, in one write: never
             # later than it would alone, since the first of those bytes is written at once.
             out._send_headers_immediately = False
@@ -455,7 +455,7 @@ class Proxy:
         parts: list[bytes] | None = [] if keep else None
         total = 0
         too_large = abandoned = False
-        chunks = _body(first, upstream.content)
+        chunks = _body(arrived, upstream.content)
         try:
             if sending is None:
                 await _send(out, b"", eof=True)
@@ -483,12 +483,12 @@ class Proxy:
             log.warning(
                 "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
             )
-            await chunks.aclose()
             if sending is not None:
                 _abort(request)  # the headers are gone: a cut connection is the honest signal
             self.engine.finish(meta, decision, total, self.clock(), complete=False)
             return out, None
-        await chunks.aclose()
+        finally:
+            await chunks.aclose()
         if abandoned and length is not None:
             total = length
         body = b"".join(parts) if parts is not None else b""
