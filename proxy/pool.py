@@ -106,6 +106,8 @@ class OriginPool:
     def __init__(self, config: UpstreamSection) -> None:
         self._config = config
         self._idle: dict[Address, list[tuple[ResponseHandler, float]]] = {}
+        # The address and Host of each origin asked (the configured ones: few).
+        self._origins: dict[str, tuple[Address, str]] = {}
         self._in_use = 0
         self._waiting: list[asyncio.Future[None]] = []
         self._sweep: asyncio.TimerHandle | None = None
@@ -119,12 +121,12 @@ class OriginPool:
         self, method: str, url: str, headers: list[tuple[str, str]]
     ) -> OriginResponse:
         """Send a bodiless ``method`` request for ``url``; the response's head has arrived."""
-        parts = urlsplit(url)
-        address = (parts.hostname or "", parts.port or 80)
-        host = parts.netloc.rpartition("@")[2].removesuffix(":80")
-        target = parts.path or "/"
-        if parts.query:
-            target += "?" + parts.query
+        netloc, slash, rest = url.removeprefix("http://").partition("/")
+        origin = self._origins.get(netloc)
+        if origin is None:
+            origin = self._origins[netloc] = _origin(netloc)
+        address, host = origin
+        target = (slash + rest).partition("#")[0] or "/"
         lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
         lines += [f"{name}: {value}" for name, value in headers]
         if any("\r" in line or "\n" in line for line in lines):
@@ -284,3 +286,9 @@ class OriginPool:
             for protocol, _ in idle:
                 protocol.close()
         self._idle.clear()
+
+
+def _origin(netloc: str) -> tuple[Address, str]:
+    """The address to connect to and the Host field of an origin's ``host[:port]``."""
+    parts = urlsplit("http://" + netloc)
+    return (parts.hostname or "", parts.port or 80), netloc.rpartition("@")[2].removesuffix(":80")

@@ -206,6 +206,35 @@ def test_parsers_never_raise_on_hostile_headers(req, resp, status, now):
     r.updated_by_304(resp, req)
 
 
+response_values = st.one_of(
+    header_text,
+    st.sampled_from(['max-age=60', 'no-cache, max-age="5"', 'private="a, b", s-maxage=9',
+                     "public", "max-age=0, must-understand", DATE, "0", "12, 30", "Accept, *",
+                     "accept-encoding", "x=1; y=2"]),
+)  # fmt: skip
+response_lists = st.lists(
+    st.tuples(st.sampled_from(["Cache-Control", "cache-control", "CDN-Cache-Control", "Expires",
+                               "Date", "DATE", "Age", "Last-Modified", "Vary", "Set-Cookie"]),
+              response_values),
+    max_size=8,
+)  # fmt: skip
+
+
+@given(response_lists, st.integers(100, 599))
+def test_response_rules_read_fields_indexed_once_as_they_read_the_pairs(resp, status):
+    fields = r.Fields(resp)
+    assert r.response_directives(fields) == r.response_directives(resp)
+    assert r.storable("GET", status, [("Cookie", "a=1")], fields) == r.storable(
+        "GET", status, [("Cookie", "a=1")], resp
+    )
+    assert r.freshness_lifetime(status, fields, T0) == r.freshness_lifetime(status, resp, T0)
+    assert r.current_age(fields, T0, T0 + 1, T0 + 5) == r.current_age(resp, T0, T0 + 1, T0 + 5)
+    assert r.vary_names(fields) == r.vary_names(resp)
+    for name in ("expires", "Set-Cookie", "date"):
+        assert r.get_all(fields, name) == r.get_all(resp, name)
+        assert r.get_first(fields, name) == r.get_first(resp, name)
+
+
 def test_rfc9110_7_6_1_hop_by_hop_fields_are_not_forwarded():
     headers = [
         ("Connection", "close, X-Secret"),

@@ -254,17 +254,20 @@ def response_meta(
     the age it already had when it arrived, and what it varies on. Its ``headers`` are what
     may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
     cookie set for one client is never replayed to another)."""
+    fields = rfc9111.Fields(headers)
     ok, reason = rfc9111.storable(
-        request.method, status, request.headers, headers,
+        request.method, status, request.headers, fields,
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
     )  # fmt: skip
-    initial_age = rfc9111.current_age(headers, request_time, response_time, response_time)
+    initial_age = rfc9111.current_age(fields, request_time, response_time, response_time)
+    if "set-cookie" in fields.by_name:
+        headers = [h for h in headers if h[0].lower() != "set-cookie"]
     return ResponseMeta(
         cacheable=ok,
-        lifetime=rfc9111.freshness_lifetime(status, headers, response_time),
+        lifetime=rfc9111.freshness_lifetime(status, fields, response_time),
         initial_age=initial_age,
-        headers=tuple(h for h in headers if h[0].lower() != "set-cookie"),
-        vary=rfc9111.vary_names(headers),
+        headers=tuple(headers),
+        vary=rfc9111.vary_names(fields),
         reason=reason,
         payload=payload,
         status=status,

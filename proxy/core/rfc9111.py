@@ -3,7 +3,9 @@
 Rules this module keeps:
 
 * Headers are sequences of ``(name, value)`` pairs; names compare case-insensitively and a field
-  may repeat. Nothing here does I/O or reads a clock: times are arguments, in seconds.
+  may repeat. The rules that read a response's headers take them as ``Fields`` too: indexed by
+  name in one pass, for a caller that applies several rules to one response.
+  Nothing here does I/O or reads a clock: times are arguments, in seconds.
 * Parsers are forgiving where the RFCs allow and never raise on hostile input: an invalid
   directive value is ignored, a duplicated directive keeps its first value (section 4.2.1),
   quoted values are unquoted, whitespace is trimmed, delta-seconds cap at 2**31 (section 1.2.2).
@@ -21,6 +23,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import calendar
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
@@ -47,15 +50,40 @@ HOP_BY_HOP = frozenset(
 _NOT_UPDATED_BY_304 = frozenset({"content-length", "content-encoding", "transfer-encoding"})
 
 
-def get_all(headers: Headers, name: str) -> list[str]:
+class Fields:
+    """A message's fields by lower-cased name, each name's values in order: one pass over its
+    headers, however many rules read them. Its cache directives are parsed once, when first
+    read (``response_directives``)."""
+
+    __slots__ = ("by_name", "directives")
+
+    def __init__(self, headers: Headers) -> None:
+        by_name: dict[str, list[str]] = {}
+        for k, v in headers:
+            low = k.lower()
+            values = by_name.get(low)
+            if values is None:
+                by_name[low] = [v]
+            else:
+                values.append(v)
+        self.by_name = by_name
+        self.directives: Directives | None = None
+
+
+def get_all(headers: Headers | Fields, name: str) -> list[str]:
     """Every value of field ``name``, in order."""
     name = name.lower()
+    if type(headers) is Fields:
+        return list(headers.by_name.get(name, ()))
     size = len(name)  # compared first: most fields are ruled out without lower-casing them
     return [v for k, v in headers if len(k) == size and k.lower() == name]
 
 
-def get_first(headers: Headers, name: str) -> str | None:
+def get_first(headers: Headers | Fields, name: str) -> str | None:
     name = name.lower()
+    if type(headers) is Fields:
+        values = headers.by_name.get(name)
+        return values[0] if values else None
     size = len(name)
     for k, v in headers:
         if len(k) == size and k.lower() == name:
@@ -80,6 +108,8 @@ def parse_directives(values: Iterable[str]) -> Directives:
 
 
 def _split_outside_quotes(text: str, sep: str) -> list[str]:
+    if '"' not in text:
+        return text.split(sep)  # the common case, and what the loop below gives for it
     parts, current, quoted, escaped = [], [], False, False
     for ch in text:
         if escaped:
@@ -122,6 +152,13 @@ def http_date(value: str | None) -> float | None:
     """An HTTP-date (any of the three forms) as POSIX seconds; None when it does not parse."""
     if not value:
         return None
+    return _http_date(value)
+
+
+# Most dates a cache reads repeat: every response of one second has the same Date, and an
+# object's Last-Modified and Expires come back with each fetch of it.
+@functools.lru_cache(maxsize=256)
+def _http_date(value: str) -> float | None:
     text = value.strip()
     if m := _IMF.match(text):
         day, month, year, hh, mm, ss = m.groups()
@@ -144,9 +181,17 @@ def http_date(value: str | None) -> float | None:
         return None
 
 
-def response_directives(headers: Headers) -> Directives:
+def response_directives(headers: Headers | Fields) -> Directives:
     """The directives this cache obeys: CDN-Cache-Control when present and a valid Structured
     Field Dictionary (RFC 9213 section 2.1), else Cache-Control."""
+    if type(headers) is Fields:
+        if headers.directives is None:
+            headers.directives = _response_directives(headers)
+        return headers.directives
+    return _response_directives(headers)
+
+
+def _response_directives(headers: Headers | Fields) -> Directives:
     targeted = get_all(headers, "cdn-cache-control")
     if targeted:
         directives = targeted_directives(targeted)
@@ -203,7 +248,7 @@ def carries_cookie(request_headers: Headers, ignored: Sequence[str] = ()) -> boo
     return False
 
 
-def meant_for_shared_caches(response_headers: Headers, cc: Directives) -> bool:
+def meant_for_shared_caches(response_headers: Headers | Fields, cc: Directives) -> bool:
     """The response says shared caches may store it for everyone (section 3.5): ``public``,
     ``s-maxage``, or a CDN-Cache-Control field (RFC 9213), which only shared caches obey.
     ``cc``: the directives in force (``response_directives``)."""
@@ -218,7 +263,7 @@ def storable(
     method: str,
     status: int,
     request_headers: Headers,
-    response_headers: Headers,
+    response_headers: Headers | Fields,
     *,
     allow_set_cookie: bool = False,
     ignored_cookies: Sequence[str] = (),
@@ -267,7 +312,9 @@ def storable(
     return True, ""
 
 
-def freshness_lifetime(status: int, headers: Headers, response_time: float | None = None) -> float:
+def freshness_lifetime(
+    status: int, headers: Headers | Fields, response_time: float | None = None
+) -> float:
     """Seconds a response stays fresh (section 4.2.1): s-maxage, max-age, Expires - Date, then
     10% of Date - Last-Modified (capped at a day) for heuristically cacheable statuses. Without a
     valid Date, the time the response arrived stands in for it (section 4.2.1); an invalid
@@ -295,14 +342,16 @@ def freshness_lifetime(status: int, headers: Headers, response_time: float | Non
     return 0.0
 
 
-def age_value(headers: Headers) -> int | None:
+def age_value(headers: Headers | Fields) -> int | None:
     """The Age field (section 5.1): of a list, the first member; an invalid value is ignored
     (None), never read as some number."""
     values = _list_values(get_all(headers, "age"))
     return delta_seconds(values[0]) if values else None
 
 
-def current_age(headers: Headers, request_time: float, response_time: float, now: float) -> float:
+def current_age(
+    headers: Headers | Fields, request_time: float, response_time: float, now: float
+) -> float:
     """Section 4.2.3: the age of a stored response at ``now``."""
     age = age_value(headers) or 0
     date_value = http_date(get_first(headers, "date"))
@@ -361,9 +410,12 @@ def only_if_cached(request_headers: Headers) -> bool:
     return "only-if-cached" in request_directives(request_headers)
 
 
-def vary_names(response_headers: Headers) -> tuple[str, ...]:
+def vary_names(response_headers: Headers | Fields) -> tuple[str, ...]:
     """The request header names a response varies on, lower-cased and sorted."""
-    names = {v.strip().lower() for v in _list_values(get_all(response_headers, "vary"))}
+    values = get_all(response_headers, "vary")
+    if not values:
+        return ()
+    names = {v.strip().lower() for v in _list_values(values)}
     names.discard("")
     return tuple(sorted(names))
 
