@@ -90,6 +90,7 @@ _VERSIONS = frozenset({HttpVersion10, HttpVersion11})
 _CLIENT_ASKS = frozenset(
     {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
 )
+_NOT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
 # Fields every answer carries with the proxy's own values (``_mark``).
@@ -637,8 +638,9 @@ class Proxy:
             return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
-            out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            _copy_headers(out.headers, _fields(upstream))
+            out = web.StreamResponse(
+                status=upstream.status, reason=upstream.reason, headers=_fields(upstream)
+            )
             _mark(out, f"{CACHE}; fwd=method", "BYPASS")
             await out.prepare(request)
             try:
@@ -694,9 +696,9 @@ class Proxy:
         the denied ones, or only the allowed ones), without what a whole-object fetch answers
         itself, plus ``extra``, and the forwarding fields ``meta`` carries. ``keep``: fields
         that pass whatever the lists say (those a stored response's Vary names)."""
-        drop = _NEVER_SENT | {k.lower() for k, _ in extra}
-        if whole or extra:
-            drop = drop | _CLIENT_ASKS
+        drop = _NOT_WHOLE if whole or extra else _NEVER_SENT
+        if extra:
+            drop = drop | {k.lower() for k, _ in extra}
         filtered = meta.method in ("GET", "HEAD")
         denied, allowed = self.denied, self.allowed
         headers = []
@@ -773,12 +775,10 @@ def _head(
 ) -> web.StreamResponse:
     """The head of the answer to a client from an origin response that is still arriving."""
     if answer.status == upstream.status:
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        _copy_headers(out.headers, headers)
-        return out
-    out = web.StreamResponse(status=answer.status)
+        return web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
-    _copy_headers(out.headers, [(k, v) for k, v in headers if k.lower() not in drops])
+    kept = [(k, v) for k, v in headers if k.lower() not in drops]
+    out = web.StreamResponse(status=answer.status, headers=kept)
     if answer.status == 206:
         out.headers["Content-Range"] = f"bytes {answer.first}-{answer.last}/{length}"
         out.content_length = answer.last - answer.first + 1
@@ -809,10 +809,10 @@ async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> b
     """Write to the client; False when it has gone (the origin's body may still be worth
     reading to the end, to be stored)."""
     try:
-        if data:
-            await out.write(data)
         if eof:
-            await out.write_eof()
+            await out.write_eof(data)
+        elif data:
+            await out.write(data)
     except ConnectionError:
         return False
     return True

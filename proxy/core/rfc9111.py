@@ -482,14 +482,18 @@ def invalidates(method: str, status: int) -> bool:
 def end_to_end(headers: Headers) -> list[tuple[str, str]]:
     """RFC 9110 section 7.6.1: the fields a proxy forwards, without hop-by-hop ones (the fixed
     set and any that ``Connection`` names)."""
-    named = {t.strip().lower() for v in get_all(headers, "connection") for t in v.split(",")}
-    return [
-        (k, v)
-        for k, v in headers
-        if (low := k.lower()) not in HOP_BY_HOP
-        and low not in named
-        and not low.startswith("proxy-")
-    ]
+    kept = []
+    named: set[str] = set()
+    for k, v in headers:
+        low = k.lower()
+        if low in HOP_BY_HOP or low.startswith("proxy-"):
+            if low == "connection":
+                named.update(t.strip().lower() for t in v.split(","))
+            continue
+        kept.append((k, v))
+    if named:
+        return [(k, v) for k, v in kept if k.lower() not in named]
+    return kept
 
 
 def byte_range(
