@@ -15,7 +15,10 @@ Rules it keeps:
   says it must close, and an idle one is dropped after ``idle_timeout`` seconds.
 * Timeouts as the session's ``ClientTimeout``: ``connect_timeout`` to connect, ``read_timeout``
   between reads, ``total_timeout`` from the request to the body's end. Each ends in a
-  ``TimeoutError`` (the body's, in the body's stream).
+  ``TimeoutError`` (the body's, in the body's stream). The read and total timeouts are checked
+  by one sweep of the requests in flight, every eighth of the shorter one (at most a second),
+  so each fires within that much after it is due (the session's fire up to a second late):
+  a loop timer made and cancelled per request and per read cost a miss more than its parsing.
 * A request that fails on a pooled connection before any byte of an answer (the origin closed
   or reset it while idle) is sent once more on a new connection.
 """
@@ -48,6 +51,42 @@ class Unreachable(Exception):
         self.os_error = os_error
 
 
+class _Connection(ResponseHandler):
+    """aiohttp's response protocol whose read timeout is a time stamp that the pool's sweep
+    checks, where aiohttp cancels and makes a loop timer on every read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.reading_since: float | None = None  # when the read timeout started, if it runs
+
+    def _reschedule_timeout(self) -> None:
+        self.reading_since = self._loop.time() if self._read_timeout else None
+
+    def _drop_timeout(self) -> None:
+        self.reading_since = None
+
+    def read_timed_out(self, now: float) -> bool:
+        """Fail the response being read when no byte came for the read timeout."""
+        since = self.reading_since
+        if since is None or self._read_timeout is None or now - since < self._read_timeout:
+            return False
+        self.reading_since = None
+        self._on_read_timeout()
+        return True
+
+
+class _Exchange:
+    """A request in flight: its total deadline, the handle whose callbacks end it, and its
+    connection once it has one."""
+
+    __slots__ = ("deadline", "protocol", "timeout")
+
+    def __init__(self, deadline: float, timeout: TimeoutHandle) -> None:
+        self.deadline = deadline
+        self.timeout = timeout
+        self.protocol: _Connection | None = None
+
+
 class OriginResponse:
     """An origin response whose head has arrived: what the proxy reads of one, as aiohttp's
     ``ClientResponse`` offers it. Closing it before its body's end drops the connection."""
@@ -56,13 +95,11 @@ class OriginResponse:
         self,
         pool: OriginPool,
         address: Address,
-        protocol: ResponseHandler,
+        exchange: _Exchange,
         status: int,
         reason: str,
         headers: CIMultiDictProxy[str],
         content: StreamReader,
-        timeout: TimeoutHandle,
-        deadline: asyncio.TimerHandle | None,
     ) -> None:
         self.status = status
         self.reason = reason
@@ -72,9 +109,7 @@ class OriginResponse:
         self.content_length = int(length) if length is not None and length.isdigit() else None
         self._pool = pool
         self._address = address
-        self._protocol: ResponseHandler | None = protocol
-        self._timeout = timeout
-        self._deadline = deadline
+        self._exchange: _Exchange | None = exchange
         content.on_eof(self._ended)
 
     def _ended(self) -> None:
@@ -85,11 +120,11 @@ class OriginResponse:
         self._finish(reuse=False)
 
     def _finish(self, *, reuse: bool) -> None:
-        protocol, self._protocol = self._protocol, None
-        if protocol is not None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._timeout.close()
+        exchange, self._exchange = self._exchange, None
+        if exchange is not None:
+            protocol = exchange.protocol
+            assert protocol is not None
+            self._pool._unwatch(exchange)
             reuse = reuse and not protocol.should_close
             self._pool._release(self._address, protocol, reuse=reuse)
 
@@ -105,7 +140,10 @@ class OriginPool:
 
     def __init__(self, config: UpstreamSection) -> None:
         self._config = config
-        self._idle: dict[Address, list[tuple[ResponseHandler, float]]] = {}
+        self._idle: dict[Address, list[tuple[_Connection, float]]] = {}
+        self._exchanges: set[_Exchange] = set()
+        self._tick = min(1.0, config.read_timeout / 8, config.total_timeout / 8)
+        self._ticker: asyncio.TimerHandle | None = None
         # The address and Host of each origin asked (the configured ones: few).
         self._origins: dict[str, tuple[Address, str]] = {}
         self._in_use = 0
@@ -134,20 +172,20 @@ class OriginPool:
             raise ValueError("a newline or carriage return in a request line or field")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
         loop = asyncio.get_running_loop()
+        # Called by the sweep at the deadline, it ends whatever of the request is running.
         timeout = TimeoutHandle(loop, self._config.total_timeout)
-        deadline = timeout.start()
+        exchange = _Exchange(loop.time() + self._config.total_timeout, timeout)
+        self._watch(exchange)
         try:
             await self._acquire()
             try:
-                return await self._exchange(address, head, method, timeout, deadline)
+                return await self._exchange(address, head, method, exchange)
             except BaseException:
                 self._in_use -= 1
                 self._wake()
                 raise
         except BaseException:
-            if deadline is not None:
-                deadline.cancel()
-            timeout.close()
+            self._unwatch(exchange)
             raise
 
     async def _exchange(
@@ -155,21 +193,21 @@ class OriginPool:
         address: Address,
         head: bytes,
         method: str,
-        timeout: TimeoutHandle,
-        deadline: asyncio.TimerHandle | None,
+        exchange: _Exchange,
     ) -> OriginResponse:
         protocol = self._pooled(address)
         pooled = protocol is not None
-        timer = timeout.timer()
+        timer = exchange.timeout.timer()
         while True:
             try:
                 with timer:
                     if protocol is None:
                         protocol = await self._connect(address)
+                    exchange.protocol = protocol
                     message, payload = await self._send(protocol, head, method, timer)
                 return OriginResponse(
-                    self, address, protocol, message.code, message.reason, message.headers,
-                    payload, timeout, deadline,
+                    self, address, exchange, message.code, message.reason, message.headers,
+                    payload,
                 )  # fmt: skip
             except (ServerDisconnectedError, ClientOSError) as exc:
                 if protocol is not None:
@@ -185,7 +223,7 @@ class OriginPool:
                 raise
 
     async def _send(
-        self, protocol: ResponseHandler, head: bytes, method: str, timer: BaseTimerContext
+        self, protocol: _Connection, head: bytes, method: str, timer: BaseTimerContext
     ) -> tuple[RawResponseMessage, StreamReader]:
         """The final response's message and body stream (interim 1xx responses skipped)."""
         protocol.set_response_params(
@@ -203,16 +241,16 @@ class OriginPool:
             if not 100 <= message.code < 200 or message.code == 101:
                 return message, payload
 
-    async def _connect(self, address: Address) -> ResponseHandler:
+    async def _connect(self, address: Address) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._config.connect_timeout):
-                _, protocol = await loop.create_connection(lambda: ResponseHandler(loop), *address)
+                _, protocol = await loop.create_connection(lambda: _Connection(loop), *address)
         except OSError as exc:
             raise Unreachable(exc) from exc
         return protocol
 
-    def _pooled(self, address: Address) -> ResponseHandler | None:
+    def _pooled(self, address: Address) -> _Connection | None:
         idle = self._idle.get(address)
         limit = asyncio.get_running_loop().time() - self._config.idle_timeout
         while idle:
@@ -244,7 +282,31 @@ class OriginPool:
                 waiter.set_result(None)
                 return
 
-    def _release(self, address: Address, protocol: ResponseHandler, *, reuse: bool) -> None:
+    def _watch(self, exchange: _Exchange) -> None:
+        self._exchanges.add(exchange)
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().call_later(self._tick, self._sweep_timeouts)
+
+    def _unwatch(self, exchange: _Exchange) -> None:
+        self._exchanges.discard(exchange)
+        exchange.timeout.close()
+
+    def _sweep_timeouts(self) -> None:
+        """End the requests past their total deadline, and the reads silent for the read
+        timeout; come back in a tick while any request is in flight."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for exchange in list(self._exchanges):
+            if now >= exchange.deadline:
+                self._exchanges.discard(exchange)
+                exchange.timeout()
+            elif exchange.protocol is not None:
+                exchange.protocol.read_timed_out(now)
+        self._ticker = (
+            loop.call_later(self._tick, self._sweep_timeouts) if self._exchanges else None
+        )
+
+    def _release(self, address: Address, protocol: _Connection, *, reuse: bool) -> None:
         self._in_use -= 1
         self._wake()
         if reuse and not self._closed and protocol.is_connected():
@@ -279,6 +341,9 @@ class OriginPool:
     def close(self) -> None:
         """Close every idle connection; those in use close as their responses end."""
         self._closed = True
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None

@@ -180,6 +180,40 @@ async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin):
         p.close()
 
 
+async def test_read_timeout_fires_once_due_and_within_a_tick_of_it(raw_origin):
+    async def silent(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    url = await raw_origin(silent)
+    p = pool(read_timeout="300ms")
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await p.request("GET", f"{url}/a", [])
+        waited = loop.time() - started
+        # The sweep runs every eighth of the shortest timeout: never early, at most a tick late.
+        assert 0.3 <= waited < 0.3 + 0.3 / 8 + 0.5
+    finally:
+        p.close()
+
+
+async def test_nothing_is_watched_once_the_requests_end(raw_origin):
+    origin = Counting()
+    url = await raw_origin(origin)
+    p = pool(read_timeout="200ms")
+    try:
+        await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(20)))
+        response = await p.request("GET", f"{url}/closed-early", [])
+        response.close()
+        assert p._exchanges == set()
+        await asyncio.sleep(0.1)  # past one tick: the sweep saw nothing in flight and stopped
+        assert p._ticker is None
+    finally:
+        p.close()
+
+
 async def test_an_origin_that_refuses_connections_is_unreachable():
     p = pool()
     try:
