@@ -235,6 +235,29 @@ def test_response_rules_read_fields_indexed_once_as_they_read_the_pairs(resp, st
         assert r.get_first(fields, name) == r.get_first(resp, name)
 
 
+request_lists = st.lists(
+    st.tuples(st.sampled_from(["Cache-Control", "Pragma", "Cookie", "cookie", "Range", "If-Range",
+                               "If-None-Match", "If-Modified-Since", "Accept-Encoding", "Host"]),
+              st.one_of(header_text, st.sampled_from(["no-cache", "max-age=5, only-if-cached",
+                                                      "a=1; b=2", "bytes=0-9", '"v1"', DATE,
+                                                      "gzip, br"]))),
+    max_size=8,
+)  # fmt: skip
+
+
+@given(request_lists, response_lists)
+def test_request_rules_read_fields_indexed_once_as_they_read_the_pairs(req, stored):
+    fields = r.Fields(req)
+    assert list(fields) == req and len(fields) == len(req) and fields == tuple(req)
+    assert r.request_directives(fields) == r.request_directives(req)
+    assert r.carries_cookie(fields, ("b*",)) == r.carries_cookie(req, ("b*",))
+    assert r.vary_key(("accept-encoding", "cookie"), fields) == r.vary_key(
+        ("accept-encoding", "cookie"), req
+    )
+    assert r.not_modified(fields, stored) == r.not_modified(req, stored)
+    assert r.byte_range(fields, stored, 100) == r.byte_range(req, stored, 100)
+
+
 def test_rfc9110_7_6_1_hop_by_hop_fields_are_not_forwarded():
     headers = [
         ("Connection", "close, X-Secret"),

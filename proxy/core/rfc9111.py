@@ -3,8 +3,8 @@
 Rules this module keeps:
 
 * Headers are sequences of ``(name, value)`` pairs; names compare case-insensitively and a field
-  may repeat. The rules that read a response's headers take them as ``Fields`` too: indexed by
-  name in one pass, for a caller that applies several rules to one response.
+  may repeat. ``Fields`` are such a sequence indexed by name in one pass: for a message that
+  several rules read.
   Nothing here does I/O or reads a clock: times are arguments, in seconds.
 * Parsers are forgiving where the RFCs allow and never raise on hostile input: an invalid
   directive value is ignored, a duplicated directive keeps its first value (section 4.2.1),
@@ -25,8 +25,9 @@ from __future__ import annotations
 import calendar
 import functools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from fnmatch import fnmatchcase
+from typing import overload
 
 import http_sfv
 
@@ -50,27 +51,52 @@ HOP_BY_HOP = frozenset(
 _NOT_UPDATED_BY_304 = frozenset({"content-length", "content-encoding", "transfer-encoding"})
 
 
-class Fields:
-    """A message's fields by lower-cased name, each name's values in order: one pass over its
-    headers, however many rules read them. Its cache directives are parsed once, when first
-    read (``response_directives``)."""
+class Fields(Sequence[tuple[str, str]]):
+    """Header fields as given (a sequence of pairs, like any ``Headers``) that also index
+    themselves by lower-cased name in one pass, so every rule reading them looks a field up
+    instead of scanning for it. Their cache directives are parsed once, when first read
+    (``response_directives``). For a message that several rules read."""
 
-    __slots__ = ("by_name", "directives")
+    __slots__ = ("_pairs", "by_name", "directives")
 
-    def __init__(self, headers: Headers) -> None:
+    def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
+        pairs = tuple(headers)
         by_name: dict[str, list[str]] = {}
-        for k, v in headers:
+        for k, v in pairs:
             low = k.lower()
             values = by_name.get(low)
             if values is None:
                 by_name[low] = [v]
             else:
                 values.append(v)
+        self._pairs = pairs
         self.by_name = by_name
         self.directives: Directives | None = None
 
+    def __len__(self) -> int:
+        return len(self._pairs)
 
-def get_all(headers: Headers | Fields, name: str) -> list[str]:
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._pairs)
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[str, str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[tuple[str, str], ...]: ...
+    def __getitem__(self, index: int | slice) -> tuple[str, str] | tuple[tuple[str, str], ...]:
+        return self._pairs[index]
+
+    def __eq__(self, other: object) -> bool:
+        return self._pairs == (other._pairs if isinstance(other, Fields) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._pairs)
+
+    def __repr__(self) -> str:
+        return f"Fields({list(self._pairs)!r})"
+
+
+def get_all(headers: Headers, name: str) -> list[str]:
     """Every value of field ``name``, in order."""
     name = name.lower()
     if type(headers) is Fields:
@@ -79,7 +105,7 @@ def get_all(headers: Headers | Fields, name: str) -> list[str]:
     return [v for k, v in headers if len(k) == size and k.lower() == name]
 
 
-def get_first(headers: Headers | Fields, name: str) -> str | None:
+def get_first(headers: Headers, name: str) -> str | None:
     name = name.lower()
     if type(headers) is Fields:
         values = headers.by_name.get(name)
@@ -181,7 +207,7 @@ def _http_date(value: str) -> float | None:
         return None
 
 
-def response_directives(headers: Headers | Fields) -> Directives:
+def response_directives(headers: Headers) -> Directives:
     """The directives this cache obeys: CDN-Cache-Control when present and a valid Structured
     Field Dictionary (RFC 9213 section 2.1), else Cache-Control."""
     if type(headers) is Fields:
@@ -191,7 +217,7 @@ def response_directives(headers: Headers | Fields) -> Directives:
     return _response_directives(headers)
 
 
-def _response_directives(headers: Headers | Fields) -> Directives:
+def _response_directives(headers: Headers) -> Directives:
     targeted = get_all(headers, "cdn-cache-control")
     if targeted:
         directives = targeted_directives(targeted)
@@ -221,15 +247,18 @@ def targeted_directives(values: Sequence[str]) -> Directives | None:
 
 def request_directives(headers: Headers) -> Directives:
     """Request Cache-Control; ``Pragma: no-cache`` counts as ``no-cache`` when there is none."""
-    # One pass for both fields, read on every hit: most requests carry neither.
-    cc: list[str] = []
-    pragma: list[str] = []
-    for k, v in headers:
-        size = len(k)
-        if size == 13 and k.lower() == "cache-control":
-            cc.append(v)
-        elif size == 6 and k.lower() == "pragma":
-            pragma.append(v)
+    # Looked up, or one pass for both fields: read on every hit, and most requests carry neither.
+    if type(headers) is Fields:
+        cc = headers.by_name.get("cache-control", [])
+        pragma = headers.by_name.get("pragma", [])
+    else:
+        cc, pragma = [], []
+        for k, v in headers:
+            size = len(k)
+            if size == 13 and k.lower() == "cache-control":
+                cc.append(v)
+            elif size == 6 and k.lower() == "pragma":
+                pragma.append(v)
     if cc:
         return parse_directives(cc)
     if pragma and "no-cache" in parse_directives(pragma):
@@ -248,7 +277,7 @@ def carries_cookie(request_headers: Headers, ignored: Sequence[str] = ()) -> boo
     return False
 
 
-def meant_for_shared_caches(response_headers: Headers | Fields, cc: Directives) -> bool:
+def meant_for_shared_caches(response_headers: Headers, cc: Directives) -> bool:
     """The response says shared caches may store it for everyone (section 3.5): ``public``,
     ``s-maxage``, or a CDN-Cache-Control field (RFC 9213), which only shared caches obey.
     ``cc``: the directives in force (``response_directives``)."""
@@ -263,7 +292,7 @@ def storable(
     method: str,
     status: int,
     request_headers: Headers,
-    response_headers: Headers | Fields,
+    response_headers: Headers,
     *,
     allow_set_cookie: bool = False,
     ignored_cookies: Sequence[str] = (),
@@ -312,9 +341,7 @@ def storable(
     return True, ""
 
 
-def freshness_lifetime(
-    status: int, headers: Headers | Fields, response_time: float | None = None
-) -> float:
+def freshness_lifetime(status: int, headers: Headers, response_time: float | None = None) -> float:
     """Seconds a response stays fresh (section 4.2.1): s-maxage, max-age, Expires - Date, then
     10% of Date - Last-Modified (capped at a day) for heuristically cacheable statuses. Without a
     valid Date, the time the response arrived stands in for it (section 4.2.1); an invalid
@@ -342,16 +369,14 @@ def freshness_lifetime(
     return 0.0
 
 
-def age_value(headers: Headers | Fields) -> int | None:
+def age_value(headers: Headers) -> int | None:
     """The Age field (section 5.1): of a list, the first member; an invalid value is ignored
     (None), never read as some number."""
     values = _list_values(get_all(headers, "age"))
     return delta_seconds(values[0]) if values else None
 
 
-def current_age(
-    headers: Headers | Fields, request_time: float, response_time: float, now: float
-) -> float:
+def current_age(headers: Headers, request_time: float, response_time: float, now: float) -> float:
     """Section 4.2.3: the age of a stored response at ``now``."""
     age = age_value(headers) or 0
     date_value = http_date(get_first(headers, "date"))
@@ -410,7 +435,7 @@ def only_if_cached(request_headers: Headers) -> bool:
     return "only-if-cached" in request_directives(request_headers)
 
 
-def vary_names(response_headers: Headers | Fields) -> tuple[str, ...]:
+def vary_names(response_headers: Headers) -> tuple[str, ...]:
     """The request header names a response varies on, lower-cased and sorted."""
     values = get_all(response_headers, "vary")
     if not values:
