@@ -112,4 +112,9 @@ class Upstream:
         except (aiohttp.ClientError, HttpProcessingError) as exc:
             error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
         log.warning("%s %s: origin %s", method, url, error.detail)
-        raise error
+        try:
+            raise error
+        finally:
+            # The traceback holds this frame: without this, each error would be a reference
+            # cycle, freed only by the cyclic collector, and with it the request's body.
+            del error
