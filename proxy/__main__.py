@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -140,8 +141,27 @@ def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
     return uvloop.run(coroutine)
 
 
+# Young objects are collected every this many allocations instead of CPython's 700 (see
+# ``_collect_for_serving``).
+YOUNG_COLLECTION_THRESHOLD = 10_000
+
+
+def _collect_for_serving() -> None:
+    """Tune the cyclic garbage collector for a server: the objects alive once it has started
+    (modules, configuration, engine) leave the collector's view for good, and young objects are
+    collected every ``YOUNG_COLLECTION_THRESHOLD`` allocations. Each collection traverses
+    every request in flight, and a miss allocates about ten objects that outlive it briefly, so
+    at 700 the collector ran every few dozen misses and took about 11% of the process's time
+    under misses, half of it in full collections over the start-up objects. What the proxy
+    frees never waits on the collector: its requests leave no reference cycles behind."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
+
+
 async def _serve(config: Config, worker: bool = False) -> None:
     service = await Service.start(config, reuse_port=worker)
+    _collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
     log.info(

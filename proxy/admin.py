@@ -8,6 +8,7 @@ without one, the request's Host must name the listener. POSTs must be JSON.
 
 from __future__ import annotations
 
+import gc
 import hmac
 import json
 import time
@@ -87,6 +88,11 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,
             "uptime_s": round(time.time() - started, 3),
+            "collector": {
+                "threshold": gc.get_threshold(),
+                "frozen_objects": gc.get_freeze_count(),
+                "generations": gc.get_stats(),
+            },
             "config": proxy.config.summary(),
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))

@@ -12,7 +12,7 @@ import pytest
 from conftest import wait_healthy
 
 from loadgen.experiment import free_port
-from proxy.__main__ import main, worker_count
+from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 
 
 @pytest.mark.parametrize(
@@ -78,6 +78,30 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
             response = await in_flight
             assert response.status == 200 and await response.read() == b"finished"
             response.release()
+        assert await asyncio.wait_for(process.wait(), 15) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_the_served_process_freezes_its_start_up_objects_and_collects_less_often(origin):
+    port, admin_port = free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "--origin", origin.url,
+        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz")
+            async with client.get(f"http://127.0.0.1:{admin_port}/stats") as r:
+                collector = (await r.json())["collector"]
+        # Young objects collected less often than CPython's every 700 allocations, and the
+        # objects alive at start-up (modules, engine) out of every collection.
+        assert collector["threshold"][0] == YOUNG_COLLECTION_THRESHOLD > 700
+        assert collector["frozen_objects"] > 10_000
+        process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 15) == 0
     finally:
         if process.returncode is None:
