@@ -17,9 +17,9 @@ Rules it keeps:
   between reads, ``total_timeout`` from the request to the body's end. Each ends in a
   ``TimeoutError`` (the body's, in the body's stream). The read and total timeouts are checked
   by one sweep of the requests in flight, every eighth of the shorter one (at most a second),
-  so each fires within that much after it is due (the session's fire up to a second late):
-  a loop timer made and cancelled per request and per read cost about a tenth of a
-  bare pass-through's time per miss.
+  so each fires within that much after it is due (the session rounds a total timeout of 5 s or
+  more up to the next second): a loop timer made and cancelled per request and per read cost
+  about a tenth of a bare pass-through's time per miss.
 * A request that fails on a pooled connection before any byte of an answer (the origin closed
   or reset it while idle) is sent once more on a new connection.
 """
