@@ -5,6 +5,7 @@ was not read to its end, timeouts as the session's client keeps them."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import read_request
@@ -15,10 +16,20 @@ from proxy.pool import OriginPool, Unreachable
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-def pool(**settings: object) -> OriginPool:
-    overrides = {"upstream.origin": "http://127.0.0.1:9"}
-    overrides.update({f"upstream.{k}": v for k, v in settings.items()})
-    return OriginPool(load(env={}, overrides=overrides).upstream)
+@pytest.fixture
+def pool() -> Iterator[Callable[..., OriginPool]]:
+    """Pools made with ``[upstream]`` settings, closed when the test ends."""
+    made: list[OriginPool] = []
+
+    def make(**settings: object) -> OriginPool:
+        overrides = {"upstream.origin": "http://127.0.0.1:9"}
+        overrides.update({f"upstream.{k}": v for k, v in settings.items()})
+        made.append(OriginPool(load(env={}, overrides=overrides).upstream))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
 
 
 class Counting:
@@ -50,31 +61,25 @@ async def get(p: OriginPool, url: str, method: str = "GET") -> tuple[int, bytes]
         return response.status, await response.content.read()
 
 
-async def test_sequential_requests_share_one_kept_alive_connection(raw_origin):
+async def test_sequential_requests_share_one_kept_alive_connection(raw_origin, pool):
     origin = Counting()
     url = await raw_origin(origin)
     p = pool()
-    try:
-        for i in range(5):
-            assert await get(p, f"{url}/{i}") == (200, b"ok")
-        assert origin.connections == 1
-    finally:
-        p.close()
+    for i in range(5):
+        assert await get(p, f"{url}/{i}") == (200, b"ok")
+    assert origin.connections == 1
 
 
-async def test_connections_in_use_are_bounded_and_later_requests_wait(raw_origin):
+async def test_connections_in_use_are_bounded_and_later_requests_wait(raw_origin, pool):
     origin = Counting(delay=0.05)
     url = await raw_origin(origin)
     p = pool(max_connections=2)
-    try:
-        results = await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(8)))
-        assert results == [(200, b"ok")] * 8
-        assert origin.most_open == 2
-    finally:
-        p.close()
+    results = await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(8)))
+    assert results == [(200, b"ok")] * 8
+    assert origin.most_open == 2
 
 
-async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_origin):
+async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_origin, pool):
     release = asyncio.Event()
 
     async def first_body_held(reader, writer):
@@ -89,22 +94,19 @@ async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_or
 
     url = await raw_origin(first_body_held)
     p = pool(max_connections=1)
-    try:
-        holder = await p.request("GET", f"{url}/a", [])
-        second = asyncio.create_task(get(p, f"{url}/b"))
-        third = asyncio.create_task(get(p, f"{url}/c"))
-        await asyncio.sleep(0.05)
-        assert p._in_use == 1 and len(p._waiting) == 2  # both wait for the one connection
-        release.set()
-        assert await holder.content.read() == b"ok"  # released: the second is woken...
-        second.cancel()  # ...and cancelled before it runs
-        assert await asyncio.wait_for(third, 2) == (200, b"ok")
-        assert p._in_use == 0
-    finally:
-        p.close()
+    holder = await p.request("GET", f"{url}/a", [])
+    second = asyncio.create_task(get(p, f"{url}/b"))
+    third = asyncio.create_task(get(p, f"{url}/c"))
+    await asyncio.sleep(0.05)
+    assert p._in_use == 1 and len(p._waiting) == 2  # both wait for the one connection
+    release.set()
+    assert await holder.content.read() == b"ok"  # released: the second is woken...
+    second.cancel()  # ...and cancelled before it runs
+    assert await asyncio.wait_for(third, 2) == (200, b"ok")
+    assert p._in_use == 0
 
 
-async def test_a_response_not_read_to_its_end_closes_its_connection(raw_origin):
+async def test_a_response_not_read_to_its_end_closes_its_connection(raw_origin, pool):
     connections = 0
 
     async def body_in_two_parts(reader, writer):
@@ -119,18 +121,15 @@ async def test_a_response_not_read_to_its_end_closes_its_connection(raw_origin):
 
     url = await raw_origin(body_in_two_parts)
     p = pool()
-    try:
-        response = await p.request("GET", f"{url}/a", [])
-        response.close()  # half the body is still to come: the connection cannot carry another
-        assert await get(p, f"{url}/b") == (200, b"first-last")
-        assert connections == 2
-        assert await get(p, f"{url}/c") == (200, b"first-last")
-        assert connections == 2  # read to its end: kept
-    finally:
-        p.close()
+    response = await p.request("GET", f"{url}/a", [])
+    response.close()  # half the body is still to come: the connection cannot carry another
+    assert await get(p, f"{url}/b") == (200, b"first-last")
+    assert connections == 2
+    assert await get(p, f"{url}/c") == (200, b"first-last")
+    assert connections == 2  # read to its end: kept
 
 
-async def test_a_body_without_a_length_ends_with_the_connection(raw_origin):
+async def test_a_body_without_a_length_ends_with_the_connection(raw_origin, pool):
     async def http10(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
@@ -139,27 +138,21 @@ async def test_a_body_without_a_length_ends_with_the_connection(raw_origin):
 
     url = await raw_origin(http10)
     p = pool()
-    try:
-        assert await get(p, f"{url}/a") == (200, b"until the end")
-        assert p._idle == {}
-    finally:
-        p.close()
+    assert await get(p, f"{url}/a") == (200, b"until the end")
+    assert p._idle == {}
 
 
-async def test_a_head_response_has_no_body_and_keeps_its_connection(raw_origin):
+async def test_a_head_response_has_no_body_and_keeps_its_connection(raw_origin, pool):
     origin = Counting(answer=b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
     url = await raw_origin(origin)
     p = pool()
-    try:
-        for _ in range(2):
-            async with await p.request("HEAD", f"{url}/a", []) as response:
-                assert response.content_length == 50 and await response.content.read() == b""
-        assert origin.connections == 1
-    finally:
-        p.close()
+    for _ in range(2):
+        async with await p.request("HEAD", f"{url}/a", []) as response:
+            assert response.content_length == 50 and await response.content.read() == b""
+    assert origin.connections == 1
 
 
-async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin):
+async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin, pool):
     async def trickles(reader, writer):
         await read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
@@ -170,17 +163,14 @@ async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin):
 
     url = await raw_origin(trickles)
     p = pool(total_timeout="400ms", read_timeout="5s")
-    try:
-        response = await p.request("GET", f"{url}/a", [])
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(5):
-                await response.content.read()
-        response.close()
-    finally:
-        p.close()
+    response = await p.request("GET", f"{url}/a", [])
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(5):
+            await response.content.read()
+    response.close()
 
 
-async def test_read_timeout_fires_once_due_and_within_a_tick_of_it(raw_origin):
+async def test_read_timeout_fires_once_due_and_within_a_tick_of_it(raw_origin, pool):
     async def silent(reader, writer):
         await read_request(reader)
         await asyncio.sleep(10)
@@ -188,49 +178,37 @@ async def test_read_timeout_fires_once_due_and_within_a_tick_of_it(raw_origin):
     url = await raw_origin(silent)
     p = pool(read_timeout="300ms")
     loop = asyncio.get_running_loop()
-    try:
-        started = loop.time()
-        with pytest.raises(TimeoutError):
-            await p.request("GET", f"{url}/a", [])
-        waited = loop.time() - started
-        # The sweep runs every eighth of the shortest timeout: never early, at most a tick late.
-        assert 0.3 <= waited < 0.3 + 0.3 / 8 + 0.5
-    finally:
-        p.close()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await p.request("GET", f"{url}/a", [])
+    waited = loop.time() - started
+    # The sweep runs every eighth of the shortest timeout: never early, at most a tick late.
+    assert 0.3 <= waited < 0.3 + 0.3 / 8 + 0.5
 
 
-async def test_nothing_is_watched_once_the_requests_end(raw_origin):
+async def test_nothing_is_watched_once_the_requests_end(raw_origin, pool):
     origin = Counting()
     url = await raw_origin(origin)
     p = pool(read_timeout="200ms")
-    try:
-        await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(20)))
-        response = await p.request("GET", f"{url}/closed-early", [])
-        response.close()
-        assert p._exchanges == set()
-        await asyncio.sleep(0.1)  # past one tick: the sweep saw nothing in flight and stopped
-        assert p._ticker is None
-    finally:
-        p.close()
+    await asyncio.gather(*(get(p, f"{url}/{i}") for i in range(20)))
+    response = await p.request("GET", f"{url}/closed-early", [])
+    response.close()
+    assert p._exchanges == set()
+    await asyncio.sleep(0.1)  # past one tick: the sweep saw nothing in flight and stopped
+    assert p._ticker is None
 
 
-async def test_an_origin_that_refuses_connections_is_unreachable():
+async def test_an_origin_that_refuses_connections_is_unreachable(pool):
     p = pool()
-    try:
-        with pytest.raises(Unreachable):
-            await p.request("GET", "http://127.0.0.1:9/a", [])
-        assert p._in_use == 0
-    finally:
-        p.close()
+    with pytest.raises(Unreachable):
+        await p.request("GET", "http://127.0.0.1:9/a", [])
+    assert p._in_use == 0
 
 
-async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin):
+async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin, pool):
     origin = Counting()
     url = await raw_origin(origin)
     p = pool()
-    try:
-        with pytest.raises(ValueError, match="newline"):
-            await p.request("GET", f"{url}/a", [("X-Test", "1\r\nX-Injected: 1")])
-        assert origin.connections == 0
-    finally:
-        p.close()
+    with pytest.raises(ValueError, match="newline"):
+        await p.request("GET", f"{url}/a", [("X-Test", "1\r\nX-Injected: 1")])
+    assert origin.connections == 0

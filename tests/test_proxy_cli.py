@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
@@ -61,52 +63,50 @@ def test_check_config_prints_the_settings_in_force_with_secrets_redacted(tmp_pat
     assert settings["admin"]["token"] == "<redacted>"
 
 
-async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
-    origin.set("/slow", delay=1.0, body=b"finished")
+@asynccontextmanager
+async def served(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
+    """``onehit-proxy`` run with ``args`` on free ports: the process, its proxy URL and its
+    admin URL, once healthy. Killed at the end unless it has exited."""
     port, admin_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "--origin", origin.url,
+        sys.executable, "-m", "proxy", *args,
         "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
+    admin = f"http://127.0.0.1:{admin_port}"
     try:
         async with aiohttp.ClientSession() as client:
-            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz")
-            in_flight = asyncio.ensure_future(client.get(f"http://127.0.0.1:{port}/slow"))
+            await wait_healthy(client, admin + "/healthz")
+        yield process, f"http://127.0.0.1:{port}", admin
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
+    origin.set("/slow", delay=1.0, body=b"finished")
+    async with served("--origin", origin.url) as (process, url, _):
+        async with aiohttp.ClientSession() as client:
+            in_flight = asyncio.ensure_future(client.get(url + "/slow"))
             await asyncio.sleep(0.3)
             process.send_signal(signal.SIGTERM)
             response = await in_flight
             assert response.status == 200 and await response.read() == b"finished"
             response.release()
         assert await asyncio.wait_for(process.wait(), 15) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def test_the_served_process_freezes_its_start_up_objects_and_collects_less_often(origin):
-    port, admin_port = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "--origin", origin.url,
-        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        async with aiohttp.ClientSession() as client:
-            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz")
-            async with client.get(f"http://127.0.0.1:{admin_port}/stats") as r:
-                collector = (await r.json())["collector"]
+    async with served("--origin", origin.url) as (process, _, admin):
+        async with aiohttp.ClientSession() as client, client.get(admin + "/stats") as r:
+            collector = (await r.json())["collector"]
         # Young objects collected less often than CPython's every 700 allocations, and the
         # objects alive at start-up (modules, engine) out of every collection.
         assert collector["threshold"][0] == YOUNG_COLLECTION_THRESHOLD > 700
         assert collector["frozen_objects"] > 10_000
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 15) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 def test_workers_auto_is_one_per_core_this_process_may_use(capsys):
@@ -119,19 +119,12 @@ def test_workers_auto_is_one_per_core_this_process_may_use(capsys):
 
 
 async def test_workers_share_the_port_and_the_admin_sums_them(origin):
-    port, admin_port = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "--workers", "2", "--origin", origin.url,
-        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-        "--set", "server.access_log=false", stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    admin = f"http://127.0.0.1:{admin_port}"
-    try:
+    args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
+    async with served(*args) as (process, url, admin):
         connector = aiohttp.TCPConnector(force_close=True)  # new connections spread over workers
         async with aiohttp.ClientSession(connector=connector) as client:
-            await wait_healthy(client, admin + "/healthz")
             for i in range(30):
-                async with client.get(f"http://127.0.0.1:{port}/w{i % 5}") as r:
+                async with client.get(f"{url}/w{i % 5}") as r:
                     assert r.status == 200
             async with client.get(admin + "/stats") as r:
                 stats = await r.json()
@@ -143,10 +136,6 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
         assert "onehit_requests_total 30.0" in metrics
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 def test_errors_logged_while_serving_do_not_carry_the_uvloop_import_error():
