@@ -150,10 +150,10 @@ def _collect_for_serving() -> None:
     """Tune the cyclic garbage collector for a server: the objects alive once it has started
     (modules, configuration, engine) leave the collector's view for good, and young objects are
     collected every ``YOUNG_COLLECTION_THRESHOLD`` allocations. Each collection traverses
-    every request in flight, and a miss allocates about ten objects that outlive it briefly, so
-    at 700 the collector ran every few dozen misses and took about 11% of the process's time
-    under misses, half of it in full collections over the start-up objects. What the proxy
-    frees never waits on the collector: its requests leave no reference cycles behind."""
+    every request in flight: at 700 the collector ran about every 32 misses and took about 11%
+    of the process's time under misses, a quarter of it in full collections over the start-up
+    objects. What the proxy frees never waits on the collector: its requests leave no
+    reference cycles behind (``tests/test_memory_bounds.py`` counts them)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
