@@ -142,11 +142,11 @@ def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
 
 
 # Young objects are collected every this many allocations instead of CPython's 700 (see
-# ``_collect_for_serving``).
+# ``collect_for_serving``).
 YOUNG_COLLECTION_THRESHOLD = 10_000
 
 
-def _collect_for_serving() -> None:
+def collect_for_serving() -> None:
     """Tune the cyclic garbage collector for a server: the objects alive once it has started
     (modules, configuration, engine) leave the collector's view for good, and young objects are
     collected every ``YOUNG_COLLECTION_THRESHOLD`` allocations. Each collection traverses
@@ -161,7 +161,7 @@ def _collect_for_serving() -> None:
 
 async def _serve(config: Config, worker: bool = False) -> None:
     service = await Service.start(config, reuse_port=worker)
-    _collect_for_serving()
+    collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
     log.info(
