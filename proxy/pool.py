@@ -66,14 +66,12 @@ class _Connection(ResponseHandler):
     def _drop_timeout(self) -> None:
         self.reading_since = None
 
-    def read_timed_out(self, now: float) -> bool:
+    def check_read_timeout(self, now: float) -> None:
         """Fail the response being read when no byte came for the read timeout."""
         since = self.reading_since
-        if since is None or self._read_timeout is None or now - since < self._read_timeout:
-            return False
-        self.reading_since = None
-        self._on_read_timeout()
-        return True
+        if since is not None and self._read_timeout and now - since >= self._read_timeout:
+            self.reading_since = None
+            self._on_read_timeout()
 
 
 class _Exchange:
@@ -302,7 +300,7 @@ class OriginPool:
                 self._exchanges.discard(exchange)
                 exchange.timeout()
             elif exchange.protocol is not None:
-                exchange.protocol.read_timed_out(now)
+                exchange.protocol.check_read_timeout(now)
         self._ticker = (
             loop.call_later(self._tick, self._sweep_timeouts) if self._exchanges else None
         )

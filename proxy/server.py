@@ -90,7 +90,8 @@ _VERSIONS = frozenset({HttpVersion10, HttpVersion11})
 _CLIENT_ASKS = frozenset(
     {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
 )
-_NOT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
+# What a whole-object fetch (or a revalidation) never sends of the client's fields.
+_NOT_SENT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
 # Fields every answer carries with the proxy's own values (``_mark``).
@@ -697,7 +698,7 @@ class Proxy:
         the denied ones, or only the allowed ones), without what a whole-object fetch answers
         itself, plus ``extra``, and the forwarding fields ``meta`` carries. ``keep``: fields
         that pass whatever the lists say (those a stored response's Vary names)."""
-        drop = _NOT_WHOLE if whole or extra else _NEVER_SENT
+        drop = _NOT_SENT_WHOLE if whole or extra else _NEVER_SENT
         if extra:
             drop = drop | {k.lower() for k, _ in extra}
         filtered = meta.method in ("GET", "HEAD")
