@@ -246,7 +246,7 @@ class ServerSection:
     )
     idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
     fast_hits: bool = _setting(
-        True, _bool, "answer plain fresh hits as they are parsed, before aiohttp's request objects"
+        True, _bool, "answer plain hits as parsed and plain misses outside aiohttp's handler loop"
     )
     max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
     max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")

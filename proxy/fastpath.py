@@ -1,27 +1,38 @@
-"""Fresh hits answered by the connection's protocol, before aiohttp builds a request object.
+"""Plain requests answered by the connection's protocol, before aiohttp's request handler.
 
 A cache hit is the request a cache exists for, and aiohttp's request and response objects cost
 more than the rest of a hit together. ``HitServer`` makes aiohttp's own connection protocol
-(``RequestHandler``) try each request as a hit first. What it guarantees:
+(``RequestHandler``) try each request as a hit first, and run the other plain requests (a miss,
+mostly) in a task of its own, its *lane*, instead of its handler's loop. What it guarantees:
 
 * One parser. aiohttp's request parser (llhttp, strict) splits the bytes into requests, as it
   does for every other request; what it refuses is refused as before (400), never answered.
-* Only a plain fresh hit is answered here; the answerers say which (``Proxy.answer_hit``,
+* Only a plain fresh hit is answered as parsed; the answerers say which (``Proxy.answer_hit``,
   and its compiled common case ``Proxy.plain_hits``): GET or HEAD, HTTP/1.1 keep-alive, no
   body, no precondition (a matching validator gets its 304 and a byte range its 206 or 416
-  here too). Anything else goes to aiohttp's handler, and requests keep their order: once one
-  is queued there, every later request on the connection waits its turn behind it.
+  here too).
+* Another plain request (GET or HEAD, HTTP/1.1 keep-alive, no body, an origin-form target and
+  a Host) goes to the lane: the same request handler (``Proxy.handle``) answers it, over a
+  request object that carries only what the handler and aiohttp's responses read
+  (``LaneRequest``), without the handler loop's task and request object per request.
+* Anything else goes to aiohttp's handler. Requests keep their order: while the lane answers
+  one, the requests after it are held, parsed, and go on (answered as parsed, to the lane, or
+  to the handler) when it ends; once one is queued for the handler, every later request on
+  the connection waits its turn behind it.
 * The same answer: the same status, fields, body and counters as the handler would give, and
   the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
-  limit stops reading the connection.
-* Every answer pushes back the connection's idle timeout, as one from the handler does.
-* A bug in answering a hit here is logged and the handler answers the request.
+  limit stops reading the connection. The lane writes through aiohttp's own writer, which
+  waits for the client too, and the requests it holds meet the same limit.
+* Every answer pushes back the connection's idle timeout, as one from the handler does; a
+  connection is not idle while the lane answers on it.
+* A graceful shutdown waits for the lane's request as for the handler's.
+* A bug in answering a hit here is logged, and the lane or the handler answers the request.
 
 It drives a few of ``RequestHandler``'s private fields (its parser, its queue of requests, its
-idle timer), which is why ``pyproject.toml`` holds aiohttp to one minor version and
-``tests/test_fastpath.py`` pins every one of these rules.
+idle timer, its request-in-progress flag), which is why ``pyproject.toml`` holds aiohttp to
+one minor version and ``tests/test_fastpath.py`` pins every one of these rules.
 """
 
 from __future__ import annotations
@@ -32,8 +43,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
+from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
@@ -41,7 +54,8 @@ from multidict import CIMultiDict
 log = logging.getLogger("onehit.proxy")
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
-# status), or None when the next answerer, and after the last aiohttp's handler, is to answer.
+# status), or None when the next answerer, and after the last the lane or aiohttp's handler,
+# is to answer.
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | None"]
 
 
@@ -58,15 +72,18 @@ class HitServer(web.Server):
 
 
 class HitHandler(RequestHandler):
-    """aiohttp's connection protocol, answering plain fresh hits as they are parsed."""
+    """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
+    plain requests in its lane."""
 
-    __slots__ = ("_answers", "_remote", "_scheme")
+    __slots__ = ("_answers", "_held", "_lane", "_remote", "_scheme")
 
     def __init__(self, manager: HitServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._answers = manager.answers
         self._remote = ""
         self._scheme = "http"
+        self._lane: asyncio.Task[None] | None = None
+        self._held: list[tuple[Any, Any]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -77,6 +94,9 @@ class HitHandler(RequestHandler):
             self._scheme = "https"
 
     def data_received(self, data: bytes) -> None:
+        if self._lane is not None and not (self._force_close or self._close):
+            self._hold(data)
+            return
         if (
             self._force_close
             or self._close
@@ -86,30 +106,63 @@ class HitHandler(RequestHandler):
         ):
             super().data_received(data)
             return
-        parser = self._parser
-        assert parser is not None
         while True:
-            try:
-                messages, upgraded, tail = parser.feed_data(data)
-            except HttpProcessingError as exc:
-                error = _ErrInfo(status=400, exc=exc, message=exc.message)
-                messages, upgraded, tail = [(error, EMPTY_PAYLOAD)], False, b""
-            answered = self._answer(messages)
-            if upgraded or answered < len(messages) or not messages:
+            messages, upgraded, tail = self._parse(data)
+            taken = self._answer(messages)
+            if upgraded or taken < len(messages) or not messages or self._lane is not None:
                 break
             # Every request was answered; the parser may have held the rest of the bytes back
             # (its queue limit), so ask it for more.
             data = b""
-        rest = messages[answered:]
-        self._queue(rest)
         self._upgraded = upgraded
         if upgraded and tail:
             self._message_tail = tail
-        elif rest:
+        self._pass_on(messages[taken:])
+
+    def _parse(self, data: bytes) -> tuple[list[tuple[Any, Any]], bool, bytes]:
+        """The requests in ``data``, as aiohttp's handler parses them: a request the parser
+        refuses becomes its 400."""
+        parser = self._parser
+        assert parser is not None
+        try:
+            messages, upgraded, tail = parser.feed_data(data)
+        except HttpProcessingError as exc:
+            error = _ErrInfo(status=400, exc=exc, message=exc.message)
+            return [(error, EMPTY_PAYLOAD)], False, b""
+        return list(messages), upgraded, tail
+
+    def _pass_on(self, rest: list[tuple[Any, Any]]) -> None:
+        """Hold ``rest`` behind the lane's request, or hand it to aiohttp's handler."""
+        if self._lane is not None:
+            self._held.extend(rest)
+            self._hold_limit()
+            return
+        self._queue(rest)
+        if rest and not self._upgraded:
             # The parser stops at its queue limit and holds back the bytes after it; what it
             # held goes to the handler's queue now, behind ``rest``, as the handler's own
             # reading would have sent it.
             super().data_received(b"")
+
+    def _hold(self, data: bytes) -> None:
+        """Parse and hold what arrives while the lane answers a request."""
+        if self._upgraded:
+            self._message_tail += data
+        else:
+            messages, upgraded, tail = self._parse(data)
+            self._held.extend(messages)
+            self._upgraded = upgraded
+            if upgraded and tail:
+                self._message_tail = tail
+        self._hold_limit()
+
+    def _hold_limit(self) -> None:
+        """Stop reading at the limits of aiohttp's own queue and tail."""
+        if not self._buffer_paused and (
+            len(self._held) >= self._max_msg_queue_size
+            or len(self._message_tail) >= self._read_bufsize
+        ):
+            self._pause_reading_for_buffer()
 
     def _idle(self) -> bool:
         """Nothing is queued for or being handled by aiohttp's handler: an answer written now
@@ -121,7 +174,8 @@ class HitHandler(RequestHandler):
         return (waiter is not None and not waiter.done()) or self._request_count == 0
 
     def _answer(self, messages: list[tuple[Any, Any]]) -> int:
-        """Answer the leading plain hits of ``messages``; how many were."""
+        """Answer the leading plain hits of ``messages``, and start the lane on the plain
+        request after them, if one is; how many requests were taken."""
         transport = self.transport
         done = 0
         for message, payload in messages:
@@ -140,10 +194,13 @@ class HitHandler(RequestHandler):
                     if answered is not None:
                         break
             except Exception:
-                # A bug here costs speed, never the answer: the handler answers instead.
+                # A bug here costs speed, never the answer: the lane or the handler answers.
                 log.exception("answering %s %s as parsed failed", message.method, message.path)
                 answered = None
             if answered is None:
+                if _plain(message):
+                    self._run_lane(message)
+                    done += 1
                 break
             self._request_count += 1
             self._parser.message_consumed()  # type: ignore[union-attr]
@@ -161,6 +218,74 @@ class HitHandler(RequestHandler):
             done += 1
         return done
 
+    def _run_lane(self, message: RawRequestMessage) -> None:
+        """Answer ``message`` in the lane, counted as aiohttp's handler counts a request."""
+        self._request_count += 1
+        self._parser.message_consumed()  # type: ignore[union-attr]
+        self._manager.requests_count += 1  # type: ignore[union-attr]
+        self._request_in_progress = True  # a graceful shutdown waits for it
+        self._lane = self._loop.create_task(self._lane_request(message))
+
+    async def _lane_request(self, message: RawRequestMessage) -> None:
+        loop = self._loop
+        started = loop.time()
+        request = LaneRequest(
+            message, self._remote, self._scheme, self.transport, StreamWriter(self, loop)
+        )
+        handler = self._request_handler
+        assert handler is not None
+        response = None
+        written = False
+        try:
+            response = await handler(request)  # type: ignore[arg-type]
+            await response.prepare(request)  # type: ignore[arg-type]
+            await response.write_eof()
+            written = True
+        except ConnectionError:
+            pass  # the client left: its connection closes below
+        except Exception:
+            log.exception("answering %s %s in the lane failed", message.method, message.path)
+        finally:
+            self._lane = None
+            self._request_in_progress = False
+            waiter = self._handler_waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        if response is not None and self._logging_enabled and self.access_logger is not None:
+            self.access_logger.log(request, response, loop.time() - started)  # type: ignore[arg-type]
+        if not written or not response.keep_alive:  # type: ignore[union-attr]
+            self.force_close()
+            return
+        self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """After the lane's answer: the held requests go on in order."""
+        held, self._held = self._held, []
+        if self._force_close or self._close or self.transport is None:
+            return
+        taken = self._answer(held)
+        self._pass_on(held[taken:])
+        if self._lane is None and not self._messages:
+            if self._buffer_paused:
+                self._resume_reading_if_drained()
+            else:
+                # The parser may hold bytes back at its queue limit.
+                self.data_received(b"")
+
+    def _process_keepalive(self) -> None:
+        if self._lane is not None:
+            # Not idle: look again an idle timeout after now.
+            self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+        super()._process_keepalive()
+
+    async def shutdown(self, timeout: float | None = 15.0) -> None:
+        # aiohttp's shutdown waits for the lane's request (it is in progress) up to
+        # ``timeout``; one still running then is cancelled, as the handler's would be.
+        await super().shutdown(timeout)
+        if self._lane is not None:
+            self._lane.cancel()
+
     def _queue(self, messages: list[tuple[Any, Any]]) -> None:
         """Hand ``messages`` to aiohttp's handler, as ``RequestHandler.data_received`` does."""
         if not messages:
@@ -172,6 +297,20 @@ class HitHandler(RequestHandler):
             waiter.set_result(None)
         if not self._buffer_paused and len(self._messages) >= self._max_msg_queue_size:
             self._pause_reading_for_buffer()
+
+
+def _plain(message: RawRequestMessage) -> bool:
+    """Whether the lane may answer ``message``: GET or HEAD, HTTP/1.1 keep-alive, no body or
+    upgrade, an origin-form target and a Host field."""
+    return (
+        (message.method == "GET" or message.method == "HEAD")
+        and message.version == HttpVersion11
+        and not message.should_close
+        and not message.upgrade
+        and not message.chunked
+        and message.path.startswith("/")
+        and "Host" in message.headers
+    )
 
 
 class _LoggedRequest:
@@ -209,3 +348,34 @@ class _LoggedResponse:
         head = self._head[: self._head.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
         fields = (line.partition(": ") for line in head.split("\r\n")[1:])
         return CIMultiDict((name, value) for name, _, value in fields)
+
+
+class LaneRequest(_LoggedRequest):
+    """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
+    ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
+
+    __slots__ = ("_payload_writer", "scheme", "transport")
+
+    body_exists = False
+    can_read_body = False
+    content = EMPTY_PAYLOAD
+    keep_alive = True
+
+    def __init__(
+        self,
+        message: RawRequestMessage,
+        remote: str,
+        scheme: str,
+        transport: asyncio.Transport | None,
+        writer: StreamWriter,
+    ) -> None:
+        super().__init__(message, remote)
+        self.scheme = scheme
+        self.transport = transport
+        self._payload_writer = writer
+
+    raw_headers = property(lambda self: self._message.raw_headers)
+    writer = property(lambda self: self._payload_writer)
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        """As ``web.BaseRequest``'s: no application signals to send."""

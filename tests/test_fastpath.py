@@ -121,9 +121,24 @@ async def test_pipelined_requests_are_answered_in_order_when_a_miss_sits_between
     miss = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
     answers = await exchange(service, HIT + miss + HIT + HIT, 4)
     assert [dict(f)["x-cache"] for _, f, _ in answers] == ["HIT", "MISS", "HIT", "HIT"]
-    # The first hit is answered at once; the two behind the miss wait for it, in the handler.
-    assert service.proxy.fast_hits == 1
+    # The first hit is answered at once; the two behind the miss are held while the lane
+    # answers it, then answered as parsed.
+    assert service.proxy.fast_hits == 3
     assert [body for _, _, body in answers][1] == b"hello from the origin"
+
+
+async def test_pipelined_requests_behind_one_for_the_handler_wait_in_the_handler(
+    origin, start_proxy
+):
+    origin.set("/slow", delay=0.3)
+    service = await start_proxy()
+    await stored(service)
+    miss = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    post = b"POST /form HTTP/1.1\r\nHost: example.test\r\nContent-Length: 2\r\n\r\nhi"
+    answers = await exchange(service, HIT + miss + post + HIT + HIT, 5)
+    assert [dict(f)["x-cache"] for _, f, _ in answers] == ["HIT", "MISS", "BYPASS", "HIT", "HIT"]
+    assert service.proxy.fast_hits == 1  # behind the POST, the hits took their turn there
+    assert origin.hits["/form"] == 1
 
 
 async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start_proxy):
@@ -292,7 +307,57 @@ async def test_hits_keep_a_connection_open_past_the_idle_timeout(origin, start_p
     assert service.proxy.fast_hits == 6
 
 
-async def test_a_fast_hit_writes_the_access_log_line_the_handler_would(origin, start_proxy, caplog):
+async def test_a_slow_miss_in_the_lane_outlasts_the_idle_timeout(origin, start_proxy):
+    origin.set("/slow", delay=0.8, body=b"late")
+    service = await start_proxy(server__idle_timeout="300ms")
+    reader, writer = await connect(service)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    status, fields, body = await read_response(reader)
+    assert (status, dict(fields)["x-cache"], body) == (200, "MISS", b"late")
+    assert await asyncio.wait_for(reader.read(), 3) == b""  # then idle: closed
+    writer.close()
+
+
+async def test_requests_held_behind_the_lane_stop_reading_at_the_queue_limit(origin, start_proxy):
+    origin.set("/slow", delay=0.5)
+    service = await start_proxy()
+    await stored(service)
+    count = 3000  # 3.3 MB of requests: more than the socket buffers hold
+    padded = HIT[:-2] + b"X-Pad: " + b"p" * 1024 + b"\r\n\r\n"
+    reader, writer = await connect(service)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n" + padded * count)
+    await asyncio.sleep(0.3)  # the miss is still at the origin
+    server = service.proxy_runner.server
+    assert server is not None
+    [handler] = server.connections
+    assert handler._buffer_paused and 0 < len(handler._held) <= handler._max_msg_queue_size
+    answers = [await read_response(reader) for _ in range(count + 1)]
+    writer.close()
+    assert [dict(f)["x-cache"] for _, f, _ in answers] == ["MISS"] + ["HIT"] * count
+    assert service.proxy.fast_hits == count
+
+
+async def test_a_request_the_parser_refuses_behind_the_lane_gets_its_400_after_the_miss(
+    origin, start_proxy
+):
+    origin.set("/slow", delay=0.3, body=b"first")
+    service = await start_proxy()
+    reader, writer = await connect(service)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    await asyncio.sleep(0.1)  # the miss is in the lane, at the origin
+    writer.write(b"GET /next HTTP/1.1\r\nHost: example.test\r\nNo colon here\r\n\r\n")
+    first = await read_response(reader)
+    second = await read_response(reader)
+    assert (first[0], first[2]) == (200, b"first") and second[0] == 400
+    assert await asyncio.wait_for(reader.read(), 3) == b""
+    writer.close()
+    assert origin.hits["/next"] == 0
+
+
+@pytest.mark.parametrize("path", ["/hit?q=1", "/miss?q=1"])
+async def test_an_answer_as_parsed_or_in_the_lane_writes_the_handlers_access_log_line(
+    origin, start_proxy, caplog, path
+):
     fast = await start_proxy(server__access_log=True)
     slow = await start_proxy(server__access_log=True, server__fast_hits=False)
     lines = []
@@ -302,14 +367,14 @@ async def test_a_fast_hit_writes_the_access_log_line_the_handler_would(origin, s
         with caplog.at_level(logging.INFO, logger="onehit.access"):
             await exchange(
                 service,
-                b"GET /hit?q=1 HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\n\r\n",
+                f"GET {path} HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\n\r\n".encode(),
             )
             await asyncio.sleep(0.05)
         [line] = [r.getMessage() for r in caplog.records if r.name == "onehit.access"]
         lines.append(re.sub(r"\[.*?\]|\d+\.\d+(?= \")|ttl=\d+", "*", line))
-    assert fast.proxy.fast_hits == 1
+    assert fast.proxy.fast_hits == (1 if path.startswith("/hit") else 0)
     assert lines[0] == lines[1]
-    assert '"GET /hit?q=1 HTTP/1.1" 200 ' in lines[0]
+    assert f'"GET {path} HTTP/1.1" 200 ' in lines[0]
 
 
 async def test_fast_hits_are_counted_on_the_admin_port(origin, start_proxy, client):
