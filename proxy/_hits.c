@@ -5,8 +5,10 @@
  *
  * - It answers a subset of what Proxy.answer_hit answers, and answers it the same: the same
  *   bytes (but for the clock), the same counters moved in the same way. Anything else it
- *   declines (None), and the proxy's own rules decide: it never refuses and never sends a
- *   request to aiohttp's handler itself.
+ *   declines, and the proxy's own rules decide: it never refuses and never sends a request
+ *   to aiohttp's handler itself. It declines with False a plain request whose URL has
+ *   nothing stored, which answer_hit would decline too (so the caller need not ask it), and
+ *   with None anything else.
  * - Plain: GET or HEAD, HTTP/1.1 keep-alive, no body or upgrade, an origin-form target within
  *   the URL limit, header fields within their limit and none of the `declined` names (the
  *   fields the HTTP rules read: validators, Range, Cache-Control, Cookie...), a Host the proxy
@@ -300,10 +302,11 @@ static int plain_request(PlainHits *self, PyObject *msg, int *head, PyObject **p
 }
 
 /* The stored entry for key when it answers a plain request fresh at now (a new reference;
- * *hash is its key hash, a new reference, *age and *lifetime its own), or NULL: declined, or
- * an error with an exception set. */
+ * *hash is its key hash, a new reference, *age and *lifetime its own), or NULL: declined
+ * (*absent is 1 when nothing is stored under the key's hash), or an error with an exception
+ * set. */
 static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double *age,
-                             double *lifetime, PyObject **hash) {
+                             double *lifetime, PyObject **hash, int *absent) {
     if (PyDict_GET_SIZE(self->vary)) {
         int varies = PyDict_Contains(self->vary, key);
         if (varies != 0)
@@ -320,8 +323,10 @@ static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double 
     *hash = Py_NewRef(PyTuple_GET_ITEM(hashes, 0));
     Py_DECREF(hashes);
     PyObject *entry = Py_XNewRef(PyDict_GetItemWithError(self->entries, *hash));
-    if (entry == NULL)
+    if (entry == NULL) {
+        *absent = !PyErr_Occurred();
         goto decline;
+    }
     PyObject *stored_key = get(entry, &attrs[A_KEY]);
     if (stored_key == NULL)
         goto decline;
@@ -515,9 +520,14 @@ static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssi
     double now = PyFloat_AsDouble(now_obj), age = 0.0, lifetime = 0.0;
     if (now == -1.0 && PyErr_Occurred())
         goto done;
-    entry = fresh_entry(self, key, now, &age, &lifetime, &hash);
-    if (entry == NULL)
+    int absent = 0;
+    entry = fresh_entry(self, key, now, &age, &lifetime, &hash, &absent);
+    if (entry == NULL) {
+        /* Nothing stored: answer_hit, which finds entries the same way, would decline too. */
+        if (absent)
+            result = Py_NewRef(Py_False);
         goto done;
+    }
     rendered = get(entry, &attrs[A_RENDERED]);
     body = rendered ? get(entry, &attrs[A_PAYLOAD]) : NULL;
     status = body ? get(entry, &attrs[A_STATUS]) : NULL;
@@ -550,8 +560,10 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 
 static PyMethodDef PlainHits_methods[] = {
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
-     "answer(message, *ignored) -> (bytes, body or b'', status) | None\n\n"
-     "The whole answer to a plain fresh hit, counted; None, nothing counted, otherwise."},
+     "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
+     "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"
+     "request whose URL has nothing stored (no answerer can answer it as a hit); None,\n"
+     "nothing counted, otherwise."},
     {NULL, NULL, 0, NULL},
 };
 

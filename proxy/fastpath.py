@@ -54,9 +54,9 @@ from multidict import CIMultiDict
 log = logging.getLogger("onehit.proxy")
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
-# status), or None when the next answerer, and after the last the lane or aiohttp's handler,
-# is to answer.
-AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | None"]
+# status); None when the next answerer, and after the last the lane or aiohttp's handler, is
+# to answer; False when no answerer could answer it as a hit (nothing is stored for it).
+AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
 
 
 class HitServer(web.Server):
@@ -197,7 +197,7 @@ class HitHandler(RequestHandler):
                 # A bug here costs speed, never the answer: the lane or the handler answers.
                 log.exception("answering %s %s as parsed failed", message.method, message.path)
                 answered = None
-            if answered is None:
+            if not answered:
                 if _plain(message):
                     self._run_lane(message)
                     done += 1

@@ -164,7 +164,6 @@ DECLINED = {
     "If-Match": get(fields='If-Match: "v1"\r\n'),
     "If-Unmodified-Since": get(fields=f"If-Unmodified-Since: {formatdate(NOW, usegmt=True)}\r\n"),
     "a lower-case declined name": get(fields="cookie: id=1\r\n"),
-    "a miss": get("/missing"),
 }
 
 
@@ -184,7 +183,7 @@ async def test_the_compiled_path_declines_what_is_not_a_plain_hit(name):
     [
         ("stale", [("Cache-Control", "max-age=5"), ("Date", formatdate(NOW, usegmt=True))], 200),
         ("no-cache", [("Cache-Control", "max-age=600, no-cache")], 200),
-        ("a status without a plain body", [*DATED, ("Content-Range", "bytes 0-1/10")], 206),
+        ("a status without a plain body", DATED, 204),
     ],
 )
 async def test_the_compiled_path_declines_an_entry_the_rules_must_judge(name, headers, status):
@@ -195,6 +194,20 @@ async def test_the_compiled_path_declines_an_entry_the_rules_must_judge(name, he
     before = pair.compiled.engine.stats()
     assert pair.compiled.plain_hits.answer(pair.parse(get()), "", "") is None
     assert pair.compiled.engine.stats() == before
+
+
+async def test_a_plain_request_for_a_url_with_nothing_stored_is_declined_as_a_miss():
+    # False: no answerer can answer it as a hit, so the proxy need not ask answer_hit.
+    pair = Pair()
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    before = pair.compiled.engine.stats()
+    compiled, python = pair.answers(get("/nothing"))
+    assert compiled is False and python is None
+    assert pair.compiled.engine.stats() == before == pair.python.engine.stats()
+    # Stored but stale: the rules judge it, so None.
+    pair.now = NOW + 601
+    assert pair.compiled.plain_hits.answer(pair.parse(get()), "", "") is None
 
 
 async def test_the_compiled_path_declines_an_entry_until_its_head_is_rendered():
