@@ -1,5 +1,8 @@
 """CacheStore: the byte bound, LRU order, too-large objects and dead-write accounting."""
 
+import gc
+import tracemalloc
+
 import pytest
 
 from proxy.core.store import CacheStore, Entry, entry_charge
@@ -91,3 +94,35 @@ def test_entries_are_charged_their_overhead_and_key_so_capacity_bounds_memory():
     assert entry_charge(heavy, 0) == 100
     with pytest.raises(ValueError, match="entry_overhead"):
         CacheStore(100, entry_overhead=100)
+
+
+def test_stored_entries_and_their_dict_are_out_of_the_collectors_view():
+    store = CacheStore(1 << 20)
+    for i in range(1000):
+        store.put(Entry(f"k{i}", 10, 0.0, headers=(("ETag", '"v"'),), payload=b"x" * 10))
+    store.delete("k0")
+    store.put(entry("k1", 20))  # a replacement
+    assert not gc.is_tracked(store._entries)
+    assert not any(gc.is_tracked(e) for e in store._entries.values())
+    before = len(gc.get_objects())
+    store.put(entry("one more", 10))
+    assert len(gc.get_objects()) == before
+
+
+def test_entries_leaving_the_store_are_freed_though_the_collector_never_sees_them():
+    body = b"x" * 10_000
+    store = CacheStore(1 << 20, entry_overhead=0)  # room for about 100 of them
+    tracemalloc.start()
+    try:
+        for i in range(50):
+            store.put(Entry(f"warm{i}", len(body), 0.0, payload=bytes(body)))
+        baseline, _ = tracemalloc.get_traced_memory()
+        for i in range(5000):  # 50 MB through the store: evictions, then deletions
+            store.put(Entry(f"k{i}", len(body), 0.0, payload=bytes(body)))
+        for key in list(store):
+            store.delete(key)
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(store) == 0
+    assert after < baseline + (256 << 10)

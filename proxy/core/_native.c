@@ -15,6 +15,8 @@
  *   dead-write counts. Callers keep payloads.
  * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
  *   probabilistic, size-below).
+ * - untrack keeps an object out of the cyclic collector's view; only for objects that can
+ *   never be part of a reference cycle (the store's entries).
  * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the
  *   cache engine's rules for a cacheable response (see loadgen/simulate.py).
  */
@@ -2103,6 +2105,16 @@ done:
     return result;
 }
 
+/* Stops the cyclic collector from tracking obj (its memory is still freed by reference
+ * counting). Only for an object that can never be part of a reference cycle: one whose fields
+ * hold strings, bytes, numbers, and tuples and dicts of them. A cache holds millions of such
+ * entries, and each full collection would otherwise walk every one of them. */
+static PyObject *py_untrack(PyObject *module, PyObject *obj) {
+    if (PyObject_IS_GC(obj))
+        PyObject_GC_UnTrack(obj);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"hash64", (PyCFunction)py_hash64, METH_O,
      "MurmurHash3 x64/128 of a key's UTF-8 bytes: (h1, h2), unsigned."},
@@ -2110,6 +2122,8 @@ static PyMethodDef module_methods[] = {
      "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
     {"hash_ids", (PyCFunction)py_hash_ids, METH_VARARGS,
      "hash_ids(ids, prefix, out): out[i] = h1 of prefix + str(ids[i])."},
+    {"untrack", (PyCFunction)py_untrack, METH_O,
+     "Keep an object that can never be in a reference cycle out of the cyclic collector's view."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,
      "footprint(ids, sizes): (distinct objects, their bytes at each one's largest size)."},
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
