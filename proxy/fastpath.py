@@ -60,8 +60,8 @@ AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | 
 
 
 class HitServer(web.Server):
-    """``web.Server`` whose connections try ``answers``, in order, before the request
-    handler."""
+    """``web.Server`` whose connections try ``answers``, in order, and run the other plain
+    requests in their lane, before aiohttp's request handler."""
 
     def __init__(self, handler: Any, answers: Sequence[AnswerHit], **kwargs: Any) -> None:
         super().__init__(handler, **kwargs)
