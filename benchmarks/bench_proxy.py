@@ -10,8 +10,10 @@ nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodie
 a cell in which a cache sent it any is flagged, so only hits are measured. The origin direct
 and a minimal aiohttp pass-through (no cache) are measured apart, as the miss path's floor.
 Misses are measured last: every request a URL never asked before (the origin counts them all),
-as misses per second under the same load, and as the p50 latency one connection sees, added to
-the origin's own.
+as misses per second under the same load, as the CPU time each server spent per miss (its
+processes' user and system time, from ``/proc``: a figure per core that does not depend on how
+the origin, which shares the servers' core, is scheduled), and as the p50 latency one
+connection sees, added to the origin's own.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
@@ -244,29 +246,49 @@ def _wrk_ms(out: str, percentile: str) -> float:
     return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def start_nginx(stack: ExitStack, port: int, origin: str) -> bool:
+def start_nginx(stack: ExitStack, port: int, origin: str) -> subprocess.Popen | None:
     nginx = nginx_binary()
     if nginx is None:
         print("  (nginx not found: skipped; apt-get install nginx to compare)")
-        return False
+        return None
     root = Path(tempfile.mkdtemp(prefix="onehit-nginx-"))
     stack.callback(shutil.rmtree, root, True)
     config = nginx_config(root, port, origin, 1 << 30)
-    spawn(stack, *SERVER_CORE, nginx, "-c", str(config), "-p", str(root))
-    return True
+    return spawn(stack, *SERVER_CORE, nginx, "-c", str(config), "-p", str(root))
 
 
-def start_varnish(stack: ExitStack, port: int, origin_port: int) -> bool:
+def start_varnish(stack: ExitStack, port: int, origin_port: int) -> subprocess.Popen | None:
     varnishd = shutil.which("varnishd")
     if varnishd is None:
         print("  (varnishd not found: skipped; apt-get install varnish to compare)")
-        return False
+        return None
     root = Path(tempfile.mkdtemp(prefix="onehit-varnish-"))
     root.chmod(0o755)  # varnishd's compiler runs as its own user (vcache) and writes in here
     stack.callback(shutil.rmtree, root, True)
-    spawn(stack, *SERVER_CORE, varnishd, "-F", "-a", f"127.0.0.1:{port}",
-          "-b", f"127.0.0.1:{origin_port}", "-s", "malloc,1g", "-n", str(root))  # fmt: skip
-    return True
+    return spawn(stack, *SERVER_CORE, varnishd, "-F", "-a", f"127.0.0.1:{port}",
+                 "-b", f"127.0.0.1:{origin_port}", "-s", "malloc,1g", "-n", str(root))  # fmt: skip
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` and of every process under it (nginx's
+    workers, Varnish's child), from ``/proc``; 0.0 where there is no ``/proc``."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # the process ended while being read
+        child = int(stat.parent.name)
+        parents[child] = int(fields[1])
+        times[child] = (int(fields[11]) + int(fields[12])) / tick
+    tree, total = [pid], 0.0
+    while tree:
+        current = tree.pop()
+        total += times.get(current, 0.0)
+        tree += [child for child, parent in parents.items() if parent == current]
+    return total
 
 
 def origin_count(origin: str) -> int:
@@ -295,20 +317,25 @@ def main() -> None:
         script = Path(tempfile.mkdtemp(prefix="onehit-wrk-")) / "many.lua"
         stack.callback(shutil.rmtree, script.parent, True)
         script.write_text(MANY_URLS_LUA)
-        spawn(stack, *SERVER_CORE, py, __file__, "--role", "origin", str(ports["origin"]))
-        spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough", str(ports["pass"]),
-              origin)  # fmt: skip
-        spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]), origin)
-        spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini-uvloop"]),
-              origin, env={"ONEHIT_BENCH_UVLOOP": "1"})  # fmt: skip
+        pids = {
+            "origin": spawn(stack, *SERVER_CORE, py, __file__, "--role", "origin",
+                            str(ports["origin"])).pid,
+            "pass": spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough",
+                          str(ports["pass"]), origin).pid,
+            "mini": spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]),
+                          origin).pid,
+            "mini-uvloop": spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini",
+                                 str(ports["mini-uvloop"]), origin,
+                                 env={"ONEHIT_BENCH_UVLOOP": "1"}).pid,
+        }  # fmt: skip
         for name, (loop, fast) in onehits.items():
-            spawn(
+            pids[name] = spawn(
                 stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
                 f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
                 "--admission", "always", "--set", "server.access_log=false",
                 "--set", "cache.size=1GiB", "--set", f"server.event_loop={loop}",
                 "--set", f"server.fast_hits={str(fast).lower()}",
-            )  # fmt: skip
+            ).pid  # fmt: skip
         caches = {
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
             "minimal aiohttp cache on uvloop": f"http://127.0.0.1:{ports['mini-uvloop']}",
@@ -316,10 +343,12 @@ def main() -> None:
             "onehit on uvloop": f"http://127.0.0.1:{ports['onehit-uvloop']}",
             "onehit, hits via aiohttp's handler": f"http://127.0.0.1:{ports['onehit-handler']}",
         }
-        if start_nginx(stack, ports["nginx"], origin):
+        if nginx := start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"
-        if start_varnish(stack, ports["varnish"], ports["origin"]):
+            pids["nginx"] = nginx.pid
+        if varnish := start_varnish(stack, ports["varnish"], ports["origin"]):
             caches["varnish (malloc)"] = f"http://127.0.0.1:{ports['varnish']}"
+            pids["varnish"] = varnish.pid
         floors = {
             "origin direct": origin,
             "aiohttp pass-through (no cache)": f"http://127.0.0.1:{ports['pass']}",
@@ -364,22 +393,37 @@ def main() -> None:
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
             print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
         if shutil.which("wrk"):
-            misses(origin, {**floors, **caches}, args, script.parent)
+            by_port = {port: pids[name] for name, port in ports.items() if name in pids}
+            servers = {**floors, **caches}
+            server_pids = {t: by_port[int(url.rpartition(":")[2])] for t, url in servers.items()}
+            misses(origin, servers, server_pids, args, script.parent)
 
 
-def misses(origin: str, servers: dict[str, str], args: argparse.Namespace, scripts: Path) -> None:
-    """Every request for a URL never asked before: misses/s under load, and the p50 one
-    connection sees, beside the origin's own; runs taken round robin, as for hits."""
+def misses(
+    origin: str,
+    servers: dict[str, str],
+    pids: dict[str, int],
+    args: argparse.Namespace,
+    scripts: Path,
+) -> None:
+    """Every request for a URL never asked before: misses/s under load, the server's CPU time
+    per miss under that load, and the p50 one connection sees, beside the origin's own; runs
+    taken round robin, as for hits."""
     print(f"\n  misses, 1k body, a new URL every request (median of {args.runs}):")
     loaded: dict[str, list[tuple[float, float, float]]] = {t: [] for t in servers}
     alone: dict[str, list[tuple[float, float, float]]] = {t: [] for t in servers}
+    cpu: dict[str, list[float]] = {t: [] for t in servers}
     for _ in range(args.runs):
         for target, url in servers.items():
             before = origin_count(origin)
             for connections, into in ((args.connections, loaded), (1, alone)):
                 script = scripts / f"new-{uuid.uuid4().hex}.lua"
                 script.write_text(NEW_URLS_LUA.format(prefix=script.stem))
+                spent = cpu_seconds(pids[target])
                 into[target].append(measure(url + "/1k", args.seconds, connections, script))
+                if into is loaded:
+                    spent = cpu_seconds(pids[target]) - spent
+                    cpu[target].append(spent / (loaded[target][-1][0] * args.seconds))
             fetched = origin_count(origin) - before
             served = (loaded[target][-1][0] + alone[target][-1][0]) * args.seconds
             if fetched < 0.95 * served:
@@ -388,8 +432,10 @@ def misses(origin: str, servers: dict[str, str], args: argparse.Namespace, scrip
     floor = next(iter(p50.values()))
     for target in servers:
         rps, _, p99 = median(loaded[target])
+        per_miss = median(cpu[target]) * 1e6
         print(
-            f"    {target:38s} {rps:>10,.0f} misses/s  p99 {p99:7.2f} ms;  one connection: "
+            f"    {target:38s} {rps:>10,.0f} misses/s  CPU {per_miss:5.0f} us/miss  "
+            f"p99 {p99:7.2f} ms;  one connection: "
             f"p50 {p50[target]:.3f} ms, {p50[target] - floor:+.3f} ms over the origin"
         )
 
