@@ -129,7 +129,7 @@ class HitHandler(RequestHandler):
         except HttpProcessingError as exc:
             error = _ErrInfo(status=400, exc=exc, message=exc.message)
             return [(error, EMPTY_PAYLOAD)], False, b""
-        return list(messages), upgraded, tail
+        return messages, upgraded, tail
 
     def _pass_on(self, rest: list[tuple[Any, Any]]) -> None:
         """Hold ``rest`` behind the lane's request, or hand it to aiohttp's handler."""

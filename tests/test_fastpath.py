@@ -112,33 +112,29 @@ async def test_rfc9111_4_1_a_hit_on_a_variant_is_answered_as_parsed(origin, star
     assert dict(fields)["x-cache"] == "MISS" and service.proxy.fast_hits == 1
 
 
+SLOW_MISS = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
+POST = b"POST /form HTTP/1.1\r\nHost: example.test\r\nContent-Length: 2\r\n\r\nhi"
+
+
+@pytest.mark.parametrize(
+    ("pipelined", "x_cache", "fast"),
+    [
+        # The hits behind the miss are held while the lane answers it, then answered as parsed.
+        (HIT + SLOW_MISS + HIT + HIT, ["HIT", "MISS", "HIT", "HIT"], 3),
+        # Behind a request for aiohttp's handler, the hits take their turn there.
+        (HIT + SLOW_MISS + POST + HIT + HIT, ["HIT", "MISS", "BYPASS", "HIT", "HIT"], 1),
+    ],
+)
 async def test_pipelined_requests_are_answered_in_order_when_a_miss_sits_between_hits(
-    origin, start_proxy
+    origin, start_proxy, pipelined, x_cache, fast
 ):
     origin.set("/slow", delay=0.3)
     service = await start_proxy()
     await stored(service)
-    miss = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
-    answers = await exchange(service, HIT + miss + HIT + HIT, 4)
-    assert [dict(f)["x-cache"] for _, f, _ in answers] == ["HIT", "MISS", "HIT", "HIT"]
-    # The first hit is answered at once; the two behind the miss are held while the lane
-    # answers it, then answered as parsed.
-    assert service.proxy.fast_hits == 3
-    assert [body for _, _, body in answers][1] == b"hello from the origin"
-
-
-async def test_pipelined_requests_behind_one_for_the_handler_wait_in_the_handler(
-    origin, start_proxy
-):
-    origin.set("/slow", delay=0.3)
-    service = await start_proxy()
-    await stored(service)
-    miss = b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n"
-    post = b"POST /form HTTP/1.1\r\nHost: example.test\r\nContent-Length: 2\r\n\r\nhi"
-    answers = await exchange(service, HIT + miss + post + HIT + HIT, 5)
-    assert [dict(f)["x-cache"] for _, f, _ in answers] == ["HIT", "MISS", "BYPASS", "HIT", "HIT"]
-    assert service.proxy.fast_hits == 1  # behind the POST, the hits took their turn there
-    assert origin.hits["/form"] == 1
+    answers = await exchange(service, pipelined, len(x_cache))
+    assert [dict(f)["x-cache"] for _, f, _ in answers] == x_cache
+    assert service.proxy.fast_hits == fast
+    assert answers[1][2] == b"hello from the origin" and origin.hits["/slow"] == 1
 
 
 async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start_proxy):
