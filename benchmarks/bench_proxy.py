@@ -393,16 +393,14 @@ def main() -> None:
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
             print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
         if shutil.which("wrk"):
-            by_port = {port: pids[name] for name, port in ports.items() if name in pids}
-            servers = {**floors, **caches}
-            server_pids = {t: by_port[int(url.rpartition(":")[2])] for t, url in servers.items()}
-            misses(origin, servers, server_pids, args, script.parent)
+            by_url = {f"http://127.0.0.1:{ports[name]}": pid for name, pid in pids.items()}
+            misses(origin, {**floors, **caches}, by_url, args, script.parent)
 
 
 def misses(
     origin: str,
     servers: dict[str, str],
-    pids: dict[str, int],
+    pids: dict[str, int],  # by server URL
     args: argparse.Namespace,
     scripts: Path,
 ) -> None:
@@ -419,10 +417,10 @@ def misses(
             for connections, into in ((args.connections, loaded), (1, alone)):
                 script = scripts / f"new-{uuid.uuid4().hex}.lua"
                 script.write_text(NEW_URLS_LUA.format(prefix=script.stem))
-                spent = cpu_seconds(pids[target])
+                spent = cpu_seconds(pids[url])
                 into[target].append(measure(url + "/1k", args.seconds, connections, script))
                 if into is loaded:
-                    spent = cpu_seconds(pids[target]) - spent
+                    spent = cpu_seconds(pids[url]) - spent
                     cpu[target].append(spent / (loaded[target][-1][0] * args.seconds))
             fetched = origin_count(origin) - before
             served = (loaded[target][-1][0] + alone[target][-1][0]) * args.seconds

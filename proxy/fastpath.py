@@ -198,7 +198,7 @@ class HitHandler(RequestHandler):
                 log.exception("answering %s %s as parsed failed", message.method, message.path)
                 answered = None
             if not answered:
-                if _plain(message):
+                if _lane_may_answer(message):
                     self._run_lane(message)
                     done += 1
                 break
@@ -299,7 +299,7 @@ class HitHandler(RequestHandler):
             self._pause_reading_for_buffer()
 
 
-def _plain(message: RawRequestMessage) -> bool:
+def _lane_may_answer(message: RawRequestMessage) -> bool:
     """Whether the lane may answer ``message``: GET or HEAD, HTTP/1.1 keep-alive, no body or
     upgrade, an origin-form target and a Host field."""
     return (

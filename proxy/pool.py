@@ -147,7 +147,7 @@ class OriginPool:
         self._origins: dict[str, tuple[Address, str]] = {}
         self._in_use = 0
         self._waiting: list[asyncio.Future[None]] = []
-        self._sweep: asyncio.TimerHandle | None = None
+        self._expiry: asyncio.TimerHandle | None = None  # closes idle connections (_expire)
         self._closed = False
 
     @staticmethod
@@ -311,14 +311,14 @@ class OriginPool:
         if reuse and not self._closed and protocol.is_connected():
             loop = asyncio.get_running_loop()
             self._idle.setdefault(address, []).append((protocol, loop.time()))
-            if self._sweep is None:
-                self._sweep = loop.call_later(self._config.idle_timeout, self._expire)
+            if self._expiry is None:
+                self._expiry = loop.call_later(self._config.idle_timeout, self._expire)
         else:
             protocol.close()
 
     def _expire(self) -> None:
         """Close the connections idle for ``idle_timeout``; come back for the next one due."""
-        self._sweep = None
+        self._expiry = None
         loop = asyncio.get_running_loop()
         limit = loop.time() - self._config.idle_timeout
         earliest: float | None = None
@@ -335,7 +335,7 @@ class OriginPool:
             else:
                 del self._idle[address]
         if earliest is not None:
-            self._sweep = loop.call_at(earliest + self._config.idle_timeout, self._expire)
+            self._expiry = loop.call_at(earliest + self._config.idle_timeout, self._expire)
 
     def close(self) -> None:
         """Close every idle connection; those in use close as their responses end."""
@@ -343,9 +343,9 @@ class OriginPool:
         if self._ticker is not None:
             self._ticker.cancel()
             self._ticker = None
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         for idle in self._idle.values():
             for protocol, _ in idle:
                 protocol.close()
