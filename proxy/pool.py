@@ -1,7 +1,9 @@
-"""The origin client of bodiless GET and HEAD requests to plain-HTTP origins: aiohttp's own
-response protocol (``ResponseHandler``, its strict C parser) over a keep-alive pool of its own,
-without the ``ClientSession`` machinery around it, which cost a miss more than everything else
-the proxy does for one. Requests with a body, and HTTPS origins, stay on the session.
+"""The origin client of bodiless GET and HEAD requests to plain-HTTP origins: aiohttp's strict
+C response parser and body streams, driven by a small connection protocol of its own over a
+keep-alive pool of its own. The ``ClientSession`` machinery around them cost a miss more than
+everything else the proxy does for one, and aiohttp's ``ResponseHandler`` (a message queue, a
+loop timer per read, a timer context per request) another tenth. Requests with a body, and
+HTTPS origins, stay on the session.
 
 Rules it keeps:
 
@@ -22,19 +24,24 @@ Rules it keeps:
   about a tenth of a bare pass-through's time per miss.
 * A request that fails on a pooled connection before any byte of an answer (the origin closed
   or reset it while idle) is sent once more on a new connection.
+* A connection carries the next request only when nothing but the answer arrived on it: bytes
+  after the answer, or while it is idle, close it, so a response nobody asked for is never
+  taken for the next one's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from urllib.parse import urlsplit
 
-from aiohttp import ClientOSError, ServerDisconnectedError
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.helpers import BaseTimerContext, TimeoutHandle
-from aiohttp.http_parser import RawResponseMessage
-from aiohttp.streams import StreamReader
+from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, set_exception
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
+from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from multidict import CIMultiDictProxy
 
 from proxy.config import UpstreamSection
@@ -42,6 +49,8 @@ from proxy.config import UpstreamSection
 log = logging.getLogger("onehit.upstream")
 
 Address = tuple[str, int]
+
+_READ_BUFFER = 2**16  # a body's stream pauses reading past twice this, as the session's does
 
 
 class Unreachable(Exception):
@@ -52,37 +61,173 @@ class Unreachable(Exception):
         self.os_error = os_error
 
 
-class _Connection(ResponseHandler):
-    """aiohttp's response protocol whose read timeout is a time stamp that the pool's sweep
-    checks, where aiohttp cancels and makes a loop timer on every read."""
+class _Connection(BaseProtocol):
+    """A keep-alive connection to an origin, one request at a time. Each request gets a fresh
+    aiohttp C response parser, so nothing a previous response left unparsed leaks into the
+    next; the final head goes to the request awaiting ``response()``, the body into the
+    parser's stream. Bytes arriving while no request is in flight close the connection: an
+    origin answering what was not asked cannot be trusted with the next request."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
+        self._skip_payload = False
+        self._heads: deque[tuple[RawResponseMessage, StreamReader]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._payload: StreamReader | None = None  # the body being parsed, if any
+        self._should_close = False
+        self._read_timeout = 0.0
         self.reading_since: float | None = None  # when the read timeout started, if it runs
 
-    def _reschedule_timeout(self) -> None:
-        self.reading_since = self._loop.time() if self._read_timeout else None
+    @property
+    def should_close(self) -> bool:
+        """Whether the connection cannot carry another request."""
+        payload = self._payload
+        return (
+            self._should_close
+            or self._error is not None
+            or self._upgraded
+            or bool(self._heads)
+            or (payload is not None and not payload.is_eof())
+        )
 
-    def _drop_timeout(self) -> None:
+    def is_connected(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        transport, self.transport = self.transport, None
+        if transport is not None:
+            transport.close()
         self.reading_since = None
+
+    def send(self, head: bytes, *, skip_payload: bool, read_timeout: float) -> None:
+        """Write a request whose response is parsed as the session's client parses one."""
+        self._parser = HttpResponseParser(
+            self, self._loop, _READ_BUFFER,
+            payload_exception=ClientPayloadError, response_with_body=not skip_payload,
+            read_until_eof=True,  # a body without a length ends with the connection
+            auto_decompress=False, max_line_size=8190, max_field_size=8190, max_headers=128,
+        )  # fmt: skip
+        self._skip_payload = skip_payload
+        self._read_timeout = read_timeout
+        assert self.transport is not None
+        self.transport.write(head)
+        self.reading_since = self._loop.time() if read_timeout else None
+
+    def rest(self) -> None:
+        """The response was read to its end: nothing more is expected until the next send."""
+        self._parser = None
+        self._payload = None
+        self.reading_since = None
+
+    async def response(self) -> tuple[RawResponseMessage, StreamReader]:
+        """The next response's head and its body stream (empty for HEAD, 1xx, 204 and 304)."""
+        while not self._heads:
+            if self._error is not None:
+                raise self._error
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._heads.popleft()
+
+    def fail(self, exc: BaseException) -> None:
+        """End the request in flight with ``exc``: its wait for a head, or its body."""
+        self._should_close = True
+        self.reading_since = None
+        self._set_error(exc)
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            set_exception(payload, exc)
 
     def check_read_timeout(self, now: float) -> None:
         """Fail the response being read when no byte came for the read timeout."""
         since = self.reading_since
-        if since is not None and self._read_timeout and now - since >= self._read_timeout:
-            self.reading_since = None
-            self._on_read_timeout()
+        if since is not None and now - since >= self._read_timeout:
+            self.fail(SocketTimeoutError("Timeout on reading data from socket"))
+
+    def pause_reading(self) -> None:
+        super().pause_reading()
+        self.reading_since = None  # the read timeout measures the origin, not this pause
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        if not self._reading_paused:
+            return  # a body's stream calls this on every read, paused or not
+        super().resume_reading(resume_parser)
+        if not self._reading_paused and self._read_timeout and self._parser is not None:
+            self.reading_since = self._loop.time()
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            if data:
+                self._should_close = True
+                self.close()
+            return
+        if data and self.reading_since is not None:
+            self.reading_since = self._loop.time()
+        try:
+            messages, upgraded, _ = parser.feed_data(data)
+        except BaseException as exc:
+            self.close()
+            if not isinstance(exc, Exception):
+                raise
+            error = (
+                HttpProcessingError(code=exc.code, message=exc.message, headers=exc.headers)
+                if isinstance(exc, HttpProcessingError)
+                else HttpProcessingError()
+            )
+            error.__cause__ = exc
+            self.fail(error)
+            return
+        self._upgraded = upgraded
+        for message, payload in messages:
+            if message.should_close:
+                self._should_close = True
+            self._payload = payload
+            if self._skip_payload or message.code in EMPTY_BODY_STATUS_CODES:
+                payload = EMPTY_PAYLOAD
+            self._heads.append((message, payload))
+        if messages and self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._should_close = True
+        self.reading_since = None
+        parser, self._parser = self._parser, None
+        uncompleted = None
+        if parser is not None:
+            try:
+                uncompleted = parser.feed_eof()
+            except Exception as underlying:
+                payload = self._payload
+                if payload is not None:
+                    detail = f"Response payload is not completed: {underlying!r}"
+                    if exc is not None:
+                        detail += f". {exc!r}"
+                    set_exception(payload, ClientPayloadError(detail), underlying)
+        if isinstance(exc, OSError):
+            self._set_error(ClientOSError(*exc.args))
+        else:
+            self._set_error(exc if exc is not None else ServerDisconnectedError(uncompleted))
+        super().connection_lost(exc)
+
+    def _set_error(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class _Exchange:
-    """A request in flight: its total deadline, the handle whose callbacks end it, and its
-    connection once it has one."""
+    """A request in flight: its total deadline, and its connection once it has one."""
 
-    __slots__ = ("deadline", "protocol", "timeout")
+    __slots__ = ("deadline", "protocol")
 
-    def __init__(self, deadline: float, timeout: TimeoutHandle) -> None:
+    def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.timeout = timeout
         self.protocol: _Connection | None = None
 
 
@@ -170,10 +315,7 @@ class OriginPool:
             # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
             raise ValueError("a newline or carriage return in a request line or field")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-        loop = asyncio.get_running_loop()
-        # Called by the sweep at the deadline, it ends whatever of the request is running.
-        timeout = TimeoutHandle(loop, self._config.total_timeout)
-        exchange = _Exchange(loop.time() + self._config.total_timeout, timeout)
+        exchange = _Exchange(asyncio.get_running_loop().time() + self._config.total_timeout)
         self._watch(exchange)
         try:
             await self._acquire()
@@ -196,14 +338,12 @@ class OriginPool:
     ) -> OriginResponse:
         protocol = self._pooled(address)
         pooled = protocol is not None
-        timer = exchange.timeout.timer()
         while True:
             try:
-                with timer:
-                    if protocol is None:
-                        protocol = await self._connect(address)
-                    exchange.protocol = protocol
-                    message, payload = await self._send(protocol, head, method, timer)
+                if protocol is None:
+                    protocol = await self._connect(address, exchange.deadline)
+                exchange.protocol = protocol
+                message, payload = await self._send(protocol, head, method, exchange.deadline)
                 return OriginResponse(
                     self, address, exchange, message.code, message.reason, message.headers,
                     payload,
@@ -222,28 +362,22 @@ class OriginPool:
                 raise
 
     async def _send(
-        self, protocol: _Connection, head: bytes, method: str, timer: BaseTimerContext
+        self, protocol: _Connection, head: bytes, method: str, deadline: float
     ) -> tuple[RawResponseMessage, StreamReader]:
         """The final response's message and body stream (interim 1xx responses skipped)."""
-        protocol.set_response_params(
-            timer=timer,
-            skip_payload=method == "HEAD",
-            read_until_eof=True,  # a body without a length ends with the connection
-            auto_decompress=False,
-            read_timeout=self._config.read_timeout,
-        )
-        assert protocol.transport is not None
-        protocol.transport.write(head)
-        protocol.start_timeout()
+        if asyncio.get_running_loop().time() >= deadline:
+            raise TimeoutError("the total timeout passed before the request was sent")
+        protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
         while True:
-            message, payload = await protocol.read()
+            message, payload = await protocol.response()
             if not 100 <= message.code < 200 or message.code == 101:
                 return message, payload
 
-    async def _connect(self, address: Address) -> _Connection:
+    async def _connect(self, address: Address, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
+        limit = min(self._config.connect_timeout, deadline - loop.time())
         try:
-            async with asyncio.timeout(self._config.connect_timeout):
+            async with asyncio.timeout(limit):
                 _, protocol = await loop.create_connection(lambda: _Connection(loop), *address)
         except OSError as exc:
             raise Unreachable(exc) from exc
@@ -288,7 +422,6 @@ class OriginPool:
 
     def _unwatch(self, exchange: _Exchange) -> None:
         self._exchanges.discard(exchange)
-        exchange.timeout.close()
 
     def _sweep_timeouts(self) -> None:
         """End the requests past their total deadline, and the reads silent for the read
@@ -296,11 +429,13 @@ class OriginPool:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for exchange in list(self._exchanges):
+            protocol = exchange.protocol
             if now >= exchange.deadline:
                 self._exchanges.discard(exchange)
-                exchange.timeout()
-            elif exchange.protocol is not None:
-                exchange.protocol.check_read_timeout(now)
+                if protocol is not None:
+                    protocol.fail(TimeoutError("the total timeout passed"))
+            elif protocol is not None:
+                protocol.check_read_timeout(now)
         self._ticker = (
             loop.call_later(self._tick, self._sweep_timeouts) if self._exchanges else None
         )
@@ -309,6 +444,7 @@ class OriginPool:
         self._in_use -= 1
         self._wake()
         if reuse and not self._closed and protocol.is_connected():
+            protocol.rest()
             loop = asyncio.get_running_loop()
             self._idle.setdefault(address, []).append((protocol, loop.time()))
             if self._expiry is None:

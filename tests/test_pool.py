@@ -212,3 +212,68 @@ async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin, pool):
     with pytest.raises(ValueError, match="newline"):
         await p.request("GET", f"{url}/a", [("X-Test", "1\r\nX-Injected: 1")])
     assert origin.connections == 0
+
+
+async def test_a_response_nobody_asked_for_closes_its_idle_connection(raw_origin, pool):
+    connections = 0
+
+    async def answers_then_adds_one(reader, writer):
+        nonlocal connections
+        connections += 1
+        first = True
+        while await read_request(reader):
+            writer.write(OK)
+            if first:
+                await writer.drain()
+                await asyncio.sleep(0.05)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+                first = False
+
+    url = await raw_origin(answers_then_adds_one)
+    p = pool()
+    assert await get(p, f"{url}/a") == (200, b"ok")
+    await asyncio.sleep(0.2)  # the unasked response arrives while the connection is idle
+    assert await get(p, f"{url}/b") == (200, b"ok")
+    assert connections == 2
+
+
+async def test_a_response_glued_after_the_answer_is_never_served_to_the_next_request(
+    raw_origin, pool
+):
+    origin = Counting(answer=OK + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+    url = await raw_origin(origin)
+    p = pool()
+    for path in ("a", "b", "c"):
+        assert await get(p, f"{url}/{path}") == (200, b"ok")
+    assert origin.connections == 3
+
+
+async def test_total_timeout_ends_the_wait_for_a_head(raw_origin, pool):
+    async def silent(reader, writer):
+        await read_request(reader)
+        await asyncio.sleep(10)
+
+    url = await raw_origin(silent)
+    p = pool(total_timeout="300ms", read_timeout="5s")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await p.request("GET", f"{url}/a", [])
+    assert 0.3 <= loop.time() - started < 0.3 + 0.5
+    assert p._in_use == 0
+
+
+async def test_the_read_timeout_does_not_count_a_pause_the_reader_made(raw_origin, pool):
+    body = b"x" * (1 << 20)  # far past the body stream's buffer: reading pauses
+
+    async def sends_at_once(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await writer.drain()
+        await asyncio.sleep(10)
+
+    url = await raw_origin(sends_at_once)
+    p = pool(read_timeout="200ms")
+    async with await p.request("GET", f"{url}/a", []) as response:
+        await asyncio.sleep(0.6)  # three read timeouts, with the origin done and waiting
+        assert await response.content.read() == body
