@@ -309,12 +309,14 @@ class OriginPool:
             origin = self._origins[netloc] = _origin(netloc)
         address, host = origin
         target = (slash + rest).partition("#")[0] or "/"
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
-        lines += [f"{name}: {value}" for name, value in headers]
-        if any("\r" in line or "\n" in line for line in lines):
-            # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
+        text = "".join([f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n",
+                        *[f"{name}: {value}\r\n" for name, value in headers], "\r\n"])  # fmt: skip
+        # As aiohttp's client refuses it: a field may not smuggle in a line of its own. Each
+        # line written ends in the one CR LF pair added here, the head in one more.
+        lines = len(headers) + 3
+        if text.count("\n") != lines or text.count("\r") != lines:
             raise ValueError("a newline or carriage return in a request line or field")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
+        head = text.encode("utf-8", "surrogateescape")
         exchange = _Exchange(asyncio.get_running_loop().time() + self._config.total_timeout)
         self._watch(exchange)
         try:
