@@ -90,6 +90,9 @@ class ResponseMeta:
     reason: str = ""
     payload: object = None
     status: int = 200
+    # The cache directives of ``headers`` as ``rfc9111.response_directives`` parses them, when
+    # already parsed; None: parsed from ``headers`` when the response is stored.
+    directives: rfc9111.Directives | None = None
 
 
 # What ``lookup`` found.
@@ -271,7 +274,14 @@ def response_meta(
         reason=reason,
         payload=payload,
         status=status,
+        directives=rfc9111.response_directives(fields),
     )
+
+
+def _directives(response: ResponseMeta) -> rfc9111.Directives:
+    if response.directives is not None:
+        return response.directives
+    return rfc9111.response_directives(response.headers) if response.headers else {}
 
 
 def _fresh(entry: Entry, age: float, req: rfc9111.Directives) -> bool:
@@ -611,7 +621,7 @@ class CacheEngine:
             response.lifetime,
             response.initial_age,
             response.headers,
-            rfc9111.response_directives(response.headers) if response.headers else {},
+            _directives(response),
             payload,
             status=response.status,
         )
