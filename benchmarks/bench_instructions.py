@@ -1,0 +1,125 @@
+"""The instructions a server runs per cache miss, counted by valgrind: a figure that does not
+move with the machine's load, unlike time.
+
+On a shared 2-core VM, time per miss swings by 15% or more between identical runs, which hides
+the 2-5% that most single changes to the miss path are worth. Instructions retired in user
+space do not swing: the same build gives the same count to within 0.1%. They leave out the
+kernel's share (the socket calls, the same for every build of one design) and say nothing of
+cache misses or stalls, so they rank changes to the code, and time still judges the whole.
+
+Each server runs under ``valgrind --tool=callgrind`` twice, answering ``--small`` and then
+``--large`` sequential keep-alive GETs of URLs never asked before (after a warm-up), and the
+difference of the two counts over the difference of requests is its count per miss (start-up
+and shutdown cancel out). Servers: onehit (asyncio's loop, admission ``always``, so every miss
+is also stored, as a second sighting is); optionally onehit from another checkout
+(``--baseline DIR``, an earlier commit); and a minimal aiohttp pass-through (no cache: a
+``web.Server`` handler fetching through a ``ClientSession``), the reference. The origin runs
+outside valgrind and answers 1 KiB bodies. Needs ``valgrind``; takes about 2 minutes a server.
+
+    .venv/bin/python benchmarks/bench_instructions.py [--baseline /tmp/onehit-before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import re
+import shutil
+import sys
+import tempfile
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench_proxy import spawn, wait_ready
+
+from loadgen.experiment import free_port
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def misses(port: int, count: int) -> None:
+    """``count`` sequential GETs, each of a URL never asked before, on one connection."""
+    tag = uuid.uuid4().hex[:8]
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        for i in range(count):
+            connection.request("GET", f"/1k/count-{tag}-{i}")
+            response = connection.getresponse()
+            body = response.read()
+            if response.status != 200 or len(body) != 1024:
+                raise RuntimeError(f"a miss got {response.status} with {len(body)} bytes")
+    finally:
+        connection.close()
+
+
+def instructions(command: list[str], cwd: Path, port: int, count: int, warm: int) -> int:
+    """User-space instructions ``command`` runs from its start to its exit after SIGTERM,
+    having answered ``warm`` and then ``count`` misses."""
+    with tempfile.TemporaryDirectory(prefix="onehit-callgrind-") as tmp:
+        log = Path(tmp) / "valgrind.log"
+        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                    f"--log-file={log}"]  # fmt: skip
+        with ExitStack() as stack:
+            spawn(stack, *valgrind, *command, cwd=str(cwd))
+            wait_ready(f"http://127.0.0.1:{port}/1k/warm-{uuid.uuid4().hex[:8]}", timeout=180)
+            misses(port, warm)
+            misses(port, count)
+        found = re.search(r"Collected : (\d+)", log.read_text())
+        if found is None:
+            raise RuntimeError(f"no instruction count in valgrind's log:\n{log.read_text()}")
+        return int(found.group(1))
+
+
+def per_miss(command: list[str], cwd: Path, port: int, small: int, large: int) -> float:
+    low = instructions(command, cwd, port, small, warm=50)
+    high = instructions(command, cwd, port, large, warm=50)
+    return (high - low) / (large - small)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", type=int, default=300, help="misses of the first run")
+    parser.add_argument("--large", type=int, default=1300, help="misses of the second run")
+    parser.add_argument("--baseline", help="a checkout of onehit to count beside this one")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)")
+    if args.large <= args.small:
+        sys.exit("--large must be more than --small")
+    py = sys.executable
+    origin_port = free_port()
+    origin = f"http://127.0.0.1:{origin_port}"
+    servers: dict[str, tuple[list[str], Path, int]] = {}
+    sources = {"onehit": ROOT} | (
+        {"onehit@baseline": Path(args.baseline).resolve()} if args.baseline else {}
+    )
+    for name, source in sources.items():
+        port = free_port()
+        command = [py, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
+                   "--admin-listen", f"127.0.0.1:{free_port()}", "--admission", "always",
+                   "--cache-size", "1GiB", "--set", "server.access_log=false",
+                   "--set", "server.event_loop=asyncio"]  # fmt: skip
+        servers[name] = (command, source, port)
+    port = free_port()
+    servers["aiohttp pass-through (reference)"] = (
+        [py, str(HERE / "bench_proxy.py"), "--role", "passthrough", str(port), origin],
+        ROOT,
+        port,
+    )
+    counts: dict[str, float] = {}
+    with ExitStack() as stack:
+        spawn(stack, py, str(HERE / "bench_proxy.py"), "--role", "origin", str(origin_port))
+        wait_ready(f"{origin}/1k/ready")
+        for name, (command, cwd, port) in servers.items():
+            counts[name] = per_miss(command, cwd, port, args.small, args.large)
+            print(f"{name}: {counts[name]:,.0f} instructions per miss", flush=True)
+    reference = counts["aiohttp pass-through (reference)"]
+    print(f"\n{'server':36} {'instructions/miss':>18} {'x reference':>12}")
+    for name, count in counts.items():
+        print(f"{name:36} {count:18,.0f} {count / reference:12.2f}")
+
+
+if __name__ == "__main__":
+    main()
