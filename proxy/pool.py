@@ -173,13 +173,7 @@ class _Connection(BaseProtocol):
             self.close()
             if not isinstance(exc, Exception):
                 raise
-            error = (
-                HttpProcessingError(code=exc.code, message=exc.message, headers=exc.headers)
-                if isinstance(exc, HttpProcessingError)
-                else HttpProcessingError()
-            )
-            error.__cause__ = exc
-            self.fail(error)
+            self._malformed(exc)
             return
         self._upgraded = upgraded
         for message, payload in messages:
@@ -191,6 +185,23 @@ class _Connection(BaseProtocol):
             self._heads.append((message, payload))
         if messages and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _malformed(self, exc: Exception) -> None:
+        """The origin sent what the parser refuses: a head still awaited fails with
+        ``HttpProcessingError``, a body being read with ``ClientPayloadError``, as a body cut
+        short does (its head may already have been relayed)."""
+        self._should_close = True
+        self.reading_since = None
+        error = (
+            HttpProcessingError(code=exc.code, message=exc.message, headers=exc.headers)
+            if isinstance(exc, HttpProcessingError)
+            else HttpProcessingError()
+        )
+        error.__cause__ = exc
+        self._set_error(error)
+        payload = self._payload
+        if payload is not None and not payload.is_eof():
+            set_exception(payload, ClientPayloadError(f"Malformed response body: {exc!r}"), exc)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._should_close = True

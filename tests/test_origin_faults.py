@@ -154,3 +154,27 @@ async def test_unexpected_exception_is_a_500_and_the_proxy_keeps_serving(
     proxy.proxy.engine.lookup = real
     status, _, _ = await get(client, base(proxy) + "/x")
     assert status == 200
+
+
+async def test_a_chunk_malformed_mid_body_cuts_the_answer_at_once_and_is_not_stored(
+    raw_origin, start_proxy, client
+):
+    async def turns_malformed(reader, writer):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n"
+                     b"Cache-Control: max-age=60\r\n\r\n5\r\nhello\r\n")  # fmt: skip
+        await writer.drain()
+        await asyncio.sleep(0.1)  # the head and the first chunk have been relayed
+        writer.write(b"ZZZ\r\nnot a chunk\r\n0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(10)
+
+    url = await raw_origin(scripted(turns_malformed, OK))
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    with pytest.raises(aiohttp.ClientPayloadError):  # the head was streamed: cut off
+        async with asyncio.timeout(5):  # not left waiting for the total timeout
+            await get(client, base(proxy) + "/x")
+    stats = proxy.proxy.engine.stats()
+    assert stats["admissions"] == 0 and stats["cut_short"] == 1
+    headers = await then_fine(client, proxy)
+    assert headers["X-Cache"] == "MISS"
