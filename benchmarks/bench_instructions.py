@@ -3,7 +3,7 @@ move with the machine's load, unlike time.
 
 On a shared 2-core VM, time per miss swings by 15% or more between identical runs, which hides
 the 2-5% that most single changes to the miss path are worth. Instructions retired in user
-space do not swing: the same build gives the same count to within 0.1%. They leave out the
+space do not swing: the same build gives the same count to within 0.2%. They leave out the
 kernel's share (the socket calls, the same for every build of one design) and say nothing of
 cache misses or stalls, so they rank changes to the code, and time still judges the whole.
 
