@@ -20,10 +20,7 @@ mostly) in a task of its own, its *lane*, instead of its handler's loop. What it
   to the handler) when it ends; once one is queued for the handler, every later request on
   the connection waits its turn behind it.
 * The same answer: the same status, fields, body and counters as the handler would give, and
-  the same access log line. A miss of the shape most have (a GET answered with the origin's
-  status and a body of known length) is streamed by ``LaneResponse``, whose head is rendered
-  once, field for field and in the order aiohttp's ``StreamResponse`` writes them, instead of
-  through that response and its header map; every other answer is aiohttp's.
+  the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
   limit stops reading the connection. The lane writes through aiohttp's own writer, which
@@ -46,8 +43,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
+from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.http_writer import StreamWriter
@@ -234,7 +230,7 @@ class HitHandler(RequestHandler):
         loop = self._loop
         started = loop.time()
         request = LaneRequest(
-            message, self._remote, self._scheme, self.transport, _LaneWriter(self, loop)
+            message, self._remote, self._scheme, self.transport, StreamWriter(self, loop)
         )
         handler = self._request_handler
         assert handler is not None
@@ -317,71 +313,6 @@ def _lane_may_answer(message: RawRequestMessage) -> bool:
     )
 
 
-# Fields ``LaneRequest.respond`` leaves to aiohttp's response: the proxy sets these itself
-# (replacing the origin's in place, as a ``CIMultiDict`` does), and the lane only appends.
-_SET_BY_THE_PROXY = frozenset({"cache-status", "x-cache", "via"})
-
-
-class _LaneWriter(StreamWriter):
-    """aiohttp's writer, which also takes a head rendered already (as ``write_headers`` takes
-    one to serialize): it is sent with the first body bytes, or alone by ``send_headers``."""
-
-    def set_head(self, head: bytes) -> None:
-        self._headers_buf = head
-        self._headers_written = False
-
-
-class LaneResponse:
-    """A streamed answer in the lane, for the shape most misses have: a GET answered with the
-    origin's status and a body of known length, on a keep-alive HTTP/1.1 connection. Its head
-    is rendered once, field for field as aiohttp's ``StreamResponse`` renders that shape, and
-    the body goes through the connection's writer, which waits for a slow client as aiohttp's
-    does. What the proxy and aiohttp's access loggers use of a ``StreamResponse``, no more."""
-
-    __slots__ = ("_eof", "_head", "_prepared", "_send_headers_immediately", "_writer", "status")
-
-    keep_alive = True
-
-    def __init__(self, status: int, head: bytes, writer: _LaneWriter) -> None:
-        self.status = status
-        self._head = head
-        self._writer = writer
-        self._prepared = self._eof = False
-        self._send_headers_immediately = True
-
-    async def prepare(self, request: object) -> _LaneWriter:
-        if not self._prepared:
-            self._prepared = True
-            self._writer.set_head(self._head)
-            if self._send_headers_immediately:
-                self._writer.send_headers()
-        return self._writer
-
-    async def write(self, data: bytes) -> None:
-        await self._writer.write(data)
-
-    async def write_eof(self, data: bytes = b"") -> None:
-        if not self._eof:
-            await self._writer.write_eof(data)
-            self._eof = True
-
-    @property
-    def body_length(self) -> int:
-        """Bytes written, the head's included, as aiohttp counts them."""
-        return self._writer.output_size
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        return _head_fields(self._head)
-
-
-def _head_fields(head: bytes) -> CIMultiDict[str]:
-    """The fields of a rendered response head."""
-    text = head[: head.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
-    fields = (line.partition(": ") for line in text.split("\r\n")[1:])
-    return CIMultiDict((name, value) for name, _, value in fields)
-
-
 class _LoggedRequest:
     """What the access loggers read of a request answered here."""
 
@@ -414,7 +345,9 @@ class _LoggedResponse:
 
     @property
     def headers(self) -> CIMultiDict[str]:
-        return _head_fields(self._head)
+        head = self._head[: self._head.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
+        fields = (line.partition(": ") for line in head.split("\r\n")[1:])
+        return CIMultiDict((name, value) for name, _, value in fields)
 
 
 class LaneRequest(_LoggedRequest):
@@ -443,47 +376,6 @@ class LaneRequest(_LoggedRequest):
 
     raw_headers = property(lambda self: self._message.raw_headers)
     writer = property(lambda self: self._payload_writer)
-
-    def respond(
-        self,
-        status: int,
-        reason: str,
-        fields: list[tuple[str, str]],
-        length: int | None,
-        marks: tuple[tuple[str, str], ...],
-    ) -> LaneResponse | None:
-        """The answer to stream for an origin response of ``status`` with ``fields`` and a
-        body of ``length`` bytes, then the proxy's ``marks``; None when it has another shape
-        than ``LaneResponse`` renders (aiohttp's response answers it then): not a GET, no
-        length, a status without a body, a field the proxy sets in place, or text aiohttp's
-        writer would encode or refuse differently (not ASCII, a line break)."""
-        if self.method != "GET" or length is None or status < 200 or status in (204, 304):
-            return None
-        typed = dated = served = False
-        for name, _ in fields:
-            low = name.lower()
-            if low in _SET_BY_THE_PROXY:
-                return None
-            typed = typed or low == "content-type"
-            dated = dated or low == "date"
-            served = served or low == "server"
-        lines = [f"HTTP/1.1 {status} {reason}"]
-        lines += [f"{name}: {value}" for name, value in (*fields, *marks)]
-        # As aiohttp's response adds them, in this order, when the origin sent none.
-        if not typed and length:
-            lines.append("Content-Type: application/octet-stream")
-        if not dated:
-            lines.append(f"Date: {rfc822_formatted_time()}")
-        if not served:
-            lines.append(f"Server: {SERVER_SOFTWARE}")
-        text = "\r\n".join(lines) + "\r\n\r\n"
-        breaks = len(lines) + 1  # one CR LF per line and one more: no line carries its own
-        if not text.isascii() or text.count("\n") != breaks or text.count("\r") != breaks:
-            return None
-        writer = self._payload_writer
-        assert isinstance(writer, _LaneWriter)
-        writer.length = length
-        return LaneResponse(status, text.encode("ascii"), writer)
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         """As ``web.BaseRequest``'s: no application signals to send."""

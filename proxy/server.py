@@ -72,7 +72,6 @@ from proxy.core.engine import (
     response_meta,
 )
 from proxy.core.store import Entry
-from proxy.fastpath import LaneRequest, LaneResponse
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 
@@ -87,8 +86,6 @@ _FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwa
 # proxy has in hand needs no 100 Continue from the origin.
 _NEVER_SENT = frozenset({"host", "expect"})
 _VERSIONS = frozenset({HttpVersion10, HttpVersion11})
-# An answer: aiohttp's response, or a miss the lane streams itself (a request in the lane only).
-Reply = web.StreamResponse | LaneResponse
 # Client fields a whole-object fetch leaves out: the cache answers them itself.
 _CLIENT_ASKS = frozenset(
     {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
@@ -194,7 +191,7 @@ class Proxy:
         """Hits answered as soon as they were parsed (also counted among the engine's hits)."""
         return self._fast_hits + self.plain_hits.answered
 
-    async def handle(self, request: web.BaseRequest) -> Reply:
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """Answer one request; a bug in here costs that request a 500, never the listener."""
         try:
             return await self._handle(request)
@@ -211,7 +208,7 @@ class Proxy:
             )  # fmt: skip
             return _plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
 
-    async def _handle(self, request: web.BaseRequest) -> Reply:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.version not in _VERSIONS:
             return _refuse_version(request)
         if len(request.raw_path) > self.max_url:
@@ -365,7 +362,7 @@ class Proxy:
 
     async def _collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
-    ) -> Reply:
+    ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.flights.wait_limit
         while True:
@@ -405,7 +402,7 @@ class Proxy:
         url: str,
         action: Fetch,
         flight: Flight[Shared] | None = None,
-    ) -> tuple[Reply, Shared | None]:
+    ) -> tuple[web.StreamResponse, Shared | None]:
         """Fetch ``url`` as ``action`` says, and what collapsed requests may share of it."""
         request_time = self.clock()
         try:
@@ -427,7 +424,7 @@ class Proxy:
         request_time: float,
         action: Fetch,
         flight: Flight[Shared] | None,
-    ) -> tuple[Reply, Shared | None]:
+    ) -> tuple[web.StreamResponse, Shared | None]:
         """Relay an origin response, keeping a copy of its body when it will be stored or when
         collapsed requests wait for it, and answering the client's own conditionals and Range
         when it was fetched whole."""
@@ -449,8 +446,8 @@ class Proxy:
             else Answer(upstream.status)
         )
         detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
-        out = _head(request, answer, upstream, headers, length,
-                    f"{CACHE}; fwd={action.reason}{detail}")  # fmt: skip
+        out = _head(answer, upstream, headers, length)
+        _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
         sending = _wanted_bytes(answer, upstream.status, length)
         arrived = _in_hand(upstream)
         if arrived and sending is not None and sending[0] < len(arrived):
@@ -535,7 +532,7 @@ class Proxy:
 
     async def _revalidate(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Revalidate
-    ) -> Reply:
+    ) -> web.StreamResponse:
         entry = action.entry
         request_time = self.clock()
         headers = self._upstream_headers(meta, whole=True, extra=action.conditions,
@@ -773,33 +770,23 @@ def _fields(upstream: UpstreamResponse) -> list[tuple[str, str]]:
 
 
 def _head(
-    request: web.BaseRequest,
     answer: Answer,
     upstream: UpstreamResponse,
     headers: list[tuple[str, str]],
     length: int | None,
-    cache_status: str,
-) -> Reply:
-    """The head of the answer to a client from an origin response that is still arriving,
-    marked as a miss with ``cache_status``."""
+) -> web.StreamResponse:
+    """The head of the answer to a client from an origin response that is still arriving."""
     if answer.status == upstream.status:
-        if type(request) is LaneRequest:
-            marks = (("Cache-Status", cache_status), ("X-Cache", "MISS"), ("Via", VIA))
-            lane = request.respond(upstream.status, upstream.reason, headers, length, marks)
-            if lane is not None:
-                return lane
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    else:
-        drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
-        kept = [(k, v) for k, v in headers if k.lower() not in drops]
-        out = web.StreamResponse(status=answer.status, headers=kept)
-        if answer.status == 206:
-            out.headers["Content-Range"] = f"bytes {answer.first}-{answer.last}/{length}"
-            out.content_length = answer.last - answer.first + 1
-        elif answer.status == 416:
-            out.headers["Content-Range"] = f"bytes */{length}"
-            out.content_length = 0
-    _mark(out, cache_status, "MISS")
+        return web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
+    kept = [(k, v) for k, v in headers if k.lower() not in drops]
+    out = web.StreamResponse(status=answer.status, headers=kept)
+    if answer.status == 206:
+        out.headers["Content-Range"] = f"bytes {answer.first}-{answer.last}/{length}"
+        out.content_length = answer.last - answer.first + 1
+    elif answer.status == 416:
+        out.headers["Content-Range"] = f"bytes */{length}"
+        out.content_length = 0
     return out
 
 
@@ -820,7 +807,7 @@ async def _body(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[by
         yield chunk
 
 
-async def _send(out: Reply, data: bytes, *, eof: bool = False) -> bool:
+async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
     """Write to the client; False when it has gone (the origin's body may still be worth
     reading to the end, to be stored)."""
     try:

@@ -9,11 +9,9 @@ import re
 import tracemalloc
 
 import pytest
-from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http_parser import HttpRequestParser
 from conftest import base
 
-from proxy.fastpath import HitServer, LaneRequest, _LaneWriter
+from proxy.fastpath import HitServer
 from proxy.service import Service
 
 HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
@@ -437,76 +435,3 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
     assert "answering GET /hit as parsed failed" in caplog.text
-
-
-MISS_SHAPES = {
-    "typical": b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nServer: origin\r\n"
-    b'Content-Type: text/plain\r\nCache-Control: max-age=600\r\nETag: "v1"\r\n'
-    b"Content-Length: 5\r\n\r\nhello",
-    "no Date, Server or Content-Type": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
-    "empty": b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: 0\r\n\r\n",
-    "404, a reason of its own": b"HTTP/1.1 404 Gone Fishing\r\nContent-Length: 5\r\n\r\nhello",
-    "fields the proxy sets": b"HTTP/1.1 200 OK\r\nVia: 1.1 upstream\r\nX-Cache: origin's own\r\n"
-    b"Content-Length: 5\r\n\r\nhello",
-    "no length": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-    "not ASCII": b"HTTP/1.1 200 OK\r\nX-Name: caf\xc3\xa9\r\nContent-Length: 5\r\n\r\nhello",
-}
-
-
-@pytest.mark.parametrize("shape", list(MISS_SHAPES))
-async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
-    raw_origin, start_proxy, shape
-):
-    async def respond(reader, writer):
-        while await reader.readuntil(b"\r\n\r\n"):
-            writer.write(MISS_SHAPES[shape])
-            await writer.drain()
-
-    url = await raw_origin(respond)
-    fast = await start_proxy(upstream__origin=url)
-    slow = await start_proxy(upstream__origin=url, server__fast_hits=False)
-    answers = []
-    for service in (fast, slow):
-        reader, writer = await connect(service)
-        try:
-            writer.write(b"GET /miss HTTP/1.1\r\nHost: example.test\r\n\r\n")
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-            body = (
-                await asyncio.wait_for(reader.readuntil(b"hello"), 5)
-                if b"hello" in (MISS_SHAPES[shape])
-                else b""
-            )
-        finally:
-            writer.close()
-        # The same fields in the same order; only a Date the proxy adds moves with the clock.
-        answers.append((re.sub(rb"\r\nDate: [^\r]*", b"\r\nDate: *", head), body))
-    assert answers[0] == answers[1]
-    assert b"X-Cache: MISS\r\n" in answers[0][0]
-
-
-async def test_the_lane_renders_a_misss_head_only_in_the_shape_aiohttp_renders_the_same(
-    start_proxy,
-):
-    loop = asyncio.get_running_loop()
-    parser = HttpRequestParser(BaseProtocol(loop), loop, 2**16)
-    messages = {
-        method: parser.feed_data(f"{method} /a HTTP/1.1\r\nHost: h\r\n\r\n".encode())[0][0][0]
-        for method in ("GET", "HEAD")
-    }
-
-    def respond(method, status, fields, length):
-        request = LaneRequest(messages[method], "127.0.0.1", "http", None,
-                              _LaneWriter(BaseProtocol(loop), loop))  # fmt: skip
-        return request.respond(status, "OK", fields, length, (("X-Cache", "MISS"),))
-
-    plain = [("Content-Type", "text/plain")]
-    assert respond("GET", 200, plain, 5) is not None
-    assert respond("GET", 404, plain, 0) is not None
-    assert respond("HEAD", 200, plain, 5) is None  # a body-less answer with a length
-    assert respond("GET", 200, plain, None) is None  # chunked
-    assert respond("GET", 204, [], 0) is None and respond("GET", 304, [], 0) is None
-    assert respond("GET", 200, [("VIA", "1.1 upstream")], 5) is None  # replaced in place
-    assert respond("GET", 200, [("X-Name", "caf\u00e9")], 5) is None  # encoded by aiohttp
-    assert respond("GET", 200, [("X-Name", "a\r\nX-Injected: 1")], 5) is None
-    rendered = respond("GET", 200, plain, 5)
-    assert rendered._head.startswith(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n")
