@@ -435,3 +435,48 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
     assert "answering GET /hit as parsed failed" in caplog.text
+
+
+MISS_SHAPES = {
+    "typical": b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nServer: origin\r\n"
+    b'Content-Type: text/plain\r\nCache-Control: max-age=600\r\nETag: "v1"\r\n'
+    b"Content-Length: 5\r\n\r\nhello",
+    "no Date, Server or Content-Type": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+    "empty": b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\nContent-Length: 0\r\n\r\n",
+    "404, a reason of its own": b"HTTP/1.1 404 Gone Fishing\r\nContent-Length: 5\r\n\r\nhello",
+    "fields the proxy sets": b"HTTP/1.1 200 OK\r\nVia: 1.1 upstream\r\nX-Cache: origin's own\r\n"
+    b"Content-Length: 5\r\n\r\nhello",
+    "no length": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    "not ASCII": b"HTTP/1.1 200 OK\r\nX-Name: caf\xc3\xa9\r\nContent-Length: 5\r\n\r\nhello",
+}
+
+
+@pytest.mark.parametrize("shape", list(MISS_SHAPES))
+async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
+    raw_origin, start_proxy, shape
+):
+    async def respond(reader, writer):
+        while await reader.readuntil(b"\r\n\r\n"):
+            writer.write(MISS_SHAPES[shape])
+            await writer.drain()
+
+    url = await raw_origin(respond)
+    fast = await start_proxy(upstream__origin=url)
+    slow = await start_proxy(upstream__origin=url, server__fast_hits=False)
+    answers = []
+    for service in (fast, slow):
+        reader, writer = await connect(service)
+        try:
+            writer.write(b"GET /miss HTTP/1.1\r\nHost: example.test\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            body = (
+                await asyncio.wait_for(reader.readuntil(b"hello"), 5)
+                if b"hello" in (MISS_SHAPES[shape])
+                else b""
+            )
+        finally:
+            writer.close()
+        # The same fields in the same order; only a Date the proxy adds moves with the clock.
+        answers.append((re.sub(rb"\r\nDate: [^\r]*", b"\r\nDate: *", head), body))
+    assert answers[0] == answers[1]
+    assert b"X-Cache: MISS\r\n" in answers[0][0]
