@@ -1,5 +1,7 @@
 """HTTP caching rules of a shared cache; each test names the section it pins."""
 
+import random
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -367,3 +369,44 @@ def test_rfc9110_5_6_7_the_gmt_zone_is_matched_case_insensitively():
 def test_rfc9213_2_1_cdn_cache_control_is_a_structured_dictionary_or_ignored(targeted, expected):
     headers = [("Cache-Control", "max-age=600"), ("CDN-Cache-Control", targeted)]
     assert r.response_directives(headers) == expected
+
+
+FIELD_NAMES = ("Content-Type", "ETag", "Cache-Control", "connection", "Keep-Alive", "TE",
+               "Trailer", "Transfer-Encoding", "Upgrade", "Proxy-Authorization",
+               "proxy-connection", "PROXY-", "Proxy", "X-Caf\u00e9", "\u212a-Kelvin", "",
+               "x-a", "X-A")  # fmt: skip
+
+
+def _random_fields(rng: random.Random) -> list:
+    fields: list = []
+    for _ in range(rng.randrange(0, 9)):
+        name = "".join(c.upper() if rng.random() < 0.3 else c for c in rng.choice(FIELD_NAMES))
+        value = rng.choice(["1", "", "x-a, Keep-Alive", " te ", "close", "caf\u00e9"])
+        fields.append((name, value) if rng.random() < 0.9 else [name, value])
+    return fields
+
+
+def test_rfc9110_7_6_1_the_compiled_end_to_end_filter_answers_as_the_rule_in_full():
+    rng = random.Random(7)
+    compiled = 0
+    for _ in range(3000):
+        fields = _random_fields(rng)
+        assert r.end_to_end(fields) == r._end_to_end(fields), fields
+        compiled += not any(k.lower() == "connection" for k, _ in fields)
+    assert compiled > 1000  # most cases took the compiled filter, not the fallback
+
+
+def test_fields_index_their_values_by_name_lower_cased_as_str_lower_does():
+    rng = random.Random(11)
+    for _ in range(3000):
+        fields = _random_fields(rng)
+        expected: dict[str, list[str]] = {}
+        for k, v in fields:
+            expected.setdefault(k.lower(), []).append(v)
+        by_name = r.Fields(fields).by_name
+        assert by_name == expected and list(by_name) == list(expected), fields
+        assert all(type(k) is str for k in by_name)
+    with pytest.raises(ValueError):
+        r.Fields([("a", "1", "2")])
+    with pytest.raises(ValueError):
+        r.end_to_end([("a",)])

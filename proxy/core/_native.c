@@ -17,6 +17,9 @@
  *   probabilistic, size-below).
  * - untrack keeps an object out of the cyclic collector's view; only for objects that can
  *   never be part of a reference cycle (the store's entries).
+ * - index_fields and end_to_end read header fields as rfc9111.Fields and rfc9111.end_to_end
+ *   do (lower-cased names, as str.lower gives them); end_to_end leaves a message with a
+ *   Connection field, whose listed names are dropped too, to the Python rule.
  * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the
  *   cache engine's rules for a cacheable response (see loadgen/simulate.py).
  */
@@ -2109,6 +2112,145 @@ done:
  * counting). Only for an object that can never be part of a reference cycle: one whose fields
  * hold strings, bytes, numbers, and tuples and dicts of them. A cache holds millions of such
  * entries, and each full collection would otherwise walk every one of them. */
+/* Header fields: lower-cased names, as str.lower() gives them. */
+
+/* name.lower(): an exact str, built here for an ASCII name, else by str.lower. */
+static PyObject *lower_name(PyObject *name) {
+    if (!PyUnicode_Check(name) || !PyUnicode_IS_ASCII(name))
+        return PyObject_CallMethod(name, "lower", NULL);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+    const Py_UCS1 *s = PyUnicode_1BYTE_DATA(name);
+    Py_ssize_t i = 0;
+    while (i < n && !(s[i] >= 'A' && s[i] <= 'Z'))
+        i++;
+    if (i == n && PyUnicode_CheckExact(name)) {
+        Py_INCREF(name);
+        return name;
+    }
+    PyObject *out = PyUnicode_New(n, 127);
+    if (out == NULL)
+        return NULL;
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
+    for (Py_ssize_t j = 0; j < n; j++)
+        d[j] = (s[j] >= 'A' && s[j] <= 'Z') ? (Py_UCS1)(s[j] + 32) : s[j];
+    return out;
+}
+
+/* The (name, value) of one field: borrowed references, or -1 with an exception set. */
+static int field_pair(PyObject *item, PyObject **name, PyObject **value) {
+    if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
+        *name = PyTuple_GET_ITEM(item, 0);
+        *value = PyTuple_GET_ITEM(item, 1);
+        return 0;
+    }
+    if ((PyTuple_Check(item) || PyList_Check(item)) && PySequence_Fast_GET_SIZE(item) == 2) {
+        *name = PySequence_Fast_GET_ITEM(item, 0);
+        *value = PySequence_Fast_GET_ITEM(item, 1);
+        return 0;
+    }
+    PyErr_SetString(PyExc_ValueError, "a header field is a (name, value) pair");
+    return -1;
+}
+
+static PyObject *py_index_fields(PyObject *module, PyObject *pairs) {
+    PyObject *seq = PySequence_Fast(pairs, "fields must be a sequence of (name, value) pairs");
+    if (seq == NULL)
+        return NULL;
+    PyObject *index = PyDict_New();
+    if (index == NULL)
+        goto fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name, *value;
+        if (field_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+            goto fail;
+        PyObject *low = lower_name(name);
+        if (low == NULL)
+            goto fail;
+        PyObject *values = PyDict_GetItemWithError(index, low);
+        int failed;
+        if (values != NULL) {
+            failed = PyList_Append(values, value);
+        } else if (PyErr_Occurred()) {
+            failed = -1;
+        } else {
+            values = PyList_New(1);
+            failed = values == NULL ? -1 : 0;
+            if (!failed) {
+                Py_INCREF(value);
+                PyList_SET_ITEM(values, 0, value);
+                failed = PyDict_SetItem(index, low, values);
+                Py_DECREF(values);
+            }
+        }
+        Py_DECREF(low);
+        if (failed)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return index;
+fail:
+    Py_XDECREF(index);
+    Py_DECREF(seq);
+    return NULL;
+}
+
+static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
+    PyObject *pairs, *hop_by_hop;
+    if (!PyArg_ParseTuple(args, "OO!:end_to_end", &pairs, &PyFrozenSet_Type, &hop_by_hop))
+        return NULL;
+    PyObject *seq = PySequence_Fast(pairs, "fields must be a sequence of (name, value) pairs");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *name, *value;
+        if (field_pair(item, &name, &value) < 0)
+            goto fail;
+        PyObject *low = lower_name(name);
+        if (low == NULL)
+            goto fail;
+        int hop = PySet_Contains(hop_by_hop, low);
+        if (hop == 0 && PyUnicode_GET_LENGTH(low) >= 6) {
+            PyObject *head = PyUnicode_Substring(low, 0, 6);
+            hop = head == NULL ? -1 : PyUnicode_CompareWithASCIIString(head, "proxy-") == 0;
+            Py_XDECREF(head);
+        }
+        int connection = hop == 1 && PyUnicode_CompareWithASCIIString(low, "connection") == 0;
+        Py_DECREF(low);
+        if (hop < 0)
+            goto fail;
+        if (connection) {
+            /* Connection names further fields to drop: the caller applies that rule. */
+            Py_DECREF(kept);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        if (hop)
+            continue;
+        int failed;
+        if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
+            failed = PyList_Append(kept, item);
+        } else {
+            PyObject *pair = PyTuple_Pack(2, name, value);
+            failed = pair == NULL ? -1 : PyList_Append(kept, pair);
+            Py_XDECREF(pair);
+        }
+        if (failed)
+            goto fail;
+    }
+    Py_DECREF(seq);
+    return kept;
+fail:
+    Py_XDECREF(kept);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyObject *py_untrack(PyObject *module, PyObject *obj) {
     if (PyObject_IS_GC(obj))
         PyObject_GC_UnTrack(obj);
@@ -2122,6 +2264,11 @@ static PyMethodDef module_methods[] = {
      "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
     {"hash_ids", (PyCFunction)py_hash_ids, METH_VARARGS,
      "hash_ids(ids, prefix, out): out[i] = h1 of prefix + str(ids[i])."},
+    {"index_fields", (PyCFunction)py_index_fields, METH_O,
+     "index_fields(pairs): {name.lower(): [values in order]} of (name, value) pairs."},
+    {"end_to_end", (PyCFunction)py_end_to_end, METH_VARARGS,
+     "end_to_end(pairs, hop_by_hop): the pairs whose lower-cased name is not in hop_by_hop and "
+     "does not start with 'proxy-', as tuples; None when a Connection field is present."},
     {"untrack", (PyCFunction)py_untrack, METH_O,
      "Keep an object that can never be in a reference cycle out of the cyclic collector's view."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,

@@ -31,6 +31,9 @@ from typing import overload
 
 import http_sfv
 
+from proxy.core._native import end_to_end as _compiled_end_to_end
+from proxy.core._native import index_fields
+
 Headers = Sequence[tuple[str, str]]
 Directives = dict[str, str | None]
 
@@ -61,16 +64,8 @@ class Fields(Sequence[tuple[str, str]]):
 
     def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
         pairs = tuple(headers)
-        by_name: dict[str, list[str]] = {}
-        for k, v in pairs:
-            low = k.lower()
-            values = by_name.get(low)
-            if values is None:
-                by_name[low] = [v]
-            else:
-                values.append(v)
         self._pairs = pairs
-        self.by_name = by_name
+        self.by_name: dict[str, list[str]] = index_fields(pairs)
         self.directives: Directives | None = None
 
     def __len__(self) -> int:
@@ -507,6 +502,13 @@ def invalidates(method: str, status: int) -> bool:
 def end_to_end(headers: Headers) -> list[tuple[str, str]]:
     """RFC 9110 section 7.6.1: the fields a proxy forwards, without hop-by-hop ones (the fixed
     set and any that ``Connection`` names)."""
+    kept = _compiled_end_to_end(headers, HOP_BY_HOP)
+    return kept if kept is not None else _end_to_end(headers)
+
+
+def _end_to_end(headers: Headers) -> list[tuple[str, str]]:
+    """``end_to_end`` in full; the compiled filter answers every message without a
+    ``Connection`` field, and must answer as this does."""
     kept = []
     named: set[str] = set()
     for k, v in headers:
