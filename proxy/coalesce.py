@@ -22,15 +22,19 @@ class Flight(Generic[T]):
     __slots__ = ("_future", "waiting")
 
     def __init__(self) -> None:
-        self._future: asyncio.Future[T | None] = asyncio.get_running_loop().create_future()
+        # Made for the first follower: most flights have none.
+        self._future: asyncio.Future[T | None] | None = None
         self.waiting = 0
 
-    async def wait(self) -> T | None:
-        """The flight's result; a waiter that gives up does not cancel it for the others."""
-        return await asyncio.shield(self._future)
+    def result(self) -> asyncio.Future[T | None]:
+        """The flight's result to come (made for its first follower, before it waits: a leader
+        landing meanwhile sets it)."""
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+        return self._future
 
     def land(self, result: T | None) -> None:
-        if not self._future.done():
+        if self._future is not None and not self._future.done():
             self._future.set_result(result)
 
 
@@ -59,7 +63,8 @@ class SingleFlight(Generic[T]):
             return None
         flight.waiting += 1
         try:
-            return await asyncio.wait_for(flight.wait(), remaining)
+            # Shielded: a follower that gives up does not cancel the result for the others.
+            return await asyncio.wait_for(asyncio.shield(flight.result()), remaining)
         except TimeoutError:
             return None
         finally:

@@ -305,6 +305,9 @@ class OriginPool:
         self._waiting: list[asyncio.Future[None]] = []
         self._expiry: asyncio.TimerHandle | None = None  # closes idle connections (_expire)
         self._closed = False
+        # The loop of the first request: the pool's connections belong to it. Looked up once,
+        # as each lookup asks the kernel for the process's id.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @staticmethod
     def serves(url: str) -> bool:
@@ -328,7 +331,10 @@ class OriginPool:
         if text.count("\n") != lines or text.count("\r") != lines:
             raise ValueError("a newline or carriage return in a request line or field")
         head = text.encode("utf-8", "surrogateescape")
-        exchange = _Exchange(asyncio.get_running_loop().time() + self._config.total_timeout)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        exchange = _Exchange(loop.time() + self._config.total_timeout)
         self._watch(exchange)
         try:
             await self._acquire()
@@ -378,7 +384,7 @@ class OriginPool:
         self, protocol: _Connection, head: bytes, method: str, deadline: float
     ) -> tuple[RawResponseMessage, StreamReader]:
         """The final response's message and body stream (interim 1xx responses skipped)."""
-        if asyncio.get_running_loop().time() >= deadline:
+        if protocol._loop.time() >= deadline:
             raise TimeoutError("the total timeout passed before the request was sent")
         protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
         while True:
@@ -398,7 +404,8 @@ class OriginPool:
 
     def _pooled(self, address: Address) -> _Connection | None:
         idle = self._idle.get(address)
-        limit = asyncio.get_running_loop().time() - self._config.idle_timeout
+        assert self._loop is not None
+        limit = self._loop.time() - self._config.idle_timeout
         while idle:
             protocol, since = idle.pop()
             if since >= limit and protocol.is_connected():
@@ -458,7 +465,7 @@ class OriginPool:
         self._wake()
         if reuse and not self._closed and protocol.is_connected():
             protocol.rest()
-            loop = asyncio.get_running_loop()
+            loop = protocol._loop
             self._idle.setdefault(address, []).append((protocol, loop.time()))
             if self._expiry is None:
                 self._expiry = loop.call_later(self._config.idle_timeout, self._expire)

@@ -363,8 +363,8 @@ class Proxy:
     async def _collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.flights.wait_limit
+        loop: asyncio.AbstractEventLoop | None = None  # looked up only to follow: few do
+        deadline = 0.0
         while True:
             flight = self.flights.lead(meta.key)
             if flight is not None:
@@ -374,6 +374,9 @@ class Proxy:
                     return response
                 finally:
                     self.flights.end(meta.key, flight, result)
+            if loop is None:
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + self.flights.wait_limit
             shared = await self.flights.follow(meta.key, deadline)
             if shared is not None and shared is not GO_DIRECT and _same_variant(shared, meta):
                 return await self._collapsed(request, meta, shared)
