@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, set_exception
+from aiohttp.helpers import DEFAULT_CHUNK_SIZE, EMPTY_BODY_STATUS_CODES, set_exception
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
@@ -49,8 +49,6 @@ from proxy.config import UpstreamSection
 log = logging.getLogger("onehit.upstream")
 
 Address = tuple[str, int]
-
-_READ_BUFFER = 2**16  # a body's stream pauses reading past twice this, as the session's does
 
 
 class Unreachable(Exception):
@@ -103,7 +101,8 @@ class _Connection(BaseProtocol):
     def send(self, head: bytes, *, skip_payload: bool, read_timeout: float) -> None:
         """Write a request whose response is parsed as the session's client parses one."""
         self._parser = HttpResponseParser(
-            self, self._loop, _READ_BUFFER,
+            # The session's read buffer: a body's stream pauses reading past twice this.
+            self, self._loop, DEFAULT_CHUNK_SIZE,
             payload_exception=ClientPayloadError, response_with_body=not skip_payload,
             read_until_eof=True,  # a body without a length ends with the connection
             auto_decompress=False, max_line_size=8190, max_field_size=8190, max_headers=128,
