@@ -131,14 +131,19 @@ class _Connection(BaseProtocol):
                 self._waiter = None
         return self._heads.popleft()
 
-    def fail(self, exc: BaseException) -> None:
-        """End the request in flight with ``exc``: its wait for a head, or its body."""
+    def fail(self, exc: BaseException, body_exc: BaseException | None = None) -> None:
+        """End the request in flight: its wait for a head with ``exc``, or its body with
+        ``body_exc`` (``exc`` if None)."""
         self._should_close = True
         self.reading_since = None
         self._set_error(exc)
         payload = self._payload
-        if payload is not None and not payload.is_eof():
+        if payload is None or payload.is_eof():
+            return
+        if body_exc is None:
             set_exception(payload, exc)
+        else:
+            set_exception(payload, body_exc, exc)
 
     def check_read_timeout(self, now: float) -> None:
         """Fail the response being read when no byte came for the read timeout."""
@@ -189,18 +194,13 @@ class _Connection(BaseProtocol):
         """The origin sent what the parser refuses: a head still awaited fails with
         ``HttpProcessingError``, a body being read with ``ClientPayloadError``, as a body cut
         short does (its head may already have been relayed)."""
-        self._should_close = True
-        self.reading_since = None
         error = (
             HttpProcessingError(code=exc.code, message=exc.message, headers=exc.headers)
             if isinstance(exc, HttpProcessingError)
             else HttpProcessingError()
         )
         error.__cause__ = exc
-        self._set_error(error)
-        payload = self._payload
-        if payload is not None and not payload.is_eof():
-            set_exception(payload, ClientPayloadError(f"Malformed response body: {exc!r}"), exc)
+        self.fail(error, ClientPayloadError(f"Malformed response body: {exc!r}"))
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._should_close = True
