@@ -79,7 +79,7 @@ class _Connection(BaseProtocol):
 
     @property
     def should_close(self) -> bool:
-        """Whether the connection cannot carry another request."""
+        """Whether the connection cannot carry another request (a failed one never can)."""
         payload = self._payload
         return (
             self._should_close
@@ -133,8 +133,7 @@ class _Connection(BaseProtocol):
 
     def fail(self, exc: BaseException, body_exc: BaseException | None = None) -> None:
         """End the request in flight: its wait for a head with ``exc``, or its body with
-        ``body_exc`` (``exc`` if None)."""
-        self._should_close = True
+        ``body_exc`` (``exc`` if None). The connection carries nothing more."""
         self.reading_since = None
         self._set_error(exc)
         payload = self._payload
@@ -166,7 +165,6 @@ class _Connection(BaseProtocol):
         parser = self._parser
         if parser is None:
             if data:
-                self._should_close = True
                 self.close()
             return
         if data and self.reading_since is not None:
@@ -203,7 +201,6 @@ class _Connection(BaseProtocol):
         self.fail(error, ClientPayloadError(f"Malformed response body: {exc!r}"))
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._should_close = True
         self.reading_since = None
         parser, self._parser = self._parser, None
         uncompleted = None

@@ -363,8 +363,7 @@ class Proxy:
     async def _collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
-        loop: asyncio.AbstractEventLoop | None = None  # looked up only to follow: few do
-        deadline = 0.0
+        deadline: float | None = None  # set when first following (few requests do)
         while True:
             flight = self.flights.lead(meta.key)
             if flight is not None:
@@ -374,13 +373,12 @@ class Proxy:
                     return response
                 finally:
                     self.flights.end(meta.key, flight, result)
-            if loop is None:
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + self.flights.wait_limit
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
             shared = await self.flights.follow(meta.key, deadline)
             if shared is not None and shared is not GO_DIRECT and _same_variant(shared, meta):
                 return await self._collapsed(request, meta, shared)
-            if shared is not None or loop.time() >= deadline:
+            if shared is not None or asyncio.get_running_loop().time() >= deadline:
                 return (await self._fetch(request, meta, url, replace(action, collapse=False)))[0]
             # The leader failed: the key is free, and the first follower awake leads next.
 

@@ -2195,6 +2195,17 @@ fail:
     return NULL;
 }
 
+/* Whether a str starts with "proxy-", read in place. */
+static int starts_with_proxy(PyObject *text) {
+    static const char prefix[] = "proxy-";
+    if (PyUnicode_GET_LENGTH(text) < 6)
+        return 0;
+    for (Py_ssize_t i = 0; i < 6; i++)
+        if (PyUnicode_READ_CHAR(text, i) != (Py_UCS4)prefix[i])
+            return 0;
+    return 1;
+}
+
 static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
     PyObject *pairs, *hop_by_hop;
     if (!PyArg_ParseTuple(args, "OO!:end_to_end", &pairs, &PyFrozenSet_Type, &hop_by_hop))
@@ -2215,11 +2226,8 @@ static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
         if (low == NULL)
             goto fail;
         int hop = PySet_Contains(hop_by_hop, low);
-        if (hop == 0 && PyUnicode_GET_LENGTH(low) >= 6) {
-            PyObject *head = PyUnicode_Substring(low, 0, 6);
-            hop = head == NULL ? -1 : PyUnicode_CompareWithASCIIString(head, "proxy-") == 0;
-            Py_XDECREF(head);
-        }
+        if (hop == 0)
+            hop = starts_with_proxy(low);
         int connection = hop == 1 && PyUnicode_CompareWithASCIIString(low, "connection") == 0;
         Py_DECREF(low);
         if (hop < 0)
