@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml setup.py proxy/core/_native.c proxy/_hits.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py proxy/core/_native.c proxy/core/_response_rules.c proxy/_hits.c | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)

@@ -1,4 +1,5 @@
-"""The compiled policy core (proxy/core/_native.c) and the proxy's compiled plain hit
+"""The compiled policy core (proxy/core/_native.c), the common case of a response's caching
+rules (proxy/core/_response_rules.c) and the proxy's compiled plain hit
 (proxy/_hits.c); everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
@@ -16,6 +17,11 @@ FLAGS = [
 setup(
     ext_modules=[
         Extension("proxy.core._native", ["proxy/core/_native.c"], extra_compile_args=FLAGS),
+        Extension(
+            "proxy.core._response_rules",
+            ["proxy/core/_response_rules.c"],
+            extra_compile_args=FLAGS,
+        ),
         Extension("proxy._hits", ["proxy/_hits.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -258,23 +258,22 @@ def response_meta(
     may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
     cookie set for one client is never replayed to another)."""
     fields = rfc9111.Fields(headers)
-    ok, reason = rfc9111.storable(
-        request.method, status, request.headers, fields,
+    ok, reason, lifetime, initial_age, vary, directives = rfc9111.response_rules(
+        request.method, status, request.headers, fields, request_time, response_time,
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
     )  # fmt: skip
-    initial_age = rfc9111.current_age(fields, request_time, response_time, response_time)
     if "set-cookie" in fields.by_name:
         headers = [h for h in headers if h[0].lower() != "set-cookie"]
     return ResponseMeta(
         cacheable=ok,
-        lifetime=rfc9111.freshness_lifetime(status, fields, response_time),
+        lifetime=lifetime,
         initial_age=initial_age,
         headers=tuple(headers),
-        vary=rfc9111.vary_names(fields),
+        vary=vary,
         reason=reason,
         payload=payload,
         status=status,
-        directives=rfc9111.response_directives(fields),
+        directives=directives,
     )
 
 

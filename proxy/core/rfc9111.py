@@ -33,6 +33,7 @@ import http_sfv
 
 from proxy.core._native import end_to_end as _compiled_end_to_end
 from proxy.core._native import index_fields
+from proxy.core._response_rules import common_case
 
 Headers = Sequence[tuple[str, str]]
 Directives = dict[str, str | None]
@@ -334,6 +335,61 @@ def storable(
     if not explicit and status not in HEURISTICALLY_CACHEABLE:
         return False, "status"
     return True, ""
+
+
+def response_rules(
+    method: str,
+    status: int,
+    request_headers: Headers,
+    response_headers: Headers,
+    request_time: float,
+    response_time: float,
+    *,
+    allow_set_cookie: bool = False,
+    ignored_cookies: Sequence[str] = (),
+) -> tuple[bool, str, float, float, tuple[str, ...], Directives]:
+    """What a cache reads of an origin response as it arrives: whether it may be stored and
+    why not (``storable``), its freshness lifetime, its age on arrival (``current_age``), the
+    request fields it varies on and the directives in force. Every miss asks this once, so
+    the common case (plain fields: see ``proxy/core/_response_rules.c``) is compiled; it gives
+    what ``python_response_rules`` gives, which decides every other message."""
+    if type(request_headers) is Fields and type(response_headers) is Fields:
+        common = common_case(
+            method, status, request_headers.by_name, response_headers.by_name,
+            request_time, response_time,
+        )  # fmt: skip
+        if common is not None:
+            return common  # type: ignore[no-any-return]
+    return python_response_rules(
+        method, status, request_headers, response_headers, request_time, response_time,
+        allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
+    )  # fmt: skip
+
+
+def python_response_rules(
+    method: str,
+    status: int,
+    request_headers: Headers,
+    response_headers: Headers,
+    request_time: float,
+    response_time: float,
+    *,
+    allow_set_cookie: bool = False,
+    ignored_cookies: Sequence[str] = (),
+) -> tuple[bool, str, float, float, tuple[str, ...], Directives]:
+    """``response_rules`` by the rules of this module alone, for any message."""
+    ok, reason = storable(
+        method, status, request_headers, response_headers,
+        allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
+    )  # fmt: skip
+    return (
+        ok,
+        reason,
+        freshness_lifetime(status, response_headers, response_time),
+        current_age(response_headers, request_time, response_time, response_time),
+        vary_names(response_headers),
+        response_directives(response_headers),
+    )
 
 
 def freshness_lifetime(status: int, headers: Headers, response_time: float | None = None) -> float:
