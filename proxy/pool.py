@@ -229,13 +229,15 @@ class _Connection(BaseProtocol):
 
 
 class _Exchange:
-    """A request in flight: its total deadline, and its connection once it has one."""
+    """A request in flight: its total deadline, its wait for a free connection while it
+    waits, and its connection once it has one."""
 
-    __slots__ = ("deadline", "protocol")
+    __slots__ = ("deadline", "protocol", "waiter")
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.protocol: _Connection | None = None
+        self.waiter: asyncio.Future[None] | None = None
 
 
 class OriginResponse:
@@ -333,7 +335,7 @@ class OriginPool:
         exchange = _Exchange(loop.time() + self._config.total_timeout)
         self._watch(exchange)
         try:
-            await self._acquire()
+            await self._acquire(exchange)
             try:
                 return await self._exchange(address, head, method, exchange)
             except BaseException:
@@ -409,17 +411,22 @@ class OriginPool:
             protocol.close()
         return None
 
-    async def _acquire(self) -> None:
+    async def _acquire(self, exchange: _Exchange) -> None:
+        """Take one of the ``max_connections``, waiting in turn for one to be free; the sweep
+        ends a wait that reaches the exchange's total deadline (TimeoutError), as the
+        session's total timeout covers its wait for a connection."""
         while self._in_use >= self._config.max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
+            exchange.waiter = waiter
             try:
                 await waiter
             except BaseException:
-                if waiter.done() and not waiter.cancelled():
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                     self._wake()  # woken for a free connection, but leaving: pass it on
                 raise
             finally:
+                exchange.waiter = None
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)
         self._in_use += 1
@@ -448,8 +455,13 @@ class OriginPool:
             protocol = exchange.protocol
             if now >= exchange.deadline:
                 self._exchanges.discard(exchange)
+                waiter = exchange.waiter
                 if protocol is not None:
                     protocol.fail(TimeoutError("the total timeout passed"))
+                elif waiter is not None and not waiter.done():
+                    waiter.set_exception(
+                        TimeoutError("the total timeout passed waiting for a free connection")
+                    )
             elif protocol is not None:
                 protocol.check_read_timeout(now)
         self._ticker = (

@@ -5,6 +5,7 @@ was not read to its end, timeouts as the session's client keeps them."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -103,6 +104,37 @@ async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_or
     assert await holder.content.read() == b"ok"  # released: the second is woken...
     second.cancel()  # ...and cancelled before it runs
     assert await asyncio.wait_for(third, 2) == (200, b"ok")
+    assert p._in_use == 0
+
+
+async def test_a_wait_for_a_free_connection_ends_at_the_total_timeout(raw_origin, pool):
+    release = asyncio.Event()
+
+    async def first_body_held(reader, writer):
+        while head := await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\no")
+            await writer.drain()
+            if head.startswith(b"GET /a "):
+                await release.wait()
+            writer.write(b"k")
+
+    url = await raw_origin(first_body_held)
+    p = pool(max_connections=1, total_timeout=0.4)
+    holder = await p.request("GET", f"{url}/a", [])  # holds the one connection
+    # As a request that took the connection after this one began to wait would: it is in use
+    # past the waiter's deadline.
+    (exchange,) = p._exchanges
+    exchange.deadline = math.inf
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError, match="waiting for a free connection"):
+        await asyncio.wait_for(get(p, f"{url}/b"), 5)
+    waited = asyncio.get_running_loop().time() - started
+    assert 0.4 <= waited < 1.5  # the deadline, within the sweep's tick
+    assert p._waiting == [] and p._in_use == 1  # the holder's connection alone is in use
+    release.set()
+    assert await holder.content.read() == b"ok"
+    holder.close()
+    assert await get(p, f"{url}/c") == (200, b"ok")  # the connection was not lost
     assert p._in_use == 0
 
 
