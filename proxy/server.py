@@ -279,7 +279,7 @@ class Proxy:
             ("X-Forwarded-Proto", scheme),
             ("X-Forwarded-Host", key_host),
         )
-        if any(name in fields for name, _ in forwarding):
+        if any(map(fields.__contains__, _FORWARDING)):  # the fields compare names caselessly
             client = tuple((k, v) for k, v in fields.items() if k.lower() not in _FORWARDING)
         else:
             client = tuple(fields.items())

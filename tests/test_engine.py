@@ -2,6 +2,7 @@
 
 import pytest
 
+from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig, make_policy
 from proxy.core.engine import (
     FIRST_SIGHTING,
@@ -362,13 +363,35 @@ def test_an_uncacheable_url_goes_straight_to_the_origin_for_hit_for_miss_seconds
     assert e.stats()["hit_for_miss"] == 1
 
 
+# Request fields as a plain sequence and as the proxy indexes them (``plan`` and ``answer``
+# look the fields they read up at once when indexed).
+FIELD_FORMS = pytest.mark.parametrize("form", [tuple, rfc9111.Fields])
+
+
+@FIELD_FORMS
 @pytest.mark.parametrize(
     "field", [("If-Match", '"v1"'), ("If-Unmodified-Since", DATE), ("Cache-Control", "no-store")]
 )
-def test_a_get_with_a_precondition_or_no_store_goes_to_the_origin_as_sent(field):
+def test_a_get_with_a_precondition_or_no_store_goes_to_the_origin_as_sent(field, form):
     e = engine()
-    plan = e.plan(get("/w", field, ("Range", "bytes=0-9")), 0.0)
+    plan = e.plan(RequestMeta("/w", "GET", form([field, ("Range", "bytes=0-9")])), 0.0)
     assert plan == Fetch("uri-miss", whole=False, collapse=False)
+
+
+@FIELD_FORMS
+def test_a_miss_with_a_cookie_goes_to_the_origin_as_sent_and_is_never_collapsed(form):
+    e = engine()
+    plain = RequestMeta("/c", "GET", form([("Accept", "*/*")]))
+    assert e.plan(plain, 0.0) == Fetch("uri-miss", whole=True, collapse=True)
+    with_cookie = RequestMeta("/c", "GET", form([("Accept", "*/*"), ("Cookie", "s=1")]))
+    assert e.plan(with_cookie, 0.0) == Fetch("bypass", whole=False, collapse=False)
+
+
+@FIELD_FORMS
+def test_rfc9110_13_1_3_if_modified_since_alone_is_answered_304_from_a_whole_response(form):
+    e = engine()
+    request = RequestMeta("/m", "GET", form([("If-Modified-Since", DATE)]))
+    assert e.answer(request, 200, [("Last-Modified", DATE)], 10) == Answer(304)
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,14 @@ TOO_MANY_VARIANTS = NotStored("variants")
 PRIVATE_MISS = Miss("cookie")
 _CONDITIONALS = ("if-none-match", "if-modified-since")
 _PRECONDITIONS = ("if-match", "if-unmodified-since")
+# The fetches ``plan`` asks for, made once: each is immutable.
+FETCH_WHOLE = Fetch("uri-miss", whole=True, collapse=True)
+FETCH_AS_ASKED = Fetch("uri-miss", whole=False, collapse=False)
+FETCH_BYPASS = Fetch("bypass", whole=False, collapse=False)
+FETCH_STALE = Fetch("stale", whole=False, collapse=False)
+# Request fields ``plan`` and ``answer`` read on a miss; most requests carry none of them.
+_PLAN_FIELDS = frozenset({"cache-control", "cookie", *_PRECONDITIONS})
+_ANSWER_FIELDS = frozenset({*_CONDITIONALS, "range"})
 # Reasons a response may not be stored that belong to the request, not to the URL.
 _REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
 
@@ -410,7 +418,11 @@ class CacheEngine:
             return FromCache(found.entry, found.age)
         if type(found) is Bypass:
             return Fetch(found.reason, whole=False, collapse=False)
-        offline = rfc9111.only_if_cached(request.headers)
+        headers = request.headers
+        if type(found) is Miss and _none_of(headers, _PLAN_FIELDS):
+            # What the rules below decide for a request without those fields, read at once.
+            return self._plain_fetch(request, now)
+        offline = rfc9111.only_if_cached(headers)
         if type(found) is Stale:
             entry = found.entry
             if found.serve_stale:
@@ -419,7 +431,7 @@ class CacheEngine:
             if offline:
                 return Refuse(504, "only-if-cached: the stored response is stale", "stale")
             if request.method == "HEAD":
-                return Fetch("stale", whole=False, collapse=False)
+                return FETCH_STALE
             conditions = tuple(rfc9111.conditional_headers(entry.headers))
             return Revalidate(
                 entry, found.age, conditions, self._may_serve_on_error(found, request)
@@ -428,22 +440,25 @@ class CacheEngine:
             return Refuse(504, "only-if-cached: not in cache", "uri-miss")
         if found is PRIVATE_MISS or self.carries_cookie(request):
             # Answered for this user alone: never shared with another request's fetch.
-            return Fetch("bypass", whole=False, collapse=False)
+            return FETCH_BYPASS
+        # A precondition other than a validator check (If-Match, If-Unmodified-Since) is the
+        # origin's to judge, and a request that forbids storing cannot be answered from what
+        # the cache fetched for itself: such requests go as the client sent them.
+        whole = not any(
+            rfc9111.get_first(headers, name) for name in _PRECONDITIONS
+        ) and "no-store" not in rfc9111.request_directives(headers)
+        return self._plain_fetch(request, now, whole=whole)
+
+    def _plain_fetch(self, request: RequestMeta, now: float, *, whole: bool = True) -> Fetch:
+        """The fetch of a miss that may be shared, unless its URL was uncacheable a moment ago
+        (hit-for-miss); ``whole`` when the request's fields allow it."""
         remembered = self._uncacheable.get(request.key)
         if remembered is not None:
             if now < remembered[0]:
                 self.counters.hit_for_miss += 1
-                return Fetch("bypass", whole=False, collapse=False)
+                return FETCH_BYPASS
             del self._uncacheable[request.key]
-        # A precondition other than a validator check (If-Match, If-Unmodified-Since) is the
-        # origin's to judge, and a request that forbids storing cannot be answered from what
-        # the cache fetched for itself: such requests go as the client sent them.
-        whole = (
-            request.method == "GET"
-            and not any(rfc9111.get_first(request.headers, name) for name in _PRECONDITIONS)
-            and "no-store" not in rfc9111.request_directives(request.headers)
-        )
-        return Fetch("uri-miss", whole=whole, collapse=whole)
+        return FETCH_WHOLE if whole and request.method == "GET" else FETCH_AS_ASKED
 
     def carries_cookie(self, request: RequestMeta) -> bool:
         """Whether ``request`` sends a cookie that is not ignored (see the module's rules)."""
@@ -459,7 +474,7 @@ class CacheEngine:
         for a single byte range of a 200 (section 14; not when the length is unknown, which
         RFC 9110 allows: Range is optional), else the response itself."""
         asked = request.headers
-        if status != 200 or not asked:
+        if status != 200 or _none_of(asked, _ANSWER_FIELDS):
             return Answer(status)
         conditional = any(rfc9111.get_first(asked, name) is not None for name in _CONDITIONALS)
         if conditional and rfc9111.not_modified(asked, headers):
@@ -783,6 +798,13 @@ class CacheEngine:
                 known[1].discard(key)
                 if not known[1]:
                     del self._vary[url]
+
+
+def _none_of(headers: rfc9111.Headers, names: frozenset[str]) -> bool:
+    """Whether ``headers`` hold none of the lower-case ``names``: looked up when indexed."""
+    if type(headers) is rfc9111.Fields:
+        return names.isdisjoint(headers.by_name)
+    return not any(k.lower() in names for k, _ in headers)
 
 
 def _second(item: tuple[float, int]) -> int:
