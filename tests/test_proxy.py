@@ -232,6 +232,27 @@ async def test_hop_by_hop_stripped_and_forwarding_headers_replaced(origin, start
     assert seen["X-Forwarded-Proto"] == "http"
 
 
+@pytest.mark.parametrize("connection", [None, "keep-alive, X-Hop"])
+@pytest.mark.parametrize(
+    ("method", "extra"), [("GET", {}), ("HEAD", {}), ("GET", {"Cookie": "s=1"})]
+)  # a whole fetch, and two sent as asked
+async def test_rfc9110_7_6_1_a_get_or_head_reaches_the_origin_without_hop_by_hop_fields(
+    origin, start_proxy, client, method, extra, connection
+):
+    proxy = await start_proxy()
+    sent = {"TE": "trailers", "Keep-Alive": "timeout=5", "Proxy-Authorization": "Basic eA==",
+            "X-Hop": "secret", "X-Custom": "kept", **extra}  # fmt: skip
+    if connection is not None:
+        sent["Connection"] = connection
+    async with client.request(method, base(proxy) + "/hh", headers=sent) as r:
+        assert r.status == 200
+        await r.read()
+    seen = {k.lower(): v for k, v in origin.seen_headers["/hh"].items()}
+    assert not {"te", "keep-alive", "proxy-authorization", "connection"} & set(seen), seen
+    assert seen["x-custom"] == "kept"
+    assert ("x-hop" in seen) is (connection is None)  # named by Connection: hop-by-hop too
+
+
 async def test_every_end_to_end_field_reaches_the_origin_by_default(origin, start_proxy, client):
     proxy = await start_proxy()
     sent = {
