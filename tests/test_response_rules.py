@@ -96,18 +96,19 @@ def test_the_compiled_common_case_answers_as_the_python_rules_over_random_messag
     assert reasons == {"", "method", "partial", "status", "no-store", "private", "vary-star"}
 
 
-@pytest.mark.parametrize("status", range(100, 600))
 @pytest.mark.parametrize(
     "fields",
     [[], [("Cache-Control", "max-age=60")], [("Cache-Control", "must-understand, no-store")],
      [("Last-Modified", "Sat, 05 Nov 1994 08:49:37 GMT")], [("Expires", DATE)],
      [("Cache-Control", "public"), ("Last-Modified", "Sat, 05 Nov 1994 08:49:37 GMT")]],
 )  # fmt: skip
-def test_the_compiled_status_sets_are_the_python_rules_own(status, fields):
+def test_the_compiled_status_sets_are_the_python_rules_own(fields):
     request = r.Fields([("Host", "h")])
     response = r.Fields([("Date", DATE), *fields])
-    compiled = common_case("GET", status, request.by_name, response.by_name, T0, T0)
-    assert compiled == r.python_response_rules("GET", status, request, response, T0, T0)
+    for status in range(100, 600):
+        compiled = common_case("GET", status, request.by_name, response.by_name, T0, T0)
+        expected = r.python_response_rules("GET", status, request, response, T0, T0)
+        assert compiled == expected, status
 
 
 @pytest.mark.parametrize(

@@ -88,9 +88,10 @@ static PyObject *values_of(PyObject *by_name, PyObject *name) {
     return values;
 }
 
-/* Cache-Control as rfc9111.parse_directives reads it; 1 parsed, 0 not in the common shape,
- * -1 error. */
-static int parse_directives(PyObject *values, PyObject *out) {
+/* Calls visit on each comma-separated member of a field's values, as str.split(",") splits
+ * each value; 1 done, 0 a value not in the common shape (quotes refused), -1 visit's error. */
+static int each_member(PyObject *values, int (*visit)(const char *, const char *, void *),
+                       void *context) {
     Py_ssize_t count = values == NULL ? 0 : PyList_GET_SIZE(values);
     for (Py_ssize_t v = 0; v < count; v++) {
         Py_ssize_t n;
@@ -102,38 +103,41 @@ static int parse_directives(PyObject *values, PyObject *out) {
             const char *stop = memchr(item, ',', end - item);
             if (stop == NULL)
                 stop = end;
-            const char *eq = memchr(item, '=', stop - item);
-            const char *name = item, *name_end = eq != NULL ? eq : stop;
+            if (visit(item, stop, context) < 0)
+                return -1;
             item = stop + 1;
-            trim(&name, &name_end);
-            if (name == name_end)
-                continue;
-            PyObject *key = lowered(name, name_end);
-            if (key == NULL)
-                return -1;
-            int seen = PyDict_Contains(out, key);
-            if (seen != 0) {
-                Py_DECREF(key);
-                if (seen < 0)
-                    return -1;
-                continue;
-            }
-            PyObject *arg;
-            if (eq != NULL) {
-                const char *arg_start = eq + 1, *arg_end = stop;
-                trim(&arg_start, &arg_end);
-                arg = PyUnicode_FromStringAndSize(arg_start, arg_end - arg_start);
-            } else {
-                arg = Py_NewRef(Py_None);
-            }
-            int failed = arg == NULL ? -1 : PyDict_SetItem(out, key, arg);
-            Py_DECREF(key);
-            Py_XDECREF(arg);
-            if (failed)
-                return -1;
         }
     }
     return 1;
+}
+
+/* One Cache-Control member into the directives, as rfc9111.parse_directives reads it. */
+static int add_directive(const char *item, const char *stop, void *directives) {
+    const char *eq = memchr(item, '=', stop - item);
+    const char *name = item, *name_end = eq != NULL ? eq : stop;
+    trim(&name, &name_end);
+    if (name == name_end)
+        return 0;
+    PyObject *key = lowered(name, name_end);
+    if (key == NULL)
+        return -1;
+    int seen = PyDict_Contains(directives, key);
+    if (seen != 0) {
+        Py_DECREF(key);
+        return seen < 0 ? -1 : 0;
+    }
+    PyObject *arg;
+    if (eq != NULL) {
+        const char *arg_start = eq + 1, *arg_end = stop;
+        trim(&arg_start, &arg_end);
+        arg = PyUnicode_FromStringAndSize(arg_start, arg_end - arg_start);
+    } else {
+        arg = Py_NewRef(Py_None);
+    }
+    int failed = arg == NULL ? -1 : PyDict_SetItem(directives, key, arg);
+    Py_DECREF(key);
+    Py_XDECREF(arg);
+    return failed;
 }
 
 /* rfc9111.delta_seconds of a directive's value: -1 when absent or not delta-seconds. */
@@ -219,42 +223,38 @@ static int imf_date(PyObject *by_name, PyObject *name, double *when) {
     return 1;
 }
 
+typedef struct {
+    PyObject *names;
+    int star;
+} VaryNames;
+
+/* One Vary member into the names, lower-cased; a "*" noted. */
+static int add_vary_name(const char *name, const char *name_end, void *context) {
+    VaryNames *vary = context;
+    trim(&name, &name_end);
+    if (name == name_end)
+        return 0;
+    if (name_end - name == 1 && *name == '*')
+        vary->star = 1;
+    PyObject *key = lowered(name, name_end);
+    int failed = key == NULL ? -1 : PySet_Add(vary->names, key);
+    Py_XDECREF(key);
+    return failed;
+}
+
 /* rfc9111.vary_names, and whether a member is "*": 1 done, 0 not in the common shape. */
 static int vary(PyObject *values, PyObject **names, int *star) {
-    PyObject *set = PySet_New(NULL);
-    if (set == NULL)
+    VaryNames found = {PySet_New(NULL), 0};
+    if (found.names == NULL)
         return -1;
-    Py_ssize_t count = values == NULL ? 0 : PyList_GET_SIZE(values);
-    for (Py_ssize_t v = 0; v < count; v++) {
-        Py_ssize_t n;
-        const char *text = plain(PyList_GET_ITEM(values, v), &n, 1);
-        if (text == NULL) {
-            Py_DECREF(set);
-            return 0;
-        }
-        const char *end = text + n;
-        for (const char *item = text; item <= end;) {
-            const char *stop = memchr(item, ',', end - item);
-            if (stop == NULL)
-                stop = end;
-            const char *name = item, *name_end = stop;
-            item = stop + 1;
-            trim(&name, &name_end);
-            if (name == name_end)
-                continue;
-            if (name_end - name == 1 && *name == '*')
-                *star = 1;
-            PyObject *key = lowered(name, name_end);
-            int failed = key == NULL ? -1 : PySet_Add(set, key);
-            Py_XDECREF(key);
-            if (failed) {
-                Py_DECREF(set);
-                return -1;
-            }
-        }
+    int shape = each_member(values, add_vary_name, &found);
+    if (shape != 1) {
+        Py_DECREF(found.names);
+        return shape;
     }
-    PyObject *sorted = PySequence_List(set);
-    Py_DECREF(set);
+    *star = found.star;
+    PyObject *sorted = PySequence_List(found.names);
+    Py_DECREF(found.names);
     if (sorted == NULL || PyList_Sort(sorted) < 0) {
         Py_XDECREF(sorted);
         return -1;
@@ -311,7 +311,7 @@ static PyObject *common_case(PyObject *module, PyObject *const *args, Py_ssize_t
     PyObject *vary_values = values_of(response, s_vary);
     if (vary_values == NULL && PyErr_Occurred())
         goto fail;
-    int shape = parse_directives(cc_values, cc);
+    int shape = each_member(cc_values, add_directive, cc);
     if (shape == 1)
         shape = vary(vary_values, &names, &star);
     if (shape < 0)
