@@ -57,7 +57,6 @@ from proxy._hits import PlainHits
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
 from proxy.core import rfc9111
-from proxy.core._native import end_to_end as _fields_without
 from proxy.core._native import hash64
 from proxy.core.engine import (
     Answer,
@@ -710,11 +709,8 @@ class Proxy:
         that pass whatever the lists say (those a stored response's Vary names)."""
         filtered = meta.method in ("GET", "HEAD")
         if filtered and not extra and not keep and self.allowed is None:
-            # The rules below leave out names only then: filtered in one compiled pass, which
-            # leaves a message with a Connection field (naming more to drop) to them.
-            sent = _fields_without(meta.headers, self._left_out[whole])
-            if sent is not None:
-                return sent  # type: ignore[no-any-return]
+            # The rules below only leave names out then: all of them in the hop-by-hop pass.
+            return rfc9111.end_to_end(meta.headers, self._left_out[whole])
         drop = _NOT_SENT_WHOLE if whole or extra else _NEVER_SENT
         if extra:
             drop = drop | {k.lower() for k, _ in extra}

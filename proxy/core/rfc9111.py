@@ -555,21 +555,22 @@ def invalidates(method: str, status: int) -> bool:
     return method.upper() not in SAFE_METHODS and 200 <= status < 400
 
 
-def end_to_end(headers: Headers) -> list[tuple[str, str]]:
+def end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[tuple[str, str]]:
     """RFC 9110 section 7.6.1: the fields a proxy forwards, without hop-by-hop ones (the fixed
-    set and any that ``Connection`` names)."""
-    kept = _compiled_end_to_end(headers, HOP_BY_HOP)
-    return kept if kept is not None else _end_to_end(headers)
+    set, ``proxy-*`` and any that ``Connection`` names). ``without``: lower-cased names left
+    out, ``HOP_BY_HOP`` and any more the caller drops in the same pass."""
+    kept = _compiled_end_to_end(headers, without)
+    return kept if kept is not None else _end_to_end(headers, without)
 
 
-def _end_to_end(headers: Headers) -> list[tuple[str, str]]:
+def _end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[tuple[str, str]]:
     """``end_to_end`` in full; the compiled filter answers every message without a
     ``Connection`` field, and must answer as this does."""
     kept = []
     named: set[str] = set()
     for k, v in headers:
         low = k.lower()
-        if low in HOP_BY_HOP or low.startswith("proxy-"):
+        if low in without or low.startswith("proxy-"):
             if low == "connection":
                 named.update(t.strip().lower() for t in v.split(","))
             continue
