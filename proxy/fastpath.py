@@ -24,7 +24,9 @@ mostly) in a task of its own, its *lane*, instead of its handler's loop. What it
 * Back-pressure holds. While the client is not reading (the transport asked to pause
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
   limit stops reading the connection. The lane writes through aiohttp's own writer, which
-  waits for the client too, and the requests it holds meet the same limit.
+  waits for the client too, and the requests it holds meet the same limit; an answer whose
+  whole body is in hand (a small miss, mostly) it may write at once, as a hit is written
+  (``LaneRequest.write_at_once``): the bytes aiohttp's writer would write.
 * Every answer pushes back the connection's idle timeout, as one from the handler does; a
   connection is not idle while the lane answers on it.
 * A graceful shutdown waits for the lane's request as for the handler's.
@@ -52,6 +54,10 @@ from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
 
 log = logging.getLogger("onehit.proxy")
+
+# A body below this is written in one piece with its head (copying it costs less than a second
+# send); a larger one apart, never copied.
+JOIN_BELOW = 64 << 10
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
 # status); None when the next answerer, and after the last the lane or aiohttp's handler, is
@@ -229,17 +235,16 @@ class HitHandler(RequestHandler):
     async def _lane_request(self, message: RawRequestMessage) -> None:
         loop = self._loop
         started = loop.time()
-        request = LaneRequest(
-            message, self._remote, self._scheme, self.transport, StreamWriter(self, loop)
-        )
+        request = LaneRequest(message, self._remote, self._scheme, self)
         handler = self._request_handler
         assert handler is not None
         response = None
         written = False
         try:
             response = await handler(request)  # type: ignore[arg-type]
-            await response.prepare(request)  # type: ignore[arg-type]
-            await response.write_eof()
+            if type(response) is not Written:
+                await response.prepare(request)  # type: ignore[arg-type]
+                await response.write_eof()
             written = True
         except ConnectionError:
             pass  # the client left: its connection closes below
@@ -352,11 +357,20 @@ class _LoggedResponse:
         return CIMultiDict((name, value) for name, _, value in fields)
 
 
+class Written(_LoggedResponse):
+    """An answer the handler wrote whole through ``LaneRequest.write_at_once``: nothing of it
+    is left to prepare or write, and it keeps the connection open."""
+
+    __slots__ = ()
+
+    keep_alive = True
+
+
 class LaneRequest(_LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
-    __slots__ = ("_payload_writer", "raw_headers", "scheme", "transport")
+    __slots__ = ("_protocol", "_writer", "raw_headers", "scheme", "transport")
 
     body_exists = False
     can_read_body = False
@@ -368,16 +382,39 @@ class LaneRequest(_LoggedRequest):
         message: RawRequestMessage,
         remote: str,
         scheme: str,
-        transport: asyncio.Transport | None,
-        writer: StreamWriter,
+        protocol: HitHandler,
     ) -> None:
         super().__init__(message, remote)
         self.scheme = scheme
-        self.transport = transport
-        self._payload_writer = writer
+        self._protocol = protocol
+        self.transport = protocol.transport
+        self._writer: StreamWriter | None = None
         self.raw_headers = message.raw_headers
 
+    @property
+    def _payload_writer(self) -> StreamWriter:
+        """aiohttp's writer for a response to this request, made when one is first written
+        through it (an answer written at once needs none)."""
+        if self._writer is None:
+            self._writer = StreamWriter(self._protocol, self._protocol._loop)
+        return self._writer
+
     writer = property(lambda self: self._payload_writer)
+
+    def write_at_once(self, head: bytes, body: bytes, status: int) -> Written | None:
+        """Write a whole answer (its head, ending in a blank line, and body) now, as aiohttp's
+        writer would write it; None, writing nothing, when the client has gone. No wait for the
+        client to read is needed: the lane starts only while the transport takes writes, and
+        nothing else writes on the connection while it answers."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return None
+        if len(body) < JOIN_BELOW:
+            transport.write(head + body)
+        else:
+            transport.write(head)
+            transport.write(body)
+        return Written(head, body, status)
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         """As ``web.BaseRequest``'s: no application signals to send."""

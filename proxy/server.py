@@ -47,7 +47,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import HttpVersion10, HttpVersion11, web
-from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_response import REASON_PHRASES
@@ -72,6 +72,7 @@ from proxy.core.engine import (
     response_meta,
 )
 from proxy.core.store import Entry
+from proxy.fastpath import JOIN_BELOW, LaneRequest, Written
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 
@@ -109,9 +110,6 @@ _RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
-# A cached body below this is written in one piece with its head (copying it costs less than a
-# second send); a larger one apart, never copied.
-_JOIN_BELOW = 64 << 10
 # The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
@@ -190,7 +188,7 @@ class Proxy:
             per_hit=_HIT_STATUS,
             max_url=self.max_url,
             max_headers=self.max_headers,
-            join_below=_JOIN_BELOW,
+            join_below=JOIN_BELOW,
         )
         self._background: set[asyncio.Task[None]] = set()
 
@@ -362,7 +360,7 @@ class Proxy:
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), b"", entry.status
         body = entry.payload
-        if len(body) < _JOIN_BELOW:
+        if len(body) < JOIN_BELOW:
             return b"".join((head, default_type, per_hit, b"\r\n", body)), b"", entry.status
         return b"".join((head, default_type, per_hit, b"\r\n")), body, entry.status
 
@@ -455,16 +453,57 @@ class Proxy:
             else Answer(upstream.status)
         )
         detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
-        out = _head(answer, upstream, headers, length)
-        _mark(out, f"{CACHE}; fwd={action.reason}{detail}", "MISS")
-        sending = _wanted_bytes(answer, upstream.status, length)
+        cache_status = f"{CACHE}; fwd={action.reason}{detail}"
         arrived = _in_hand(upstream)
+        parts: list[bytes] | None = [] if keep else None
+        total = 0
+        too_large = False
+        out = _at_once(request, upstream, answer, headers, cache_status, arrived, length)
+        if out is not None:
+            total = len(arrived)
+            if parts is not None:
+                parts.append(arrived)
+        else:
+            out = _head(answer, upstream, headers, length)
+            _mark(out, cache_status, "MISS")
+            total, parts, too_large, whole = await self._stream(
+                request, meta, url, upstream, answer, out, arrived, parts
+            )
+            if not whole:
+                self.engine.finish(meta, decision, total, self.clock(), complete=False)
+                return out, None
+        body = b"".join(parts) if parts is not None else b""
+        # A copy dropped past the max object size leaves a size the store refuses: too large.
+        self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
+            return out, GO_DIRECT
+        if parts is None or rmeta.status >= 500:
+            return out, None  # nothing to share: one follower fetches next
+        return out, Shared(rmeta, body, meta.headers)
+
+    async def _stream(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        upstream: UpstreamResponse,
+        answer: Answer,
+        out: web.StreamResponse,
+        arrived: bytes,
+        parts: list[bytes] | None,
+    ) -> tuple[int, list[bytes] | None, bool, bool]:
+        """Write ``out``'s head and the part of the origin's body ``answer`` asks for as it
+        arrives, keeping a copy in ``parts`` (when given) up to the max object size. Returns
+        the bytes read of the body, the copy (None once dropped), whether it was dropped for
+        its size, and whether the body ended whole (when it failed, the client's connection
+        is cut once its head is out)."""
+        length = upstream.content_length
+        sending = _wanted_bytes(answer, upstream.status, length)
         if arrived and sending is not None and sending[0] < len(arrived):
             # The head goes out with the body bytes already in hand, in one write: never
             # later than it would alone, since the first of those bytes is written at once.
             out._send_headers_immediately = False
         await out.prepare(request)
-        parts: list[bytes] | None = [] if keep else None
         total = 0
         too_large = abandoned = False
         chunks = _body(arrived, upstream.content)
@@ -497,20 +536,12 @@ class Proxy:
             )
             if sending is not None:
                 _abort(request)  # the headers are gone: a cut connection is the honest signal
-            self.engine.finish(meta, decision, total, self.clock(), complete=False)
-            return out, None
+            return total, parts, too_large, False
         finally:
             await chunks.aclose()
         if abandoned and length is not None:
             total = length
-        body = b"".join(parts) if parts is not None else b""
-        # A copy dropped past the max object size leaves a size the store refuses: too large.
-        self.engine.finish(meta, decision, total, self.clock(), payload=body)
-        if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
-            return out, GO_DIRECT
-        if parts is None or rmeta.status >= 500:
-            return out, None  # nothing to share: one follower fetches next
-        return out, Shared(rmeta, body, meta.headers)
+        return total, parts, too_large, True
 
     def _response_meta(
         self, meta: RequestMeta, status: int, fields: list[tuple[str, str]], request_time: float
@@ -800,6 +831,50 @@ def _head(
         out.headers["Content-Range"] = f"bytes */{length}"
         out.content_length = 0
     return out
+
+
+def _at_once(
+    request: web.BaseRequest,
+    upstream: UpstreamResponse,
+    answer: Answer,
+    headers: list[tuple[str, str]],
+    cache_status: str,
+    arrived: bytes,
+    length: int | None,
+) -> Written | None:
+    """The answer to a lane's GET written whole, head and body in one write, when it is the
+    origin's response as it is and its whole body arrived with its head (most small objects):
+    the bytes aiohttp's writer would write for ``_head`` marked by ``_mark``. None, writing
+    nothing, for any other answer (streamed through aiohttp's writer), or when the origin's
+    fields name one the proxy marks (aiohttp's writer puts those in their places)."""
+    if (
+        type(request) is not LaneRequest
+        or request.method != "GET"
+        or answer.status != upstream.status
+        or length != len(arrived)
+        or upstream.status in EMPTY_BODY_STATUS_CODES
+    ):
+        return None
+    names = {k.lower() for k, _ in headers}
+    if not names.isdisjoint(_MARKS):
+        return None
+    lines = [
+        f"HTTP/1.1 {upstream.status} {upstream.reason}",
+        *[f"{k}: {v}" for k, v in headers],
+        f"Cache-Status: {cache_status}",
+        "X-Cache: MISS",
+        f"Via: {VIA}",
+    ]
+    # What aiohttp's response adds to fields without them, in its order.
+    if length and "content-type" not in names:
+        lines.append("Content-Type: application/octet-stream")
+    if "date" not in names:
+        lines.append(f"Date: {rfc822_formatted_time()}")
+    if "server" not in names:
+        lines.append(f"Server: {SERVER_SOFTWARE}")
+    lines.append("\r\n")
+    head = "\r\n".join(lines).encode("utf-8", "surrogateescape")
+    return request.write_at_once(head, arrived, upstream.status)
 
 
 def _in_hand(upstream: UpstreamResponse) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import socket
 import tracemalloc
 
 import pytest
@@ -289,6 +290,40 @@ async def test_a_client_that_pipelines_and_never_reads_holds_a_bounded_buffer(or
     assert 0 < service.proxy.fast_hits < count  # the handler took over while the client lagged
 
 
+async def test_a_client_that_pipelines_misses_and_never_reads_holds_a_bounded_buffer(
+    origin, start_proxy
+):
+    body = b"x" * (8 << 10)  # arrives with its head: each answer is written at once
+    count = 400  # 3.2 MiB of answers
+    for i in range(count):
+        origin.set(f"/miss-{i}", body=body)
+    service = await start_proxy()
+    # A small receive buffer, so the kernel cannot hold the answers in the client's stead.
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    sock.connect(service.proxy_address)
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    server = service.proxy_runner.server
+    assert server is not None
+    while not server.connections:  # accepted on the loop's next turn
+        await asyncio.sleep(0.01)
+    [handler] = server.connections
+    assert handler.transport is not None
+    handler.transport.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_SNDBUF, 64 << 10
+    )
+    writer.write(b"".join(b"GET /miss-%d HTTP/1.1\r\nHost: example.test\r\n\r\n" % i
+                          for i in range(count)))  # fmt: skip
+    await writer.drain()
+    await asyncio.sleep(1)
+    assert handler.transport.get_write_buffer_size() < 1 << 20
+    answers = [await read_response(reader) for _ in range(count)]
+    writer.close()
+    assert all(status == 200 and got == body for status, _, got in answers)
+    assert service.proxy.engine.counters.misses == count
+
+
 async def test_hits_keep_a_connection_open_past_the_idle_timeout(origin, start_proxy):
     service = await start_proxy(server__idle_timeout="400ms")
     await stored(service)
@@ -448,6 +483,9 @@ MISS_SHAPES = {
     b"Content-Length: 5\r\n\r\nhello",
     "no length": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
     "not ASCII": b"HTTP/1.1 200 OK\r\nX-Name: caf\xc3\xa9\r\nContent-Length: 5\r\n\r\nhello",
+    "no content": b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+    # The body after the head, apart: streamed through aiohttp's writer, not written at once.
+    "body apart": (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", b"hello"),
 }
 
 
@@ -455,10 +493,15 @@ MISS_SHAPES = {
 async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
     raw_origin, start_proxy, shape
 ):
+    pieces = MISS_SHAPES[shape]
+    pieces = pieces if isinstance(pieces, tuple) else (pieces,)
+
     async def respond(reader, writer):
         while await reader.readuntil(b"\r\n\r\n"):
-            writer.write(MISS_SHAPES[shape])
-            await writer.drain()
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.05)
 
     url = await raw_origin(respond)
     fast = await start_proxy(upstream__origin=url)
@@ -471,7 +514,7 @@ async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             body = (
                 await asyncio.wait_for(reader.readuntil(b"hello"), 5)
-                if b"hello" in (MISS_SHAPES[shape])
+                if b"hello" in b"".join(pieces)
                 else b""
             )
         finally:
