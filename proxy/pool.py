@@ -335,7 +335,10 @@ class OriginPool:
         exchange = _Exchange(loop.time() + self._config.total_timeout)
         self._watch(exchange)
         try:
-            await self._acquire(exchange)
+            if self._in_use < self._config.max_connections:
+                self._in_use += 1  # as ``_acquire`` takes a free connection, without its wait
+            else:
+                await self._acquire(exchange)
             try:
                 return await self._exchange(address, head, method, exchange)
             except BaseException:
@@ -360,7 +363,13 @@ class OriginPool:
                 if protocol is None:
                     protocol = await self._connect(address, exchange.deadline)
                 exchange.protocol = protocol
-                message, payload = await self._send(protocol, head, method, exchange.deadline)
+                if protocol._loop.time() >= exchange.deadline:
+                    raise TimeoutError("the total timeout passed before the request was sent")
+                protocol.send(head, skip_payload=method == "HEAD",
+                              read_timeout=self._config.read_timeout)  # fmt: skip
+                message, payload = await protocol.response()
+                while 100 <= message.code < 200 and message.code != 101:  # interim: skipped
+                    message, payload = await protocol.response()
                 return OriginResponse(
                     self, address, exchange, message.code, message.reason, message.headers,
                     payload,
@@ -377,18 +386,6 @@ class OriginPool:
                 if protocol is not None:
                     protocol.close()
                 raise
-
-    async def _send(
-        self, protocol: _Connection, head: bytes, method: str, deadline: float
-    ) -> tuple[RawResponseMessage, StreamReader]:
-        """The final response's message and body stream (interim 1xx responses skipped)."""
-        if protocol._loop.time() >= deadline:
-            raise TimeoutError("the total timeout passed before the request was sent")
-        protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
-        while True:
-            message, payload = await protocol.response()
-            if not 100 <= message.code < 200 or message.code == 101:
-                return message, payload
 
     async def _connect(self, address: Address, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()

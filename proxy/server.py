@@ -439,7 +439,11 @@ class Proxy:
         rmeta = self._response_meta(meta, upstream.status, headers, request_time)
         length = upstream.content_length
         fits = length is None or length <= self.max_object
-        decision = await self._decide(meta, rmeta, length)
+        decision = (
+            self.engine.on_response_head(meta, rmeta, length, self.clock())
+            if self.shared is None
+            else await self._decide(meta, rmeta, length)
+        )
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
             upstream.close()
@@ -555,7 +559,7 @@ class Proxy:
     async def _decide(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
     ) -> Keep | NotStored:
-        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
+        """``engine.on_response_head``, asking the fleet's filter first."""
         admitted = await self._ask_fleet(meta, rmeta, length)
         return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
 
