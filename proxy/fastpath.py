@@ -81,7 +81,7 @@ class HitHandler(RequestHandler):
     """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
     plain requests in its lane."""
 
-    __slots__ = ("_answers", "_held", "_lane", "_remote", "_scheme")
+    __slots__ = ("_answers", "_full", "_held", "_lane", "_remote", "_scheme")
 
     def __init__(self, manager: HitServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
@@ -90,6 +90,7 @@ class HitHandler(RequestHandler):
         self._scheme = "http"
         self._lane: asyncio.Task[None] | None = None
         self._held: list[tuple[Any, Any]] = []
+        self._full = False  # whether the parser may hold bytes back at its queue limit
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -115,10 +116,10 @@ class HitHandler(RequestHandler):
         while True:
             messages, upgraded, tail = self._parse(data)
             taken = self._answer(messages)
-            if upgraded or taken < len(messages) or not messages or self._lane is not None:
+            if upgraded or taken < len(messages) or not self._full or self._lane is not None:
                 break
-            # Every request was answered; the parser may have held the rest of the bytes back
-            # (its queue limit), so ask it for more.
+            # Every request was answered, and the parser may have stopped at its queue limit
+            # and held the rest of the bytes back, so ask it for more.
             data = b""
         self._upgraded = upgraded
         if upgraded and tail:
@@ -135,6 +136,9 @@ class HitHandler(RequestHandler):
         except HttpProcessingError as exc:
             error = _ErrInfo(status=400, exc=exc, message=exc.message)
             return [(error, EMPTY_PAYLOAD)], False, b""
+        # The parser stops once as many requests as its queue holds are parsed and not yet
+        # taken (those held here among them), and keeps the bytes after them until fed again.
+        self._full = len(messages) + len(self._held) >= self._max_msg_queue_size - 1
         return messages, upgraded, tail
 
     def _pass_on(self, rest: list[tuple[Any, Any]]) -> None:
@@ -274,8 +278,7 @@ class HitHandler(RequestHandler):
         if self._lane is None and not self._messages:
             if self._buffer_paused:
                 self._resume_reading_if_drained()
-            else:
-                # The parser may hold bytes back at its queue limit.
+            elif self._full:
                 self.data_received(b"")
 
     def _process_keepalive(self) -> None:
