@@ -410,3 +410,33 @@ def test_fields_index_their_values_by_name_lower_cased_as_str_lower_does():
         r.Fields([("a", "1", "2")])
     with pytest.raises(ValueError):
         r.end_to_end([("a",)])
+
+
+def _indexed_as_given(fields: r.Fields) -> tuple:
+    """What a ``Fields`` holds, with its index made apart from the pass that chose it."""
+    pairs = tuple(fields)
+    assert all(type(pair) is tuple for pair in pairs)
+    return pairs, fields.by_name, r.Fields(pairs).by_name
+
+
+def test_rfc9110_7_6_1_end_to_end_fields_are_the_end_to_end_ones_indexed_in_one_pass():
+    rng = random.Random(13)
+    for _ in range(3000):
+        fields = _random_fields(rng)
+        without = frozenset(rng.sample(["x-a", "etag", "te", "proxy"], rng.randrange(3)))
+        pairs, by_name, apart = _indexed_as_given(
+            r.end_to_end_fields(fields, r.HOP_BY_HOP | without)
+        )
+        assert list(pairs) == r._end_to_end(fields, r.HOP_BY_HOP | without), fields
+        assert by_name == apart and list(by_name) == list(apart), fields
+
+
+def test_fields_without_names_then_extra_are_indexed_in_one_pass():
+    rng = random.Random(17)
+    extra = (("Via", "1.1 onehit"), ("X-A", "last"))
+    for _ in range(3000):
+        fields = _random_fields(rng)
+        names = frozenset(rng.sample(["x-a", "connection", "proxy", "te", "x-caf\u00e9"], 2))
+        pairs, by_name, apart = _indexed_as_given(r.without(fields, names, extra))
+        assert pairs == tuple((k, v) for k, v in fields if k.lower() not in names) + extra
+        assert by_name == apart and list(by_name) == list(apart), fields

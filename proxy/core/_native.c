@@ -2152,49 +2152,6 @@ static int field_pair(PyObject *item, PyObject **name, PyObject **value) {
     return -1;
 }
 
-static PyObject *py_index_fields(PyObject *module, PyObject *pairs) {
-    PyObject *seq = PySequence_Fast(pairs, "fields must be a sequence of (name, value) pairs");
-    if (seq == NULL)
-        return NULL;
-    PyObject *index = PyDict_New();
-    if (index == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *name, *value;
-        if (field_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
-            goto fail;
-        PyObject *low = lower_name(name);
-        if (low == NULL)
-            goto fail;
-        PyObject *values = PyDict_GetItemWithError(index, low);
-        int failed;
-        if (values != NULL) {
-            failed = PyList_Append(values, value);
-        } else if (PyErr_Occurred()) {
-            failed = -1;
-        } else {
-            values = PyList_New(1);
-            failed = values == NULL ? -1 : 0;
-            if (!failed) {
-                Py_INCREF(value);
-                PyList_SET_ITEM(values, 0, value);
-                failed = PyDict_SetItem(index, low, values);
-                Py_DECREF(values);
-            }
-        }
-        Py_DECREF(low);
-        if (failed)
-            goto fail;
-    }
-    Py_DECREF(seq);
-    return index;
-fail:
-    Py_XDECREF(index);
-    Py_DECREF(seq);
-    return NULL;
-}
-
 /* Whether a str starts with "proxy-", read in place. */
 static int starts_with_proxy(PyObject *text) {
     static const char prefix[] = "proxy-";
@@ -2206,17 +2163,18 @@ static int starts_with_proxy(PyObject *text) {
     return 1;
 }
 
-static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
-    PyObject *pairs, *hop_by_hop;
-    if (!PyArg_ParseTuple(args, "OO!:end_to_end", &pairs, &PyFrozenSet_Type, &hop_by_hop))
-        return NULL;
+/* One pass over (name, value) pairs: those whose lower-cased name is not in `without` (NULL:
+ * none left out) go to `kept` as tuples and into `index` ({lower-cased name: [values]}),
+ * either of them NULL when not wanted. With `hop_rules`, names starting with "proxy-" are
+ * left out too, and a Connection field in `without` ends the pass: it returns 1, since the
+ * names it lists are left out as well (the caller's Python rule does that). 0 when done, -1
+ * on error. */
+static int pass_fields(PyObject *pairs, PyObject *without, int hop_rules, PyObject *kept,
+                       PyObject *index) {
     PyObject *seq = PySequence_Fast(pairs, "fields must be a sequence of (name, value) pairs");
     if (seq == NULL)
-        return NULL;
+        return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *kept = PyList_New(0);
-    if (kept == NULL)
-        goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         PyObject *name, *value;
@@ -2225,38 +2183,112 @@ static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
         PyObject *low = lower_name(name);
         if (low == NULL)
             goto fail;
-        int hop = PySet_Contains(hop_by_hop, low);
-        if (hop == 0)
-            hop = starts_with_proxy(low);
-        int connection = hop == 1 && PyUnicode_CompareWithASCIIString(low, "connection") == 0;
-        Py_DECREF(low);
-        if (hop < 0)
-            goto fail;
-        if (connection) {
-            /* Connection names further fields to drop: the caller applies that rule. */
-            Py_DECREF(kept);
+        int out = without == NULL ? 0 : PySet_Contains(without, low);
+        if (out == 0 && hop_rules)
+            out = starts_with_proxy(low);
+        if (out == 1 && hop_rules && PyUnicode_CompareWithASCIIString(low, "connection") == 0) {
+            Py_DECREF(low);
             Py_DECREF(seq);
-            Py_RETURN_NONE;
+            return 1;
         }
-        if (hop)
+        if (out != 0) {
+            Py_DECREF(low);
+            if (out < 0)
+                goto fail;
             continue;
-        int failed;
-        if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
-            failed = PyList_Append(kept, item);
-        } else {
-            PyObject *pair = PyTuple_Pack(2, name, value);
-            failed = pair == NULL ? -1 : PyList_Append(kept, pair);
-            Py_XDECREF(pair);
         }
+        int failed = 0;
+        if (kept != NULL) {
+            if (PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 2) {
+                failed = PyList_Append(kept, item);
+            } else {
+                PyObject *pair = PyTuple_Pack(2, name, value);
+                failed = pair == NULL ? -1 : PyList_Append(kept, pair);
+                Py_XDECREF(pair);
+            }
+        }
+        if (!failed && index != NULL) {
+            PyObject *values = PyDict_GetItemWithError(index, low);
+            if (values != NULL) {
+                failed = PyList_Append(values, value);
+            } else if (PyErr_Occurred()) {
+                failed = -1;
+            } else {
+                values = PyList_New(1);
+                failed = values == NULL ? -1 : 0;
+                if (!failed) {
+                    Py_INCREF(value);
+                    PyList_SET_ITEM(values, 0, value);
+                    failed = PyDict_SetItem(index, low, values);
+                    Py_DECREF(values);
+                }
+            }
+        }
+        Py_DECREF(low);
         if (failed)
             goto fail;
     }
     Py_DECREF(seq);
-    return kept;
+    return 0;
 fail:
-    Py_XDECREF(kept);
     Py_DECREF(seq);
-    return NULL;
+    return -1;
+}
+
+static PyObject *py_index_fields(PyObject *module, PyObject *pairs) {
+    PyObject *index = PyDict_New();
+    if (index == NULL || pass_fields(pairs, NULL, 0, NULL, index) < 0) {
+        Py_XDECREF(index);
+        return NULL;
+    }
+    return index;
+}
+
+static PyObject *py_end_to_end(PyObject *module, PyObject *args) {
+    PyObject *pairs, *hop_by_hop;
+    if (!PyArg_ParseTuple(args, "OO!:end_to_end", &pairs, &PyFrozenSet_Type, &hop_by_hop))
+        return NULL;
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        return NULL;
+    int done = pass_fields(pairs, hop_by_hop, 1, kept, NULL);
+    if (done != 0) {
+        Py_DECREF(kept);
+        if (done < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return kept;
+}
+
+static PyObject *py_indexed_fields(PyObject *module, PyObject *args) {
+    PyObject *pairs, *without, *extra;
+    int hop_rules;
+    if (!PyArg_ParseTuple(args, "OO!Op:indexed_fields", &pairs, &PyFrozenSet_Type, &without,
+                          &extra, &hop_rules))
+        return NULL;
+    PyObject *kept = PyList_New(0);
+    PyObject *index = PyDict_New();
+    PyObject *result = NULL;
+    if (kept == NULL || index == NULL)
+        goto done;
+    int passed = pass_fields(pairs, without, hop_rules, kept, index);
+    if (passed == 0)
+        passed = pass_fields(extra, NULL, 0, kept, index);
+    if (passed < 0)
+        goto done;
+    if (passed == 1) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *pairs_out = PyList_AsTuple(kept);
+    if (pairs_out != NULL)
+        result = PyTuple_Pack(2, pairs_out, index);
+    Py_XDECREF(pairs_out);
+done:
+    Py_XDECREF(kept);
+    Py_XDECREF(index);
+    return result;
 }
 
 static PyObject *py_untrack(PyObject *module, PyObject *obj) {
@@ -2277,6 +2309,11 @@ static PyMethodDef module_methods[] = {
     {"end_to_end", (PyCFunction)py_end_to_end, METH_VARARGS,
      "end_to_end(pairs, hop_by_hop): the pairs whose lower-cased name is not in hop_by_hop and "
      "does not start with 'proxy-', as tuples; None when a Connection field is present."},
+    {"indexed_fields", (PyCFunction)py_indexed_fields, METH_VARARGS,
+     "indexed_fields(pairs, without, extra, hop_rules): (pairs as a tuple, index_fields of "
+     "them) for the pairs whose lower-cased name is not in without (with hop_rules, nor "
+     "starts with 'proxy-'), then extra; None when hop_rules and a Connection field is in "
+     "without."},
     {"untrack", (PyCFunction)py_untrack, METH_O,
      "Keep an object that can never be in a reference cycle out of the cyclic collector's view."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,

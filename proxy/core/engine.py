@@ -263,7 +263,7 @@ def response_meta(
     the age it already had when it arrived, and what it varies on. Its ``headers`` are what
     may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
     cookie set for one client is never replayed to another)."""
-    fields = rfc9111.Fields(headers)
+    fields = headers if type(headers) is rfc9111.Fields else rfc9111.Fields(headers)
     ok, reason, lifetime, initial_age, vary, directives = rfc9111.response_rules(
         request.method, status, request.headers, fields, request_time, response_time,
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,

@@ -32,7 +32,7 @@ from typing import overload
 import http_sfv
 
 from proxy.core._native import end_to_end as _compiled_end_to_end
-from proxy.core._native import index_fields
+from proxy.core._native import index_fields, indexed_fields
 from proxy.core._response_rules import common_case
 
 Headers = Sequence[tuple[str, str]]
@@ -63,10 +63,14 @@ class Fields(Sequence[tuple[str, str]]):
 
     __slots__ = ("_pairs", "by_name", "directives")
 
-    def __init__(self, headers: Iterable[tuple[str, str]]) -> None:
+    def __init__(
+        self, headers: Iterable[tuple[str, str]], index: dict[str, list[str]] | None = None
+    ) -> None:
+        """``index``: the index of exactly ``headers``, when it was made in the pass that
+        chose them (``without``, ``end_to_end_fields``)."""
         pairs = tuple(headers)
         self._pairs = pairs
-        self.by_name: dict[str, list[str]] = index_fields(pairs)
+        self.by_name: dict[str, list[str]] = index_fields(pairs) if index is None else index
         self.directives: Directives | None = None
 
     def __len__(self) -> int:
@@ -561,6 +565,20 @@ def end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[t
     out, ``HOP_BY_HOP`` and any more the caller drops in the same pass."""
     kept = _compiled_end_to_end(headers, without)
     return kept if kept is not None else _end_to_end(headers, without)
+
+
+def end_to_end_fields(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> Fields:
+    """``end_to_end`` as ``Fields``, chosen and indexed in one pass."""
+    done = indexed_fields(headers, without, (), True)
+    return Fields(*done) if done is not None else Fields(_end_to_end(headers, without))
+
+
+def without(
+    headers: Headers, names: frozenset[str], extra: Sequence[tuple[str, str]] = ()
+) -> Fields:
+    """``headers`` less the fields whose lower-cased name is in ``names``, then ``extra``, as
+    ``Fields``, chosen and indexed in one pass."""
+    return Fields(*indexed_fields(headers, names, extra, False))
 
 
 def _end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[tuple[str, str]]:
