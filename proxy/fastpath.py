@@ -273,8 +273,9 @@ class HitHandler(RequestHandler):
         held, self._held = self._held, []
         if self._force_close or self._close or self.transport is None:
             return
-        taken = self._answer(held)
-        self._pass_on(held[taken:])
+        if held:
+            taken = self._answer(held)
+            self._pass_on(held[taken:])
         if self._lane is None and not self._messages:
             if self._buffer_paused:
                 self._resume_reading_if_drained()

@@ -45,6 +45,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from multidict import CIMultiDictProxy
 
 from proxy.config import UpstreamSection
+from proxy.core._native import field_lines
 
 log = logging.getLogger("onehit.upstream")
 
@@ -321,14 +322,12 @@ class OriginPool:
             origin = self._origins[netloc] = _origin(netloc)
         address, host = origin
         target = (slash + rest).partition("#")[0] or "/"
-        text = "".join([f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n",
-                        *[f"{name}: {value}\r\n" for name, value in headers], "\r\n"])  # fmt: skip
-        # As aiohttp's client refuses it: a field may not smuggle in a line of its own. Each
-        # line written ends in the one CR LF pair added here, the head in one more.
-        lines = len(headers) + 3
-        if text.count("\n") != lines or text.count("\r") != lines:
+        request_line = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"
+        # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
+        fields = field_lines(headers)
+        if fields is None or request_line.count("\n") != 2 or request_line.count("\r") != 2:
             raise ValueError("a newline or carriage return in a request line or field")
-        head = text.encode("utf-8", "surrogateescape")
+        head = (request_line + fields + "\r\n").encode("utf-8", "surrogateescape")
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import Callable, Iterator
 
 import pytest
 from conftest import read_request
 
 from proxy.config import load
+from proxy.core._native import field_lines
 from proxy.pool import OriginPool, Unreachable
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -237,13 +239,32 @@ async def test_an_origin_that_refuses_connections_is_unreachable(pool):
     assert p._in_use == 0
 
 
-async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin, pool):
+@pytest.mark.parametrize(
+    ("path", "fields"),
+    [
+        ("/a", [("X-Test", "1\r\nX-Injected: 1")]),
+        ("/a", [("Accept", "*/*"), ("X-Test", "1\nX-Injected: 1")]),
+        ("/a", [("X-Test", "1\r")]),
+        ("/a", [("X-Test\r\nX-Injected", "1")]),
+        ("/a\r\nX-Injected: 1", []),
+    ],
+)
+async def test_a_field_carrying_a_line_of_its_own_is_refused(raw_origin, pool, path, fields):
     origin = Counting()
     url = await raw_origin(origin)
     p = pool()
     with pytest.raises(ValueError, match="newline"):
-        await p.request("GET", f"{url}/a", [("X-Test", "1\r\nX-Injected: 1")])
+        await p.request("GET", f"{url}{path}", fields)
     assert origin.connections == 0
+
+
+def test_field_lines_are_written_as_given():
+    rng = random.Random(5)
+    names = ["Accept", "X-Caf\u00e9", "x-a", "", "Via"]
+    values = ["", "*/*", "caf\u00e9", "caf\udce9", " a, b ", "\t1"]
+    for _ in range(2000):
+        fields = [(rng.choice(names), rng.choice(values)) for _ in range(rng.randrange(6))]
+        assert field_lines(fields) == "".join(f"{k}: {v}\r\n" for k, v in fields)
 
 
 async def test_a_response_nobody_asked_for_closes_its_idle_connection(raw_origin, pool):

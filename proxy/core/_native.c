@@ -2291,6 +2291,59 @@ done:
     return result;
 }
 
+/* Whether a str holds a CR or an LF. */
+static int has_newline(PyObject *text) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    return PyUnicode_FindChar(text, '\r', 0, n, 1) != -1 ||
+           PyUnicode_FindChar(text, '\n', 0, n, 1) != -1;
+}
+
+static PyObject *py_field_lines(PyObject *module, PyObject *pairs) {
+    PyObject *seq = PySequence_Fast(pairs, "fields must be a sequence of (name, value) pairs");
+    if (seq == NULL)
+        return NULL;
+    static PyObject *colon, *crlf, *empty;
+    if (colon == NULL) {
+        colon = PyUnicode_InternFromString(": ");
+        crlf = PyUnicode_InternFromString("\r\n");
+        empty = PyUnicode_InternFromString("");
+        if (colon == NULL || crlf == NULL || empty == NULL)
+            goto fail_seq;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *pieces = PyList_New(4 * n);
+    if (pieces == NULL)
+        goto fail_seq;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *name, *value;
+        if (field_pair(PySequence_Fast_GET_ITEM(seq, i), &name, &value) < 0)
+            goto fail;
+        if (!PyUnicode_Check(name) || !PyUnicode_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "a header field's name and value are str");
+            goto fail;
+        }
+        if (has_newline(name) || has_newline(value)) {
+            Py_DECREF(pieces);
+            Py_DECREF(seq);
+            Py_RETURN_NONE;
+        }
+        PyObject *parts[4] = {name, colon, value, crlf};
+        for (int j = 0; j < 4; j++) {
+            Py_INCREF(parts[j]);
+            PyList_SET_ITEM(pieces, 4 * i + j, parts[j]);
+        }
+    }
+    PyObject *lines = PyUnicode_Join(empty, pieces);
+    Py_DECREF(pieces);
+    Py_DECREF(seq);
+    return lines;
+fail:
+    Py_DECREF(pieces);
+fail_seq:
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyObject *py_untrack(PyObject *module, PyObject *obj) {
     if (PyObject_IS_GC(obj))
         PyObject_GC_UnTrack(obj);
@@ -2314,6 +2367,9 @@ static PyMethodDef module_methods[] = {
      "them) for the pairs whose lower-cased name is not in without (with hop_rules, nor "
      "starts with 'proxy-'), then extra; None when hop_rules and a Connection field is in "
      "without."},
+    {"field_lines", (PyCFunction)py_field_lines, METH_O,
+     "field_lines(pairs): 'name: value\\r\\n' for each pair, joined; None when a name or value "
+     "holds a CR or an LF (a field may not smuggle in a line of its own)."},
     {"untrack", (PyCFunction)py_untrack, METH_O,
      "Keep an object that can never be in a reference cycle out of the cyclic collector's view."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,
