@@ -57,7 +57,7 @@ from proxy._hits import PlainHits
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
 from proxy.core import rfc9111
-from proxy.core._native import hash64
+from proxy.core._native import field_lines, hash64
 from proxy.core.engine import (
     Answer,
     CacheEngine,
@@ -859,23 +859,22 @@ def _at_once(
     names = headers.by_name
     if not names.keys().isdisjoint(_MARKS):
         return None
-    lines = [
-        f"HTTP/1.1 {upstream.status} {upstream.reason}",
-        *[f"{k}: {v}" for k, v in headers],
-        f"Cache-Status: {cache_status}",
-        "X-Cache: MISS",
-        f"Via: {VIA}",
-    ]
+    fields = field_lines(headers)
+    if fields is None:
+        return None  # a line break in a field: the origin's parser never passes one
     # What aiohttp's response adds to fields without them, in its order.
+    added = ""
     if length and "content-type" not in names:
-        lines.append("Content-Type: application/octet-stream")
+        added += "Content-Type: application/octet-stream\r\n"
     if "date" not in names:
-        lines.append(f"Date: {rfc822_formatted_time()}")
+        added += f"Date: {rfc822_formatted_time()}\r\n"
     if "server" not in names:
-        lines.append(f"Server: {SERVER_SOFTWARE}")
-    lines.append("\r\n")
-    head = "\r\n".join(lines).encode("utf-8", "surrogateescape")
-    return request.write_at_once(head, arrived, upstream.status)
+        added += f"Server: {SERVER_SOFTWARE}\r\n"
+    head = (
+        f"HTTP/1.1 {upstream.status} {upstream.reason}\r\n{fields}Cache-Status: {cache_status}"
+        f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{added}\r\n"
+    )
+    return request.write_at_once(head.encode("utf-8", "surrogateescape"), arrived, upstream.status)
 
 
 def _in_hand(upstream: UpstreamResponse) -> bytes:
