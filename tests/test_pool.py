@@ -186,6 +186,28 @@ async def test_a_head_response_has_no_body_and_keeps_its_connection(raw_origin, 
     assert origin.connections == 1
 
 
+async def test_gets_and_heads_in_turn_on_one_connection_are_each_parsed_as_their_own(
+    raw_origin, pool
+):
+    connections = 0
+
+    async def by_method(reader, writer):
+        nonlocal connections
+        connections += 1
+        while head := await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+            if head.startswith(b"GET"):
+                writer.write(b"hello")
+            await writer.drain()
+
+    url = await raw_origin(by_method)
+    p = pool()
+    methods = ["GET", "HEAD", "HEAD", "GET", "GET", "HEAD", "GET"]
+    got = [await get(p, f"{url}/a", method) for method in methods]
+    assert got == [(200, b"hello" if method == "GET" else b"") for method in methods]
+    assert connections == 1
+
+
 async def test_total_timeout_ends_a_body_that_keeps_trickling(raw_origin, pool):
     async def trickles(reader, writer):
         await read_request(reader)
