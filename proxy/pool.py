@@ -342,10 +342,9 @@ class OriginPool:
         exchange = _Exchange(loop.time() + self._config.total_timeout)
         self._watch(exchange)
         try:
-            if self._in_use < self._config.max_connections:
-                self._in_use += 1  # as ``_acquire`` takes a free connection, without its wait
-            else:
-                await self._acquire(exchange)
+            if self._in_use >= self._config.max_connections:
+                await self._free_one(exchange)
+            self._in_use += 1
             try:
                 return await self._exchange(address, head, method, exchange)
             except BaseException:
@@ -415,10 +414,10 @@ class OriginPool:
             protocol.close()
         return None
 
-    async def _acquire(self, exchange: _Exchange) -> None:
-        """Take one of the ``max_connections``, waiting in turn for one to be free; the sweep
-        ends a wait that reaches the exchange's total deadline (TimeoutError), as the
-        session's total timeout covers its wait for a connection."""
+    async def _free_one(self, exchange: _Exchange) -> None:
+        """Wait in turn until fewer than ``max_connections`` are in use; the sweep ends a wait
+        that reaches the exchange's total deadline (TimeoutError), as the session's total
+        timeout covers its wait for a connection."""
         while self._in_use >= self._config.max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
@@ -433,7 +432,6 @@ class OriginPool:
                 exchange.waiter = None
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)
-        self._in_use += 1
 
     def _wake(self) -> None:
         while self._waiting:

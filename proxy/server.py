@@ -286,7 +286,7 @@ class Proxy:
             ("X-Forwarded-Host", key_host),
         )
         # Indexed once: the cache's rules read these fields about a dozen times per miss.
-        fields_sent = rfc9111.without(fields.items(), _FORWARDING, forwarding)
+        fields_sent = rfc9111.fields_without(fields.items(), _FORWARDING, forwarding)
         return RequestMeta(f"http://{key_host}{path}", method, fields_sent)
 
     def answer_hit(

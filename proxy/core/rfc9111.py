@@ -67,7 +67,7 @@ class Fields(Sequence[tuple[str, str]]):
         self, headers: Iterable[tuple[str, str]], index: dict[str, list[str]] | None = None
     ) -> None:
         """``index``: the index of exactly ``headers``, when it was made in the pass that
-        chose them (``without``, ``end_to_end_fields``)."""
+        chose them (``fields_without``, ``end_to_end_fields``)."""
         pairs = tuple(headers)
         self._pairs = pairs
         self.by_name: dict[str, list[str]] = index_fields(pairs) if index is None else index
@@ -573,7 +573,7 @@ def end_to_end_fields(headers: Headers, without: frozenset[str] = HOP_BY_HOP) ->
     return Fields(*done) if done is not None else Fields(_end_to_end(headers, without))
 
 
-def without(
+def fields_without(
     headers: Headers, names: frozenset[str], extra: Sequence[tuple[str, str]] = ()
 ) -> Fields:
     """``headers`` less the fields whose lower-cased name is in ``names``, then ``extra``, as
