@@ -110,6 +110,10 @@ _RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
+# What aiohttp's response adds to fields without them (a body's type, the server), and so
+# what a head the proxy renders itself adds: a hit's, or a miss's written at once.
+_DEFAULT_TYPE = "Content-Type: application/octet-stream\r\n"
+_SERVER = f"Server: {SERVER_SOFTWARE}"
 # The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
@@ -556,7 +560,7 @@ class Proxy:
     async def _decide(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
     ) -> Keep | NotStored:
-        """``engine.on_response_head``, asking the fleet's filter first."""
+        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
         admitted = await self._ask_fleet(meta, rmeta, length)
         return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
 
@@ -865,11 +869,11 @@ def _at_once(
     # What aiohttp's response adds to fields without them, in its order.
     added = ""
     if length and "content-type" not in names:
-        added += "Content-Type: application/octet-stream\r\n"
+        added += _DEFAULT_TYPE
     if "date" not in names:
         added += f"Date: {rfc822_formatted_time()}\r\n"
     if "server" not in names:
-        added += f"Server: {SERVER_SOFTWARE}\r\n"
+        added += _SERVER + "\r\n"
     head = (
         f"HTTP/1.1 {upstream.status} {upstream.reason}\r\n{fields}Cache-Status: {cache_status}"
         f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{added}\r\n"
@@ -1081,7 +1085,7 @@ def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str
     lines += [f"{k}: {v}" for k, v in entry.headers if k.lower() not in drops]
     lines += [*extra, "X-Cache: HIT", f"Via: {VIA}"]
     if not _has_field(entry, "server"):
-        lines.append(f"Server: {SERVER_SOFTWARE}")
+        lines.append(_SERVER)
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
 
 
@@ -1089,7 +1093,7 @@ def _default_type(entry: Entry, body: bytes) -> bytes:
     """The Content-Type field aiohttp adds to a body sent without one, or b""."""
     if not body or _has_field(entry, "content-type"):
         return b""
-    return b"Content-Type: application/octet-stream\r\n"
+    return _DEFAULT_TYPE.encode()
 
 
 def _has_field(entry: Entry, name: str) -> bool:
