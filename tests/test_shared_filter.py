@@ -316,7 +316,14 @@ async def test_a_cluster_failover_keeps_every_request_served_and_the_filter_retu
                 await r.read()
                 return r.status
 
-        assert await get("/before") == 200 and shared.remote_decisions == 1
+        # The first decision also connects to the cluster and learns its slots, which can
+        # outlast the 200 ms budget on a busy machine: ask until one is decided there.
+        for i in range(100):
+            assert await get(f"/before{i}") == 200
+            if shared.remote_decisions:
+                break
+            await asyncio.sleep(0.2)  # past the 0.2 s before a fallen-back Redis is retried
+        assert shared.remote_decisions >= 1
         # Promote the replica of the master that holds the filter's hash slot.
         replica = await replica_of_slot(url, shared.remote.keys[0])
         loop = asyncio.get_running_loop()
