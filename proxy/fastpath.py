@@ -23,10 +23,11 @@ mostly) in a task of its own, its *lane*, instead of its handler's loop. What it
   the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
-  limit stops reading the connection. The lane writes through aiohttp's own writer, which
-  waits for the client too, and the requests it holds meet the same limit; an answer whose
-  whole body is in hand (a small miss, mostly) it may write at once, as a hit is written
-  (``LaneRequest.write_at_once``): the bytes aiohttp's writer would write.
+  limit stops reading the connection. The lane writes through aiohttp's writer (as
+  ``FieldWriter`` extends it), which waits for the client too, and the requests it holds
+  meet the same limit; an answer whose whole body is in hand (a small miss, mostly) it may
+  write at once, as a hit is written (``LaneRequest.write_at_once``): the bytes that writer
+  would write.
 * Every answer pushes back the connection's idle timeout, as one from the handler does; a
   connection is not idle while the lane answers on it.
 * A graceful shutdown waits for the lane's request as for the handler's.
@@ -48,10 +49,11 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import RawRequestMessage
-from aiohttp.http_writer import StreamWriter
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
+
+from proxy.writer import FieldWriter, ProxyServer
 
 log = logging.getLogger("onehit.proxy")
 
@@ -65,8 +67,8 @@ JOIN_BELOW = 64 << 10
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
 
 
-class HitServer(web.Server):
-    """``web.Server`` whose connections try ``answers``, in order, and run the other plain
+class HitServer(ProxyServer):
+    """``ProxyServer`` whose connections try ``answers``, in order, and run the other plain
     requests in their lane, before aiohttp's request handler."""
 
     def __init__(self, handler: Any, answers: Sequence[AnswerHit], **kwargs: Any) -> None:
@@ -392,15 +394,15 @@ class LaneRequest(_LoggedRequest):
         self.scheme = scheme
         self._protocol = protocol
         self.transport = protocol.transport
-        self._writer: StreamWriter | None = None
+        self._writer: FieldWriter | None = None
         self.raw_headers = message.raw_headers
 
     @property
-    def _payload_writer(self) -> StreamWriter:
-        """aiohttp's writer for a response to this request, made when one is first written
+    def _payload_writer(self) -> FieldWriter:
+        """The writer of a response to this request, made when one is first written
         through it (an answer written at once needs none)."""
         if self._writer is None:
-            self._writer = StreamWriter(self._protocol, self._protocol._loop)
+            self._writer = FieldWriter(self._protocol, self._protocol._loop)
         return self._writer
 
     writer = property(lambda self: self._payload_writer)

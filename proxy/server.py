@@ -849,9 +849,9 @@ def _at_once(
 ) -> Written | None:
     """The answer to a lane's GET written whole, head and body in one write, when it is the
     origin's response as it is and its whole body arrived with its head (most small objects):
-    the bytes aiohttp's writer would write for ``_head`` marked by ``_mark``. None, writing
-    nothing, for any other answer (streamed through aiohttp's writer), or when the origin's
-    fields name one the proxy marks (aiohttp's writer puts those in their places)."""
+    the bytes the request's writer would write for ``_head`` marked by ``_mark``. None,
+    writing nothing, for any other answer (streamed through that writer), or when the
+    origin's fields name one the proxy marks (``_mark`` puts those in their places)."""
     if (
         type(request) is not LaneRequest
         or request.method != "GET"

@@ -29,6 +29,7 @@ from proxy.fastpath import HitServer
 from proxy.server import Proxy
 from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
+from proxy.writer import ProxyServer
 
 COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
 
@@ -159,7 +160,7 @@ class Service:
             answers = (proxy.plain_hits.answer, proxy.answer_hit)
             server = HitServer(proxy.handle, answers, **server_kwargs)
         else:
-            server = web.Server(proxy.handle, **server_kwargs)  # type: ignore[arg-type]
+            server = ProxyServer(proxy.handle, **server_kwargs)
         proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)
         admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
         await proxy_runner.setup()

@@ -232,6 +232,57 @@ async def test_hop_by_hop_stripped_and_forwarding_headers_replaced(origin, start
     assert seen["X-Forwarded-Proto"] == "http"
 
 
+# Field values as an origin may send them (RFC 9110 section 5.5): a byte that is not UTF-8,
+# and a control character other than CR, LF or NUL, which a recipient may keep.
+ODD_FIELDS = b"X-Name: caf\xe9\r\nX-Odd: a\x01b\r\n"
+
+# Each way an origin's fields reach a client: (proxy settings, requests sent one after the
+# other, the X-Cache of the last answer).
+FIELD_WAYS = {
+    "miss written at once": ({}, [b"GET /f HTTP/1.1"], "MISS"),
+    "miss streamed": ({}, [b"GET /apart HTTP/1.1"], "MISS"),
+    "miss through the handler": ({"server__fast_hits": False}, [b"GET /f HTTP/1.1"], "MISS"),
+    "HTTP/1.0 miss": ({}, [b"GET /f HTTP/1.0"], "MISS"),
+    "hit written at once": ({}, [b"GET /f HTTP/1.1"] * 3, "HIT"),
+    "hit through the handler": ({"server__fast_hits": False}, [b"GET /f HTTP/1.1"] * 3, "HIT"),
+    "HTTP/1.0 hit": ({}, [b"GET /f HTTP/1.1"] * 2 + [b"GET /f HTTP/1.0"], "HIT"),
+    "range from the handler's hit": (
+        {"server__fast_hits": False},
+        [b"GET /f HTTP/1.1"] * 2 + [b"GET /f HTTP/1.1\r\nRange: bytes=0-1"],
+        "HIT",
+    ),
+    "pass-through": ({}, [b"POST /f HTTP/1.1\r\nContent-Length: 0"], "BYPASS"),
+}
+
+
+@pytest.mark.parametrize("way", list(FIELD_WAYS))
+async def test_rfc9110_5_5_field_values_reach_the_client_byte_for_byte(
+    raw_origin, start_proxy, way
+):
+    async def respond(reader, writer):
+        while head := await reader.readuntil(b"\r\n\r\n"):
+            start = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\n" + ODD_FIELDS
+            writer.write(start + b"Content-Length: 5\r\n\r\n")
+            if head.startswith(b"GET /apart "):
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the body after the head: streamed, not at once
+            writer.write(b"hello")
+            await writer.drain()
+
+    settings, requests, x_cache = FIELD_WAYS[way]
+    proxy = await start_proxy(upstream__origin=await raw_origin(respond), **settings)
+    for line in requests:
+        host, port = proxy.proxy_address
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            writer.write(line + b"\r\nHost: example.test\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        finally:
+            writer.close()
+    assert f"\r\nX-Cache: {x_cache}\r\n".encode() in head
+    assert b"\r\nX-Name: caf\xe9\r\n" in head and b"\r\nX-Odd: a\x01b\r\n" in head
+
+
 @pytest.mark.parametrize("connection", [None, "keep-alive, X-Hop"])
 @pytest.mark.parametrize(
     ("method", "extra"), [("GET", {}), ("HEAD", {}), ("GET", {"Cookie": "s=1"})]

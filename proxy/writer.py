@@ -1,0 +1,40 @@
+"""The writer of every answer to a client, and the server that gives it to each request.
+
+aiohttp's parsers decode a field value's bytes with ``surrogateescape``, so a byte that is not
+UTF-8 comes through as a lone surrogate; aiohttp's header serializer drops lone surrogates,
+and refuses (an error, so a 500) any control character but HTAB. An origin's
+``X-Name: caf\\xe9`` would reach the client as ``caf``, and ``a\\x01b`` not at all. A proxy
+passes what it relays as it came, so ``FieldWriter`` writes a head's fields back as the bytes
+that were parsed. It still refuses a CR or LF in the status line or a field: those would
+split the head (RFC 9110 section 5.5; a NUL never gets past aiohttp's parsers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict
+
+from proxy.core._native import field_lines
+
+
+class FieldWriter(StreamWriter):
+    """aiohttp's writer, whose heads carry their field values byte for byte."""
+
+    async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
+        lines = field_lines(headers.items())
+        if lines is None or "\r" in status_line or "\n" in status_line:
+            raise ValueError(f"a line break in the head of {status_line!r}")
+        # Held until the first body bytes or the end, as aiohttp's writer holds its head.
+        self._headers_buf = f"{status_line}\r\n{lines}\r\n".encode("utf-8", "surrogateescape")
+        self._headers_written = False
+
+
+class ProxyServer(web.Server):
+    """``web.Server`` whose requests answer through a ``FieldWriter``."""
+
+    def _make_request(self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any):
+        writer = FieldWriter(protocol, self._loop)
+        return web.BaseRequest(message, payload, protocol, writer, task, self._loop)
