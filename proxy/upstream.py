@@ -58,7 +58,9 @@ class Upstream:
                 total=c.total_timeout, connect=c.connect_timeout, sock_read=c.read_timeout
             ),
             "auto_decompress": False,
-            "skip_auto_headers": ("User-Agent", "Accept-Encoding"),
+            # A field the client did not send is not made up for it: aiohttp's client adds
+            # these four otherwise (Content-Type only to a request with a body).
+            "skip_auto_headers": ("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             "cookie_jar": aiohttp.DummyCookieJar(),
         }
         self._session = aiohttp.ClientSession(

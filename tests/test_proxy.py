@@ -318,6 +318,22 @@ async def test_every_end_to_end_field_reaches_the_origin_by_default(origin, star
     assert {k: seen.get(k) for k in sent} == sent
 
 
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE"])
+async def test_a_request_with_a_body_reaches_the_origin_with_no_field_added_but_forwarding(
+    origin, start_proxy, method
+):
+    proxy = await start_proxy()
+    head = f"{method} /b HTTP/1.1\r\nHost: example.test\r\nContent-Length: 3\r\n"
+    assert (await raw(proxy, f"{head}\r\nabc".encode())).startswith(b"HTTP/1.1 200 ")
+    forwarding = {"Via", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host"}
+    # No Accept or Content-Type of an HTTP client library's own: the client sent none.
+    assert set(origin.seen_headers["/b"]) == {"Host", "Content-Length"} | forwarding
+    asked = f"{head}Content-Type: text/csv\r\nAccept: text/html\r\n\r\nabc"
+    assert (await raw(proxy, asked.encode())).startswith(b"HTTP/1.1 200 ")
+    seen = origin.seen_headers["/b"]
+    assert (seen["Content-Type"], seen["Accept"]) == ("text/csv", "text/html")
+
+
 async def test_an_allow_list_passes_only_its_fields_and_what_vary_needs(
     origin, start_proxy, client
 ):
