@@ -289,6 +289,16 @@ def test_field_lines_are_written_as_given():
         assert field_lines(fields) == "".join(f"{k}: {v}\r\n" for k, v in fields)
 
 
+@pytest.mark.parametrize("text", ["a", "caf\u00e9", "caf\udce9", "\U0001f600"])  # each kind
+@pytest.mark.parametrize("brk", ["\r", "\n"])
+def test_field_lines_refuse_a_line_break_in_a_name_or_value_of_any_string_kind(text, brk):
+    assert field_lines([("X-A", text)]) == f"X-A: {text}\r\n"
+    for at in (0, len(text)):
+        broken = text[:at] + brk + text[at:]
+        assert field_lines([("X-A", broken)]) is None
+        assert field_lines([(broken, "1")]) is None
+
+
 async def test_a_response_nobody_asked_for_closes_its_idle_connection(raw_origin, pool):
     connections = 0
 

@@ -412,6 +412,18 @@ def test_fields_index_their_values_by_name_lower_cased_as_str_lower_does():
         r.end_to_end([("a",)])
 
 
+def test_names_are_lower_cased_alike_before_and_past_the_bound_on_those_remembered():
+    # The compiled pass remembers the lower-cased form of up to 512 names; a client inventing
+    # more gets the same index, the rest lower-cased anew.
+    for round_ in range(2):
+        names = [f"X-Invented-{i}-Name" for i in range(1200)]
+        by_name = r.Fields([(name, str(round_)) for name in names]).by_name
+        assert list(by_name) == [name.lower() for name in names]
+        assert all(type(k) is str for k in by_name)
+        again = r.Fields([(name.upper(), "v") for name in names]).by_name
+        assert list(again) == list(by_name)
+
+
 def _indexed_as_given(fields: r.Fields) -> tuple:
     """What a ``Fields`` holds, with its index made apart from the pass that chose it."""
     pairs = tuple(fields)

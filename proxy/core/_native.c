@@ -2114,6 +2114,14 @@ done:
  * entries, and each full collection would otherwise walk every one of them. */
 /* Header fields: lower-cased names, as str.lower() gives them. */
 
+/* The lower-cased form of the ASCII names met so far, by name, up to LOWERED_MAX of them. A
+ * proxy meets a few dozen distinct names, each on nearly every message: a lookup costs less
+ * than a new string, the lower-cased one keeps its hash, and every stored response's index of
+ * its fields shares its keys. Names past the bound (a client inventing them) are lower-cased
+ * anew each time, as before. */
+#define LOWERED_MAX 512
+static PyObject *lowered;
+
 /* name.lower(): an exact str, built here for an ASCII name, else by str.lower. */
 static PyObject *lower_name(PyObject *name) {
     if (!PyUnicode_Check(name) || !PyUnicode_IS_ASCII(name))
@@ -2123,9 +2131,19 @@ static PyObject *lower_name(PyObject *name) {
     Py_ssize_t i = 0;
     while (i < n && !(s[i] >= 'A' && s[i] <= 'Z'))
         i++;
-    if (i == n && PyUnicode_CheckExact(name)) {
+    int exact = PyUnicode_CheckExact(name);
+    if (i == n && exact) {
         Py_INCREF(name);
         return name;
+    }
+    if (exact) {
+        if (lowered == NULL && (lowered = PyDict_New()) == NULL)
+            return NULL;
+        PyObject *known = PyDict_GetItemWithError(lowered, name);
+        if (known != NULL)
+            return Py_NewRef(known);
+        if (PyErr_Occurred())
+            return NULL;
     }
     PyObject *out = PyUnicode_New(n, 127);
     if (out == NULL)
@@ -2133,6 +2151,10 @@ static PyObject *lower_name(PyObject *name) {
     Py_UCS1 *d = PyUnicode_1BYTE_DATA(out);
     for (Py_ssize_t j = 0; j < n; j++)
         d[j] = (s[j] >= 'A' && s[j] <= 'Z') ? (Py_UCS1)(s[j] + 32) : s[j];
+    if (exact && PyDict_GET_SIZE(lowered) < LOWERED_MAX && PyDict_SetItem(lowered, name, out) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
     return out;
 }
 
@@ -2291,9 +2313,17 @@ done:
     return result;
 }
 
-/* Whether a str holds a CR or an LF. */
+/* Whether a str holds a CR or an LF: one pass over a one-byte string (a header field's, in
+ * practice), where two PyUnicode_FindChar calls cost more than the scan itself. */
 static int has_newline(PyObject *text) {
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if (PyUnicode_KIND(text) == PyUnicode_1BYTE_KIND) {
+        const Py_UCS1 *s = PyUnicode_1BYTE_DATA(text);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (s[i] <= '\r' && (s[i] == '\r' || s[i] == '\n'))
+                return 1;
+        return 0;
+    }
     return PyUnicode_FindChar(text, '\r', 0, n, 1) != -1 ||
            PyUnicode_FindChar(text, '\n', 0, n, 1) != -1;
 }
