@@ -1,9 +1,10 @@
-"""The origin client of bodiless GET and HEAD requests to plain-HTTP origins: aiohttp's strict
-C response parser and body streams, driven by a small connection protocol of its own over a
-keep-alive pool of its own. The ``ClientSession`` machinery around them cost a miss more than
-everything else the proxy does for one, and aiohttp's ``ResponseHandler`` (a message queue, a
-loop timer per read, a timer context per request) another tenth. Requests with a body, and
-HTTPS origins, stay on the session.
+"""The origin client of requests to plain-HTTP origins whose body, if any, is in hand: aiohttp's
+strict C response parser and body streams, driven by a small connection protocol of its own
+over a keep-alive pool of its own. The ``ClientSession`` machinery around them cost a miss more
+than everything else the proxy does for one, and aiohttp's ``ResponseHandler`` (a message
+queue, a loop timer per read, a timer context per request) another tenth; its header writer
+also drops field bytes that are not UTF-8. Requests whose body is still arriving (past
+``[server] body_buffer_size``), and HTTPS origins, stay on the session.
 
 Rules it keeps:
 
@@ -11,7 +12,8 @@ Rules it keeps:
   errors (``aiohttp.ClientPayloadError`` for a body cut short, ``ServerDisconnectedError``,
   ``HttpProcessingError`` for a malformed head). Interim 1xx responses are skipped.
 * The request is written as given: its request line, ``Host`` (the origin's, as the session
-  sends it) and the fields the proxy forwards, nothing of a client library's own.
+  sends it) and the fields the proxy forwards, byte for byte, nothing of a client library's
+  own. A body goes with a ``Content-Length`` of its own length, in place of the client's.
 * At most ``max_connections`` connections are in use at once (later requests wait for one); a
   connection goes back to the pool only once its response was read to the end and nothing
   says it must close, and an idle one is dropped after ``idle_timeout`` seconds.
@@ -321,9 +323,10 @@ class OriginPool:
         return url.startswith("http://")
 
     async def request(
-        self, method: str, url: str, headers: list[tuple[str, str]]
+        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None = None
     ) -> OriginResponse:
-        """Send a bodiless ``method`` request for ``url``; the response's head has arrived."""
+        """Send a ``method`` request for ``url``, with ``body`` (None: none) framed by a
+        Content-Length of its own; the response's head has arrived."""
         netloc, slash, rest = url.removeprefix("http://").partition("/")
         origin = self._origins.get(netloc)
         if origin is None:
@@ -331,11 +334,17 @@ class OriginPool:
         address, host = origin
         target = (slash + rest).partition("#")[0] or "/"
         request_line = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"
+        if body is not None:
+            # The body goes as it is in hand: its length frames it, whatever the client's did.
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers.append(("Content-Length", str(len(body))))
         # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
         fields = field_lines(headers)
         if fields is None or request_line.count("\n") != 2 or request_line.count("\r") != 2:
             raise ValueError("a newline or carriage return in a request line or field")
         head = (request_line + fields + "\r\n").encode("utf-8", "surrogateescape")
+        if body:
+            head += body
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()

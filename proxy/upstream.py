@@ -1,6 +1,7 @@
-"""The origin client: bodiless GET and HEAD requests to plain-HTTP origins go through the
-proxy's own pool (``proxy.pool``: aiohttp's response protocol without its session), the rest
-through one aiohttp session; bodies pass through untouched either way.
+"""The origin client: requests to plain-HTTP origins whose body, if any, is in hand go through
+the proxy's own pool (``proxy.pool``: aiohttp's response parser without its session), the
+rest (a body still arriving, an HTTPS origin) through one aiohttp session; bodies pass through
+untouched either way.
 
 It never decompresses (bodies go to clients byte for byte, with their Content-Encoding), never
 follows redirects, and maps failures to what the client must get: an origin that cannot be
@@ -92,8 +93,8 @@ class Upstream:
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
         replayable = body is None or isinstance(body, bytes)
         try:
-            if body is None and method in ("GET", "HEAD") and self._pool.serves(url):
-                return await self._pool.request(method, url, headers)
+            if (body is None or isinstance(body, bytes)) and self._pool.serves(url):
+                return await self._pool.request(method, url, headers, body)
             try:
                 return await self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False

@@ -334,6 +334,38 @@ async def test_a_request_with_a_body_reaches_the_origin_with_no_field_added_but_
     assert (seen["Content-Type"], seen["Accept"]) == ("text/csv", "text/html")
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Content-Length: 5\r\n\r\nhello",
+        b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    ],
+    ids=["length", "chunked"],
+)
+@pytest.mark.parametrize("method", [b"GET", b"POST", b"PUT"])
+async def test_rfc9110_5_5_request_field_values_reach_the_origin_byte_for_byte(
+    raw_origin, start_proxy, method, framing
+):
+    heads: list[bytes] = []
+
+    async def respond(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        heads.append(head + await reader.readexactly(5 if method != b"GET" else 0))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+
+    proxy = await start_proxy(upstream__origin=await raw_origin(respond))
+    body = framing if method != b"GET" else b"\r\n"
+    sent = method + b" /b HTTP/1.1\r\nHost: example.test\r\nX-Name: caf\xe9\r\n" + body
+    assert (await raw(proxy, sent)).startswith(b"HTTP/1.1 200 ")
+    [got] = heads
+    assert b"\r\nX-Name: caf\xe9\r\n" in got
+    if method != b"GET":
+        # The body as it was in hand, framed by its own length whatever the client's framing.
+        assert b"\r\nContent-Length: 5\r\n" in got and got.endswith(b"\r\n\r\nhello")
+        assert b"Transfer-Encoding" not in got
+
+
 async def test_an_allow_list_passes_only_its_fields_and_what_vary_needs(
     origin, start_proxy, client
 ):
