@@ -415,12 +415,12 @@ static Py_ssize_t decimal(char *out, long long n) {
     return at;
 }
 
-/* The answer's bytes: head, default Content-Type (GET only), the per-hit fields, the blank
- * line, and the body when it is joined. */
+/* The answer's bytes: head, the per-hit fields, the blank line, and the body when it is
+ * joined. */
 static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int head,
                         long long ttl, long long age, PyObject *status) {
-    PyObject *fixed = PyTuple_GET_ITEM(rendered, 0), *default_type = PyTuple_GET_ITEM(rendered, 1);
-    int dated = PyObject_IsTrue(PyTuple_GET_ITEM(rendered, 2));
+    PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
+    int dated = PyObject_IsTrue(PyTuple_GET_ITEM(rendered, 1));
     if (dated < 0)
         return NULL;
     char numbers[64];
@@ -448,7 +448,6 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
     Py_ssize_t body_len = head ? 0 : PyBytes_GET_SIZE(body);
     int join = !head && body_len < self->join_below;
     const char *parts[] = {PyBytes_AS_STRING(fixed),
-                           head ? "" : PyBytes_AS_STRING(default_type),
                            PyBytes_AS_STRING(self->per_hit),
                            numbers,
                            dated ? "" : "Date: ",
@@ -457,7 +456,6 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
                            "\r\n",
                            join ? PyBytes_AS_STRING(body) : ""};
     Py_ssize_t lens[] = {PyBytes_GET_SIZE(fixed),
-                         head ? 0 : PyBytes_GET_SIZE(default_type),
                          PyBytes_GET_SIZE(self->per_hit),
                          nlen,
                          dated ? 0 : 6,
@@ -531,9 +529,8 @@ static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssi
     rendered = get(entry, &attrs[A_RENDERED]);
     body = rendered ? get(entry, &attrs[A_PAYLOAD]) : NULL;
     status = body ? get(entry, &attrs[A_STATUS]) : NULL;
-    if (status == NULL || !PyTuple_Check(rendered) || PyTuple_GET_SIZE(rendered) != 3 ||
-        !PyBytes_Check(PyTuple_GET_ITEM(rendered, 0)) ||
-        !PyBytes_Check(PyTuple_GET_ITEM(rendered, 1)) || !PyBytes_Check(body))
+    if (status == NULL || !PyTuple_Check(rendered) || PyTuple_GET_SIZE(rendered) != 2 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(rendered, 0)) || !PyBytes_Check(body))
         goto done;
     if (count_hit(self, key, entry, hash, now_obj) < 0)
         goto done;

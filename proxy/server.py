@@ -75,6 +75,7 @@ from proxy.core.store import Entry
 from proxy.fastpath import JOIN_BELOW, LaneRequest, Written
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
+from proxy.writer import Relayed, RelayedWhole
 
 log = logging.getLogger("onehit.proxy")
 
@@ -110,9 +111,8 @@ _RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
-# What aiohttp's response adds to fields without them (a body's type, the server), and so
-# what a head the proxy renders itself adds: a hit's, or a miss's written at once.
-_DEFAULT_TYPE = "Content-Type: application/octet-stream\r\n"
+# What aiohttp's response adds to fields without it (the server), and so what a head the
+# proxy renders itself adds: a hit's, or a miss's written at once.
 _SERVER = f"Server: {SERVER_SOFTWARE}"
 # The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
@@ -349,7 +349,7 @@ class Proxy:
         self._fast_hits += 1
         age = int(hit.age)
         ttl = int(entry.lifetime - hit.age)
-        head, default_type, dated = rendered
+        head, dated = rendered
         per_hit = _PER_HIT % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
@@ -362,8 +362,8 @@ class Proxy:
             return b"".join((head, per_hit, b"\r\n")), b"", entry.status
         body = entry.payload
         if len(body) < JOIN_BELOW:
-            return b"".join((head, default_type, per_hit, b"\r\n", body)), b"", entry.status
-        return b"".join((head, default_type, per_hit, b"\r\n")), body, entry.status
+            return b"".join((head, per_hit, b"\r\n", body)), b"", entry.status
+        return b"".join((head, per_hit, b"\r\n")), body, entry.status
 
     # Fetches
 
@@ -685,9 +685,7 @@ class Proxy:
             return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
-            out = web.StreamResponse(
-                status=upstream.status, reason=upstream.reason, headers=_fields(upstream)
-            )
+            out = Relayed(status=upstream.status, reason=upstream.reason, headers=_fields(upstream))
             _mark(out, f"{CACHE}; fwd=method", "BYPASS")
             await out.prepare(request)
             try:
@@ -803,7 +801,7 @@ class Proxy:
         elif answer.status == 206:
             kept.append(("Content-Range", f"bytes {answer.first}-{answer.last}/{len(body)}"))
             body = body[answer.first : answer.last + 1]
-        response = web.Response(status=answer.status, body=body)
+        response = RelayedWhole(status=answer.status, body=body)
         _copy_headers(response.headers, kept)
         _mark(response, cache_status, x_cache)
         response.headers["Age"] = str(int(age))
@@ -825,10 +823,10 @@ def _head(
 ) -> web.StreamResponse:
     """The head of the answer to a client from an origin response that is still arriving."""
     if answer.status == upstream.status:
-        return web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        return Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
     drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
     kept = [(k, v) for k, v in headers if k.lower() not in drops]
-    out = web.StreamResponse(status=answer.status, headers=kept)
+    out = Relayed(status=answer.status, headers=kept)
     if answer.status == 206:
         out.headers["Content-Range"] = f"bytes {answer.first}-{answer.last}/{length}"
         out.content_length = answer.last - answer.first + 1
@@ -866,10 +864,8 @@ def _at_once(
     fields = field_lines(headers)
     if fields is None:
         return None  # a line break in a field: the origin's parser never passes one
-    # What aiohttp's response adds to fields without them, in its order.
+    # What the request's response adds to fields without them, in its order.
     added = ""
-    if length and "content-type" not in names:
-        added += _DEFAULT_TYPE
     if "date" not in names:
         added += f"Date: {rfc822_formatted_time()}\r\n"
     if "server" not in names:
@@ -1046,16 +1042,15 @@ def _abort(request: web.BaseRequest) -> None:
         request.transport.close()
 
 
-def _render(entry: Entry) -> tuple[bytes, bytes, bool] | bool:
+def _render(entry: Entry) -> tuple[bytes, bool] | bool:
     """What every hit on ``entry`` writes the same, built once per stored response: the head
-    without its per-hit fields (Age, Cache-Status, Date when the origin sent none), the
-    Content-Type a body without one gets (as aiohttp adds), and whether the origin sent a Date.
-    False for a status ``answer_hit`` leaves to ``handle``."""
+    without its per-hit fields (Age, Cache-Status, Date when the origin sent none), and whether
+    the origin sent a Date. False for a status ``answer_hit`` leaves to ``handle``."""
     if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
         return False
     extra = [f"Content-Length: {len(entry.payload)}", "Accept-Ranges: bytes"]
     head = _head_text(entry, entry.status, _RECOMPUTED | _MARKS, extra)
-    return head, _default_type(entry, entry.payload), _has_field(entry, "date")
+    return head, _has_field(entry, "date")
 
 
 def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes]:
@@ -1074,8 +1069,7 @@ def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes]:
         f"Content-Length: {len(body)}",
         "Accept-Ranges: bytes",
     ]
-    head = _head_text(entry, answer.status, _RECOMPUTED | _MARKS, extra)
-    return head + _default_type(entry, body), body
+    return _head_text(entry, answer.status, _RECOMPUTED | _MARKS, extra), body
 
 
 def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str]) -> bytes:
@@ -1087,13 +1081,6 @@ def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str
     if not _has_field(entry, "server"):
         lines.append(_SERVER)
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
-
-
-def _default_type(entry: Entry, body: bytes) -> bytes:
-    """The Content-Type field aiohttp adds to a body sent without one, or b""."""
-    if not body or _has_field(entry, "content-type"):
-        return b""
-    return _DEFAULT_TYPE.encode()
 
 
 def _has_field(entry: Entry, name: str) -> bool:

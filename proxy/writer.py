@@ -1,4 +1,5 @@
-"""The writer of every answer to a client, and the server that gives it to each request.
+"""How the proxy's answers carry what they relay: the writer of every answer to a client, the
+server that gives it to each request, and the responses that relay an origin's.
 
 aiohttp's parsers decode a field value's bytes with ``surrogateescape``, so a byte that is not
 UTF-8 comes through as a lone surrogate; aiohttp's header serializer drops lone surrogates,
@@ -7,13 +8,20 @@ and refuses (an error, so a 500) any control character but HTAB. An origin's
 passes what it relays as it came, so ``FieldWriter`` writes a head's fields back as the bytes
 that were parsed. It still refuses a CR or LF in the status line or a field: those would
 split the head (RFC 9110 section 5.5; a NUL never gets past aiohttp's parsers).
+
+aiohttp, as an origin server, also gives a body sent without a Content-Type one of
+``application/octet-stream`` (RFC 9110 section 8.3 lets a recipient assume that type). A
+proxy that did so would decide for the client: without the field a client may look at the
+body to tell its type, as a browser does to render a page the origin sent untyped, and with a
+made-up octet-stream it would download it instead. ``Relayed`` and ``RelayedWhole`` answer
+with the fields they were given and those the proxy sets, nothing typed for them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict
 
@@ -38,3 +46,17 @@ class ProxyServer(web.Server):
     def _make_request(self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any):
         writer = FieldWriter(protocol, self._loop)
         return web.BaseRequest(message, payload, protocol, writer, task, self._loop)
+
+
+class Relayed(web.StreamResponse):
+    """A response relaying another's head: aiohttp adds no Content-Type to it."""
+
+    async def _prepare_headers(self) -> None:
+        typed = hdrs.CONTENT_TYPE in self.headers
+        await super()._prepare_headers()
+        if not typed:
+            self.headers.popall(hdrs.CONTENT_TYPE, None)
+
+
+class RelayedWhole(Relayed, web.Response):
+    """``Relayed`` with its body in hand, as ``web.Response``."""

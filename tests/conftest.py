@@ -159,8 +159,8 @@ async def raw_origin() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
         async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 await handler(reader, writer)
-            except (ConnectionError, asyncio.CancelledError):
-                pass
+            except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+                pass  # the proxy hung up, mid-read or mid-write
             finally:
                 writer.close()
 

@@ -60,7 +60,7 @@ async def stored(service: Service, path: str = "/hit") -> None:
 async def test_a_fast_hit_is_the_handlers_answer_status_fields_and_body(
     origin, raw_origin, start_proxy, method
 ):
-    # An origin that sends no Date, Server or Content-Type: the fields aiohttp adds itself.
+    # An origin that sends no Date, Server or Content-Type: the proxy adds the first two.
     async def respond(reader, writer):
         while await reader.readuntil(b"\r\n\r\n"):
             writer.write(

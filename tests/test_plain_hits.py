@@ -91,7 +91,7 @@ DATED = [("Cache-Control", "max-age=600"), ("Date", formatdate(NOW, usegmt=True)
         ("HEAD", b"x" * 1024, DATED),
         ("GET", b"y" * (300 << 10), DATED),  # past the size written apart from the head
         ("GET", b"", DATED),
-        # No Date or Content-Type from the origin: the ones aiohttp adds, per hit.
+        # No Date or Content-Type from the origin: a Date is added per hit, no type.
         ("GET", b"z" * 10, [("Cache-Control", "max-age=600"), ("ETag", '"v1"')]),
         ("HEAD", b"z" * 10, [("Cache-Control", "max-age=600"), ("Content-Type", "text/css")]),
     ],

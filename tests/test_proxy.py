@@ -255,10 +255,10 @@ FIELD_WAYS = {
 }
 
 
-@pytest.mark.parametrize("way", list(FIELD_WAYS))
-async def test_rfc9110_5_5_field_values_reach_the_client_byte_for_byte(
-    raw_origin, start_proxy, way
-):
+async def last_head(raw_origin, start_proxy, way: str) -> bytes:
+    """The head of the last answer of ``FIELD_WAYS[way]``, from an origin whose response
+    carries ``ODD_FIELDS`` and no Content-Type, Date or Server."""
+
     async def respond(reader, writer):
         while head := await reader.readuntil(b"\r\n\r\n"):
             start = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\n" + ODD_FIELDS
@@ -280,7 +280,26 @@ async def test_rfc9110_5_5_field_values_reach_the_client_byte_for_byte(
         finally:
             writer.close()
     assert f"\r\nX-Cache: {x_cache}\r\n".encode() in head
+    return head
+
+
+@pytest.mark.parametrize("way", list(FIELD_WAYS))
+async def test_rfc9110_5_5_field_values_reach_the_client_byte_for_byte(
+    raw_origin, start_proxy, way
+):
+    head = await last_head(raw_origin, start_proxy, way)
     assert b"\r\nX-Name: caf\xe9\r\n" in head and b"\r\nX-Odd: a\x01b\r\n" in head
+
+
+@pytest.mark.parametrize("way", list(FIELD_WAYS))
+async def test_rfc9110_8_3_an_answer_gets_no_content_type_its_origin_did_not_send(
+    raw_origin, start_proxy, way
+):
+    # Without one, a client may look at the body to tell its type (a browser renders a page);
+    # a made-up application/octet-stream would have it download the page instead.
+    head = await last_head(raw_origin, start_proxy, way)
+    assert b"\r\nContent-Type:" not in head
+    assert b"\r\nDate: " in head  # a recipient forwarding a response without one adds it
 
 
 @pytest.mark.parametrize("connection", [None, "keep-alive, X-Hop"])
