@@ -48,7 +48,6 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
-from aiohttp.http import SERVER_SOFTWARE
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -111,9 +110,6 @@ _RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
-# What aiohttp's response adds to fields without it (the server), and so what a head the
-# proxy renders itself adds: a hit's, or a miss's written at once.
-_SERVER = f"Server: {SERVER_SOFTWARE}"
 # The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
@@ -864,15 +860,11 @@ def _at_once(
     fields = field_lines(headers)
     if fields is None:
         return None  # a line break in a field: the origin's parser never passes one
-    # What the request's response adds to fields without them, in its order.
-    added = ""
-    if "date" not in names:
-        added += f"Date: {rfc822_formatted_time()}\r\n"
-    if "server" not in names:
-        added += _SERVER + "\r\n"
+    # A Date where the origin sent none, as a relayed response adds it.
+    dated = "" if "date" in names else f"Date: {rfc822_formatted_time()}\r\n"
     head = (
         f"HTTP/1.1 {upstream.status} {upstream.reason}\r\n{fields}Cache-Status: {cache_status}"
-        f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{added}\r\n"
+        f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{dated}\r\n"
     )
     return request.write_at_once(head.encode("utf-8", "surrogateescape"), arrived, upstream.status)
 
@@ -1078,8 +1070,6 @@ def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str
     lines = [f"HTTP/1.1 {status} {REASON_PHRASES.get(status, '')}"]
     lines += [f"{k}: {v}" for k, v in entry.headers if k.lower() not in drops]
     lines += [*extra, "X-Cache: HIT", f"Via: {VIA}"]
-    if not _has_field(entry, "server"):
-        lines.append(_SERVER)
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
 
 

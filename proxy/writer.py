@@ -13,8 +13,10 @@ aiohttp, as an origin server, also gives a body sent without a Content-Type one 
 ``application/octet-stream`` (RFC 9110 section 8.3 lets a recipient assume that type). A
 proxy that did so would decide for the client: without the field a client may look at the
 body to tell its type, as a browser does to render a page the origin sent untyped, and with a
-made-up octet-stream it would download it instead. ``Relayed`` and ``RelayedWhole`` answer
-with the fields they were given and those the proxy sets, nothing typed for them.
+made-up octet-stream it would download it instead. It adds its own ``Server`` too, which
+names the origin's software (RFC 9110 section 10.2.4; the proxy says what it is in ``Via``).
+``Relayed`` and ``RelayedWhole`` answer with the fields they were given and those the proxy
+sets (``Date`` where missing, section 6.6.1), neither of those two.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ class ProxyServer(web.Server):
 
 
 class Relayed(web.StreamResponse):
-    """A response relaying another's head: aiohttp adds no Content-Type to it."""
+    """A response relaying another's head: aiohttp adds no Content-Type or Server to it."""
 
     async def _prepare_headers(self) -> None:
-        typed = hdrs.CONTENT_TYPE in self.headers
+        headers = self.headers
+        made_up = [name for name in (hdrs.CONTENT_TYPE, hdrs.SERVER) if name not in headers]
         await super()._prepare_headers()
-        if not typed:
-            self.headers.popall(hdrs.CONTENT_TYPE, None)
+        for name in made_up:
+            headers.popall(name, None)
 
 
 class RelayedWhole(Relayed, web.Response):

@@ -292,14 +292,16 @@ async def test_rfc9110_5_5_field_values_reach_the_client_byte_for_byte(
 
 
 @pytest.mark.parametrize("way", list(FIELD_WAYS))
-async def test_rfc9110_8_3_an_answer_gets_no_content_type_its_origin_did_not_send(
+async def test_rfc9110_an_answer_gets_no_content_type_or_server_its_origin_did_not_send(
     raw_origin, start_proxy, way
 ):
-    # Without one, a client may look at the body to tell its type (a browser renders a page);
-    # a made-up application/octet-stream would have it download the page instead.
     head = await last_head(raw_origin, start_proxy, way)
+    # Section 8.3: without one, a client may look at the body to tell its type (a browser
+    # renders a page); a made-up application/octet-stream would have it download the page.
     assert b"\r\nContent-Type:" not in head
-    assert b"\r\nDate: " in head  # a recipient forwarding a response without one adds it
+    # Section 10.2.4: Server names the origin's software; the proxy says what it is in Via.
+    assert b"\r\nServer:" not in head and b"\r\nVia: 1.1 onehit\r\n" in head
+    assert b"\r\nDate: " in head  # section 6.6.1: a recipient forwarding one without adds it
 
 
 @pytest.mark.parametrize("connection", [None, "keep-alive, X-Hop"])
