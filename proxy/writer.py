@@ -45,8 +45,10 @@ class FieldWriter(StreamWriter):
 class ProxyServer(web.Server):
     """``web.Server`` whose requests answer through a ``FieldWriter``."""
 
-    def _make_request(self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any):
-        writer = FieldWriter(protocol, self._loop)
+    def _make_request(
+        self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any
+    ) -> web.BaseRequest:
+        writer = FieldWriter(protocol, self._loop)  # in place of the plain one aiohttp made
         return web.BaseRequest(message, payload, protocol, writer, task, self._loop)
 
 

@@ -2108,10 +2108,6 @@ done:
     return result;
 }
 
-/* Stops the cyclic collector from tracking obj (its memory is still freed by reference
- * counting). Only for an object that can never be part of a reference cycle: one whose fields
- * hold strings, bytes, numbers, and tuples and dicts of them. A cache holds millions of such
- * entries, and each full collection would otherwise walk every one of them. */
 /* Header fields: lower-cased names, as str.lower() gives them. */
 
 /* The lower-cased form of the ASCII names met so far, by name, up to LOWERED_MAX of them. A
@@ -2374,6 +2370,10 @@ fail_seq:
     return NULL;
 }
 
+/* Stops the cyclic collector from tracking obj (its memory is still freed by reference
+ * counting). Only for an object that can never be part of a reference cycle: one whose fields
+ * hold strings, bytes, numbers, and tuples and dicts of them. A cache holds millions of such
+ * entries, and each full collection would otherwise walk every one of them. */
 static PyObject *py_untrack(PyObject *module, PyObject *obj) {
     if (PyObject_IS_GC(obj))
         PyObject_GC_UnTrack(obj);
