@@ -15,8 +15,10 @@ is also stored, as a second sighting is); optionally onehit from another checkou
 (``--baseline DIR``, an earlier commit); and a minimal aiohttp pass-through (no cache: a
 ``web.Server`` handler fetching through a ``ClientSession``), the reference. The origin runs
 outside valgrind and answers 1 KiB bodies. Needs ``valgrind``; takes about 2 minutes a server.
+``--post``: each request is instead a POST with a 1 KiB body, which no cache stores: the
+pass-through path (unsafe methods, uploads), against the same reference forwarding it.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--baseline /tmp/onehit-before]
+    .venv/bin/python benchmarks/bench_instructions.py [--baseline /tmp/onehit-before] [--post]
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def misses(port: int, count: int) -> None:
-    """``count`` sequential GETs, each of a URL never asked before, on one connection."""
+def misses(port: int, count: int, post: bool = False) -> None:
+    """``count`` sequential GETs (``post``: POSTs of 1 KiB), each of a URL never asked before,
+    on one connection."""
     tag = uuid.uuid4().hex[:8]
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    method, body = ("POST", b"u" * 1024) if post else ("GET", None)
     try:
         for i in range(count):
-            connection.request("GET", f"/1k/count-{tag}-{i}")
+            connection.request(method, f"/1k/count-{tag}-{i}", body=body)
             response = connection.getresponse()
             body = response.read()
             if response.status != 200 or len(body) != 1024:
@@ -54,7 +58,9 @@ def misses(port: int, count: int) -> None:
         connection.close()
 
 
-def instructions(command: list[str], cwd: Path, port: int, count: int, warm: int) -> int:
+def instructions(
+    command: list[str], cwd: Path, port: int, count: int, warm: int, post: bool = False
+) -> int:
     """User-space instructions ``command`` runs from its start to its exit after SIGTERM,
     having answered ``warm`` and then ``count`` misses."""
     with tempfile.TemporaryDirectory(prefix="onehit-callgrind-") as tmp:
@@ -64,17 +70,19 @@ def instructions(command: list[str], cwd: Path, port: int, count: int, warm: int
         with ExitStack() as stack:
             spawn(stack, *valgrind, *command, cwd=str(cwd))
             wait_ready(f"http://127.0.0.1:{port}/1k/warm-{uuid.uuid4().hex[:8]}", timeout=180)
-            misses(port, warm)
-            misses(port, count)
+            misses(port, warm, post)
+            misses(port, count, post)
         found = re.search(r"Collected : (\d+)", log.read_text())
         if found is None:
             raise RuntimeError(f"no instruction count in valgrind's log:\n{log.read_text()}")
         return int(found.group(1))
 
 
-def per_miss(command: list[str], cwd: Path, port: int, small: int, large: int) -> float:
-    low = instructions(command, cwd, port, small, warm=50)
-    high = instructions(command, cwd, port, large, warm=50)
+def per_miss(
+    command: list[str], cwd: Path, port: int, small: int, large: int, post: bool = False
+) -> float:
+    low = instructions(command, cwd, port, small, 50, post)
+    high = instructions(command, cwd, port, large, 50, post)
     return (high - low) / (large - small)
 
 
@@ -83,11 +91,13 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=300, help="misses of the first run")
     parser.add_argument("--large", type=int, default=1300, help="misses of the second run")
     parser.add_argument("--baseline", help="a checkout of onehit to count beside this one")
+    parser.add_argument("--post", action="store_true", help="POSTs of 1 KiB instead of GETs")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)")
     if args.large <= args.small:
         sys.exit("--large must be more than --small")
+    what = "POST" if args.post else "miss"
     py = sys.executable
     origin_port = free_port()
     origin = f"http://127.0.0.1:{origin_port}"
@@ -113,10 +123,10 @@ def main() -> None:
         spawn(stack, py, str(HERE / "bench_proxy.py"), "--role", "origin", str(origin_port))
         wait_ready(f"{origin}/1k/ready")
         for name, (command, cwd, port) in servers.items():
-            counts[name] = per_miss(command, cwd, port, args.small, args.large)
-            print(f"{name}: {counts[name]:,.0f} instructions per miss", flush=True)
+            counts[name] = per_miss(command, cwd, port, args.small, args.large, args.post)
+            print(f"{name}: {counts[name]:,.0f} instructions per {what}", flush=True)
     reference = counts["aiohttp pass-through (reference)"]
-    print(f"\n{'server':36} {'instructions/miss':>18} {'x reference':>12}")
+    print(f"\n{'server':36} {'instructions/' + what:>18} {'x reference':>12}")
     for name, count in counts.items():
         print(f"{name:36} {count:18,.0f} {count / reference:12.2f}")
 

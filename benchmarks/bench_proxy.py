@@ -102,7 +102,10 @@ def serve_passthrough(port: int, origin: str) -> None:
         nonlocal session
         if session is None:
             session = aiohttp.ClientSession(auto_decompress=False)
-        async with session.get(origin + request.raw_path) as upstream:
+        data = await request.read() if request.body_exists else None
+        async with session.request(
+            request.method, origin + request.raw_path, data=data
+        ) as upstream:
             body = await upstream.read()
             return web.Response(status=upstream.status, body=body)
 
