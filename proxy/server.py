@@ -95,6 +95,7 @@ _CLIENT_ASKS = frozenset(
 _NOT_SENT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
+_LENGTH = frozenset({"content-length"})
 # Fields every answer carries with the proxy's own values (``_mark``).
 _MARKS = frozenset({"cache-status", "x-cache", "via"})
 _NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
@@ -681,11 +682,22 @@ class Proxy:
             return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
-            out = Relayed(status=upstream.status, reason=upstream.reason, headers=_fields(upstream))
+            fields = _fields(upstream)
+            arrived = _in_hand(upstream)
+            if upstream.content_length == len(arrived):
+                # The whole body came with the head (most API answers): written with it, in
+                # one write, instead of streamed.
+                whole = RelayedWhole(status=upstream.status, reason=upstream.reason, body=arrived)
+                _copy_headers(
+                    whole.headers, [(k, v) for k, v in fields if k.lower() not in _LENGTH]
+                )
+                _mark(whole, f"{CACHE}; fwd=method", "BYPASS")
+                return whole
+            out = Relayed(status=upstream.status, reason=upstream.reason, headers=fields)
             _mark(out, f"{CACHE}; fwd=method", "BYPASS")
             await out.prepare(request)
             try:
-                async for chunk in upstream.content.iter_any():
+                async for chunk in _body(arrived, upstream.content):
                     await out.write(chunk)
             except _BODY_ERRORS as exc:
                 log.warning("%s %s: origin body failed mid-stream: %r", meta.method, url, exc)
@@ -710,7 +722,11 @@ class Proxy:
         parts: list[bytes] = []
         size = 0
         while size <= limit:
-            chunk = await asyncio.wait_for(reader.readany(), timeout)
+            # Bytes already in hand are taken without a wait: on Python 3.11, each wait_for
+            # makes a task and a timer, and a small upload has all arrived with its head.
+            chunk = reader.read_nowait()
+            if not chunk and not reader.at_eof():
+                chunk = await asyncio.wait_for(reader.readany(), timeout)
             if not chunk:
                 return b"".join(parts)
             parts.append(chunk)
@@ -820,7 +836,7 @@ def _head(
     """The head of the answer to a client from an origin response that is still arriving."""
     if answer.status == upstream.status:
         return Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
-    drops = _NOT_MODIFIED_DROPS if answer.status == 304 else frozenset({"content-length"})
+    drops = _NOT_MODIFIED_DROPS if answer.status == 304 else _LENGTH
     kept = [(k, v) for k, v in headers if k.lower() not in drops]
     out = Relayed(status=answer.status, headers=kept)
     if answer.status == 206:

@@ -252,6 +252,7 @@ FIELD_WAYS = {
         "HIT",
     ),
     "pass-through": ({}, [b"POST /f HTTP/1.1\r\nContent-Length: 0"], "BYPASS"),
+    "pass-through streamed": ({}, [b"POST /apart HTTP/1.1\r\nContent-Length: 0"], "BYPASS"),
 }
 
 
@@ -263,7 +264,7 @@ async def last_head(raw_origin, start_proxy, way: str) -> bytes:
         while head := await reader.readuntil(b"\r\n\r\n"):
             start = b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\n" + ODD_FIELDS
             writer.write(start + b"Content-Length: 5\r\n\r\n")
-            if head.startswith(b"GET /apart "):
+            if b" /apart " in head.partition(b"\r\n")[0]:
                 await writer.drain()
                 await asyncio.sleep(0.05)  # the body after the head: streamed, not at once
             writer.write(b"hello")
@@ -385,6 +386,27 @@ async def test_rfc9110_5_5_request_field_values_reach_the_origin_byte_for_byte(
         # The body as it was in hand, framed by its own length whatever the client's framing.
         assert b"\r\nContent-Length: 5\r\n" in got and got.endswith(b"\r\n\r\nhello")
         assert b"Transfer-Encoding" not in got
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["in one piece", "in pieces"])
+async def test_an_answer_to_a_post_reaches_the_client_whole_as_it_arrives(
+    raw_origin, start_proxy, client, apart
+):
+    async def respond(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(3)
+        writer.write(b"HTTP/1.1 201 Made\r\nContent-Length: 10\r\nX-A: 1\r\n\r\nfirst")
+        if apart:
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        writer.write(b"-rest")
+        await writer.drain()
+
+    proxy = await start_proxy(upstream__origin=await raw_origin(respond))
+    async with client.post(base(proxy) + "/p", data=b"abc") as r:
+        assert (r.status, r.reason, await r.read()) == (201, "Made", b"first-rest")
+        assert r.headers["X-A"] == "1" and r.headers["Content-Length"] == "10"
+        assert r.headers["X-Cache"] == "BYPASS"
 
 
 async def test_an_allow_list_passes_only_its_fields_and_what_vary_needs(
