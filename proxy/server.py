@@ -242,6 +242,12 @@ class Proxy:
         meta = self._meta(request.method, key_host, path, request.headers, request.remote or "",
                           request.scheme)  # fmt: skip
         url = origin + path
+        if request.body_exists and request.method in ("GET", "HEAD"):
+            # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
+            # keys on none: the request goes to the origin whole, past the cache. Sent without
+            # its body, its length would have the origin read the next request as the body.
+            self.engine.pass_by()
+            return await self._pass_through(request, meta, url, "bypass")
         action = self.engine.plan(meta, self.clock())
         match action:
             case FromCache():
@@ -647,8 +653,10 @@ class Proxy:
     # Other methods
 
     async def _pass_through(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, reason: str = "method"
     ) -> web.StreamResponse:
+        """Send the request with its body to the origin past the cache, and relay the answer
+        (``reason``: the Cache-Status ``fwd`` that says why)."""
         try:
             body = await self._request_body(request)
         except TimeoutError:
@@ -662,7 +670,7 @@ class Proxy:
                 return refused
             self.streamed_uploads += 1
         try:
-            return await self._send_through(request, meta, url, body)
+            return await self._send_through(request, meta, url, body, reason)
         finally:
             if streamed:
                 self.streamed_uploads -= 1
@@ -673,13 +681,14 @@ class Proxy:
         meta: RequestMeta,
         url: str,
         body: bytes | AsyncIterator[bytes] | None,
+        reason: str,
     ) -> web.StreamResponse:
         try:
             upstream = await self.upstream.request(
                 meta.method, url, self._upstream_headers(meta, whole=False), body
             )
         except UpstreamError as exc:
-            return _plain(exc.status, exc.public, f"{CACHE}; fwd=method; detail=origin-error")
+            return _plain(exc.status, exc.public, f"{CACHE}; fwd={reason}; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
             fields = _fields(upstream)
@@ -691,10 +700,10 @@ class Proxy:
                 _copy_headers(
                     whole.headers, [(k, v) for k, v in fields if k.lower() not in _LENGTH]
                 )
-                _mark(whole, f"{CACHE}; fwd=method", "BYPASS")
+                _mark(whole, f"{CACHE}; fwd={reason}", "BYPASS")
                 return whole
             out = Relayed(status=upstream.status, reason=upstream.reason, headers=fields)
-            _mark(out, f"{CACHE}; fwd=method", "BYPASS")
+            _mark(out, f"{CACHE}; fwd={reason}", "BYPASS")
             await out.prepare(request)
             try:
                 async for chunk in _body(arrived, upstream.content):

@@ -6,6 +6,7 @@ Each test that pins an HTTP rule names its section (RFC 9111 unless said otherwi
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 import pytest
@@ -407,6 +408,40 @@ async def test_an_answer_to_a_post_reaches_the_client_whole_as_it_arrives(
         assert (r.status, r.reason, await r.read()) == (201, "Made", b"first-rest")
         assert r.headers["X-A"] == "1" and r.headers["Content-Length"] == "10"
         assert r.headers["X-Cache"] == "BYPASS"
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"Content-Length: 4\r\n\r\nbody", b"Transfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"],
+    ids=["length", "chunked"],
+)
+async def test_rfc9110_9_3_1_a_get_with_content_goes_to_the_origin_whole_past_the_cache(
+    raw_origin, start_proxy, framing
+):
+    # A GET's content has no defined meaning, and the cache keys on none: it passes with its
+    # body and length, or the origin would read the next request on the connection as it.
+    got: list[bytes] = []
+
+    async def respond(reader, writer):
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"Content-Length: (\d+)", head)[1]) if b"Length" in head else 0
+            got.append(head.partition(b" HTTP")[0] + b" " + await reader.readexactly(length))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nCache-Control: max-age=60\r\nContent-Length: 2\r\n\r\nok"
+            )
+            await writer.drain()
+
+    proxy = await start_proxy(
+        upstream__origin=await raw_origin(respond), admission__policy="always"
+    )
+    answer = await raw(proxy, b"GET /q HTTP/1.1\r\nHost: example.test\r\n" + framing)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"\r\nX-Cache: BYPASS\r\n" in answer
+    for _ in range(2):  # the same pooled connection carries the next request, stored then hit
+        answer = await raw(proxy, b"GET /q HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"\r\n\r\nok")
+    assert got == [b"GET /q body", b"GET /q "]
+    assert b"\r\nX-Cache: HIT\r\n" in answer
 
 
 async def test_an_allow_list_passes_only_its_fields_and_what_vary_needs(

@@ -703,6 +703,11 @@ class CacheEngine:
                 removed += 1
         return removed
 
+    def pass_by(self) -> None:
+        """Count a request the driver sends past the cache whatever its method says (a GET
+        or HEAD with content, on which the cache keys nothing)."""
+        self.counters.bypass += 1
+
     def on_unsafe_response(self, request: RequestMeta, status: int) -> int:
         """RFC 9111 section 4.4: a successful unsafe method invalidates its URL."""
         return self.invalidate(request.key) if rfc9111.invalidates(request.method, status) else 0
