@@ -46,10 +46,10 @@ def misses(port: int, count: int, post: bool = False) -> None:
     on one connection."""
     tag = uuid.uuid4().hex[:8]
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    method, body = ("POST", b"u" * 1024) if post else ("GET", None)
+    method, upload = ("POST", b"u" * 1024) if post else ("GET", None)
     try:
         for i in range(count):
-            connection.request(method, f"/1k/count-{tag}-{i}", body=body)
+            connection.request(method, f"/1k/count-{tag}-{i}", body=upload)
             response = connection.getresponse()
             body = response.read()
             if response.status != 200 or len(body) != 1024:
