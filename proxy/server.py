@@ -95,6 +95,7 @@ _CLIENT_ASKS = frozenset(
 _NOT_SENT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
 # Fields of a stored response the proxy writes itself when it answers from cache.
 _RECOMPUTED = frozenset({"content-length", "age", "content-range"})
+# The origin's length field, left out where the proxy frames the body it writes itself.
 _LENGTH = frozenset({"content-length"})
 # Fields every answer carries with the proxy's own values (``_mark``).
 _MARKS = frozenset({"cache-status", "x-cache", "via"})
