@@ -50,7 +50,7 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 from aiohttp.http_parser import RawRequestMessage
 from aiohttp.web_response import REASON_PHRASES
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDictProxy
 
 from proxy._hits import PlainHits
 from proxy.coalesce import Flight, SingleFlight
@@ -697,9 +697,9 @@ class Proxy:
             if upstream.content_length == len(arrived):
                 # The whole body came with the head (most API answers): written with it, in
                 # one write, instead of streamed.
-                whole = RelayedWhole(status=upstream.status, reason=upstream.reason, body=arrived)
-                _copy_headers(
-                    whole.headers, [(k, v) for k, v in fields if k.lower() not in _LENGTH]
+                kept = [(k, v) for k, v in fields if k.lower() not in _LENGTH]
+                whole = RelayedWhole(
+                    status=upstream.status, reason=upstream.reason, headers=kept, body=arrived
                 )
                 _mark(whole, f"{CACHE}; fwd={reason}", "BYPASS")
                 return whole
@@ -823,8 +823,7 @@ class Proxy:
         elif answer.status == 206:
             kept.append(("Content-Range", f"bytes {answer.first}-{answer.last}/{len(body)}"))
             body = body[answer.first : answer.last + 1]
-        response = RelayedWhole(status=answer.status, body=body)
-        _copy_headers(response.headers, kept)
+        response = RelayedWhole(status=answer.status, headers=kept, body=body)
         _mark(response, cache_status, x_cache)
         response.headers["Age"] = str(int(age))
         if answer.status != 304:
@@ -1014,11 +1013,6 @@ def _parsed_host(host: str) -> tuple[str, str] | None:
 def _fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:
     """Bytes of a request's header fields as sent: names, values, ": " and CRLF."""
     return sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
-
-
-def _copy_headers(target: CIMultiDict[str], headers: list[tuple[str, str]] | tuple) -> None:
-    for k, v in headers:
-        target.add(k, v)
 
 
 def _mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None:
