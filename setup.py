@@ -1,6 +1,7 @@
 """The compiled policy core (proxy/core/_native.c), the common case of a response's caching
-rules (proxy/core/_response_rules.c) and the proxy's compiled plain hit
-(proxy/_hits.c); everything else is in pyproject.toml."""
+rules (proxy/core/_response_rules.c), the proxy's compiled plain hit (proxy/_hits.c) and
+its parser of plain origin responses (proxy/_origin.c); everything else is in
+pyproject.toml."""
 
 from setuptools import Extension, setup
 
@@ -23,5 +24,6 @@ setup(
             extra_compile_args=FLAGS,
         ),
         Extension("proxy._hits", ["proxy/_hits.c"], extra_compile_args=FLAGS),
+        Extension("proxy._origin", ["proxy/_origin.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -36,22 +36,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.helpers import DEFAULT_CHUNK_SIZE, EMPTY_BODY_STATUS_CODES, set_exception
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
+from aiohttp.http_parser import HttpResponseParser
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
-from multidict import CIMultiDictProxy
 
+from proxy._origin import parse_response
 from proxy.config import UpstreamSection
 from proxy.core._native import field_lines
 
 log = logging.getLogger("onehit.upstream")
 
 Address = tuple[str, int]
+Fields = Iterable[tuple[str, str]]
+# A response's status, reason, fields, body stream, and its whole body when it came whole with
+# the head (then the stream is empty).
+Head = tuple[int, str, Fields, StreamReader, "bytes | None"]
 
 
 class Unreachable(Exception):
@@ -74,7 +79,8 @@ class _Connection(BaseProtocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop)
         self._skip_payload = False
-        self._heads: deque[tuple[RawResponseMessage, StreamReader]] = deque()
+        self._first = False  # whether nothing of the answer to the request in flight came yet
+        self._heads: deque[Head] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._payload: StreamReader | None = None  # the body being parsed, if any
@@ -109,14 +115,13 @@ class _Connection(BaseProtocol):
     def send(self, head: bytes, *, skip_payload: bool, read_timeout: float) -> None:
         """Write a request whose response is parsed as the session's client parses one."""
         spare, self._spare = self._spare, None
-        self._parser = spare if spare is not None and not skip_payload else HttpResponseParser(
-            # The session's read buffer: a body's stream pauses reading past twice this.
-            self, self._loop, DEFAULT_CHUNK_SIZE,
-            payload_exception=ClientPayloadError, response_with_body=not skip_payload,
-            read_until_eof=True,  # a body without a length ends with the connection
-            auto_decompress=False, max_line_size=8190, max_field_size=8190, max_headers=128,
-        )  # fmt: skip
+        self._parser = (
+            spare
+            if spare is not None and not skip_payload
+            else response_parser(self, self._loop, with_body=not skip_payload)
+        )
         self._skip_payload = skip_payload
+        self._first = not skip_payload
         self._read_timeout = read_timeout
         assert self.transport is not None
         self.transport.write(head)
@@ -130,8 +135,9 @@ class _Connection(BaseProtocol):
         self._payload = None
         self.reading_since = None
 
-    async def response(self) -> tuple[RawResponseMessage, StreamReader]:
-        """The next response's head and its body stream (empty for HEAD, 1xx, 204 and 304)."""
+    async def response(self) -> Head:
+        """The next response's head, and its body: its stream (empty for HEAD, 1xx, 204 and
+        304), and the whole of it when it came whole with the head."""
         while not self._heads:
             if self._error is not None:
                 raise self._error
@@ -180,6 +186,18 @@ class _Connection(BaseProtocol):
             return
         if data and self.reading_since is not None:
             self.reading_since = self._loop.time()
+        if self._first:
+            self._first = False
+            # Most answers arrive whole in one read: parsed at once, and aiohttp's parser,
+            # still in its start state, is kept for the next.
+            plain = parse_response(data)
+            if plain is not None:
+                status, reason, fields, head = plain
+                self._payload = EMPTY_PAYLOAD
+                self._heads.append((status, reason, fields, EMPTY_PAYLOAD, data[head:]))
+                if self._waiter is not None and not self._waiter.done():
+                    self._waiter.set_result(None)
+                return
         try:
             messages, upgraded, _ = parser.feed_data(data)
         except BaseException as exc:
@@ -195,7 +213,10 @@ class _Connection(BaseProtocol):
             self._payload = payload
             if self._skip_payload or message.code in EMPTY_BODY_STATUS_CODES:
                 payload = EMPTY_PAYLOAD
-            self._heads.append((message, payload))
+            # The names as sent, as the plain parse keeps them: aiohttp spells those it knows
+            # its own way.
+            fields = [(_text(k), _text(v)) for k, v in message.raw_headers]
+            self._heads.append((message.code, message.reason, fields, payload, None))
         if messages and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -251,9 +272,23 @@ class _Exchange:
         self.waiter: asyncio.Future[None] | None = None
 
 
+def response_parser(
+    protocol: BaseProtocol, loop: asyncio.AbstractEventLoop, *, with_body: bool
+) -> HttpResponseParser:
+    """aiohttp's response parser in its start state, as the session's client makes one."""
+    return HttpResponseParser(
+        # The session's read buffer: a body's stream pauses reading past twice this.
+        protocol, loop, DEFAULT_CHUNK_SIZE,
+        payload_exception=ClientPayloadError, response_with_body=with_body,
+        read_until_eof=True,  # a body without a length ends with the connection
+        auto_decompress=False, max_line_size=8190, max_field_size=8190, max_headers=128,
+    )  # fmt: skip
+
+
 class OriginResponse:
     """An origin response whose head has arrived: what the proxy reads of one, as aiohttp's
-    ``ClientResponse`` offers it. Closing it before its body's end drops the connection."""
+    ``ClientResponse`` offers it, but for its fields: ``fields``, (name, value) pairs as sent.
+    Closing it before its body's end drops the connection."""
 
     def __init__(
         self,
@@ -262,19 +297,41 @@ class OriginResponse:
         exchange: _Exchange,
         status: int,
         reason: str,
-        headers: CIMultiDictProxy[str],
+        fields: Fields,
         content: StreamReader,
+        whole: bytes | None,
     ) -> None:
         self.status = status
         self.reason = reason
-        self.headers = headers
-        self.content = content
-        length = headers.get("Content-Length")
-        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.fields = fields
         self._pool = pool
         self._address = address
         self._exchange: _Exchange | None = exchange
+        self._content = content
+        self._whole = whole
+        if whole is not None:
+            self.content_length: int | None = len(whole)
+            self._finish(reuse=True)
+            return
+        length = next((v for k, v in fields if k.lower() == "content-length"), None)
+        self.content_length = int(length) if length is not None and length.isdigit() else None
         content.on_eof(self._ended)
+
+    @property
+    def content(self) -> StreamReader:
+        """The body's stream, without what ``in_hand`` took."""
+        whole, self._whole = self._whole, None
+        if whole:
+            self._content = StreamReader(BaseProtocol(self._pool._loop), len(whole),
+                                         loop=self._pool._loop)  # fmt: skip
+            self._content.feed_data(whole)
+            self._content.feed_eof()
+        return self._content
+
+    def in_hand(self) -> bytes:
+        """Take the body bytes that arrived with the head, as ``StreamReader.read_nowait``."""
+        whole, self._whole = self._whole, None
+        return whole if whole is not None else self._content.read_nowait()
 
     def _ended(self) -> None:
         self._finish(reuse=True)
@@ -382,13 +439,10 @@ class OriginPool:
                     raise TimeoutError("the total timeout passed before the request was sent")
                 protocol.send(head, skip_payload=method == "HEAD",
                               read_timeout=self._config.read_timeout)  # fmt: skip
-                message, payload = await protocol.response()
-                while 100 <= message.code < 200 and message.code != 101:  # interim: skipped
-                    message, payload = await protocol.response()
-                return OriginResponse(
-                    self, address, exchange, message.code, message.reason, message.headers,
-                    payload,
-                )  # fmt: skip
+                head = await protocol.response()
+                while 100 <= head[0] < 200 and head[0] != 101:  # interim: skipped
+                    head = await protocol.response()
+                return OriginResponse(self, address, exchange, *head)
             except (ServerDisconnectedError, ClientOSError) as exc:
                 if protocol is not None:
                     protocol.close()
@@ -525,6 +579,11 @@ class OriginPool:
             for protocol, _ in idle:
                 protocol.close()
         self._idle.clear()
+
+
+def _text(raw: bytes) -> str:
+    """A field's name or value as aiohttp's parser decodes it."""
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _origin(netloc: str) -> tuple[Address, str]:

@@ -72,6 +72,7 @@ from proxy.core.engine import (
 )
 from proxy.core.store import Entry
 from proxy.fastpath import JOIN_BELOW, LaneRequest, Written
+from proxy.pool import OriginResponse
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 from proxy.writer import Relayed, RelayedWhole
@@ -833,7 +834,8 @@ class Proxy:
 
 def _fields(upstream: UpstreamResponse) -> rfc9111.Fields:
     """An origin response's end-to-end fields (hop-by-hop ones stripped), indexed."""
-    return rfc9111.end_to_end_fields(upstream.headers.items())
+    fields = upstream.fields if type(upstream) is OriginResponse else upstream.headers.items()
+    return rfc9111.end_to_end_fields(fields)
 
 
 def _head(
@@ -898,6 +900,8 @@ def _in_hand(upstream: UpstreamResponse) -> bytes:
     """The body bytes that arrived with the head, b"" if none; a body that already failed
     gives b"", and its failure is met when the rest is read."""
     try:
+        if type(upstream) is OriginResponse:
+            return upstream.in_hand()
         return upstream.content.read_nowait()
     except _BODY_ERRORS:
         return b""
@@ -958,8 +962,9 @@ def _same_variant(shared: Shared, meta: RequestMeta) -> bool:
 
 async def _read_up_to(upstream: UpstreamResponse, limit: int) -> bytes:
     """The body, or its first bytes past ``limit`` (then the stream is not at EOF)."""
-    parts: list[bytes] = []
-    size = 0
+    first = _in_hand(upstream)
+    parts = [first]
+    size = len(first)
     while size <= limit:
         chunk = await upstream.content.readany()
         if not chunk:

@@ -10,7 +10,7 @@ import contextlib
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import base, read_request
+from conftest import base, raw, read_request
 
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 
@@ -379,3 +379,28 @@ async def test_a_client_that_leaves_mid_body_does_not_stop_a_response_being_stor
         await asyncio.sleep(0.05)
     _, headers, body = await fetch(client, url)
     assert headers["X-Cache"] == "HIT" and body == BODY * 2 and origin.hits["/left"] == 1
+
+
+@pytest.mark.parametrize("framing", [b"Content-Length: 2\r\n\r\nok",
+                                     b"Transfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"],
+                         ids=["length", "chunked"])  # fmt: skip
+async def test_field_names_reach_the_client_spelled_as_the_origin_spelled_them(
+    raw_origin, start_proxy, framing
+):
+    answer = (
+        b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nCONTENT-TYPE: text/plain\r\nx-origin-case: yes\r\n'
+        b"cache-control: max-age=60\r\n" + framing
+    )
+
+    async def origin(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await read_request(reader)
+            writer.write(answer)
+
+    proxy = await start_proxy(upstream__origin=await raw_origin(origin))
+    request = b"GET /named HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    answers = [await raw(proxy, request) for _ in range(3)]  # miss, stored miss, hit
+    assert b"X-Cache: HIT" in answers[2]
+    for got in answers:
+        for line in (b'ETag: "v1"', b"CONTENT-TYPE: text/plain", b"x-origin-case: yes"):
+            assert b"\r\n" + line + b"\r\n" in got
