@@ -184,8 +184,6 @@ class _Connection(BaseProtocol):
             if data:
                 self.close()
             return
-        if data and self.reading_since is not None:
-            self.reading_since = self._loop.time()
         if self._first:
             self._first = False
             # Most answers arrive whole in one read: parsed at once, and aiohttp's parser,
@@ -193,11 +191,14 @@ class _Connection(BaseProtocol):
             plain = parse_response(data)
             if plain is not None:
                 status, reason, fields, head = plain
+                self.reading_since = None  # nothing more to read
                 self._payload = EMPTY_PAYLOAD
                 self._heads.append((status, reason, fields, EMPTY_PAYLOAD, data[head:]))
                 if self._waiter is not None and not self._waiter.done():
                     self._waiter.set_result(None)
                 return
+        if data and self.reading_since is not None:
+            self.reading_since = self._loop.time()
         try:
             messages, upgraded, _ = parser.feed_data(data)
         except BaseException as exc:

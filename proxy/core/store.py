@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from proxy.core._native import StoreIndex, hash64, untrack
@@ -84,7 +85,7 @@ def entry_charge(entry: Entry, overhead: int) -> int:
     header text past what the overhead covers."""
     if not overhead:
         return entry.size
-    text = sum(len(k) + len(v) for k, v in entry.headers)
+    text = sum(map(len, chain.from_iterable(entry.headers)))
     return entry.size + overhead + 2 * len(entry.key) + max(0, 4 * text - _HEADER_ALLOWANCE)
 
 
