@@ -1,19 +1,21 @@
 """Cache-hit throughput and latency of onehit beside caches doing the same job, in one run.
 
 Servers, each a separate process on 127.0.0.1, each pinned to the second core and the load
-generator to the first where ``taskset`` exists: onehit (on asyncio's loop, and on uvloop,
-answering hits as they are parsed; and with ``fast_hits = false``, every hit through aiohttp's
-request handler, as before); a minimal aiohttp cache on both loops (a dict lookup in a
-``web.Server`` handler: the least an aiohttp cache can do per hit; on asyncio, the reference);
-nginx ``proxy_cache`` and Varnish (``varnishd -s malloc``) when installed. Bodies of 1 KiB,
-16 KiB and 256 KiB, requested as one URL and as 1,000 URLs. The origin counts its requests:
-a cell in which a cache sent it any is flagged, so only hits are measured. The origin direct
-and a minimal aiohttp pass-through (no cache) are measured apart, as the miss path's floor.
+generator to the first where ``taskset`` exists: onehit (on its default loop, uvloop where
+installed, and on asyncio's, the fallback, answering hits as they are parsed; and with
+``fast_hits = false``, every hit through aiohttp's request handler, as before); a minimal
+aiohttp cache on both loops (a dict lookup in a ``web.Server`` handler: the least an aiohttp
+cache can do per hit; on asyncio, the reference); nginx ``proxy_cache`` and Varnish
+(``varnishd -s malloc``) when installed. Bodies of 1 KiB, 16 KiB and 256 KiB, requested as one
+URL and as 1,000 URLs. The origin counts its requests: a cell in which a cache sent it any is
+flagged, so only hits are measured. The origin direct and a minimal aiohttp pass-through (no
+cache) are measured apart, as the miss path's floor.
 Misses are measured last: every request a URL never asked before (the origin counts them all),
 as misses per second under the same load, as the CPU time each server spent per miss (its
-processes' user and system time, from ``/proc``: a figure per core that does not depend on how
-the origin, which shares the servers' core, is scheduled), and as the p50 latency one
-connection sees, added to the origin's own.
+processes' user and system time, from ``/proc``), and as the p50 latency one connection sees,
+added to the origin's own. The origin shares the servers' core, or with ``--origin-core load``
+the load generator's, which leaves each server its core alone: a server's own cost per miss
+then sets its rate (Varnish's threads spend less per miss there than beside the origin).
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
@@ -305,11 +307,16 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--runs", type=int, default=1, help="runs per cell; the median is shown")
     parser.add_argument("--sizes", default=",".join(SIZES), help="body sizes, e.g. 1k,256k")
+    parser.add_argument(
+        "--origin-core", choices=("server", "load"), default="server",
+        help="the core the origin shares: the servers' (default) or the load generator's, which"
+        " leaves each server its core alone for misses",
+    )  # fmt: skip
     args = parser.parse_args()
     onehits = {
-        "onehit": ("asyncio", True),
-        "onehit-uvloop": ("uvloop", True),
-        "onehit-handler": ("asyncio", False),
+        "onehit": ("auto", True),
+        "onehit-asyncio": ("asyncio", True),
+        "onehit-handler": ("auto", False),
     }
     names = ("origin", "pass", "mini", "mini-uvloop", "nginx", "varnish", *onehits,
              *(f"{name}-admin" for name in onehits))  # fmt: skip
@@ -321,8 +328,8 @@ def main() -> None:
         stack.callback(shutil.rmtree, script.parent, True)
         script.write_text(MANY_URLS_LUA)
         pids = {
-            "origin": spawn(stack, *SERVER_CORE, py, __file__, "--role", "origin",
-                            str(ports["origin"])).pid,
+            "origin": spawn(stack, *(SERVER_CORE if args.origin_core == "server" else LOAD_CORE),
+                            py, __file__, "--role", "origin", str(ports["origin"])).pid,
             "pass": spawn(stack, *SERVER_CORE, py, __file__, "--role", "passthrough",
                           str(ports["pass"]), origin).pid,
             "mini": spawn(stack, *SERVER_CORE, py, __file__, "--role", "mini", str(ports["mini"]),
@@ -343,7 +350,7 @@ def main() -> None:
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
             "minimal aiohttp cache on uvloop": f"http://127.0.0.1:{ports['mini-uvloop']}",
             "onehit": f"http://127.0.0.1:{ports['onehit']}",
-            "onehit on uvloop": f"http://127.0.0.1:{ports['onehit-uvloop']}",
+            "onehit on asyncio's loop": f"http://127.0.0.1:{ports['onehit-asyncio']}",
             "onehit, hits via aiohttp's handler": f"http://127.0.0.1:{ports['onehit-handler']}",
         }
         if nginx := start_nginx(stack, ports["nginx"], origin):

@@ -122,9 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "asyncio") -> T:
-    """Run ``coroutine`` on asyncio's own loop, or on uvloop (``uvloop``; ``auto``: where it
-    installs, a dependency on Linux and macOS)."""
+def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "auto") -> T:
+    """Run ``coroutine`` on uvloop (``uvloop``; ``auto``: where it installs, a dependency on
+    Linux and macOS), or on asyncio's own loop (``asyncio``, and ``auto`` without uvloop)."""
     uvloop = None
     if event_loop != "asyncio":
         try:

@@ -242,7 +242,7 @@ class ServerSection:
     access_log_format: str = _setting("combined", _log_format, "combined or json")
     drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
     event_loop: str = _setting(
-        "asyncio", _event_loop, "asyncio, uvloop, or auto (uvloop where installed)"
+        "auto", _event_loop, "auto (uvloop where installed, else asyncio), uvloop or asyncio"
     )
     idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
     fast_hits: bool = _setting(

@@ -14,6 +14,33 @@ from aiohttp import web
 from proxy.config import load
 from proxy.service import Service
 
+try:
+    import uvloop
+except ImportError:  # not on Windows: the proxy runs on asyncio's loop there
+    uvloop = None  # type: ignore[assignment]
+
+# The modules that pin how the proxy meets its transports (hostile and slow clients, the lane
+# and plain hits, the origin pool and its faults): run on asyncio's loop too, the proxy's loop
+# where uvloop does not install.
+ON_BOTH_LOOPS = frozenset(
+    {
+        "test_fastpath", "test_hostile_clients", "test_miss_path", "test_origin_faults",
+        "test_plain_hits", "test_pool", "test_proxy",
+    }
+)  # fmt: skip
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Async tests run on the loop the proxy runs on by default (``[server] event_loop =
+    "auto"``): uvloop where it installs, else asyncio's; some on both."""
+    if uvloop is None:
+        return {"asyncio": asyncio.new_event_loop}
+    if item.path.stem in ON_BOTH_LOOPS:
+        return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
+
 
 @dataclass
 class Behaviour:
