@@ -15,7 +15,7 @@ as misses per second under the same load, as the CPU time each server spent per 
 processes' user and system time, from ``/proc``), and as the p50 latency one connection sees,
 added to the origin's own. The origin shares the servers' core, or with ``--origin-core load``
 the load generator's, which leaves each server its core alone: a server's own cost per miss
-then sets its rate (Varnish's threads spend less per miss there than beside the origin).
+then sets its rate.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
