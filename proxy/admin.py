@@ -87,6 +87,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,
+            "fast_misses": proxy.fast_misses,
             "uptime_s": round(time.time() - started, 3),
             "collector": {
                 "threshold": gc.get_threshold(),
@@ -99,7 +100,9 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         text = prometheus_text(proxy.engine.stats())
-        text += prometheus_text({"fast_hits": proxy.fast_hits}, PROXY_METRICS)
+        text += prometheus_text(
+            {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
+        )
         if proxy.shared is not None:
             text += prometheus_text(
                 {"filter_fallbacks": proxy.shared.fallbacks,
@@ -185,6 +188,7 @@ def _filter_health(proxy: Proxy) -> dict[str, object] | None:
 
 PROXY_METRICS = {
     "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
+    "fast_misses": "misses answered in the callback that brought the origin's whole response",
 }
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",

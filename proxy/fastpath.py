@@ -14,7 +14,10 @@ mostly) in a task of its own, its *lane*, instead of its handler's loop. What it
 * Another plain request (GET or HEAD, HTTP/1.1 keep-alive, no body, an origin-form target and
   a Host) goes to the lane: the same request handler (``Proxy.handle``) answers it, over a
   request object that carries only what the handler and aiohttp's responses read
-  (``LaneRequest``), without the handler loop's task and request object per request.
+  (``LaneRequest``), without the handler loop's task and request object per request. What
+  starts it (``Proxy.start``) may instead leave it ``Pending`` outside any task (a miss sent
+  to the origin at once, answered in the callback that brings the answer): it then ends as
+  a lane's request ends, or goes on as the lane's task.
 * Anything else goes to aiohttp's handler. Requests keep their order: while the lane answers
   one, the requests after it are held, parsed, and go on (answered as parsed, to the lane, or
   to the handler) when it ends; once one is queued for the handler, every later request on
@@ -42,7 +45,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -67,13 +71,35 @@ JOIN_BELOW = 64 << 10
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
 
 
+class Pending(ABC):
+    """A lane's request under way outside a task: it ends with ``LaneRequest.answered``, or
+    goes on as a task with ``LaneRequest.go_on``; ``cancel`` drops it (a shutdown)."""
+
+    __slots__ = ()
+
+    @abstractmethod
+    def cancel(self) -> None: ...
+
+
+# What starts a lane's request: the work answering it, or a ``Pending`` one.
+StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
+
+
 class HitServer(ProxyServer):
     """``ProxyServer`` whose connections try ``answers``, in order, and run the other plain
-    requests in their lane, before aiohttp's request handler."""
+    requests in their lane (started by ``start``: by default the work of ``handler``), before
+    aiohttp's request handler."""
 
-    def __init__(self, handler: Any, answers: Sequence[AnswerHit], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        handler: Any,
+        answers: Sequence[AnswerHit],
+        start: StartLane | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(handler, **kwargs)
         self.answers = tuple(answers)
+        self.start: StartLane = start if start is not None else handler
 
     def __call__(self) -> RequestHandler:
         return HitHandler(self, loop=self._loop, **self._kwargs)
@@ -83,14 +109,15 @@ class HitHandler(RequestHandler):
     """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
     plain requests in its lane."""
 
-    __slots__ = ("_answers", "_full", "_held", "_lane", "_remote", "_scheme")
+    __slots__ = ("_answers", "_full", "_held", "_lane", "_remote", "_scheme", "_start")
 
     def __init__(self, manager: HitServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._answers = manager.answers
+        self._start = manager.start
         self._remote = ""
         self._scheme = "http"
-        self._lane: asyncio.Task[None] | None = None
+        self._lane: asyncio.Task[None] | Pending | None = None
         self._held: list[tuple[Any, Any]] = []
         self._full = False  # whether the parser may hold bytes back at its queue limit
 
@@ -236,18 +263,24 @@ class HitHandler(RequestHandler):
         self._parser.message_consumed()  # type: ignore[union-attr]
         self._manager.requests_count += 1  # type: ignore[union-attr]
         self._request_in_progress = True  # a graceful shutdown waits for it
-        self._lane = self._loop.create_task(self._lane_request(message))
-
-    async def _lane_request(self, message: RawRequestMessage) -> None:
-        loop = self._loop
-        started = loop.time()
         request = LaneRequest(message, self._remote, self._scheme, self)
-        handler = self._request_handler
-        assert handler is not None
+        try:
+            work = self._start(request)
+        except Exception:
+            log.exception("starting %s %s in the lane failed", message.method, message.path)
+            work = self._request_handler(request)  # type: ignore[misc,arg-type]
+        if isinstance(work, Pending):
+            self._lane = work
+        else:
+            self._lane = self._loop.create_task(self._lane_request(request, work))
+
+    async def _lane_request(
+        self, request: LaneRequest, work: Awaitable[web.StreamResponse]
+    ) -> None:
         response = None
         written = False
         try:
-            response = await handler(request)  # type: ignore[arg-type]
+            response = await work
             if type(response) is not Written:
                 await response.prepare(request)  # type: ignore[arg-type]
                 await response.write_eof()
@@ -255,19 +288,30 @@ class HitHandler(RequestHandler):
         except ConnectionError:
             pass  # the client left: its connection closes below
         except Exception:
-            log.exception("answering %s %s in the lane failed", message.method, message.path)
+            log.exception("answering %s %s in the lane failed", request.method, request.raw_path)
         finally:
-            self._lane = None
-            self._request_in_progress = False
-            waiter = self._handler_waiter
-            if waiter is not None and not waiter.done():
-                waiter.set_result(None)
+            self._lane_free()
+        self._lane_done(request, response, written)
+
+    def _lane_free(self) -> None:
+        """The lane's request is no longer in progress."""
+        self._lane = None
+        self._request_in_progress = False
+        waiter = self._handler_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _lane_done(
+        self, request: LaneRequest, response: web.StreamResponse | None, written: bool
+    ) -> None:
+        """After the lane's answer (``written``: whole): its log line, then the requests
+        held behind it, or the connection's end."""
         if response is not None and self._logging_enabled and self.access_logger is not None:
-            self.access_logger.log(request, response, loop.time() - started)  # type: ignore[arg-type]
+            self.access_logger.log(request, response, self._loop.time() - request.started)  # type: ignore[arg-type]
         if not written or not response.keep_alive:  # type: ignore[union-attr]
             self.force_close()
             return
-        self._next_keepalive_close_time = loop.time() + self._keepalive_timeout
+        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
         self._go_on()
 
     def _go_on(self) -> None:
@@ -294,8 +338,11 @@ class HitHandler(RequestHandler):
         # aiohttp's shutdown waits for the lane's request (it is in progress) up to
         # ``timeout``; one still running then is cancelled, as the handler's would be.
         await super().shutdown(timeout)
-        if self._lane is not None:
-            self._lane.cancel()
+        lane = self._lane
+        if lane is not None:
+            lane.cancel()
+            if isinstance(lane, Pending):
+                self._lane_free()
 
     def _queue(self, messages: list[tuple[Any, Any]]) -> None:
         """Hand ``messages`` to aiohttp's handler, as ``RequestHandler.data_received`` does."""
@@ -376,7 +423,7 @@ class LaneRequest(_LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
-    __slots__ = ("_protocol", "_writer", "raw_headers", "scheme", "transport")
+    __slots__ = ("_protocol", "_writer", "raw_headers", "scheme", "started", "transport")
 
     body_exists = False
     can_read_body = False
@@ -396,6 +443,7 @@ class LaneRequest(_LoggedRequest):
         self.transport = protocol.transport
         self._writer: FieldWriter | None = None
         self.raw_headers = message.raw_headers
+        self.started = protocol._loop.time()
 
     @property
     def _payload_writer(self) -> FieldWriter:
@@ -421,6 +469,17 @@ class LaneRequest(_LoggedRequest):
             transport.write(head)
             transport.write(body)
         return Written(head, body, status)
+
+    def answered(self, response: Written) -> None:
+        """A ``Pending`` request was answered, whole, by ``write_at_once``."""
+        protocol = self._protocol
+        protocol._lane_free()
+        protocol._lane_done(self, response, True)
+
+    def go_on(self, work: Awaitable[web.StreamResponse]) -> None:
+        """A ``Pending`` request goes on as the lane's task, answered by ``work``."""
+        protocol = self._protocol
+        protocol._lane = protocol._loop.create_task(protocol._lane_request(self, work))
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         """As ``web.BaseRequest``'s: no application signals to send."""

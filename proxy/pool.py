@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
 
 from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
@@ -90,6 +90,11 @@ class _Connection(BaseProtocol):
         # The parser of the last response read to its end, for the next GET (making one costs
         # about 2% of a miss).
         self._spare: HttpResponseParser | None = None
+        # A request sent at once (``OriginPool.send_now``) with nothing awaiting ``response()``:
+        # a whole plain answer is offered to ``on_whole`` (True: taken), and anything else a
+        # waiter would be woken for calls ``on_other``, which then awaits ``response()``.
+        self.on_whole: Callable[[int, str, Fields, bytes], bool] | None = None
+        self.on_other: Callable[[], None] | None = None
 
     @property
     def should_close(self) -> bool:
@@ -193,9 +198,15 @@ class _Connection(BaseProtocol):
                 status, reason, fields, head = plain
                 self.reading_since = None  # nothing more to read
                 self._payload = EMPTY_PAYLOAD
+                taker = self.on_whole
+                if taker is not None:
+                    # Unhooked first: the taker may send the connection's next request.
+                    other, self.on_whole, self.on_other = self.on_other, None, None
+                    if taker(status, reason, fields, data[head:]):
+                        return
+                    self.on_other = other
                 self._heads.append((status, reason, fields, EMPTY_PAYLOAD, data[head:]))
-                if self._waiter is not None and not self._waiter.done():
-                    self._waiter.set_result(None)
+                self._wake()
                 return
         if data and self.reading_since is not None:
             self.reading_since = self._loop.time()
@@ -218,8 +229,8 @@ class _Connection(BaseProtocol):
             # its own way.
             fields = [(_text(k), _text(v)) for k, v in message.raw_headers]
             self._heads.append((message.code, message.reason, fields, payload, None))
-        if messages and self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        if messages:
+            self._wake()
 
     def _malformed(self, exc: Exception) -> None:
         """The origin sent what the parser refuses: a head still awaited fails with
@@ -256,9 +267,42 @@ class _Connection(BaseProtocol):
     def _set_error(self, exc: BaseException) -> None:
         if self._error is None:
             self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        """A head or a failure is in for the request in flight: wake its wait, or hand it to
+        the request's ``on_other`` when nothing waits yet."""
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            if not waiter.done():
+                waiter.set_result(None)
+            return
+        other = self.on_other
+        if other is not None:
+            self.on_whole = self.on_other = None
+            other()
+
+
+class Sent:
+    """A request ``OriginPool.send_now`` wrote, its answer not yet taken."""
+
+    __slots__ = ("address", "exchange", "head", "method")
+
+    def __init__(self, address: Address, head: bytes, method: str, exchange: _Exchange) -> None:
+        self.address = address
+        self.head = head
+        self.method = method
+        self.exchange = exchange
+
+    def offer(self, on_whole: Callable[[int, str, Fields, bytes], bool],
+              on_other: Callable[[], None]) -> None:  # fmt: skip
+        """Offer the answer to ``on_whole`` when it arrives whole and plain (True: taken; its
+        connection is then ``OriginPool.whole``'s to release); else, or on a failure first,
+        call ``on_other``, which takes it with ``OriginPool.resume``."""
+        protocol = self.exchange.protocol
+        assert protocol is not None
+        protocol.on_whole = on_whole
+        protocol.on_other = on_other
 
 
 class _Exchange:
@@ -385,24 +429,7 @@ class OriginPool:
     ) -> OriginResponse:
         """Send a ``method`` request for ``url``, with ``body`` (None: none) framed by a
         Content-Length of its own; the response's head has arrived."""
-        netloc, slash, rest = url.removeprefix("http://").partition("/")
-        origin = self._origins.get(netloc)
-        if origin is None:
-            origin = self._origins[netloc] = _origin(netloc)
-        address, host = origin
-        target = (slash + rest).partition("#")[0] or "/"
-        request_line = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"
-        if body is not None:
-            # The body goes as it is in hand: its length frames it, whatever the client's did.
-            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
-            headers.append(("Content-Length", str(len(body))))
-        # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
-        fields = field_lines(headers)
-        if fields is None or request_line.count("\n") != 2 or request_line.count("\r") != 2:
-            raise ValueError("a newline or carriage return in a request line or field")
-        head = (request_line + fields + "\r\n").encode("utf-8", "surrogateescape")
-        if body:
-            head += body
+        address, head = self._request(method, url, headers, body)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -422,28 +449,106 @@ class OriginPool:
             self._unwatch(exchange)
             raise
 
+    def send_now(self, method: str, url: str, headers: list[tuple[str, str]]) -> Sent | None:
+        """Write a bodiless request at once on an idle pooled connection, as ``request``
+        would; None, having done nothing, when no pooled connection is idle, all that may be
+        used are, or no request ran yet. Its answer is then ``whole`` once it arrives whole
+        (``Sent.offer``), else ``resume``'s."""
+        loop = self._loop
+        if loop is None or self._in_use >= self._config.max_connections:
+            return None
+        address, head = self._request(method, url, headers, None)
+        protocol = self._pooled(address)
+        if protocol is None:
+            return None
+        exchange = _Exchange(loop.time() + self._config.total_timeout)
+        exchange.protocol = protocol
+        self._watch(exchange)
+        self._in_use += 1
+        protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
+        return Sent(address, head, method, exchange)
+
+    def whole(
+        self, sent: Sent, status: int, reason: str, fields: Fields, body: bytes
+    ) -> OriginResponse:
+        """The response to ``sent`` that its connection offered whole."""
+        return OriginResponse(self, sent.address, sent.exchange, status, reason, fields,
+                              EMPTY_PAYLOAD, body)  # fmt: skip
+
+    async def resume(self, sent: Sent) -> OriginResponse:
+        """The response to ``sent`` when its connection did not offer it whole, with the
+        failures and the retry on a new connection of ``request``."""
+        exchange = sent.exchange
+        try:
+            return await self._exchange(sent.address, sent.head, sent.method, exchange,
+                                        exchange.protocol)  # fmt: skip
+        except BaseException:
+            self._in_use -= 1
+            self._wake()
+            self._unwatch(exchange)
+            raise
+
+    def abandon(self, sent: Sent) -> None:
+        """Nobody will take the answer to ``sent``: its connection closes."""
+        protocol = sent.exchange.protocol
+        assert protocol is not None
+        protocol.on_whole = protocol.on_other = None
+        protocol.close()
+        self._in_use -= 1
+        self._wake()
+        self._unwatch(sent.exchange)
+
+    def _request(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None
+    ) -> tuple[Address, bytes]:
+        """The origin's address and the request's bytes, body included."""
+        netloc, slash, rest = url.removeprefix("http://").partition("/")
+        origin = self._origins.get(netloc)
+        if origin is None:
+            origin = self._origins[netloc] = _origin(netloc)
+        address, host = origin
+        target = (slash + rest).partition("#")[0] or "/"
+        request_line = f"{method} {target} HTTP/1.1\r\nHost: {host}\r\n"
+        if body is not None:
+            # The body goes as it is in hand: its length frames it, whatever the client's did.
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+            headers.append(("Content-Length", str(len(body))))
+        # As aiohttp's client refuses it: a field may not smuggle in a line of its own.
+        fields = field_lines(headers)
+        if fields is None or request_line.count("\n") != 2 or request_line.count("\r") != 2:
+            raise ValueError("a newline or carriage return in a request line or field")
+        head = (request_line + fields + "\r\n").encode("utf-8", "surrogateescape")
+        if body:
+            head += body
+        return address, head
+
     async def _exchange(
         self,
         address: Address,
         head: bytes,
         method: str,
         exchange: _Exchange,
+        sent: _Connection | None = None,
     ) -> OriginResponse:
-        protocol = self._pooled(address)
+        """The response to ``head``, sent on a pooled connection or a new one (``sent``: the
+        pooled one it was already written on)."""
+        protocol = sent if sent is not None else self._pooled(address)
         pooled = protocol is not None
         while True:
             try:
                 if protocol is None:
                     protocol = await self._connect(address, exchange.deadline)
-                exchange.protocol = protocol
-                if protocol._loop.time() >= exchange.deadline:
-                    raise TimeoutError("the total timeout passed before the request was sent")
-                protocol.send(head, skip_payload=method == "HEAD",
-                              read_timeout=self._config.read_timeout)  # fmt: skip
-                head = await protocol.response()
-                while 100 <= head[0] < 200 and head[0] != 101:  # interim: skipped
-                    head = await protocol.response()
-                return OriginResponse(self, address, exchange, *head)
+                if sent is None:
+                    exchange.protocol = protocol
+                    if protocol._loop.time() >= exchange.deadline:
+                        raise TimeoutError("the total timeout passed before the request was sent")
+                    protocol.send(head, skip_payload=method == "HEAD",
+                                  read_timeout=self._config.read_timeout)  # fmt: skip
+                sent = None
+                answer = await protocol.response()
+                while 100 <= answer[0] < 200 and answer[0] != 101:  # interim: skipped
+                    answer = await protocol.response()
+                return OriginResponse(self, address, exchange, *answer)
             except (ServerDisconnectedError, ClientOSError) as exc:
                 if protocol is not None:
                     protocol.close()

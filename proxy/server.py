@@ -30,6 +30,11 @@ What it guarantees:
   ``proxy.fastpath``): the same status, fields, body and counters as ``handle`` would give it.
   Its commonest case is compiled (``plain_hits``, ``proxy/_hits.c``): the same bytes and
   counts again, and whatever it declines ``answer_hit`` decides.
+* A plain GET miss of a connection's lane is sent to the origin as soon as it is parsed, on
+  an idle pooled connection, and answered in the callback that brings the origin's whole
+  response (``start``, ``PendingMiss``): the answer, counters, store and single flight of
+  ``handle``, without a task or a coroutine per layer. Whatever does not arrive whole and
+  plain goes on in the lane's task exactly as ``handle`` would have gone on.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import functools
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from itertools import chain
 from typing import assert_never
@@ -58,6 +63,8 @@ from proxy.config import Config
 from proxy.core import rfc9111
 from proxy.core._native import field_lines, hash64
 from proxy.core.engine import (
+    FETCH_WHOLE,
+    Action,
     Answer,
     CacheEngine,
     Fetch,
@@ -71,8 +78,8 @@ from proxy.core.engine import (
     response_meta,
 )
 from proxy.core.store import Entry
-from proxy.fastpath import JOIN_BELOW, LaneRequest, Written
-from proxy.pool import OriginResponse
+from proxy.fastpath import JOIN_BELOW, LaneRequest, Pending, Written
+from proxy.pool import Fields, OriginResponse, Sent
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 from proxy.writer import Relayed, RelayedWhole
@@ -174,6 +181,9 @@ class Proxy:
         self.max_streamed_uploads = config.server.max_streamed_uploads
         self.streamed_uploads = 0
         self._fast_hits = 0  # hits ``answer_hit`` answered (also counted among the engine's)
+        # Misses a ``PendingMiss`` answered as their origin response arrived (also counted
+        # among the engine's misses).
+        self.fast_misses = 0
         self._routed_hosts: dict[bytes, str] = {}
         state = engine.hit_state()
         # ``answer_hit``'s commonest case, compiled: the same answer, counted the same.
@@ -200,10 +210,13 @@ class Proxy:
         """Hits answered as soon as they were parsed (also counted among the engine's hits)."""
         return self._fast_hits + self.plain_hits.answered
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Answer one request; a bug in here costs that request a 500, never the listener."""
+    async def handle(
+        self, request: web.BaseRequest, work: Awaitable[web.StreamResponse] | None = None
+    ) -> web.StreamResponse:
+        """Answer one request (``work``: what ``start`` left of answering it); a bug in here
+        costs that request a 500, never the listener."""
         try:
-            return await self._handle(request)
+            return await (self._handle(request) if work is None else work)
         except ConnectionResetError:
             # The client closed its connection before its answer's head went out: nothing to
             # write to, and no fault of the proxy's (nginx logs these as 499).
@@ -218,6 +231,57 @@ class Proxy:
             return _plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        routed = self._route(request)
+        if type(routed) is not tuple:
+            return routed
+        meta, url = routed
+        if request.body_exists and request.method in ("GET", "HEAD"):
+            # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
+            # keys on none: the request goes to the origin whole, past the cache. Sent without
+            # its body, its length would have the origin read the next request as the body.
+            self.engine.pass_by()
+            return await self._pass_through(request, meta, url, "bypass")
+        return await self._act(request, meta, url, self.engine.plan(meta, self.clock()))
+
+    def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
+        """Begin a request of a connection's lane (``proxy.fastpath``). A plain GET miss
+        (no client conditional or Range, no fleet filter to ask) is sent at once on an idle
+        pooled origin connection, and answered in the callback that brings its whole
+        response (``PendingMiss``): no task, and no wait for the loop's next turn. Any other
+        request gets the work that answers it as ``handle`` does, the engine's plan made."""
+        if self.shared is not None:
+            return self.handle(request)
+        try:
+            return self._start(request)
+        except Exception as exc:
+            return self.handle(request, _raising(exc))  # logged and answered as ``handle`` does
+
+    def _start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
+        routed = self._route(request)
+        if type(routed) is not tuple:
+            return self.handle(request, _given(routed))
+        meta, url = routed
+        action = self.engine.plan(meta, self.clock())
+        if action is not FETCH_WHOLE or not _CLIENT_ASKS.isdisjoint(meta.headers.by_name):
+            return self.handle(request, self._act(request, meta, url, action))
+        flight = self.flights.lead(meta.key)
+        if flight is None:  # another request fetches it: follow
+            return self.handle(request, self._act(request, meta, url, action))
+        request_time = self.clock()
+        try:
+            sent = self.upstream.send_now(
+                meta.method, url, self._upstream_headers(meta, whole=True)
+            )
+        except BaseException:
+            self.flights.end(meta.key, flight, None)
+            raise
+        if sent is None:
+            return self.handle(request, self._led_fetch(request, meta, url, action, flight))
+        return PendingMiss(self, request, meta, url, flight, sent, request_time)
+
+    def _route(self, request: web.BaseRequest) -> tuple[RequestMeta, str] | web.StreamResponse:
+        """The request as the engine sees it and the origin URL it goes to; or the answer
+        refusing it."""
         if request.version not in _VERSIONS:
             return _refuse_version(request)
         if len(request.raw_path) > self.max_url:
@@ -243,14 +307,12 @@ class Proxy:
         path = request.rel_url.raw_path_qs if absolute else request.raw_path
         meta = self._meta(request.method, key_host, path, request.headers, request.remote or "",
                           request.scheme)  # fmt: skip
-        url = origin + path
-        if request.body_exists and request.method in ("GET", "HEAD"):
-            # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
-            # keys on none: the request goes to the origin whole, past the cache. Sent without
-            # its body, its length would have the origin read the next request as the body.
-            self.engine.pass_by()
-            return await self._pass_through(request, meta, url, "bypass")
-        action = self.engine.plan(meta, self.clock())
+        return meta, origin + path
+
+    async def _act(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Action
+    ) -> web.StreamResponse:
+        """Carry out the engine's ``action`` for ``request``."""
         match action:
             case FromCache():
                 if action.refresh:
@@ -379,12 +441,7 @@ class Proxy:
         while True:
             flight = self.flights.lead(meta.key)
             if flight is not None:
-                result: Shared | None = None
-                try:
-                    response, result = await self._fetch(request, meta, url, action, flight)
-                    return response
-                finally:
-                    self.flights.end(meta.key, flight, result)
+                return await self._led_fetch(request, meta, url, action, flight)
             if deadline is None:
                 deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
             shared = await self.flights.follow(meta.key, deadline)
@@ -393,6 +450,25 @@ class Proxy:
             if shared is not None or asyncio.get_running_loop().time() >= deadline:
                 return (await self._fetch(request, meta, url, replace(action, collapse=False)))[0]
             # The leader failed: the key is free, and the first follower awake leads next.
+
+    async def _led_fetch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Fetch,
+        flight: Flight[Shared],
+        sent: Sent | None = None,
+        request_time: float = 0.0,
+    ) -> web.StreamResponse:
+        """``_fetch`` by the leader of ``flight``, which it lands with what it fetched."""
+        result: Shared | None = None
+        try:
+            response, result = await self._fetch(request, meta, url, action, flight, sent,
+                                                 request_time)  # fmt: skip
+            return response
+        finally:
+            self.flights.end(meta.key, flight, result)
 
     async def _collapsed(
         self, request: web.BaseRequest, meta: RequestMeta, shared: Shared
@@ -415,13 +491,18 @@ class Proxy:
         url: str,
         action: Fetch,
         flight: Flight[Shared] | None = None,
+        sent: Sent | None = None,
+        request_time: float = 0.0,
     ) -> tuple[web.StreamResponse, Shared | None]:
-        """Fetch ``url`` as ``action`` says, and what collapsed requests may share of it."""
-        request_time = self.clock()
+        """Fetch ``url`` as ``action`` says (``sent``: the request ``start`` already wrote,
+        at ``request_time``), and what collapsed requests may share of it."""
         try:
-            upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(meta, whole=action.whole)
-            )
+            if sent is None:
+                request_time = self.clock()
+                headers = self._upstream_headers(meta, whole=action.whole)
+                upstream = await self.upstream.request(meta.method, url, headers)
+            else:
+                upstream = await self.upstream.resume(sent, url)
         except UpstreamError as exc:
             status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
             return _plain(exc.status, exc.public, status), None
@@ -442,9 +523,7 @@ class Proxy:
         collapsed requests wait for it, and answering the client's own conditionals and Range
         when it was fetched whole."""
         headers = _fields(upstream)
-        rmeta = self._response_meta(meta, upstream.status, headers, request_time)
-        length = upstream.content_length
-        fits = length is None or length <= self.max_object
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decision = (
             self.engine.on_response_head(meta, rmeta, length, self.clock())
             if self.shared is None
@@ -455,8 +534,71 @@ class Proxy:
             upstream.close()
             again = replace(action, whole=False, collapse=False)
             return (await self._fetch(request, meta, url, again))[0], GO_DIRECT
+        answer, cache_status, arrived, parts, out = self._relay(
+            request, meta, upstream, action, flight, headers, rmeta, decision, fits
+        )
+        if out is not None:
+            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+        out = _head(answer, upstream, headers, length)
+        _mark(out, cache_status, "MISS")
+        total, parts, too_large, whole = await self._stream(
+            request, meta, url, upstream, answer, out, arrived, parts
+        )
+        if not whole:
+            self.engine.finish(meta, decision, total, self.clock(), complete=False)
+            return out, None
+        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits)
+
+    def receive_now(
+        self,
+        request: LaneRequest,
+        meta: RequestMeta,
+        upstream: OriginResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+        flight: Flight[Shared],
+    ) -> tuple[Written, Shared | None]:
+        """``_receive`` of a plain GET miss's whole response (``headers``: its end-to-end
+        fields), to be written at once: ``PendingMiss`` asks only for such a response."""
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
+        decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        _, _, arrived, parts, out = self._relay(
+            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits
+        )
+        assert out is not None, "PendingMiss offered an answer that cannot be written at once"
+        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+
+    def _judge(
+        self,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+    ) -> tuple[ResponseMeta, int | None, bool]:
+        """The engine's view of an origin response, its length if known, and whether that
+        length fits the store."""
+        rmeta = self._response_meta(meta, upstream.status, headers, request_time)
+        length = upstream.content_length
+        return rmeta, length, length is None or length <= self.max_object
+
+    def _relay(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        action: Fetch,
+        flight: Flight[Shared] | None,
+        headers: rfc9111.Fields,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        fits: bool,
+    ) -> tuple[Answer, str, bytes, list[bytes] | None, Written | None]:
+        """How the client is answered from a decided origin response: the answer, its
+        Cache-Status, the body bytes that came with the head, the copy of the body to keep
+        (None: none), and the answer itself when it was written at once (``_at_once``)."""
         share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
         keep = type(decision) is Keep or share
+        length = upstream.content_length
         answer = (
             self.engine.answer(meta, upstream.status, headers, length)
             if action.whole
@@ -466,30 +608,31 @@ class Proxy:
         cache_status = f"{CACHE}; fwd={action.reason}{detail}"
         arrived = _in_hand(upstream)
         parts: list[bytes] | None = [] if keep else None
-        total = 0
-        too_large = False
         out = _at_once(request, upstream, answer, headers, cache_status, arrived, length)
-        if out is not None:
-            total = len(arrived)
-            if parts is not None:
-                parts.append(arrived)
-        else:
-            out = _head(answer, upstream, headers, length)
-            _mark(out, cache_status, "MISS")
-            total, parts, too_large, whole = await self._stream(
-                request, meta, url, upstream, answer, out, arrived, parts
-            )
-            if not whole:
-                self.engine.finish(meta, decision, total, self.clock(), complete=False)
-                return out, None
+        if out is not None and parts is not None:
+            parts.append(arrived)
+        return answer, cache_status, arrived, parts, out
+
+    def _settled(
+        self,
+        meta: RequestMeta,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        total: int,
+        parts: list[bytes] | None,
+        too_large: bool,
+        fits: bool,
+    ) -> Shared | None:
+        """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
+        kept of it), and what collapsed requests may share of it."""
         body = b"".join(parts) if parts is not None else b""
         # A copy dropped past the max object size leaves a size the store refuses: too large.
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
         if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
-            return out, GO_DIRECT
+            return GO_DIRECT
         if parts is None or rmeta.status >= 500:
-            return out, None  # nothing to share: one follower fetches next
-        return out, Shared(rmeta, body, meta.headers)
+            return None  # nothing to share: one follower fetches next
+        return Shared(rmeta, body, meta.headers)
 
     async def _stream(
         self,
@@ -830,6 +973,82 @@ class Proxy:
         if answer.status != 304:
             response.headers["Accept-Ranges"] = "bytes"
         return response
+
+
+class PendingMiss(Pending):
+    """A plain GET miss ``Proxy.start`` sent to the origin at once. Its answer is written in
+    the callback that brings the origin's response, when that came whole, plain (see
+    ``proxy/_origin.c``) and without a field the proxy marks, to a client still connected:
+    what ``_receive`` writes at once, with the same counters, the same store and the same
+    flight landed. Anything else (a response in pieces, an interim one, a failure, a retry
+    on a new connection) goes on in the lane's task, as ``handle`` would have gone on."""
+
+    __slots__ = ("_flight", "_meta", "_proxy", "_request", "_request_time", "_sent", "_url")
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        request: LaneRequest,
+        meta: RequestMeta,
+        url: str,
+        flight: Flight[Shared],
+        sent: Sent,
+        request_time: float,
+    ) -> None:
+        self._proxy = proxy
+        self._request = request
+        self._meta = meta
+        self._url = url
+        self._flight = flight
+        self._sent = sent
+        self._request_time = request_time
+        sent.offer(self._arrived, self._go_on)
+
+    def _arrived(self, status: int, reason: str, fields: Fields, body: bytes) -> bool:
+        """Answer from the whole response the origin sent; False, having done nothing, when
+        the lane is to answer from it instead."""
+        request = self._request
+        transport = request.transport
+        headers = rfc9111.end_to_end_fields(fields)
+        if (
+            transport is None
+            or transport.is_closing()
+            or not headers.by_name.keys().isdisjoint(_MARKS)
+        ):
+            return False
+        proxy = self._proxy
+        upstream = proxy.upstream.whole(self._sent, status, reason, fields, body)
+        result: Shared | None = None
+        try:
+            out, result = proxy.receive_now(request, self._meta, upstream, headers,
+                                            self._request_time, self._flight)  # fmt: skip
+        except Exception as exc:
+            request.go_on(proxy.handle(request, _raising(exc)))  # its 500, as from ``handle``
+            return True
+        finally:
+            proxy.flights.end(self._meta.key, self._flight, result)
+        proxy.fast_misses += 1
+        request.answered(out)
+        return True
+
+    def _go_on(self) -> None:
+        """The response is not to be answered here: the lane's task takes it from the pool."""
+        proxy, request = self._proxy, self._request
+        work = proxy._led_fetch(request, self._meta, self._url, FETCH_WHOLE, self._flight,
+                                self._sent, self._request_time)  # fmt: skip
+        request.go_on(proxy.handle(request, work))
+
+    def cancel(self) -> None:
+        self._proxy.upstream.abandon(self._sent)
+        self._proxy.flights.end(self._meta.key, self._flight, None)
+
+
+async def _given(response: web.StreamResponse) -> web.StreamResponse:
+    return response
+
+
+async def _raising(exc: Exception) -> web.StreamResponse:
+    raise exc
 
 
 def _fields(upstream: UpstreamResponse) -> rfc9111.Fields:

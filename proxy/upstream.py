@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import UpstreamSection
-from proxy.pool import OriginPool, OriginResponse, Unreachable
+from proxy.pool import Fields, OriginPool, OriginResponse, Sent, Unreachable
 
 log = logging.getLogger("onehit.upstream")
 
@@ -108,16 +108,57 @@ class Upstream:
                 return await self._fresh.request(
                     method, url, headers=headers, data=body, allow_redirects=False
                 )
-        except TimeoutError as exc:
-            error = UpstreamError(504, "origin timed out", f"timed out ({type(exc).__name__})")
-        except (aiohttp.ClientConnectorError, Unreachable) as exc:
-            error = UpstreamError(502, "origin unreachable", f"unreachable ({exc.os_error})")
-        except (aiohttp.ClientError, HttpProcessingError) as exc:
-            error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
-        log.warning("%s %s: origin %s", method, url, error.detail)
+        except Exception as exc:
+            error = _failure(method, url, exc)
+            if error is None:
+                raise
         try:
             raise error
         finally:
             # The traceback holds this frame: without this, each error would be a reference
             # cycle, freed only by the cyclic collector, and with it the request's body.
             del error
+
+    def send_now(self, method: str, url: str, headers: list[tuple[str, str]]) -> Sent | None:
+        """``request`` for a bodiless request, written at once on an idle pooled connection;
+        None, having done nothing, when it cannot be (then ``request`` it)."""
+        return self._pool.send_now(method, url, headers) if self._pool.serves(url) else None
+
+    def whole(
+        self, sent: Sent, status: int, reason: str, fields: Fields, body: bytes
+    ) -> OriginResponse:
+        """The response to ``sent`` its connection offered whole (``Sent.offer``)."""
+        return self._pool.whole(sent, status, reason, fields, body)
+
+    async def resume(self, sent: Sent, url: str) -> UpstreamResponse:
+        """The response to ``sent`` when it did not arrive whole, failing as ``request``
+        fails."""
+        try:
+            return await self._pool.resume(sent)
+        except Exception as exc:
+            error = _failure(sent.method, url, exc)
+            if error is None:
+                raise
+        try:
+            raise error
+        finally:
+            del error  # as in ``request``
+
+    def abandon(self, sent: Sent) -> None:
+        """Nobody will take the answer to ``sent``."""
+        self._pool.abandon(sent)
+
+
+def _failure(method: str, url: str, exc: Exception) -> UpstreamError | None:
+    """What the client gets for a failure of the origin, logged with its cause; None for any
+    other exception."""
+    if isinstance(exc, TimeoutError):
+        error = UpstreamError(504, "origin timed out", f"timed out ({type(exc).__name__})")
+    elif isinstance(exc, (aiohttp.ClientConnectorError, Unreachable)):
+        error = UpstreamError(502, "origin unreachable", f"unreachable ({exc.os_error})")
+    elif isinstance(exc, (aiohttp.ClientError, HttpProcessingError)):
+        error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
+    else:
+        return None
+    log.warning("%s %s: origin %s", method, url, error.detail)
+    return error

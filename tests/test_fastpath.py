@@ -491,6 +491,13 @@ MISS_SHAPES = {
 }
 
 
+# The shapes a miss sent at once on a pooled connection answers in the callback that brings
+# them: whole and plain (``proxy/_origin.c``), with no field the proxy marks. The others go
+# on in the lane's task.
+ANSWERED_AS_THEY_ARRIVE = {"typical", "no Date, Server or Content-Type", "empty",
+                           "404, a reason of its own", "not ASCII"}  # fmt: skip
+
+
 @pytest.mark.parametrize("shape", list(MISS_SHAPES))
 async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
     raw_origin, start_proxy, shape
@@ -506,10 +513,14 @@ async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
                 await asyncio.sleep(0.05)
 
     url = await raw_origin(respond)
-    fast = await start_proxy(upstream__origin=url)
-    slow = await start_proxy(upstream__origin=url, server__fast_hits=False)
+    fast = await start_proxy(upstream__origin=url, admission__policy="always")
+    slow = await start_proxy(upstream__origin=url, admission__policy="always",
+                             server__fast_hits=False)  # fmt: skip
     answers = []
     for service in (fast, slow):
+        # A first miss leaves an idle pooled connection, which the measured one is sent on.
+        await exchange(service, b"GET /warm HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        await asyncio.sleep(0.3)
         reader, writer = await connect(service)
         try:
             writer.write(b"GET /miss HTTP/1.1\r\nHost: example.test\r\n\r\n")
@@ -525,3 +536,83 @@ async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
         answers.append((re.sub(rb"\r\nDate: [^\r]*", b"\r\nDate: *", head), body))
     assert answers[0] == answers[1]
     assert b"X-Cache: MISS\r\n" in answers[0][0]
+    assert fast.proxy.engine.stats() == slow.proxy.engine.stats()
+    assert fast.proxy.fast_misses == (1 if shape in ANSWERED_AS_THEY_ARRIVE else 0)
+    assert slow.proxy.fast_misses == 0
+
+
+async def test_a_miss_answered_as_its_response_arrives_is_stored_and_then_hit(origin, start_proxy):
+    service = await start_proxy(admission__policy="always")
+    reader, writer = await connect(service)
+    try:
+        for path in (b"/warm", b"/new", b"/new"):
+            writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
+            status, fields, body = await read_response(reader)
+            await asyncio.sleep(0.05)  # the first miss's connection goes back to the pool
+    finally:
+        writer.close()
+    assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
+    assert service.proxy.fast_misses == 1 and service.proxy.fast_hits == 1
+    assert origin.hits["/new"] == 1
+
+
+async def test_concurrent_misses_share_the_fetch_of_a_miss_sent_at_once(origin, start_proxy):
+    origin.set("/burst", delay=0.3, body=b"for everyone")
+    service = await start_proxy()
+    await exchange(service, b"GET /warm HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    request = b"GET /burst HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    answers = await asyncio.gather(*(exchange(service, request) for _ in range(5)))
+    assert origin.hits["/burst"] == 1 and service.proxy.fast_misses == 1
+    assert [body for [(_, _, body)] in answers] == [b"for everyone"] * 5
+    statuses = sorted(dict(fields)["cache-status"] for [(_, fields, _)] in answers)
+    assert [s for s in statuses if "collapsed" in s] == statuses[:4]
+    # Five sightings in one burst: the URL is stored, and its next request is a hit.
+    [(_, fields, _)] = await exchange(service, request)
+    assert dict(fields)["x-cache"] == "HIT" and origin.hits["/burst"] == 1
+
+
+async def test_a_miss_sent_at_once_that_the_origin_never_answers_is_a_504(raw_origin, start_proxy):
+    connections = 0
+
+    async def answers_once(reader, writer):
+        nonlocal connections
+        connections += 1
+        while (head := await reader.readuntil(b"\r\n\r\n")) and b"/silent" not in head:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        await asyncio.sleep(10)
+
+    url = await raw_origin(answers_once)
+    service = await start_proxy(upstream__origin=url, upstream__read_timeout="300ms")
+    reader, writer = await connect(service)
+    answers = []
+    try:
+        for path in (b"/warm", b"/silent", b"/after"):
+            writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
+            status, _, body = await read_response(reader)
+            answers.append((status, body))
+            await asyncio.sleep(0.05)
+    finally:
+        writer.close()
+    assert answers == [(200, b"ok"), (504, b"origin timed out\n"), (200, b"ok")]
+    assert connections == 2  # the silent request went on the pooled connection
+
+
+async def test_a_client_that_leaves_before_its_miss_is_answered_leaves_the_proxy_serving(
+    origin, start_proxy
+):
+    origin.set("/slow", delay=0.3, body=b"late")
+    service = await start_proxy()
+    await exchange(service, b"GET /warm HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    _, writer = await connect(service)
+    writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.close()
+    await asyncio.sleep(0.5)  # the origin answered a client that is gone
+    for path in (b"/slow", b"/warm"):
+        [(status, _, body)] = await exchange(
+            service, b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path
+        )
+        assert status == 200 and body in (b"late", b"hello from the origin")
+    assert len(service.proxy.flights) == 0

@@ -84,10 +84,14 @@ async def served(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, 
             await process.wait()
 
 
-async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin):
+@pytest.mark.parametrize("warm", [False, True], ids=["new connection", "sent at once"])
+async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin, warm):
     origin.set("/slow", delay=1.0, body=b"finished")
     async with served("--origin", origin.url) as (process, url, _):
         async with aiohttp.ClientSession() as client:
+            if warm:  # an idle pooled origin connection: the miss is sent on it at once
+                async with client.get(url + "/warm") as r:
+                    assert r.status == 200
             in_flight = asyncio.ensure_future(client.get(url + "/slow"))
             await asyncio.sleep(0.3)
             process.send_signal(signal.SIGTERM)
