@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -71,14 +70,16 @@ JOIN_BELOW = 64 << 10
 AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
 
 
-class Pending(ABC):
+class Pending:
     """A lane's request under way outside a task: it ends with ``LaneRequest.answered``, or
-    goes on as a task with ``LaneRequest.go_on``; ``cancel`` drops it (a shutdown)."""
+    goes on as a task with ``LaneRequest.go_on``. A plain class, not an ABC: the lane asks
+    ``isinstance`` of it per request."""
 
     __slots__ = ()
 
-    @abstractmethod
-    def cancel(self) -> None: ...
+    def cancel(self) -> None:
+        """Drop the request: the connection shuts down before it ended."""
+        raise NotImplementedError
 
 
 # What starts a lane's request: the work answering it, or a ``Pending`` one.
