@@ -19,6 +19,11 @@
  *   count it: the entry by its key's hash and its key, its age as Entry.age computes it, and
  *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, and the
  *   admission's observe when it observes.
+ * - answer_bytes reads a request from its bytes only when they begin with one whole plain
+ *   request (parse_plain): a strict subset of what aiohttp's request parser (llhttp, strict)
+ *   takes, read as it reads it (method, target, fields, one Host, no body, keep-alive), so
+ *   the same request gets the same answer either way. Anything else it leaves to that
+ *   parser, counting nothing: it never refuses a request itself.
  * - Per hit only Cache-Status's ttl, Age (and Date when the origin sent none) are formatted;
  *   a body under `join_below` bytes goes out in one bytes object with the head, a larger one
  *   as its own object, never copied.
@@ -488,24 +493,11 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
     return answer;
 }
 
-static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1) {
-        PyErr_SetString(PyExc_TypeError, "answer(message, ...) takes the parsed request");
-        return NULL;
-    }
-    PyObject *msg = args[0], *path = NULL, *raw = NULL, *key = NULL, *hash = NULL,
-             *entry = NULL, *now_obj = NULL, *rendered = NULL, *body = NULL, *status = NULL,
-             *result = NULL;
-    int head = 0;
-    int plain = plain_request(self, msg, &head, &path);
-    if (plain <= 0)
-        goto done;
-    raw = get(msg, &attrs[A_RAW_HEADERS]);
-    if (raw == NULL)
-        goto done;
-    PyObject *host;
-    if (scan_fields(self, raw, &host) != 0)
-        goto done;
+/* The answer to a plain GET (head: HEAD) of path under the Host field's bytes host: as
+ * PlainHits.answer describes it. */
+static PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) {
+    PyObject *key = NULL, *hash = NULL, *entry = NULL, *now_obj = NULL, *rendered = NULL,
+             *body = NULL, *status = NULL, *result = NULL;
     PyObject *origin = PyDict_GetItemWithError(self->hosts, host);
     if (origin == NULL)
         goto done;
@@ -537,8 +529,6 @@ static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssi
     result = render(self, rendered, body, head, (long long)(lifetime - age), (long long)age,
                     status);
 done:
-    Py_XDECREF(path);
-    Py_XDECREF(raw);
     Py_XDECREF(key);
     Py_XDECREF(hash);
     Py_XDECREF(entry);
@@ -548,6 +538,188 @@ done:
     Py_XDECREF(status);
     if (result == NULL && !PyErr_Occurred())
         Py_RETURN_NONE;
+    return result;
+}
+
+static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "answer(message, ...) takes the parsed request");
+        return NULL;
+    }
+    PyObject *msg = args[0], *path = NULL, *raw = NULL, *result = NULL;
+    int head = 0;
+    int plain = plain_request(self, msg, &head, &path);
+    if (plain <= 0)
+        goto done;
+    raw = get(msg, &attrs[A_RAW_HEADERS]);
+    if (raw == NULL)
+        goto done;
+    PyObject *host;
+    if (scan_fields(self, raw, &host) != 0)
+        goto done;
+    result = answer_key(self, host, path, head);
+done:
+    Py_XDECREF(path);
+    Py_XDECREF(raw);
+    if (result == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return result;
+}
+
+/* Bytes a target, a field name and a field value may hold in a request parse_plain takes: of
+ * the target, RFC 3986 pchar, "/" and "?" (no fragment, no space, nothing escaped beyond
+ * "%"); of a name, tchar; of a value, visible ASCII, space and tab. */
+static unsigned char target_byte[256], name_byte[256], value_byte[256];
+
+static void init_tables(void) {
+    const char *target = "-._~!$&'()*+,;=:@/?%", *name = "!#$%&'*+-.^_`|~";
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+        target_byte[c] = alnum || (c && strchr(target, c) != NULL);
+        name_byte[c] = alnum || (c && strchr(name, c) != NULL);
+        value_byte[c] = (c >= 0x21 && c <= 0x7e) || c == ' ' || c == '\t';
+    }
+}
+
+/* What parse_plain found of one request. */
+typedef struct {
+    Py_ssize_t end;       /* offset just past its blank line */
+    int head;             /* HEAD, not GET */
+    int declined;         /* it carries a field of PlainHits.declined */
+    const char *path, *host;
+    Py_ssize_t path_len, host_len;
+} RawRequest;
+
+#define MAX_RAW_FIELDS 100
+
+/* 1 when data[start:] begins with one whole plain request, filling *r; 0 when it does not:
+ * whatever else (a request in part, or in any other form) is aiohttp's parser's to judge.
+ *
+ * Plain: `GET` or `HEAD`, one space, an origin-form target of target_byte within max_url, one
+ * space, `HTTP/1.1`, CRLF; then at most MAX_RAW_FIELDS fields, each a name of name_byte, a
+ * colon, optional spaces or tabs, a value of value_byte (trailing spaces and tabs are not its
+ * own, as llhttp and aiohttp trim them) and CRLF, within max_headers bytes as scan_fields
+ * counts them; then CRLF. Exactly one Host; no Content-Length, Transfer-Encoding, Upgrade,
+ * Expect, or Connection but `keep-alive`. Every such request is one that aiohttp's strict
+ * parser (llhttp, as aiohttp runs it for requests) takes whole, with these very fields, as
+ * a GET or HEAD with no body that keeps the connection open. */
+static int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ssize_t start,
+                       RawRequest *r) {
+    const char *p = data + start, *end = data + size;
+    if (end - p >= 4 && memcmp(p, "GET ", 4) == 0) {
+        r->head = 0;
+        p += 4;
+    } else if (end - p >= 5 && memcmp(p, "HEAD ", 5) == 0) {
+        r->head = 1;
+        p += 5;
+    } else
+        return 0;
+    r->path = p;
+    if (p == end || *p != '/')
+        return 0;
+    while (p < end && target_byte[(unsigned char)*p])
+        p++;
+    r->path_len = p - r->path;
+    if (r->path_len > self->max_url || end - p < 11 || memcmp(p, " HTTP/1.1\r\n", 11) != 0)
+        return 0;
+    p += 11;
+    Py_ssize_t fields = 0, counted = 0;
+    Py_ssize_t ndeclined = PyTuple_GET_SIZE(self->declined);
+    r->host = NULL;
+    r->declined = 0;
+    for (;;) {
+        if (end - p < 2)
+            return 0;
+        if (p[0] == '\r' && p[1] == '\n')
+            break;
+        const char *name = p;
+        while (p < end && name_byte[(unsigned char)*p])
+            p++;
+        Py_ssize_t name_len = p - name;
+        if (name_len == 0 || p == end || *p != ':')
+            return 0;
+        p++;
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        const char *value = p;
+        while (p < end && value_byte[(unsigned char)*p])
+            p++;
+        const char *value_end = p;
+        while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t'))
+            value_end--;
+        if (end - p < 2 || p[0] != '\r' || p[1] != '\n')
+            return 0;
+        p += 2;
+        Py_ssize_t value_len = value_end - value;
+        if (++fields > MAX_RAW_FIELDS)
+            return 0;
+        counted += 4 + name_len + value_len;
+        if (counted > self->max_headers)
+            return 0;
+        if (name_len == 4 && strncasecmp(name, "host", 4) == 0) {
+            if (r->host != NULL)
+                return 0;
+            r->host = value;
+            r->host_len = value_len;
+            continue;
+        }
+        if ((name_len == 14 && strncasecmp(name, "content-length", 14) == 0) ||
+            (name_len == 17 && strncasecmp(name, "transfer-encoding", 17) == 0) ||
+            (name_len == 7 && strncasecmp(name, "upgrade", 7) == 0) ||
+            (name_len == 6 && strncasecmp(name, "expect", 6) == 0))
+            return 0;
+        if (name_len == 10 && strncasecmp(name, "connection", 10) == 0) {
+            if (value_len != 10 || strncasecmp(value, "keep-alive", 10) != 0)
+                return 0;
+            continue;
+        }
+        for (Py_ssize_t j = 0; j < ndeclined && !r->declined; j++) {
+            PyObject *rule = PyTuple_GET_ITEM(self->declined, j);
+            r->declined = PyBytes_GET_SIZE(rule) == name_len &&
+                          strncasecmp(PyBytes_AS_STRING(rule), name, name_len) == 0;
+        }
+    }
+    if (r->host == NULL)
+        return 0;
+    r->end = p + 2 - data;
+    return 1;
+}
+
+static PyObject *PlainHits_answer_bytes(PlainHits *self, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+    Py_ssize_t start;
+    if (nargs != 2 || !PyBytes_Check(args[0]) ||
+        (start = PyLong_AsSsize_t(args[1])) < 0 || start > PyBytes_GET_SIZE(args[0])) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "answer_bytes(data: bytes, start: int)");
+        return NULL;
+    }
+    RawRequest r;
+    if (!parse_plain(self, PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), start, &r))
+        Py_RETURN_NONE;
+    PyObject *end = PyLong_FromSsize_t(r.end), *host = NULL, *path = NULL, *answer = NULL,
+             *result = NULL;
+    if (end == NULL)
+        return NULL;
+    if (r.declined) {
+        result = PyTuple_Pack(2, end, Py_None);
+        goto done;
+    }
+    host = PyBytes_FromStringAndSize(r.host, r.host_len);
+    path = host ? PyUnicode_DecodeASCII(r.path, r.path_len, NULL) : NULL;
+    answer = path ? answer_key(self, host, path, r.head) : NULL;
+    if (answer == NULL)
+        goto done;
+    if (PyTuple_Check(answer) && PyTuple_GET_SIZE(answer) == 3)
+        result = PyTuple_Pack(4, end, PyTuple_GET_ITEM(answer, 0), PyTuple_GET_ITEM(answer, 1),
+                              PyTuple_GET_ITEM(answer, 2));
+    else
+        result = PyTuple_Pack(2, end, answer);
+done:
+    Py_DECREF(end);
+    Py_XDECREF(host);
+    Py_XDECREF(path);
+    Py_XDECREF(answer);
     return result;
 }
 
@@ -561,6 +733,13 @@ static PyMethodDef PlainHits_methods[] = {
      "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"
      "request whose URL has nothing stored (no answerer can answer it as a hit); None,\n"
      "nothing counted, otherwise."},
+    {"answer_bytes", (PyCFunction)(void (*)(void))PlainHits_answer_bytes, METH_FASTCALL,
+     "answer_bytes(data, start) -> (end, bytes, body or b'', status) | (end, False) |\n"
+     "    (end, None) | None\n\n"
+     "answer() for the request at data[start:] as its bytes came, when they begin with one\n"
+     "whole plain request (see parse_plain), which ends at data[end]: its answer, or False or\n"
+     "None as answer() gives them (None too when it carries a declined field). None alone,\n"
+     "nothing counted, when data[start:] is anything else: aiohttp's parser is to read it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -589,6 +768,7 @@ static struct PyModuleDef hits_module = {
 };
 
 PyMODINIT_FUNC PyInit__hits(void) {
+    init_tables();
     for (int i = 0; i < A_COUNT; i++) {
         attrs[i].name = PyUnicode_InternFromString(attrs[i].text);
         if (attrs[i].name == NULL)

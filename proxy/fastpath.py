@@ -5,8 +5,16 @@ more than the rest of a hit together. ``HitServer`` makes aiohttp's own connecti
 (``RequestHandler``) try each request as a hit first, and run the other plain requests (a miss,
 mostly) in a task of its own, its *lane*, instead of its handler's loop. What it guarantees:
 
-* One parser. aiohttp's request parser (llhttp, strict) splits the bytes into requests, as it
-  does for every other request; what it refuses is refused as before (400), never answered.
+* One parser judges. aiohttp's request parser (llhttp, strict) splits the bytes into
+  requests, as it does for every other request; what it refuses is refused as before (400),
+  never answered. Only while that parser stands at a request's start, holding no bytes, and
+  no access log reads its messages, may a request be read from its bytes instead
+  (``PlainHits.answer_bytes``): one whole plain request (GET or HEAD, origin-form,
+  HTTP/1.1, plain fields, one Host, nothing that frames a body or ends the connection), a
+  strict subset of what that parser takes, read as it reads it. A hit so read is answered at
+  once; any other such request is fed to the parser, exactly its bytes, and goes on as
+  parsed. From the first bytes that are not one whole plain request, the parser reads the
+  connection's bytes for the rest of its life.
 * Only a plain fresh hit is answered as parsed; the answerers say which (``Proxy.answer_hit``,
   and its compiled common case ``Proxy.plain_hits``): GET or HEAD, HTTP/1.1 keep-alive, no
   body, no precondition (a matching validator gets its 304 and a byte range its 206 or 416
@@ -82,6 +90,12 @@ class Pending:
         raise NotImplementedError
 
 
+# The answer to the request at ``data[start:]`` as its bytes came (``PlainHits.answer_bytes``):
+# (end, answer bytes, body or b"", status) for a hit; (end, False) for a whole plain request
+# with nothing stored, (end, None) for one the other answerers are to judge; None when the
+# bytes are not one whole plain request.
+AnswerBytes = Callable[[bytes, int], "tuple[Any, ...] | None"]
+
 # What starts a lane's request: the work answering it, or a ``Pending`` one.
 StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
 
@@ -96,11 +110,13 @@ class HitServer(ProxyServer):
         handler: Any,
         answers: Sequence[AnswerHit],
         start: StartLane | None = None,
+        answer_bytes: AnswerBytes | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(handler, **kwargs)
         self.answers = tuple(answers)
         self.start: StartLane = start if start is not None else handler
+        self.answer_bytes = answer_bytes
 
     def __call__(self) -> RequestHandler:
         return HitHandler(self, loop=self._loop, **self._kwargs)
@@ -110,12 +126,22 @@ class HitHandler(RequestHandler):
     """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
     plain requests in its lane."""
 
-    __slots__ = ("_answers", "_full", "_held", "_lane", "_remote", "_scheme", "_start")
+    __slots__ = (
+        "_answer_bytes", "_answers", "_at_start", "_full", "_held", "_lane", "_remote",
+        "_scheme", "_start",
+    )  # fmt: skip
 
     def __init__(self, manager: HitServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._answers = manager.answers
         self._start = manager.start
+        self._answer_bytes = manager.answer_bytes
+        # Whether aiohttp's parser stands at a request's start, holding no bytes, so that the
+        # next request may be read from its bytes (``_answer_whole``). An access log reads
+        # aiohttp's request message, so with one every request goes through the parser.
+        self._at_start = self._answer_bytes is not None and not (
+            self._logging_enabled and self.access_logger is not None
+        )
         self._remote = ""
         self._scheme = "http"
         self._lane: asyncio.Task[None] | Pending | None = None
@@ -141,7 +167,15 @@ class HitHandler(RequestHandler):
             or self._upgraded
             or not self._idle()
         ):
+            if data:
+                self._at_start = False
             super().data_received(data)
+            return
+        if self._at_start and data:
+            data = self._answer_whole(data)
+            if data:
+                self._at_start = False
+                self.data_received(data)
             return
         while True:
             messages, upgraded, tail = self._parse(data)
@@ -156,11 +190,54 @@ class HitHandler(RequestHandler):
             self._message_tail = tail
         self._pass_on(messages[taken:])
 
+    def _answer_whole(self, data: bytes) -> bytes:
+        """Answer the leading whole plain requests of ``data`` from their bytes: a hit
+        (``PlainHits.answer_bytes``) at once, as ``_answer`` writes one; any other, once
+        aiohttp's parser has read exactly its bytes, as ``_answer`` answers it. What is left
+        from the first request that is not a whole plain one, or from where answering must
+        wait (a lane's request, a client not reading), is the parser's to read."""
+        answer = self._answer_bytes
+        assert answer is not None
+        transport = self.transport
+        start, size = 0, len(data)
+        while start < size and not self._paused and transport is not None:
+            try:
+                found = answer(data, start)
+            except Exception:
+                # A bug here costs speed, never the answer: aiohttp's parser reads the rest.
+                log.exception("answering a request as its bytes came failed")
+                found = None
+            if found is None:
+                break
+            end = found[0]
+            if len(found) == 4:
+                self._request_count += 1
+                self._manager.requests_count += 1  # type: ignore[union-attr]
+                transport.write(found[1])
+                if found[2]:
+                    transport.write(found[2])
+                self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+                start = end
+                continue
+            # Exactly one whole request: the parser stands at a request's start again after.
+            messages, _, _ = self._parse(data[start:end])
+            self._at_start = True
+            start = end
+            taken = self._answer(messages, nothing_stored=found[1] is False)
+            if taken < len(messages):
+                self._pass_on(messages[taken:])
+                break
+            if self._lane is not None:
+                break
+        return data[start:]
+
     def _parse(self, data: bytes) -> tuple[list[tuple[Any, Any]], bool, bytes]:
         """The requests in ``data``, as aiohttp's handler parses them: a request the parser
         refuses becomes its 400."""
         parser = self._parser
         assert parser is not None
+        if data:
+            self._at_start = False
         try:
             messages, upgraded, tail = parser.feed_data(data)
         except HttpProcessingError as exc:
@@ -213,9 +290,10 @@ class HitHandler(RequestHandler):
         # Parked for the next request, or not yet started (no request seen).
         return (waiter is not None and not waiter.done()) or self._request_count == 0
 
-    def _answer(self, messages: list[tuple[Any, Any]]) -> int:
+    def _answer(self, messages: list[tuple[Any, Any]], *, nothing_stored: bool = False) -> int:
         """Answer the leading plain hits of ``messages``, and start the lane on the plain
-        request after them, if one is; how many requests were taken."""
+        request after them, if one is; how many requests were taken. ``nothing_stored``:
+        the first request's URL has nothing stored (no answerer need be asked)."""
         transport = self.transport
         done = 0
         for message, payload in messages:
@@ -229,7 +307,7 @@ class HitHandler(RequestHandler):
             started = self._loop.time()
             answered = None
             try:
-                for answer in self._answers:
+                for answer in () if nothing_stored else self._answers:
                     answered = answer(message, self._remote, self._scheme)
                     if answered is not None:
                         break

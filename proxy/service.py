@@ -158,7 +158,9 @@ class Service:
             server_kwargs["access_log"] = None
         if config.server.fast_hits:
             answers = (proxy.plain_hits.answer, proxy.answer_hit)
-            server = HitServer(proxy.handle, answers, proxy.start, **server_kwargs)
+            server = HitServer(
+                proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
+            )
         else:
             server = ProxyServer(proxy.handle, **server_kwargs)
         proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)

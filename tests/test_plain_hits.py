@@ -12,6 +12,9 @@ from email.utils import formatdate
 
 import pytest
 from aiohttp.http_parser import HttpRequestParser, HttpRequestParserPy
+from aiohttp.streams import EMPTY_PAYLOAD
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.config import load
 from proxy.core.engine import RequestMeta, response_meta
@@ -231,3 +234,132 @@ async def test_the_hosts_the_compiled_path_knows_are_bounded():
     for i in range(1500):
         proxy.answer_hit(pair.parse(f"GET /a HTTP/1.1\r\nHost: h{i}.test\r\n\r\n".encode()), "", "")
     assert len(proxy._routed_hosts) == 1024
+
+
+# Requests read from their bytes (``PlainHits.answer_bytes``): the same answers and counts as
+# from aiohttp's parsed message, and nothing but whole plain requests taken.
+
+
+@pytest.mark.parametrize(
+    "fields",
+    ["", "User-Agent: wrk\r\nAccept: */*\r\n", "Connection: keep-alive\r\n",
+     "X-Tab:\tvalue \t\r\nX-Empty:\r\n", "Accept-Encoding: gzip, br\r\nX-Odd: a:b;c=d\r\n"],
+)  # fmt: skip
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_a_hit_read_from_its_bytes_is_the_answer_to_its_parsed_message(method, fields):
+    pair = Pair()
+    path = "/a?b=1&c=%2F:@!$'()*+,;="
+    pair.store(path, b"x" * 1024, DATED)
+    pair.warm(get(path))
+    request = get(path, method, fields)
+    pipelined = request + b"GET /next HTTP/1.1\r\n"  # what follows is not read
+    found = pair.compiled.plain_hits.answer_bytes(pipelined, 0)
+    parsed = pair.python.plain_hits.answer(pair.parse(request), "", "")
+    assert found is not None and found[0] == len(request) and found[1:] == parsed
+    assert pair.compiled.engine.stats() == pair.python.engine.stats()
+    # Read from where the bytes before it end, as a second pipelined request is.
+    found = pair.compiled.plain_hits.answer_bytes(b"padding" + request, 7)
+    assert found is not None and found[0] == 7 + len(request)
+
+
+async def test_a_whole_plain_request_that_is_no_hit_is_measured_for_the_parser():
+    pair = Pair()
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    answer_bytes = pair.compiled.plain_hits.answer_bytes
+    before = pair.compiled.engine.stats()
+    nothing = get("/nothing")
+    assert answer_bytes(nothing, 0) == (len(nothing), False)  # nothing stored: the lane's
+    cookie = get(fields="Cookie: id=1\r\n")
+    assert answer_bytes(cookie, 0) == (len(cookie), None)  # the Python rules judge it
+    assert pair.compiled.engine.stats() == before
+
+
+# Not one whole plain request: aiohttp's parser is to read each of these, and judge it.
+NOT_WHOLE_AND_PLAIN = {
+    "a head not yet ended": get()[:-2],
+    "a request line in part": b"GET /a HTT",
+    "HTTP/1.0": get(version="1.0"),
+    "POST": get(method="POST"),
+    "a lower-case method": get(method="get"),
+    "two spaces": b"GET  /a HTTP/1.1\r\nHost: example.test\r\n\r\n",
+    "an absolute target": b"GET http://example.test/a HTTP/1.1\r\nHost: example.test\r\n\r\n",
+    "a fragment": get("/a#top"),
+    "a byte not ASCII in the target": get("/caf\u00e9"),
+    "a byte not ASCII in a value": get(fields="X-Name: caf\u00e9\r\n"),
+    "a control byte in a value": get(fields="X-Odd: a\x01b\r\n"),
+    "a NUL in a value": get(fields="X-Odd: a\x00b\r\n"),
+    "a bare LF": b"GET /a HTTP/1.1\nHost: example.test\n\n",
+    "a bare LF ending a field": b"GET /a HTTP/1.1\r\nHost: example.test\nX: y\r\n\r\n",
+    "a space before the colon": get(fields="X-Pad : 1\r\n"),
+    "a folded line": get(fields="X-Fold: a\r\n b\r\n"),
+    "an empty name": get(fields=": value\r\n"),
+    "no Host": b"GET /a HTTP/1.1\r\nAccept: */*\r\n\r\n",
+    "two Hosts": get(fields="Host: example.test\r\n"),
+    "Content-Length: 0": get(fields="Content-Length: 0\r\n"),
+    "Content-Length and Transfer-Encoding": get(
+        fields="Content-Length: 5\r\nTransfer-Encoding: chunked\r\n"
+    ),
+    "Transfer-Encoding": get(fields="Transfer-Encoding: chunked\r\n"),
+    "Connection: close": get(fields="Connection: close\r\n"),
+    "Connection naming another field": get(fields="Connection: keep-alive, x-secret\r\n"),
+    "Upgrade": get(fields="Connection: upgrade\r\nUpgrade: websocket\r\n"),
+    "Expect": get(fields="Expect: 100-continue\r\n"),
+    "a leading blank line": b"\r\n" + get(),
+    "more fields than it reads": get(fields="X-F: 1\r\n" * 100),
+    "a URL over the limit": get(LONG),
+    "fields over the limit": get(fields=f"X-Big: {'b' * 300}\r\n"),
+}
+
+
+@pytest.mark.parametrize("name", NOT_WHOLE_AND_PLAIN)
+async def test_what_is_not_one_whole_plain_request_is_left_to_aiohttps_parser(name):
+    pair = Pair(**{"server.max_url_length": 100, "server.max_header_size": 200})
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    before = pair.compiled.engine.stats()
+    assert pair.compiled.plain_hits.answer_bytes(NOT_WHOLE_AND_PLAIN[name], 0) is None
+    assert pair.compiled.engine.stats() == before and pair.compiled.plain_hits.answered == 0
+
+
+# Mostly what a plain request holds, with bytes the parse must not take mixed in.
+_TARGET = st.text(alphabet="abcXYZ019-._~!$&'()*+,;=:@/?%" + ' #"<>^`{|}\x7f\u00e9', max_size=40)
+_NAME = st.text(alphabet="abcXYZ019!#$%&'*+-.^_`|~" + ' :()"\u00e9', max_size=12)
+_VALUE = st.text(alphabet='abc XYZ\t019!"#:;<=>?@[\\]^_`{|}~,' + "\x01\x7f\u00e9", max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.sampled_from(["GET", "HEAD"]),
+    target=_TARGET,
+    fields=st.lists(st.tuples(_NAME, _VALUE), max_size=6),
+)
+def test_every_request_read_from_its_bytes_is_one_aiohttps_parser_reads_the_same(
+    method, target, fields
+):
+    async def check() -> None:
+        pair = Pair()
+        request = (
+            f"{method} /{target} HTTP/1.1\r\nHost: {HOST}\r\n"
+            + "".join(f"{name}:{value}\r\n" for name, value in fields)
+            + "\r\n"
+        ).encode()
+        found = pair.compiled.plain_hits.answer_bytes(request + b"GET", 0)
+        try:
+            messages, _, _ = pair.parser.feed_data(request)
+        except Exception:
+            messages = None
+        if found is None:
+            return  # left to the parser, which judges it
+        # Taken: the strict parser takes the same bytes as one request, with the same
+        # method, target and fields, keeping the connection open.
+        assert found[0] == len(request) and messages is not None and len(messages) == 1
+        message, payload = messages[0]
+        assert (message.method, message.path) == (method, f"/{target}")
+        assert not message.should_close and not message.upgrade and not message.chunked
+        assert payload is EMPTY_PAYLOAD
+        lines = (f"{name}:{value}".partition(":") for name, value in fields)
+        sent = [("Host", HOST), *((name, value.strip(" \t")) for name, _, value in lines)]
+        assert [(k.decode(), v.decode()) for k, v in message.raw_headers] == sent
+
+    asyncio.run(check())
