@@ -137,11 +137,8 @@ class HitHandler(RequestHandler):
         self._start = manager.start
         self._answer_bytes = manager.answer_bytes
         # Whether aiohttp's parser stands at a request's start, holding no bytes, so that the
-        # next request may be read from its bytes (``_answer_whole``). An access log reads
-        # aiohttp's request message, so with one every request goes through the parser.
-        self._at_start = self._answer_bytes is not None and not (
-            self._logging_enabled and self.access_logger is not None
-        )
+        # next request may be read from its bytes (``_answer_whole``).
+        self._at_start = self._answer_bytes is not None
         self._remote = ""
         self._scheme = "http"
         self._lane: asyncio.Task[None] | Pending | None = None
@@ -201,6 +198,7 @@ class HitHandler(RequestHandler):
         transport = self.transport
         start, size = 0, len(data)
         while start < size and not self._paused and transport is not None:
+            started = self._loop.time()
             try:
                 found = answer(data, start)
             except Exception:
@@ -216,7 +214,13 @@ class HitHandler(RequestHandler):
                 transport.write(found[1])
                 if found[2]:
                     transport.write(found[2])
-                self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
+                self._next_keepalive_close_time = started + self._keepalive_timeout
+                if self._logging_enabled and self.access_logger is not None:
+                    self.access_logger.log(
+                        _ReadRequest(data[start:end], self._remote),  # type: ignore[arg-type]
+                        _LoggedResponse(*found[1:]),  # type: ignore[arg-type]
+                        self._loop.time() - started,
+                    )
                 start = end
                 continue
             # Exactly one whole request: the parser stands at a request's start again after.
@@ -467,6 +471,30 @@ class _LoggedRequest:
 
     path_qs = property(lambda self: str(self._message.url))
     host = property(lambda self: self.headers.get("Host"))
+
+
+class _ReadRequest:
+    """What the access loggers read of a request answered from its bytes (``head``: one
+    whole plain request, ``PlainHits.answer_bytes`` says), read from them as a log asks."""
+
+    __slots__ = ("_head", "remote")
+
+    version = HttpVersion11
+
+    def __init__(self, head: bytes, remote: str) -> None:
+        self._head = head
+        self.remote = remote
+
+    method = property(lambda self: self._head.partition(b" ")[0].decode("ascii"))
+    raw_path = property(lambda self: self._head.split(b" ", 2)[1].decode("ascii"))
+    path_qs = raw_path
+    host = property(lambda self: self.headers.get("Host"))
+
+    @property
+    def headers(self) -> CIMultiDict[str]:
+        lines = self._head.decode("ascii").split("\r\n")[1:]
+        fields = (line.partition(":") for line in lines if line)
+        return CIMultiDict((name, value.strip(" \t")) for name, _, value in fields)
 
 
 class _LoggedResponse:
