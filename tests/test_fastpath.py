@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
 import socket
 import tracemalloc
@@ -646,3 +647,78 @@ async def test_hits_read_from_their_bytes_or_parsed_are_answered_alike_in_order(
         (200, "HIT", b"hello from the origin")
     ] * 6
     assert service.proxy.fast_hits == 6 and service.proxy.plain_hits.answered == 5
+
+
+# Requests a client may send on one connection, plain or not, for the streams below.
+STREAM_REQUESTS = [
+    HIT,
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\nConnection: keep-alive\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nCookie: id=1\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: EXAMPLE.test:80\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nX-Name: caf\xc3\xa9\r\n\r\n",
+    b'GET /hit HTTP/1.1\r\nHost: example.test\r\nIf-None-Match: "nope"\r\n\r\n',
+    b"GET /miss-{n} HTTP/1.1\r\nHost: example.test\r\n\r\n",
+    b"GET /miss-{n}?a=%2F HTTP/1.1\r\nHost: example.test\r\nAccept: */*\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: other.test\r\n\r\n",
+]
+# Requests aiohttp's parser refuses (400, then the connection closes): a stream ends with one.
+REFUSED_REQUESTS = [
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nHost: example.test\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked"
+    b"\r\n\r\n0\r\n\r\n",
+    b"GET /hit HTTP/1.1\r\nHost: example.test\r\nBad Name: x\r\n\r\n",
+]
+
+
+async def answers_to(
+    service: Service, chunks: list[bytes], pause: float = 0.01
+) -> list[tuple[int, str, bytes]]:
+    """(status, X-Cache, body) of every answer on one connection that sends ``chunks``, each
+    apart (``pause`` seconds after each), until the proxy has answered what it will and
+    closed or gone quiet."""
+    reader, writer = await connect(service)
+    try:
+        for chunk in chunks:
+            try:
+                writer.write(chunk)
+                await writer.drain()
+            except ConnectionError:
+                break  # closed after what it refused: the answers before are still to read
+            await asyncio.sleep(pause)
+        answers = []
+        while True:
+            try:
+                status, fields, body = await read_response(reader)
+            except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                return answers
+            answers.append((status, dict(fields).get("x-cache", ""), body))
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_streams_of_plain_and_odd_requests_get_the_handlers_answers_in_order(
+    origin, start_proxy, seed
+):
+    # Requests read from their bytes or parsed, split anywhere across reads, pipelined, and
+    # ending in what the parser refuses: the same answers as the handler's, in order.
+    rng = random.Random(seed)
+    requests = [
+        rng.choice(STREAM_REQUESTS).replace(b"{n}", b"%d" % rng.randrange(3))
+        for _ in range(rng.randrange(2, 7))
+    ]
+    stream = b"".join(requests)
+    cuts = sorted(rng.sample(range(1, len(stream)), rng.randrange(0, 4)))
+    chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    if seed % 2:
+        # In a read of its own: sent in one read with requests before it, aiohttp's parser
+        # drops those, through the handler as before.
+        requests.append(rng.choice(REFUSED_REQUESTS))
+        chunks.append(requests[-1])
+    fast = await start_proxy(server__idle_timeout="1s")
+    slow = await start_proxy(server__idle_timeout="1s", server__fast_hits=False)
+    await stored(fast)
+    await stored(slow)
+    # The reference: the handler's answers to the same requests, each in a read of its own.
+    seen = [await answers_to(fast, chunks), await answers_to(slow, requests, pause=0.1)]
+    assert seen[0] == seen[1] and seen[0]
