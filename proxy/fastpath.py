@@ -209,7 +209,18 @@ class HitHandler(RequestHandler):
                 break
             end = found[0]
             if len(found) == 4:
-                self._write_hit(transport, found[1:], started, _ReadRequest, data[start:end])
+                self._request_count += 1
+                self._manager.requests_count += 1  # type: ignore[union-attr]
+                transport.write(found[1])
+                if found[2]:
+                    transport.write(found[2])
+                self._next_keepalive_close_time = started + self._keepalive_timeout
+                if self._logging_enabled and self.access_logger is not None:
+                    self.access_logger.log(
+                        _ReadRequest(data[start:end], self._remote),  # type: ignore[arg-type]
+                        _LoggedResponse(*found[1:]),  # type: ignore[arg-type]
+                        self._loop.time() - started,
+                    )
                 start = end
                 continue
             # Exactly one whole request: the parser stands at a request's start again after.
@@ -313,33 +324,21 @@ class HitHandler(RequestHandler):
                     self._run_lane(message)
                     done += 1
                 break
+            self._request_count += 1
             self._parser.message_consumed()  # type: ignore[union-attr]
-            self._write_hit(transport, answered, started, _LoggedRequest, message)
+            self._manager.requests_count += 1  # type: ignore[union-attr]
+            transport.write(answered[0])
+            if answered[1]:
+                transport.write(answered[1])
+            self._next_keepalive_close_time = started + self._keepalive_timeout
+            if self._logging_enabled and self.access_logger is not None:
+                self.access_logger.log(
+                    _LoggedRequest(message, self._remote),  # type: ignore[arg-type]
+                    _LoggedResponse(*answered),  # type: ignore[arg-type]
+                    self._loop.time() - started,
+                )
             done += 1
         return done
-
-    def _write_hit(
-        self,
-        transport: asyncio.Transport,
-        answer: Sequence[Any],
-        started: float,
-        logged: type[_LoggedRequest | _ReadRequest],
-        request: Any,
-    ) -> None:
-        """Write a hit's whole ``answer`` (its bytes, a body or b"", its status), counted as
-        aiohttp's handler counts a request, and log it as ``logged(request)`` when logging."""
-        self._request_count += 1
-        self._manager.requests_count += 1  # type: ignore[union-attr]
-        transport.write(answer[0])
-        if answer[1]:
-            transport.write(answer[1])
-        self._next_keepalive_close_time = started + self._keepalive_timeout
-        if self._logging_enabled and self.access_logger is not None:
-            self.access_logger.log(
-                logged(request, self._remote),  # type: ignore[arg-type]
-                _LoggedResponse(*answer),  # type: ignore[arg-type]
-                self._loop.time() - started,
-            )
 
     def _run_lane(self, message: RawRequestMessage) -> None:
         """Answer ``message`` in the lane, counted as aiohttp's handler counts a request."""
