@@ -96,7 +96,8 @@ class Pending:
 # bytes are not one whole plain request.
 AnswerBytes = Callable[[bytes, int], "tuple[Any, ...] | None"]
 
-# What starts a lane's request: the work answering it, or a ``Pending`` one.
+# What starts a lane's request: the work answering it, or a ``Pending`` one. It never raises:
+# a failure is the work's, answered as the handler answers one (``Proxy.start``).
 StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
 
 
@@ -349,11 +350,7 @@ class HitHandler(RequestHandler):
         self._manager.requests_count += 1  # type: ignore[union-attr]
         self._request_in_progress = True  # a graceful shutdown waits for it
         request = LaneRequest(message, self._remote, self._scheme, self)
-        try:
-            work = self._start(request)
-        except Exception:
-            log.exception("starting %s %s in the lane failed", message.method, message.path)
-            work = self._request_handler(request)  # type: ignore[misc,arg-type]
+        work = self._start(request)
         if isinstance(work, Pending):
             self._lane = work
         else:

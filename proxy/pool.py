@@ -286,9 +286,12 @@ class _Connection(BaseProtocol):
 class Sent:
     """A request ``OriginPool.send_now`` wrote, its answer not yet taken."""
 
-    __slots__ = ("address", "exchange", "head", "method")
+    __slots__ = ("address", "exchange", "head", "method", "pool")
 
-    def __init__(self, address: Address, head: bytes, method: str, exchange: _Exchange) -> None:
+    def __init__(
+        self, pool: OriginPool, address: Address, head: bytes, method: str, exchange: _Exchange
+    ) -> None:
+        self.pool = pool
         self.address = address
         self.head = head
         self.method = method
@@ -297,12 +300,25 @@ class Sent:
     def offer(self, on_whole: Callable[[int, str, Fields, bytes], bool],
               on_other: Callable[[], None]) -> None:  # fmt: skip
         """Offer the answer to ``on_whole`` when it arrives whole and plain (True: taken; its
-        connection is then ``OriginPool.whole``'s to release); else, or on a failure first,
-        call ``on_other``, which takes it with ``OriginPool.resume``."""
+        connection is then ``whole``'s to release); else, or on a failure first, call
+        ``on_other``, which takes it with ``OriginPool.resume``."""
         protocol = self.exchange.protocol
         assert protocol is not None
         protocol.on_whole = on_whole
         protocol.on_other = on_other
+
+    def whole(self, status: int, reason: str, fields: Fields, body: bytes) -> OriginResponse:
+        """The answer its connection offered whole."""
+        return OriginResponse(self.pool, self.address, self.exchange, status, reason, fields,
+                              EMPTY_PAYLOAD, body)  # fmt: skip
+
+    def abandon(self) -> None:
+        """Nobody will take the answer: the connection closes."""
+        protocol = self.exchange.protocol
+        assert protocol is not None
+        protocol.on_whole = protocol.on_other = None
+        protocol.close()
+        self.pool._ended(self.exchange)
 
 
 class _Exchange:
@@ -452,8 +468,8 @@ class OriginPool:
     def send_now(self, method: str, url: str, headers: list[tuple[str, str]]) -> Sent | None:
         """Write a bodiless request at once on an idle pooled connection, as ``request``
         would; None, having done nothing, when no pooled connection is idle, all that may be
-        used are, or no request ran yet. Its answer is then ``whole`` once it arrives whole
-        (``Sent.offer``), else ``resume``'s."""
+        used are, or no request ran yet. Its answer is then ``Sent.whole`` once it arrives
+        whole (``Sent.offer``), else ``resume``'s."""
         loop = self._loop
         if loop is None or self._in_use >= self._config.max_connections:
             return None
@@ -466,37 +482,23 @@ class OriginPool:
         self._watch(exchange)
         self._in_use += 1
         protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
-        return Sent(address, head, method, exchange)
-
-    def whole(
-        self, sent: Sent, status: int, reason: str, fields: Fields, body: bytes
-    ) -> OriginResponse:
-        """The response to ``sent`` that its connection offered whole."""
-        return OriginResponse(self, sent.address, sent.exchange, status, reason, fields,
-                              EMPTY_PAYLOAD, body)  # fmt: skip
+        return Sent(self, address, head, method, exchange)
 
     async def resume(self, sent: Sent) -> OriginResponse:
         """The response to ``sent`` when its connection did not offer it whole, with the
         failures and the retry on a new connection of ``request``."""
-        exchange = sent.exchange
         try:
-            return await self._exchange(sent.address, sent.head, sent.method, exchange,
-                                        exchange.protocol)  # fmt: skip
+            return await self._exchange(sent.address, sent.head, sent.method, sent.exchange,
+                                        sent.exchange.protocol)  # fmt: skip
         except BaseException:
-            self._in_use -= 1
-            self._wake()
-            self._unwatch(exchange)
+            self._ended(sent.exchange)
             raise
 
-    def abandon(self, sent: Sent) -> None:
-        """Nobody will take the answer to ``sent``: its connection closes."""
-        protocol = sent.exchange.protocol
-        assert protocol is not None
-        protocol.on_whole = protocol.on_other = None
-        protocol.close()
+    def _ended(self, exchange: _Exchange) -> None:
+        """``exchange`` holds its connection no more, and is no longer timed."""
         self._in_use -= 1
         self._wake()
-        self._unwatch(sent.exchange)
+        self._unwatch(exchange)
 
     def _request(
         self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None
@@ -528,23 +530,23 @@ class OriginPool:
         head: bytes,
         method: str,
         exchange: _Exchange,
-        sent: _Connection | None = None,
+        written_on: _Connection | None = None,
     ) -> OriginResponse:
-        """The response to ``head``, sent on a pooled connection or a new one (``sent``: the
-        pooled one it was already written on)."""
-        protocol = sent if sent is not None else self._pooled(address)
+        """The response to ``head``, sent on a pooled connection or a new one (``written_on``:
+        the pooled one it was already written on)."""
+        protocol = written_on if written_on is not None else self._pooled(address)
         pooled = protocol is not None
         while True:
             try:
                 if protocol is None:
                     protocol = await self._connect(address, exchange.deadline)
-                if sent is None:
+                if written_on is None:
                     exchange.protocol = protocol
                     if protocol._loop.time() >= exchange.deadline:
                         raise TimeoutError("the total timeout passed before the request was sent")
                     protocol.send(head, skip_payload=method == "HEAD",
                                   read_timeout=self._config.read_timeout)  # fmt: skip
-                sent = None
+                written_on = None
                 answer = await protocol.response()
                 while 100 <= answer[0] < 200 and answer[0] != 101:  # interim: skipped
                     answer = await protocol.response()

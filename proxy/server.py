@@ -496,13 +496,12 @@ class Proxy:
     ) -> tuple[web.StreamResponse, Shared | None]:
         """Fetch ``url`` as ``action`` says (``sent``: the request ``start`` already wrote,
         at ``request_time``), and what collapsed requests may share of it."""
+        headers = []
+        if sent is None:
+            request_time = self.clock()
+            headers = self._upstream_headers(meta, whole=action.whole)
         try:
-            if sent is None:
-                request_time = self.clock()
-                headers = self._upstream_headers(meta, whole=action.whole)
-                upstream = await self.upstream.request(meta.method, url, headers)
-            else:
-                upstream = await self.upstream.resume(sent, url)
+            upstream = await self.upstream.request(meta.method, url, headers, sent=sent)
         except UpstreamError as exc:
             status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
             return _plain(exc.status, exc.public, status), None
@@ -1017,7 +1016,7 @@ class PendingMiss(Pending):
         ):
             return False
         proxy = self._proxy
-        upstream = proxy.upstream.whole(self._sent, status, reason, fields, body)
+        upstream = self._sent.whole(status, reason, fields, body)
         result: Shared | None = None
         try:
             out, result = proxy.receive_now(request, self._meta, upstream, headers,
@@ -1039,7 +1038,7 @@ class PendingMiss(Pending):
         request.go_on(proxy.handle(request, work))
 
     def cancel(self) -> None:
-        self._proxy.upstream.abandon(self._sent)
+        self._sent.abandon()
         self._proxy.flights.end(self._meta.key, self._flight, None)
 
 

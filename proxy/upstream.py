@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import UpstreamSection
-from proxy.pool import Fields, OriginPool, OriginResponse, Sent, Unreachable
+from proxy.pool import OriginPool, OriginResponse, Sent, Unreachable
 
 log = logging.getLogger("onehit.upstream")
 
@@ -88,11 +88,16 @@ class Upstream:
         url: str,
         headers: list[tuple[str, str]],
         body: AsyncIterator[bytes] | bytes | None = None,
+        *,
+        sent: Sent | None = None,
     ) -> UpstreamResponse:
-        """Send the request; the response's headers have arrived, its body is still to read."""
+        """Send the request (``sent``: ``send_now`` already wrote it, and its answer did not
+        come whole); the response's headers have arrived, its body is still to read."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
         replayable = body is None or isinstance(body, bytes)
         try:
+            if sent is not None:
+                return await self._pool.resume(sent)
             if (body is None or isinstance(body, bytes)) and self._pool.serves(url):
                 return await self._pool.request(method, url, headers, body)
             try:
@@ -123,30 +128,6 @@ class Upstream:
         """``request`` for a bodiless request, written at once on an idle pooled connection;
         None, having done nothing, when it cannot be (then ``request`` it)."""
         return self._pool.send_now(method, url, headers) if self._pool.serves(url) else None
-
-    def whole(
-        self, sent: Sent, status: int, reason: str, fields: Fields, body: bytes
-    ) -> OriginResponse:
-        """The response to ``sent`` its connection offered whole (``Sent.offer``)."""
-        return self._pool.whole(sent, status, reason, fields, body)
-
-    async def resume(self, sent: Sent, url: str) -> UpstreamResponse:
-        """The response to ``sent`` when it did not arrive whole, failing as ``request``
-        fails."""
-        try:
-            return await self._pool.resume(sent)
-        except Exception as exc:
-            error = _failure(sent.method, url, exc)
-            if error is None:
-                raise
-        try:
-            raise error
-        finally:
-            del error  # as in ``request``
-
-    def abandon(self, sent: Sent) -> None:
-        """Nobody will take the answer to ``sent``."""
-        self._pool.abandon(sent)
 
 
 def _failure(method: str, url: str, exc: Exception) -> UpstreamError | None:
