@@ -321,6 +321,9 @@ class UpstreamSection:
         512, _positive_int, "origin connections in use at most, per origin client (pool, session)"
     )
     idle_timeout: float = _setting(4.0, _duration, "longest an unused origin connection is kept")
+    read_buffer: int = _setting(
+        128 << 10, _size, "origin body bytes held per response before reading pauses (at twice)"
+    )
 
 
 @dataclass(frozen=True)

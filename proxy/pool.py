@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.helpers import DEFAULT_CHUNK_SIZE, EMPTY_BODY_STATUS_CODES, set_exception
+from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, set_exception
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.http_parser import HttpResponseParser
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
@@ -76,8 +76,9 @@ class _Connection(BaseProtocol):
     while no request is in flight close the connection: an origin answering what was not
     asked cannot be trusted with the next request."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: int) -> None:
         super().__init__(loop)
+        self._read_buffer = read_buffer
         self._skip_payload = False
         self._first = False  # whether nothing of the answer to the request in flight came yet
         self._heads: deque[Head] = deque()
@@ -123,7 +124,9 @@ class _Connection(BaseProtocol):
         self._parser = (
             spare
             if spare is not None and not skip_payload
-            else response_parser(self, self._loop, with_body=not skip_payload)
+            else response_parser(
+                self, self._loop, with_body=not skip_payload, read_buffer=self._read_buffer
+            )
         )
         self._skip_payload = skip_payload
         self._first = not skip_payload
@@ -334,12 +337,16 @@ class _Exchange:
 
 
 def response_parser(
-    protocol: BaseProtocol, loop: asyncio.AbstractEventLoop, *, with_body: bool
+    protocol: BaseProtocol,
+    loop: asyncio.AbstractEventLoop,
+    *,
+    with_body: bool,
+    read_buffer: int,
 ) -> HttpResponseParser:
-    """aiohttp's response parser in its start state, as the session's client makes one."""
+    """aiohttp's response parser in its start state, as the session's client makes one (with
+    ``[upstream] read_buffer``: a body's stream pauses reading past twice it)."""
     return HttpResponseParser(
-        # The session's read buffer: a body's stream pauses reading past twice this.
-        protocol, loop, DEFAULT_CHUNK_SIZE,
+        protocol, loop, read_buffer,
         payload_exception=ClientPayloadError, response_with_body=with_body,
         read_until_eof=True,  # a body without a length ends with the connection
         auto_decompress=False, max_line_size=8190, max_field_size=8190, max_headers=128,
@@ -567,9 +574,12 @@ class OriginPool:
     async def _connect(self, address: Address, deadline: float) -> _Connection:
         loop = asyncio.get_running_loop()
         limit = min(self._config.connect_timeout, deadline - loop.time())
+        read_buffer = self._config.read_buffer
         try:
             async with asyncio.timeout(limit):
-                _, protocol = await loop.create_connection(lambda: _Connection(loop), *address)
+                _, protocol = await loop.create_connection(
+                    lambda: _Connection(loop, read_buffer), *address
+                )
         except OSError as exc:
             raise Unreachable(exc) from exc
         return protocol

@@ -63,6 +63,7 @@ class Upstream:
             # these four otherwise (Content-Type only to a request with a body).
             "skip_auto_headers": ("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
             "cookie_jar": aiohttp.DummyCookieJar(),
+            "read_bufsize": c.read_buffer,
         }
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(

@@ -72,7 +72,7 @@ def aiohttp_parse(data: bytes) -> tuple | None:
     it refuses it."""
     loop = asyncio.new_event_loop()
     try:
-        parser = response_parser(BaseProtocol(loop), loop, with_body=True)
+        parser = response_parser(BaseProtocol(loop), loop, with_body=True, read_buffer=1 << 17)
         try:
             messages, upgraded, tail = parser.feed_data(data)
         except Exception:
