@@ -70,9 +70,8 @@ log = logging.getLogger("onehit.proxy")
 
 # A body below this is joined to its head in one bytes object (copying it costs less than a
 # second send); a larger one goes beside it in one ``writelines``: one system call on uvloop
-# (writev; two writes made two, and 14-16% fewer 256 KiB hits a second) and on asyncio's loop
-# from Python 3.12 (sendmsg), while 3.11's asyncio joins the two itself (measured no slower
-# than two writes).
+# (writev, where two writes made two) and on asyncio's loop from Python 3.12 (sendmsg), while
+# 3.11's asyncio joins the two itself (measured no slower than two writes).
 JOIN_BELOW = 64 << 10
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the

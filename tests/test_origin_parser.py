@@ -11,6 +11,7 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 
 from proxy._origin import parse_response
+from proxy.config import UpstreamSection
 from proxy.pool import response_parser
 
 PLAIN = [
@@ -72,7 +73,9 @@ def aiohttp_parse(data: bytes) -> tuple | None:
     it refuses it."""
     loop = asyncio.new_event_loop()
     try:
-        parser = response_parser(BaseProtocol(loop), loop, with_body=True, read_buffer=1 << 17)
+        parser = response_parser(
+            BaseProtocol(loop), loop, with_body=True, read_buffer=UpstreamSection().read_buffer
+        )
         try:
             messages, upgraded, tail = parser.feed_data(data)
         except Exception:
