@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml setup.py proxy/core/_native.c proxy/core/_response_rules.c proxy/_hits.c | $(BIN)/python
+# Every compiled module's source: an edited one is built again by the next make test or demo.
+$(STAMP): pyproject.toml setup.py $(wildcard proxy/*.c proxy/core/*.c) | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
