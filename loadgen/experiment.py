@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 import shutil
 import signal
 import socket
@@ -37,7 +39,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 
@@ -471,18 +473,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _wait_healthy(url: str, process: asyncio.subprocess.Process, timeout: float = 20) -> None:
+async def _wait_healthy(
+    url: str,
+    process: asyncio.subprocess.Process,
+    said: IO[bytes] | None = None,
+    timeout: float = 20,
+) -> None:
+    """Return once ``url`` answers below 500; raise if ``process`` exits first, quoting the end
+    of ``said`` (the file its standard error goes to), or if ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             if process.returncode is not None:
-                raise RuntimeError(f"{url}: the process exited with {process.returncode}")
+                raise RuntimeError(
+                    f"{url}: the process exited with {process.returncode}{_last_words(said)}"
+                )
             with contextlib.suppress(aiohttp.ClientError, OSError):
                 async with session.get(url) as r:
                     if r.status < 500:
                         return
             await asyncio.sleep(0.1)
-    raise RuntimeError(f"{url} did not answer within {timeout}s")
+    raise RuntimeError(f"{url} did not answer within {timeout}s{_last_words(said)}")
+
+
+def _last_words(said: IO[bytes] | None, limit: int = 2000) -> str:
+    """The end of what a process wrote to ``said``, to quote in an error; empty without it."""
+    if said is None:
+        return ""
+    text = _written(said).decode(errors="replace").strip()[-limit:]
+    return f"; it said:\n{text}" if text else "; it said nothing"
+
+
+def _written(said: IO[bytes]) -> bytes:
+    """What a child process has written to ``said`` so far. Read at an offset: the child writes
+    at the file position it shares with ``said``, which a seek here would move under it."""
+    fd = said.fileno()
+    return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -547,27 +573,53 @@ class Running:
     process: asyncio.subprocess.Process
 
 
+# What onehit-proxy logs once both its listeners are bound. Started on port 0, the proxy is
+# given free ports by the kernel and this line says which: a port picked here and released
+# could be taken by another socket before the proxy bound it.
+LISTENING = re.compile(rb"onehit listening on (http://\S+) \(admin (http://[^)\s]+)\)")
+
+
 @contextlib.asynccontextmanager
 async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator[Running]:
-    """A fresh onehit-proxy subprocess on free loopback ports in front of ``origin``, with
-    ``settings`` ("section.key" -> value) on top; stopped (SIGTERM) on leaving."""
-    port, admin = free_port(), free_port()
+    """A fresh onehit-proxy subprocess on ports of the kernel's choosing on loopback, in front of
+    ``origin``, with ``settings`` ("section.key" -> value) on top; stopped (SIGTERM) on leaving.
+    If it does not start, the error quotes what it said."""
     every = {
         "upstream.origin": origin,
-        "server.listen": f"127.0.0.1:{port}",
-        "admin.listen": f"127.0.0.1:{admin}",
+        "server.listen": "127.0.0.1:0",
+        "admin.listen": "127.0.0.1:0",
         "server.access_log": "false",
         **settings,
     }
     args = [arg for k, v in every.items() for arg in ("--set", f"{k}={v}")]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args, stderr=subprocess.DEVNULL
-    )
-    try:
-        await _wait_healthy(f"http://127.0.0.1:{admin}/healthz", process)
-        yield Running(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}", process)
-    finally:
-        await _stop(process)
+    with tempfile.TemporaryFile() as said:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", *args, stderr=said
+        )
+        try:
+            url, admin_url = await _listening(process, said)
+            await _wait_healthy(f"{admin_url}/healthz", process, said)
+            yield Running(url, admin_url, process)
+        finally:
+            await _stop(process)
+
+
+async def _listening(
+    process: asyncio.subprocess.Process, said: IO[bytes], timeout: float = 20
+) -> tuple[str, str]:
+    """The proxy and admin URLs a starting onehit-proxy logs to ``said``, its standard error."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = LISTENING.search(_written(said))
+        if found:
+            return found[1].decode(), found[2].decode()
+        if process.returncode is not None:
+            raise RuntimeError(
+                f"onehit-proxy exited with {process.returncode} at start{_last_words(said)}"
+            )
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"onehit-proxy did not say where it listens within {timeout}s"
+                       f"{_last_words(said)}")  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -630,15 +682,18 @@ async def _nginx_process(
     binary = nginx_binary()
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as directory:
+    with (
+        tempfile.TemporaryDirectory(prefix="onehit-nginx-") as directory,
+        tempfile.TemporaryFile() as said,
+    ):
         root = Path(directory)
         config = configure(root, port)
         process = await asyncio.create_subprocess_exec(
-            binary, "-c", str(config), "-p", directory, stderr=subprocess.DEVNULL
+            binary, "-c", str(config), "-p", directory, stderr=said
         )
         try:
             url = f"http://127.0.0.1:{port}"
-            await _wait_healthy(url + probe, process)
+            await _wait_healthy(url + probe, process, said)
             yield url, root
         finally:
             await _stop(process)

@@ -164,6 +164,7 @@ async def _serve(config: Config, worker: bool = False) -> None:
     collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
+    # loadgen's experiments start the proxy on port 0 and read where it listens from this line.
     log.info(
         "onehit listening on http://%s:%d (admin http://%s:%d), admission %s, cache %d bytes",
         host, port, admin_host, admin_port, config.admission_config().label(), config.cache.size,

@@ -2,13 +2,20 @@
 
 import json
 import shutil
+import socket
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from loadgen.experiment import ExperimentError, demo_experiment, load_experiment, run
+from loadgen.experiment import (
+    ExperimentError,
+    demo_experiment,
+    load_experiment,
+    onehit_process,
+    run,
+)
 from loadgen.trace import Trace, write_trace
 from proxy.core.admission import POLICIES
 from proxy.core.store import EVICTIONS
@@ -149,3 +156,31 @@ def test_a_fleet_with_a_shared_filter_admits_what_local_filters_miss(tmp_path):
     # Round robin over three: a URL's second request usually lands on another instance.
     assert shared["stats"]["admissions"] > local["stats"]["admissions"]
     assert shared["stats"]["hits"] > local["stats"]["hits"]
+
+
+async def test_a_live_cell_proxy_listens_where_the_kernel_put_it_and_answers():
+    async with onehit_process("http://127.0.0.1:1", {}) as running:
+        port = int(running.url.rsplit(":", 1)[1])
+        assert port != 0 and running.admin_url != running.url
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            assert sock.recv(64).startswith(b"HTTP/1.1 502")  # nothing listens at the origin
+
+
+@pytest.mark.parametrize(
+    "setting, said",
+    [
+        (("cache.sise", "1MiB"), r"exited with 2 at start; it said:\n.*did you mean 'size'"),
+        (("server.listen", None), r"exited with 1 at start; it said:\n.*cannot start: .*in use"),
+    ],
+    ids=["bad config", "port taken"],
+)
+async def test_a_live_cell_proxy_that_cannot_start_is_reported_with_what_it_said(setting, said):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        key, value = setting
+        value = value or f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(RuntimeError, match=f"(?s){said}"):
+            async with onehit_process("http://127.0.0.1:1", {key: value}):
+                pass

@@ -3,16 +3,15 @@ and concurrent first sightings of large objects are streamed, never buffered."""
 
 import asyncio
 import gc
-import sys
 from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import base, wait_healthy
+from conftest import base
 
-from loadgen.experiment import free_port
+from loadgen.experiment import free_port, onehit_process
 
 GIB = 1 << 30
 CHUNK = b"\x5a" * (1 << 20)
@@ -35,18 +34,6 @@ async def serve(handler) -> tuple[web.AppRunner, str]:
     return runner, f"http://{host}:{port}"
 
 
-async def start_proxy(
-    origin: str, port: int, admin: int, admission: str, loop: str = "auto", *settings: str
-):
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
-        "--admin-listen", f"127.0.0.1:{admin}", "--admission", admission,
-        "--set", "server.access_log=false", "--set", f"server.event_loop={loop}",
-        *(arg for setting in settings for arg in ("--set", setting)),
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
     async def huge(request: web.Request) -> web.StreamResponse:
         if request.path == "/small":
@@ -59,26 +46,24 @@ async def test_a_1gib_response_streams_through_with_rss_growth_under_64mib():
         return response
 
     runner, origin = await serve(huge)
-    port, admin = free_port(), free_port()
-    proxy = await start_proxy(origin, port, admin, "always")
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
-            await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz")
-            async with client.get(f"http://127.0.0.1:{port}/small") as r:  # warm the code paths
+        async with (
+            onehit_process(origin, {"admission.policy": "always"}) as proxy,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client,
+        ):
+            async with client.get(f"{proxy.url}/small") as r:  # warm the code paths
                 assert len(await r.read()) == len(CHUNK)
-            before = peak_rss(proxy.pid)
+            before = peak_rss(proxy.process.pid)
             received = 0
-            async with client.get(f"http://127.0.0.1:{port}/big") as r:
+            async with client.get(f"{proxy.url}/big") as r:
                 assert r.headers["Cache-Status"] == "onehit; fwd=uri-miss; detail=too-large"
                 async for chunk in r.content.iter_chunked(1 << 20):
                     received += len(chunk)
-            growth = peak_rss(proxy.pid) - before
+            growth = peak_rss(proxy.process.pid) - before
         assert received == GIB
         print(f"proxy peak RSS grew by {growth / (1 << 20):.1f} MiB for 1 GiB streamed")
         assert growth < 64 << 20, f"proxy peak RSS grew by {growth >> 20} MiB"
     finally:
-        proxy.terminate()
-        await proxy.wait()
         await runner.cleanup()
 
 
@@ -108,32 +93,33 @@ async def test_concurrent_first_sightings_of_large_objects_stream_with_flat_rss(
         return response
 
     runner, origin = await serve(large)
-    port, admin = free_port(), free_port()
-    proxy = await start_proxy(
-        origin, port, admin, "second-hit", loop, f"upstream.read_buffer={read_buffer}"
-    )
+    settings = {
+        "admission.policy": "second-hit",
+        "server.event_loop": loop,
+        "upstream.read_buffer": read_buffer,
+    }
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client:
-            await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz")
+        async with (
+            onehit_process(origin, settings) as proxy,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as client,
+        ):
 
             async def get(path: str) -> int:
                 received = 0
-                async with client.get(f"http://127.0.0.1:{port}{path}") as r:
+                async with client.get(f"{proxy.url}{path}") as r:
                     assert r.headers["Cache-Status"].endswith("detail=first-sighting")
                     async for chunk in r.content.iter_chunked(1 << 16):
                         received += len(chunk)
                 return received
 
             await get("/warm")
-            before = peak_rss(proxy.pid)
+            before = peak_rss(proxy.process.pid)
             sizes = await asyncio.gather(*(get(f"/o{i}") for i in range(clients)))
-            growth = peak_rss(proxy.pid) - before
+            growth = peak_rss(proxy.process.pid) - before
         assert sizes == [object_size] * clients
         print(f"proxy peak RSS grew by {growth / (1 << 20):.1f} MiB for {clients} x 4 MiB misses")
         assert growth < clients * per_client, f"proxy peak RSS grew by {growth >> 20} MiB"
     finally:
-        proxy.terminate()
-        await proxy.wait()
         await runner.cleanup()
 
 
