@@ -468,6 +468,9 @@ def _disagreements(cell: str, client: Any, stats: dict[str, Any]) -> list[str]:
 
 
 def free_port() -> int:
+    """A loopback port free now, for servers that cannot say which port the kernel gave them
+    (nginx, Redis). Another socket may take it before the server binds it: onehit and the
+    embedded origin listen on port 0 and say where instead."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -521,35 +524,34 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
+# What the embedded origin prints once it listens (``onehit-loadgen origin``); started on port
+# 0, like the proxy below, it says there which port the kernel gave it.
+SERVING = re.compile(rb"serving [\d,]+ objects at (http://\S+)/obj/KEY")
+
+
 @contextlib.asynccontextmanager
 async def origin_process(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
-    """The embedded origin in its own process, serving ``trace``."""
-    with tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp:
+    """The embedded origin in its own process on a loopback port of the kernel's choosing,
+    serving ``trace``: its base URL. If it does not start, the error quotes what it said."""
+    with (
+        tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp,
+        tempfile.TemporaryFile() as said,
+    ):
         path = Path(tmp) / ("trace.csv" if trace.names is not None else "trace.bin")
         write_trace(
             replace(trace, times=trace.times.round()) if path.suffix == ".bin" else trace, path
         )
-        port = free_port()
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "loadgen",
-            "origin",
-            "--trace",
-            str(path),
-            "--port",
-            str(port),
-            "--latency",
-            f"{live.origin_latency}s",
-            "--latency-sigma",
-            str(live.origin_latency_sigma),
-            "--max-age",
-            str(live.max_age),
-            stdout=subprocess.DEVNULL,
-        )
+            sys.executable, "-m", "loadgen", "origin", "--trace", str(path), "--port", "0",
+            "--latency", f"{live.origin_latency}s",
+            "--latency-sigma", str(live.origin_latency_sigma),
+            "--max-age", str(live.max_age),
+            stdout=said, stderr=subprocess.STDOUT,
+        )  # fmt: skip
         try:
-            await _wait_healthy(f"http://127.0.0.1:{port}/", process)
-            yield f"http://127.0.0.1:{port}"
+            url = (await _announced(process, said, SERVING, "the origin"))[1].decode()
+            await _wait_healthy(f"{url}/", process, said)
+            yield url
         finally:
             await _stop(process)
 
@@ -597,29 +599,33 @@ async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator
             sys.executable, "-m", "proxy", *args, stderr=said
         )
         try:
-            url, admin_url = await _listening(process, said)
+            found = await _announced(process, said, LISTENING, "onehit-proxy")
+            url, admin_url = found[1].decode(), found[2].decode()
             await _wait_healthy(f"{admin_url}/healthz", process, said)
             yield Running(url, admin_url, process)
         finally:
             await _stop(process)
 
 
-async def _listening(
-    process: asyncio.subprocess.Process, said: IO[bytes], timeout: float = 20
-) -> tuple[str, str]:
-    """The proxy and admin URLs a starting onehit-proxy logs to ``said``, its standard error."""
+async def _announced(
+    process: asyncio.subprocess.Process,
+    said: IO[bytes],
+    pattern: re.Pattern[bytes],
+    name: str,
+    timeout: float = 20,
+) -> re.Match[bytes]:
+    """The first match of ``pattern`` in what a starting ``process`` writes to ``said``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = LISTENING.search(_written(said))
+        found = pattern.search(_written(said))
         if found:
-            return found[1].decode(), found[2].decode()
+            return found
         if process.returncode is not None:
             raise RuntimeError(
-                f"onehit-proxy exited with {process.returncode} at start{_last_words(said)}"
+                f"{name} exited with {process.returncode} at start{_last_words(said)}"
             )
         await asyncio.sleep(0.05)
-    raise RuntimeError(f"onehit-proxy did not say where it listens within {timeout}s"
-                       f"{_last_words(said)}")  # fmt: skip
+    raise RuntimeError(f"{name} did not say where it listens within {timeout}s{_last_words(said)}")
 
 
 @contextlib.asynccontextmanager
