@@ -19,8 +19,10 @@ An experiment file (``config/experiments/*.toml``)::
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
 
 Every cell of a workload replays the same trace. Live cells each get a fresh proxy (a
-subprocess on free ports) in front of one embedded origin; the proxy's own /stats are kept beside
-what the client saw, and any disagreement between the two is flagged in the report.
+subprocess on loopback ports the kernel picks, which it names once it listens) in front of one
+embedded origin; the proxy's own /stats are kept beside what the client saw, and any
+disagreement between the two is flagged in the report. A proxy or origin that does not start
+fails the run with what it wrote to its standard error.
 """
 
 from __future__ import annotations
