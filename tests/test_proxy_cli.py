@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from conftest import wait_healthy
 
-from loadgen.experiment import free_port
+from loadgen.experiment import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 
 
@@ -65,7 +65,8 @@ def test_check_config_prints_the_settings_in_force_with_secrets_redacted(tmp_pat
 
 @asynccontextmanager
 async def served(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
-    """``onehit-proxy`` run with ``args`` on free ports: the process, its proxy URL and its
+    """``onehit-proxy`` run with ``args`` on ports picked here, as ``--workers`` needs (a single
+    process is started on port 0 by ``onehit_process``): the process, its proxy URL and its
     admin URL, once healthy. Killed at the end unless it has exited."""
     port, admin_port = free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
@@ -87,7 +88,8 @@ async def served(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, 
 @pytest.mark.parametrize("warm", [False, True], ids=["new connection", "sent at once"])
 async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin, warm):
     origin.set("/slow", delay=1.0, body=b"finished")
-    async with served("--origin", origin.url) as (process, url, _):
+    async with onehit_process(origin.url, {}) as proxy:
+        process, url = proxy.process, proxy.url
         async with aiohttp.ClientSession() as client:
             if warm:  # an idle pooled origin connection: the miss is sent on it at once
                 async with client.get(url + "/warm") as r:
@@ -102,7 +104,8 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin, warm)
 
 
 async def test_the_served_process_freezes_its_start_up_objects_and_collects_less_often(origin):
-    async with served("--origin", origin.url) as (process, _, admin):
+    async with onehit_process(origin.url, {}) as proxy:
+        process, admin = proxy.process, proxy.admin_url
         async with aiohttp.ClientSession() as client, client.get(admin + "/stats") as r:
             collector = (await r.json())["collector"]
         # Young objects collected less often than CPython's every 700 allocations, and the
