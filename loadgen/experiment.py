@@ -479,13 +479,10 @@ def free_port() -> int:
 
 
 async def _wait_healthy(
-    url: str,
-    process: asyncio.subprocess.Process,
-    said: IO[bytes] | None = None,
-    timeout: float = 20,
+    url: str, process: asyncio.subprocess.Process, said: IO[bytes], timeout: float = 20
 ) -> None:
     """Return once ``url`` answers below 500; raise if ``process`` exits first, quoting the end
-    of ``said`` (the file its standard error goes to), or if ``timeout`` passes."""
+    of what it wrote to ``said``, or if ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
@@ -501,10 +498,8 @@ async def _wait_healthy(
     raise RuntimeError(f"{url} did not answer within {timeout}s{_last_words(said)}")
 
 
-def _last_words(said: IO[bytes] | None, limit: int = 2000) -> str:
-    """The end of what a process wrote to ``said``, to quote in an error; empty without it."""
-    if said is None:
-        return ""
+def _last_words(said: IO[bytes], limit: int = 2000) -> str:
+    """The end of what a process wrote to ``said``, to quote in an error."""
     text = _written(said).decode(errors="replace").strip()[-limit:]
     return f"; it said:\n{text}" if text else "; it said nothing"
 
@@ -514,6 +509,19 @@ def _written(said: IO[bytes]) -> bytes:
     at the file position it shares with ``said``, which a seek here would move under it."""
     fd = said.fileno()
     return os.pread(fd, os.fstat(fd).st_size, 0)
+
+
+@contextlib.asynccontextmanager
+async def _child(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, IO[bytes]]]:
+    """``args`` run as a child process whose output and errors go to a file of their own, read
+    by ``_announced`` and quoted by start-up errors: the process and that file. Stopped on
+    leaving."""
+    with tempfile.TemporaryFile() as said:
+        process = await asyncio.create_subprocess_exec(*args, stdout=said, stderr=subprocess.STDOUT)
+        try:
+            yield process, said
+        finally:
+            await _stop(process)
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
@@ -535,27 +543,18 @@ SERVING = re.compile(rb"serving [\d,]+ objects at (http://\S+)/obj/KEY")
 async def origin_process(trace: Trace, live: LiveSettings) -> AsyncIterator[str]:
     """The embedded origin in its own process on a loopback port of the kernel's choosing,
     serving ``trace``: its base URL. If it does not start, the error quotes what it said."""
-    with (
-        tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp,
-        tempfile.TemporaryFile() as said,
-    ):
+    with tempfile.TemporaryDirectory(prefix="onehit-origin-") as tmp:
         path = Path(tmp) / ("trace.csv" if trace.names is not None else "trace.bin")
         write_trace(
             replace(trace, times=trace.times.round()) if path.suffix == ".bin" else trace, path
         )
-        process = await asyncio.create_subprocess_exec(
+        async with _child(
             sys.executable, "-m", "loadgen", "origin", "--trace", str(path), "--port", "0",
             "--latency", f"{live.origin_latency}s",
             "--latency-sigma", str(live.origin_latency_sigma),
             "--max-age", str(live.max_age),
-            stdout=said, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        try:
-            url = (await _announced(process, said, SERVING, "the origin"))[1].decode()
-            await _wait_healthy(f"{url}/", process, said)
-            yield url
-        finally:
-            await _stop(process)
+        ) as (process, said):  # fmt: skip
+            yield (await _announced(process, said, SERVING, "the origin"))[1].decode()
 
 
 @dataclass(frozen=True)
@@ -596,17 +595,9 @@ async def onehit_process(origin: str, settings: dict[str, str]) -> AsyncIterator
         **settings,
     }
     args = [arg for k, v in every.items() for arg in ("--set", f"{k}={v}")]
-    with tempfile.TemporaryFile() as said:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", *args, stderr=said
-        )
-        try:
-            found = await _announced(process, said, LISTENING, "onehit-proxy")
-            url, admin_url = found[1].decode(), found[2].decode()
-            await _wait_healthy(f"{admin_url}/healthz", process, said)
-            yield Running(url, admin_url, process)
-        finally:
-            await _stop(process)
+    async with _child(sys.executable, "-m", "proxy", *args) as (process, said):
+        found = await _announced(process, said, LISTENING, "onehit-proxy")
+        yield Running(found[1].decode(), found[2].decode(), process)
 
 
 async def _announced(
@@ -616,7 +607,8 @@ async def _announced(
     name: str,
     timeout: float = 20,
 ) -> re.Match[bytes]:
-    """The first match of ``pattern`` in what a starting ``process`` writes to ``said``."""
+    """The first match of ``pattern`` in what a starting ``process`` writes to ``said``: a
+    line it writes once it listens, so it answers from then on."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = pattern.search(_written(said))
@@ -690,21 +682,13 @@ async def _nginx_process(
     binary = nginx_binary()
     assert binary is not None, "callers skip nginx cells when nginx is not installed"
     port = free_port()
-    with (
-        tempfile.TemporaryDirectory(prefix="onehit-nginx-") as directory,
-        tempfile.TemporaryFile() as said,
-    ):
+    with tempfile.TemporaryDirectory(prefix="onehit-nginx-") as directory:
         root = Path(directory)
         config = configure(root, port)
-        process = await asyncio.create_subprocess_exec(
-            binary, "-c", str(config), "-p", directory, stderr=said
-        )
-        try:
+        async with _child(binary, "-c", str(config), "-p", directory) as (process, said):
             url = f"http://127.0.0.1:{port}"
             await _wait_healthy(url + probe, process, said)
             yield url, root
-        finally:
-            await _stop(process)
 
 
 async def admin_metrics(admin_url: str) -> dict[str, Any]:
