@@ -592,6 +592,20 @@ typedef struct {
 
 #define MAX_RAW_FIELDS 100
 
+/* Fields aiohttp's request parser allows once (its SINGLETON_HEADERS, less Host,
+ * Content-Length and Transfer-Encoding, which parse_plain judges itself): a bit each. */
+static const char *const singletons[] = {
+    "content-location", "content-range", "content-type", "etag", "max-forwards", "server",
+    "user-agent",
+};
+
+static int singleton_bit(const char *name, Py_ssize_t len) {
+    for (size_t i = 0; i < sizeof singletons / sizeof singletons[0]; i++)
+        if ((size_t)len == strlen(singletons[i]) && strncasecmp(name, singletons[i], len) == 0)
+            return 1 << i;
+    return 0;
+}
+
 /* 1 when data[start:] begins with one whole plain request, filling *r; 0 when it does not:
  * whatever else (a request in part, or in any other form) is aiohttp's parser's to judge.
  *
@@ -600,7 +614,7 @@ typedef struct {
  * colon, optional spaces or tabs, a value of value_byte (trailing spaces and tabs are not its
  * own, as llhttp and aiohttp trim them) and CRLF, within max_headers bytes as scan_fields
  * counts them; then CRLF. Exactly one Host; no Content-Length, Transfer-Encoding, Upgrade,
- * Expect, or Connection but `keep-alive`. Every such request is one that aiohttp's strict
+ * Expect, Proxy-Connection, or Connection but `keep-alive`; none of the singletons twice. Every such request is one that aiohttp's strict
  * parser (llhttp, as aiohttp runs it for requests) takes whole, with these very fields, as
  * a GET or HEAD with no body that keeps the connection open. */
 static int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ssize_t start,
@@ -624,6 +638,7 @@ static int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ss
         return 0;
     p += 11;
     Py_ssize_t fields = 0, counted = 0;
+    int seen = 0;
     Py_ssize_t ndeclined = PyTuple_GET_SIZE(self->declined);
     r->host = NULL;
     r->declined = 0;
@@ -673,6 +688,13 @@ static int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ss
                 return 0;
             continue;
         }
+        /* llhttp reads Proxy-Connection as Connection: the parser's to judge. */
+        if (name_len == 16 && strncasecmp(name, "proxy-connection", 16) == 0)
+            return 0;
+        int singleton = singleton_bit(name, name_len);
+        if (singleton & seen)
+            return 0; /* a second one: aiohttp's parser refuses the request (400) */
+        seen |= singleton;
         for (Py_ssize_t j = 0; j < ndeclined && !r->declined; j++) {
             PyObject *rule = PyTuple_GET_ITEM(self->declined, j);
             r->declined = PyBytes_GET_SIZE(rule) == name_len &&

@@ -47,7 +47,9 @@ def guard_middleware(
             return await handler(request)
         if token:
             given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if not hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()
+            ):
                 return web.json_response({"error": "missing or wrong bearer token"}, status=401)
         elif _host_name(request.headers.get("Host", "")) not in allowed_hosts:
             return web.json_response(
@@ -163,12 +165,19 @@ def admin_application(
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
     of workers answer the same endpoints."""
     app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
+    app.on_response_prepare.append(_name_the_server)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/purge", purge)
     app.router.add_post("/filter/reset", filter_reset)
     return app
+
+
+async def _name_the_server(request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: onehit``, in place of aiohttp's, which names the Python and library versions
+    to whoever asks (errors and unknown paths included)."""
+    response.headers["Server"] = "onehit"
 
 
 def metrics_response(text: str) -> web.Response:

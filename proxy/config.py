@@ -245,6 +245,9 @@ class ServerSection:
         "auto", _event_loop, "auto (uvloop where installed, else asyncio), uvloop or asyncio"
     )
     idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
+    send_timeout: float = _setting(
+        60.0, _duration, "longest a client may take none of its answer's bytes (then closed)"
+    )
     fast_hits: bool = _setting(
         True, _bool, "answer plain hits as parsed and plain misses outside aiohttp's handler loop"
     )

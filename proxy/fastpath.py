@@ -34,7 +34,9 @@ mostly) in a task of its own, its *lane*, instead of its handler's loop. What it
   the same access log line.
 * Back-pressure holds. While the client is not reading (the transport asked to pause
   writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
-  limit stops reading the connection. The lane writes through aiohttp's writer (as
+  limit stops reading the connection. A hit's body past ``PIECE`` bytes is handed to the
+  transport a piece at a time as it drains, never copied, and the requests after it are held
+  until its last piece is written. The lane writes through aiohttp's writer (as
   ``FieldWriter`` extends it), which waits for the client too, and the requests it holds
   meet the same limit; an answer whose whole body is in hand (a small miss, mostly) it may
   write at once, as a hit is written (``LaneRequest.write_at_once``): the bytes that writer
@@ -52,7 +54,6 @@ one minor version and ``tests/test_fastpath.py`` pins every one of these rules.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -64,9 +65,8 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_protocol import RequestHandler, _ErrInfo
 from multidict import CIMultiDict
 
-from proxy.writer import FieldWriter, ProxyServer
-
-log = logging.getLogger("onehit.proxy")
+from proxy.logs import HTTP_ERRORS
+from proxy.writer import PIECE, ClientProtocol, FieldWriter, ProxyServer
 
 # A body below this is joined to its head in one bytes object (copying it costs less than a
 # second send); a larger one goes beside it in one ``writelines``: one system call on uvloop
@@ -125,7 +125,7 @@ class HitServer(ProxyServer):
         return HitHandler(self, loop=self._loop, **self._kwargs)
 
 
-class HitHandler(RequestHandler):
+class HitHandler(ClientProtocol):
     """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
     plain requests in its lane."""
 
@@ -206,7 +206,7 @@ class HitHandler(RequestHandler):
                 found = answer(data, start)
             except Exception:
                 # A bug here costs speed, never the answer: aiohttp's parser reads the rest.
-                log.exception("answering a request as its bytes came failed")
+                HTTP_ERRORS.exception("answering a request as its bytes came failed")
                 found = None
             if found is None:
                 break
@@ -216,10 +216,13 @@ class HitHandler(RequestHandler):
                 # the hits per second read from their bytes (1 KiB, measured).
                 self._request_count += 1
                 self._manager.requests_count += 1  # type: ignore[union-attr]
-                if found[2]:
-                    transport.writelines((found[1], found[2]))
-                else:
+                body = found[2]
+                if not body:
                     transport.write(found[1])
+                elif len(body) <= PIECE:
+                    transport.writelines((found[1], body))
+                else:
+                    self._send_large(found[1], body)
                 self._next_keepalive_close_time = started + self._keepalive_timeout
                 if self._logging_enabled and self.access_logger is not None:
                     self.access_logger.log(
@@ -323,7 +326,9 @@ class HitHandler(RequestHandler):
                         break
             except Exception:
                 # A bug here costs speed, never the answer: the lane or the handler answers.
-                log.exception("answering %s %s as parsed failed", message.method, message.path)
+                HTTP_ERRORS.exception(
+                    "answering %s %s as parsed failed", message.method, message.path
+                )
                 answered = None
             if not answered:
                 if _lane_may_answer(message):
@@ -333,10 +338,13 @@ class HitHandler(RequestHandler):
             self._request_count += 1
             self._parser.message_consumed()  # type: ignore[union-attr]
             self._manager.requests_count += 1  # type: ignore[union-attr]
-            if answered[1]:
-                transport.writelines((answered[0], answered[1]))
-            else:
+            body = answered[1]
+            if not body:
                 transport.write(answered[0])
+            elif len(body) <= PIECE:
+                transport.writelines((answered[0], body))
+            else:
+                self._send_large(answered[0], body)
             self._next_keepalive_close_time = started + self._keepalive_timeout
             if self._logging_enabled and self.access_logger is not None:
                 self.access_logger.log(
@@ -346,6 +354,45 @@ class HitHandler(RequestHandler):
                 )
             done += 1
         return done
+
+    def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
+        """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes
+        writes; what is left is written as it drains (``resume_writing``), and the requests
+        after it wait in the lane's place."""
+        view = memoryview(body)
+        assert self.transport is not None
+        self.transport.writelines((head, view[:PIECE]))
+        rest = self._write_while_taken(view[PIECE:])
+        if rest is not None:
+            self._lane = _Unsent(rest)
+            self._request_in_progress = True  # a graceful shutdown waits for it
+
+    def _write_while_taken(self, rest: memoryview) -> memoryview | None:
+        """Write pieces of ``rest`` until writing pauses; what is left of it, if anything."""
+        transport = self.transport
+        while rest:
+            if transport is None or transport.is_closing():
+                return None
+            if self._paused:
+                return rest
+            transport.write(rest[:PIECE])
+            rest = rest[PIECE:]
+        return None
+
+    def resume_writing(self) -> None:
+        unsent = self._lane
+        if type(unsent) is not _Unsent:
+            super().resume_writing()
+            return
+        self.drained = True
+        self._paused = False
+        rest = self._write_while_taken(unsent.rest)
+        if rest is not None:
+            unsent.rest = rest
+            return
+        self._lane_free()
+        super().resume_writing()
+        self._go_on()
 
     def _run_lane(self, message: RawRequestMessage) -> None:
         """Answer ``message`` in the lane, counted as aiohttp's handler counts a request."""
@@ -374,7 +421,9 @@ class HitHandler(RequestHandler):
         except ConnectionError:
             pass  # the client left: its connection closes below
         except Exception:
-            log.exception("answering %s %s in the lane failed", request.method, request.raw_path)
+            HTTP_ERRORS.exception(
+                "answering %s %s in the lane failed", request.method, request.raw_path
+            )
         finally:
             self._lane_free()
         self._lane_done(request, response, written)
@@ -441,6 +490,18 @@ class HitHandler(RequestHandler):
             waiter.set_result(None)
         if not self._buffer_paused and len(self._messages) >= self._max_msg_queue_size:
             self._pause_reading_for_buffer()
+
+
+class _Unsent(Pending):
+    """The rest of a large body answered on the fast path, written as the transport drains."""
+
+    __slots__ = ("rest",)
+
+    def __init__(self, rest: memoryview) -> None:
+        self.rest = rest
+
+    def cancel(self) -> None:
+        self.rest = memoryview(b"")
 
 
 def _lane_may_answer(message: RawRequestMessage) -> bool:

@@ -10,7 +10,8 @@ Rules it keeps:
 
 * A response is parsed exactly as the session's client parses one: the same parser, limits and
   errors (``aiohttp.ClientPayloadError`` for a body cut short, ``ServerDisconnectedError``,
-  ``HttpProcessingError`` for a malformed head). Interim 1xx responses are skipped.
+  ``HttpProcessingError`` for a malformed head). Interim 1xx responses are handed to the
+  request's ``interim``, if it has one, and the final response awaited.
 * The request is written as given: its request line, ``Host`` (the origin's, as the session
   sends it) and the fields the proxy forwards, byte for byte, nothing of a client library's
   own. A body goes with a ``Content-Length`` of its own length, in place of the client's.
@@ -27,8 +28,9 @@ Rules it keeps:
 * A request that fails on a pooled connection before any byte of an answer (the origin closed
   or reset it while idle) is sent once more on a new connection.
 * A connection carries the next request only when nothing but the answer arrived on it: bytes
-  after the answer, or while it is idle, close it, so a response nobody asked for is never
-  taken for the next one's.
+  after the answer (in the same read or a later one), or while it is idle, close it, so a
+  response nobody asked for, whole or begun, is never taken for the next one's. The answer
+  itself is served and may be stored.
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from proxy._origin import parse_response
 from proxy.config import UpstreamSection
 from proxy.core._native import field_lines
+from proxy.core.rfc9111 import digits
 
 log = logging.getLogger("onehit.upstream")
 
 Address = tuple[str, int]
 Fields = Iterable[tuple[str, str]]
+# What is given an interim (1xx) response: its status, reason and fields.
+Interim = Callable[[int, str, "Fields"], None]
 # A response's status, reason, fields, body stream, and its whole body when it came whole with
 # the head (then the stream is empty).
 Head = tuple[int, str, Fields, StreamReader, "bytes | None"]
@@ -232,6 +237,15 @@ class _Connection(BaseProtocol):
             # its own way.
             fields = [(_text(k), _text(v)) for k, v in message.raw_headers]
             self._heads.append((message.code, message.reason, fields, payload, None))
+        # The answer ended in this read: its body's end released the connection (then the
+        # parser is the spare), or nothing has read it yet.
+        ended = self._payload
+        if (self._parser is None or (ended is not None and ended.is_eof())) and _begun(parser):
+            # Bytes came after the answer's end: a response nobody asked for has begun. The
+            # answer stands; the connection, and those bytes with its parser, go.
+            self._should_close = True
+            self._spare = None
+            self.close()
         if messages:
             self._wake()
 
@@ -382,7 +396,7 @@ class OriginResponse:
             self._finish(reuse=True)
             return
         length = next((v for k, v in fields if k.lower() == "content-length"), None)
-        self.content_length = int(length) if length is not None and length.isdigit() else None
+        self.content_length = digits(length) if length is not None else None
         content.on_eof(self._ended)
 
     @property
@@ -448,10 +462,16 @@ class OriginPool:
         return url.startswith("http://")
 
     async def request(
-        self, method: str, url: str, headers: list[tuple[str, str]], body: bytes | None = None
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes | None = None,
+        interim: Interim | None = None,
     ) -> OriginResponse:
         """Send a ``method`` request for ``url``, with ``body`` (None: none) framed by a
-        Content-Length of its own; the response's head has arrived."""
+        Content-Length of its own; the response's head has arrived. ``interim`` is given
+        each interim (1xx) response before it."""
         address, head = self._request(method, url, headers, body)
         loop = self._loop
         if loop is None:
@@ -463,7 +483,7 @@ class OriginPool:
                 await self._free_one(exchange)
             self._in_use += 1
             try:
-                return await self._exchange(address, head, method, exchange)
+                return await self._exchange(address, head, method, exchange, interim=interim)
             except BaseException:
                 self._in_use -= 1
                 self._wake()
@@ -491,12 +511,12 @@ class OriginPool:
         protocol.send(head, skip_payload=method == "HEAD", read_timeout=self._config.read_timeout)
         return Sent(self, address, head, method, exchange)
 
-    async def resume(self, sent: Sent) -> OriginResponse:
+    async def resume(self, sent: Sent, interim: Interim | None = None) -> OriginResponse:
         """The response to ``sent`` when its connection did not offer it whole, with the
         failures and the retry on a new connection of ``request``."""
         try:
             return await self._exchange(sent.address, sent.head, sent.method, sent.exchange,
-                                        sent.exchange.protocol)  # fmt: skip
+                                        sent.exchange.protocol, interim)  # fmt: skip
         except BaseException:
             self._ended(sent.exchange)
             raise
@@ -538,6 +558,7 @@ class OriginPool:
         method: str,
         exchange: _Exchange,
         written_on: _Connection | None = None,
+        interim: Interim | None = None,
     ) -> OriginResponse:
         """The response to ``head``, sent on a pooled connection or a new one (``written_on``:
         the pooled one it was already written on)."""
@@ -555,7 +576,9 @@ class OriginPool:
                                   read_timeout=self._config.read_timeout)  # fmt: skip
                 written_on = None
                 answer = await protocol.response()
-                while 100 <= answer[0] < 200 and answer[0] != 101:  # interim: skipped
+                while 100 <= answer[0] < 200 and answer[0] != 101:
+                    if interim is not None:
+                        interim(answer[0], answer[1], answer[2])
                     answer = await protocol.response()
                 return OriginResponse(self, address, exchange, *answer)
             except (ServerDisconnectedError, ClientOSError) as exc:
@@ -697,6 +720,16 @@ class OriginPool:
             for protocol, _ in idle:
                 protocol.close()
         self._idle.clear()
+
+
+def _begun(parser: HttpResponseParser) -> bool:
+    """Whether ``parser``, past the end of a message, has begun another: its end-of-stream
+    check hands back the head it holds (or fails on it), and does nothing at a message's
+    start."""
+    try:
+        return parser.feed_eof() is not None
+    except Exception:
+        return True
 
 
 def _text(raw: bytes) -> str:

@@ -54,7 +54,6 @@ import aiohttp
 from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 from aiohttp.http_parser import RawRequestMessage
-from aiohttp.web_response import REASON_PHRASES
 from multidict import CIMultiDictProxy
 
 from proxy._hits import PlainHits
@@ -62,6 +61,7 @@ from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
 from proxy.core import rfc9111
 from proxy.core._native import field_lines, hash64
+from proxy.core.cached import MARKS, NOT_MODIFIED_DROPS, CachedHead, cached_head, per_answer, render
 from proxy.core.engine import (
     FETCH_WHOLE,
     Action,
@@ -79,7 +79,8 @@ from proxy.core.engine import (
 )
 from proxy.core.store import Entry
 from proxy.fastpath import JOIN_BELOW, LaneRequest, Pending, Written
-from proxy.pool import Fields, OriginResponse, Sent
+from proxy.logs import HTTP_ERRORS
+from proxy.pool import Fields, Interim, OriginResponse, Sent
 from proxy.shared import SharedSecondHit
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 from proxy.writer import Relayed, RelayedWhole
@@ -91,6 +92,7 @@ VIA = "1.1 onehit"
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
 _FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
+_CLIENT_DROPS = rfc9111.HOP_BY_HOP | _FORWARDING
 # Client fields never passed on: the origin's Host is its own (from its URL), and a body the
 # proxy has in hand needs no 100 Continue from the origin.
 _NEVER_SENT = frozenset({"host", "expect"})
@@ -101,13 +103,8 @@ _CLIENT_ASKS = frozenset(
 )
 # What a whole-object fetch (or a revalidation) never sends of the client's fields.
 _NOT_SENT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
-# Fields of a stored response the proxy writes itself when it answers from cache.
-_RECOMPUTED = frozenset({"content-length", "age", "content-range"})
 # The origin's length field, left out where the proxy frames the body it writes itself.
 _LENGTH = frozenset({"content-length"})
-# Fields every answer carries with the proxy's own values (``_mark``).
-_MARKS = frozenset({"cache-status", "x-cache", "via"})
-_NOT_MODIFIED_DROPS = frozenset({"content-length", "content-type", "content-encoding"})
 # Request fields a hit is answered from (RFC 9110 sections 13.1 and 14): a validator that
 # matches gets a 304, a byte range a 206 or 416.
 _ANSWERED = frozenset({"if-none-match", "if-modified-since", "range", "if-range"})
@@ -120,7 +117,7 @@ _RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
-# The fields ``answer_hit`` writes per hit (its ttl and Age), as ``_handle`` marks a hit.
+# The fields ``answer_hit`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
 # Valid routed Host values the compiled plain hit knows (``Proxy.plain_hits``); any other Host
@@ -224,7 +221,7 @@ class Proxy:
             return _plain(499, "client closed request", f"{CACHE}; detail=client-left")
         except Exception:
             version = request.version
-            log.exception(
+            HTTP_ERRORS.exception(
                 "unexpected error on %s %s HTTP/%d.%d from %s",
                 request.method, request.raw_path, version.major, version.minor, request.remote,
             )  # fmt: skip
@@ -356,8 +353,10 @@ class Proxy:
             ("X-Forwarded-Proto", scheme),
             ("X-Forwarded-Host", key_host),
         )
-        # Indexed once: the cache's rules read these fields about a dozen times per miss.
-        fields_sent = rfc9111.fields_without(fields.items(), _FORWARDING, forwarding)
+        # Indexed once: the cache's rules read these fields about a dozen times per miss. The
+        # client's hop-by-hop fields go first, so its Connection can name only its own fields
+        # away, never the ones the proxy adds.
+        fields_sent = rfc9111.end_to_end_fields(fields.items(), _CLIENT_DROPS, forwarding)
         return RequestMeta(f"http://{key_host}{path}", method, fields_sent)
 
     def answer_hit(
@@ -420,17 +419,18 @@ class Proxy:
         per_hit = _PER_HIT % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+        body = entry.payload
+        status = entry.status
         if meta is not None and not names.isdisjoint(_ANSWERED):
             answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
             if answer.status != entry.status:
                 head, body = _render_part(entry, answer)
-                return b"".join((head, per_hit, b"\r\n", body)), b"", answer.status
+                status = answer.status
         if method == "HEAD":
-            return b"".join((head, per_hit, b"\r\n")), b"", entry.status
-        body = entry.payload
+            return b"".join((head, per_hit, b"\r\n")), b"", status
         if len(body) < JOIN_BELOW:
-            return b"".join((head, per_hit, b"\r\n", body)), b"", entry.status
-        return b"".join((head, per_hit, b"\r\n")), body, entry.status
+            return b"".join((head, per_hit, b"\r\n", body)), b"", status
+        return b"".join((head, per_hit, b"\r\n")), body, status
 
     # Fetches
 
@@ -501,7 +501,9 @@ class Proxy:
             request_time = self.clock()
             headers = self._upstream_headers(meta, whole=action.whole)
         try:
-            upstream = await self.upstream.request(meta.method, url, headers, sent=sent)
+            upstream = await self.upstream.request(
+                meta.method, url, headers, sent=sent, interim=_interim(request)
+            )
         except UpstreamError as exc:
             status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
             return _plain(exc.status, exc.public, status), None
@@ -730,7 +732,7 @@ class Proxy:
         headers = self._upstream_headers(meta, whole=True, extra=action.conditions,
                                          keep=_vary_of(entry))  # fmt: skip
         try:
-            upstream = await self.upstream.request("GET", url, headers)
+            upstream = await self.upstream.request("GET", url, headers, interim=_interim(request))
         except UpstreamError as exc:
             return self._origin_failed(request, meta, action, exc.status, exc.public)
         async with upstream:
@@ -829,8 +831,9 @@ class Proxy:
     ) -> web.StreamResponse:
         try:
             upstream = await self.upstream.request(
-                meta.method, url, self._upstream_headers(meta, whole=False), body
-            )
+                meta.method, url, self._upstream_headers(meta, whole=False), body,
+                interim=_interim(request),
+            )  # fmt: skip
         except UpstreamError as exc:
             return _plain(exc.status, exc.public, f"{CACHE}; fwd={reason}; detail=origin-error")
         async with upstream:
@@ -954,24 +957,14 @@ class Proxy:
         age: float,
     ) -> web.Response:
         """A response whose body is in hand (stored, or shared by a collapsed fetch),
-        answering the client's conditionals (304) and single byte range (206/416)."""
+        answering the client's conditionals (304) and single byte range (206/416): the head
+        ``cached_head`` renders, as every path writes it."""
         answer = self.engine.answer(meta, status, headers, len(body))
-        kept = [(k, v) for k, v in headers if k.lower() not in _RECOMPUTED]
-        if answer.status == 304:
-            kept = [(k, v) for k, v in kept if k.lower() not in _NOT_MODIFIED_DROPS]
-            body = b""
-        elif answer.status == 416:
-            kept.append(("Content-Range", f"bytes */{len(body)}"))
-            body = b""
-        elif answer.status == 206:
-            kept.append(("Content-Range", f"bytes {answer.first}-{answer.last}/{len(body)}"))
-            body = body[answer.first : answer.last + 1]
-        response = RelayedWhole(status=answer.status, headers=kept, body=body)
-        _mark(response, cache_status, x_cache)
-        response.headers["Age"] = str(int(age))
-        if answer.status != 304:
-            response.headers["Accept-Ranges"] = "bytes"
-        return response
+        head = cached_head(status, headers, answer.status, answer.first, answer.last, len(body),
+                           x_cache=x_cache, via=VIA)  # fmt: skip
+        date = None if head.dated else rfc822_formatted_time()
+        fields = (*head.fields, *per_answer(cache_status, age, date))
+        return RelayedWhole(status=answer.status, headers=fields, body=_span(body, head))
 
 
 class PendingMiss(Pending):
@@ -1012,7 +1005,7 @@ class PendingMiss(Pending):
         if (
             transport is None
             or transport.is_closing()
-            or not headers.by_name.keys().isdisjoint(_MARKS)
+            or not headers.by_name.keys().isdisjoint(MARKS)
         ):
             return False
         proxy = self._proxy
@@ -1050,6 +1043,25 @@ async def _raising(exc: Exception) -> web.StreamResponse:
     raise exc
 
 
+def _interim(request: web.BaseRequest) -> Interim | None:
+    """What forwards an origin's interim (1xx) responses to the client (RFC 9110 section
+    15.2: a proxy forwards those it did not ask for itself), as they arrive, before the final
+    answer's head: 103 Early Hints, mostly. Not to an HTTP/1.0 client, which cannot read
+    them; never a 100 Continue, which the proxy answers itself (it never sends Expect on)."""
+    if request.version != HttpVersion11:
+        return None
+
+    def forward(status: int, reason: str, fields: Fields) -> None:
+        transport = request.transport
+        lines = field_lines(rfc9111.end_to_end(fields))
+        if status == 100 or transport is None or transport.is_closing() or lines is None:
+            return
+        head = f"HTTP/1.1 {status} {reason}\r\n{lines}\r\n"
+        transport.write(head.encode("utf-8", "surrogateescape"))
+
+    return forward
+
+
 def _fields(upstream: UpstreamResponse) -> rfc9111.Fields:
     """An origin response's end-to-end fields (hop-by-hop ones stripped), indexed."""
     fields = upstream.fields if type(upstream) is OriginResponse else upstream.headers.items()
@@ -1065,7 +1077,7 @@ def _head(
     """The head of the answer to a client from an origin response that is still arriving."""
     if answer.status == upstream.status:
         return Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
-    drops = _NOT_MODIFIED_DROPS if answer.status == 304 else _LENGTH
+    drops = NOT_MODIFIED_DROPS if answer.status == 304 else _LENGTH
     kept = [(k, v) for k, v in headers if k.lower() not in drops]
     out = Relayed(status=answer.status, headers=kept)
     if answer.status == 206:
@@ -1100,7 +1112,7 @@ def _at_once(
     ):
         return None
     names = headers.by_name
-    if not names.keys().isdisjoint(_MARKS):
+    if not names.keys().isdisjoint(MARKS):
         return None
     fields = field_lines(headers)
     if fields is None:
@@ -1247,9 +1259,14 @@ def _mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None
 def _plain(
     status: int, text: str, cache_status: str | None = None, *, close: bool = False
 ) -> web.Response:
-    """A short plain-text answer the proxy makes itself; ``close``: end the connection after
-    it (what is left of the request cannot be trusted)."""
-    response = web.Response(status=status, text=text + "\n")
+    """A short plain-text answer the proxy makes itself, without a ``Server`` (the proxy names
+    itself in ``Via``); ``close``: end the connection after it (what is left of the request
+    cannot be trusted)."""
+    response = RelayedWhole(
+        status=status,
+        headers={"Content-Type": "text/plain; charset=utf-8"},
+        body=(text + "\n").encode("utf-8", "surrogateescape"),
+    )
     if close:
         response.force_close()
     _mark(
@@ -1279,42 +1296,30 @@ def _abort(request: web.BaseRequest) -> None:
 
 def _render(entry: Entry) -> tuple[bytes, bool] | bool:
     """What every hit on ``entry`` writes the same, built once per stored response: the head
-    without its per-hit fields (Age, Cache-Status, Date when the origin sent none), and whether
-    the origin sent a Date. False for a status ``answer_hit`` leaves to ``handle``."""
+    of its answer without the per-answer fields (``cached_head``), and whether it holds a
+    Date. False for a status ``answer_hit`` leaves to ``handle``."""
     if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
         return False
-    extra = [f"Content-Length: {len(entry.payload)}", "Accept-Ranges: bytes"]
-    head = _head_text(entry, entry.status, _RECOMPUTED | _MARKS, extra)
-    return head, _has_field(entry, "date")
-
-
-def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes]:
-    """The head (without its per-hit fields) and body of a 304, 206 or 416 from ``entry``,
-    as ``_whole`` writes them: a 304 without body fields (RFC 9110 section 15.4.5) or
-    Accept-Ranges, a range with its Content-Range (section 14.4)."""
     size = len(entry.payload)
-    if answer.status == 304:
-        return _head_text(entry, 304, _RECOMPUTED | _MARKS | _NOT_MODIFIED_DROPS, []), b""
-    if answer.status == 416:
-        extra = [f"Content-Range: bytes */{size}", "Content-Length: 0", "Accept-Ranges: bytes"]
-        return _head_text(entry, 416, _RECOMPUTED | _MARKS, extra), b""
-    body = entry.payload[answer.first : answer.last + 1]
-    extra = [
-        f"Content-Range: bytes {answer.first}-{answer.last}/{size}",
-        f"Content-Length: {len(body)}",
-        "Accept-Ranges: bytes",
-    ]
-    return _head_text(entry, answer.status, _RECOMPUTED | _MARKS, extra), body
+    head = cached_head(entry.status, entry.headers, entry.status, 0, size - 1, size,
+                       x_cache="HIT", via=VIA)  # fmt: skip
+    return render(head), head.dated
 
 
-def _head_text(entry: Entry, status: int, drops: frozenset[str], extra: list[str]) -> bytes:
-    """A status line and ``entry``'s fields less ``drops``, then ``extra`` and the fields the
-    proxy adds to every answer from cache, CRLF-terminated, without the blank line."""
-    lines = [f"HTTP/1.1 {status} {REASON_PHRASES.get(status, '')}"]
-    lines += [f"{k}: {v}" for k, v in entry.headers if k.lower() not in drops]
-    lines += [*extra, "X-Cache: HIT", f"Via: {VIA}"]
-    return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes | memoryview]:
+    """The head (without its per-answer fields) and body of a 304, 206 or 416 from
+    ``entry``: a part of the stored body, never a copy."""
+    size = len(entry.payload)
+    head = cached_head(entry.status, entry.headers, answer.status, answer.first, answer.last,
+                       size, x_cache="HIT", via=VIA)  # fmt: skip
+    return render(head), _span(entry.payload, head)
 
 
-def _has_field(entry: Entry, name: str) -> bool:
-    return any(k.lower() == name for k, _ in entry.headers)
+def _span(body: bytes, head: CachedHead) -> bytes | memoryview:
+    """The bytes of ``body`` that ``head``'s answer carries: all of it, none, or a part (a
+    memoryview of it, never a copy)."""
+    if head.last < head.first:
+        return b""
+    if head.first == 0 and head.last == len(body) - 1:
+        return body
+    return memoryview(body)[head.first : head.last + 1]

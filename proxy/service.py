@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -26,6 +25,7 @@ from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.fastpath import HitServer
+from proxy.logs import HTTP_ERRORS
 from proxy.server import Proxy
 from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
@@ -52,38 +52,6 @@ class JsonAccessLogger(AbstractAccessLogger):
                 }
             )
         )
-
-
-class OneLineEvery(logging.Filter):
-    """Protocol errors (a malformed request is refused with 400 by aiohttp's parser) as one line
-    each, at most one per ``interval`` seconds, with a count of those left out: a client that
-    sends garbage cannot fill the log with tracebacks."""
-
-    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
-        super().__init__()
-        self.interval = interval
-        self.clock = clock
-        self._last = -float("inf")
-        self.suppressed = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = self.clock()
-        if now - self._last < self.interval:
-            self.suppressed += 1
-            return False
-        self._last = now
-        message = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            message = f"{message}: {record.exc_info[1]!r}"
-        if self.suppressed:
-            message += f" ({self.suppressed} more since the last line)"
-            self.suppressed = 0
-        record.msg, record.args, record.exc_info, record.exc_text = message, (), None, None
-        return True
-
-
-HTTP_ERRORS = logging.getLogger("onehit.http")
-HTTP_ERRORS.addFilter(OneLineEvery())
 
 
 def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
@@ -147,6 +115,7 @@ class Service:
             # opened or after its last response: idle keep-alives and slow-header clients.
             "keepalive_timeout": config.server.idle_timeout,
             "logger": HTTP_ERRORS,
+            "send_timeout": config.server.send_timeout,
         }
         if config.server.access_log:
             server_kwargs["access_log"] = logging.getLogger("onehit.access")

@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.config import UpstreamSection
-from proxy.pool import OriginPool, OriginResponse, Sent, Unreachable
+from proxy.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
 
 log = logging.getLogger("onehit.upstream")
 
@@ -91,16 +91,19 @@ class Upstream:
         body: AsyncIterator[bytes] | bytes | None = None,
         *,
         sent: Sent | None = None,
+        interim: Interim | None = None,
     ) -> UpstreamResponse:
         """Send the request (``sent``: ``send_now`` already wrote it, and its answer did not
-        come whole); the response's headers have arrived, its body is still to read."""
+        come whole); the response's headers have arrived, its body is still to read.
+        ``interim`` is given the interim (1xx) responses before it, from a plain-HTTP origin
+        (aiohttp's session, for the others, reads them past)."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
         replayable = body is None or isinstance(body, bytes)
         try:
             if sent is not None:
-                return await self._pool.resume(sent)
+                return await self._pool.resume(sent, interim)
             if (body is None or isinstance(body, bytes)) and self._pool.serves(url):
-                return await self._pool.request(method, url, headers, body)
+                return await self._pool.request(method, url, headers, body, interim)
             try:
                 return await self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False

@@ -17,21 +17,52 @@ made-up octet-stream it would download it instead. It adds its own ``Server`` to
 names the origin's software (RFC 9110 section 10.2.4; the proxy says what it is in ``Via``).
 ``Relayed`` and ``RelayedWhole`` answer with the fields they were given and those the proxy
 sets (``Date`` where missing, section 6.6.1), neither of those two.
+
+A client that does not read must not cost the proxy a copy of what it was sent. A stored body
+is written as it is stored (never joined to its head past ``PIECE`` bytes), and at most
+``PIECE`` bytes of it are handed to the transport at a time, the next once the last has
+drained (asyncio's transport copies what the socket does not take; uvloop holds what it is
+given). A connection whose client takes no byte for ``[server] send_timeout`` while the
+transport holds bytes for it is closed, dropping what it held (``ClientProtocol``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from aiohttp import hdrs, web
 from aiohttp.http_writer import StreamWriter
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
 from proxy.core._native import field_lines
 
+log = logging.getLogger("onehit.proxy")
+
+# The most of a body handed to a transport in one write: a 256 KiB body still goes out beside
+# its head in one write, and a client that reads nothing pins at most this much of a copy.
+PIECE = 256 << 10
+
 
 class FieldWriter(StreamWriter):
-    """aiohttp's writer, whose heads carry their field values byte for byte."""
+    """aiohttp's writer, whose heads carry their field values byte for byte, and which hands
+    the transport a large chunk a ``PIECE`` at a time, waiting for each to drain."""
+
+    async def write(self, chunk: Any, *, drain: bool = True, LIMIT: int = 0x10000) -> None:
+        if len(chunk) <= PIECE:
+            await super().write(chunk, drain=drain, LIMIT=LIMIT)
+            return
+        view = memoryview(chunk)
+        for at in range(0, len(view), PIECE):
+            await super().write(view[at : at + PIECE], drain=drain, LIMIT=LIMIT)
+
+    async def write_eof(self, chunk: bytes = b"") -> None:
+        if len(chunk) > PIECE:
+            await self.write(chunk)
+            chunk = b""
+        await super().write_eof(chunk)
 
     async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
         lines = field_lines(headers.items())
@@ -42,8 +73,78 @@ class FieldWriter(StreamWriter):
         self._headers_written = False
 
 
+class ClientProtocol(RequestHandler):
+    """aiohttp's connection protocol, closing a client that takes no byte of what is written
+    to it for the server's ``send_timeout`` seconds (as nginx's ``send_timeout``): checked
+    while writing is paused, and a client that takes some bytes in that time goes on."""
+
+    __slots__ = ("_send_timeout", "_sending", "_unsent", "drained")
+
+    def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._send_timeout = manager.send_timeout
+        self._sending: asyncio.TimerHandle | None = None
+        self._unsent = 0  # the transport's buffered bytes when last looked at
+        self.drained = False  # whether the transport drained since then
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._sending is None and self.transport is not None:
+            self._watch_sending(self.transport.get_write_buffer_size())
+
+    def resume_writing(self) -> None:
+        self.drained = True
+        super().resume_writing()
+
+    def _watch_sending(self, unsent: int) -> None:
+        self._unsent = unsent
+        self.drained = False
+        self._sending = self._loop.call_later(self._send_timeout, self._check_sending)
+
+    def _check_sending(self) -> None:
+        self._sending = None
+        transport = self.transport
+        if not self._paused or transport is None:
+            return
+        unsent = transport.get_write_buffer_size()
+        if self.drained or unsent < self._unsent:  # it took some: another send_timeout
+            self._watch_sending(unsent)
+            return
+        log.info("closing a client that took no bytes for %gs", self._send_timeout)
+        transport.abort()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse or handle, without its ``Server``
+        (which names the proxy's software to whoever sends garbage)."""
+        made = super().handle_error(request, status, exc, message)
+        assert isinstance(made, web.Response)
+        answer = RelayedWhole(status=made.status, headers=made.headers, body=made.body or b"")
+        answer.force_close()
+        return answer
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
+            self._sending = None
+        super().connection_lost(exc)
+
+
 class ProxyServer(web.Server):
-    """``web.Server`` whose requests answer through a ``FieldWriter``."""
+    """``web.Server`` whose connections are ``ClientProtocol``s and whose requests answer
+    through a ``FieldWriter``."""
+
+    def __init__(self, handler: Any, *, send_timeout: float = 60.0, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self.send_timeout = send_timeout
+
+    def __call__(self) -> RequestHandler:
+        return ClientProtocol(self, loop=self._loop, **self._kwargs)
 
     def _make_request(
         self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any
@@ -64,4 +165,9 @@ class Relayed(web.StreamResponse):
 
 
 class RelayedWhole(Relayed, web.Response):
-    """``Relayed`` with its body in hand, as ``web.Response``."""
+    """``Relayed`` with its body in hand, as ``web.Response``: bytes, or a memoryview of a
+    part of a stored body, written as given (never copied, nor typed as a payload)."""
+
+    def __init__(self, *, body: bytes | memoryview = b"", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._body = body

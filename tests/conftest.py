@@ -231,3 +231,18 @@ async def raw(service: Service, request: bytes) -> bytes:
     data = await asyncio.wait_for(reader.read(65536), 5)
     writer.close()
     return data
+
+
+# Each way a hit is answered: the compiled reader of its bytes, the fast path's Python (a
+# field the rules read), and aiohttp's handler (a connection that closes after it).
+HIT_WAYS = {"compiled": b"", "fast": b"Pragma: x\r\n", "handler": b"Connection: close\r\n"}
+
+
+async def answers_on_every_way(proxy, path: bytes, extra: bytes = b"") -> dict[str, bytes]:
+    """The answer's head on each of ``HIT_WAYS`` to a GET of ``path`` with ``extra`` fields."""
+    heads = {}
+    for way, line in HIT_WAYS.items():
+        answer = await raw(proxy, b"GET %s HTTP/1.1\r\nHost: a.example\r\n%s%s\r\n" % (
+            path, line, extra))  # fmt: skip
+        heads[way] = answer.partition(b"\r\n\r\n")[0]
+    return heads

@@ -14,6 +14,7 @@ import pytest
 from conftest import base
 
 from proxy.fastpath import HitServer
+from proxy.logs import HTTP_ERRORS, OneLineEvery
 from proxy.service import Service
 
 HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
@@ -460,8 +461,9 @@ async def test_rendered_heads_of_a_full_cache_stay_within_its_size(origin, start
 
 
 async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
-    origin, start_proxy, caplog
+    origin, start_proxy, caplog, monkeypatch
 ):
+    monkeypatch.setattr(HTTP_ERRORS, "filters", [OneLineEvery()])
     service = await start_proxy()
     await stored(service)
 
@@ -471,7 +473,7 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
     server = service.proxy_runner.server
     assert isinstance(server, HitServer)
     server.answers = (broken,)
-    with caplog.at_level(logging.ERROR, logger="onehit.proxy"):
+    with caplog.at_level(logging.ERROR, logger="onehit.http"):
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
     assert "answering GET /hit as parsed failed" in caplog.text

@@ -11,11 +11,12 @@ import tracemalloc
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin, base, raw
+from conftest import admin, answers_on_every_way, base, raw
 
 from proxy.config import load
 from proxy.core.engine import RequestMeta, response_meta
-from proxy.service import HTTP_ERRORS, OneLineEvery, build_engine
+from proxy.logs import HTTP_ERRORS, OneLineEvery
+from proxy.service import build_engine
 
 
 async def fetch(client, url, **kwargs):
@@ -46,6 +47,63 @@ async def test_600_stalled_uploads_hold_no_origin_connection_and_other_misses_ar
     finally:
         for writer in stalled:
             writer.close()
+
+
+async def read_all(reader: asyncio.StreamReader, pause: float = 0.0) -> int:
+    """Bytes read until the connection ends (closed or reset), ``pause`` seconds between reads
+    of at most 1 MiB."""
+    received = 0
+    try:
+        while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):
+            received += len(chunk)
+            await asyncio.sleep(pause)
+    except ConnectionError:
+        pass
+    return received
+
+
+# Larger than the kernel's socket buffers take on loopback (4 MiB at most), so that the proxy
+# holds what the client does not read.
+LARGE = b"\x5a" * (16 << 20)
+
+
+async def stored_large(origin, start_proxy, send_timeout: str) -> tuple[object, bytes]:
+    """A proxy holding ``LARGE`` at /big, and the request for it."""
+    origin.set("/big", body=LARGE, headers={"Cache-Control": "max-age=600"})
+    proxy = await start_proxy(
+        admission__policy="always",
+        server__send_timeout=send_timeout,
+        cache__max_object_size="32MiB",
+    )
+    host, port = proxy.proxy_address
+    request = f"GET /big HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n"
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(request.encode())
+    assert await read_all(reader) > len(LARGE)  # stored
+    writer.close()
+    return proxy, request.encode()
+
+
+@pytest.mark.parametrize("way", ["keep-alive", "close"])
+async def test_a_client_that_takes_no_bytes_for_send_timeout_is_closed(origin, start_proxy, way):
+    proxy, request = await stored_large(origin, start_proxy, "300ms")
+    reader, writer = await asyncio.open_connection(*proxy.proxy_address)
+    writer.write(request.replace(b"close", way.encode()))
+    await asyncio.sleep(1.5)  # reads nothing for five send timeouts
+    assert await read_all(reader) < len(LARGE), "closed before its answer was whole"
+    writer.close()
+
+
+async def test_a_slow_reader_that_takes_some_bytes_in_each_send_timeout_gets_its_answer(
+    origin, start_proxy
+):
+    # About 10 MiB/s, with several MiB in the kernel's buffers between the two: the proxy's
+    # writes may wait a few hundred milliseconds for room while the client reads.
+    proxy, request = await stored_large(origin, start_proxy, "2s")
+    reader, writer = await asyncio.open_connection(*proxy.proxy_address)
+    writer.write(request)
+    assert await read_all(reader, pause=0.02) > len(LARGE)
+    writer.close()
 
 
 async def test_a_request_body_that_stops_arriving_gets_408(origin, start_proxy):
@@ -146,6 +204,24 @@ async def test_the_origin_gets_the_host_the_key_was_made_from(origin, start_prox
     assert headers["X-Cache"] == "HIT"
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+async def test_rfc9110_7_6_1_a_clients_connection_cannot_name_away_the_fields_the_proxy_adds(
+    origin, start_proxy, method
+):
+    proxy = await start_proxy()
+    named = b"X-Forwarded-For, Via, X-Forwarded-Host, X-Forwarded-Proto, X-Secret"
+    answer = await raw(
+        proxy,
+        b"%s /conn HTTP/1.1\r\nHost: a.example\r\nConnection: %s\r\nX-Secret: 1\r\n"
+        b"Content-Length: 0\r\n\r\n" % (method.encode(), named),
+    )
+    assert answer.startswith(b"HTTP/1.1 200")
+    seen = origin.seen_headers["/conn"]
+    assert seen["X-Forwarded-For"] == "127.0.0.1" and seen["Via"] == "1.1 onehit"
+    assert seen["X-Forwarded-Host"] == "a.example" and seen["X-Forwarded-Proto"] == "http"
+    assert "X-Secret" not in seen, "the client's own fields it names are still hop-by-hop"
+
+
 async def test_an_ipv6_absolute_form_target_is_refused_like_any_unrouted_host(origin, start_proxy):
     proxy = await start_proxy()  # with a default origin
     answer = await raw(proxy, b"GET http://[::1]:8080/x HTTP/1.1\r\nHost: a.example\r\n\r\n")
@@ -216,6 +292,43 @@ async def test_a_stored_response_never_replays_a_set_cookie(origin, start_proxy,
     assert headers["X-Cache"] == "HIT" and "Set-Cookie" not in headers
 
 
+# Odd values get an answer, never a 500
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"Range: bytes=\xc2\xb2-\r\n",
+        b"Range: bytes=0-" + b"9" * 5000 + b"\r\n",
+        b"Range: bytes=" + b"9" * 5000 + b"-\r\n",
+        b"Cache-Control: max-age=" + b"9" * 5000 + b"\r\n",
+        b"Cache-Control: min-fresh=" + b"9" * 5000 + b"\r\n",
+    ],
+    ids=["superscript-two", "huge-last", "huge-first", "huge-max-age", "huge-min-fresh"],
+)
+async def test_rfc9110_odd_numbers_in_a_request_are_ignored_or_refused_never_a_500(
+    origin, start_proxy, extra
+):
+    proxy = await start_proxy(admission__policy="always")
+    await raw(proxy, b"GET /n HTTP/1.1\r\nHost: a.example\r\n\r\n")
+    for way, head in (await answers_on_every_way(proxy, b"/n", extra)).items():
+        assert head[9:12] in (b"200", b"206", b"416"), (way, head)
+    assert proxy.proxy.engine.counters.requests > 3
+
+
+async def test_rfc9111_4_1_a_latin1_value_under_vary_gets_its_variant_and_breaks_no_other(
+    origin, start_proxy
+):
+    origin.set("/v", headers={"Cache-Control": "max-age=60", "Vary": "User-Agent"})
+    proxy = await start_proxy(admission__policy="always")
+    for agent in (b"caf\xe9", b"plain", b"caf\xe9", b"plain"):
+        answer = await raw(
+            proxy, b"GET /v HTTP/1.1\r\nHost: a.example\r\nUser-Agent: %s\r\n\r\n" % agent
+        )
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert origin.hits["/v"] == 2, "each agent's variant stored once, then hit"
+
+
 # Memory is bounded by configuration
 
 
@@ -268,6 +381,24 @@ async def test_rfc9110_refusals_as_nginx_makes_them(origin, start_proxy):
     for request, status in cases.items():
         assert (await raw(proxy, request)).startswith(status), request
     assert origin.hits["/x"] == 0
+
+
+async def test_rfc9110_10_2_4_errors_and_the_admin_listener_never_name_python_or_aiohttp(
+    origin, start_proxy, client
+):
+    proxy = await start_proxy()
+    answers = [
+        await raw(proxy, b"GET http://elsewhere.example/x HTTP/1.1\r\nHost: a\r\n\r\n"),
+        await raw(proxy, b"GET /x HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n"
+                         b"Content-Length: 2\r\n\r\n"),
+        await raw(proxy, b"CONNECT a.example:443 HTTP/1.1\r\nHost: a.example\r\n\r\n"),
+    ]  # fmt: skip
+    assert [a[9:12] for a in answers] == [b"421", b"400", b"405"]
+    for answer in answers:
+        assert b"\r\nserver:" not in answer.partition(b"\r\n\r\n")[0].lower(), answer
+    for path in ("/stats", "/metrics", "/nowhere"):
+        async with client.get(admin(proxy) + path) as r:
+            assert r.headers["Server"] == "onehit", path
 
 
 async def test_an_unreachable_origin_is_not_named_to_the_client(origin, start_proxy, client):

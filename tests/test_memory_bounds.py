@@ -3,6 +3,7 @@ and concurrent first sightings of large objects are streamed, never buffered."""
 
 import asyncio
 import gc
+import socket
 from collections import Counter
 from pathlib import Path
 
@@ -120,6 +121,73 @@ async def test_concurrent_first_sightings_of_large_objects_stream_with_flat_rss(
         print(f"proxy peak RSS grew by {growth / (1 << 20):.1f} MiB for {clients} x 4 MiB misses")
         assert growth < clients * per_client, f"proxy peak RSS grew by {growth >> 20} MiB"
     finally:
+        await runner.cleanup()
+
+
+def rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+# Each way a client may ask for a stored body: kept alive (the fast path), closing after it,
+# HTTP/1.0, the whole of it as a range, and a part of it (206) through aiohttp's handler.
+SLOW_READS = (
+    b"GET /big HTTP/1.1\r\nHost: %s\r\n\r\n",
+    b"GET /big HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n",
+    b"GET /big HTTP/1.0\r\nHost: %s\r\n\r\n",
+    b"GET /big HTTP/1.1\r\nHost: %s\r\nRange: bytes=0-\r\n\r\n",
+    b"GET /big HTTP/1.1\r\nHost: %s\r\nRange: bytes=1-\r\nConnection: close\r\n\r\n",
+)
+
+
+# uvloop holds the bytes it is given; asyncio's transport copies what the socket does not
+# take, up to a piece (256 KiB) a client.
+@pytest.mark.parametrize("loop, bound", [("uvloop", 20 << 20), ("asyncio", 64 << 20)])
+async def test_200_clients_that_never_read_a_stored_4mib_body_pin_no_copies_of_it(loop, bound):
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    body, clients = b"\x5a" * (4 << 20), 200
+
+    async def stored(request: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Cache-Control": "max-age=600"})
+
+    runner, origin = await serve(stored)
+    settings = {"admission.policy": "always", "server.event_loop": loop}
+    sockets = []
+    try:
+        async with (
+            onehit_process(origin, settings) as proxy,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client,
+        ):
+            for _ in range(2):  # stored, then a hit: every path's code is loaded
+                async with client.get(f"{proxy.url}/big") as r:
+                    assert len(await r.read()) == len(body)
+            host, port = proxy.url.removeprefix("http://").split(":")
+            before = rss(proxy.process.pid)
+            for i in range(clients):
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+                request = SLOW_READS[i % len(SLOW_READS)] % f"{host}:{port}".encode()
+                await asyncio.get_running_loop().sock_sendall(sock, request)
+                sockets.append(sock)
+            hits = 0
+            for _ in range(200):  # until every one of them was answered from the cache
+                async with client.get(f"{proxy.admin_url}/stats") as r:
+                    hits = (await r.json())["metrics"]["hits"]
+                if hits >= clients + 1:
+                    break
+                await asyncio.sleep(0.05)
+            growth = rss(proxy.process.pid) - before
+        assert hits == clients + 1
+        print(f"{loop}: RSS grew by {growth / (1 << 20):.1f} MiB for {clients} clients not reading")
+        assert growth < bound, f"RSS grew by {growth >> 20} MiB"
+    finally:
+        for sock in sockets:
+            sock.close()
         await runner.cleanup()
 
 

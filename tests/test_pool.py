@@ -333,6 +333,48 @@ async def test_a_response_glued_after_the_answer_is_never_served_to_the_next_req
     assert origin.connections == 3
 
 
+@pytest.mark.parametrize(
+    "stray",
+    [
+        b"HTTP/1.1 302 Found\r\nLocation: /evil\r\nCache-Control: max-age=999\r\nX-Junk: ",
+        b"H",
+        b"\r\nHTTP/1.1 302 Found\r\n",
+    ],
+    ids=["forged-head-in-part", "one-byte", "crlf-then-a-head"],
+)
+async def test_bytes_past_the_content_length_close_the_connection_and_never_reach_the_next(
+    raw_origin, pool, stray
+):
+    """The answer is served whole; what came after it in the same read, a response begun
+    that nobody asked for, never meets the next request's (the connection closes)."""
+    origin = Counting(answer=OK + stray)
+    url = await raw_origin(origin)
+    p = pool()
+    for path in ("a", "b", "c"):
+        assert await get(p, f"{url}/{path}") == (200, b"ok")
+    assert origin.connections == 3
+
+
+async def test_bytes_past_a_body_that_came_after_its_head_close_the_connection(raw_origin, pool):
+    connections = 0
+
+    async def head_then_body_and_more(reader, writer):
+        nonlocal connections
+        connections += 1
+        while await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the body arrives while the answer is being read
+            writer.write(b"okHTTP/1.1 302 Found\r\nLocation: /evil\r\nX-Junk: ")
+            await writer.drain()
+
+    url = await raw_origin(head_then_body_and_more)
+    p = pool()
+    for path in ("a", "b"):
+        assert await get(p, f"{url}/{path}") == (200, b"ok")
+    assert connections == 2
+
+
 async def test_total_timeout_ends_the_wait_for_a_head(raw_origin, pool):
     async def silent(reader, writer):
         await read_request(reader)

@@ -11,7 +11,7 @@ import re
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin, base, raw
+from conftest import admin, answers_on_every_way, base, raw
 from multidict import CIMultiDict
 
 
@@ -164,6 +164,48 @@ async def test_100_concurrent_misses_make_one_origin_request(origin, start_proxy
     # The burst counted as many sightings (like proxy_cache_min_uses): the URL is now stored.
     _, headers, _ = await fetch(client, url)
     assert headers["X-Cache"] == "HIT" and origin.hits["/hot"] == 1
+
+
+def fields_of(head: bytes) -> list[tuple[bytes, bytes]]:
+    """A head's fields in order, without the ones whose values move with each answer."""
+    lines = head.split(b"\r\n")[1:]
+    pairs = [tuple(line.split(b": ", 1)) for line in lines]
+    return [p for p in pairs if p[0].lower() not in (b"date", b"age", b"connection")]
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [
+        ({"Content-Range": "bytes 0-20/99"}, [b"Content-Range: bytes 0-20/99"]),
+        ({"Accept-Ranges": "none"}, [b"Accept-Ranges: none"]),
+        ({}, [b"Accept-Ranges: bytes"]),
+    ],
+    ids=["content-range", "accept-ranges-none", "accept-ranges-added"],
+)
+async def test_rfc9110_14_a_hit_carries_the_stored_range_fields_once_on_every_way(
+    origin, start_proxy, stored, expected
+):
+    origin.set("/r", headers={"Cache-Control": "max-age=60", **stored})
+    proxy = await start_proxy(admission__policy="always")
+    await raw(proxy, b"GET /r HTTP/1.1\r\nHost: a.example\r\n\r\n")
+    heads = await answers_on_every_way(proxy, b"/r")
+    for way, head in heads.items():
+        lines = head.split(b"\r\n")
+        for line in expected:
+            name = line.partition(b":")[0].lower()
+            assert [x for x in lines if x.lower().startswith(name + b":")] == [line], (way, head)
+    assert fields_of(heads["compiled"]) == fields_of(heads["fast"]) == fields_of(heads["handler"])
+
+
+async def test_rfc9111_5_2_2_4_no_cache_with_stale_while_revalidate_is_validated_before_use(
+    origin, start_proxy, client
+):
+    origin.set("/nc", headers={"Cache-Control": "max-age=60, no-cache, stale-while-revalidate=60"})
+    proxy = await start_proxy(admission__policy="always")
+    _, first, _ = await fetch(client, base(proxy) + "/nc")
+    _, second, _ = await fetch(client, base(proxy) + "/nc")
+    assert first["Cache-Status"].endswith("stored")
+    assert second["X-Cache"] != "STALE" and origin.hits["/nc"] == 2
 
 
 async def test_purge_removes_the_entry(origin, start_proxy, client):

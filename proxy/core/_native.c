@@ -104,11 +104,22 @@ static int key_bytes(PyObject *key, const char **data, Py_ssize_t *len) {
     return -1;
 }
 
+/* A key's hash: of its UTF-8 bytes, or, for a str holding bytes a parser could not decode
+ * (lone surrogates from surrogateescape, as a Latin-1 field value under Vary gives), of the
+ * bytes it was decoded from. */
 static int hash_key(PyObject *key, uint64_t *h1, uint64_t *h2) {
     const char *data;
     Py_ssize_t len;
-    if (key_bytes(key, &data, &len) < 0) return -1;
-    murmur3_128((const uint8_t *)data, len, h1, h2);
+    if (key_bytes(key, &data, &len) == 0) {
+        murmur3_128((const uint8_t *)data, len, h1, h2);
+        return 0;
+    }
+    if (!PyUnicode_Check(key) || !PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return -1;
+    PyErr_Clear();
+    PyObject *raw = PyUnicode_AsEncodedString(key, "utf-8", "surrogateescape");
+    if (raw == NULL) return -1;
+    murmur3_128((const uint8_t *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw), h1, h2);
+    Py_DECREF(raw);
     return 0;
 }
 

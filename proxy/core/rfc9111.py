@@ -67,7 +67,7 @@ class Fields(Sequence[tuple[str, str]]):
         self, headers: Iterable[tuple[str, str]], index: dict[str, list[str]] | None = None
     ) -> None:
         """``index``: the index of exactly ``headers``, when it was made in the pass that
-        chose them (``fields_without``, ``end_to_end_fields``)."""
+        chose them (``end_to_end_fields``)."""
         pairs = tuple(headers)
         self._pairs = pairs
         self.by_name: dict[str, list[str]] = index_fields(pairs) if index is None else index
@@ -154,13 +154,26 @@ def _split_outside_quotes(text: str, sep: str) -> list[str]:
 
 
 def delta_seconds(value: str | None) -> int | None:
-    """A delta-seconds value (section 1.2.2): digits only, capped at 2**31; else None."""
+    """A delta-seconds value (section 1.2.2): ASCII digits only, capped at 2**31; else None."""
     if value is None:
         return None
-    value = value.strip()
-    if not value.isascii() or not value.isdigit():
+    number = digits(value.strip())
+    return None if number is None else min(number, DELTA_SECONDS_CAP)
+
+
+# Past this many digits a number is only ever compared with smaller ones: read as NUMBER_CAP,
+# so that no field's value makes the cache parse a number of thousands of digits.
+_MOST_DIGITS = 18
+NUMBER_CAP = 10**_MOST_DIGITS
+
+
+def digits(text: str) -> int | None:
+    """A non-negative decimal of ASCII digits (RFC 9110 section 5.6.1's DIGIT), read up to
+    ``NUMBER_CAP``; None for anything else (a sign, a space, a superscript two)."""
+    if not text.isascii() or not text.isdigit():
         return None
-    return min(int(value), DELTA_SECONDS_CAP)
+    text = text.lstrip("0")
+    return NUMBER_CAP if len(text) > _MOST_DIGITS else int(text or "0")
 
 
 _MONTHS = {m: i for i, m in enumerate(calendar.month_abbr) if m}
@@ -226,10 +239,17 @@ def _response_directives(headers: Headers) -> Directives:
     return parse_directives(get_all(headers, "cache-control"))
 
 
+# Targeted directives whose value is an Integer (RFC 9213 section 2.1, RFC 9111 section 5.2):
+# a member of another type is invalid.
+_INTEGER_DIRECTIVES = frozenset({"max-age", "s-maxage", "stale-while-revalidate", "stale-if-error"})
+
+
 def targeted_directives(values: Sequence[str]) -> Directives | None:
     """A targeted cache-control field (RFC 9213) as directives; None when it is not a valid
-    Structured Field Dictionary (RFC 8941 section 3.2), which makes the whole field ignored.
-    A true Boolean is a directive without a value; a false one is absent."""
+    Structured Field Dictionary (RFC 8941 section 3.2), or none of its members is a valid
+    directive: the whole field is then ignored. A true Boolean is a directive without a value;
+    a false one is absent; a directive whose value has the wrong type (``max-age="60"``, a
+    negative or fractional age) is invalid and ignored (section 2.1)."""
     field = http_sfv.Dictionary()
     try:
         field.parse(",".join(values).encode("latin-1"))
@@ -238,11 +258,14 @@ def targeted_directives(values: Sequence[str]) -> Directives | None:
     out: Directives = {}
     for name, member in field.items():
         value = getattr(member, "value", None)
-        if value is True:
+        if name in _INTEGER_DIRECTIVES:
+            if type(value) is int and value >= 0:
+                out[name] = str(value)
+        elif value is True:
             out[name] = None
         elif value is not False and isinstance(value, int | float | str):
             out[name] = str(value)
-    return out
+    return out if out or not field else None
 
 
 def request_directives(headers: Headers) -> Directives:
@@ -268,11 +291,18 @@ def request_directives(headers: Headers) -> Directives:
 
 def carries_cookie(request_headers: Headers, ignored: Sequence[str] = ()) -> bool:
     """Whether a request sends a cookie (RFC 6265 section 5.4) whose name matches none of the
-    ``ignored`` globs: a request that may be answered for this user alone."""
+    ``ignored`` globs: a request that may be answered for this user alone. A pair that is not
+    a plain ``name=value`` (no name, or a comma, which some servers read as a separator of
+    more pairs) counts as a cookie: what an origin may read as a session is never ignored."""
     for value in get_all(request_headers, "cookie"):
         for pair in value.split(";"):
-            name = pair.partition("=")[0].strip()
-            if name and not any(fnmatchcase(name, pattern) for pattern in ignored):
+            if not pair.strip():
+                continue
+            name, eq, rest = pair.partition("=")
+            name = name.strip()
+            if not name or not eq or "," in rest or "," in name:
+                return True
+            if not any(fnmatchcase(name, pattern) for pattern in ignored):
                 return True
     return False
 
@@ -466,10 +496,14 @@ def may_serve_stale(
     origin_failed: bool = False,
 ) -> bool:
     """Whether a stale response may be served: never under must-revalidate/proxy-revalidate
-    (section 5.2.2.2, 5.2.2.8); else with request ``max-stale`` (5.2.1.2),
+    (section 5.2.2.2, 5.2.2.8), nor under ``no-cache`` on either side, which asks for a
+    validation before any use (5.2.2.4, 5.2.1.4; section 4.2.4 forbids a stale answer a
+    directive prohibits); else with request ``max-stale`` (5.2.1.2),
     ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861).
     ``req`` and ``cc`` are the parsed request and stored-response directives."""
     if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
+        return False
+    if must_revalidate_before_use(cc, req):
         return False
     staleness = age - lifetime
     if "max-stale" in req:
@@ -567,18 +601,15 @@ def end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[t
     return kept if kept is not None else _end_to_end(headers, without)
 
 
-def end_to_end_fields(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> Fields:
-    """``end_to_end`` as ``Fields``, chosen and indexed in one pass."""
-    done = indexed_fields(headers, without, (), True)
-    return Fields(*done) if done is not None else Fields(_end_to_end(headers, without))
-
-
-def fields_without(
-    headers: Headers, names: frozenset[str], extra: Sequence[tuple[str, str]] = ()
+def end_to_end_fields(
+    headers: Headers, without: frozenset[str] = HOP_BY_HOP, extra: Headers = ()
 ) -> Fields:
-    """``headers`` less the fields whose lower-cased name is in ``names``, then ``extra``, as
-    ``Fields``, chosen and indexed in one pass."""
-    return Fields(*indexed_fields(headers, names, extra, False))
+    """``end_to_end`` as ``Fields``, chosen and indexed in one pass, then ``extra``: fields a
+    proxy adds itself, which no ``Connection`` of the message can name away."""
+    done = indexed_fields(headers, without, extra, True)
+    if done is not None:
+        return Fields(*done)
+    return Fields([*_end_to_end(headers, without), *extra])
 
 
 def _end_to_end(headers: Headers, without: frozenset[str] = HOP_BY_HOP) -> list[tuple[str, str]]:
@@ -621,21 +652,22 @@ def byte_range(
         elif if_range != (get_first(stored_headers, "last-modified") or "").strip():
             return None
     first_text, dash, last_text = spec.strip().partition("-")
-    if not dash or not (first_text.isdigit() or (not first_text and last_text.isdigit())):
+    # An invalid range-spec (no dash, a digit that is not ASCII) is ignored: section 14.2.
+    first = digits(first_text) if first_text else None
+    last = digits(last_text) if last_text else None
+    if not dash or (first_text and first is None) or (last_text and last is None):
         return None
-    if last_text and not last_text.isdigit():
-        return None
-    if not first_text:
-        suffix = int(last_text)
-        if suffix == 0 or length == 0:
+    if first is None:
+        if last is None:
+            return None
+        if last == 0 or length == 0:
             return False
-        return max(0, length - suffix), length - 1
-    first = int(first_text)
-    if last_text and int(last_text) < first:
+        return max(0, length - last), length - 1
+    if last is not None and last < first:
         return None
     if first >= length:
         return False
-    return first, min(int(last_text), length - 1) if last_text else length - 1
+    return first, length - 1 if last is None else min(last, length - 1)
 
 
 def _weak(tag: str) -> str:
