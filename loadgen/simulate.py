@@ -2,8 +2,12 @@
 
 Every request is a lookup; every miss (absent or stale) is an origin fetch whose response is
 offered for storing, by the rules the live proxy's engine applies, to the same compiled store
-and admission filter. Responses are
-cacheable and never expire unless ``ttl`` says otherwise.
+and admission filter. Responses are cacheable and never expire unless ``ttl`` says otherwise:
+each arrives as an origin's ``max-age=ttl`` without an ``Age`` does (an initial age of 0), so
+it is fresh while it has been stored less than ``ttl``, the engine's rule (``initial_age`` plus
+residence under the lifetime); an expired one is fetched again and stored again without asking
+admission, as the live proxy refreshes a URL it holds (``tests/test_parity.py`` replays a
+trace with ttls through both).
 
 A sweep runs every (cache size x admission) cell over one trace, in parallel worker processes that
 share the trace by fork, and derives the space saved at equal hit ratio from the size curve.

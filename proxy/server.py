@@ -63,7 +63,11 @@ from proxy.core import rfc9111
 from proxy.core._native import field_lines, hash64
 from proxy.core.cached import MARKS, NOT_MODIFIED_DROPS, CachedHead, cached_head, per_answer, render
 from proxy.core.engine import (
+    ANSWERED_FIELDS,
+    CLIENT_ASKS,
     FETCH_WHOLE,
+    NOT_FAST,
+    RULE_FIELDS,
     Action,
     Answer,
     CacheEngine,
@@ -75,6 +79,7 @@ from proxy.core.engine import (
     RequestMeta,
     ResponseMeta,
     Revalidate,
+    fast_path_may_take,
     response_meta,
 )
 from proxy.core.store import Entry
@@ -97,23 +102,10 @@ _CLIENT_DROPS = rfc9111.HOP_BY_HOP | _FORWARDING
 # proxy has in hand needs no 100 Continue from the origin.
 _NEVER_SENT = frozenset({"host", "expect"})
 _VERSIONS = frozenset({HttpVersion10, HttpVersion11})
-# Client fields a whole-object fetch leaves out: the cache answers them itself.
-_CLIENT_ASKS = frozenset(
-    {"if-none-match", "if-modified-since", "if-match", "if-unmodified-since", "if-range", "range"}
-)
 # What a whole-object fetch (or a revalidation) never sends of the client's fields.
-_NOT_SENT_WHOLE = _NEVER_SENT | _CLIENT_ASKS
+_NOT_SENT_WHOLE = _NEVER_SENT | CLIENT_ASKS
 # The origin's length field, left out where the proxy frames the body it writes itself.
 _LENGTH = frozenset({"content-length"})
-# Request fields a hit is answered from (RFC 9110 sections 13.1 and 14): a validator that
-# matches gets a 304, a byte range a 206 or 416.
-_ANSWERED = frozenset({"if-none-match", "if-modified-since", "range", "if-range"})
-# Request fields that keep a hit from ``answer_hit``: preconditions (the origin's to judge,
-# through ``handle``) and a body's framing.
-_HANDLER_FIELDS = (_CLIENT_ASKS - _ANSWERED) | {"transfer-encoding", "content-length"}
-# Request fields the cache's rules read on a hit (and those it is answered from); a request
-# with none of them is looked up by its key alone (``CacheEngine.fresh_plain``).
-_RULE_FIELDS = _ANSWERED | {"cookie", "cache-control", "pragma"}
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
 # a part whose range ``handle`` writes (206).
 _NOT_PLAIN = frozenset({204, 206, 304})
@@ -194,7 +186,7 @@ class Proxy:
             clock=clock,
             date=rfc822_formatted_time,
             hosts=self._routed_hosts,
-            declined=tuple(sorted(name.encode() for name in _HANDLER_FIELDS | _RULE_FIELDS)),
+            declined=tuple(sorted(name.encode() for name in NOT_FAST | RULE_FIELDS)),
             per_hit=_HIT_STATUS,
             max_url=self.max_url,
             max_headers=self.max_headers,
@@ -259,7 +251,7 @@ class Proxy:
             return self.handle(request, _given(routed))
         meta, url = routed
         action = self.engine.plan(meta, self.clock())
-        if action is not FETCH_WHOLE or not _CLIENT_ASKS.isdisjoint(meta.headers.by_name):
+        if action is not FETCH_WHOLE or not CLIENT_ASKS.isdisjoint(meta.headers.by_name):
             return self.handle(request, self._act(request, meta, url, action))
         flight = self.flights.lead(meta.key)
         if flight is None:  # another request fetches it: follow
@@ -369,13 +361,7 @@ class Proxy:
         body, no precondition (a validator or a Range is answered from the stored response:
         304, 206, 416), and a stored response whose status has a body."""
         method = message.method
-        if (
-            (method != "GET" and method != "HEAD")
-            or message.version != HttpVersion11
-            or message.should_close
-            or message.upgrade
-            or message.chunked
-        ):
+        if message.upgrade or message.chunked:
             return None
         path = message.path
         raw = message.raw_headers
@@ -393,12 +379,13 @@ class Proxy:
         if len(self._routed_hosts) < _ROUTED_HOSTS_MAX:
             self._routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{hosts[1]}"
         names = set(map(str.lower, fields))
-        if not names.isdisjoint(_HANDLER_FIELDS):
+        kept_alive = message.version == HttpVersion11 and not message.should_close
+        if not fast_path_may_take(method, kept_alive, names):
             return None
         now = self.clock()
         meta = None
         key = f"http://{hosts[1]}{path}"
-        if names.isdisjoint(_RULE_FIELDS) and not self.engine.varies(key):
+        if names.isdisjoint(RULE_FIELDS) and not self.engine.varies(key):
             hit = self.engine.fresh_plain(key, now)
         else:
             meta = self._meta(method, hosts[1], path, fields, remote, scheme)
@@ -421,7 +408,7 @@ class Proxy:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
         body = entry.payload
         status = entry.status
-        if meta is not None and not names.isdisjoint(_ANSWERED):
+        if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):
             answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
             if answer.status != entry.status:
                 head, body = _render_part(entry, answer)
@@ -1170,7 +1157,7 @@ def _wanted_bytes(answer: Answer, status: int, length: int | None) -> tuple[int,
 
 def _asks(request: web.BaseRequest) -> bool:
     """Whether the client sent fields a whole-object fetch left out."""
-    return any(k.lower() in _CLIENT_ASKS for k in request.headers)
+    return any(k.lower() in CLIENT_ASKS for k in request.headers)
 
 
 def _vary_of(entry: Entry) -> frozenset[str]:

@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -97,15 +98,19 @@ class Service:
     admin_runner: web.BaseRunner
 
     @classmethod
-    async def start(cls, config: Config, *, reuse_port: bool = False) -> Service:
-        """Start both listeners; ``reuse_port`` lets several workers share the proxy port."""
+    async def start(
+        cls, config: Config, *, reuse_port: bool = False, clock: Callable[[], float] = time.time
+    ) -> Service:
+        """Start both listeners; ``reuse_port`` lets several workers share the proxy port.
+        ``clock``: the cache's time (seconds since the epoch), read wherever the proxy asks
+        the time of a request or response (a trace's, to replay it as the simulator does)."""
         upstream = Upstream(config.upstream)
         await upstream.start()
         engine = build_engine(config)
         shared = shared_admission(config, engine)
         if shared is not None:
             await shared.connect()
-        proxy = Proxy(config, engine, upstream, shared=shared)
+        proxy = Proxy(config, engine, upstream, clock=clock, shared=shared)
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
             # configured limits itself, with the statuses RFC 9110 names (414, 431).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -133,10 +134,10 @@ StartProxy = Callable[..., Awaitable[Service]]
 @pytest.fixture
 async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
     """Start onehit in front of ``origin``; keyword arguments are ``section.key`` overrides
-    written with ``__`` for the dot (``cache__size="1MiB"``)."""
+    written with ``__`` for the dot (``cache__size="1MiB"``), and ``clock`` the cache's time."""
     services: list[Service] = []
 
-    async def start(**overrides: object) -> Service:
+    async def start(clock: Callable[[], float] | None = None, **overrides: object) -> Service:
         settings = {
             "upstream.origin": origin.url,
             "server.listen": "127.0.0.1:0",
@@ -146,7 +147,8 @@ async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
             "upstream.read_timeout": "2s",
         }
         settings.update({k.replace("__", "."): v for k, v in overrides.items()})
-        service = await Service.start(load(env={}, overrides=settings))
+        config = load(env={}, overrides=settings)
+        service = await Service.start(config, clock=time.time if clock is None else clock)
         services.append(service)
         return service
 

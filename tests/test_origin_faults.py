@@ -139,6 +139,17 @@ async def test_rfc9110_15_2_an_origins_103_early_hints_reach_the_client_before_i
         assert first.partition(b"\r\n")[0].endswith(b" 200 OK")
 
 
+async def test_an_answer_with_bytes_past_its_content_length_is_stored_and_they_are_dropped(
+    raw_origin, start_proxy, client
+):
+    forged = b"HTTP/1.1 302 Found\r\nLocation: /evil\r\nCache-Control: max-age=999\r\nX-A: "
+    url = await raw_origin(scripted(OK + forged))
+    proxy = await start_proxy(upstream__origin=url, admission__policy="always")
+    for path, x_cache in (("/x", "MISS"), ("/y", "MISS"), ("/x", "HIT"), ("/y", "HIT")):
+        status, headers, body = await get(client, base(proxy) + path)
+        assert (status, headers["X-Cache"], body) == (200, x_cache, b"fresh"), path
+
+
 async def test_origin_closing_keep_alive_connections_between_requests(
     raw_origin, start_proxy, client
 ):

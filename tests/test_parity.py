@@ -49,3 +49,44 @@ async def test_live_and_simulated_counters_agree_exactly(
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert live["hits"] > 0 and live["evictions"] > 0
     assert (live["rejected_first_sighting"] > 0) == (admission != "always")
+
+
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo"])
+@pytest.mark.parametrize("admission", ["always", "second-hit"])
+async def test_live_and_simulated_counters_agree_with_ttls(
+    origin, start_proxy, client, admission, eviction
+):
+    """Responses that expire: the live proxy, on the trace's clock, revalidates what the
+    simulator counts as a miss, and stores it again as the simulator does."""
+    ttl = 2.0
+    sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
+    spec = WorkloadSpec(objects=100, requests=1000, one_hit_share=0.3, sizes=sizes, rate=50.0)
+    trace = generate(spec)  # 20 s of requests: each object outlives its ttl many times
+    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
+
+    async def serve(request: web.Request) -> web.Response:
+        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
+        return web.Response(body=body, headers={"Cache-Control": f"max-age={ttl:g}"})
+
+    origin.responder = serve
+    now = [0.0]
+    capacity = round(trace.distinct_bytes() * 0.2)
+    proxy = await start_proxy(
+        clock=lambda: now[0],
+        cache__size=str(capacity),
+        cache__max_object_size=str(capacity),
+        cache__eviction=eviction,
+        admission__policy=admission,
+    )
+    prefix = base(proxy) + "/obj/"
+    for at, key in zip(trace.times.tolist(), trace.key_strings(), strict=True):
+        now[0] = at
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    live = proxy.proxy.engine.stats()
+    config = proxy.config.admission_config()
+    sim = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction, ttl=ttl)
+    assert {k: live[k] for k in COUNTERS} == {k: sim.stats[k] for k in COUNTERS}
+    forever = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction).stats
+    assert 0 < live["hits"] < forever["hits"], "responses expired, and cost hits"

@@ -36,10 +36,10 @@ def pool() -> Iterator[Callable[..., OriginPool]]:
 
 
 class Counting:
-    """A raw origin that answers every request on a connection with ``answer``, counting
-    connections and the most open at once."""
+    """A raw origin that answers every request on a connection with ``answer`` (or its parts,
+    each apart from the last by 50 ms), counting connections and the most open at once."""
 
-    def __init__(self, answer: bytes = OK, delay: float = 0.0) -> None:
+    def __init__(self, answer: bytes | tuple[bytes, ...] = OK, delay: float = 0.0) -> None:
         self.answer = answer
         self.delay = delay
         self.connections = self.open = self.most_open = 0
@@ -51,8 +51,11 @@ class Counting:
         try:
             while await read_request(reader):
                 await asyncio.sleep(self.delay)
-                writer.write(self.answer)
-                await writer.drain()
+                parts = self.answer if isinstance(self.answer, tuple) else (self.answer,)
+                for i, part in enumerate(parts):
+                    await asyncio.sleep(0.05 if i else 0)
+                    writer.write(part)
+                    await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -356,23 +359,14 @@ async def test_bytes_past_the_content_length_close_the_connection_and_never_reac
 
 
 async def test_bytes_past_a_body_that_came_after_its_head_close_the_connection(raw_origin, pool):
-    connections = 0
-
-    async def head_then_body_and_more(reader, writer):
-        nonlocal connections
-        connections += 1
-        while await read_request(reader):
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
-            await writer.drain()
-            await asyncio.sleep(0.05)  # the body arrives while the answer is being read
-            writer.write(b"okHTTP/1.1 302 Found\r\nLocation: /evil\r\nX-Junk: ")
-            await writer.drain()
-
-    url = await raw_origin(head_then_body_and_more)
+    # The body arrives while the answer is being read, with a response begun after it.
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n"
+    origin = Counting(answer=(head, b"okHTTP/1.1 302 Found\r\nLocation: /evil\r\nX-Junk: "))
+    url = await raw_origin(origin)
     p = pool()
     for path in ("a", "b"):
         assert await get(p, f"{url}/{path}") == (200, b"ok")
-    assert connections == 2
+    assert origin.connections == 2
 
 
 async def test_total_timeout_ends_the_wait_for_a_head(raw_origin, pool):

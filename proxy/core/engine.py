@@ -49,6 +49,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -234,16 +235,27 @@ CUT_SHORT = NotStored("cut-short")
 TOO_MANY_VARIANTS = NotStored("variants")
 # A stored response that a request with a cookie may not be answered with.
 PRIVATE_MISS = Miss("cookie")
-_CONDITIONALS = ("if-none-match", "if-modified-since")
-_PRECONDITIONS = ("if-match", "if-unmodified-since")
+# The request fields the cache's rules read, and no others: a GET or HEAD carrying none of
+# them is answered by its key alone (``fresh_plain``), on every path. One list, which the
+# proxy's paths (the compiled one included) take from here.
+CONDITIONALS = ("if-none-match", "if-modified-since")  # a match is answered 304 (RFC 9110 13.1)
+PRECONDITIONS = ("if-match", "if-unmodified-since")  # the origin's to judge
+# Fields a stored response answers itself: a 304, or a range's 206 or 416 (section 14).
+ANSWERED_FIELDS = frozenset({*CONDITIONALS, "range", "if-range"})
+# What a whole-object fetch leaves out of the client's request (``Fetch.whole``).
+CLIENT_ASKS = ANSWERED_FIELDS | frozenset(PRECONDITIONS)
+RULE_FIELDS = CLIENT_ASKS | {"cookie", "cache-control", "pragma"}
+# Request fields that keep a hit off a fast path, whatever is stored: a precondition, and a
+# body's framing (a GET with content passes the cache by).
+NOT_FAST = frozenset({*PRECONDITIONS, "transfer-encoding", "content-length"})
 # The fetches ``plan`` asks for, made once: each is immutable.
 FETCH_WHOLE = Fetch("uri-miss", whole=True, collapse=True)
 FETCH_AS_ASKED = Fetch("uri-miss", whole=False, collapse=False)
 FETCH_BYPASS = Fetch("bypass", whole=False, collapse=False)
 FETCH_STALE = Fetch("stale", whole=False, collapse=False)
 # Request fields ``plan`` and ``answer`` read on a miss; most requests carry none of them.
-_PLAN_FIELDS = frozenset({"cache-control", "cookie", *_PRECONDITIONS})
-_ANSWER_FIELDS = frozenset({*_CONDITIONALS, "range"})
+_PLAN_FIELDS = frozenset({"cache-control", "cookie", *PRECONDITIONS})
+_ANSWER_FIELDS = frozenset({*CONDITIONALS, "range"})
 # Reasons a response may not be stored that belong to the request, not to the URL.
 _REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
 
@@ -445,7 +457,7 @@ class CacheEngine:
         # origin's to judge, and a request that forbids storing cannot be answered from what
         # the cache fetched for itself: such requests go as the client sent them.
         whole = not any(
-            rfc9111.get_first(headers, name) for name in _PRECONDITIONS
+            rfc9111.get_first(headers, name) for name in PRECONDITIONS
         ) and "no-store" not in rfc9111.request_directives(headers)
         return self._plain_fetch(request, now, whole=whole)
 
@@ -476,7 +488,7 @@ class CacheEngine:
         asked = request.headers
         if status != 200 or _none_of(asked, _ANSWER_FIELDS):
             return Answer(status)
-        conditional = any(rfc9111.get_first(asked, name) is not None for name in _CONDITIONALS)
+        conditional = any(rfc9111.get_first(asked, name) is not None for name in CONDITIONALS)
         if conditional and rfc9111.not_modified(asked, headers):
             self.counters.not_modified_answers += 1
             return Answer(304)
@@ -803,6 +815,16 @@ class CacheEngine:
                 known[1].discard(key)
                 if not known[1]:
                     del self._vary[url]
+
+
+def fast_path_may_take(method: str, http11_kept_alive: bool, names: AbstractSet[str]) -> bool:
+    """Whether a request may be answered from a stored response as soon as it is parsed,
+    by a driver's fast path: a GET or HEAD, in HTTP/1.1 on a connection kept alive (nothing
+    to frame but the answer), whose lower-cased field ``names`` hold none of ``NOT_FAST``.
+    What it carries of ``RULE_FIELDS`` the rules then read as on any path."""
+    return (
+        (method == "GET" or method == "HEAD") and http11_kept_alive and names.isdisjoint(NOT_FAST)
+    )
 
 
 def _none_of(headers: rfc9111.Headers, names: frozenset[str]) -> bool:
