@@ -19,8 +19,12 @@ then sets its rate.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
+``--baseline DIR``: onehit from another checkout too (an earlier commit, its compiled modules
+built in place: ``python setup.py build_ext --inplace`` there), on its default loop, and the
+ratio of this checkout's onehit to it in each cell: a change measured against what it changed.
 
     .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 64] [--runs 3]
+        [--baseline /tmp/onehit-before]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from loadgen.experiment import free_port
 from loadgen.nginx import nginx_binary, nginx_config
 
 SIZES = {"1k": 1024, "16k": 16 * 1024, "256k": 256 * 1024}
+BASELINE = "onehit at the baseline checkout"
 URLS = 1000  # the many-URL cells spread their requests over this many objects of one size
 
 
@@ -307,6 +312,8 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--runs", type=int, default=1, help="runs per cell; the median is shown")
     parser.add_argument("--sizes", default=",".join(SIZES), help="body sizes, e.g. 1k,256k")
+    parser.add_argument("--baseline", help="another checkout of onehit to measure beside this")
+    parser.add_argument("--no-misses", action="store_true", help="measure hits only")
     parser.add_argument(
         "--origin-core", choices=("server", "load"), default="server",
         help="the core the origin shares: the servers' (default) or the load generator's, which"
@@ -318,6 +325,8 @@ def main() -> None:
         "onehit-asyncio": ("asyncio", True),
         "onehit-handler": ("auto", False),
     }
+    if args.baseline:
+        onehits["onehit-baseline"] = ("auto", True)
     names = ("origin", "pass", "mini", "mini-uvloop", "nginx", "varnish", *onehits,
              *(f"{name}-admin" for name in onehits))  # fmt: skip
     ports = {name: free_port() for name in names}
@@ -339,12 +348,14 @@ def main() -> None:
                                  env={"ONEHIT_BENCH_UVLOOP": "1"}).pid,
         }  # fmt: skip
         for name, (loop, fast) in onehits.items():
+            elsewhere = args.baseline if name == "onehit-baseline" else None
             pids[name] = spawn(
                 stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
                 f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
                 "--admission", "always", "--set", "server.access_log=false",
                 "--set", "cache.size=1GiB", "--set", f"server.event_loop={loop}",
                 "--set", f"server.fast_hits={str(fast).lower()}",
+                cwd=elsewhere, env=None if elsewhere is None else {"PYTHONPATH": elsewhere},
             ).pid  # fmt: skip
         caches = {
             "minimal aiohttp cache (reference)": f"http://127.0.0.1:{ports['mini']}",
@@ -353,6 +364,8 @@ def main() -> None:
             "onehit on asyncio's loop": f"http://127.0.0.1:{ports['onehit-asyncio']}",
             "onehit, hits via aiohttp's handler": f"http://127.0.0.1:{ports['onehit-handler']}",
         }
+        if args.baseline:
+            caches[BASELINE] = f"http://127.0.0.1:{ports['onehit-baseline']}"
         if nginx := start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"
             pids["nginx"] = nginx.pid
@@ -393,16 +406,19 @@ def main() -> None:
                 results = {t: median(r) for t, r in runs.items()}
                 reference = results["minimal aiohttp cache (reference)"][0]
                 varnish = results.get("varnish (malloc)", (0.0,))[0]
+                baseline = results.get(BASELINE, (0.0,))[0]
                 print(f"\n  {label}:")
                 for target, (rps, _, p99) in results.items():
                     peer = f", x{rps / varnish:.2f} of varnish" if varnish else ""
+                    if baseline and target == "onehit":
+                        peer += f", x{rps / baseline:.3f} of the baseline"
                     print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
                           f"x{rps / reference:.2f} of the reference{peer}")  # fmt: skip
         print("\n  the miss path's floor (no cache), 1k body, one URL:")
         for target, url in floors.items():
             rps, _, p99 = measure(f"{url}/1k", args.seconds, args.connections)
             print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms")
-        if shutil.which("wrk"):
+        if shutil.which("wrk") and not args.no_misses:
             by_url = {f"http://127.0.0.1:{ports[name]}": pid for name, pid in pids.items()}
             misses(origin, {**floors, **caches}, by_url, args, script.parent)
 

@@ -29,8 +29,12 @@ Rules it keeps:
   or reset it while idle) is sent once more on a new connection.
 * A connection carries the next request only when nothing but the answer arrived on it: bytes
   after the answer (in the same read or a later one), or while it is idle, close it, so a
-  response nobody asked for, whole or begun, is never taken for the next one's. The answer
-  itself is served and may be stored.
+  response nobody asked for, whole or begun, is never taken for the next one's. The parser
+  reads a head alone, then a Content-Length body only up to its length: what comes past it
+  is never parsed, so the answer itself is served and may be stored, whatever follows it
+  (after a chunked body, the parser is asked whether it began another message). What comes
+  in one read is still judged whole: a head followed by a malformed body is a malformed
+  response.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, 
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, set_exception
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import HttpResponseParser
+from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from proxy._origin import parse_response
@@ -62,6 +66,10 @@ Interim = Callable[[int, str, "Fields"], None]
 # A response's status, reason, fields, body stream, and its whole body when it came whole with
 # the head (then the stream is empty).
 Head = tuple[int, str, Fields, StreamReader, "bytes | None"]
+
+
+# ``_Connection._left`` while a head is arriving.
+_HEAD = -1
 
 
 class Unreachable(Exception):
@@ -91,6 +99,10 @@ class _Connection(BaseProtocol):
         self._error: BaseException | None = None
         self._payload: StreamReader | None = None  # the body being parsed, if any
         self._should_close = False
+        # Body bytes left of the answer in flight (``_framed``): _HEAD while its head is
+        # arriving, None when its body ends otherwise (chunked, or with the connection).
+        self._left: int | None = _HEAD
+        self._head_tail = b""  # the last bytes of a head still arriving, for its blank line
         self._read_timeout = 0.0
         self.reading_since: float | None = None  # when the read timeout started, if it runs
         # The parser of the last response read to its end, for the next GET (making one costs
@@ -135,6 +147,8 @@ class _Connection(BaseProtocol):
         )
         self._skip_payload = skip_payload
         self._first = not skip_payload
+        self._left = _HEAD
+        self._head_tail = b""
         self._read_timeout = read_timeout
         assert self.transport is not None
         self.transport.write(head)
@@ -218,36 +232,86 @@ class _Connection(BaseProtocol):
                 return
         if data and self.reading_since is not None:
             self.reading_since = self._loop.time()
-        try:
-            messages, upgraded, _ = parser.feed_data(data)
-        except BaseException as exc:
-            self.close()
-            if not isinstance(exc, Exception):
-                raise
-            self._malformed(exc)
-            return
-        self._upgraded = upgraded
-        for message, payload in messages:
-            if message.should_close:
-                self._should_close = True
-            self._payload = payload
-            if self._skip_payload or message.code in EMPTY_BODY_STATUS_CODES:
-                payload = EMPTY_PAYLOAD
-            # The names as sent, as the plain parse keeps them: aiohttp spells those it knows
-            # its own way.
-            fields = [(_text(k), _text(v)) for k, v in message.raw_headers]
-            self._heads.append((message.code, message.reason, fields, payload, None))
+        woken = False
+        queued = len(self._heads)
+        while True:
+            # b"" too: a parser paused at its buffer's limit reads what it held back.
+            piece, data, stray = self._framed(data)
+            try:
+                messages, upgraded, _ = parser.feed_data(piece)
+            except BaseException as exc:
+                # What came in one read is judged whole, as when the parser read it at once:
+                # a head followed by a malformed body fails as a malformed response (502).
+                while len(self._heads) > queued:
+                    self._heads.pop()
+                self.close()
+                if not isinstance(exc, Exception):
+                    raise
+                self._malformed(exc)
+                return
+            self._upgraded = upgraded
+            for message, payload in messages:
+                self._headed(message, payload)
+            woken = woken or bool(messages)
+            if stray or not data:
+                break
         # The answer ended in this read: its body's end released the connection (then the
         # parser is the spare), or nothing has read it yet.
         ended = self._payload
-        if (self._parser is None or (ended is not None and ended.is_eof())) and _begun(parser):
+        if stray or (
+            (self._parser is None or (ended is not None and ended.is_eof())) and _begun(parser)
+        ):
             # Bytes came after the answer's end: a response nobody asked for has begun. The
             # answer stands; the connection, and those bytes with its parser, go.
             self._should_close = True
             self._spare = None
             self.close()
-        if messages:
+        if woken:
             self._wake()
+
+    def _framed(self, data: bytes) -> tuple[bytes, bytes, bool]:
+        """What of ``data`` the parser is to read now, what after, and whether the rest is
+        past the answer's end (bytes nobody asked for, never read): a head alone, up to its
+        blank line (the body's framing is known only once it is read), or as much of a
+        Content-Length body as is left of it."""
+        left = self._left
+        if left is None:
+            return data, b"", False
+        if left == _HEAD:
+            seen = self._head_tail + data
+            ends = [at + 2 for at in (seen.find(b"\n\n"),) if at >= 0]
+            ends += [at + 3 for at in (seen.find(b"\n\r\n"),) if at >= 0]
+            if not ends:
+                self._head_tail = seen[-2:]
+                return data, b"", False
+            end = min(ends) - len(self._head_tail)
+            self._head_tail = b""
+            return data[:end], data[end:], False
+        if len(data) > left:
+            self._left = 0
+            return data[:left], b"", True
+        self._left = left - len(data)
+        return data, b"", False
+
+    def _headed(self, message: RawResponseMessage, payload: StreamReader) -> None:
+        """A response's head was parsed: queue it, and know how its body is framed (an
+        interim response is followed by another head)."""
+        code = message.code
+        if message.should_close:
+            self._should_close = True
+        self._payload = payload
+        if self._skip_payload or code in EMPTY_BODY_STATUS_CODES:
+            payload = EMPTY_PAYLOAD
+            self._left = _HEAD if 100 <= code < 200 and code != 101 else 0
+        elif message.chunked:
+            self._left = None
+        else:
+            length = message.headers.get("Content-Length")
+            self._left = None if length is None else digits(length)
+        # The names as sent, as the plain parse keeps them: aiohttp spells those it knows
+        # its own way.
+        fields = [(_text(k), _text(v)) for k, v in message.raw_headers]
+        self._heads.append((code, message.reason, fields, payload, None))
 
     def _malformed(self, exc: Exception) -> None:
         """The origin sent what the parser refuses: a head still awaited fails with
