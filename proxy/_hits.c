@@ -594,14 +594,17 @@ typedef struct {
 
 /* Fields aiohttp's request parser allows once (its SINGLETON_HEADERS, less Host,
  * Content-Length and Transfer-Encoding, which parse_plain judges itself): a bit each. */
-static const char *const singletons[] = {
-    "content-location", "content-range", "content-type", "etag", "max-forwards", "server",
-    "user-agent",
+static const struct {
+    const char *name;
+    Py_ssize_t len;
+} singletons[] = {
+    {"content-location", 16}, {"content-range", 13}, {"content-type", 12}, {"etag", 4},
+    {"max-forwards", 12},     {"server", 6},         {"user-agent", 10},
 };
 
 static int singleton_bit(const char *name, Py_ssize_t len) {
     for (size_t i = 0; i < sizeof singletons / sizeof singletons[0]; i++)
-        if ((size_t)len == strlen(singletons[i]) && strncasecmp(name, singletons[i], len) == 0)
+        if (len == singletons[i].len && strncasecmp(name, singletons[i].name, len) == 0)
             return 1 << i;
     return 0;
 }
