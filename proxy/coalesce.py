@@ -76,5 +76,10 @@ class SingleFlight(Generic[T]):
             del self._flights[key]
         flight.land(result)
 
+    def waiting(self, key: Hashable) -> int:
+        """How many requests follow the flight under way for ``key`` (0 when none is)."""
+        flight = self._flights.get(key)
+        return 0 if flight is None else flight.waiting
+
     def __len__(self) -> int:
         return len(self._flights)

@@ -94,7 +94,10 @@ def test_whole_config_checks():
         load(env={})
     with pytest.raises(ConfigError, match="not loopback: expected \\[admin\\] token"):
         load(env={}, overrides={**ORIGIN, "admin.listen": "0.0.0.0:9901"})
-    assert load(env={}, overrides={**ORIGIN, "admin.listen": "0.0.0.0:9901", "admin.token": "t"})
+    open_admin = load(
+        env={}, overrides={**ORIGIN, "admin.listen": "0.0.0.0:9901", "admin.token": "t"}
+    )
+    assert open_admin.admin.listen == ("0.0.0.0", 9901) and open_admin.admin.token == "t"
     with pytest.raises(ConfigError, match="max_object_size"):
         load(env={}, overrides={**ORIGIN, "cache.size": "1MiB", "cache.max_object_size": "2MiB"})
     with pytest.raises(ConfigError, match="generations"):

@@ -30,15 +30,6 @@ def test_ready_experiments_load(path):
     assert experiment.policies and experiment.workloads and experiment.cache_sizes
 
 
-def test_ready_experiments_cover_the_issue():
-    assert {p.stem for p in EXPERIMENTS} >= {
-        "window-sweep",
-        "one-hit-share",
-        "compare-nginx",
-        "policies",
-    }
-
-
 def test_the_policies_experiment_crosses_every_admission_with_every_eviction():
     specs = load_experiment(CONFIG / "experiments" / "policies.toml").policies
     pairs = {(p.admission.policy.split(":")[0], p.eviction) for p in specs}

@@ -153,10 +153,23 @@ async def test_head_range_and_conditionals_are_answered_from_the_stored_get(
 
 
 async def test_100_concurrent_misses_make_one_origin_request(origin, start_proxy, client):
-    origin.set("/hot", delay=0.3, body=b"x" * 5000)
+    released = asyncio.Event()
+
+    async def held(request: web.Request) -> web.Response:
+        await released.wait()  # until all 99 followers wait on the leader's fetch
+        return web.Response(body=b"x" * 5000, headers={"Cache-Control": "max-age=60"})
+
+    origin.responder = held
     proxy = await start_proxy()
     url = base(proxy) + "/hot"
-    results = await asyncio.gather(*(fetch(client, url) for _ in range(100)))
+    fetches = asyncio.gather(*(fetch(client, url) for _ in range(100)))
+    key = "http://{}:{}/hot".format(*proxy.proxy_address)
+    for _ in range(1000):  # counted, not timed: however slow the machine
+        if proxy.proxy.flights.waiting(key) == 99:
+            break
+        await asyncio.sleep(0.01)
+    released.set()
+    results = await fetches
     assert origin.hits["/hot"] == 1
     assert all(status == 200 and body == b"x" * 5000 for status, _, body in results)
     collapsed = [h for _, h, _ in results if "collapsed" in h["Cache-Status"]]
