@@ -617,9 +617,10 @@ static int singleton_bit(const char *name, Py_ssize_t len) {
  * colon, optional spaces or tabs, a value of value_byte (trailing spaces and tabs are not its
  * own, as llhttp and aiohttp trim them) and CRLF, within max_headers bytes as scan_fields
  * counts them; then CRLF. Exactly one Host; no Content-Length, Transfer-Encoding, Upgrade,
- * Expect, Proxy-Connection, or Connection but `keep-alive`; none of the singletons twice. Every such request is one that aiohttp's strict
- * parser (llhttp, as aiohttp runs it for requests) takes whole, with these very fields, as
- * a GET or HEAD with no body that keeps the connection open. */
+ * Expect, Proxy-Connection, or Connection but `keep-alive`; none of the singletons twice.
+ * Every such request is one that aiohttp's strict parser (llhttp, as aiohttp runs it for
+ * requests) takes whole, with these very fields, as a GET or HEAD with no body that keeps
+ * the connection open. */
 static int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ssize_t start,
                        RawRequest *r) {
     const char *p = data + start, *end = data + size;

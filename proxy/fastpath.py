@@ -380,18 +380,17 @@ class HitHandler(ClientProtocol):
         return None
 
     def resume_writing(self) -> None:
+        super().resume_writing()
         unsent = self._lane
         if type(unsent) is not _Unsent:
-            super().resume_writing()
             return
-        self.drained = True
-        self._paused = False
+        # Nothing else writes on the connection while the body's rest is unsent: the
+        # requests after it are held in the lane's place.
         rest = self._write_while_taken(unsent.rest)
         if rest is not None:
             unsent.rest = rest
             return
         self._lane_free()
-        super().resume_writing()
         self._go_on()
 
     def _run_lane(self, message: RawRequestMessage) -> None:

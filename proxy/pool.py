@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from urllib.parse import urlsplit
@@ -70,6 +71,8 @@ Head = tuple[int, str, Fields, StreamReader, "bytes | None"]
 
 # ``_Connection._left`` while a head is arriving.
 _HEAD = -1
+# The end of a head: its first empty line (the response parser takes a bare LF for CRLF).
+_BLANK_LINE = re.compile(rb"\n\r?\n")
 
 
 class Unreachable(Exception):
@@ -255,11 +258,14 @@ class _Connection(BaseProtocol):
             woken = woken or bool(messages)
             if stray or not data:
                 break
-        # The answer ended in this read: its body's end released the connection (then the
-        # parser is the spare), or nothing has read it yet.
+        # A chunked answer that ended in this read (its body's end released the connection,
+        # then the parser is the spare, or nothing has read it yet) may have had bytes after
+        # it, which the parser read on: a Content-Length answer's never reach it (``stray``).
         ended = self._payload
         if stray or (
-            (self._parser is None or (ended is not None and ended.is_eof())) and _begun(parser)
+            self._left is None
+            and (self._parser is None or (ended is not None and ended.is_eof()))
+            and _begun(parser)
         ):
             # Bytes came after the answer's end: a response nobody asked for has begun. The
             # answer stands; the connection, and those bytes with its parser, go.
@@ -279,12 +285,11 @@ class _Connection(BaseProtocol):
             return data, b"", False
         if left == _HEAD:
             seen = self._head_tail + data
-            ends = [at + 2 for at in (seen.find(b"\n\n"),) if at >= 0]
-            ends += [at + 3 for at in (seen.find(b"\n\r\n"),) if at >= 0]
-            if not ends:
+            blank = _BLANK_LINE.search(seen)
+            if blank is None:
                 self._head_tail = seen[-2:]
                 return data, b"", False
-            end = min(ends) - len(self._head_tail)
+            end = blank.end() - len(self._head_tail)
             self._head_tail = b""
             return data[:end], data[end:], False
         if len(data) > left:

@@ -360,9 +360,16 @@ class Proxy:
         keep-alive, an origin-form target and fields within the limits, a routed Host, no
         body, no precondition (a validator or a Range is answered from the stored response:
         304, 206, 416), and a stored response whose status has a body."""
-        method = message.method
-        if message.upgrade or message.chunked:
+        fields = message.headers
+        names = set(map(str.lower, fields))
+        kept_alive = message.version == HttpVersion11 and not message.should_close
+        if (
+            message.upgrade
+            or message.chunked
+            or not fast_path_may_take(message.method, kept_alive, names)
+        ):
             return None
+        method = message.method
         path = message.path
         raw = message.raw_headers
         if (
@@ -371,17 +378,12 @@ class Proxy:
             or _fields_size(raw) > self.max_headers
         ):
             return None
-        fields = message.headers
         host = fields.get("Host")
         hosts = None if host is None else _hosts(host)
         if hosts is None or (hosts[0] not in self.routes and "" not in self.routes):
             return None
         if len(self._routed_hosts) < _ROUTED_HOSTS_MAX:
             self._routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{hosts[1]}"
-        names = set(map(str.lower, fields))
-        kept_alive = message.version == HttpVersion11 and not message.should_close
-        if not fast_path_may_take(method, kept_alive, names):
-            return None
         now = self.clock()
         meta = None
         key = f"http://{hosts[1]}{path}"

@@ -78,14 +78,14 @@ class ClientProtocol(RequestHandler):
     to it for the server's ``send_timeout`` seconds (as nginx's ``send_timeout``): checked
     while writing is paused, and a client that takes some bytes in that time goes on."""
 
-    __slots__ = ("_send_timeout", "_sending", "_unsent", "drained")
+    __slots__ = ("_drained", "_send_timeout", "_sending", "_unsent")
 
     def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._send_timeout = manager.send_timeout
         self._sending: asyncio.TimerHandle | None = None
         self._unsent = 0  # the transport's buffered bytes when last looked at
-        self.drained = False  # whether the transport drained since then
+        self._drained = False  # whether the transport drained since then
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -93,12 +93,12 @@ class ClientProtocol(RequestHandler):
             self._watch_sending(self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
-        self.drained = True
+        self._drained = True
         super().resume_writing()
 
     def _watch_sending(self, unsent: int) -> None:
         self._unsent = unsent
-        self.drained = False
+        self._drained = False
         self._sending = self._loop.call_later(self._send_timeout, self._check_sending)
 
     def _check_sending(self) -> None:
@@ -107,7 +107,7 @@ class ClientProtocol(RequestHandler):
         if not self._paused or transport is None:
             return
         unsent = transport.get_write_buffer_size()
-        if self.drained or unsent < self._unsent:  # it took some: another send_timeout
+        if self._drained or unsent < self._unsent:  # it took some: another send_timeout
             self._watch_sending(unsent)
             return
         log.info("closing a client that took no bytes for %gs", self._send_timeout)

@@ -137,7 +137,7 @@ async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
     written with ``__`` for the dot (``cache__size="1MiB"``), and ``clock`` the cache's time."""
     services: list[Service] = []
 
-    async def start(clock: Callable[[], float] | None = None, **overrides: object) -> Service:
+    async def start(clock: Callable[[], float] = time.time, **overrides: object) -> Service:
         settings = {
             "upstream.origin": origin.url,
             "server.listen": "127.0.0.1:0",
@@ -148,7 +148,7 @@ async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
         }
         settings.update({k.replace("__", "."): v for k, v in overrides.items()})
         config = load(env={}, overrides=settings)
-        service = await Service.start(config, clock=time.time if clock is None else clock)
+        service = await Service.start(config, clock=clock)
         services.append(service)
         return service
 

@@ -18,11 +18,16 @@ GIB = 1 << 30
 CHUNK = b"\x5a" * (1 << 20)
 
 
-def peak_rss(pid: int) -> int:
+def status_bytes(pid: int, name: str) -> int:
+    """A size in bytes from ``/proc/PID/status`` (``VmHWM``: peak RSS, ``VmRSS``: RSS now)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(name + ":"):
             return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
+    raise AssertionError(f"no {name}")
+
+
+def peak_rss(pid: int) -> int:
+    return status_bytes(pid, "VmHWM")
 
 
 async def serve(handler) -> tuple[web.AppRunner, str]:
@@ -124,13 +129,6 @@ async def test_concurrent_first_sightings_of_large_objects_stream_with_flat_rss(
         await runner.cleanup()
 
 
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 # Each way a client may ask for a stored body: kept alive (the fast path), closing after it,
 # HTTP/1.0, the whole of it as a range, and a part of it (206) through aiohttp's handler.
 SLOW_READS = (
@@ -165,7 +163,7 @@ async def test_200_clients_that_never_read_a_stored_4mib_body_pin_no_copies_of_i
                 async with client.get(f"{proxy.url}/big") as r:
                     assert len(await r.read()) == len(body)
             host, port = proxy.url.removeprefix("http://").split(":")
-            before = rss(proxy.process.pid)
+            before = status_bytes(proxy.process.pid, "VmRSS")
             for i in range(clients):
                 sock = socket.socket()
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -181,7 +179,7 @@ async def test_200_clients_that_never_read_a_stored_4mib_body_pin_no_copies_of_i
                 if hits >= clients + 1:
                     break
                 await asyncio.sleep(0.05)
-            growth = rss(proxy.process.pid) - before
+            growth = status_bytes(proxy.process.pid, "VmRSS") - before
         assert hits == clients + 1
         print(f"{loop}: RSS grew by {growth / (1 << 20):.1f} MiB for {clients} clients not reading")
         assert growth < bound, f"RSS grew by {growth >> 20} MiB"

@@ -19,8 +19,8 @@ Rules this module keeps:
   response named none (but on a 304: the cache answers byte ranges of what it holds),
   ``X-Cache``, ``Via``; then what differs with each answer (``per_answer``): ``Cache-Status``,
   ``Age`` and, when the stored response has none, ``Date`` (section 6.6.1).
-* The body is ``size`` bytes (the stored status), the range ``first``..``last`` (206), or
-  nothing (304, 416, and statuses that have none).
+* The body is ``size`` bytes (the stored status), the range ``first``..``last`` (the
+  cache's 206), or nothing (the cache's 416, and statuses that have none).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def cached_head(
 ) -> CachedHead:
     """The head of the ``answer_status`` answer (with ``first``..``last`` for a 206) from a
     stored ``stored_status`` response with fields ``stored`` and a body of ``size`` bytes."""
+    # A 206 or 416 of the cache's own (not the stored status) carries its own Content-Range.
     ranged = answer_status in (206, 416) and answer_status != stored_status
     drops = RECOMPUTED | MARKS
     if answer_status == 304:
@@ -79,17 +80,18 @@ def cached_head(
         dated = dated or low == "date"
         accepts = accepts or low == "accept-ranges"
         fields.append((name, value))
-    if answer_status == 206:
+    bodiless = answer_status in BODILESS or answer_status < 200
+    if ranged and answer_status == 206:
         fields.append(("Content-Range", f"bytes {first}-{last}/{size}"))
-    elif answer_status == 416 and ranged:
-        fields.append(("Content-Range", f"bytes */{size}"))
-    if answer_status == 206:
         body_first, body_last = first, last
-    elif answer_status in BODILESS or answer_status == 416 or answer_status < 200:
+    elif ranged:
+        fields.append(("Content-Range", f"bytes */{size}"))
+        body_first, body_last = 0, -1
+    elif bodiless:
         body_first, body_last = 0, -1
     else:
         body_first, body_last = 0, size - 1
-    if answer_status not in BODILESS and answer_status >= 200:
+    if not bodiless:
         fields.append(("Content-Length", str(body_last - body_first + 1)))
     if answer_status != 304 and not accepts:
         fields.append(("Accept-Ranges", "bytes"))

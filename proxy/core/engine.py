@@ -253,9 +253,8 @@ FETCH_WHOLE = Fetch("uri-miss", whole=True, collapse=True)
 FETCH_AS_ASKED = Fetch("uri-miss", whole=False, collapse=False)
 FETCH_BYPASS = Fetch("bypass", whole=False, collapse=False)
 FETCH_STALE = Fetch("stale", whole=False, collapse=False)
-# Request fields ``plan`` and ``answer`` read on a miss; most requests carry none of them.
+# Request fields ``plan`` reads on a miss; most requests carry none of them.
 _PLAN_FIELDS = frozenset({"cache-control", "cookie", *PRECONDITIONS})
-_ANSWER_FIELDS = frozenset({*CONDITIONALS, "range"})
 # Reasons a response may not be stored that belong to the request, not to the URL.
 _REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
 
@@ -486,7 +485,7 @@ class CacheEngine:
         for a single byte range of a 200 (section 14; not when the length is unknown, which
         RFC 9110 allows: Range is optional), else the response itself."""
         asked = request.headers
-        if status != 200 or _none_of(asked, _ANSWER_FIELDS):
+        if status != 200 or _none_of(asked, ANSWERED_FIELDS):
             return Answer(status)
         conditional = any(rfc9111.get_first(asked, name) is not None for name in CONDITIONALS)
         if conditional and rfc9111.not_modified(asked, headers):
