@@ -1,7 +1,9 @@
-"""The compiled policy core (proxy/core/_native.c), the common case of a response's caching
+"""The compiled policy core (proxy/core/native/), the common case of a response's caching
 rules (proxy/core/_response_rules.c), the proxy's compiled plain hit (proxy/_hits.c) and
 its parser of plain origin responses (proxy/_origin.c); everything else is in
 pyproject.toml."""
+
+from glob import glob
 
 from setuptools import Extension, setup
 
@@ -17,7 +19,15 @@ FLAGS = [
 
 setup(
     ext_modules=[
-        Extension("proxy.core._native", ["proxy/core/_native.c"], extra_compile_args=FLAGS),
+        # One module from the core's parts; link-time optimisation inlines across them, so the
+        # per-request calls between parts cost what calls within one file do.
+        Extension(
+            "proxy.core._native",
+            sorted(glob("proxy/core/native/*.c")),
+            depends=glob("proxy/core/native/*.h"),
+            extra_compile_args=[*FLAGS, "-flto"],
+            extra_link_args=["-flto", "-O3"],
+        ),
         Extension(
             "proxy.core._response_rules",
             ["proxy/core/_response_rules.c"],

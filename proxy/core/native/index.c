@@ -1,0 +1,337 @@
+/* The store index: entries by key hash, their queues and counts, and the StoreIndex type. */
+#include "native.h"
+
+/* StoreIndex: the store's bookkeeping. Nodes live in one array and are found through an
+ * open-addressing table of node numbers (0 is empty) with backward-shift deletion. Each
+ * resident node sits in one queue, newest first; S3-FIFO's ghost queue holds the keys (and
+ * charges) of entries evicted from its small queue, which are not resident. The order
+ * within the queues is the eviction's (evictions.c). */
+
+static int index_grow_table(IndexObject *x) {
+    uint64_t size = (x->mask + 1) * 2;
+    int32_t *table = PyMem_Calloc((size_t)size, sizeof(int32_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t mask = size - 1;
+    for (uint64_t i = 0; i <= x->mask; i++) {
+        int32_t n = x->table[i];
+        if (n == 0) continue;
+        uint64_t s = slot_of(x->nodes[n - 1].key, mask);
+        while (table[s]) s = (s + 1) & mask;
+        table[s] = n;
+    }
+    PyMem_Free(x->table);
+    x->table = table;
+    x->mask = mask;
+    return 0;
+}
+
+static void index_table_remove(IndexObject *x, uint64_t s) {
+    uint64_t mask = x->mask;
+    uint64_t hole = s;
+    uint64_t j = s;
+    for (;;) {
+        j = (j + 1) & mask;
+        int32_t n = x->table[j];
+        if (n == 0) break;
+        uint64_t home = slot_of(x->nodes[n - 1].key, mask);
+        /* Move n into the hole unless its home lies cyclically in (hole, j]. */
+        if (hole <= j ? (home <= hole || home > j) : (home <= hole && home > j)) {
+            x->table[hole] = n;
+            hole = j;
+        }
+    }
+    x->table[hole] = 0;
+}
+
+void index_forget(IndexObject *x, Node *n) {
+    x->used -= n->charge;
+    x->count--;
+    if (n->hits == 0) {
+        x->resident_unread--;
+        x->resident_unread_bytes -= n->size;
+    }
+}
+
+void index_drop(IndexObject *x, int32_t i, uint64_t s) {
+    Node *n = &x->nodes[i];
+    index_table_remove(x, s);
+    list_unlink(x, i);
+    if (n->queue == Q_GHOST) x->ghosts--; else index_forget(x, n);
+    n->next = x->free_head;
+    x->free_head = i;
+}
+
+/* Removes a resident key (not an eviction); 1 if it was there. */
+static int index_delete(IndexObject *x, uint64_t key) {
+    int64_t s = index_find_slot(x, key);
+    if (s < 0 || x->nodes[x->table[s] - 1].queue == Q_GHOST) return 0;
+    index_drop(x, x->table[s] - 1, (uint64_t)s);
+    return 1;
+}
+
+int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted) {
+    Node *v = &x->nodes[i];
+    x->evictions++;
+    x->evicted_bytes += v->size;
+    if (v->hits == 0) {
+        x->evicted_unread++;
+        x->evicted_unread_bytes += v->size;
+    }
+    if (evicted != NULL) {
+        PyObject *k = PyLong_FromUnsignedLongLong(v->key);
+        if (k == NULL || PyList_Append(evicted, k) < 0) {
+            Py_XDECREF(k);
+            return -1;
+        }
+        Py_DECREF(k);
+    }
+    return 0;
+}
+
+int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted) {
+    if (index_count_eviction(x, i, evicted) < 0) return -1;
+    index_drop(x, i, (uint64_t)index_find_slot(x, x->nodes[i].key));
+    return 0;
+}
+
+int index_put(IndexObject *x, uint64_t key, long long size, long long charge, long long hits,
+              double stored_at, PyObject *evicted) {
+    const Eviction *ev = x->ev;
+    int queue = ev->entry_queue;
+    int64_t found = index_find_slot(x, key);
+    if (found >= 0) {
+        int32_t old = x->table[found] - 1;
+        if (x->nodes[old].queue == Q_GHOST) queue = Q_MAIN;
+        index_drop(x, old, (uint64_t)found);
+    }
+    while (ev->evict != NULL && x->used + charge > x->capacity && x->count > 0) {
+        x->has_evicted = 1;
+        if (ev->evict(x, evicted) < 0) return -1;
+    }
+    /* Until the first eviction, a small queue that is full sends new keys to main. */
+    if (queue == Q_SMALL && !x->has_evicted && x->bytes[Q_SMALL] >= x->small_capacity)
+        queue = Q_MAIN;
+    if (x->free_head < 0) {
+        int32_t cap = x->nodes_cap ? x->nodes_cap * 2 : 1024;
+        Node *nodes = PyMem_Realloc(x->nodes, sizeof(Node) * (size_t)cap);
+        if (nodes == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int32_t i = x->nodes_cap; i < cap; i++) nodes[i].next = i + 1 < cap ? i + 1 : -1;
+        x->nodes = nodes;
+        x->free_head = x->nodes_cap;
+        x->nodes_cap = cap;
+    }
+    if ((uint64_t)(x->count + x->ghosts + 1) * 2 > x->mask + 1 && index_grow_table(x) < 0)
+        return -1;
+    int32_t i = x->free_head;
+    Node *n = &x->nodes[i];
+    x->free_head = n->next;
+    n->key = key;
+    n->size = size;
+    n->charge = charge;
+    n->hits = hits;
+    n->stored_at = stored_at;
+    n->freq = 0;
+    int64_t s = index_find_slot(x, key);
+    x->table[-s - 1] = i + 1;
+    list_push_front(x, i, queue);
+    x->count++;
+    x->used += charge;
+    if (hits == 0) {
+        x->resident_unread++;
+        x->resident_unread_bytes += size;
+    }
+    return ev->settle != NULL ? ev->settle(x, key, evicted) : 0;
+}
+
+static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"capacity_bytes", "eviction", NULL};
+    long long capacity;
+    const char *eviction = "lru";
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L|s", kwlist, &capacity, &eviction)) return -1;
+    if (self->table != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a StoreIndex is initialised once");
+        return -1;
+    }
+    self->ev = NULL;
+    for (int e = 0; e < N_EVICTIONS; e++) {
+        if (strcmp(eviction, EVICTIONS[e]->name) == 0) self->ev = EVICTIONS[e];
+    }
+    if (self->ev == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve, wtinylfu",
+                     PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1) : Py_None);
+        return -1;
+    }
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity_bytes must be positive, got %lld", capacity);
+        return -1;
+    }
+    self->table = PyMem_Calloc(1024, sizeof(int32_t));
+    if (self->table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = 1023;
+    self->nodes = NULL;
+    self->nodes_cap = 0;
+    self->free_head = -1;
+    for (int q = 0; q < N_QUEUES; q++) {
+        self->head[q] = self->tail[q] = -1;
+        self->bytes[q] = 0;
+    }
+    self->hand = -1;
+    self->has_evicted = 0;
+    self->capacity = capacity;
+    self->max_charge = capacity;
+    return self->ev->init != NULL ? self->ev->init(self) : 0;
+}
+
+static void Index_dealloc(IndexObject *self) {
+    PyMem_Free(self->sketch.rows);
+    PyMem_Free(self->nodes);
+    PyMem_Free(self->table);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int parse_key(PyObject *arg, uint64_t *key) {
+    *key = PyLong_AsUnsignedLongLong(arg);
+    return (*key == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *Index_touch(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    if (i < 0) Py_RETURN_FALSE;
+    index_touch(self, i);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *Index_record_hit(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    if (i >= 0) index_record_hit(self, i);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Index_hits(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    int32_t i = index_find(self, key);
+    return PyLong_FromLongLong(i < 0 ? 0 : self->nodes[i].hits);
+}
+
+static PyObject *Index_put(IndexObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 4) {
+        PyErr_SetString(PyExc_TypeError, "put(key, size, charge, hits)");
+        return NULL;
+    }
+    uint64_t key;
+    if (parse_key(args[0], &key) < 0) return NULL;
+    long long size = PyLong_AsLongLong(args[1]);
+    long long charge = PyLong_AsLongLong(args[2]);
+    long long hits = PyLong_AsLongLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (charge > self->max_charge) {
+        PyErr_Format(PyExc_ValueError, "a charge of %lld bytes exceeds the %lld bytes an entry "
+                     "may take", charge, self->max_charge);
+        return NULL;
+    }
+    PyObject *evicted = PyList_New(0);
+    if (evicted == NULL) return NULL;
+    if (index_put(self, key, size, charge, hits, 0.0, evicted) < 0) {
+        Py_DECREF(evicted);
+        return NULL;
+    }
+    return evicted;
+}
+
+static PyObject *Index_delete(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return NULL;
+    return PyBool_FromLong(index_delete(self, key));
+}
+
+static int Index_sq_contains(IndexObject *self, PyObject *arg) {
+    uint64_t key;
+    if (parse_key(arg, &key) < 0) return -1;
+    return index_find(self, key) >= 0;
+}
+
+static Py_ssize_t Index_len(IndexObject *self) { return (Py_ssize_t)self->count; }
+
+static PyObject *Index_estimated_capacity_objects(IndexObject *self, PyObject *unused) {
+    if (self->used == 0) return PyLong_FromLong(0);
+    double estimate = nearbyint((double)self->capacity * (double)self->count / (double)self->used);
+    return PyLong_FromDouble(estimate);
+}
+
+static PyObject *Index_max_charge(IndexObject *self, void *closure) {
+    return PyLong_FromLongLong(self->max_charge);
+}
+
+static PyObject *Index_eviction(IndexObject *self, void *closure) {
+    return PyUnicode_FromString(self->ev->name);
+}
+
+static PyMethodDef Index_methods[] = {
+    {"touch", (PyCFunction)Index_touch, METH_O,
+     "A hit's effect on the eviction order; False if key is absent."},
+    {"record_hit", (PyCFunction)Index_record_hit, METH_O, "Count one answer served from key."},
+    {"hits", (PyCFunction)Index_hits, METH_O, "Answers served from key's entry (0 if absent)."},
+    {"put", (PyCFunction)(void (*)(void))Index_put, METH_FASTCALL,
+     "put(key, size, charge, hits): store key, replacing it; returns the keys evicted."},
+    {"delete", (PyCFunction)Index_delete, METH_O, "Remove key (not an eviction)."},
+    {"estimated_capacity_objects", (PyCFunction)Index_estimated_capacity_objects, METH_NOARGS,
+     "Objects of the resident mean charge the index holds when full (0 when empty)."},
+    {NULL},
+};
+
+static PyGetSetDef Index_getset[] = {
+    {"max_charge", (getter)Index_max_charge, NULL, "The largest charge an entry may have.", NULL},
+    {"eviction", (getter)Index_eviction, NULL, "The eviction policy's name.", NULL},
+    {NULL},
+};
+
+static PyMemberDef Index_members[] = {
+    {"capacity_bytes", T_LONGLONG, offsetof(IndexObject, capacity), READONLY, ""},
+    {"bytes_used", T_LONGLONG, offsetof(IndexObject, used), READONLY, ""},
+    {"ghosts", T_LONGLONG, offsetof(IndexObject, ghosts), READONLY, "keys in the ghost queue"},
+    {"evictions", T_LONGLONG, offsetof(IndexObject, evictions), READONLY, ""},
+    {"evicted_bytes", T_LONGLONG, offsetof(IndexObject, evicted_bytes), READONLY, ""},
+    {"evicted_unread", T_LONGLONG, offsetof(IndexObject, evicted_unread), READONLY, ""},
+    {"evicted_unread_bytes", T_LONGLONG, offsetof(IndexObject, evicted_unread_bytes), READONLY,
+     ""},
+    {"resident_unread", T_LONGLONG, offsetof(IndexObject, resident_unread), READONLY, ""},
+    {"resident_unread_bytes", T_LONGLONG, offsetof(IndexObject, resident_unread_bytes), READONLY,
+     ""},
+    {NULL},
+};
+
+static PySequenceMethods Index_as_sequence = {
+    .sq_length = (lenfunc)Index_len,
+    .sq_contains = (objobjproc)Index_sq_contains,
+};
+
+PyTypeObject IndexType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "proxy.core._native.StoreIndex",
+    .tp_basicsize = sizeof(IndexObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The store's bookkeeping over 64-bit key hashes: lru, sieve, s3fifo or wtinylfu "
+              "eviction, with dead-write accounting.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Index_init,
+    .tp_dealloc = (destructor)Index_dealloc,
+    .tp_methods = Index_methods,
+    .tp_members = Index_members,
+    .tp_getset = Index_getset,
+    .tp_as_sequence = &Index_as_sequence,
+};
+

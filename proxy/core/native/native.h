@@ -1,0 +1,369 @@
+/* The compiled policy core's shared types: what its parts (hash, Bloom, window, sketch, store
+ * index and evictions, admission, simulator, header fields) give one another.
+ *
+ * Rules the core keeps:
+ *
+ * - hash64 is MurmurHash3 x64/128 (seed 0) of a key's UTF-8 bytes, as two unsigned 64-bit
+ *   halves: bit for bit what mmh3.hash64(key, signed=False) returns, so probe positions are
+ *   the same here, in pure-Python readers of a filter and in the Redis script.
+ * - A Bloom filter probes (h1 + i*h2) mod m for i < k (Kirsch-Mitzenmacher double hashing).
+ * - A Window is g Bloom generations, newest first; its rotation rules are those documented in
+ *   proxy/core/window.py, including Python's float floor division for elapsed spans, so a
+ *   window decides identically whoever drives it.
+ * - A StoreIndex is a byte-bounded store over 64-bit key hashes: sizes, charges, hits and the
+ *   store time of each entry, and the eviction and dead-write counts. Callers keep payloads.
+ *   Each eviction (lru, sieve, s3fifo, wtinylfu) is one table of functions, an Eviction.
+ * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
+ *   probabilistic, size-below, adaptive).
+ * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the cache
+ *   engine's rules for a cacheable response (see loadgen/simulate.py).
+ * - index_fields and end_to_end read header fields as rfc9111.Fields and rfc9111.end_to_end
+ *   do (lower-cased names, as str.lower gives them).
+ *
+ * Functions called once per request (probes, sketch counts, list moves) are inline here; the
+ * build links with -flto, so calls between the parts cost what calls within one file did. */
+#ifndef ONEHIT_NATIVE_H
+#define ONEHIT_NATIVE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* hash.c */
+
+static inline uint64_t fmix64(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ULL;
+    k ^= k >> 33;
+    return k;
+}
+
+void murmur3_128(const uint8_t *data, Py_ssize_t len, uint64_t *out1, uint64_t *out2);
+int hash_key(PyObject *key, uint64_t *h1, uint64_t *h2);
+int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2);
+int sizing(long long capacity, double fp_rate, long long *bits, int *probes);
+PyObject *py_hash64(PyObject *module, PyObject *key);
+PyObject *py_optimal_size(PyObject *module, PyObject *args);
+
+/* bloom.c */
+
+typedef struct {
+    PyObject_HEAD
+    uint8_t *bits;
+    long long size_bits;
+    long long nbytes;
+    long long capacity;
+    long long count;
+    double fp_rate;
+    int num_hashes;
+} BloomObject;
+
+extern PyTypeObject BloomType;
+int bloom_setup(BloomObject *self, long long capacity, double fp_rate);
+BloomObject *bloom_new(long long capacity, double fp_rate);
+void bloom_clear(BloomObject *b);
+
+/* 1 if every probed bit was set already (the key was present), else 0. */
+static inline int bloom_add(BloomObject *b, uint64_t h1, uint64_t h2) {
+    const uint64_t m = (uint64_t)b->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    uint8_t *bits = b->bits;
+    int present = 1;
+    for (int i = 0; i < b->num_hashes; i++) {
+        uint8_t mask = (uint8_t)(1u << (pos & 7));
+        if (!(bits[pos >> 3] & mask)) {
+            bits[pos >> 3] |= mask;
+            present = 0;
+        }
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    if (!present) b->count++;
+    return present;
+}
+
+static inline int bloom_contains(const BloomObject *b, uint64_t h1, uint64_t h2) {
+    const uint64_t m = (uint64_t)b->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    for (int i = 0; i < b->num_hashes; i++) {
+        if (!(b->bits[pos >> 3] & (1u << (pos & 7)))) return 0;
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    return 1;
+}
+
+/* window.c */
+
+typedef struct {
+    PyObject_HEAD
+    BloomObject **gens;
+    double *written;
+    int g;
+    double window;
+    double span;
+    double gen_fp;
+    double started;
+    int has_started;
+    PyObject *sizer;
+    long long rotations;
+    long long forced_rotations;
+} WindowObject;
+
+extern PyTypeObject WindowType;
+/* 1 seen, 0 not, -1 error. */
+int window_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now);
+int window_now(PyObject *arg, double *now);
+
+/* sketch.c: a count-min sketch of 4 rows of 8-bit counters saturating at a ceiling, halved
+ * after a period of counts. */
+
+typedef struct {
+    uint8_t *rows;   /* 4 rows of `width` counters */
+    uint64_t width;  /* a power of two */
+    uint8_t ceiling;
+    long long added;
+    long long period;
+} Sketch;
+
+int sketch_init(Sketch *s, long long keys, uint8_t ceiling, long long periods);
+void sketch_halve(Sketch *s);
+
+static inline uint64_t sketch_slot(const Sketch *s, uint64_t h1, uint64_t h2, int row) {
+    return row * s->width + ((h1 + (uint64_t)row * (h2 | 1)) & (s->width - 1));
+}
+
+static inline int sketch_estimate(const Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = 255;
+    for (int r = 0; r < 4; r++) {
+        int v = s->rows[sketch_slot(s, h1, h2, r)];
+        if (v < least) least = v;
+    }
+    return least;
+}
+
+/* Counts one sighting (conservative update: only the smallest counters grow); returns the
+ * estimate after it. */
+static inline int sketch_add(Sketch *s, uint64_t h1, uint64_t h2) {
+    int least = sketch_estimate(s, h1, h2);
+    if (least < s->ceiling) {
+        for (int r = 0; r < 4; r++) {
+            uint8_t *v = &s->rows[sketch_slot(s, h1, h2, r)];
+            if (*v == least) *v = (uint8_t)(least + 1);
+        }
+        least++;
+    }
+    s->added++;
+    return least;
+}
+
+/* TinyLFU hashes a key from h1 alone: the store index, which names its victim, keeps only h1. */
+static inline uint64_t second_hash(uint64_t h1) { return fmix64(h1 ^ 0x5bd1e9955bd1e995ULL); }
+
+/* index.c and evictions.c */
+
+/* S3-FIFO's small queue is W-TinyLFU's window, its main W-TinyLFU's probation. */
+enum { Q_MAIN, Q_SMALL, Q_GHOST, Q_PROTECTED, N_QUEUES };
+
+typedef struct {
+    uint64_t key;
+    long long size;
+    long long charge;
+    long long hits;
+    double stored_at;
+    int32_t prev, next;
+    uint8_t queue;
+    uint8_t freq;
+} Node;
+
+typedef struct IndexObject IndexObject;
+
+/* One eviction policy, as libCacheSim's cache.h has one function table per eviction. */
+typedef struct {
+    const char *name;
+    /* Sets the queue sizes and state the policy keeps; -1 with an exception set. */
+    int (*init)(IndexObject *x);
+    /* The queue a new key enters. */
+    int entry_queue;
+    /* A hit's effect on the order of resident node i. */
+    void (*touch)(IndexObject *x, int32_t i);
+    /* Evicts one entry to make room before an insert (NULL: the policy makes room after it);
+     * its key goes to `evicted` when that is not NULL. */
+    int (*evict)(IndexObject *x, PyObject *evicted);
+    /* After key was inserted: the evictions the policy makes then (NULL: none). */
+    int (*settle)(IndexObject *x, uint64_t key, PyObject *evicted);
+    /* The node the policy would evict next, without evicting it; -1 when empty. */
+    int32_t (*victim)(const IndexObject *x);
+} Eviction;
+
+/* lru, sieve, s3fifo, wtinylfu: the policies an index is created with, by name. */
+extern const Eviction *const EVICTIONS[];
+extern const int N_EVICTIONS;
+
+struct IndexObject {
+    PyObject_HEAD
+    Node *nodes;
+    int32_t nodes_cap;
+    int32_t free_head;
+    int32_t head[N_QUEUES], tail[N_QUEUES];
+    long long bytes[N_QUEUES];
+    int32_t hand;
+    const Eviction *ev;
+    int has_evicted;
+    long long count;   /* resident entries */
+    long long ghosts;  /* keys in the ghost queue */
+    int32_t *table;
+    uint64_t mask;
+    long long capacity;
+    long long max_charge;  /* the largest charge the index stores */
+    long long small_capacity;
+    long long ghost_capacity;
+    long long protected_capacity;
+    long long used;
+    long long evictions, evicted_bytes, evicted_unread, evicted_unread_bytes;
+    long long resident_unread, resident_unread_bytes;
+    Sketch sketch;  /* wtinylfu */
+};
+
+extern PyTypeObject IndexType;
+
+static inline uint64_t slot_of(uint64_t key, uint64_t mask) {
+    return (key * 0x9e3779b97f4a7c15ULL) >> 17 & mask;
+}
+
+/* The table slot holding key, or -(free slot) - 1. */
+static inline int64_t index_find_slot(const IndexObject *x, uint64_t key) {
+    uint64_t s = slot_of(key, x->mask);
+    for (;;) {
+        int32_t n = x->table[s];
+        if (n == 0) return -(int64_t)s - 1;
+        if (x->nodes[n - 1].key == key) return (int64_t)s;
+        s = (s + 1) & x->mask;
+    }
+}
+
+/* The resident node of key, or -1 (a ghost is not resident). */
+static inline int32_t index_find(const IndexObject *x, uint64_t key) {
+    int64_t s = index_find_slot(x, key);
+    if (s < 0) return -1;
+    int32_t i = x->table[s] - 1;
+    return x->nodes[i].queue == Q_GHOST ? -1 : i;
+}
+
+static inline void list_unlink(IndexObject *x, int32_t i) {
+    Node *n = &x->nodes[i];
+    int q = n->queue;
+    if (x->hand == i) x->hand = n->prev;
+    if (n->prev >= 0) x->nodes[n->prev].next = n->next; else x->head[q] = n->next;
+    if (n->next >= 0) x->nodes[n->next].prev = n->prev; else x->tail[q] = n->prev;
+    x->bytes[q] -= n->charge;
+}
+
+static inline void list_push_front(IndexObject *x, int32_t i, int q) {
+    Node *n = &x->nodes[i];
+    n->queue = (uint8_t)q;
+    n->prev = -1;
+    n->next = x->head[q];
+    if (x->head[q] >= 0) x->nodes[x->head[q]].prev = i; else x->tail[q] = i;
+    x->head[q] = i;
+    x->bytes[q] += n->charge;
+}
+
+static inline void index_touch(IndexObject *x, int32_t i) { x->ev->touch(x, i); }
+
+static inline void index_record_hit(IndexObject *x, int32_t i) {
+    Node *n = &x->nodes[i];
+    if (n->hits == 0) {
+        x->resident_unread--;
+        x->resident_unread_bytes -= n->size;
+    }
+    n->hits++;
+}
+
+/* Stores key (replacing it), evicting until it fits; appends the evicted keys to `evicted`
+ * when it is not NULL. The caller checked charge <= max_charge. */
+int index_put(IndexObject *x, uint64_t key, long long size, long long charge, long long hits,
+              double stored_at, PyObject *evicted);
+/* A resident node leaves the store's counts (it is unlinked already). */
+void index_forget(IndexObject *x, Node *n);
+/* Unlinks node i found at table slot s and frees it; a resident one leaves the counts. */
+void index_drop(IndexObject *x, int32_t i, uint64_t s);
+/* Counts node i's eviction and reports its key; the caller then removes it. */
+int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted);
+/* Evicts node i: counted, reported and removed. */
+int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted);
+
+/* admission.c */
+
+enum {
+    A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW, A_ADAPTIVE
+};
+
+typedef struct {
+    PyObject_HEAD
+    int kind;
+    WindowObject *window;
+    IndexObject *index;
+    BloomObject *doorkeeper;
+    PyObject *sizer;
+    Sketch sketch;
+    int threshold;
+    double probability;
+    uint64_t rng;
+    long long limit;
+    long long halvings;
+    long long admitted;
+    long long rejected;
+    /* adaptive */
+    PyObject *candidates;  /* tuple of Admission: each candidate, deciding for the store */
+    PyObject *shadows;     /* tuple of StoreIndex: each candidate's shadow cache */
+    PyObject *shadow_policies;  /* tuple of Admission: each candidate, for its shadow */
+    double *scores;
+    int choice;
+    uint64_t sample_below;
+    long long overhead;
+    long long period;
+    long long sampled;
+    long long margin_hits;
+    long long switches;
+} AdmissionObject;
+
+extern PyTypeObject AdmissionType;
+/* 1 admit, 0 not, -1 error. */
+int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
+int admission_age(AdmissionObject *a);
+int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
+
+/* Every request, hit or miss, once its size is known: TinyLFU counts them all, adaptive
+ * feeds its candidates and shadows; the others ignore it. */
+static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2,
+                                    long long size, double now) {
+    if (a->kind == A_ADAPTIVE) return adaptive_observe(a, h1, h2, size, now);
+    if (a->kind != A_TINYLFU) return 0;
+    h2 = second_hash(h1);
+    if (bloom_add(a->doorkeeper, h1, h2)) sketch_add(&a->sketch, h1, h2);
+    else a->sketch.added++;
+    if (a->sketch.added >= a->sketch.period) return admission_age(a);
+    return 0;
+}
+
+/* simulate.c */
+
+PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *py_hash_ids(PyObject *module, PyObject *args);
+PyObject *py_footprint(PyObject *module, PyObject *args);
+
+/* fields.c */
+
+PyObject *py_index_fields(PyObject *module, PyObject *pairs);
+PyObject *py_end_to_end(PyObject *module, PyObject *args);
+PyObject *py_indexed_fields(PyObject *module, PyObject *args);
+PyObject *py_field_lines(PyObject *module, PyObject *pairs);
+
+#endif
