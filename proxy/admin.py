@@ -19,7 +19,8 @@ from aiohttp import web
 
 from proxy.config import AdminSection
 from proxy.core.stats import GAUGES, METRICS
-from proxy.server import Proxy, cache_key
+from proxy.routing import cache_key
+from proxy.server import Proxy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

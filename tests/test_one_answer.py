@@ -193,7 +193,8 @@ async def test_every_path_gives_one_answer_and_one_count(three, stored, asked):
         answers = []
         for proxy in three.proxies:
             answers.append(await exchange(proxy.proxy_address, request, method))
-            while proxy.proxy._background:  # a stale-while-revalidate refresh: let it land
+            # A stale-while-revalidate refresh: let it land.
+            while proxy.proxy.revalidation.background:
                 await asyncio.sleep(0.005)
         assert answers[0] == answers[1] == answers[2], (request, *answers)
         counts = [asdict(proxy.proxy.engine.counters) for proxy in three.proxies]

@@ -233,7 +233,7 @@ async def test_the_hosts_the_compiled_path_knows_are_bounded():
     proxy = pair.compiled
     for i in range(1500):
         proxy.answer_hit(pair.parse(f"GET /a HTTP/1.1\r\nHost: h{i}.test\r\n\r\n".encode()), "", "")
-    assert len(proxy._routed_hosts) == 1024
+    assert len(proxy.hits.routed_hosts) == 1024
 
 
 # Requests read from their bytes (``PlainHits.answer_bytes``): the same answers and counts as

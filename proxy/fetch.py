@@ -1,0 +1,461 @@
+"""Fetching from the origin for the cache: misses, collapsed onto one fetch, relayed as they
+arrive and stored when they end whole.
+
+* A GET miss fetches the whole object without the client's conditionals and Range and answers
+  them from it (304, 206, 416). A response that will not be stored and was fetched without
+  fields the client sent is asked for again with them.
+* Bodies stream: the first bytes go to the client as they arrive, and a copy is kept only of a
+  body that will be stored (or that collapsed requests wait for), up to ``max_object_size``.
+  It is stored when it ends whole; a body cut short is never stored, and the client's
+  connection is closed so it cannot mistake it for a whole one.
+* Concurrent GET misses of one URL share one origin fetch (single flight). When the leader's
+  fetch fails, one follower leads the next try; a response that may not be shared (not
+  cacheable, too large) sends the followers to the origin at once, and the URL goes straight
+  there for ``[cache] hit_for_miss`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+
+import aiohttp
+from aiohttp import web
+
+from proxy.answers import CACHE, abort, at_once, interim, mark, plain, relay_head, whole
+from proxy.coalesce import Flight, SingleFlight
+from proxy.config import Config
+from proxy.core import rfc9111
+from proxy.core.engine import (
+    CLIENT_ASKS,
+    FETCH_WHOLE,
+    Answer,
+    CacheEngine,
+    Fetch,
+    Keep,
+    NotStored,
+    RequestMeta,
+    ResponseMeta,
+    response_meta,
+)
+from proxy.core.store import Entry
+from proxy.fastpath import LaneRequest, Written
+from proxy.pool import OriginResponse, Sent
+from proxy.routing import Router
+from proxy.shared import SharedSecondHit
+from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
+
+log = logging.getLogger("onehit.proxy")
+
+BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A whole origin response, kept for the requests collapsed onto its fetch."""
+
+    meta: ResponseMeta
+    body: bytes
+    request_headers: rfc9111.Headers
+
+
+# A flight's result that sends its followers to the origin at once: the response may not be
+# shared (not cacheable, or too large to keep).
+GO_DIRECT = Shared(ResponseMeta(cacheable=False), b"", ())
+
+
+class Fetcher:
+    """The origin side of the cache: fetches, their single flights, and the engine's
+    decisions on what comes back."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: CacheEngine,
+        upstream: Upstream,
+        router: Router,
+        clock: Callable[[], float],
+        shared: SharedSecondHit | None,
+    ) -> None:
+        self.engine = engine
+        self.upstream = upstream
+        self.router = router
+        self.clock = clock
+        self.shared = shared
+        self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
+        self.max_object = engine.store.max_object_bytes
+        self.allow_set_cookie = config.cache.store_set_cookie
+        # Misses a ``PendingMiss`` answered as their origin response arrived (also counted
+        # among the engine's misses).
+        self.fast_misses = 0
+
+    async def collapsed_fetch(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
+    ) -> web.StreamResponse:
+        """Lead the URL's flight, or follow it and answer from what its leader fetched."""
+        deadline: float | None = None  # set when first following (few requests do)
+        while True:
+            flight = self.flights.lead(meta.key)
+            if flight is not None:
+                return await self.led_fetch(request, meta, url, action, flight)
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
+            shared = await self.flights.follow(meta.key, deadline)
+            if shared is not None and shared is not GO_DIRECT and _same_variant(shared, meta):
+                return await self._collapsed(meta, shared)
+            if shared is not None or asyncio.get_running_loop().time() >= deadline:
+                return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
+            # The leader failed: the key is free, and the first follower awake leads next.
+
+    async def led_fetch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Fetch,
+        flight: Flight[Shared],
+        sent: Sent | None = None,
+        request_time: float = 0.0,
+    ) -> web.StreamResponse:
+        """``fetch`` by the leader of ``flight``, which it lands with what it fetched."""
+        result: Shared | None = None
+        try:
+            response, result = await self.fetch(request, meta, url, action, flight, sent,
+                                                request_time)  # fmt: skip
+            return response
+        finally:
+            self.flights.end(meta.key, flight, result)
+
+    async def _collapsed(self, meta: RequestMeta, shared: Shared) -> web.StreamResponse:
+        """Answer from the response another request fetched; it counts as this request's
+        sighting of the URL too, so a burst of misses can store it."""
+        size = len(shared.body)
+        admitted = await self.ask_fleet(meta, shared.meta, size)
+        outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
+                                        payload=shared.body, admitted=admitted)  # fmt: skip
+        detail = f"; detail={outcome.reason}" if isinstance(outcome, NotStored) else "; stored"
+        status = f"{CACHE}; fwd=uri-miss; collapsed" + detail
+        age = shared.meta.initial_age
+        return self.cached(meta, shared.meta.status, shared.meta.headers, shared.body, status,
+                           "MISS", age)  # fmt: skip
+
+    def cached(
+        self,
+        meta: RequestMeta,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        cache_status: str,
+        x_cache: str,
+        age: float,
+    ) -> web.Response:
+        """A body in hand answered whole, to the client's conditionals and Range too."""
+        answer = self.engine.answer(meta, status, headers, len(body))
+        return whole(answer, status, headers, body, cache_status, x_cache, age)
+
+    def from_cache(
+        self, meta: RequestMeta, entry: Entry, age: float, cache_status: str, x_cache: str
+    ) -> web.Response:
+        """A stored response answered."""
+        return self.cached(meta, entry.status, entry.headers, entry.payload, cache_status,
+                           x_cache, age)  # fmt: skip
+
+    async def fetch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Fetch,
+        flight: Flight[Shared] | None = None,
+        sent: Sent | None = None,
+        request_time: float = 0.0,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Fetch ``url`` as ``action`` says (``sent``: the request ``start`` already wrote,
+        at ``request_time``), and what collapsed requests may share of it."""
+        headers = []
+        if sent is None:
+            request_time = self.clock()
+            headers = self.router.upstream_headers(meta, whole=action.whole)
+        try:
+            upstream = await self.upstream.request(
+                meta.method, url, headers, sent=sent, interim=interim(request)
+            )
+        except UpstreamError as exc:
+            status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
+            return plain(exc.status, exc.public, status), None
+        async with upstream:
+            return await self.receive(request, meta, url, upstream, request_time, action, flight)
+
+    async def receive(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        upstream: UpstreamResponse,
+        request_time: float,
+        action: Fetch,
+        flight: Flight[Shared] | None,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Relay an origin response, keeping a copy of its body when it will be stored or when
+        collapsed requests wait for it, and answering the client's own conditionals and Range
+        when it was fetched whole."""
+        headers = fields_of(upstream)
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
+        decision = (
+            self.engine.on_response_head(meta, rmeta, length, self.clock())
+            if self.shared is None
+            else await self.decide(meta, rmeta, length)
+        )
+        if action.whole and not (rmeta.cacheable and fits) and _asks(request):
+            # Not stored, so the client's own conditionals and Range are the origin's to answer.
+            upstream.close()
+            again = replace(action, whole=False, collapse=False)
+            return (await self.fetch(request, meta, url, again))[0], GO_DIRECT
+        answer, cache_status, arrived, parts, out = self._relay(
+            request, meta, upstream, action, flight, headers, rmeta, decision, fits
+        )
+        if out is not None:
+            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+        out = relay_head(answer, upstream, headers, length)
+        mark(out, cache_status, "MISS")
+        total, parts, too_large, ended = await self._stream(
+            request, meta, url, upstream, answer, out, arrived, parts
+        )
+        if not ended:
+            self.engine.finish(meta, decision, total, self.clock(), complete=False)
+            return out, None
+        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits)
+
+    def receive_now(
+        self,
+        request: LaneRequest,
+        meta: RequestMeta,
+        upstream: OriginResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+        flight: Flight[Shared],
+    ) -> tuple[Written, Shared | None]:
+        """``receive`` of a plain GET miss's whole response (``headers``: its end-to-end
+        fields), to be written at once: ``PendingMiss`` asks only for such a response."""
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
+        decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        _, _, arrived, parts, out = self._relay(
+            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits
+        )
+        assert out is not None, "PendingMiss offered an answer that cannot be written at once"
+        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+
+    def _judge(
+        self,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+    ) -> tuple[ResponseMeta, int | None, bool]:
+        """The engine's view of an origin response, its length if known, and whether that
+        length fits the store."""
+        rmeta = self.response_meta(meta, upstream.status, headers, request_time)
+        length = upstream.content_length
+        return rmeta, length, length is None or length <= self.max_object
+
+    def _relay(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        action: Fetch,
+        flight: Flight[Shared] | None,
+        headers: rfc9111.Fields,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        fits: bool,
+    ) -> tuple[Answer, str, bytes, list[bytes] | None, Written | None]:
+        """How the client is answered from a decided origin response: the answer, its
+        Cache-Status, the body bytes that came with the head, the copy of the body to keep
+        (None: none), and the answer itself when it was written at once (``at_once``)."""
+        share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
+        keep = type(decision) is Keep or share
+        length = upstream.content_length
+        answer = (
+            self.engine.answer(meta, upstream.status, headers, length)
+            if action.whole
+            else Answer(upstream.status)
+        )
+        detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
+        cache_status = f"{CACHE}; fwd={action.reason}{detail}"
+        arrived = in_hand(upstream)
+        parts: list[bytes] | None = [] if keep else None
+        out = at_once(request, upstream, answer, headers, cache_status, arrived, length)
+        if out is not None and parts is not None:
+            parts.append(arrived)
+        return answer, cache_status, arrived, parts, out
+
+    def _settled(
+        self,
+        meta: RequestMeta,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        total: int,
+        parts: list[bytes] | None,
+        too_large: bool,
+        fits: bool,
+    ) -> Shared | None:
+        """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
+        kept of it), and what collapsed requests may share of it."""
+        body = b"".join(parts) if parts is not None else b""
+        # A copy dropped past the max object size leaves a size the store refuses: too large.
+        self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
+            return GO_DIRECT
+        if parts is None or rmeta.status >= 500:
+            return None  # nothing to share: one follower fetches next
+        return Shared(rmeta, body, meta.headers)
+
+    async def _stream(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        upstream: UpstreamResponse,
+        answer: Answer,
+        out: web.StreamResponse,
+        arrived: bytes,
+        parts: list[bytes] | None,
+    ) -> tuple[int, list[bytes] | None, bool, bool]:
+        """Write ``out``'s head and the part of the origin's body ``answer`` asks for as it
+        arrives, keeping a copy in ``parts`` (when given) up to the max object size. Returns
+        the bytes read of the body, the copy (None once dropped), whether it was dropped for
+        its size, and whether the body ended whole (when it failed, the client's connection
+        is cut once its head is out)."""
+        length = upstream.content_length
+        sending = _wanted_bytes(answer, upstream.status, length)
+        if arrived and sending is not None and sending[0] < len(arrived):
+            # The head goes out with the body bytes already in hand, in one write: never
+            # later than it would alone, since the first of those bytes is written at once.
+            out._send_headers_immediately = False
+        await out.prepare(request)
+        total = 0
+        too_large = abandoned = False
+        chunks = body_of(arrived, upstream.content)
+        try:
+            if sending is None:
+                await _send(out, b"", eof=True)
+            if sending is not None or parts is not None:
+                async for chunk in chunks:
+                    start = total
+                    total += len(chunk)
+                    if parts is not None:
+                        parts.append(chunk)
+                        if total > self.max_object:
+                            parts, too_large = None, True  # stream the rest, keep nothing
+                    if sending is not None:
+                        first, last = sending
+                        # start <= last here: the chunk that passes ``last`` ends the answer.
+                        piece = chunk[max(0, first - start) : last + 1 - start]
+                        done = total > last
+                        if not await _send(out, piece, eof=done) or done:
+                            sending = None  # answered, or the client left
+                    if sending is None and parts is None:
+                        abandoned = True  # the client has its answer and nothing is kept
+                        break
+            if sending is not None:
+                await _send(out, b"", eof=True)
+        except BODY_ERRORS as exc:
+            log.warning(
+                "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
+            )
+            if sending is not None:
+                abort(request)  # the headers are gone: a cut connection is the honest signal
+            return total, parts, too_large, False
+        finally:
+            await chunks.aclose()
+        if abandoned and length is not None:
+            total = length
+        return total, parts, too_large, True
+
+    def response_meta(
+        self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float
+    ) -> ResponseMeta:
+        """The engine's view of an origin response, under this proxy's cookie settings."""
+        return response_meta(
+            meta, status, fields, request_time, self.clock(),
+            allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
+        )  # fmt: skip
+
+    async def decide(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
+    ) -> Keep | NotStored:
+        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
+        admitted = await self.ask_fleet(meta, rmeta, length)
+        return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
+
+    async def ask_fleet(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
+    ) -> bool | None:
+        """The fleet's admission answer when the engine would consult its policy (the one
+        place a response awaits the admission backend); None without a fleet."""
+        if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
+            return await self.shared.admit(meta.key, length or 0, self.clock())
+        return None
+
+
+def fields_of(upstream: UpstreamResponse) -> rfc9111.Fields:
+    """An origin response's end-to-end fields (hop-by-hop ones stripped), indexed."""
+    fields = upstream.fields if type(upstream) is OriginResponse else upstream.headers.items()
+    return rfc9111.end_to_end_fields(fields)
+
+
+def in_hand(upstream: UpstreamResponse) -> bytes:
+    """The body bytes that arrived with the head, b"" if none; a body that already failed
+    gives b"", and its failure is met when the rest is read."""
+    try:
+        if type(upstream) is OriginResponse:
+            return upstream.in_hand()
+        return upstream.content.read_nowait()
+    except BODY_ERRORS:
+        return b""
+
+
+async def body_of(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """``first``, then the rest of a body as it arrives."""
+    if first:
+        yield first
+    async for chunk in content.iter_any():
+        yield chunk
+
+
+async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
+    """Write to the client; False when it has gone (the origin's body may still be worth
+    reading to the end, to be stored)."""
+    try:
+        if eof:
+            await out.write_eof(data)
+        elif data:
+            await out.write(data)
+    except ConnectionError:
+        return False
+    return True
+
+
+def _wanted_bytes(answer: Answer, status: int, length: int | None) -> tuple[int, int] | None:
+    """The bytes (first, last) of the origin's ``status`` body that the client gets; None for
+    none."""
+    if answer.status == status:
+        return 0, (length - 1 if length is not None else 1 << 62)
+    if answer.status == 206:
+        return answer.first, answer.last
+    return None
+
+
+def _asks(request: web.BaseRequest) -> bool:
+    """Whether the client sent fields a whole-object fetch left out."""
+    return any(k.lower() in CLIENT_ASKS for k in request.headers)
+
+
+def _same_variant(shared: Shared, meta: RequestMeta) -> bool:
+    names = shared.meta.vary
+    return not names or rfc9111.vary_key(names, meta.headers) == rfc9111.vary_key(
+        names, shared.request_headers
+    )

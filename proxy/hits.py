@@ -1,0 +1,170 @@
+"""Plain fresh hits answered as soon as they are parsed: the Python answerer and its compiled
+common case, which give the same bytes and counts as the request handler.
+
+* Plain: GET or HEAD, HTTP/1.1 keep-alive, an origin-form target and fields within the limits,
+  a routed Host, no body, no precondition (a validator or a Range is answered from the stored
+  response: 304, 206, 416), and a stored response whose status has a body. Anything else is
+  declined, with nothing counted, and the request handler answers it.
+* The head every hit on an entry writes the same is rendered once per stored response
+  (``cached_head``); each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where the
+  origin sent none, ``Date``.
+* The compiled answerer (``plain_hits``, ``proxy/_hits.c``) finds and counts a hit as
+  ``CacheEngine.fresh_plain`` and ``served`` do, and writes the bytes ``answer`` would; what it
+  declines ``answer`` decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import HttpVersion11
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http_parser import RawRequestMessage
+
+from proxy._hits import PlainHits
+from proxy.answers import CACHE, VIA, span
+from proxy.core._native import hash64
+from proxy.core.cached import cached_head, render
+from proxy.core.engine import (
+    ANSWERED_FIELDS,
+    NOT_FAST,
+    RULE_FIELDS,
+    Answer,
+    CacheEngine,
+    fast_path_may_take,
+)
+from proxy.core.store import Entry
+from proxy.fastpath import JOIN_BELOW
+from proxy.routing import Router, fields_size, hosts
+
+# Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
+# a part whose range the handler writes (206).
+_NOT_PLAIN = frozenset({204, 206, 304})
+# The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
+_HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
+_PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
+# Valid routed Host values the compiled plain hit knows; any other Host goes through
+# ``hosts``, which is cached as widely.
+ROUTED_HOSTS_MAX = 1024
+
+
+class HitAnswers:
+    """The answerers of plain fresh hits over one engine and one router."""
+
+    def __init__(self, engine: CacheEngine, router: Router, clock: Callable[[], float]) -> None:
+        self.engine = engine
+        self.router = router
+        self.clock = clock
+        self.answered = 0  # hits ``answer`` answered (also counted among the engine's)
+        self.routed_hosts: dict[bytes, str] = {}
+        state = engine.hit_state()
+        self.plain_hits = PlainHits(
+            entries=state.entries,
+            vary=state.vary,
+            index=state.index,
+            counters=state.counters,
+            observe=state.observe,
+            hash=hash64,
+            clock=clock,
+            date=rfc822_formatted_time,
+            hosts=self.routed_hosts,
+            declined=tuple(sorted(name.encode() for name in NOT_FAST | RULE_FIELDS)),
+            per_hit=_HIT_STATUS,
+            max_url=router.max_url,
+            max_headers=router.max_headers,
+            join_below=JOIN_BELOW,
+        )
+
+    @property
+    def fast_hits(self) -> int:
+        """Hits answered as soon as they were parsed (also counted among the engine's hits)."""
+        return self.answered + self.plain_hits.answered
+
+    def answer(
+        self, message: RawRequestMessage, remote: str, scheme: str
+    ) -> tuple[bytes, bytes, int] | None:
+        """The whole answer to a plain fresh hit (bytes to write, then a large body to write
+        apart or b"", and the status), counted as the handler counts one; None, with nothing
+        counted, for any other request."""
+        fields = message.headers
+        names = set(map(str.lower, fields))
+        kept_alive = message.version == HttpVersion11 and not message.should_close
+        if (
+            message.upgrade
+            or message.chunked
+            or not fast_path_may_take(message.method, kept_alive, names)
+        ):
+            return None
+        method = message.method
+        path = message.path
+        router = self.router
+        if (
+            not path.startswith("/")
+            or len(path) > router.max_url
+            or fields_size(message.raw_headers) > router.max_headers
+        ):
+            return None
+        host = fields.get("Host")
+        host_pair = None if host is None else hosts(host)
+        if host_pair is None or not router.routed(host_pair[0]):
+            return None
+        if len(self.routed_hosts) < ROUTED_HOSTS_MAX:
+            self.routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{host_pair[1]}"
+        now = self.clock()
+        meta = None
+        key = f"http://{host_pair[1]}{path}"
+        engine = self.engine
+        if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
+            hit = engine.fresh_plain(key, now)
+        else:
+            meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
+            hit = engine.fresh(meta, now)
+        if hit is None:
+            return None
+        entry = hit.entry
+        rendered = entry.rendered
+        if rendered is None:
+            rendered = entry.rendered = _render(entry)
+        if rendered is False:
+            return None
+        engine.served(key, hit, now)
+        self.answered += 1
+        age = int(hit.age)
+        ttl = int(entry.lifetime - hit.age)
+        head, dated = rendered
+        per_hit = _PER_HIT % (ttl, age)
+        if not dated:
+            per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+        body = entry.payload
+        status = entry.status
+        if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):
+            answer = engine.answer(meta, entry.status, entry.headers, len(entry.payload))
+            if answer.status != entry.status:
+                head, body = _render_part(entry, answer)
+                status = answer.status
+        if method == "HEAD":
+            return b"".join((head, per_hit, b"\r\n")), b"", status
+        if len(body) < JOIN_BELOW:
+            return b"".join((head, per_hit, b"\r\n", body)), b"", status
+        return b"".join((head, per_hit, b"\r\n")), body, status
+
+
+def _render(entry: Entry) -> tuple[bytes, bool] | bool:
+    """What every hit on ``entry`` writes the same, built once per stored response: the head
+    of its answer without the per-answer fields (``cached_head``), and whether it holds a
+    Date. False for a status ``answer`` leaves to the handler."""
+    if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
+        return False
+    size = len(entry.payload)
+    head = cached_head(entry.status, entry.headers, entry.status, 0, size - 1, size,
+                       x_cache="HIT", via=VIA)  # fmt: skip
+    return render(head), head.dated
+
+
+def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes | memoryview]:
+    """The head (without its per-answer fields) and body of a 304, 206 or 416 from
+    ``entry``: a part of the stored body, never a copy."""
+    size = len(entry.payload)
+    head = cached_head(entry.status, entry.headers, answer.status, answer.first, answer.last,
+                       size, x_cache="HIT", via=VIA)  # fmt: skip
+    return render(head), span(entry.payload, head)
