@@ -14,7 +14,8 @@
  *   fields the HTTP rules read: validators, Range, Cache-Control, Cookie...), a Host the proxy
  *   has already validated and routed (`hosts`, which the proxy fills), a URL without stored
  *   variants, and a stored entry that is fresh with no request directives, carries no
- *   `no-cache`, and whose head the proxy has rendered (`Entry.rendered`).
+ *   `no-cache`, and whose head the proxy has rendered from its current fields
+ *   (`ServedEntry.rendered`, whose third item is the `headers` it was rendered from).
  * - A hit is found and counted as CacheEngine.fresh_plain and CacheEngine.served find and
  *   count it: the entry by its key's hash and its key, its age as Entry.age computes it, and
  *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, and the
@@ -66,14 +67,14 @@ typedef struct {
 
 enum {
     A_METHOD, A_VERSION, A_SHOULD_CLOSE, A_UPGRADE, A_CHUNKED, A_PATH, A_RAW_HEADERS,
-    A_KEY, A_INITIAL_AGE, A_STORED_AT, A_LIFETIME, A_DIRECTIVES, A_RENDERED, A_STATUS,
-    A_PAYLOAD, A_SIZE, A_REQUESTS, A_HITS, A_HIT_BYTES, A_BYTES_SERVED, A_COUNT
+    A_KEY, A_INITIAL_AGE, A_STORED_AT, A_LIFETIME, A_DIRECTIVES, A_RENDERED, A_HEADERS,
+    A_STATUS, A_PAYLOAD, A_SIZE, A_REQUESTS, A_HITS, A_HIT_BYTES, A_BYTES_SERVED, A_COUNT
 };
 
 static Attr attrs[A_COUNT] = {
     {"method"}, {"version"}, {"should_close"}, {"upgrade"}, {"chunked"}, {"path"},
     {"raw_headers"}, {"key"}, {"initial_age"}, {"stored_at"}, {"lifetime"}, {"directives"},
-    {"rendered"}, {"status"}, {"payload"}, {"size"}, {"requests"}, {"hits"}, {"hit_bytes"},
+    {"rendered"}, {"headers"}, {"status"}, {"payload"}, {"size"}, {"requests"}, {"hits"}, {"hit_bytes"},
     {"bytes_served"},
 };
 
@@ -497,7 +498,7 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
  * PlainHits.answer describes it. */
 static PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) {
     PyObject *key = NULL, *hash = NULL, *entry = NULL, *now_obj = NULL, *rendered = NULL,
-             *body = NULL, *status = NULL, *result = NULL;
+             *headers = NULL, *body = NULL, *status = NULL, *result = NULL;
     PyObject *origin = PyDict_GetItemWithError(self->hosts, host);
     if (origin == NULL)
         goto done;
@@ -519,10 +520,15 @@ static PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int
         goto done;
     }
     rendered = get(entry, &attrs[A_RENDERED]);
-    body = rendered ? get(entry, &attrs[A_PAYLOAD]) : NULL;
+    if (rendered == NULL)
+        PyErr_Clear(); /* an Entry a driver did not make keeps no rendered head: declined */
+    headers = rendered ? get(entry, &attrs[A_HEADERS]) : NULL;
+    body = headers ? get(entry, &attrs[A_PAYLOAD]) : NULL;
     status = body ? get(entry, &attrs[A_STATUS]) : NULL;
-    if (status == NULL || !PyTuple_Check(rendered) || PyTuple_GET_SIZE(rendered) != 2 ||
-        !PyBytes_Check(PyTuple_GET_ITEM(rendered, 0)) || !PyBytes_Check(body))
+    /* Rendered from the entry's current fields: a refresh gives it new ones. */
+    if (status == NULL || !PyTuple_Check(rendered) || PyTuple_GET_SIZE(rendered) != 3 ||
+        !PyBytes_Check(PyTuple_GET_ITEM(rendered, 0)) ||
+        PyTuple_GET_ITEM(rendered, 2) != headers || !PyBytes_Check(body))
         goto done;
     if (count_hit(self, key, entry, hash, now_obj) < 0)
         goto done;
@@ -534,6 +540,7 @@ done:
     Py_XDECREF(entry);
     Py_XDECREF(now_obj);
     Py_XDECREF(rendered);
+    Py_XDECREF(headers);
     Py_XDECREF(body);
     Py_XDECREF(status);
     if (result == NULL && !PyErr_Occurred())

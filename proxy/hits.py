@@ -6,8 +6,9 @@ common case, which give the same bytes and counts as the request handler.
   response: 304, 206, 416), and a stored response whose status has a body. Anything else is
   declined, with nothing counted, and the request handler answers it.
 * The head every hit on an entry writes the same is rendered once per stored response
-  (``cached_head``); each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where the
-  origin sent none, ``Date``.
+  (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
+  ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
+  the origin sent none, ``Date``.
 * The compiled answerer (``plain_hits``, ``proxy/_hits.c``) finds and counts a hit as
   ``CacheEngine.fresh_plain`` and ``served`` do, and writes the bytes ``answer`` would; what it
   declines ``answer`` decides.
@@ -16,6 +17,8 @@ common case, which give the same bytes and counts as the request handler.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import HttpVersion11
 from aiohttp.helpers import rfc822_formatted_time
@@ -48,6 +51,16 @@ _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
 ROUTED_HOSTS_MAX = 1024
 
 
+@dataclass(slots=True, eq=False)
+class ServedEntry(Entry):
+    """A stored response, with the head its hits write (``rendered``): (the head without its
+    per-answer fields, or None when the handler answers its hits; whether it holds a Date; the
+    ``headers`` it was rendered from). A refresh gives the entry new headers, and so a new
+    head at its next hit."""
+
+    rendered: Any = None
+
+
 class HitAnswers:
     """The answerers of plain fresh hits over one engine and one router."""
 
@@ -57,6 +70,7 @@ class HitAnswers:
         self.clock = clock
         self.answered = 0  # hits ``answer`` answered (also counted among the engine's)
         self.routed_hosts: dict[bytes, str] = {}
+        engine.entry_type = ServedEntry
         state = engine.hit_state()
         self.plain_hits = PlainHits(
             entries=state.entries,
@@ -122,16 +136,18 @@ class HitAnswers:
         if hit is None:
             return None
         entry = hit.entry
-        rendered = entry.rendered
-        if rendered is None:
-            rendered = entry.rendered = _render(entry)
-        if rendered is False:
+        rendered = getattr(entry, "rendered", None)
+        if rendered is None or rendered[2] is not entry.headers:
+            rendered = _render(entry)
+            if type(entry) is ServedEntry:
+                entry.rendered = rendered
+        head, dated, _ = rendered
+        if head is None:
             return None
         engine.served(key, hit, now)
         self.answered += 1
         age = int(hit.age)
         ttl = int(entry.lifetime - hit.age)
-        head, dated = rendered
         per_hit = _PER_HIT % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
@@ -149,16 +165,17 @@ class HitAnswers:
         return b"".join((head, per_hit, b"\r\n")), body, status
 
 
-def _render(entry: Entry) -> tuple[bytes, bool] | bool:
-    """What every hit on ``entry`` writes the same, built once per stored response: the head
-    of its answer without the per-answer fields (``cached_head``), and whether it holds a
-    Date. False for a status ``answer`` leaves to the handler."""
+def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:
+    """What every hit on ``entry`` writes the same (``ServedEntry.rendered``): the head of its
+    answer without the per-answer fields (``cached_head``), None for a status ``answer``
+    leaves to the handler."""
+    headers = entry.headers
     if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
-        return False
+        return None, False, headers
     size = len(entry.payload)
-    head = cached_head(entry.status, entry.headers, entry.status, 0, size - 1, size,
+    head = cached_head(entry.status, headers, entry.status, 0, size - 1, size,
                        x_cache="HIT", via=VIA)  # fmt: skip
-    return render(head), head.dated
+    return render(head), head.dated, headers
 
 
 def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes | memoryview]:

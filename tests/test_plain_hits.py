@@ -221,6 +221,22 @@ async def test_the_compiled_path_declines_an_entry_until_its_head_is_rendered():
     assert pair.compiled.engine.stats()["hits"] == 0
 
 
+async def test_rfc9111_4_3_4_a_head_rendered_before_a_304_refresh_is_rendered_again_on_both_paths():
+    pair = Pair()
+    pair.store("/a", b"x" * 100, [*DATED, ("ETag", '"v1"')])
+    pair.warm(get())
+    for proxy in (pair.compiled, pair.python):
+        entry = next(iter(proxy.engine.store.by_hash.values()))
+        proxy.engine.on_not_modified(entry, [("ETag", '"v2"'), ("X-Fresh", "yes")], NOW, NOW)
+    # Rendered from the old fields: the compiled path declines; the Python one renders anew.
+    assert pair.compiled.plain_hits.answer(pair.parse(get()), "", "") is None
+    pair.warm(get())
+    compiled, python = pair.answers(get())
+    assert compiled is not None and compiled == python
+    assert b"ETag: \"v2\"\r\n" in compiled[0] and b"X-Fresh: yes\r\n" in compiled[0]
+    assert b'"v1"' not in compiled[0]
+
+
 async def test_the_compiled_path_declines_a_url_with_variants():
     pair = Pair()
     pair.store("/a", b"x" * 100, [*DATED, ("Vary", "Accept-Encoding")])

@@ -333,6 +333,9 @@ class CacheEngine:
         self.max_variants = max_variants
         self.ignore_cookies = ignore_cookies
         self.counters = Counters()
+        # The class of the entries stored: a driver's subclass keeps what it derives from an
+        # entry (the proxy's rendered head) beside it, and the core never reads it.
+        self.entry_type: type[Entry] = Entry
         # URL -> (varied-on header names, store keys of its stored variants)
         self._vary: dict[str, tuple[tuple[str, ...], set[str]]] = {}
         # URL -> (until when it goes straight to the origin, bytes it is charged)
@@ -637,7 +640,7 @@ class CacheEngine:
             self._remember_variant(url, response.vary, decision.key)
         elif url in self._vary:
             self.invalidate(url)  # the origin stopped varying: its old variants are unreachable
-        entry = Entry(
+        entry = self.entry_type(
             decision.key,
             size,
             now,
@@ -685,7 +688,6 @@ class CacheEngine:
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
-        entry.rendered = None
         self._forget_variants(self.store.recharge(entry))
         c = self.counters
         c.revalidated += 1

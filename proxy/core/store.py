@@ -25,8 +25,8 @@ Rules this module keeps:
   million tracked entries it took about 0.6 s, a stall of every request in flight. Reference
   counting still frees an entry when it leaves. Sound because an entry can never be part of a
   reference cycle: its fields are strings, bytes, numbers, and tuples and dicts of them, and a
-  driver's ``payload`` and ``rendered`` must be the same (a cycle through an entry would never
-  be collected).
+  driver's ``payload``, and what a driver's subclass of ``Entry`` adds, must be the same (a
+  cycle through an entry would never be collected).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ class Entry:
     It is fresh while ``initial_age + (now - stored_at) < lifetime`` (RFC 9111 section 4.2);
     ``headers`` are the stored response's fields and ``directives`` its parsed cache directives
     (parsed once, read on every hit); ``payload`` is the driver's (status, body), never read by
-    the core, and ``rendered`` the driver's memo of what it derives from ``headers``.
+    the core. A driver may store a subclass (``CacheEngine.entry_type``) to keep what it
+    derives from an entry beside it.
     """
 
     key: str
@@ -61,9 +62,6 @@ class Entry:
     status: int = 200
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
     key_hash: int = field(default=0)  # the index's key, set by the store: no rehash per hit
-    # What a driver derives from ``headers`` once (a serialized response head); the engine
-    # clears it whenever ``headers`` change.
-    rendered: Any = None
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
@@ -75,7 +73,7 @@ class Entry:
 # the index's node): 1,208 B measured with tracemalloc for 7 header fields of 201 B.
 ENTRY_OVERHEAD = 1536
 # Header text that ENTRY_OVERHEAD covers, counted 4 times: the tuples and strings that hold it,
-# and a driver's rendered head (``Entry.rendered``), which holds it once more.
+# and a driver's rendered head (the proxy's ``ServedEntry.rendered``), which holds it once more.
 _HEADER_ALLOWANCE = 1024
 
 

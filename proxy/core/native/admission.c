@@ -278,33 +278,34 @@ static void Admission_dealloc(AdmissionObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *Admission_admit(AdmissionObject *self, PyObject *const *args, Py_ssize_t n) {
+/* The (key, size, now) arguments of admit and observe: 0, or -1 with an exception set. */
+static int request_args(PyObject *const *args, Py_ssize_t n, const char *usage, uint64_t *h1,
+                        uint64_t *h2, long long *size, double *now) {
     if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "admit(key, size, now)");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
     }
+    if (hash_key(args[0], h1, h2) < 0) return -1;
+    *size = PyLong_AsLongLong(args[1]);
+    if (*size == -1 && PyErr_Occurred()) return -1;
+    return window_now(args[2], now);
+}
+
+static PyObject *Admission_admit(AdmissionObject *self, PyObject *const *args, Py_ssize_t n) {
     uint64_t h1, h2;
-    if (hash_key(args[0], &h1, &h2) < 0) return NULL;
-    long long size = PyLong_AsLongLong(args[1]);
-    if (size == -1 && PyErr_Occurred()) return NULL;
+    long long size;
     double now;
-    if (window_now(args[2], &now) < 0) return NULL;
+    if (request_args(args, n, "admit(key, size, now)", &h1, &h2, &size, &now) < 0) return NULL;
     int admit = admission_admit(self, h1, h2, size, now);
     if (admit < 0) return NULL;
     return PyBool_FromLong(admit);
 }
 
 static PyObject *Admission_observe(AdmissionObject *self, PyObject *const *args, Py_ssize_t n) {
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "observe(key, size, now)");
-        return NULL;
-    }
     uint64_t h1, h2;
-    if (hash_key(args[0], &h1, &h2) < 0) return NULL;
-    long long size = PyLong_AsLongLong(args[1]);
-    if (size == -1 && PyErr_Occurred()) return NULL;
+    long long size;
     double now;
-    if (window_now(args[2], &now) < 0) return NULL;
+    if (request_args(args, n, "observe(key, size, now)", &h1, &h2, &size, &now) < 0) return NULL;
     if (admission_observe(self, h1, h2, size, now) < 0) return NULL;
     Py_RETURN_NONE;
 }
