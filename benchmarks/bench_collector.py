@@ -18,7 +18,8 @@ import statistics
 import time
 
 from proxy.config import load
-from proxy.core.engine import RequestMeta, response_meta
+from proxy.core.events import RequestMeta
+from proxy.core.responses import response_meta
 from proxy.core.store import Entry
 from proxy.service import build_engine
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from aiohttp import HttpVersion11, web
 from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 
-from proxy.core import rfc9111
+from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
 from proxy.core.cached import MARKS, NOT_MODIFIED_DROPS, CachedHead, cached_head, per_answer
-from proxy.core.engine import Answer
+from proxy.core.events import Answer
 from proxy.fastpath import LaneRequest, Written
 from proxy.pool import Fields, Interim
 from proxy.upstream import UpstreamResponse
@@ -171,7 +171,7 @@ def interim(request: web.BaseRequest) -> Interim | None:
 
     def forward(status: int, reason: str, fields: Fields) -> None:
         transport = request.transport
-        lines = field_lines(rfc9111.end_to_end(fields))
+        lines = field_lines(rfc9110.end_to_end(fields))
         if status == 100 or transport is None or transport.is_closing() or lines is None:
             return
         head = f"HTTP/1.1 {status} {reason}\r\n{lines}\r\n"

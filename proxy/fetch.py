@@ -27,19 +27,19 @@ from aiohttp import web
 from proxy.answers import CACHE, abort, at_once, interim, mark, plain, relay_head, whole
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
-from proxy.core import rfc9111
-from proxy.core.engine import (
+from proxy.core import rfc9110, rfc9111
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
     Answer,
-    CacheEngine,
     Fetch,
     Keep,
     NotStored,
     RequestMeta,
     ResponseMeta,
-    response_meta,
 )
+from proxy.core.responses import response_meta
 from proxy.core.store import Entry
 from proxy.fastpath import LaneRequest, Written
 from proxy.pool import OriginResponse, Sent
@@ -404,7 +404,7 @@ class Fetcher:
 def fields_of(upstream: UpstreamResponse) -> rfc9111.Fields:
     """An origin response's end-to-end fields (hop-by-hop ones stripped), indexed."""
     fields = upstream.fields if type(upstream) is OriginResponse else upstream.headers.items()
-    return rfc9111.end_to_end_fields(fields)
+    return rfc9110.end_to_end_fields(fields)
 
 
 def in_hand(upstream: UpstreamResponse) -> bytes:

@@ -28,14 +28,8 @@ from proxy._hits import PlainHits
 from proxy.answers import CACHE, VIA, span
 from proxy.core._native import hash64
 from proxy.core.cached import cached_head, render
-from proxy.core.engine import (
-    ANSWERED_FIELDS,
-    NOT_FAST,
-    RULE_FIELDS,
-    Answer,
-    CacheEngine,
-    fast_path_may_take,
-)
+from proxy.core.engine import CacheEngine
+from proxy.core.events import ANSWERED_FIELDS, NOT_FAST, RULE_FIELDS, Answer, fast_path_may_take
 from proxy.core.store import Entry
 from proxy.fastpath import JOIN_BELOW
 from proxy.routing import Router, fields_size, hosts

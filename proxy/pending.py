@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from proxy.coalesce import Flight
-from proxy.core import rfc9111
+from proxy.core import rfc9110
 from proxy.core.cached import MARKS
-from proxy.core.engine import FETCH_WHOLE, RequestMeta
+from proxy.core.events import FETCH_WHOLE, RequestMeta
 from proxy.fastpath import LaneRequest, Pending
 from proxy.fetch import Fetcher, Shared
 from proxy.pool import Fields, Sent
@@ -59,7 +59,7 @@ class PendingMiss(Pending):
         the lane is to answer from it instead."""
         request = self._request
         transport = request.transport
-        headers = rfc9111.end_to_end_fields(fields)
+        headers = rfc9110.end_to_end_fields(fields)
         if (
             transport is None
             or transport.is_closing()

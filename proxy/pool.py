@@ -56,7 +56,7 @@ from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from proxy._origin import parse_response
 from proxy.config import UpstreamSection
 from proxy.core._native import field_lines
-from proxy.core.rfc9111 import digits
+from proxy.core.rfc9110 import digits
 
 log = logging.getLogger("onehit.upstream")
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from proxy.answers import CACHE, interim, plain
 from proxy.core import rfc9111
-from proxy.core.engine import Fetch, Keep, RequestMeta, Revalidate
+from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
 from proxy.fetch import BODY_ERRORS, Fetcher, fields_of, in_hand
 from proxy.upstream import UpstreamError, UpstreamResponse

@@ -25,13 +25,13 @@ from multidict import CIMultiDictProxy
 
 from proxy.answers import VIA, plain, refuse_version
 from proxy.config import Config
-from proxy.core import rfc9111
-from proxy.core.engine import CLIENT_ASKS, RequestMeta
+from proxy.core import rfc9110
+from proxy.core.events import CLIENT_ASKS, RequestMeta
 
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
 FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
-_CLIENT_DROPS = rfc9111.HOP_BY_HOP | FORWARDING
+_CLIENT_DROPS = rfc9110.HOP_BY_HOP | FORWARDING
 # Client fields never passed on: the origin's Host is its own (from its URL), and a body the
 # proxy has in hand needs no 100 Continue from the origin.
 _NEVER_SENT = frozenset({"host", "expect"})
@@ -56,8 +56,8 @@ class Router:
         # whether the fetch is whole.
         denied = self.denied - FORWARDING
         self._left_out = {
-            True: rfc9111.HOP_BY_HOP | _NOT_SENT_WHOLE | denied,
-            False: rfc9111.HOP_BY_HOP | _NEVER_SENT | denied,
+            True: rfc9110.HOP_BY_HOP | _NOT_SENT_WHOLE | denied,
+            False: rfc9110.HOP_BY_HOP | _NEVER_SENT | denied,
         }
 
     def route(self, request: web.BaseRequest) -> tuple[RequestMeta, str] | web.StreamResponse:
@@ -115,7 +115,7 @@ class Router:
         # Indexed once: the cache's rules read these fields about a dozen times per miss. The
         # client's hop-by-hop fields go first, so its Connection can name only its own fields
         # away, never the ones the proxy adds.
-        fields_sent = rfc9111.end_to_end_fields(fields.items(), _CLIENT_DROPS, forwarding)
+        fields_sent = rfc9110.end_to_end_fields(fields.items(), _CLIENT_DROPS, forwarding)
         return RequestMeta(f"http://{key_host}{path}", method, fields_sent)
 
     def upstream_headers(
@@ -133,13 +133,13 @@ class Router:
         filtered = meta.method in ("GET", "HEAD")
         if filtered and not extra and not keep and self.allowed is None:
             # The rules below only leave names out then: all of them in the hop-by-hop pass.
-            return rfc9111.end_to_end(meta.headers, self._left_out[whole])
+            return rfc9110.end_to_end(meta.headers, self._left_out[whole])
         drop = _NOT_SENT_WHOLE if whole or extra else _NEVER_SENT
         if extra:
             drop = drop | {k.lower() for k, _ in extra}
         denied, allowed = self.denied, self.allowed
         headers = []
-        for k, v in rfc9111.end_to_end(meta.headers):
+        for k, v in rfc9110.end_to_end(meta.headers):
             low = k.lower()
             if low in drop:
                 continue

@@ -30,11 +30,11 @@ from aiohttp import web
 
 from proxy.answers import CACHE, plain
 from proxy.config import Config
-from proxy.core.engine import (
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
     Action,
-    CacheEngine,
     Fetch,
     FromCache,
     Refuse,

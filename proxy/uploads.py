@@ -21,7 +21,8 @@ from aiohttp import HttpVersion11, web
 
 from proxy.answers import CACHE, LENGTH, abort, interim, mark, plain
 from proxy.config import Config
-from proxy.core.engine import CacheEngine, RequestMeta
+from proxy.core.engine import CacheEngine
+from proxy.core.events import RequestMeta
 from proxy.fetch import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.routing import Router
 from proxy.upstream import Upstream, UpstreamError

@@ -4,11 +4,11 @@ import pytest
 
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig, make_policy
-from proxy.core.engine import (
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
     FIRST_SIGHTING,
     Answer,
     Bypass,
-    CacheEngine,
     Fetch,
     FromCache,
     Hit,
@@ -20,8 +20,8 @@ from proxy.core.engine import (
     Revalidate,
     Stale,
     Store,
-    response_meta,
 )
+from proxy.core.responses import response_meta
 from proxy.core.store import CacheStore
 
 OK = ResponseMeta()

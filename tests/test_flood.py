@@ -4,7 +4,7 @@ false-positive rate and memory stay put, the flood is not stored, popular object
 from loadgen.simulate import build_engine
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
-from proxy.core.engine import Hit, RequestMeta, ResponseMeta
+from proxy.core.events import Hit, RequestMeta, ResponseMeta
 
 CAPACITY = 20_000
 FP = 0.01

@@ -14,7 +14,8 @@ from aiohttp import web
 from conftest import admin, answers_on_every_way, base, raw
 
 from proxy.config import load
-from proxy.core.engine import RequestMeta, response_meta
+from proxy.core.events import RequestMeta
+from proxy.core.responses import response_meta
 from proxy.logs import HTTP_ERRORS, OneLineEvery
 from proxy.service import build_engine
 

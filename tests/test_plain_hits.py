@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config import load
-from proxy.core.engine import RequestMeta, response_meta
+from proxy.core.events import RequestMeta
+from proxy.core.responses import response_meta
 from proxy.server import Proxy
 from proxy.service import build_engine
 from proxy.upstream import Upstream
@@ -233,7 +234,7 @@ async def test_rfc9111_4_3_4_a_head_rendered_before_a_304_refresh_is_rendered_ag
     pair.warm(get())
     compiled, python = pair.answers(get())
     assert compiled is not None and compiled == python
-    assert b"ETag: \"v2\"\r\n" in compiled[0] and b"X-Fresh: yes\r\n" in compiled[0]
+    assert b'ETag: "v2"\r\n' in compiled[0] and b"X-Fresh: yes\r\n" in compiled[0]
     assert b'"v1"' not in compiled[0]
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from http import HTTPStatus
 from typing import NamedTuple
 
-from proxy.core.rfc9111 import Headers
+from proxy.core.rfc9110 import Headers
 
 # What the cache writes itself on every answer from a stored response.
 RECOMPUTED = frozenset({"content-length", "age"})

@@ -1,0 +1,220 @@
+"""What a request and a response are to the cache engine, and what it tells a driver: small
+immutable events, as h11 models a protocol's.
+
+* A request is a ``RequestMeta`` (its key, method, fields); an origin response a
+  ``ResponseMeta`` (built by ``responses.response_meta``).
+* ``lookup`` finds a ``Hit``, ``Stale``, ``Miss`` or ``Bypass``; ``plan`` gives one ``Action``:
+  ``FromCache``, ``Revalidate``, ``Fetch`` or ``Refuse``; a response head is ``Keep`` or
+  ``NotStored``, and a finished one a ``Store`` or ``NotStored``; a client's conditional or
+  Range is answered as an ``Answer``.
+* The request fields the cache's rules read are listed here once (``RULE_FIELDS``), and every
+  path, the compiled ones included, takes them from here: a GET or HEAD carrying none of them
+  is answered by its key alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from proxy.core import rfc9111
+from proxy.core._native import StoreIndex
+from proxy.core.rfc9110 import Headers
+from proxy.core.stats import Counters
+from proxy.core.store import Entry
+
+
+class RequestMeta(NamedTuple):
+    """What the engine needs of a request: its URL key, method and header fields.
+
+    Named tuples, this and ``ResponseMeta``, ``Answer`` and ``Keep``, not frozen dataclasses
+    like the other events: one of each is made for every miss, and a tuple is made three
+    times as fast while being just as immutable."""
+
+    key: str
+    method: str = "GET"
+    headers: Headers = ()
+
+
+class ResponseMeta(NamedTuple):
+    """What the engine needs of an origin response. ``response_meta`` builds one from HTTP."""
+
+    cacheable: bool = True
+    lifetime: float = float("inf")
+    initial_age: float = 0.0
+    headers: tuple[tuple[str, str], ...] = ()
+    vary: tuple[str, ...] = ()
+    reason: str = ""
+    payload: object = None
+    status: int = 200
+    # The cache directives of ``headers`` as ``rfc9111.response_directives`` parses them, when
+    # already parsed; None: parsed from ``headers`` when the response is stored.
+    directives: rfc9111.Directives | None = None
+
+
+# What ``lookup`` found.
+
+
+class Hit(NamedTuple):
+    """A fresh stored response and its age. A named tuple, as ``Keep``: one is made for every
+    hit, the live proxy's hottest allocation."""
+
+    entry: Entry
+    age: float
+
+
+class HitState(NamedTuple):
+    """What ``fresh_plain`` and ``served`` read and change, for a compiled driver that finds
+    and counts plain hits itself: it must find a hit as ``fresh_plain`` does and count it as
+    ``served`` does."""
+
+    entries: dict[int, Entry]  # the store's entries by their key's hash
+    vary: dict[str, Any]  # URLs with stored variants (``fresh_plain`` declines them)
+    index: StoreIndex  # the store's eviction order and hit counts
+    counters: Counters
+    observe: Callable[[str, int, float], None] | None  # the admission's, when it observes
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    entry: Entry
+    age: float
+    serve_stale: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Miss:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Bypass:
+    reason: str
+
+
+Lookup = Hit | Stale | Miss | Bypass
+
+# What ``plan`` tells the driver to do.
+
+
+@dataclass(frozen=True, slots=True)
+class FromCache:
+    """Answer from ``entry``. ``fresh``: a hit; else a stale answer RFC 9111/5861 allow, and
+    ``refresh`` asks for a background revalidation (stale-while-revalidate)."""
+
+    entry: Entry
+    age: float
+    fresh: bool = True
+    refresh: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Revalidate:
+    """Send the origin a conditional GET with ``conditions`` (the entry's validators).
+    ``stale_if_error``: the entry may answer if the origin fails (RFC 5861)."""
+
+    entry: Entry
+    age: float
+    conditions: tuple[tuple[str, str], ...]
+    stale_if_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """Go to the origin. ``whole``: fetch the whole representation without the client's
+    conditionals and Range, and answer them from it. ``collapse``: share the fetch with
+    concurrent requests for the same URL. ``reason`` is the Cache-Status ``fwd`` value:
+    ``uri-miss``, ``method``, ``stale`` (a HEAD on a stale entry), or ``bypass`` (the URL was
+    uncacheable a moment ago: hit-for-miss)."""
+
+    reason: str
+    whole: bool
+    collapse: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """Answer ``status`` without contacting the origin."""
+
+    status: int
+    text: str
+    reason: str
+
+
+Action = FromCache | Revalidate | Fetch | Refuse
+
+# What becomes of a response.
+
+
+class Keep(NamedTuple):
+    """Copy the body while it streams; ``finish`` stores it if it ends whole and fits. (A
+    named tuple: one is made for every admitted miss, the simulator's hottest allocation.)"""
+
+    key: str
+    response: ResponseMeta
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    entry: Entry
+    evicted: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NotStored:
+    reason: str
+
+
+Outcome = Store | NotStored
+
+# How a client's conditional or Range request is answered from a whole response.
+
+
+class Answer(NamedTuple):
+    """``status`` 304 (a matching validator), 206 (bytes ``first``..``last``), 416, or the
+    response's own status with the whole body."""
+
+    status: int
+    first: int = 0
+    last: int = -1
+
+
+URI_MISS = Miss("uri-miss")
+METHOD_BYPASS = Bypass("method")
+TOO_LARGE = NotStored("too-large")
+FIRST_SIGHTING = NotStored("first-sighting")
+COLLAPSED = NotStored("collapsed")
+CUT_SHORT = NotStored("cut-short")
+TOO_MANY_VARIANTS = NotStored("variants")
+# A stored response that a request with a cookie may not be answered with.
+PRIVATE_MISS = Miss("cookie")
+# The request fields the cache's rules read, and no others: a GET or HEAD carrying none of
+# them is answered by its key alone (``fresh_plain``), on every path. One list, which the
+# proxy's paths (the compiled one included) take from here.
+CONDITIONALS = ("if-none-match", "if-modified-since")  # a match is answered 304 (RFC 9110 13.1)
+PRECONDITIONS = ("if-match", "if-unmodified-since")  # the origin's to judge
+# Fields a stored response answers itself: a 304, or a range's 206 or 416 (section 14).
+ANSWERED_FIELDS = frozenset({*CONDITIONALS, "range", "if-range"})
+# What a whole-object fetch leaves out of the client's request (``Fetch.whole``).
+CLIENT_ASKS = ANSWERED_FIELDS | frozenset(PRECONDITIONS)
+RULE_FIELDS = CLIENT_ASKS | {"cookie", "cache-control", "pragma"}
+# Request fields that keep a hit off a fast path, whatever is stored: a precondition, and a
+# body's framing (a GET with content passes the cache by).
+NOT_FAST = frozenset({*PRECONDITIONS, "transfer-encoding", "content-length"})
+# The fetches ``plan`` asks for, made once: each is immutable.
+FETCH_WHOLE = Fetch("uri-miss", whole=True, collapse=True)
+FETCH_AS_ASKED = Fetch("uri-miss", whole=False, collapse=False)
+FETCH_BYPASS = Fetch("bypass", whole=False, collapse=False)
+FETCH_STALE = Fetch("stale", whole=False, collapse=False)
+
+
+def fast_path_may_take(method: str, http11_kept_alive: bool, names: AbstractSet[str]) -> bool:
+    """Whether a request may be answered from a stored response as soon as it is parsed,
+    by a driver's fast path: a GET or HEAD, in HTTP/1.1 on a connection kept alive (nothing
+    to frame but the answer), whose lower-cased field ``names`` hold none of ``NOT_FAST``.
+    What it carries of ``RULE_FIELDS`` the rules then read as on any path."""
+    return (
+        (method == "GET" or method == "HEAD") and http11_kept_alive and names.isdisjoint(NOT_FAST)
+    )

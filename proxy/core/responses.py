@@ -1,0 +1,325 @@
+"""What becomes of an origin response: decided from its head (kept, or not stored and why),
+stored when its body ends whole, refreshed by a 304, and what it removes. The half of
+``CacheEngine`` that its module docstring's rules on responses describe.
+"""
+
+from __future__ import annotations
+
+from cachetools import LRUCache
+
+from proxy.core import rfc9111
+from proxy.core.admission import AdmissionPolicy
+from proxy.core.events import (
+    COLLAPSED,
+    CUT_SHORT,
+    FIRST_SIGHTING,
+    TOO_LARGE,
+    TOO_MANY_VARIANTS,
+    Keep,
+    NotStored,
+    Outcome,
+    RequestMeta,
+    ResponseMeta,
+    Store,
+)
+from proxy.core.rfc9110 import Headers
+from proxy.core.stats import Counters
+from proxy.core.store import CacheStore, Entry
+from proxy.core.variants import Variants, variant
+
+# Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
+# this, so a flood of long uncacheable URLs cannot grow the process.
+HIT_FOR_MISS_BYTES = 4 << 20
+# What one remembered URL costs beyond its characters (dict slot, float, tuple).
+_REMEMBERED_OVERHEAD = 160
+
+
+# Reasons a response may not be stored that belong to the request, not to the URL.
+_REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
+
+
+def response_meta(
+    request: RequestMeta,
+    status: int,
+    headers: Headers,
+    request_time: float,
+    response_time: float,
+    *,
+    allow_set_cookie: bool = False,
+    ignored_cookies: tuple[str, ...] = (),
+    payload: object = None,
+) -> ResponseMeta:
+    """The engine's view of an origin response, by RFC 9111: storable or why not, lifetime,
+    the age it already had when it arrived, and what it varies on. Its ``headers`` are what
+    may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
+    cookie set for one client is never replayed to another)."""
+    fields = headers if type(headers) is rfc9111.Fields else rfc9111.Fields(headers)
+    ok, reason, lifetime, initial_age, vary, directives = rfc9111.response_rules(
+        request.method, status, request.headers, fields, request_time, response_time,
+        allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
+    )  # fmt: skip
+    if "set-cookie" in fields.by_name:
+        headers = [h for h in headers if h[0].lower() != "set-cookie"]
+    return ResponseMeta(
+        cacheable=ok,
+        lifetime=lifetime,
+        initial_age=initial_age,
+        headers=tuple(headers),
+        vary=vary,
+        reason=reason,
+        payload=payload,
+        status=status,
+        directives=directives,
+    )
+
+
+def _directives(response: ResponseMeta) -> rfc9111.Directives:
+    if response.directives is not None:
+        return response.directives
+    return rfc9111.response_directives(response.headers) if response.headers else {}
+
+
+class ResponseDecisions:
+    """``CacheEngine``'s decisions on responses, over the state the engine holds."""
+
+    store: CacheStore
+    admission: AdmissionPolicy
+    counters: Counters
+    variants: Variants
+    hit_for_miss: float
+    entry_type: type[Entry]
+    # URL -> (until when it goes straight to the origin, bytes it is charged)
+    _uncacheable: LRUCache[str, tuple[float, int]]
+
+    def on_response_head(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        now: float,
+        *,
+        admitted: bool | None = None,
+    ) -> Keep | NotStored:
+        """Decide from the head of a response fetched from the origin whether its body will
+        be kept (``length``: its Content-Length, None when unknown). ``admitted``: the
+        admission answer when the driver already asked an asynchronous backend (see
+        ``admission_pending``); None asks the engine's own policy."""
+        self.counters.origin_fetches += 1
+        return self._decide(request, response, length, now, admitted, True)
+
+    def finish(
+        self,
+        request: RequestMeta,
+        decision: Keep | NotStored,
+        size: int,
+        now: float,
+        *,
+        payload: object = None,
+        complete: bool = True,
+        served: bool = True,
+    ) -> Outcome:
+        """The body of a decided response ended after ``size`` bytes (``complete=False``: cut
+        short; ``served=False``: no client got it, as in a background refresh). A kept body
+        that ended whole and fits is stored, with ``payload`` (the driver's own: the store
+        never reads it)."""
+        c = self.counters
+        c.origin_bytes += size
+        if served:
+            c.bytes_served += size
+        if not complete:
+            c.cut_short += 1
+            return CUT_SHORT
+        return self._settle(request, decision, size, now, payload)
+
+    def on_response(
+        self, request: RequestMeta, response: ResponseMeta, size: int, now: float
+    ) -> Outcome:
+        """``on_response_head`` and ``finish`` for a fetched response whose whole body
+        (``size`` bytes, ``response.payload``) is in hand: the simulator's path."""
+        c = self.counters
+        c.origin_fetches += 1
+        c.origin_bytes += size
+        c.bytes_served += size
+        decision = self._decide(request, response, size, now, None, True)
+        return self._settle(request, decision, size, now, response.payload)
+
+    def on_shared(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        size: int,
+        now: float,
+        *,
+        payload: object = None,
+        admitted: bool | None = None,
+    ) -> Outcome:
+        """A response another request fetched (single flight) answered this one: a sighting
+        of its URL, not an origin fetch. It is stored (with ``payload``) if this sighting
+        admits it and no other request stored it already."""
+        c = self.counters
+        c.collapsed += 1
+        c.bytes_served += size
+        decision = self._decide(request, response, size, now, admitted, False)
+        return self._settle(request, decision, size, now, payload)
+
+    def _decide(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        now: float,
+        admitted: bool | None,
+        known: bool,
+    ) -> Keep | NotStored:
+        """Keep or not, by the HTTP rules, the size and the admission policy; a URL already
+        stored is kept again (a refresh) when ``known`` says so, else it is ``COLLAPSED``."""
+        c = self.counters
+        if not response.cacheable:
+            c.uncacheable += 1
+            self._refused(request, response, now)
+            return NotStored(response.reason or "uncacheable")
+        if self.admission.observes:
+            self.admission.observe(request.key, length or 0, now)
+        if length is not None and not self.store.fits(length):
+            c.too_large += 1
+            self._pass_for_a_while(request, now)
+            return TOO_LARGE
+        key, stored = self._storage_key(request, response)
+        if (
+            response.vary
+            and key not in self.store
+            and self.variants.full(request.key, response.vary)
+        ):
+            c.too_many_variants += 1
+            return TOO_MANY_VARIANTS
+        if stored:
+            return Keep(key, response) if known else COLLAPSED
+        if admitted is None:
+            admitted = self.admission.admit(request.key, length or 0, now)
+        if not admitted:
+            return FIRST_SIGHTING
+        return Keep(key, response)
+
+    def _settle(
+        self,
+        request: RequestMeta,
+        decision: Keep | NotStored,
+        size: int,
+        now: float,
+        payload: object,
+    ) -> Outcome:
+        """Store a kept body of ``size`` bytes, or count why it was not."""
+        c = self.counters
+        if type(decision) is NotStored:
+            if decision is FIRST_SIGHTING:
+                c.rejected_first_sighting += 1
+                c.bytes_not_written += size
+            return decision
+        if not self.store.fits(size):
+            c.too_large += 1
+            self._pass_for_a_while(request, now)
+            return TOO_LARGE
+        response = decision.response
+        url = request.key
+        if response.vary:
+            if not self.variants.selected_on(url, response.vary):
+                # What was stored under other selecting fields (or none) is unreachable now.
+                self.invalidate(url)
+            self.variants.add(url, response.vary, decision.key)
+        elif url in self.variants:
+            self.invalidate(url)  # the origin stopped varying: its old variants are unreachable
+        entry = self.entry_type(
+            decision.key,
+            size,
+            now,
+            response.lifetime,
+            response.initial_age,
+            response.headers,
+            _directives(response),
+            payload,
+            status=response.status,
+        )
+        try:
+            evicted = self.store.put(entry)
+        except ValueError:  # the body fits, but with headers past the overhead estimate it does not
+            c.too_large += 1
+            return TOO_LARGE
+        self.variants.forget(evicted)
+        c.admissions += 1
+        c.bytes_written += size
+        return Store(entry, tuple(evicted))
+
+    def admission_pending(
+        self, request: RequestMeta, response: ResponseMeta, length: int | None
+    ) -> bool:
+        """Whether ``on_response_head`` for this response would consult the admission policy:
+        a driver with an asynchronous backend asks it first, and only then."""
+        if not response.cacheable or (length is not None and not self.store.fits(length)):
+            return False
+        return not self._storage_key(request, response)[1]
+
+    def on_not_modified(
+        self,
+        entry: Entry,
+        headers_304: Headers,
+        request_time: float,
+        now: float,
+        *,
+        served: bool = True,
+    ) -> Entry:
+        """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4),
+        keeping its status, re-charge its size for the new headers and, when a client gets it,
+        count the stored body as served from cache."""
+        headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
+        entry.headers = headers
+        entry.directives = rfc9111.response_directives(headers)
+        entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
+        entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
+        entry.stored_at = now
+        self.variants.forget(self.store.recharge(entry))
+        c = self.counters
+        c.revalidated += 1
+        c.origin_fetches += 1
+        if served:
+            c.hit_bytes += entry.size
+            c.bytes_served += entry.size
+            self.store.record_hit(entry)
+        return entry
+
+    def invalidate(self, url: str) -> int:
+        """Remove ``url`` and every stored variant of it; returns how many entries went."""
+        removed = 0
+        for key in (url, *self.variants.pop(url)):
+            if self.store.delete(key) is not None:
+                removed += 1
+        return removed
+
+    def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
+        """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
+        stored for the request, unless it is a server error (section 4.3.3 lets the cache
+        keep the stored response then) or the request alone made it uncacheable."""
+        if (
+            response.status >= 500
+            or response.status in (206, 304)
+            or request.method != "GET"
+            or response.reason in _REQUEST_REASONS
+        ):
+            return
+        self._pass_for_a_while(request, now)
+        stored = self.variants.key(request)
+        if self.store.delete(stored) is not None:
+            self.variants.forget((stored,))
+
+    def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
+        if self.hit_for_miss > 0:
+            url = request.key
+            self._uncacheable[url] = (now + self.hit_for_miss, len(url) + _REMEMBERED_OVERHEAD)
+
+    def _storage_key(self, request: RequestMeta, response: ResponseMeta) -> tuple[str, bool]:
+        """The key a response is stored under (its variant, if it varies), and whether its URL
+        is already known (stored, or has variants): a known URL skips admission."""
+        url = request.key
+        key = url
+        if response.vary:
+            key = variant(url, rfc9111.vary_key(response.vary, request.headers))
+        return key, key in self.store or url in self.variants
