@@ -1,5 +1,5 @@
 """The compiled policy core (proxy/core/native/), the common case of a response's caching
-rules (proxy/core/_response_rules.c), the proxy's compiled plain hit (proxy/_hits.c) and
+rules (proxy/core/_response_rules.c), the proxy's compiled plain hit (proxy/hitpath/) and
 its parser of plain origin responses (proxy/_origin.c); everything else is in
 pyproject.toml."""
 
@@ -33,7 +33,13 @@ setup(
             ["proxy/core/_response_rules.c"],
             extra_compile_args=FLAGS,
         ),
-        Extension("proxy._hits", ["proxy/_hits.c"], extra_compile_args=FLAGS),
+        Extension(
+            "proxy._hits",
+            sorted(glob("proxy/hitpath/*.c")),
+            depends=glob("proxy/hitpath/*.h"),
+            extra_compile_args=[*FLAGS, "-flto"],
+            extra_link_args=["-flto", "-O3"],
+        ),
         Extension("proxy._origin", ["proxy/_origin.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench_proxy import spawn, wait_ready
 
-from loadgen.experiment import free_port
+from loadgen.processes import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -29,13 +29,8 @@ import aiohttp
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from loadgen.experiment import (
-    LiveSettings,
-    Running,
-    admin_metrics,
-    onehit_process,
-    origin_process,
-)
+from loadgen.experiment_file import LiveSettings
+from loadgen.processes import Running, admin_metrics, onehit_process, origin_process
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 

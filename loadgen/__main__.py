@@ -391,8 +391,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from loadgen.experiment import load_experiment
     from loadgen.experiment import run as run_experiment
+    from loadgen.experiment_file import load_experiment
 
     experiment = load_experiment(args.file)
     output = args.output or Path("reports") / args.file.stem
@@ -410,8 +410,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from loadgen.experiment import demo_experiment
     from loadgen.experiment import run as run_experiment
+    from loadgen.experiment_file import demo_experiment
 
     experiment = demo_experiment(args.requests)
     written = run_experiment(experiment, args.output, workers=args.workers, say=_say)

@@ -13,319 +13,165 @@ import difflib
 import ipaddress
 import os
 import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from proxy.core.admission import AdmissionConfig, parse_policy
-from proxy.core.store import EVICTIONS
-from proxy.units import parse_duration, parse_size
-
-Parser = Callable[[Any], Any]
+from proxy import config_values as values
+from proxy.core.admission import AdmissionConfig
 
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message is one line a person can act on."""
 
 
-def _setting(default: Any, parse: Parser, doc: str) -> Any:
-    return field(default=default, metadata={"parse": parse, "doc": doc})
-
-
-def _string(value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError("expected a string")
-    return value
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in (
-        "true",
-        "1",
-        "yes",
-        "on",
-        "false",
-        "0",
-        "no",
-        "off",
-    ):
-        return value.lower() in ("true", "1", "yes", "on")
-    raise ValueError("expected true or false")
-
-
-def _positive_int(value: Any) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError("expected a whole number >= 1")
-    return value
-
-
-def _probability(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number between 0 and 1, like 0.01") from None
-    if not 0.0 < number < 1.0:
-        raise ValueError("expected a number between 0 and 1 (exclusive), like 0.01")
-    return number
-
-
-def _positive_number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number above zero, like 2 or 0.5") from None
-    if not number > 0 or number == float("inf"):
-        raise ValueError("expected a number above zero, like 2 or 0.5")
-    return number
-
-
-def _size(value: Any) -> int:
-    size = parse_size(value)
-    if size < 1:
-        raise ValueError("expected a size of at least 1 byte")
-    return size
-
-
-def _duration(value: Any) -> float:
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError("expected a duration above zero, like 250ms, 10s or 10m")
-    return seconds
-
-
-def _window(value: Any) -> float | str:
-    if value == "auto":
-        return "auto"
-    try:
-        return _duration(value)
-    except ValueError:
-        raise ValueError("expected 'auto' or a duration like 10m") from None
-
-
-# Fields that rewrite the target, the method or the host an origin believes it serves: on a
-# cacheable GET/HEAD they could make the origin build an answer that is then stored for every
-# client under a key that does not name them (cache poisoning), so they never pass.
-DENIED_BY_DEFAULT = (
-    "x-original-url", "x-rewrite-url", "x-override-url", "x-http-method-override",
-    "x-http-method", "x-method-override", "x-forwarded-host", "x-forwarded-server",
-    "x-forwarded-scheme", "x-forwarded-port", "x-forwarded-prefix", "x-host", "forwarded",
-)  # fmt: skip
-
-
-def _header_names(value: Any) -> tuple[str, ...]:
-    """A TOML list of field names, or one comma-separated string (from the environment);
-    never empty: a list that forwards or denies nothing by accident is an error."""
-    names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
-        raise ValueError('expected a list of header names, like ["accept", "user-agent"]')
-    cleaned = tuple(n.strip().lower() for n in names)
-    if not cleaned or any(not n for n in cleaned):
-        raise ValueError('expected a non-empty list of header names, like ["x-original-url"]')
-    if any(not n.replace("-", "").isalnum() for n in cleaned):
-        raise ValueError("expected header names made of letters, digits and '-'")
-    return cleaned
-
-
-def _forward_names(value: Any) -> tuple[str, ...]:
-    """``["*"]`` (every end-to-end field but the denied ones) or an allow-list of names."""
-    if value == "*" or value == ["*"] or value == ("*",):
-        return ("*",)
-    try:
-        return _header_names(value)
-    except ValueError:
-        raise ValueError(
-            'expected ["*"] (forward every field but deny_headers) or a non-empty list of '
-            'header names, like ["accept", "user-agent"]'
-        ) from None
-
-
-# Analytics cookies: set by page scripts on every page, read by no origin.
-IGNORED_COOKIES = ("_ga", "_ga_*", "_gid", "_gat*", "_gcl_*", "_fbp", "__utm*", "_hj*")
-
-
-def _cookie_names(value: Any) -> tuple[str, ...]:
-    """Cookie names or glob patterns, as a list or one comma-separated string; [] for none."""
-    names = value.split(",") if isinstance(value, str) else value
-    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
-        raise ValueError('expected a list of cookie names, like ["_ga", "_gid*"]')
-    cleaned = tuple(n.strip() for n in names)
-    if isinstance(value, str) and value.strip() == "":
-        return ()
-    if any(not n or any(c in n for c in ";=, \t") for n in cleaned):
-        raise ValueError('expected cookie names or globs without ";", "=" or spaces, like "_ga*"')
-    return cleaned
-
-
-def _optional_duration(value: Any) -> float:
-    if value in (0, "0"):
-        return 0.0
-    seconds = parse_duration(value)
-    if seconds < 0:
-        raise ValueError("expected a duration like 5s, or 0 for off")
-    return seconds
-
-
-def _backend(value: Any) -> str:
-    if value not in ("memory", "redis"):
-        raise ValueError("expected 'memory' or 'redis'")
-    return value
-
-
-def _redis_url(value: Any) -> str:
-    text = _string(value)
-    if urlsplit(text).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError("expected a Redis URL like redis://127.0.0.1:6379/0")
-    return text
-
-
-def _policy(value: Any) -> str:
-    parse_policy(value)
-    return value
-
-
-def _eviction(value: Any) -> str:
-    if value not in EVICTIONS:
-        raise ValueError(f"expected one of {', '.join(EVICTIONS)}")
-    return value
-
-
-def _event_loop(value: Any) -> str:
-    if value not in ("auto", "uvloop", "asyncio"):
-        raise ValueError("expected 'auto' (uvloop where installed), 'uvloop' or 'asyncio'")
-    return value
-
-
-def _log_format(value: Any) -> str:
-    if value not in ("combined", "json"):
-        raise ValueError("expected 'combined' or 'json'")
-    return value
-
-
-def _address(value: Any) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6)."""
-    text = _string(value)
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError("expected host:port, like 127.0.0.1:8080")
-    return host, int(port)
-
-
-def _origin(value: Any) -> str:
-    text = _string(value).rstrip("/")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("expected an origin URL like http://127.0.0.1:9000")
-    if parts.path or parts.query or parts.fragment:
-        raise ValueError("expected an origin URL without a path, like http://127.0.0.1:9000")
-    try:
-        parts.port  # noqa: B018 - raises ValueError on a port out of range
-    except ValueError:
-        raise ValueError("expected an origin URL with a valid port") from None
-    return text
-
-
-def _optional_origin(value: Any) -> str:
-    return "" if value == "" else _origin(value)
-
-
 @dataclass(frozen=True)
 class ServerSection:
-    listen: tuple[str, int] = _setting(("127.0.0.1", 8080), _address, "address clients connect to")
-    access_log: bool = _setting(True, _bool, "log one line per request")
-    access_log_format: str = _setting("combined", _log_format, "combined or json")
-    drain_timeout: float = _setting(10.0, _duration, "on SIGTERM, how long requests may finish")
-    event_loop: str = _setting(
-        "auto", _event_loop, "auto (uvloop where installed, else asyncio), uvloop or asyncio"
+    listen: tuple[str, int] = values.setting(
+        ("127.0.0.1", 8080), values.address, "address clients connect to"
     )
-    idle_timeout: float = _setting(15.0, _duration, "longest wait for a whole request head")
-    send_timeout: float = _setting(
-        60.0, _duration, "longest a client may take none of its answer's bytes (then closed)"
+    access_log: bool = values.setting(True, values.boolean, "log one line per request")
+    access_log_format: str = values.setting("combined", values.log_format, "combined or json")
+    drain_timeout: float = values.setting(
+        10.0, values.duration, "on SIGTERM, how long requests may finish"
     )
-    fast_hits: bool = _setting(
-        True, _bool, "answer plain hits as parsed and plain misses outside aiohttp's handler loop"
+    event_loop: str = values.setting(
+        "auto", values.event_loop, "auto (uvloop where installed, else asyncio), uvloop or asyncio"
     )
-    max_url_length: int = _setting(8192, _positive_int, "longest request target (else 414)")
-    max_header_size: int = _setting(32768, _positive_int, "most bytes of header fields (else 431)")
-    forward_headers: tuple[str, ...] = _setting(
-        ("*",), _forward_names, '"*" or an allow-list of fields a GET/HEAD passes to the origin'
+    idle_timeout: float = values.setting(
+        15.0, values.duration, "longest wait for a whole request head"
     )
-    deny_headers: tuple[str, ...] = _setting(
-        DENIED_BY_DEFAULT, _header_names, "fields a cacheable GET/HEAD never passes to the origin"
+    send_timeout: float = values.setting(
+        60.0, values.duration, "longest a client may take none of its answer's bytes (then closed)"
     )
-    body_buffer_size: int = _setting(
-        64 << 10, _size, "request body bytes read before an origin connection is taken"
+    fast_hits: bool = values.setting(
+        True,
+        values.boolean,
+        "answer plain hits as parsed and plain misses outside aiohttp's handler loop",
     )
-    body_timeout: float = _setting(60.0, _duration, "longest wait for the next request body bytes")
-    max_streamed_uploads: int = _setting(
-        64, _positive_int, "bodies over body_buffer_size streaming to origins at once (else 503)"
+    max_url_length: int = values.setting(
+        8192, values.positive_int, "longest request target (else 414)"
+    )
+    max_header_size: int = values.setting(
+        32768, values.positive_int, "most bytes of header fields (else 431)"
+    )
+    forward_headers: tuple[str, ...] = values.setting(
+        ("*",),
+        values.forward_names,
+        '"*" or an allow-list of fields a GET/HEAD passes to the origin',
+    )
+    deny_headers: tuple[str, ...] = values.setting(
+        values.DENIED_BY_DEFAULT,
+        values.header_names,
+        "fields a cacheable GET/HEAD never passes to the origin",
+    )
+    body_buffer_size: int = values.setting(
+        64 << 10, values.size, "request body bytes read before an origin connection is taken"
+    )
+    body_timeout: float = values.setting(
+        60.0, values.duration, "longest wait for the next request body bytes"
+    )
+    max_streamed_uploads: int = values.setting(
+        64,
+        values.positive_int,
+        "bodies over body_buffer_size streaming to origins at once (else 503)",
     )
 
 
 @dataclass(frozen=True)
 class AdminSection:
-    listen: tuple[str, int] = _setting(("127.0.0.1", 9901), _address, "admin address")
-    token: str = _setting("", _string, "bearer token; required when listen is not loopback")
+    listen: tuple[str, int] = values.setting(("127.0.0.1", 9901), values.address, "admin address")
+    token: str = values.setting(
+        "", values.string, "bearer token; required when listen is not loopback"
+    )
 
 
 @dataclass(frozen=True)
 class CacheSection:
-    size: int = _setting(256 << 20, _size, "bytes of response bodies held")
-    eviction: str = _setting(
-        "lru", _eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
+    size: int = values.setting(256 << 20, values.size, "bytes of response bodies held")
+    eviction: str = values.setting(
+        "lru", values.eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
     )
-    max_object_size: int = _setting(16 << 20, _size, "largest body stored; larger is streamed")
-    store_set_cookie: bool = _setting(
-        False, _bool, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
+    max_object_size: int = values.setting(
+        16 << 20, values.size, "largest body stored; larger is streamed"
     )
-    hit_for_miss: float = _setting(
-        5.0, _optional_duration, "how long an uncacheable URL goes straight to the origin"
+    store_set_cookie: bool = values.setting(
+        False, values.boolean, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
     )
-    max_variants: int = _setting(32, _positive_int, "variants stored per URL (Vary); more pass")
-    ignore_cookies: tuple[str, ...] = _setting(
-        IGNORED_COOKIES, _cookie_names, "cookie names (globs) that do not make a request private"
+    hit_for_miss: float = values.setting(
+        5.0, values.optional_duration, "how long an uncacheable URL goes straight to the origin"
+    )
+    max_variants: int = values.setting(
+        32, values.positive_int, "variants stored per URL (Vary); more pass"
+    )
+    ignore_cookies: tuple[str, ...] = values.setting(
+        values.IGNORED_COOKIES,
+        values.cookie_names,
+        "cookie names (globs) that do not make a request private",
     )
 
 
 @dataclass(frozen=True)
 class AdmissionSection:
-    policy: str = _setting(
+    policy: str = values.setting(
         "second-hit",
-        _policy,
+        values.policy,
         "always, second-hit, nth-hit:N, tinylfu, adaptive, probabilistic:P or size-below:BYTES",
     )
-    window: float | str = _setting("auto", _window, "auto, or how long a first sighting counts")
-    expected_urls: int = _setting(1_000_000, _positive_int, "distinct URLs per fixed window")
-    fp_rate: float = _setting(0.01, _probability, "false-positive rate of the filter")
-    generations: int = _setting(2, _positive_int, "filter generations (>= 2)")
-    max_window: float = _setting(3600.0, _duration, "longest the auto window remembers")
-    auto_scale: float = _setting(1.0, _positive_number, "multiple of the auto generation size")
-    backend: str = _setting("memory", _backend, "memory (this process) or redis (the fleet)")
-    redis_url: str = _setting("redis://127.0.0.1:6379/0", _redis_url, "Redis for backend=redis")
-    redis_cluster: bool = _setting(False, _bool, "redis_url names one node of a Redis Cluster")
-    redis_budget: float = _setting(0.005, _duration, "longest a miss waits for Redis")
-    redis_prefix: str = _setting("onehit:bf", _string, "key prefix of the shared filter")
+    window: float | str = values.setting(
+        "auto", values.window, "auto, or how long a first sighting counts"
+    )
+    expected_urls: int = values.setting(
+        1_000_000, values.positive_int, "distinct URLs per fixed window"
+    )
+    fp_rate: float = values.setting(0.01, values.probability, "false-positive rate of the filter")
+    generations: int = values.setting(2, values.positive_int, "filter generations (>= 2)")
+    max_window: float = values.setting(3600.0, values.duration, "longest the auto window remembers")
+    auto_scale: float = values.setting(
+        1.0, values.positive_number, "multiple of the auto generation size"
+    )
+    backend: str = values.setting(
+        "memory", values.backend, "memory (this process) or redis (the fleet)"
+    )
+    redis_url: str = values.setting(
+        "redis://127.0.0.1:6379/0", values.redis_url, "Redis for backend=redis"
+    )
+    redis_cluster: bool = values.setting(
+        False, values.boolean, "redis_url names one node of a Redis Cluster"
+    )
+    redis_budget: float = values.setting(0.005, values.duration, "longest a miss waits for Redis")
+    redis_prefix: str = values.setting(
+        "onehit:bf", values.string, "key prefix of the shared filter"
+    )
 
 
 @dataclass(frozen=True)
 class UpstreamSection:
-    origin: str = _setting("", _optional_origin, "default origin for hosts no route names")
-    connect_timeout: float = _setting(2.0, _duration, "time to connect to the origin")
-    read_timeout: float = _setting(10.0, _duration, "longest wait for the next bytes")
-    total_timeout: float = _setting(60.0, _duration, "longest a whole origin response may take")
-    single_flight_wait: float = _setting(10.0, _duration, "longest a coalesced miss waits")
-    max_connections: int = _setting(
-        512, _positive_int, "origin connections in use at most, per origin client (pool, session)"
+    origin: str = values.setting(
+        "", values.optional_origin, "default origin for hosts no route names"
     )
-    idle_timeout: float = _setting(4.0, _duration, "longest an unused origin connection is kept")
-    read_buffer: int = _setting(
-        128 << 10, _size, "origin body bytes held per response before reading pauses (at twice)"
+    connect_timeout: float = values.setting(2.0, values.duration, "time to connect to the origin")
+    read_timeout: float = values.setting(10.0, values.duration, "longest wait for the next bytes")
+    total_timeout: float = values.setting(
+        60.0, values.duration, "longest a whole origin response may take"
+    )
+    single_flight_wait: float = values.setting(
+        10.0, values.duration, "longest a coalesced miss waits"
+    )
+    max_connections: int = values.setting(
+        512,
+        values.positive_int,
+        "origin connections in use at most, per origin client (pool, session)",
+    )
+    idle_timeout: float = values.setting(
+        4.0, values.duration, "longest an unused origin connection is kept"
+    )
+    read_buffer: int = values.setting(
+        128 << 10,
+        values.size,
+        "origin body bytes held per response before reading pauses (at twice)",
     )
 
 
@@ -559,7 +405,7 @@ def _route(table: Any, source: str) -> Route:
             f"{source}: route host {host!r}: expected a host name without port, like cdn.example"
         )
     try:
-        origin = _origin(table["origin"])
+        origin = values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
     return Route(host.lower(), origin)

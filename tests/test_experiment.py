@@ -9,13 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.experiment import (
-    ExperimentError,
-    demo_experiment,
-    load_experiment,
-    onehit_process,
-    run,
-)
+from loadgen.experiment import run
+from loadgen.experiment_file import ExperimentError, demo_experiment, load_experiment
+from loadgen.processes import onehit_process
 from loadgen.trace import Trace, write_trace
 from proxy.core.admission import POLICIES
 from proxy.core.store import EVICTIONS

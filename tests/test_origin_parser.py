@@ -12,7 +12,7 @@ from aiohttp.base_protocol import BaseProtocol
 
 from proxy._origin import parse_response
 from proxy.config import UpstreamSection
-from proxy.pool import response_parser
+from proxy.origin_connection import response_parser
 
 PLAIN = [
     b'HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nETag: "b1"\r\nContent-Length: 5\r\n'

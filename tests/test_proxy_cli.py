@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from conftest import wait_healthy
 
-from loadgen.experiment import free_port, onehit_process
+from loadgen.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 
 

@@ -14,7 +14,7 @@ from conftest import base
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from loadgen.experiment import redis_cluster_process
+from loadgen.processes import redis_cluster_process
 from proxy.__main__ import collect_for_serving
 from proxy.core.window import WindowedBloomFilter
 from proxy.shared import RedisWindow

@@ -1,0 +1,271 @@
+"""Experiment files: what an experiment is (workloads x policies x cache sizes, simulated,
+live or both), read from TOML with every key checked.
+
+An experiment file (``config/experiments/*.toml``)::
+
+    title = "..."
+    mode = "both"                      # "simulate", "live" or "both"
+    cache_sizes = ["0.5%", "2%"]       # bytes, or a share of each trace's distinct bytes
+    [[workloads]]                      # keys of loadgen.workload.WorkloadSpec, plus `name`
+    name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace)
+    alpha = 0.8
+    [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
+    policy = "always"                  # instances = 3 and backend = "memory" | "redis" (live:
+                                       # a fleet, requests round-robin; redis: one shared filter)
+                                       # balancer = "round-robin" | "url-hash": a real nginx in
+                                       # front of the fleet (else the client spreads requests)
+                                       # cache_scale = 3: each instance's cache is 3x the cell's
+                                       # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
+    [live]
+    concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from loadgen.nginx import BALANCING
+from loadgen.simulate import policy_label
+from loadgen.trace import Trace, read_trace
+from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy.config import read_toml
+from proxy.core.admission import AdmissionConfig, parse_policy
+from proxy.core.names import unknown_name
+from proxy.core.store import EVICTIONS
+from proxy.units import parse_duration
+
+NGINX = "nginx"
+MODES = ("simulate", "live", "both")
+
+
+class ExperimentError(ValueError):
+    """An experiment file that cannot run; the message names the key."""
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    concurrency: int = 8
+    rate: float | None = None
+    origin_latency: float = 0.002
+    origin_latency_sigma: float = 0.0
+    max_requests: int | None = None
+    max_seconds: float | None = None
+    max_age: int = 3600
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    spec: WorkloadSpec | None = None
+    trace_path: Path | None = None
+
+    def trace(self) -> Trace:
+        if self.trace_path is not None:
+            return read_trace(self.trace_path)
+        assert self.spec is not None
+        return generate(self.spec)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy of an experiment: an admission config, run by one proxy or by a fleet."""
+
+    admission: AdmissionConfig
+    instances: int = 1
+    backend: str = "memory"
+    balancer: str = "client"
+    cache_scale: int = 1  # each instance's cache is the cell's size times this
+    eviction: str = "lru"
+    nginx: bool = False  # the peer: nginx proxy_cache_min_uses 2, not onehit
+
+    @property
+    def simulable(self) -> bool:
+        """The simulator models one onehit cache of the cell's size (with either backend:
+        they decide alike)."""
+        return not self.nginx and self.instances == 1 and self.cache_scale == 1
+
+    def label(self) -> str:
+        if self.nginx:
+            return "nginx (min_uses 2)"
+        if self.instances == 1:
+            scaled = f" ({self.cache_scale}x cache)" if self.cache_scale != 1 else ""
+            return policy_label(self.admission, self.eviction) + scaled
+        if self.admission.policy != "second-hit":
+            return f"{self.admission.label()} x{self.instances}"
+        shared = "shared filter" if self.backend == "redis" else "local filters"
+        behind = "" if self.balancer == "client" else f" behind nginx {self.balancer}"
+        return f"{self.admission.label()} x{self.instances} {shared}{behind}"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    title: str
+    mode: str
+    cache_sizes: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    policies: tuple[PolicySpec, ...]
+    live: LiveSettings = LiveSettings()
+    live_cache_sizes: tuple[str, ...] | None = None  # None: every size in cache_sizes
+    meta: dict[str, str] = field(default_factory=dict)
+    sample: float | None = None  # simulate a spatial sample of the keys (SHARDS) at this rate
+
+    @property
+    def simulated(self) -> bool:
+        return self.mode in ("simulate", "both")
+
+    @property
+    def run_live(self) -> bool:
+        return self.mode in ("live", "both")
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    path = Path(path)
+    try:
+        data = read_toml(path)
+    except ValueError as exc:
+        raise ExperimentError(str(exc)) from None
+    where = str(path)
+    allowed = {
+        "title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live",
+        "sample",
+    }  # fmt: skip
+    _only(data, allowed, where)
+    sample = data.get("sample")
+    if sample is not None and (
+        not isinstance(sample, int | float) or isinstance(sample, bool) or not 0 < sample <= 1
+    ):
+        raise ExperimentError(
+            f"{where}: sample = {sample!r}: expected a rate above 0 and at most 1, like 0.01"
+        )
+    mode = data.get("mode", "simulate")
+    if mode not in MODES:
+        raise ExperimentError(f"{where}: mode = {mode!r}: expected one of {', '.join(MODES)}")
+    sizes = data.get("cache_sizes")
+    if not isinstance(sizes, list) or not sizes:
+        raise ExperimentError(f'{where}: cache_sizes must be a list like ["0.5%", "64MiB"]')
+    workloads = tuple(
+        _workload(w, f"{where} [[workloads]] #{i + 1}", path.parent)
+        for i, w in enumerate(data.get("workloads", [{}]))
+    )
+    policies = tuple(
+        _policy(p, f"{where} [[policies]] #{i + 1}") for i, p in enumerate(data.get("policies", []))
+    )
+    if not policies:
+        raise ExperimentError(f"{where}: at least one [[policies]] table is needed")
+    return Experiment(
+        title=str(data.get("title", path.stem)),
+        mode=mode,
+        cache_sizes=tuple(str(s) for s in sizes),
+        workloads=workloads,
+        policies=policies,
+        live=_live(data.get("live", {}), f"{where} [live]"),
+        live_cache_sizes=tuple(str(s) for s in data["live_cache_sizes"])
+        if "live_cache_sizes" in data
+        else None,
+        meta={"experiment": str(path)},
+        sample=None if sample is None else float(sample),
+    )
+
+
+def _only(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ExperimentError(unknown_name(f"key in {where}:", key, allowed))
+
+
+def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
+    allowed = {f.name for f in fields(WorkloadSpec)} | {"name", "trace"}
+    _only(table, allowed, where)
+    name = str(table.get("name", "workload"))
+    if "trace" in table:
+        return Workload(name, trace_path=(base / table["trace"]).resolve())
+    values = {k: v for k, v in table.items() if k not in ("name", "trace")}
+    try:
+        if "sizes" in values:
+            values["sizes"] = SizeSpec.parse(str(values["sizes"]))
+        return Workload(name, spec=WorkloadSpec(**values))
+    except (TypeError, ValueError) as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+
+
+def _policy(table: dict[str, Any], where: str) -> PolicySpec:
+    fleet_keys = {"instances", "backend", "balancer", "cache_scale", "eviction"}
+    _only(table, {f.name for f in fields(AdmissionConfig)} | fleet_keys, where)
+    name = table.get("policy", "second-hit")
+    if name != NGINX:
+        try:
+            parse_policy(name)
+        except ValueError as exc:
+            raise ExperimentError(f"{where}: {exc} (or {NGINX!r})") from None
+    values = dict(table)
+    instances = values.pop("instances", 1)
+    backend = values.pop("backend", "memory")
+    balancer = values.pop("balancer", "client")
+    cache_scale = values.pop("cache_scale", 1)
+    eviction = values.pop("eviction", "lru")
+    if eviction not in EVICTIONS:
+        raise ExperimentError(f"{where}: " + unknown_name("eviction", str(eviction), EVICTIONS))
+    if not isinstance(cache_scale, int) or cache_scale < 1:
+        raise ExperimentError(
+            f"{where}: cache_scale = {cache_scale!r}: expected a whole number >= 1"
+        )
+    if balancer not in ("client", *BALANCING):
+        raise ExperimentError(
+            f"{where}: balancer = {balancer!r}: expected 'client', 'round-robin' or 'url-hash'"
+        )
+    if not isinstance(instances, int) or instances < 1:
+        raise ExperimentError(f"{where}: instances = {instances!r}: expected a whole number >= 1")
+    if backend not in ("memory", "redis"):
+        raise ExperimentError(f"{where}: backend = {backend!r}: expected 'memory' or 'redis'")
+    try:
+        for key in ("window", "max_window"):
+            if key in values and values[key] != "auto":
+                values[key] = parse_duration(values[key])
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    nginx = values.get("policy") == NGINX
+    if nginx:
+        values["policy"] = "second-hit"  # what nginx's min_uses 2 is compared with
+    try:
+        admission = AdmissionConfig(**values)
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return PolicySpec(admission, instances, backend, balancer, cache_scale, eviction, nginx)
+
+
+def _live(table: dict[str, Any], where: str) -> LiveSettings:
+    _only(table, {f.name for f in fields(LiveSettings)}, where)
+    values = dict(table)
+    try:
+        for key in ("origin_latency", "max_seconds"):
+            if key in values:
+                values[key] = parse_duration(values[key])
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return LiveSettings(**values)
+
+
+def demo_experiment(requests: int = 60_000) -> Experiment:
+    """The main job on embedded defaults: LRU against second hit, live and simulated."""
+    return Experiment(
+        title="onehit demo: plain LRU against cache-on-second-hit",
+        mode="both",
+        cache_sizes=("0.5%", "1%", "2%", "5%", "10%", "20%"),
+        live_cache_sizes=("5%",),
+        workloads=(
+            Workload(
+                "zipf-0.8",
+                WorkloadSpec(
+                    objects=10_000, requests=requests, alpha=0.8, one_hit_share=0.25, rate=2000.0
+                ),
+            ),
+        ),
+        policies=(
+            PolicySpec(AdmissionConfig(policy="always")),
+            PolicySpec(AdmissionConfig(policy="second-hit")),
+        ),
+        live=LiveSettings(concurrency=4, origin_latency=0.002),
+        meta={"embedded defaults": "onehit-loadgen demo"},
+    )

@@ -1,0 +1,58 @@
+/* Attributes of entries, counters and messages, read and written in their slots. */
+#include "hits.h"
+
+Attr attrs[A_COUNT] = {
+    {"method"}, {"version"}, {"should_close"}, {"upgrade"}, {"chunked"}, {"path"},
+    {"raw_headers"}, {"key"}, {"initial_age"}, {"stored_at"}, {"lifetime"}, {"directives"},
+    {"rendered"}, {"headers"}, {"status"}, {"payload"}, {"size"}, {"requests"}, {"hits"}, {"hit_bytes"},
+    {"bytes_served"},
+};
+
+PyObject *s_touch, *s_record_hit, *s_no_cache;
+
+/* Interns the attribute names and the strings the hit path compares with; -1 on error. */
+int attrs_init(void) {
+    for (int i = 0; i < A_COUNT; i++) {
+        attrs[i].name = PyUnicode_InternFromString(attrs[i].text);
+        if (attrs[i].name == NULL)
+            return -1;
+    }
+    s_touch = PyUnicode_InternFromString("touch");
+    s_record_hit = PyUnicode_InternFromString("record_hit");
+    s_no_cache = PyUnicode_InternFromString("no-cache");
+    return (s_touch == NULL || s_record_hit == NULL || s_no_cache == NULL) ? -1 : 0;
+}
+
+/* 1 true, 0 false, -1 error: the truth of obj.a. */
+int attr_true(PyObject *obj, Attr *a) {
+    PyObject *value = get(obj, a);
+    if (value == NULL)
+        return -1;
+    int truth = PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return truth;
+}
+
+/* obj.a as a double; -1 with an exception set when it is not a number. */
+int attr_double(PyObject *obj, Attr *a, double *out) {
+    PyObject *value = get(obj, a);
+    if (value == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* obj.a += delta. */
+int attr_add(PyObject *obj, Attr *a, PyObject *delta) {
+    PyObject *value = get(obj, a);
+    if (value == NULL)
+        return -1;
+    PyObject *sum = PyNumber_Add(value, delta);
+    Py_DECREF(value);
+    if (sum == NULL)
+        return -1;
+    int rc = set(obj, a, sum);
+    Py_DECREF(sum);
+    return rc;
+}
