@@ -17,8 +17,10 @@ is also stored, as a second sighting is); optionally onehit from another checkou
 outside valgrind and answers 1 KiB bodies. Needs ``valgrind``; takes about 2 minutes a server.
 ``--post``: each request is instead a POST with a 1 KiB body, which no cache stores: the
 pass-through path (unsafe methods, uploads), against the same reference forwarding it.
+``--hits``: each request is a GET of one stored URL (a plain fresh hit, on the compiled path
+after the first), against a minimal aiohttp cache (a dict in a ``web.Server`` handler).
 
-    .venv/bin/python benchmarks/bench_instructions.py [--baseline /tmp/onehit-before] [--post]
+    .venv/bin/python benchmarks/bench_instructions.py [--baseline DIR] [--post | --hits]
 """
 
 from __future__ import annotations
@@ -41,15 +43,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def misses(port: int, count: int, post: bool = False) -> None:
-    """``count`` sequential GETs (``post``: POSTs of 1 KiB), each of a URL never asked before,
-    on one connection."""
+def misses(port: int, count: int, post: bool = False, hits: bool = False) -> None:
+    """``count`` sequential GETs (``post``: POSTs of 1 KiB), each of a URL never asked before
+    (``hits``: all of one URL, stored by the warm-up's), on one connection."""
     tag = uuid.uuid4().hex[:8]
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     method, upload = ("POST", b"u" * 1024) if post else ("GET", None)
     try:
         for i in range(count):
-            connection.request(method, f"/1k/count-{tag}-{i}", body=upload)
+            path = "/1k/stored" if hits else f"/1k/count-{tag}-{i}"
+            connection.request(method, path, body=upload)
             response = connection.getresponse()
             body = response.read()
             if response.status != 200 or len(body) != 1024:
@@ -59,7 +62,8 @@ def misses(port: int, count: int, post: bool = False) -> None:
 
 
 def instructions(
-    command: list[str], cwd: Path, port: int, count: int, warm: int, post: bool = False
+    command: list[str], cwd: Path, port: int, count: int, warm: int, post: bool = False,
+    hits: bool = False,
 ) -> int:
     """User-space instructions ``command`` runs from its start to its exit after SIGTERM,
     having answered ``warm`` and then ``count`` misses."""
@@ -70,8 +74,8 @@ def instructions(
         with ExitStack() as stack:
             spawn(stack, *valgrind, *command, cwd=str(cwd))
             wait_ready(f"http://127.0.0.1:{port}/1k/warm-{uuid.uuid4().hex[:8]}", timeout=180)
-            misses(port, warm, post)
-            misses(port, count, post)
+            misses(port, warm, post, hits)
+            misses(port, count, post, hits)
         found = re.search(r"Collected : (\d+)", log.read_text())
         if found is None:
             raise RuntimeError(f"no instruction count in valgrind's log:\n{log.read_text()}")
@@ -79,10 +83,11 @@ def instructions(
 
 
 def per_miss(
-    command: list[str], cwd: Path, port: int, small: int, large: int, post: bool = False
+    command: list[str], cwd: Path, port: int, small: int, large: int, post: bool = False,
+    hits: bool = False,
 ) -> float:
-    low = instructions(command, cwd, port, small, 50, post)
-    high = instructions(command, cwd, port, large, 50, post)
+    low = instructions(command, cwd, port, small, 50, post, hits)
+    high = instructions(command, cwd, port, large, 50, post, hits)
     return (high - low) / (large - small)
 
 
@@ -91,13 +96,15 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=300, help="misses of the first run")
     parser.add_argument("--large", type=int, default=1300, help="misses of the second run")
     parser.add_argument("--baseline", help="a checkout of onehit to count beside this one")
-    parser.add_argument("--post", action="store_true", help="POSTs of 1 KiB instead of GETs")
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--post", action="store_true", help="POSTs of 1 KiB instead of GETs")
+    kind.add_argument("--hits", action="store_true", help="GETs of one stored URL")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)")
     if args.large <= args.small:
         sys.exit("--large must be more than --small")
-    what = "POST" if args.post else "miss"
+    what = "POST" if args.post else "hit" if args.hits else "miss"
     py = sys.executable
     origin_port = free_port()
     origin = f"http://127.0.0.1:{origin_port}"
@@ -113,19 +120,23 @@ def main() -> None:
                    "--set", "server.event_loop=asyncio"]  # fmt: skip
         servers[name] = (command, source, port)
     port = free_port()
-    servers["aiohttp pass-through (reference)"] = (
-        [py, str(HERE / "bench_proxy.py"), "--role", "passthrough", str(port), origin],
+    reference_name = "minimal aiohttp cache (reference)" if args.hits else (
+        "aiohttp pass-through (reference)")  # fmt: skip
+    servers[reference_name] = (
+        [py, str(HERE / "bench_proxy.py"), "--role", "mini" if args.hits else "passthrough",
+         str(port), origin],
         ROOT,
         port,
-    )
+    )  # fmt: skip
     counts: dict[str, float] = {}
     with ExitStack() as stack:
         spawn(stack, py, str(HERE / "bench_proxy.py"), "--role", "origin", str(origin_port))
         wait_ready(f"{origin}/1k/ready")
         for name, (command, cwd, port) in servers.items():
-            counts[name] = per_miss(command, cwd, port, args.small, args.large, args.post)
+            counts[name] = per_miss(command, cwd, port, args.small, args.large, args.post,
+                                    args.hits)  # fmt: skip
             print(f"{name}: {counts[name]:,.0f} instructions per {what}", flush=True)
-    reference = counts["aiohttp pass-through (reference)"]
+    reference = counts[reference_name]
     print(f"\n{'server':36} {'instructions/' + what:>18} {'x reference':>12}")
     for name, count in counts.items():
         print(f"{name:36} {count:18,.0f} {count / reference:12.2f}")

@@ -1,78 +1,71 @@
-"""Plain requests answered by the connection's protocol, before aiohttp's request handler.
+"""The proxy's own connection protocol: plain requests answered before aiohttp sees them, and
+the connection handed to aiohttp's request handler at the first request they cannot take.
 
 A cache hit is the request a cache exists for, and aiohttp's request and response objects cost
-more than the rest of a hit together. ``HitServer`` makes aiohttp's own connection protocol
-(``RequestHandler``) try each request as a hit first, and run the other plain requests (a miss,
-mostly) in a task of its own, its *lane*, instead of its handler's loop. What it guarantees:
+more than the rest of a hit together. Each connection therefore begins with a ``Front``, a
+protocol of the proxy's own, which reads the client's requests one at a time. What it
+guarantees:
 
-* One parser judges. aiohttp's request parser (llhttp, strict) splits the bytes into
-  requests, as it does for every other request; what it refuses is refused as before (400),
-  never answered. Only while that parser stands at a request's start, holding no bytes, and
-  no access log reads its messages, may a request be read from its bytes instead
-  (``PlainHits.answer_bytes``): one whole plain request (GET or HEAD, origin-form,
-  HTTP/1.1, plain fields, one Host, nothing that frames a body or ends the connection), a
-  strict subset of what that parser takes, read as it reads it. A hit so read is answered at
-  once; any other such request is fed to the parser, exactly its bytes, and goes on as
-  parsed. From the first bytes that are not one whole plain request, the parser reads the
-  connection's bytes for the rest of its life.
-* Only a plain fresh hit is answered as parsed; the answerers say which (``Proxy.answer_hit``,
-  and its compiled common case ``Proxy.plain_hits``): GET or HEAD, HTTP/1.1 keep-alive, no
-  body, no precondition (a matching validator gets its 304 and a byte range its 206 or 416
-  here too).
-* Another plain request (GET or HEAD, HTTP/1.1 keep-alive, no body, an origin-form target and
-  a Host) goes to the lane: the same request handler (``Proxy.handle``) answers it, over a
-  request object that carries only what the handler and aiohttp's responses read
-  (``LaneRequest``), without the handler loop's task and request object per request. What
-  starts it (``Proxy.start``) may instead leave it ``Pending`` outside any task (a miss sent
-  to the origin at once, answered in the callback that brings the answer): it then ends as
-  a lane's request ends, or goes on as the lane's task.
-* Anything else goes to aiohttp's handler. Requests keep their order: while the lane answers
-  one, the requests after it are held, parsed, and go on (answered as parsed, to the lane, or
-  to the handler) when it ends; once one is queued for the handler, every later request on
-  the connection waits its turn behind it.
+* One parser judges. A request is read from its bytes (``PlainHits.answer_bytes``) only when
+  they hold one whole plain request (GET or HEAD, origin-form, HTTP/1.1, plain fields, one
+  Host, nothing that frames a body or ends the connection): a strict subset of what aiohttp's
+  request parser (llhttp, strict) takes, read as it reads it. Any other head is parsed by that
+  same parser, with aiohttp's limits, exactly its bytes.
+* A plain fresh hit is answered at once; the answerers say which (``Proxy.plain_hits``, then
+  ``Proxy.answer_hit``): GET or HEAD, HTTP/1.1 keep-alive, no body, no precondition (a
+  matching validator gets its 304 and a byte range its 206 or 416 here too).
+* Another plain request (GET or HEAD, HTTP/1.1 keep-alive, no body, an origin-form target and a
+  Host) goes to the connection's *lane*: the proxy's handler (``Proxy.handle``) answers it,
+  over a request object that carries only what the handler and aiohttp's responses read
+  (``LaneRequest``). What starts it (``Proxy.start``) may instead leave it ``Pending`` outside
+  any task (a miss sent to the origin at once, answered in the callback that brings its
+  answer): it then ends as a lane's request ends, or goes on as the lane's task.
+* Anything else (a body, HTTP/1.0, ``Connection: close``, an upgrade, what the parser refuses,
+  a client that stops reading) hands the connection over, from that request's first byte, to
+  aiohttp's request handler (``web.Server``'s protocol, through the asyncio transport's own
+  ``set_protocol``), which serves it to its end. Requests keep their order: the front answers
+  one at a time and hands over only between answers.
 * The same answer: the same status, fields, body and counters as the handler would give, and
   the same access log line.
-* Back-pressure holds. While the client is not reading (the transport asked to pause
-  writing), requests queue for aiohttp's handler, which waits for the client, and the queue's
-  limit stops reading the connection. A hit's body past ``PIECE`` bytes is handed to the
-  transport a piece at a time as it drains, never copied, and the requests after it are held
-  until its last piece is written. The lane writes through aiohttp's writer (as
-  ``FieldWriter`` extends it), which waits for the client too, and the requests it holds
-  meet the same limit; an answer whose whole body is in hand (a small miss, mostly) it may
-  write at once, as a hit is written (``LaneRequest.write_at_once``): the bytes that writer
-  would write.
-* Every answer pushes back the connection's idle timeout, as one from the handler does; a
-  connection is not idle while the lane answers on it.
-* A graceful shutdown waits for the lane's request as for the handler's.
+* Back-pressure holds. While the lane answers, the front holds the bytes that arrive after its
+  request, up to ``HOLD_LIMIT``, then stops reading. A hit's body past ``PIECE`` bytes is handed
+  to the transport a piece at a time as it drains, never copied. A client that stops reading
+  (the transport asks to pause writing) is handed to aiohttp's handler, which waits for it.
+* A connection with nothing to answer closes after ``[server] idle_timeout``, as aiohttp's
+  does; a graceful shutdown stops reading new requests and waits for the lane's.
 * A bug in answering a hit here is logged, and the lane or the handler answers the request.
 
-It drives a few of ``RequestHandler``'s private fields (its parser, its queue of requests, its
-idle timer, its request-in-progress flag), which is why ``pyproject.toml`` holds aiohttp to
-one minor version and ``tests/test_fastpath.py`` pins every one of these rules.
+It uses what aiohttp offers every protocol its writers and streams run on (``BaseProtocol``'s
+flow control), its exported request parser and message, and ``web.Server`` as the protocol
+factory of handed-over connections: none of its request handler's private fields.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
-from aiohttp.http import HttpVersion11
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http import HttpRequestParser, HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import RawRequestMessage
 from aiohttp.streams import EMPTY_PAYLOAD
-from aiohttp.web_protocol import RequestHandler, _ErrInfo
+from aiohttp.web_log import AccessLogger
 from multidict import CIMultiDict
 
 from proxy.logs import HTTP_ERRORS
-from proxy.writer import PIECE, ClientProtocol, FieldWriter, ProxyServer
+from proxy.writer import PIECE, FieldWriter, ProxyServer, SendWatch
 
 # A body below this is joined to its head in one bytes object (copying it costs less than a
 # second send); a larger one goes beside it in one ``writelines``: one system call on uvloop
 # (writev, where two writes made two) and on asyncio's loop from Python 3.12 (sendmsg), while
 # 3.11's asyncio joins the two itself (measured no slower than two writes).
 JOIN_BELOW = 64 << 10
+# Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
+# of a request in part): past it, reading stops until the lane's request ends.
+HOLD_LIMIT = 256 << 10
 
 # A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
 # status); None when the next answerer, and after the last the lane or aiohttp's handler, is
@@ -104,9 +97,9 @@ StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
 
 
 class HitServer(ProxyServer):
-    """``ProxyServer`` whose connections try ``answers``, in order, and run the other plain
-    requests in their lane (started by ``start``: by default the work of ``handler``), before
-    aiohttp's request handler."""
+    """``ProxyServer`` whose connections begin with a ``Front`` that tries ``answers``, in
+    order, and runs the other plain requests in its lane (started by ``start``: by default
+    the work of ``handler``), before aiohttp's request handler."""
 
     def __init__(
         self,
@@ -114,246 +107,240 @@ class HitServer(ProxyServer):
         answers: Sequence[AnswerHit],
         start: StartLane | None = None,
         answer_bytes: AnswerBytes | None = None,
+        *,
+        keepalive_timeout: float = 3630,
+        max_line_size: int = 8190,
+        max_field_size: int = 8190,
+        max_headers: int = 128,
+        access_log: Any = None,
+        access_log_class: type = AccessLogger,
+        access_log_format: str = AccessLogger.LOG_FORMAT,
         **kwargs: Any,
     ) -> None:
-        super().__init__(handler, **kwargs)
+        super().__init__(
+            handler, keepalive_timeout=keepalive_timeout, max_line_size=max_line_size,
+            max_field_size=max_field_size, max_headers=max_headers, access_log=access_log,
+            access_log_class=access_log_class, access_log_format=access_log_format, **kwargs,
+        )  # fmt: skip
         self.answers = tuple(answers)
         self.start: StartLane = start if start is not None else handler
         self.answer_bytes = answer_bytes
+        self.keepalive_timeout = keepalive_timeout
+        self.limits = (max_line_size, max_field_size, max_headers)
+        # The head a front waits for: past this without its end, the parser judges it.
+        self.head_limit = max_line_size + max_field_size + 4
+        self.access_logger = access_log_class(access_log, access_log_format) if access_log else None
+        self.fronts: set[Front] = set()
+        self.draining = False
 
-    def __call__(self) -> RequestHandler:
-        return HitHandler(self, loop=self._loop, **self._kwargs)
+    def __call__(self) -> Front:  # type: ignore[override]
+        return Front(self)
+
+    def handler(self) -> asyncio.Protocol:
+        """aiohttp's protocol, for a connection a front hands over."""
+        return super().__call__()
+
+    @property
+    def connections(self) -> list[Any]:
+        return [*self.fronts, *super().connections]
+
+    def pre_shutdown(self) -> None:
+        self.draining = True
+        for front in list(self.fronts):
+            front.drain()
+        super().pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        fronts = [front.shutdown(timeout) for front in list(self.fronts)]
+        await asyncio.gather(*fronts, super().shutdown(timeout))
 
 
-class HitHandler(ClientProtocol):
-    """aiohttp's connection protocol, answering plain fresh hits as they are parsed and other
-    plain requests in its lane."""
+class Front(SendWatch, BaseProtocol):
+    """A connection's first protocol: plain fresh hits answered as they are read, other plain
+    requests in its lane, and the rest handed to aiohttp's handler."""
 
     __slots__ = (
-        "_answer_bytes", "_answers", "_at_start", "_full", "_held", "_lane", "_remote",
-        "_scheme", "_start",
+        "_access_logger", "_answer_bytes", "_answers", "_buffer", "_closing", "_drained",
+        "_ended", "_idle", "_lane", "_last", "_parser", "_remote", "_scheme", "_send_timeout",
+        "_sending", "_server", "_start", "_unsent", "handed_over",
     )  # fmt: skip
 
-    def __init__(self, manager: HitServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._answers = manager.answers
-        self._start = manager.start
-        self._answer_bytes = manager.answer_bytes
-        # Whether aiohttp's parser stands at a request's start, holding no bytes, so that the
-        # next request may be read from its bytes (``_answer_whole``).
-        self._at_start = self._answer_bytes is not None
+    def __init__(self, server: HitServer) -> None:
+        super().__init__(asyncio.get_running_loop())
+        self._init_watch(server.send_timeout)
+        self._server = server
+        self._answers = server.answers
+        self._start = server.start
+        self._answer_bytes = server.answer_bytes
+        # As aiohttp's handler: whether to log is decided per connection, when it opens.
+        logger = server.access_logger
+        self._access_logger = logger if logger is not None and logger.enabled else None
+        self._parser: HttpRequestParser | None = None
+        self._buffer = b""  # bytes received and not yet answered or handed over
+        self._lane: asyncio.Task[None] | Pending | None = None
         self._remote = ""
         self._scheme = "http"
-        self._lane: asyncio.Task[None] | Pending | None = None
-        self._held: list[tuple[Any, Any]] = []
-        self._full = False  # whether the parser may hold bytes back at its queue limit
+        self._closing = False  # no request after the one in the lane
+        self._last = 0.0  # when the connection last answered, or opened
+        self._idle: asyncio.TimerHandle | None = None
+        self._ended: asyncio.Future[None] | None = None  # a graceful shutdown's wait
+        self.handed_over = False
+
+    @property
+    def held(self) -> bytes:
+        """The request bytes held behind the lane's request."""
+        return self._buffer
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._buffer_paused
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         peer = transport.get_extra_info("peername")
         # As ``BaseRequest.remote``: the address of a TCP peer, else the peer as given.
         self._remote = peer[0] if isinstance(peer, (list, tuple)) else str(peer or "")
         if transport.get_extra_info("sslcontext") is not None:
             self._scheme = "https"
+        self._server.fronts.add(self)
+        self._last = self._loop.time()
+        self._watch_idle()
+        if self._server.draining:
+            self.drain()
 
     def data_received(self, data: bytes) -> None:
-        if self._lane is not None and not (self._force_close or self._close):
-            self._hold(data)
-            return
-        if (
-            self._force_close
-            or self._close
-            or self._payload_parser is not None
-            or self._upgraded
-            or not self._idle()
-        ):
-            if data:
-                self._at_start = False
-            super().data_received(data)
-            return
-        if self._at_start and data:
-            data = self._answer_whole(data)
-            if data:
-                self._at_start = False
-                self.data_received(data)
-            return
-        while True:
-            messages, upgraded, tail = self._parse(data)
-            taken = self._answer(messages)
-            if upgraded or taken < len(messages) or not self._full or self._lane is not None:
-                break
-            # Every request was answered, and the parser may have stopped at its queue limit
-            # and held the rest of the bytes back, so ask it for more.
-            data = b""
-        self._upgraded = upgraded
-        if upgraded and tail:
-            self._message_tail = tail
-        self._pass_on(messages[taken:])
-
-    def _answer_whole(self, data: bytes) -> bytes:
-        """Answer the leading whole plain requests of ``data`` from their bytes: a hit
-        (``PlainHits.answer_bytes``) at once, as ``_answer`` writes one; any other, once
-        aiohttp's parser has read exactly its bytes, as ``_answer`` answers it. What is left
-        from the first request that is not a whole plain one, or from where answering must
-        wait (a lane's request, a client not reading), is the parser's to read."""
-        answer = self._answer_bytes
-        assert answer is not None
-        transport = self.transport
-        start, size = 0, len(data)
-        while start < size and not self._paused and transport is not None:
-            started = self._loop.time()
-            try:
-                found = answer(data, start)
-            except Exception:
-                # A bug here costs speed, never the answer: aiohttp's parser reads the rest.
-                HTTP_ERRORS.exception("answering a request as its bytes came failed")
-                found = None
-            if found is None:
-                break
-            end = found[0]
-            if len(found) == 4:
-                # As ``_answer`` writes a hit, inline: a method shared by the two cost 4-7% of
-                # the hits per second read from their bytes (1 KiB, measured).
-                self._request_count += 1
-                self._manager.requests_count += 1  # type: ignore[union-attr]
-                body = found[2]
-                if not body:
-                    transport.write(found[1])
-                elif len(body) <= PIECE:
-                    transport.writelines((found[1], body))
-                else:
-                    self._send_large(found[1], body)
-                self._next_keepalive_close_time = started + self._keepalive_timeout
-                if self._logging_enabled and self.access_logger is not None:
-                    self.access_logger.log(
-                        _ReadRequest(data[start:end], self._remote),  # type: ignore[arg-type]
-                        _LoggedResponse(*found[1:]),  # type: ignore[arg-type]
-                        self._loop.time() - started,
-                    )
-                start = end
-                continue
-            # Exactly one whole request: the parser stands at a request's start again after.
-            messages, _, _ = self._parse(data[start:end])
-            self._at_start = True
-            start = end
-            taken = self._answer(messages, nothing_stored=found[1] is False)
-            if taken < len(messages):
-                self._pass_on(messages[taken:])
-                break
-            if self._lane is not None:
-                break
-        return data[start:]
-
-    def _parse(self, data: bytes) -> tuple[list[tuple[Any, Any]], bool, bytes]:
-        """The requests in ``data``, as aiohttp's handler parses them: a request the parser
-        refuses becomes its 400."""
-        parser = self._parser
-        assert parser is not None
-        if data:
-            self._at_start = False
-        try:
-            messages, upgraded, tail = parser.feed_data(data)
-        except HttpProcessingError as exc:
-            error = _ErrInfo(status=400, exc=exc, message=exc.message)
-            return [(error, EMPTY_PAYLOAD)], False, b""
-        # The parser stops once as many requests as its queue holds are parsed and not yet
-        # taken (those held here among them), and keeps the bytes after them until fed again.
-        self._full = len(messages) + len(self._held) >= self._max_msg_queue_size - 1
-        return messages, upgraded, tail
-
-    def _pass_on(self, rest: list[tuple[Any, Any]]) -> None:
-        """Hold ``rest`` behind the lane's request, or hand it to aiohttp's handler."""
+        self._buffer += data
         if self._lane is not None:
-            self._held.extend(rest)
-            self._hold_limit()
+            if len(self._buffer) > HOLD_LIMIT and not self._buffer_paused:
+                self._pause_reading_for_buffer()
             return
-        self._queue(rest)
-        if rest and not self._upgraded:
-            # The parser stops at its queue limit and holds back the bytes after it; what it
-            # held goes to the handler's queue now, behind ``rest``, as the handler's own
-            # reading would have sent it.
-            super().data_received(b"")
+        self._go_on()
 
-    def _hold(self, data: bytes) -> None:
-        """Parse and hold what arrives while the lane answers a request."""
-        if self._upgraded:
-            self._message_tail += data
-        else:
-            messages, upgraded, tail = self._parse(data)
-            self._held.extend(messages)
-            self._upgraded = upgraded
-            if upgraded and tail:
-                self._message_tail = tail
-        self._hold_limit()
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes, as under aiohttp's handler
 
-    def _hold_limit(self) -> None:
-        """Stop reading at the limits of aiohttp's own queue and tail."""
-        if not self._buffer_paused and (
-            len(self._held) >= self._max_msg_queue_size
-            or len(self._message_tail) >= self._read_bufsize
-        ):
-            self._pause_reading_for_buffer()
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._server.fronts.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        # The lane's request goes on (its fetch may still be stored); its writes find the
+        # transport closed.
+        super().connection_lost(exc)
 
-    def _idle(self) -> bool:
-        """Nothing is queued for or being handled by aiohttp's handler: an answer written now
-        is in order."""
-        if self._messages or self._request_in_progress:
-            return False
-        waiter = self._waiter
-        # Parked for the next request, or not yet started (no request seen).
-        return (waiter is not None and not waiter.done()) or self._request_count == 0
-
-    def _answer(self, messages: list[tuple[Any, Any]], *, nothing_stored: bool = False) -> int:
-        """Answer the leading plain hits of ``messages``, and start the lane on the plain
-        request after them, if one is; how many requests were taken. ``nothing_stored``:
-        the first request's URL has nothing stored (no answerer need be asked)."""
+    def _go_on(self) -> None:
+        """Answer what the buffer holds, in order, until it is empty or the lane is busy."""
+        data = self._buffer
+        start = 0
         transport = self.transport
-        done = 0
-        for message, payload in messages:
-            if (
-                self._paused
-                or transport is None
-                or payload is not EMPTY_PAYLOAD
-                or type(message) is _ErrInfo
-            ):
+        while start < len(data) and self._lane is None:
+            if transport is None or transport.is_closing() or self._closing:
                 break
-            started = self._loop.time()
-            answered = None
+            if self._paused:
+                self._hand_over(data[start:])  # a client that does not read: aiohttp waits
+                return
+            end = self._answer_at(data, start)
+            if end < 0:
+                if self.handed_over:
+                    return
+                break  # a request in part: more bytes first
+            start = end
+        self._buffer = data[start:] if start else data
+
+    def _answer_at(self, data: bytes, start: int) -> int:
+        """Answer the request at ``data[start:]``, or hand the connection over: where the next
+        request begins; -1 when more bytes must come first, or the connection was handed
+        over."""
+        started = self._loop.time()
+        found = None
+        if self._answer_bytes is not None:
             try:
-                for answer in () if nothing_stored else self._answers:
+                found = self._answer_bytes(data, start)
+            except Exception:
+                # A bug here costs speed, never the answer: the parser reads the request.
+                HTTP_ERRORS.exception("answering a request as its bytes came failed")
+        if found is not None and len(found) == 4:
+            end = found[0]
+            self._last = started
+            self._write(found[1], found[2])
+            if self._access_logger is not None:
+                self._log(_ReadRequest(data[start:end], self._remote),
+                          _LoggedResponse(*found[1:]), started)  # fmt: skip
+            return end
+        if found is None:
+            end = data.find(b"\r\n\r\n", start) + 4
+            if end < 4:
+                rest = data[start:]
+                if len(rest) > self._server.head_limit or b"\n" in rest.replace(b"\r\n", b""):
+                    self._hand_over(rest)  # too long, or a bare LF: the parser refuses it
+                return -1
+        else:
+            end = found[0]
+        message = self._parse(data[start:end])
+        if message is None or not _lane_may_answer(message):
+            self._hand_over(data[start:])
+            return -1
+        answered = None
+        if found is None or found[1] is not False:  # False: nothing stored for its URL
+            try:
+                for answer in self._answers:
                     answered = answer(message, self._remote, self._scheme)
                     if answered is not None:
                         break
             except Exception:
-                # A bug here costs speed, never the answer: the lane or the handler answers.
                 HTTP_ERRORS.exception(
                     "answering %s %s as parsed failed", message.method, message.path
                 )
                 answered = None
-            if not answered:
-                if _lane_may_answer(message):
-                    self._run_lane(message)
-                    done += 1
-                break
-            self._request_count += 1
-            self._parser.message_consumed()  # type: ignore[union-attr]
-            self._manager.requests_count += 1  # type: ignore[union-attr]
-            body = answered[1]
-            if not body:
-                transport.write(answered[0])
-            elif len(body) <= PIECE:
-                transport.writelines((answered[0], body))
-            else:
-                self._send_large(answered[0], body)
-            self._next_keepalive_close_time = started + self._keepalive_timeout
-            if self._logging_enabled and self.access_logger is not None:
-                self.access_logger.log(
-                    _LoggedRequest(message, self._remote),  # type: ignore[arg-type]
-                    _LoggedResponse(*answered),  # type: ignore[arg-type]
-                    self._loop.time() - started,
-                )
-            done += 1
-        return done
+        self._last = started
+        if answered:
+            self._write(answered[0], answered[1])
+            if self._access_logger is not None:
+                self._log(_LoggedRequest(message, self._remote), _LoggedResponse(*answered),
+                          started)  # fmt: skip
+            return end
+        self._run_lane(message)
+        return end
+
+    def _parse(self, head: bytes) -> RawRequestMessage | None:
+        """``head``, one request's head, as aiohttp's handler would parse it; None when the
+        parser refuses it, reads a body or more than one request into it."""
+        parser = self._parser
+        if parser is None:
+            line, field, headers = self._server.limits
+            parser = self._parser = HttpRequestParser(
+                self, self._loop, 2**16, max_line_size=line, max_field_size=field,
+                max_headers=headers,
+            )  # fmt: skip
+        try:
+            messages, upgraded, _ = parser.feed_data(head)
+        except HttpProcessingError:
+            self._parser = None
+            return None
+        if upgraded or len(messages) != 1 or messages[0][1] is not EMPTY_PAYLOAD:
+            self._parser = None  # it may stand inside a body: a new one reads the next head
+            return None
+        parser.message_consumed()
+        return messages[0][0]
+
+    def _write(self, head: bytes, body: bytes | memoryview) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._server.requests_count += 1
+        if not body:
+            transport.write(head)
+        elif len(body) <= PIECE:
+            transport.writelines((head, body))
+        else:
+            self._send_large(head, body)
+
+    def _log(self, request: Any, response: Any, started: float) -> None:
+        """The access log line of an answer written here, as aiohttp's handler logs one."""
+        assert self._access_logger is not None
+        self._access_logger.log(request, response, self._loop.time() - started)
 
     def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
         """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes
@@ -365,7 +352,6 @@ class HitHandler(ClientProtocol):
         rest = self._write_while_taken(view[PIECE:])
         if rest is not None:
             self._lane = _Unsent(rest)
-            self._request_in_progress = True  # a graceful shutdown waits for it
 
     def _write_while_taken(self, rest: memoryview) -> memoryview | None:
         """Write pieces of ``rest`` until writing pauses; what is left of it, if anything."""
@@ -394,11 +380,8 @@ class HitHandler(ClientProtocol):
         self._go_on()
 
     def _run_lane(self, message: RawRequestMessage) -> None:
-        """Answer ``message`` in the lane, counted as aiohttp's handler counts a request."""
-        self._request_count += 1
-        self._parser.message_consumed()  # type: ignore[union-attr]
-        self._manager.requests_count += 1  # type: ignore[union-attr]
-        self._request_in_progress = True  # a graceful shutdown waits for it
+        """Answer ``message`` in the lane."""
+        self._server.requests_count += 1
         request = LaneRequest(message, self._remote, self._scheme, self)
         work = self._start(request)
         if isinstance(work, Pending):
@@ -430,69 +413,90 @@ class HitHandler(ClientProtocol):
     def _lane_free(self) -> None:
         """The lane's request is no longer in progress."""
         self._lane = None
-        self._request_in_progress = False
-        waiter = self._handler_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        ended = self._ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
 
     def _lane_done(
         self, request: LaneRequest, response: web.StreamResponse | None, written: bool
     ) -> None:
         """After the lane's answer (``written``: whole): its log line, then the requests
         held behind it, or the connection's end."""
-        if response is not None and self._logging_enabled and self.access_logger is not None:
-            self.access_logger.log(request, response, self._loop.time() - request.started)  # type: ignore[arg-type]
-        if not written or not response.keep_alive:  # type: ignore[union-attr]
-            self.force_close()
+        self._last = self._loop.time()
+        if response is not None and self._access_logger is not None:
+            self._log(request, response, request.started)
+        if not written or not response.keep_alive or self._closing:  # type: ignore[union-attr]
+            if self.transport is not None:
+                self.transport.close()
             return
-        self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
         self._go_on()
 
-    def _go_on(self) -> None:
-        """After the lane's answer: the held requests go on in order."""
-        held, self._held = self._held, []
-        if self._force_close or self._close or self.transport is None:
-            return
-        if held:
-            taken = self._answer(held)
-            self._pass_on(held[taken:])
-        if self._lane is None and not self._messages:
-            if self._buffer_paused:
-                self._resume_reading_if_drained()
-            elif self._full:
-                self.data_received(b"")
+    def _hand_over(self, data: bytes) -> None:
+        """Give the connection to aiohttp's handler, which reads ``data`` first."""
+        transport = self.transport
+        assert transport is not None and self._lane is None
+        self.handed_over = True
+        self._server.fronts.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self.stop_watching()
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        self._buffer = b""
+        handler = self._server.handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused:
+            handler.pause_writing()
+        handler.data_received(data)
 
-    def _process_keepalive(self) -> None:
+    def _watch_idle(self) -> None:
+        timeout = self._server.keepalive_timeout
+        if timeout > 0:
+            self._idle = self._loop.call_at(self._last + timeout, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Close a connection that answered nothing for the idle timeout and has nothing in
+        progress (a request in part counts as nothing, as under aiohttp's handler)."""
+        self._idle = None
+        if self.transport is None:
+            return
         if self._lane is not None:
-            # Not idle: look again an idle timeout after now.
-            self._next_keepalive_close_time = self._loop.time() + self._keepalive_timeout
-        super()._process_keepalive()
-
-    async def shutdown(self, timeout: float | None = 15.0) -> None:
-        # aiohttp's shutdown waits for the lane's request (it is in progress) up to
-        # ``timeout``; one still running then is cancelled, as the handler's would be.
-        await super().shutdown(timeout)
-        lane = self._lane
-        if lane is not None:
-            lane.cancel()
-            if isinstance(lane, Pending):
-                self._lane_free()
-
-    def _queue(self, messages: list[tuple[Any, Any]]) -> None:
-        """Hand ``messages`` to aiohttp's handler, as ``RequestHandler.data_received`` does."""
-        if not messages:
+            self._last = self._loop.time()  # not idle: look again an idle timeout from now
+        elif self._loop.time() >= self._last + self._server.keepalive_timeout:
+            self.transport.close()
             return
-        self._request_count += len(messages)
-        self._messages.extend(messages)
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-        if not self._buffer_paused and len(self._messages) >= self._max_msg_queue_size:
-            self._pause_reading_for_buffer()
+        self._watch_idle()
+
+    def drain(self) -> None:
+        """Answer no request after the one in progress (a graceful shutdown)."""
+        self._closing = True
+        if self._lane is None and self.transport is not None:
+            self.transport.close()
+
+    async def shutdown(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for the lane's request, then close; one still running is
+        cancelled, as the handler's would be."""
+        self.drain()
+        if self._lane is not None:
+            self._ended = self._loop.create_future()
+            try:
+                await asyncio.wait_for(self._ended, timeout)
+            except TimeoutError:
+                lane = self._lane
+                if lane is not None:
+                    lane.cancel()
+                    if not isinstance(lane, asyncio.Task):
+                        self._lane_free()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class _Unsent(Pending):
-    """The rest of a large body answered on the fast path, written as the transport drains."""
+    """The rest of a large body answered as read, written as the transport drains."""
 
     __slots__ = ("rest",)
 
@@ -601,11 +605,7 @@ class LaneRequest(_LoggedRequest):
     keep_alive = True
 
     def __init__(
-        self,
-        message: RawRequestMessage,
-        remote: str,
-        scheme: str,
-        protocol: HitHandler,
+        self, message: RawRequestMessage, remote: str, scheme: str, protocol: Front
     ) -> None:
         super().__init__(message, remote)
         self.scheme = scheme

@@ -9,7 +9,7 @@ common case, which give the same bytes and counts as the request handler.
   (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
   ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
   the origin sent none, ``Date``.
-* The compiled answerer (``plain_hits``, ``proxy/_hits.c``) finds and counts a hit as
+* The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit as
   ``CacheEngine.fresh_plain`` and ``served`` do, and writes the bytes ``answer`` would; what it
   declines ``answer`` decides.
 """

@@ -73,28 +73,37 @@ class FieldWriter(StreamWriter):
         self._headers_written = False
 
 
-class ClientProtocol(RequestHandler):
-    """aiohttp's connection protocol, closing a client that takes no byte of what is written
-    to it for the server's ``send_timeout`` seconds (as nginx's ``send_timeout``): checked
-    while writing is paused, and a client that takes some bytes in that time goes on."""
+class SendWatch:
+    """Closes a client that takes no byte of what is written to it for ``send_timeout``
+    seconds (as nginx's ``send_timeout``): checked while writing is paused, and a client that
+    takes some bytes in that time goes on. A mixin before aiohttp's ``BaseProtocol`` (whose
+    flow control it watches); the class declares the slots ``_drained``, ``_send_timeout``,
+    ``_sending`` and ``_unsent``."""
 
-    __slots__ = ("_drained", "_send_timeout", "_sending", "_unsent")
+    __slots__ = ()
 
-    def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._send_timeout = manager.send_timeout
-        self._sending: asyncio.TimerHandle | None = None
-        self._unsent = 0  # the transport's buffered bytes when last looked at
-        self._drained = False  # whether the transport drained since then
+    _loop: asyncio.AbstractEventLoop
+    _paused: bool
+    transport: asyncio.Transport | None
+    _send_timeout: float
+    _sending: asyncio.TimerHandle | None
+    _unsent: int  # the transport's buffered bytes when last looked at
+    _drained: bool  # whether the transport drained since then
+
+    def _init_watch(self, send_timeout: float) -> None:
+        self._send_timeout = send_timeout
+        self._sending = None
+        self._unsent = 0
+        self._drained = False
 
     def pause_writing(self) -> None:
-        super().pause_writing()
+        super().pause_writing()  # type: ignore[misc]
         if self._sending is None and self.transport is not None:
             self._watch_sending(self.transport.get_write_buffer_size())
 
     def resume_writing(self) -> None:
         self._drained = True
-        super().resume_writing()
+        super().resume_writing()  # type: ignore[misc]
 
     def _watch_sending(self, unsent: int) -> None:
         self._unsent = unsent
@@ -113,6 +122,26 @@ class ClientProtocol(RequestHandler):
         log.info("closing a client that took no bytes for %gs", self._send_timeout)
         transport.abort()
 
+    def stop_watching(self) -> None:
+        if self._sending is not None:
+            self._sending.cancel()
+            self._sending = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.stop_watching()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class ClientProtocol(SendWatch, RequestHandler):
+    """aiohttp's connection protocol, watched for clients that take no bytes (``SendWatch``),
+    and answering what it cannot parse or handle without a ``Server`` field."""
+
+    __slots__ = ("_drained", "_send_timeout", "_sending", "_unsent")
+
+    def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._init_watch(manager.send_timeout)
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -127,12 +156,6 @@ class ClientProtocol(RequestHandler):
         answer = RelayedWhole(status=made.status, headers=made.headers, body=made.body or b"")
         answer.force_close()
         return answer
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._sending is not None:
-            self._sending.cancel()
-            self._sending = None
-        super().connection_lost(exc)
 
 
 class ProxyServer(web.Server):

@@ -1,4 +1,4 @@
-"""The compiled plain hit (``Proxy.plain_hits``, ``proxy/_hits.c``): for every request it
+"""The compiled plain hit (``Proxy.plain_hits``, ``proxy/hitpath/``): for every request it
 answers, the bytes ``Proxy.answer_hit`` would write and the counts ``CacheEngine.served`` would
 make; every other request it declines, counting nothing.
 
