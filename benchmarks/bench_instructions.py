@@ -62,7 +62,12 @@ def misses(port: int, count: int, post: bool = False, hits: bool = False) -> Non
 
 
 def instructions(
-    command: list[str], cwd: Path, port: int, count: int, warm: int, post: bool = False,
+    command: list[str],
+    cwd: Path,
+    port: int,
+    count: int,
+    warm: int,
+    post: bool = False,
     hits: bool = False,
 ) -> int:
     """User-space instructions ``command`` runs from its start to its exit after SIGTERM,
@@ -83,7 +88,12 @@ def instructions(
 
 
 def per_miss(
-    command: list[str], cwd: Path, port: int, small: int, large: int, post: bool = False,
+    command: list[str],
+    cwd: Path,
+    port: int,
+    small: int,
+    large: int,
+    post: bool = False,
     hits: bool = False,
 ) -> float:
     low = instructions(command, cwd, port, small, 50, post, hits)

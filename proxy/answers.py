@@ -19,7 +19,7 @@ from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
 from proxy.core.cached import MARKS, NOT_MODIFIED_DROPS, CachedHead, cached_head, per_answer
 from proxy.core.events import Answer
-from proxy.fastpath import LaneRequest, Written
+from proxy.lane import LaneRequest, Written
 from proxy.pool import Fields, Interim
 from proxy.upstream import UpstreamResponse
 from proxy.writer import Relayed, RelayedWhole

@@ -1,99 +1,61 @@
-"""The proxy's own connection protocol: plain requests answered before aiohttp sees them, and
-the connection handed to aiohttp's request handler at the first request they cannot take.
+"""The proxy's own connection protocol (``Front``): plain requests answered before aiohttp sees
+them, and the connection handed to aiohttp's request handler at the first one it cannot take.
 
-A cache hit is the request a cache exists for, and aiohttp's request and response objects cost
-more than the rest of a hit together. Each connection therefore begins with a ``Front``, a
-protocol of the proxy's own, which reads the client's requests one at a time. What it
-guarantees:
-
-* One parser judges. A request is read from its bytes (``PlainHits.answer_bytes``) only when
-  they hold one whole plain request (GET or HEAD, origin-form, HTTP/1.1, plain fields, one
-  Host, nothing that frames a body or ends the connection): a strict subset of what aiohttp's
-  request parser (llhttp, strict) takes, read as it reads it. Any other head is parsed by that
-  same parser, with aiohttp's limits, exactly its bytes.
-* A plain fresh hit is answered at once; the answerers say which (``Proxy.plain_hits``, then
-  ``Proxy.answer_hit``): GET or HEAD, HTTP/1.1 keep-alive, no body, no precondition (a
-  matching validator gets its 304 and a byte range its 206 or 416 here too).
-* Another plain request (GET or HEAD, HTTP/1.1 keep-alive, no body, an origin-form target and a
-  Host) goes to the connection's *lane*: the proxy's handler (``Proxy.handle``) answers it,
-  over a request object that carries only what the handler and aiohttp's responses read
-  (``LaneRequest``). What starts it (``Proxy.start``) may instead leave it ``Pending`` outside
-  any task (a miss sent to the origin at once, answered in the callback that brings its
-  answer): it then ends as a lane's request ends, or goes on as the lane's task.
+* One parser judges: a request is read from its bytes (``PlainHits.answer_bytes``) only when
+  they hold one whole plain request, a strict subset of what aiohttp's request parser (llhttp,
+  strict) takes, read as it reads it; any other head is parsed by that parser, with aiohttp's
+  limits, exactly its bytes.
+* A plain fresh hit is answered at once by the answerers (``Proxy.plain_hits``, then
+  ``Proxy.answer_hit``); another plain request goes to the connection's lane (``proxy.lane``),
+  answered by ``Proxy.handle`` or left ``Pending`` by ``Proxy.start``.
 * Anything else (a body, HTTP/1.0, ``Connection: close``, an upgrade, what the parser refuses,
   a client that stops reading) hands the connection over, from that request's first byte, to
-  aiohttp's request handler (``web.Server``'s protocol, through the asyncio transport's own
-  ``set_protocol``), which serves it to its end. Requests keep their order: the front answers
-  one at a time and hands over only between answers.
-* The same answer: the same status, fields, body and counters as the handler would give, and
-  the same access log line.
-* Back-pressure holds. While the lane answers, the front holds the bytes that arrive after its
-  request, up to ``HOLD_LIMIT``, then stops reading. A hit's body past ``PIECE`` bytes is handed
-  to the transport a piece at a time as it drains, never copied. A client that stops reading
-  (the transport asks to pause writing) is handed to aiohttp's handler, which waits for it.
-* A connection with nothing to answer closes after ``[server] idle_timeout``, as aiohttp's
-  does; a graceful shutdown stops reading new requests and waits for the lane's.
-* A bug in answering a hit here is logged, and the lane or the handler answers the request.
+  aiohttp's protocol (``web.Server``'s, through the transport's ``set_protocol``), which
+  serves it to its end. The front answers one request at a time and hands over only between
+  answers, so requests keep their order; each gets the handler's answer, counters and log line.
+* While the lane answers, the bytes after its request are held up to ``HOLD_LIMIT``, then
+  reading stops. A hit's body past ``PIECE`` bytes goes to the transport a piece at a time as
+  it drains. A connection with nothing to answer closes after ``[server] idle_timeout``; a
+  graceful shutdown waits for the lane's request. A bug answering a hit here is logged, and
+  the lane answers the request.
 
-It uses what aiohttp offers every protocol its writers and streams run on (``BaseProtocol``'s
-flow control), its exported request parser and message, and ``web.Server`` as the protocol
-factory of handed-over connections: none of its request handler's private fields.
+It takes from aiohttp only what every protocol its writers and streams run on has
+(``BaseProtocol``'s flow control), its exported request parser, and ``web.Server`` as the
+factory of a handed-over connection's protocol: none of its request handler's fields.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http import HttpRequestParser, HttpVersion11, RawRequestMessage
+from aiohttp.http import HttpRequestParser, RawRequestMessage
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import EMPTY_PAYLOAD
 from aiohttp.web_log import AccessLogger
-from multidict import CIMultiDict
 
+from proxy.lane import (
+    AnswerBytes,
+    AnswerHit,
+    LaneRequest,
+    LoggedRequest,
+    LoggedResponse,
+    Pending,
+    ReadRequest,
+    StartLane,
+    Written,
+    lane_may_answer,
+)
 from proxy.logs import HTTP_ERRORS
-from proxy.writer import PIECE, FieldWriter, ProxyServer, SendWatch
+from proxy.writer import PIECE, ProxyServer, SendWatch
 
-# A body below this is joined to its head in one bytes object (copying it costs less than a
-# second send); a larger one goes beside it in one ``writelines``: one system call on uvloop
-# (writev, where two writes made two) and on asyncio's loop from Python 3.12 (sendmsg), while
-# 3.11's asyncio joins the two itself (measured no slower than two writes).
-JOIN_BELOW = 64 << 10
 # Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
 # of a request in part): past it, reading stops until the lane's request ends.
 HOLD_LIMIT = 256 << 10
-
-# A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
-# status); None when the next answerer, and after the last the lane or aiohttp's handler, is
-# to answer; False when no answerer could answer it as a hit (nothing is stored for it).
-AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
-
-
-class Pending:
-    """A lane's request under way outside a task: it ends with ``LaneRequest.answered``, or
-    goes on as a task with ``LaneRequest.go_on``. A plain class, not an ABC: the lane asks
-    ``isinstance`` of it per request."""
-
-    __slots__ = ()
-
-    def cancel(self) -> None:
-        """Drop the request: the connection shuts down before it ended."""
-        raise NotImplementedError
-
-
-# The answer to the request at ``data[start:]`` as its bytes came (``PlainHits.answer_bytes``):
-# (end, answer bytes, body or b"", status) for a hit; (end, False) for a whole plain request
-# with nothing stored, (end, None) for one the other answerers are to judge; None when the
-# bytes are not one whole plain request.
-AnswerBytes = Callable[[bytes, int], "tuple[Any, ...] | None"]
-
-# What starts a lane's request: the work answering it, or a ``Pending`` one. It never raises:
-# a failure is the work's, answered as the handler answers one (``Proxy.start``).
-StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
 
 
 class HitServer(ProxyServer):
@@ -267,8 +229,8 @@ class Front(SendWatch, BaseProtocol):
             self._last = started
             self._write(found[1], found[2])
             if self._access_logger is not None:
-                self._log(_ReadRequest(data[start:end], self._remote),
-                          _LoggedResponse(*found[1:]), started)  # fmt: skip
+                self._log(ReadRequest(data[start:end], self._remote),
+                          LoggedResponse(*found[1:]), started)  # fmt: skip
             return end
         if found is None:
             end = data.find(b"\r\n\r\n", start) + 4
@@ -280,7 +242,7 @@ class Front(SendWatch, BaseProtocol):
         else:
             end = found[0]
         message = self._parse(data[start:end])
-        if message is None or not _lane_may_answer(message):
+        if message is None or not lane_may_answer(message):
             self._hand_over(data[start:])
             return -1
         answered = None
@@ -299,7 +261,7 @@ class Front(SendWatch, BaseProtocol):
         if answered:
             self._write(answered[0], answered[1])
             if self._access_logger is not None:
-                self._log(_LoggedRequest(message, self._remote), _LoggedResponse(*answered),
+                self._log(LoggedRequest(message, self._remote), LoggedResponse(*answered),
                           started)  # fmt: skip
             return end
         self._run_lane(message)
@@ -382,7 +344,7 @@ class Front(SendWatch, BaseProtocol):
     def _run_lane(self, message: RawRequestMessage) -> None:
         """Answer ``message`` in the lane."""
         self._server.requests_count += 1
-        request = LaneRequest(message, self._remote, self._scheme, self)
+        request = LaneRequest(message, self._remote, self._scheme, self, self._loop)
         work = self._start(request)
         if isinstance(work, Pending):
             self._lane = work
@@ -409,6 +371,13 @@ class Front(SendWatch, BaseProtocol):
         finally:
             self._lane_free()
         self._lane_done(request, response, written)
+
+    def lane_answered(self, request: LaneRequest, response: Written) -> None:
+        self._lane_free()
+        self._lane_done(request, response, True)
+
+    def lane_go_on(self, request: LaneRequest, work: Awaitable[web.StreamResponse]) -> None:
+        self._lane = self._loop.create_task(self._lane_request(request, work))
 
     def _lane_free(self) -> None:
         """The lane's request is no longer in progress."""
@@ -505,150 +474,3 @@ class _Unsent(Pending):
 
     def cancel(self) -> None:
         self.rest = memoryview(b"")
-
-
-def _lane_may_answer(message: RawRequestMessage) -> bool:
-    """Whether the lane may answer ``message``: GET or HEAD, HTTP/1.1 keep-alive, no body or
-    upgrade, an origin-form target and a Host field."""
-    return (
-        (message.method == "GET" or message.method == "HEAD")
-        and message.version == HttpVersion11
-        and not message.should_close
-        and not message.upgrade
-        and not message.chunked
-        and message.path.startswith("/")
-        and "Host" in message.headers
-    )
-
-
-class _LoggedRequest:
-    """What the access loggers read of a request answered here."""
-
-    # Plain attributes, not properties over the message: a miss in the lane reads them a
-    # dozen times.
-    __slots__ = ("_message", "headers", "method", "raw_path", "remote", "version")
-
-    def __init__(self, message: RawRequestMessage, remote: str) -> None:
-        self._message = message
-        self.remote = remote
-        self.method = message.method
-        self.raw_path = message.path
-        self.version = message.version
-        self.headers = message.headers
-
-    path_qs = property(lambda self: str(self._message.url))
-    host = property(lambda self: self.headers.get("Host"))
-
-
-class _ReadRequest:
-    """What the access loggers read of a request answered from its bytes (``head``: one
-    whole plain request, ``PlainHits.answer_bytes`` says), read from them as a log asks."""
-
-    __slots__ = ("_head", "remote")
-
-    version = HttpVersion11
-
-    def __init__(self, head: bytes, remote: str) -> None:
-        self._head = head
-        self.remote = remote
-
-    method = property(lambda self: self._head.partition(b" ")[0].decode("ascii"))
-    raw_path = property(lambda self: self._head.split(b" ", 2)[1].decode("ascii"))
-    path_qs = raw_path
-    host = property(lambda self: self.headers.get("Host"))
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        lines = self._head.decode("ascii").split("\r\n")[1:]
-        fields = (line.partition(":") for line in lines if line)
-        return CIMultiDict((name, value.strip(" \t")) for name, _, value in fields)
-
-
-class _LoggedResponse:
-    """What the access loggers read of an answer written here."""
-
-    __slots__ = ("_body", "_head", "status")
-
-    def __init__(self, head: bytes, body: bytes, status: int) -> None:
-        self._head = head
-        self._body = body
-        self.status = status
-
-    # As aiohttp counts it: every byte written, head included.
-    body_length = property(lambda self: len(self._head) + len(self._body))
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        head = self._head[: self._head.index(b"\r\n\r\n")].decode("utf-8", "surrogateescape")
-        fields = (line.partition(": ") for line in head.split("\r\n")[1:])
-        return CIMultiDict((name, value) for name, _, value in fields)
-
-
-class Written(_LoggedResponse):
-    """An answer the handler wrote whole through ``LaneRequest.write_at_once``: nothing of it
-    is left to prepare or write, and it keeps the connection open."""
-
-    __slots__ = ()
-
-    keep_alive = True
-
-
-class LaneRequest(_LoggedRequest):
-    """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
-    ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
-
-    __slots__ = ("_protocol", "_writer", "raw_headers", "scheme", "started", "transport")
-
-    body_exists = False
-    can_read_body = False
-    content = EMPTY_PAYLOAD
-    keep_alive = True
-
-    def __init__(
-        self, message: RawRequestMessage, remote: str, scheme: str, protocol: Front
-    ) -> None:
-        super().__init__(message, remote)
-        self.scheme = scheme
-        self._protocol = protocol
-        self.transport = protocol.transport
-        self._writer: FieldWriter | None = None
-        self.raw_headers = message.raw_headers
-        self.started = protocol._loop.time()
-
-    @property
-    def _payload_writer(self) -> FieldWriter:
-        """The writer of a response to this request, made when one is first written
-        through it (an answer written at once needs none)."""
-        if self._writer is None:
-            self._writer = FieldWriter(self._protocol, self._protocol._loop)
-        return self._writer
-
-    writer = property(lambda self: self._payload_writer)
-
-    def write_at_once(self, head: bytes, body: bytes, status: int) -> Written | None:
-        """Write a whole answer (its head, ending in a blank line, and body) now, as aiohttp's
-        writer would write it; None, writing nothing, when the client has gone. No wait for the
-        client to read is needed: the lane starts only while the transport takes writes, and
-        nothing else writes on the connection while it answers."""
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return None
-        if len(body) < JOIN_BELOW:
-            transport.write(head + body)
-        else:
-            transport.writelines((head, body))
-        return Written(head, body, status)
-
-    def answered(self, response: Written) -> None:
-        """A ``Pending`` request was answered, whole, by ``write_at_once``."""
-        protocol = self._protocol
-        protocol._lane_free()
-        protocol._lane_done(self, response, True)
-
-    def go_on(self, work: Awaitable[web.StreamResponse]) -> None:
-        """A ``Pending`` request goes on as the lane's task, answered by ``work``."""
-        protocol = self._protocol
-        protocol._lane = protocol._loop.create_task(protocol._lane_request(self, work))
-
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        """As ``web.BaseRequest``'s: no application signals to send."""

@@ -41,7 +41,7 @@ from proxy.core.events import (
 )
 from proxy.core.responses import response_meta
 from proxy.core.store import Entry
-from proxy.fastpath import LaneRequest, Written
+from proxy.lane import LaneRequest, Written
 from proxy.pool import OriginResponse, Sent
 from proxy.routing import Router
 from proxy.shared import SharedSecondHit

@@ -31,7 +31,7 @@ from proxy.core.cached import cached_head, render
 from proxy.core.engine import CacheEngine
 from proxy.core.events import ANSWERED_FIELDS, NOT_FAST, RULE_FIELDS, Answer, fast_path_may_take
 from proxy.core.store import Entry
-from proxy.fastpath import JOIN_BELOW
+from proxy.lane import JOIN_BELOW
 from proxy.routing import Router, fields_size, hosts
 
 # Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or

@@ -18,8 +18,8 @@ from proxy.coalesce import Flight
 from proxy.core import rfc9110
 from proxy.core.cached import MARKS
 from proxy.core.events import FETCH_WHOLE, RequestMeta
-from proxy.fastpath import LaneRequest, Pending
 from proxy.fetch import Fetcher, Shared
+from proxy.lane import LaneRequest, Pending
 from proxy.pool import Fields, Sent
 
 # The request handler: it answers a request from the work given (what a failure leaves is

@@ -41,9 +41,9 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
-from proxy.fastpath import LaneRequest
 from proxy.fetch import Fetcher
 from proxy.hits import HitAnswers
+from proxy.lane import LaneRequest
 from proxy.logs import HTTP_ERRORS
 from proxy.pending import PendingMiss, raising
 from proxy.revalidation import Revalidation
