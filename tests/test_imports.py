@@ -1,0 +1,63 @@
+"""The import graph of the proxy and the load generator goes one way: no module imports, at any
+depth, a module that imports it, so each can be read, tested and replaced from the bottom up.
+(That the core does no I/O is ``test_core_purity``'s.)"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("proxy", "loadgen")
+
+
+def _module(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _graph() -> dict[str, set[str]]:
+    """Each module of the packages and the modules of the packages it imports, anywhere in it
+    (function-level imports too)."""
+    modules = {_module(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of imports, if there is one."""
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return [*path[path.index(dep) :], dep]
+            if dep not in state and (found := visit(dep, [*path, dep])):
+                return found
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_no_module_imports_one_that_imports_it():
+    graph = _graph()
+    assert len(graph) > 40  # the tree was read
+    assert _cycle(graph) is None
+
+
+def test_a_cycle_is_found_where_there_is_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
