@@ -1,0 +1,85 @@
+"""Where a flash-friendly disk tier writes: a ring of fixed-size regions filled one after
+another, each record appended at the end of the open region, the oldest region evicted whole.
+
+Rules it keeps (pure arithmetic, no I/O: the live disk tier and the simulator place records
+alike, so the simulator's bytes written are the device's):
+
+* Records go to the open region at its current end, so the device sees one sequential
+  stream of writes. A record that does not fit in what is left of the open region closes
+  it, and a new region opens (its sequence number one more than the last).
+* At most ``regions`` regions are live. Opening one more evicts the oldest, whole: every
+  record in it is gone at once (FIFO eviction, as CacheLib's region-based BlockCache does),
+  so no region is ever rewritten in place.
+* A record larger than a region is refused (``None``): it would not be stored whole.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a record goes: ``region`` (a sequence number) at ``offset``; ``evicted`` is the
+    region evicted to open it, if one was."""
+
+    region: int
+    offset: int
+    evicted: int | None = None
+
+
+class Regions:
+    """The ring of regions a disk tier of ``region_size * regions`` bytes writes into."""
+
+    def __init__(self, region_size: int, regions: int, *, first: int = 0) -> None:
+        if region_size < 1 or regions < 2:
+            raise ValueError(
+                f"a disk tier needs regions of at least 1 byte and at least 2 regions, "
+                f"got {region_size} bytes x {regions}"
+            )
+        self.region_size = region_size
+        self.regions = regions
+        self.live: deque[int] = deque()  # oldest first; the last is open
+        self.fill = region_size  # bytes of the open region used: none is open yet
+        self.next = first  # the sequence number of the next region to open
+        self.bytes_written = 0
+        self.evictions = 0
+
+    def place(self, length: int) -> Placement | None:
+        """Place a record of ``length`` bytes; None when it is larger than a region."""
+        if length > self.region_size:
+            return None
+        evicted = None
+        if self.fill + length > self.region_size:
+            evicted = self._open()
+        offset = self.fill
+        self.fill += length
+        self.bytes_written += length
+        return Placement(self.live[-1], offset, evicted)
+
+    def _open(self) -> int | None:
+        evicted = None
+        if len(self.live) >= self.regions:
+            evicted = self.live.popleft()
+            self.evictions += 1
+        self.live.append(self.next)
+        self.next += 1
+        self.fill = 0
+        return evicted
+
+    def resume(self, live: list[int], fill: int) -> None:
+        """Take up the regions found on disk (oldest first), the last open at ``fill`` bytes:
+        those past the ring's size are for the caller to drop first."""
+        kept = live[-self.regions :]
+        self.live = deque(kept)
+        self.next = (kept[-1] + 1) if kept else self.next
+        self.fill = fill if kept else self.region_size
+
+    def holds(self, region: int) -> bool:
+        """Whether ``region`` is live (its records may still be read)."""
+        return bool(self.live) and self.live[0] <= region <= self.live[-1]
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.region_size * self.regions

@@ -1,0 +1,198 @@
+"""The disk tier's files: append-only region files of records, each record carrying its key and
+a checksum, read back verified and scanned again after a crash.
+
+What it guarantees:
+
+* Writes are sequential: a record is appended at the end of the open region's file, where
+  ``Regions`` placed it; an evicted region's file is removed whole. Nothing is rewritten in
+  place.
+* A record is ``magic, length, crc32, key length, meta length, key, meta, body``; the crc32
+  covers everything after it. ``read`` returns a record's meta and body only when its magic,
+  length and checksum hold and its key is the one asked for: a torn, corrupt or misplaced
+  record is a miss, never a wrong body.
+* After a crash, ``recover`` scans the region files oldest first and yields every whole record;
+  a region's file is cut back to its last whole record, and appends go on from there.
+* A full disk, a read error or a region file removed by hand make the record concerned a miss,
+  with one log line (at most one a second); nothing raises to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from proxy.core.regions import Regions
+from proxy.logs import OneLineEvery
+
+DISK_ERRORS = logging.getLogger("onehit.disk")
+DISK_ERRORS.addFilter(OneLineEvery())
+
+MAGIC = b"OHR1"
+# magic, whole record's length, crc32 of what follows it, key length, meta length
+HEADER = struct.Struct("<4sIIHI")
+_FILE = re.compile(r"region-(\d{10})\.log")
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a record lies: its region, offset and whole length."""
+
+    region: int
+    offset: int
+    length: int
+
+
+def encode(key: bytes, meta: bytes, body: bytes) -> bytes:
+    """One record."""
+    tail = struct.pack("<HI", len(key), len(meta)) + key + meta + body
+    length = HEADER.size + len(key) + len(meta) + len(body)
+    return MAGIC + struct.pack("<II", length, zlib.crc32(tail)) + tail
+
+
+def decode(data: bytes | memoryview) -> tuple[bytes, bytes, bytes] | None:
+    """(key, meta, body) of the record ``data`` holds exactly; None when it is not one."""
+    if len(data) < HEADER.size:
+        return None
+    magic, length, crc, key_length, meta_length = HEADER.unpack_from(data)
+    if magic != MAGIC or length != len(data) or HEADER.size + key_length + meta_length > length:
+        return None
+    if zlib.crc32(data[12:]) != crc:
+        return None
+    start = HEADER.size
+    key = bytes(data[start : start + key_length])
+    meta = bytes(data[start + key_length : start + key_length + meta_length])
+    return key, meta, bytes(data[start + key_length + meta_length :])
+
+
+class RegionLog:
+    """The region files of one disk tier under ``directory``, placed by ``regions``."""
+
+    def __init__(self, directory: str | Path, regions: Regions) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.regions = regions
+        self._writing: tuple[int, int] | None = None  # (region, fd) of the open region
+
+    def path(self, region: int) -> Path:
+        return self.directory / f"region-{region:010d}.log"
+
+    def append(self, key: bytes, meta: bytes, body: bytes) -> Location | None:
+        """Write one record; where it lies, or None when it cannot be written (too large for
+        a region, or the device refused it)."""
+        record = encode(key, meta, body)
+        placement = self.regions.place(len(record))
+        if placement is None:
+            return None
+        if placement.evicted is not None:
+            self._remove(placement.evicted)
+        try:
+            fd = self._fd_for(placement.region)
+            written = os.write(fd, record)
+            if written != len(record):
+                raise OSError(f"wrote {written} of {len(record)} bytes")
+        except OSError as exc:
+            DISK_ERRORS.warning("writing region %d failed: %r", placement.region, exc)
+            self._close_writing()
+            self.regions.fill = self.regions.region_size  # the next record opens a new region
+            return None
+        return Location(placement.region, placement.offset, len(record))
+
+    def read(self, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
+        """(meta, body) of the record at ``location`` when it is whole and holds ``key``."""
+        if not self.regions.holds(location.region):
+            return None
+        try:
+            with open(self.path(location.region), "rb", buffering=0) as f:
+                data = os.pread(f.fileno(), location.length, location.offset)
+        except OSError as exc:
+            DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)
+            return None
+        found = decode(data)
+        if found is None or found[0] != key:
+            DISK_ERRORS.warning(
+                "region %d at %d: not a whole record of the key asked for", location.region,
+                location.offset,
+            )  # fmt: skip
+            return None
+        return found[1], found[2]
+
+    def scan(self, region: int) -> Iterator[tuple[bytes, Location]]:
+        """Every whole record of ``region``'s file, in order, up to the first that is not."""
+        try:
+            data = self.path(region).read_bytes()
+        except OSError as exc:
+            DISK_ERRORS.warning("scanning region %d failed: %r", region, exc)
+            return
+        offset = 0
+        while offset + HEADER.size <= len(data):
+            length = HEADER.unpack_from(data, offset)[1]
+            found = decode(memoryview(data)[offset : offset + length]) if length else None
+            if found is None:
+                return
+            yield found[0], Location(region, offset, length)
+            offset += length
+
+    def recover(self) -> list[tuple[bytes, Location]]:
+        """The records of the region files found, oldest region first, each region cut back to
+        its last whole record; the ring takes up where they end. Regions past the ring's size
+        (the oldest) are removed."""
+        return list(self._recovered())
+
+    def _recovered(self) -> Iterator[tuple[bytes, Location]]:
+        found = sorted(
+            int(m.group(1)) for p in self.directory.iterdir() if (m := _FILE.fullmatch(p.name))
+        )
+        for region in found[: max(0, len(found) - self.regions.regions)]:
+            self._remove(region)
+        found = found[-self.regions.regions :]
+        fill = 0
+        for region in found:
+            end = 0
+            for key, location in self.scan(region):
+                end = location.offset + location.length
+                yield key, location
+            fill = end
+            self._cut(region, end)
+        self.regions.resume(found, fill)
+
+    def _cut(self, region: int, end: int) -> None:
+        """Drop what follows the last whole record of ``region`` (a write the crash tore)."""
+        try:
+            if self.path(region).stat().st_size > end:
+                os.truncate(self.path(region), end)
+        except OSError as exc:
+            DISK_ERRORS.warning("cutting region %d back failed: %r", region, exc)
+
+    def _fd_for(self, region: int) -> int:
+        writing = self._writing
+        if writing is not None and writing[0] == region:
+            return writing[1]
+        self._close_writing()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self.path(region), flags, 0o600)
+        self._writing = (region, fd)
+        return fd
+
+    def _close_writing(self) -> None:
+        if self._writing is not None:
+            os.close(self._writing[1])
+            self._writing = None
+
+    def _remove(self, region: int) -> None:
+        if self._writing is not None and self._writing[0] == region:
+            self._close_writing()
+        try:
+            self.path(region).unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            DISK_ERRORS.warning("removing region %d failed: %r", region, exc)
+
+    def close(self) -> None:
+        self._close_writing()
