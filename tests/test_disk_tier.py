@@ -1,0 +1,84 @@
+"""The disk tier's bookkeeping: its own admission, whole-region eviction out of the index, and
+counts of what it wrote and what it spared the device."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.core.admission import AdmissionConfig
+from proxy.core.disk import DISK_POLICIES, DiskTier
+from proxy.core.regions import Regions
+
+
+def tier(policy: str = "second-hit", region_size: int = 1000, regions: int = 3) -> DiskTier:
+    return DiskTier(Regions(region_size, regions), AdmissionConfig(policy=policy, window=60.0))
+
+
+def test_second_hit_writes_a_key_to_disk_on_its_second_sighting_only():
+    disk = tier()
+    assert disk.offer("http://a/x", 100, 130, now=0.0) is None  # first sighting
+    slot = disk.offer("http://a/x", 100, 130, now=1.0)
+    assert slot is not None and (slot.region, slot.offset, slot.length) == (0, 0, 130)
+    assert disk.find("http://a/x") == slot
+    assert disk.offer("http://a/x", 100, 130, now=2.0) is None  # already on disk
+    c = disk.counters
+    assert (c.admissions, c.rejected, c.bytes_written, c.bytes_not_written) == (1, 1, 130, 130)
+    assert (c.hits, c.misses) == (1, 0)
+    assert disk.find("http://a/y") is None and c.misses == 1
+
+
+def test_one_hit_wonders_cost_the_device_nothing():
+    disk = tier()
+    for i in range(1000):
+        assert disk.offer(f"http://a/{i}", 100, 130, now=float(i)) is None
+    assert disk.counters.bytes_written == 0 and disk.regions.bytes_written == 0
+    assert disk.counters.bytes_not_written == 130_000
+
+
+def test_a_region_evicted_whole_takes_every_key_placed_in_it_out_of_the_index():
+    disk = tier("always", region_size=1000, regions=2)
+    keys = [f"k{i}" for i in range(10)]
+    slots = {k: disk.offer(k, 250, 300, now=0.0) for k in keys}
+    # Three records a region; regions 0 to 3 opened, the ring keeps the last two.
+    assert [slots[k].region for k in keys] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    assert sorted(disk.slots) == keys[6:]
+    assert disk.counters.evicted_objects == 6
+    assert disk.bytes_held == 4 * 300
+    assert disk.find("k0") is None and disk.find("k9") == slots["k9"]
+
+
+def test_a_dropped_key_is_a_miss_and_leaves_the_counts_right():
+    disk = tier("always")
+    disk.offer("k", 10, 40, now=0.0)
+    disk.drop("k")
+    disk.drop("k")
+    assert disk.find("k") is None and disk.bytes_held == 0 and disk.counters.dropped == 1
+
+
+def test_a_record_larger_than_a_region_is_not_written():
+    disk = tier("always", region_size=1000)
+    assert disk.offer("big", 2000, 2030, now=0.0) is None
+    assert disk.counters.too_large == 1 and disk.counters.bytes_written == 0
+
+
+def test_the_auto_window_follows_the_records_the_ring_holds_when_full():
+    disk = DiskTier(Regions(1000, 4), AdmissionConfig(policy="always"))
+    assert disk.estimated_capacity_objects() == 0
+    for i in range(5):
+        disk.offer(f"k{i}", 80, 100, now=0.0)
+    assert disk.estimated_capacity_objects() == 40  # 4,000 bytes of 100-byte records
+
+
+@pytest.mark.parametrize("policy", ["tinylfu", "adaptive"])
+def test_a_policy_that_needs_a_victim_by_key_is_refused_naming_those_that_work(policy):
+    with pytest.raises(ValueError, match="use one of always, second-hit") as refused:
+        tier(policy)
+    assert all(name in str(refused.value) for name in DISK_POLICIES)
+
+
+@pytest.mark.parametrize("policy", ["always", "second-hit", "nth-hit:3", "probabilistic:0.5",
+                                    "size-below:1000"])  # fmt: skip
+def test_every_other_policy_of_the_family_works_on_disk(policy):
+    disk = tier(policy)
+    written = [disk.offer("k", 100, 130, now=float(t)) for t in range(4)]
+    assert sum(slot is not None for slot in written) <= 1
