@@ -4,7 +4,10 @@ counts of what it wrote and what it spared the device."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from proxy.core._native import DiskIndex
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import DISK_POLICIES, DiskTier
 from proxy.core.regions import Regions
@@ -41,10 +44,10 @@ def test_a_region_evicted_whole_takes_every_key_placed_in_it_out_of_the_index():
     slots = {k: disk.offer(k, 250, 300, now=0.0) for k in keys}
     # Three records a region; regions 0 to 3 opened, the ring keeps the last two.
     assert [slots[k].region for k in keys] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
-    assert sorted(disk.slots) == keys[6:]
+    assert [k for k in keys if disk.find(k) is not None] == keys[6:] and len(disk) == 4
     assert disk.counters.evicted_objects == 6
     assert disk.bytes_held == 4 * 300
-    assert disk.find("k0") is None and disk.find("k9") == slots["k9"]
+    assert disk.find("k9") == slots["k9"]
 
 
 def test_a_dropped_key_is_a_miss_and_leaves_the_counts_right():
@@ -59,6 +62,15 @@ def test_a_record_larger_than_a_region_is_not_written():
     disk = tier("always", region_size=1000)
     assert disk.offer("big", 2000, 2030, now=0.0) is None
     assert disk.counters.too_large == 1 and disk.counters.bytes_written == 0
+
+
+def test_the_index_holds_an_object_in_a_few_bytes():
+    disk = tier("always", region_size=1 << 30, regions=4)
+    for i in range(100_000):
+        disk.offer(f"http://a/{i}", 10, 100, now=0.0)
+    assert len(disk) == 100_000
+    # 20-byte slots, at least three eighths full (and a count per region).
+    assert disk.index.memory_bytes / len(disk) <= 54
 
 
 def test_the_auto_window_follows_the_records_the_ring_holds_when_full():
@@ -82,3 +94,34 @@ def test_every_other_policy_of_the_family_works_on_disk(policy):
     disk = tier(policy)
     written = [disk.offer("k", 100, 130, now=float(t)) for t in range(4)]
     assert sum(slot is not None for slot in written) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["put", "put", "delete", "evict", "get"]), st.integers(0, 3000)),
+        max_size=2500,
+    )
+)
+def test_the_compiled_index_answers_as_a_dict_of_live_regions_does(ops):
+    ring = 4
+    index = DiskIndex(ring)
+    model: dict[int, tuple[int, int, int]] = {}
+    first, newest = 0, 0
+    for op, key in ops:
+        if op == "put":
+            index.put(key, newest, key * 10, key + 1)
+            model[key] = (newest, key * 10, key + 1)
+            if key % 7 == 0 and newest - first < ring - 1:
+                newest += 1  # a new region opens now and then
+        elif op == "delete":
+            assert index.delete(key) == (model.pop(key, None) is not None)
+        elif op == "evict" and first < newest:
+            gone = [k for k, slot in model.items() if slot[0] == first]
+            assert index.evict_region(first) == len(gone)
+            for k in gone:
+                del model[k]
+            first += 1
+        assert index.get(key) == model.get(key)
+        assert len(index) == len(model)
+    assert all(index.get(k) == slot for k, slot in model.items())

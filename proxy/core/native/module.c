@@ -47,14 +47,16 @@ static struct PyModuleDef native_module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&BloomType) < 0 || PyType_Ready(&WindowType) < 0 ||
-        PyType_Ready(&IndexType) < 0 || PyType_Ready(&AdmissionType) < 0)
+        PyType_Ready(&IndexType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
+        PyType_Ready(&DiskIndexType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Bloom", (PyObject *)&BloomType) < 0 ||
         PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
         PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0 ||
-        PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0) {
+        PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0 ||
+        PyModule_AddObjectRef(m, "DiskIndex", (PyObject *)&DiskIndexType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

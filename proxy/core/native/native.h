@@ -13,6 +13,7 @@
  * - A StoreIndex is a byte-bounded store over 64-bit key hashes: sizes, charges, hits and the
  *   store time of each entry, and the eviction and dead-write counts. Callers keep payloads.
  *   Each eviction (lru, sieve, s3fifo, wtinylfu) is one table of functions, an Eviction.
+ * - A DiskIndex is the disk tier's RAM index: key hash -> (region, offset, length).
  * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
  *   probabilistic, size-below, adaptive).
  * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the cache
@@ -352,6 +353,10 @@ static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2
     if (a->sketch.added >= a->sketch.period) return admission_age(a);
     return 0;
 }
+
+/* diskindex.c */
+
+extern PyTypeObject DiskIndexType;
 
 /* simulate.c */
 
