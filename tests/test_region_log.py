@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from proxy.core.disk import RECORD_HEADER
 from proxy.core.regions import Regions
 from proxy.logs import OneLineEvery
 from proxy.region_log import DISK_ERRORS, HEADER, Location, RegionLog, decode, encode
@@ -162,6 +163,7 @@ def test_a_region_file_that_cannot_be_opened_costs_that_record_only(tmp_path, ca
 
 FULL_DEVICE = """
 import resource, signal, sys
+from proxy.core.disk import RECORD_HEADER
 from proxy.core.regions import Regions
 from proxy.region_log import RegionLog
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
@@ -187,5 +189,6 @@ def test_a_full_device_costs_the_records_it_refuses_never_a_torn_read(tmp_path):
     assert [key for key, _ in recovered] == [b"k0", b"k1", b"k2", b"k4"]
 
 
-def test_the_header_is_as_documented():
-    assert HEADER.size == 18
+def test_the_record_header_is_the_one_the_disk_tiers_bookkeeping_counts():
+    assert HEADER.size == RECORD_HEADER
+    assert len(encode(b"key", b"meta", b"body")) == RECORD_HEADER + 3 + 4 + 4

@@ -14,8 +14,8 @@ Rules it keeps:
 * ``find`` counts a disk hit or a disk miss; ``drop`` forgets a key whose record could not be
   written or read whole (it is then a miss, never a wrong body).
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
-  three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key. Two keys of one
-  hash share a slot; the record holds its whole key, which every read checks.
+  three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
+  Two keys of one hash share a slot; the record holds its whole key, which every read checks.
 * Admission policies that compare with the store's next victim (``tinylfu``, ``adaptive``)
   need an eviction order by key, which a ring of regions does not have: they are refused
   for the disk tier, naming the ones that work.
@@ -29,6 +29,9 @@ from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
 
+# Bytes of a record beside its key, meta and body: magic, length, crc32, key and meta lengths
+# (``proxy.region_log.HEADER``).
+RECORD_HEADER = 18
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
 

@@ -1,0 +1,115 @@
+"""Offline replay of a trace through two tiers: the memory tier the proxy has today, in front
+of a disk tier with its own admission, to predict the hit ratio and the bytes a device would
+be written.
+
+The rules, which the live disk tier will keep:
+
+* The memory tier first, by the engine's own rules (``CacheEngine.lookup`` and
+  ``on_response``, as the live proxy drives them).
+* A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
+  no origin fetch; the memory tier is not filled from it.
+* A miss of both fetches from the origin: the memory tier decides as always, and the disk
+  tier's own admission decides whether the response is written to disk (``DiskTier.offer``),
+  as a record of its key, its body and ``meta_bytes`` of status, fields and times, at the end
+  of the open region (``Regions``).
+* Responses never expire here: the disk index keeps no times yet, so a ``ttl`` is refused.
+
+Each request runs through the engine's Python rules, not the compiled loop ``simulate``
+uses: a few hundred thousand requests a second, where one tier runs at millions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from loadgen.simulate import SimResult, build_engine, policy_label
+from loadgen.trace import Trace
+from proxy.core.admission import AdmissionConfig
+from proxy.core.disk import RECORD_HEADER, DiskTier
+from proxy.core.events import Hit, RequestMeta, ResponseMeta
+from proxy.core.regions import Regions
+from proxy.core.store import ENTRY_OVERHEAD
+
+_STORED = ResponseMeta(cacheable=True)
+
+
+@dataclass(frozen=True)
+class DiskSpec:
+    """A disk tier of ``size`` bytes in regions of ``region_size``, admitting by
+    ``admission`` (by default second hit, its window sized by the records it holds)."""
+
+    size: int
+    region_size: int = 16 << 20
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
+    meta_bytes: int = 512
+
+    def __post_init__(self) -> None:
+        if self.size < 2 * self.region_size:
+            raise ValueError(
+                f"a disk tier of {self.size} bytes holds fewer than 2 regions of "
+                f"{self.region_size}: give it at least {2 * self.region_size} bytes"
+            )
+
+    def tier(self) -> DiskTier:
+        return DiskTier(Regions(self.region_size, self.size // self.region_size), self.admission)
+
+
+def simulate_tiers(
+    trace: Trace,
+    memory_bytes: int,
+    admission: AdmissionConfig,
+    disk: DiskSpec,
+    *,
+    max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
+    ttl: float = math.inf,
+    key_prefix: str = "",
+    eviction: str = "lru",
+) -> SimResult:
+    """Replay ``trace`` through a fresh memory tier of ``memory_bytes`` and the disk tier
+    ``disk`` describes. The stats are the memory tier's (its ``hits`` and ``misses``), the
+    disk tier's (``disk_*``; its hits are among the memory tier's misses), and the two
+    together: ``tier_hit_ratio`` and ``tier_byte_hit_ratio``."""
+    if not math.isinf(ttl):
+        raise ValueError("a disk tier keeps no times yet: simulate it without a ttl")
+    engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
+    tier = disk.tier()
+    keys = trace.key_strings()
+    sizes = trace.sizes.tolist()
+    times = trace.times.tolist()
+    lookup, on_response, find, offer = engine.lookup, engine.on_response, tier.find, tier.offer
+    disk_hit_bytes = 0
+    started = time.perf_counter()
+    for name, size, now in zip(keys, sizes, times, strict=True):
+        key = key_prefix + name
+        request = RequestMeta(key)
+        if type(lookup(request, now)) is Hit:
+            continue
+        if find(key) is not None:
+            disk_hit_bytes += size
+            continue
+        on_response(request, _STORED, size, now)
+        offer(key, size, RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size, now)
+    elapsed = time.perf_counter() - started
+    stats = engine.stats()
+    c = tier.counters
+    requests = stats["requests"]
+    served = stats["hit_bytes"] + disk_hit_bytes + stats["origin_bytes"]
+    stats.update(
+        disk_hits=c.hits,
+        disk_hit_bytes=disk_hit_bytes,
+        disk_admissions=c.admissions,
+        disk_rejected=c.rejected,
+        disk_bytes_written=c.bytes_written,
+        disk_bytes_not_written=c.bytes_not_written,
+        disk_evicted_objects=c.evicted_objects,
+        disk_objects=len(tier),
+        disk_index_bytes=tier.index.memory_bytes,
+        tier_hit_ratio=(stats["hits"] + c.hits) / requests if requests else 0.0,
+        tier_byte_hit_ratio=(stats["hit_bytes"] + disk_hit_bytes) / served if served else 0.0,
+    )
+    label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
+    return SimResult(label, memory_bytes, admission, len(trace), stats, elapsed, [], 1.0,
+                     eviction)  # fmt: skip
