@@ -24,6 +24,7 @@ from loadgen.simulate import (
     simulate,
     sweep,
 )
+from loadgen.tiers import DiskSpec, tier_cells, tier_table
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
@@ -75,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         help="spatial sampling (SHARDS): simulate only the keys whose hash falls under this "
         "rate (0.01 or 1%%), with the cache and the filter scaled to match",
     )
+    sim.add_argument(
+        "--disk-size",
+        help="a disk tier of this many bytes behind the memory tier (two tiers; not with --sample)",
+    )
+    sim.add_argument(
+        "--disk-admission", default="second-hit", help="comma-separated, as --admission"
+    )
+    sim.add_argument("--region-size", default="16MiB", help="the disk tier's region size")
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
     sim.set_defaults(run=_cmd_simulate)
@@ -250,6 +259,8 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    if args.disk_size and args.sample:
+        raise UsageError("--disk-size: two tiers are simulated whole, not with --sample")
     trace = _read_trace(args)
     if not len(trace):
         raise UsageError(f"{args.trace} holds no requests")
@@ -275,6 +286,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if eviction not in EVICTIONS:
             raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
     policies = [(config, eviction) for eviction in evictions for config in configs]
+    if args.disk_size:
+        return _simulate_tiers(args, trace, sizes, policies, max_object)
     if len(sizes) * len(policies) == 1:
         (size,) = sizes
         ((config, eviction),) = policies
@@ -313,6 +326,29 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.report_dir:
         for path in report.write_report(args.report_dir, doc):
             print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _simulate_tiers(
+    args: argparse.Namespace,
+    trace: Trace,
+    sizes: dict[int, str],
+    policies: list[tuple[AdmissionConfig, str]],
+    max_object: int | None,
+) -> int:
+    """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
+    try:
+        disk_size, region = parse_size(args.disk_size), parse_size(args.region_size)
+        disks = [DiskSpec(disk_size, region, AdmissionConfig(policy=p))
+                 for p in _split(args.disk_admission)]  # fmt: skip
+    except ValueError as exc:
+        raise UsageError(f"--disk-size: {exc}") from None
+    say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    results = tier_cells(trace, sizes, policies, disks, max_object, args.entry_overhead, say)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print(tier_table(results, sizes))
     return 0
 
 

@@ -20,10 +20,13 @@ uses: a few hundred thousand requests a second, where one tier runs at millions.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from loadgen.report import aligned
 from loadgen.simulate import SimResult, build_engine, policy_label
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig
@@ -31,6 +34,7 @@ from proxy.core.disk import RECORD_HEADER, DiskTier
 from proxy.core.events import Hit, RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD
+from proxy.units import format_size
 
 _STORED = ResponseMeta(cacheable=True)
 
@@ -113,3 +117,44 @@ def simulate_tiers(
     label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
     return SimResult(label, memory_bytes, admission, len(trace), stats, elapsed, [], 1.0,
                      eviction)  # fmt: skip
+
+
+TIER_COLUMNS = ("policies", "memory", "hit ratio", "memory hits", "disk hits", "disk written",
+                "disk spared")  # fmt: skip
+
+
+def tier_table(results: list[SimResult], sizes: dict[int, str]) -> str:
+    """One row per two-tier run: the hit ratio of both tiers, and what the disk was written
+    and spared."""
+    rows = []
+    for r in results:
+        s = r.stats
+        requests = s["requests"] or 1
+        rows.append([
+            r.label, sizes.get(r.cache_bytes, format_size(r.cache_bytes)),
+            f"{s['tier_hit_ratio']:.4f}", f"{s['hits'] / requests:.4f}",
+            f"{s['disk_hits'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
+            format_size(int(s["disk_bytes_not_written"])),
+        ])  # fmt: skip
+    return aligned(TIER_COLUMNS, rows)
+
+
+def tier_cells(
+    trace: Trace,
+    sizes: dict[int, str],
+    policies: list[tuple[AdmissionConfig, str]],
+    disks: list[DiskSpec],
+    max_object_bytes: int | None,
+    entry_overhead: int,
+    say: Callable[[str], None] | None = None,
+) -> list[SimResult]:
+    """Every memory size x (admission, eviction) x disk tier, one after another."""
+    results = []
+    for size in sizes:
+        for (config, eviction), disk in itertools.product(policies, disks):
+            result = simulate_tiers(trace, size, config, disk, max_object_bytes=max_object_bytes,
+                                    entry_overhead=entry_overhead, eviction=eviction)  # fmt: skip
+            results.append(result)
+            if say is not None:
+                say(f"{result.label} @ {sizes[size]}: {result.elapsed:.1f}s")
+    return results

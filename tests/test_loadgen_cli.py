@@ -75,12 +75,40 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
         (["--cache-size", "1%", "--sample", "2"], "--sample: a rate is above 0 and at most 1"),
         (["--cache-size", "1%", "--sample", "some"], "--sample: 'some' is not a rate"),
         (["--cache-size", "1%", "--csv-columns", "a,b,c"], "no column named 'a'"),
+        (["--cache-size", "1%", "--disk-size", "1MiB"], "fewer than 2 regions"),
+        (["--cache-size", "1%", "--disk-size", "64MiB", "--sample", "0.1"], "not with --sample"),
+        (
+            ["--cache-size", "1%", "--disk-size", "64MiB", "--disk-admission", "tinylfu"],
+            "use one of always, second-hit",
+        ),
     ],
 )
 def test_bad_flags_get_one_clear_line(trace_file, flags, message):
     out = run("simulate", "--trace", str(trace_file), *flags)
     assert out.returncode == 2
     assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_two_tiers_print_the_hit_ratio_of_both_and_what_the_disk_was_written(trace_file):
+    out = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--admission", "always",
+        "--disk-size", "8MiB", "--region-size", "1MiB", "--disk-admission", "always,second-hit",
+        "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    always, second = json.loads(out.stdout)
+    assert always["policy"] == "always + disk always"
+    assert second["policy"] == "always + disk second-hit(auto)"
+    for cell in (always, second):
+        s = cell["stats"]
+        assert s["requests"] == 30_000 and 0 < s["tier_hit_ratio"] < 1
+        assert s["tier_hit_ratio"] == (s["hits"] + s["disk_hits"]) / s["requests"]
+    assert second["stats"]["disk_bytes_written"] < always["stats"]["disk_bytes_written"]
+    table = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--disk-size", "8MiB",
+        "--region-size", "1MiB",
+    )  # fmt: skip
+    assert table.returncode == 0 and "disk written" in table.stdout
 
 
 def test_a_sampled_run_says_so_and_estimates_the_whole_trace(trace_file, tmp_path):
