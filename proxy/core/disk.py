@@ -103,27 +103,41 @@ class DiskTier:
 
     def offer(self, key: str, size: int, length: int, now: float) -> Slot | None:
         """A response of ``size`` body bytes, a record of ``length`` bytes, fetched for
-        ``key``: where to write it when the tier takes it, else None."""
-        c = self.counters
-        h1 = hash64(key)[0]
-        if self.index.get(h1) is not None:
+        ``key``: where it is written when the tier takes it (``admit``, then placed and
+        ``recorded``), else None. The simulator's path; the live tier writes the record
+        between the two."""
+        if not self.admit(key, size, length, now):
             return None
+        placement = self.regions.place(length)
+        assert placement is not None, "admit checked that the record fits a region"
+        return self.recorded(key, placement.region, placement.offset, length)
+
+    def admit(self, key: str, size: int, length: int, now: float) -> bool:
+        """Whether the tier takes a response of ``size`` body bytes (a record of ``length``
+        bytes) for ``key``: not on disk yet, no larger than a region, and its admission says
+        so. Counted either way."""
+        c = self.counters
+        if self.index.get(hash64(key)[0]) is not None:
+            return False
+        if length > self.regions.region_size:
+            c.too_large += 1
+            return False
         if not self.admission.admit(key, size, now):
             c.rejected += 1
             c.bytes_not_written += length
-            return None
-        placement = self.regions.place(length)
-        if placement is None:
-            c.too_large += 1
-            return None
-        if placement.evicted is not None:
-            self._evict(placement.evicted)
-        slot = Slot(placement.region, placement.offset, length)
-        self.index.put(h1, slot.region, slot.offset, length)
-        self.region_bytes[slot.region] = self.region_bytes.get(slot.region, 0) + length
+            return False
+        return True
+
+    def recorded(self, key: str, region: int, offset: int, length: int) -> Slot:
+        """``key``'s record was written at ``region`` and ``offset`` (where ``regions``
+        placed it): index it, after dropping the regions the placement evicted."""
+        self._follow_evictions()
+        slot = Slot(region, offset, length)
+        self.index.put(hash64(key)[0], region, offset, length)
+        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
         self.bytes_held += length
-        c.admissions += 1
-        c.bytes_written += length
+        self.counters.admissions += 1
+        self.counters.bytes_written += length
         return slot
 
     def drop(self, key: str) -> None:
@@ -136,6 +150,14 @@ class DiskTier:
             self.bytes_held -= length
             self.counters.dropped += 1
 
-    def _evict(self, region: int) -> None:
-        self.counters.evicted_objects += self.index.evict_region(region)
-        self.bytes_held -= self.region_bytes.pop(region, 0)
+    def _follow_evictions(self) -> None:
+        """Drop from the index the regions ``regions`` evicted, oldest first."""
+        live = self.regions.live
+        if live and len(self.index) == 0 and self.index.first < live[0]:
+            self.index.resume(live[0])  # nothing to drop: no region by region walk
+            self.region_bytes.clear()
+            self.bytes_held = 0
+        while live and self.index.first < live[0]:
+            region = self.index.first
+            self.counters.evicted_objects += self.index.evict_region(region)
+            self.bytes_held -= self.region_bytes.pop(region, 0)
