@@ -83,7 +83,8 @@ def simulate_tiers(
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()
-    lookup, on_response, find, offer = engine.lookup, engine.on_response, tier.find, tier.offer
+    lookup, on_response = engine.lookup, engine.on_response
+    find, answered, offer = tier.find, tier.answered, tier.offer
     disk_hit_bytes = 0
     started = time.perf_counter()
     for name, size, now in zip(keys, sizes, times, strict=True):
@@ -91,7 +92,9 @@ def simulate_tiers(
         request = RequestMeta(key)
         if type(lookup(request, now)) is Hit:
             continue
-        if find(key) is not None:
+        hit = find(key) is not None
+        answered(hit)
+        if hit:
             disk_hit_bytes += size
             continue
         on_response(request, _STORED, size, now)

@@ -88,6 +88,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 "max_object_bytes": engine.store.max_object_bytes,
             },
             "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
+            "disk": None if proxy.disk is None else proxy.disk.stats(),
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
@@ -106,6 +107,9 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         text += prometheus_text(
             {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
         )
+        if proxy.disk is not None:
+            disk = {f"disk_{name}": value for name, value in proxy.disk.stats().items()}
+            text += prometheus_text(disk, DISK_METRICS, DISK_GAUGES)
         if proxy.shared is not None:
             text += prometheus_text(
                 {"filter_fallbacks": proxy.shared.fallbacks,
@@ -200,18 +204,35 @@ PROXY_METRICS = {
     "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
     "fast_misses": "misses answered in the callback that brought the origin's whole response",
 }
+DISK_METRICS = {
+    "disk_hits": "memory misses the disk tier answered",
+    "disk_misses": "memory misses the disk tier did not answer",
+    "disk_admissions": "responses the disk tier took (records written)",
+    "disk_rejected": "responses the disk tier's admission turned away",
+    "disk_bytes_written": "bytes of records appended to the disk tier",
+    "disk_bytes_not_written": "bytes of records the disk tier's admission spared the device",
+    "disk_evicted_objects": "records gone with the regions evicted whole",
+    "disk_dropped": "records found torn, damaged or unwritable, forgotten",
+    "disk_objects": "records the disk tier holds",
+    "disk_index_bytes": "bytes of RAM of the disk tier's index",
+}
+DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes"})
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
     "filter_remote_decisions": "admission decisions the shared Redis filter gave",
 }
 
 
-def prometheus_text(stats: dict[str, int | float], metrics: dict[str, str] = METRICS) -> str:
+def prometheus_text(
+    stats: dict[str, int | float],
+    metrics: dict[str, str] = METRICS,
+    gauges: frozenset[str] = GAUGES,
+) -> str:
     """The Prometheus text exposition (format 0.0.4) of ``metrics``, prefixed ``onehit_``;
     counters get the ``_total`` suffix."""
     lines = []
     for name, help_text in metrics.items():
-        kind = "gauge" if name in GAUGES else "counter"
+        kind = "gauge" if name in gauges else "counter"
         metric = f"onehit_{name}" if kind == "gauge" else f"onehit_{name}_total"
         lines.append(f"# HELP {metric} {help_text}")
         lines.append(f"# TYPE {metric} {kind}")

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy import config_values as values
-from proxy.core.admission import AdmissionConfig
+from proxy.core.admission import AdmissionConfig, parse_policy
+from proxy.core.disk import DISK_POLICIES
 
 
 class ConfigError(ValueError):
@@ -176,6 +177,23 @@ class UpstreamSection:
 
 
 @dataclass(frozen=True)
+class DiskSection:
+    path: str = values.setting(
+        "", values.string, "directory of the disk tier's region files; empty: no disk tier"
+    )
+    size: int = values.setting(1 << 30, values.size, "bytes of region files the disk tier keeps")
+    region_size: int = values.setting(
+        16 << 20, values.size, "bytes of one region, written sequentially, evicted whole"
+    )
+    policy: str = values.setting(
+        "second-hit", values.policy, "what the disk takes: always, second-hit, nth-hit:N..."
+    )
+    window: float | str = values.setting(
+        "auto", values.window, "auto, or how long a first sighting counts for the disk"
+    )
+
+
+@dataclass(frozen=True)
 class Route:
     host: str
     origin: str
@@ -188,6 +206,7 @@ class Config:
     cache: CacheSection = CacheSection()
     admission: AdmissionSection = AdmissionSection()
     upstream: UpstreamSection = UpstreamSection()
+    disk: DiskSection = DiskSection()
     routes: tuple[Route, ...] = ()
 
     def admission_config(self) -> AdmissionConfig:
@@ -252,6 +271,7 @@ SECTIONS: dict[str, type] = {
     "cache": CacheSection,
     "admission": AdmissionSection,
     "upstream": UpstreamSection,
+    "disk": DiskSection,
 }
 
 
@@ -412,6 +432,17 @@ def _route(table: Any, source: str) -> Route:
 
 
 def _check_whole(config: Config) -> None:
+    disk = config.disk
+    if disk.path and disk.size < 2 * disk.region_size:
+        raise ConfigError(
+            f"[disk] size = {disk.size}: expected at least two regions of [disk] region_size "
+            f"({2 * disk.region_size} bytes)"
+        )
+    if disk.path and parse_policy(disk.policy)[0] not in DISK_POLICIES:
+        raise ConfigError(
+            f"[disk] policy = {disk.policy!r}: expected one of {', '.join(DISK_POLICIES)} "
+            "(a ring of regions has no victim by key to compare with)"
+        )
     if config.admission.generations < 2:
         raise ConfigError(
             f"[admission] generations = {config.admission.generations}: expected 2 or more"

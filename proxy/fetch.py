@@ -41,6 +41,7 @@ from proxy.core.events import (
 )
 from proxy.core.responses import response_meta
 from proxy.core.store import Entry
+from proxy.disk_store import DiskStore
 from proxy.lane import LaneRequest, Written
 from proxy.pool import OriginResponse, Sent
 from proxy.routing import Router
@@ -78,12 +79,14 @@ class Fetcher:
         router: Router,
         clock: Callable[[], float],
         shared: SharedSecondHit | None,
+        disk: DiskStore | None = None,
     ) -> None:
         self.engine = engine
         self.upstream = upstream
         self.router = router
         self.clock = clock
         self.shared = shared
+        self.disk = disk
         self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
         self.max_object = engine.store.max_object_bytes
         self.allow_set_cookie = config.cache.store_set_cookie
@@ -213,11 +216,13 @@ class Fetcher:
             upstream.close()
             again = replace(action, whole=False, collapse=False)
             return (await self.fetch(request, meta, url, again))[0], GO_DIRECT
+        to_disk = self._to_disk(meta, rmeta, length, fits, action)
         answer, cache_status, arrived, parts, out = self._relay(
-            request, meta, upstream, action, flight, headers, rmeta, decision, fits
+            request, meta, upstream, action, flight, headers, rmeta, decision, fits, to_disk
         )
         if out is not None:
-            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
+                                      to_disk)  # fmt: skip
         out = relay_head(answer, upstream, headers, length)
         mark(out, cache_status, "MISS")
         total, parts, too_large, ended = await self._stream(
@@ -226,7 +231,7 @@ class Fetcher:
         if not ended:
             self.engine.finish(meta, decision, total, self.clock(), complete=False)
             return out, None
-        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits)
+        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits, to_disk)
 
     def receive_now(
         self,
@@ -241,11 +246,13 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE)
         _, _, arrived, parts, out = self._relay(
-            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits
+            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits, to_disk
         )
         assert out is not None, "PendingMiss offered an answer that cannot be written at once"
-        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits)
+        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
+                                  to_disk)  # fmt: skip
 
     def _judge(
         self,
@@ -271,12 +278,13 @@ class Fetcher:
         rmeta: ResponseMeta,
         decision: Keep | NotStored,
         fits: bool,
+        to_disk: bool,
     ) -> tuple[Answer, str, bytes, list[bytes] | None, Written | None]:
         """How the client is answered from a decided origin response: the answer, its
         Cache-Status, the body bytes that came with the head, the copy of the body to keep
         (None: none), and the answer itself when it was written at once (``at_once``)."""
         share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
-        keep = type(decision) is Keep or share
+        keep = type(decision) is Keep or share or to_disk
         length = upstream.content_length
         answer = (
             self.engine.answer(meta, upstream.status, headers, length)
@@ -301,10 +309,14 @@ class Fetcher:
         parts: list[bytes] | None,
         too_large: bool,
         fits: bool,
+        to_disk: bool,
     ) -> Shared | None:
         """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
-        kept of it), and what collapsed requests may share of it."""
+        kept of it), write it to the disk tier when it took it, and what collapsed requests
+        may share of it."""
         body = b"".join(parts) if parts is not None else b""
+        if to_disk and parts is not None and not too_large and self.disk is not None:
+            self.disk.write(meta.key, rmeta, body, self.clock())
         # A copy dropped past the max object size leaves a size the store refuses: too large.
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
         if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
@@ -374,6 +386,20 @@ class Fetcher:
         if abandoned and length is not None:
             total = length
         return total, parts, too_large, True
+
+    def _to_disk(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, fits: bool, action: Fetch
+    ) -> bool:
+        """Whether the disk tier takes this response (a whole GET that fits): asked once, at
+        its head."""
+        return (
+            self.disk is not None
+            and action.whole
+            and meta.method == "GET"
+            and fits
+            and rmeta.status == 200
+            and self.disk.wants(meta.key, rmeta, length, self.clock())
+        )
 
     def response_meta(
         self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float

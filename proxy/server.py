@@ -41,6 +41,7 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
+from proxy.disk_store import DiskStore
 from proxy.fetch import Fetcher
 from proxy.hits import HitAnswers
 from proxy.lane import LaneRequest
@@ -65,12 +66,14 @@ class Proxy:
         upstream: Upstream,
         clock: Callable[[], float] = time.time,
         shared: SharedSecondHit | None = None,
+        disk: DiskStore | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.upstream = upstream
         self.clock = clock
         self.shared = shared
+        self.disk = disk
         self.router = Router(config)
         self.routes = self.router.routes
         self.hits = HitAnswers(engine, self.router, clock)
@@ -78,7 +81,7 @@ class Proxy:
         # common case: the same answer, counted the same.
         self.answer_hit = self.hits.answer
         self.plain_hits = self.hits.plain_hits
-        self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared)
+        self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
         self.uploads = Uploads(config, engine, upstream, self.router)
@@ -133,7 +136,7 @@ class Proxy:
         pooled origin connection, and answered in the callback that brings its whole
         response (``PendingMiss``): no task, and no wait for the loop's next turn. Any other
         request gets the work that answers it as ``handle`` does, the engine's plan made."""
-        if self.shared is not None:
+        if self.shared is not None or self.disk is not None:
             return self.handle(request)
         try:
             return self._start(request)
@@ -181,6 +184,10 @@ class Proxy:
                 return await self.revalidation.revalidate(request, meta, url, action)
             case Fetch(reason="method"):
                 return await self.uploads.pass_through(request, meta, url)
+            case Fetch(reason="uri-miss") if self.disk is not None and (
+                disk_hit := self._from_disk(meta)
+            ):
+                return disk_hit
             case Fetch(collapse=True):
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():
@@ -189,6 +196,20 @@ class Proxy:
                 return plain(action.status, action.text, f"{CACHE}; fwd={action.reason}")
             case _:
                 assert_never(action)
+
+    def _from_disk(self, meta: RequestMeta) -> web.StreamResponse | None:
+        """The answer from the disk tier to a memory miss, when its record is whole and fresh
+        for ``meta`` (then it is kept in memory too); None, and the origin is asked."""
+        assert self.disk is not None
+        engine = self.engine
+        entry = self.disk.lookup(meta.key, engine.entry_type)
+        hit = None if entry is None else engine.answers_from(meta, entry, self.clock())
+        self.disk.tier.answered(hit is not None)
+        if hit is None:
+            return None
+        engine.promote(hit.entry)
+        status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
+        return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 
     async def close(self) -> None:
         """Cancel the background work still running."""

@@ -25,6 +25,7 @@ from proxy.config import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.disk_store import DiskStore
 from proxy.fastpath import HitServer
 from proxy.logs import HTTP_ERRORS
 from proxy.server import Proxy
@@ -110,7 +111,8 @@ class Service:
         shared = shared_admission(config, engine)
         if shared is not None:
             await shared.connect()
-        proxy = Proxy(config, engine, upstream, clock=clock, shared=shared)
+        disk = DiskStore(config.disk) if config.disk.path else None
+        proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
             # configured limits itself, with the statuses RFC 9110 names (414, 431).
@@ -165,6 +167,8 @@ class Service:
         await self.admin_runner.cleanup()
         await self.proxy.close()
         await self.proxy.upstream.close()
+        if self.proxy.disk is not None:
+            self.proxy.disk.close()
         if self.proxy.shared is not None:
             await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()

@@ -11,8 +11,9 @@ Rules it keeps:
 * Every record goes where ``Regions`` places it, at the end of the open region. Opening a
   region past the ring's size evicts the oldest whole, and every key placed in it leaves the
   index at once.
-* ``find`` counts a disk hit or a disk miss; ``drop`` forgets a key whose record could not be
-  written or read whole (it is then a miss, never a wrong body).
+* ``find`` says where a key's record lies; ``answered`` counts a memory miss the disk
+  answered or did not; ``drop`` forgets a key whose record could not be written or read
+  whole (it is then a miss, never a wrong body).
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
   three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
   Two keys of one hash share a slot; the record holds its whole key, which every read checks.
@@ -93,13 +94,16 @@ class DiskTier:
         return round(self.regions.capacity_bytes * len(self.index) / self.bytes_held)
 
     def find(self, key: str) -> Slot | None:
-        """Where ``key``'s record lies, counted as a disk hit; None, counted as a miss."""
+        """Where ``key``'s record lies, or None; nothing counted (see ``answered``)."""
         found = self.index.get(hash64(key)[0])
-        if found is None:
+        return None if found is None else Slot(*found)
+
+    def answered(self, hit: bool) -> None:
+        """Count a memory miss the disk answered (``hit``) or did not."""
+        if hit:
+            self.counters.hits += 1
+        else:
             self.counters.misses += 1
-            return None
-        self.counters.hits += 1
-        return Slot(*found)
 
     def offer(self, key: str, size: int, length: int, now: float) -> Slot | None:
         """A response of ``size`` body bytes, a record of ``length`` bytes, fetched for
@@ -139,6 +143,14 @@ class DiskTier:
         self.counters.admissions += 1
         self.counters.bytes_written += length
         return slot
+
+    def restore(self, key: str, region: int, offset: int, length: int) -> None:
+        """Index a record found on disk at start-up (``RegionLog.recover``): no write counted."""
+        if len(self.index) == 0 and self.regions.live:
+            self.index.resume(self.regions.live[0])
+        self.index.put(hash64(key)[0], region, offset, length)
+        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
+        self.bytes_held += length
 
     def drop(self, key: str) -> None:
         """Forget ``key``: its record could not be written or read whole."""

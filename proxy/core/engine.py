@@ -179,6 +179,26 @@ class CacheEngine(ResponseDecisions):
         age = entry.age(now)
         return Hit(entry, age) if _fresh(entry, age, _NO_DIRECTIVES) else None
 
+    def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
+        """Whether ``entry``, found in a tier behind the store (the disk), answers ``request``
+        fresh, by the rules ``fresh`` applies to a stored one; nothing is counted."""
+        if request.method not in CACHEABLE_METHODS or self._private(request, entry):
+            return None
+        age = entry.age(now)
+        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+        return Hit(entry, age) if _fresh(entry, age, req) else None
+
+    def promote(self, entry: Entry) -> None:
+        """Keep ``entry``, which a tier behind the store answered from, in the store too when
+        it fits and its URL has no variants here (they are selected on fields)."""
+        if entry.key in self.variants or not self.store.fits(entry.size):
+            return
+        try:
+            evicted = self.store.put(entry)
+        except ValueError:  # its fields take it past what an entry may be charged
+            return
+        self.variants.forget(evicted)
+
     def varies(self, key: str) -> bool:
         """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""
         return key in self.variants

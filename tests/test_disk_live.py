@@ -1,0 +1,81 @@
+"""The proxy's disk tier, live: what its own admission takes is written to region files, served
+from them on a memory miss, and served again after a restart; a damaged record is a miss."""
+
+from __future__ import annotations
+
+import aiohttp
+from conftest import base
+
+DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
+        "cache__max_object_size": "256KiB"}  # fmt: skip
+
+
+async def get(service, path: str) -> tuple[int, dict[str, str], bytes]:
+    url, host = base(service) + path, {"Host": "example.test"}  # one key across restarts
+    async with aiohttp.ClientSession() as session, session.get(url, headers=host) as r:
+        return r.status, dict(r.headers), await r.read()
+
+
+async def admin_stats(service) -> dict:
+    host, port = service.admin_address
+    url = f"http://{host}:{port}/stats"
+    async with aiohttp.ClientSession() as session, session.get(url) as r:
+        return await r.json()
+
+
+async def test_a_second_sighting_goes_to_disk_and_is_served_from_it_after_a_restart(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/x", body=b"x" * 5000)
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):  # the second sighting is stored, in memory and on disk
+        status, _, body = await get(first, "/x")
+        assert status == 200 and body == b"x" * 5000
+    disk = (await admin_stats(first))["disk"]
+    assert (disk["admissions"], disk["rejected"], disk["objects"]) == (1, 1, 1)
+    assert disk["bytes_written"] > 5000 and sum(f.stat().st_size for f in tmp_path.iterdir())
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    status, headers, body = await get(second, "/x")
+    assert (status, body) == (200, b"x" * 5000)
+    assert "detail=disk" in headers["Cache-Status"] and headers["X-Cache"] == "HIT"
+    assert origin.hits["/x"] == 2  # the restart cost the origin nothing
+    status, headers, _ = await get(second, "/x")  # promoted: now a memory hit
+    assert status == 200 and "detail=disk" not in headers["Cache-Status"]
+    assert (await admin_stats(second))["disk"]["hits"] == 1
+
+
+async def test_one_hit_wonders_never_reach_the_disk(origin, start_proxy, tmp_path):
+    for i in range(30):
+        origin.set(f"/once-{i}", body=b"o" * 1000)
+    service = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for i in range(30):
+        assert (await get(service, f"/once-{i}"))[0] == 200
+    disk = (await admin_stats(service))["disk"]
+    assert disk["bytes_written"] == 0 and disk["rejected"] == 30
+    assert disk["bytes_not_written"] > 30 * 1000
+
+
+async def test_a_damaged_record_is_a_miss_never_a_wrong_body(origin, start_proxy, tmp_path):
+    origin.set("/x", body=b"good" * 1000)
+    first = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    assert (await get(first, "/x"))[2] == b"good" * 1000
+    await first.stop()
+    [region] = list(tmp_path.iterdir())
+    data = bytearray(region.read_bytes())
+    data[-10:] = b"bad!" * 2 + b"!!"  # the body's last bytes, under the record's checksum
+    region.write_bytes(bytes(data))
+    second = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    status, headers, body = await get(second, "/x")
+    # Recovery cut the damaged record off: the origin is asked, and the right body served.
+    assert (status, body) == (200, b"good" * 1000) and "detail=disk" not in headers["Cache-Status"]
+    assert origin.hits["/x"] == 2
+
+
+async def test_the_disk_counters_are_on_the_metrics_page(origin, start_proxy, tmp_path):
+    service = await start_proxy(disk__path=str(tmp_path), **DISK)
+    host, port = service.admin_address
+    url = f"http://{host}:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as r:
+        text = await r.text()
+    assert "onehit_disk_bytes_written_total 0.0" in text and "onehit_disk_objects 0.0" in text
