@@ -22,7 +22,7 @@ from proxy.config import DiskSection
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier
-from proxy.core.events import ResponseMeta
+from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
 from proxy.region_log import Location, RegionLog
@@ -38,12 +38,27 @@ class DiskStore:
         for key, location in self.log.recover():
             self.tier.restore(_text(key), location.region, location.offset, location.length)
 
-    def wants(self, key: str, response: ResponseMeta, length: int | None, now: float) -> bool:
-        """Whether the tier takes this response for ``key`` (of ``length`` body bytes, None
-        when unknown), asked once at its head: the tier's admission counts the sighting."""
-        if response.vary or not response.cacheable:
+    def wants(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        whole: bool,
+        now: float,
+    ) -> bool:
+        """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
+        asked once at its head: a whole 200 GET that does not vary, and then the tier's
+        admission, which counts the sighting."""
+        if (
+            not whole
+            or request.method != "GET"
+            or response.status != 200
+            or response.vary
+            or not response.cacheable
+        ):
             return False
         size = length or 0
+        key = request.key
         return self.tier.admit(key, size, RECORD_HEADER + len(_raw(key)) + 256 + size, now)
 
     def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:

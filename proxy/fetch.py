@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import aiohttp
 from aiohttp import web
 
-from proxy.answers import CACHE, abort, at_once, interim, mark, plain, relay_head, whole
+from proxy.answers import CACHE, at_once, interim, mark, plain, relay_head, whole
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
-from proxy.core import rfc9110, rfc9111
+from proxy.core import rfc9111
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
@@ -43,14 +42,14 @@ from proxy.core.responses import response_meta
 from proxy.core.store import Entry
 from proxy.disk_store import DiskStore
 from proxy.lane import LaneRequest, Written
+from proxy.origin_body import fields_of, in_hand
 from proxy.pool import OriginResponse, Sent
 from proxy.routing import Router
 from proxy.shared import SharedSecondHit
+from proxy.streaming import stream
 from proxy.upstream import Upstream, UpstreamError, UpstreamResponse
 
 log = logging.getLogger("onehit.proxy")
-
-BODY_ERRORS = (aiohttp.ClientError, TimeoutError, ConnectionError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +224,8 @@ class Fetcher:
                                       to_disk)  # fmt: skip
         out = relay_head(answer, upstream, headers, length)
         mark(out, cache_status, "MISS")
-        total, parts, too_large, ended = await self._stream(
-            request, meta, url, upstream, answer, out, arrived, parts
+        total, parts, too_large, ended = await stream(
+            request, meta, url, upstream, answer, out, arrived, parts, self.max_object
         )
         if not ended:
             self.engine.finish(meta, decision, total, self.clock(), complete=False)
@@ -325,81 +324,13 @@ class Fetcher:
             return None  # nothing to share: one follower fetches next
         return Shared(rmeta, body, meta.headers)
 
-    async def _stream(
-        self,
-        request: web.BaseRequest,
-        meta: RequestMeta,
-        url: str,
-        upstream: UpstreamResponse,
-        answer: Answer,
-        out: web.StreamResponse,
-        arrived: bytes,
-        parts: list[bytes] | None,
-    ) -> tuple[int, list[bytes] | None, bool, bool]:
-        """Write ``out``'s head and the part of the origin's body ``answer`` asks for as it
-        arrives, keeping a copy in ``parts`` (when given) up to the max object size. Returns
-        the bytes read of the body, the copy (None once dropped), whether it was dropped for
-        its size, and whether the body ended whole (when it failed, the client's connection
-        is cut once its head is out)."""
-        length = upstream.content_length
-        sending = _wanted_bytes(answer, upstream.status, length)
-        if arrived and sending is not None and sending[0] < len(arrived):
-            # The head goes out with the body bytes already in hand, in one write: never
-            # later than it would alone, since the first of those bytes is written at once.
-            out._send_headers_immediately = False
-        await out.prepare(request)
-        total = 0
-        too_large = abandoned = False
-        chunks = body_of(arrived, upstream.content)
-        try:
-            if sending is None:
-                await _send(out, b"", eof=True)
-            if sending is not None or parts is not None:
-                async for chunk in chunks:
-                    start = total
-                    total += len(chunk)
-                    if parts is not None:
-                        parts.append(chunk)
-                        if total > self.max_object:
-                            parts, too_large = None, True  # stream the rest, keep nothing
-                    if sending is not None:
-                        first, last = sending
-                        # start <= last here: the chunk that passes ``last`` ends the answer.
-                        piece = chunk[max(0, first - start) : last + 1 - start]
-                        done = total > last
-                        if not await _send(out, piece, eof=done) or done:
-                            sending = None  # answered, or the client left
-                    if sending is None and parts is None:
-                        abandoned = True  # the client has its answer and nothing is kept
-                        break
-            if sending is not None:
-                await _send(out, b"", eof=True)
-        except BODY_ERRORS as exc:
-            log.warning(
-                "%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc
-            )
-            if sending is not None:
-                abort(request)  # the headers are gone: a cut connection is the honest signal
-            return total, parts, too_large, False
-        finally:
-            await chunks.aclose()
-        if abandoned and length is not None:
-            total = length
-        return total, parts, too_large, True
-
     def _to_disk(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, fits: bool, action: Fetch
     ) -> bool:
-        """Whether the disk tier takes this response (a whole GET that fits): asked once, at
-        its head."""
-        return (
-            self.disk is not None
-            and action.whole
-            and meta.method == "GET"
-            and fits
-            and rmeta.status == 200
-            and self.disk.wants(meta.key, rmeta, length, self.clock())
-        )
+        """Whether the disk tier takes this response: asked once, at its head."""
+        disk = self.disk
+        return disk is not None and fits and disk.wants(meta, rmeta, length, action.whole,
+                                                        self.clock())  # fmt: skip
 
     def response_meta(
         self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float
@@ -425,54 +356,6 @@ class Fetcher:
         if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
             return await self.shared.admit(meta.key, length or 0, self.clock())
         return None
-
-
-def fields_of(upstream: UpstreamResponse) -> rfc9111.Fields:
-    """An origin response's end-to-end fields (hop-by-hop ones stripped), indexed."""
-    fields = upstream.fields if type(upstream) is OriginResponse else upstream.headers.items()
-    return rfc9110.end_to_end_fields(fields)
-
-
-def in_hand(upstream: UpstreamResponse) -> bytes:
-    """The body bytes that arrived with the head, b"" if none; a body that already failed
-    gives b"", and its failure is met when the rest is read."""
-    try:
-        if type(upstream) is OriginResponse:
-            return upstream.in_hand()
-        return upstream.content.read_nowait()
-    except BODY_ERRORS:
-        return b""
-
-
-async def body_of(first: bytes, content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """``first``, then the rest of a body as it arrives."""
-    if first:
-        yield first
-    async for chunk in content.iter_any():
-        yield chunk
-
-
-async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
-    """Write to the client; False when it has gone (the origin's body may still be worth
-    reading to the end, to be stored)."""
-    try:
-        if eof:
-            await out.write_eof(data)
-        elif data:
-            await out.write(data)
-    except ConnectionError:
-        return False
-    return True
-
-
-def _wanted_bytes(answer: Answer, status: int, length: int | None) -> tuple[int, int] | None:
-    """The bytes (first, last) of the origin's ``status`` body that the client gets; None for
-    none."""
-    if answer.status == status:
-        return 0, (length - 1 if length is not None else 1 << 62)
-    if answer.status == 206:
-        return answer.first, answer.last
-    return None
 
 
 def _asks(request: web.BaseRequest) -> bool:

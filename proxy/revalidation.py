@@ -20,7 +20,8 @@ from proxy.answers import CACHE, interim, plain
 from proxy.core import rfc9111
 from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
-from proxy.fetch import BODY_ERRORS, Fetcher, fields_of, in_hand
+from proxy.fetch import Fetcher
+from proxy.origin_body import BODY_ERRORS, fields_of, in_hand
 from proxy.upstream import UpstreamError, UpstreamResponse
 
 log = logging.getLogger("onehit.proxy")

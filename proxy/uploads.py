@@ -23,7 +23,7 @@ from proxy.answers import CACHE, LENGTH, abort, interim, mark, plain
 from proxy.config import Config
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
-from proxy.fetch import BODY_ERRORS, body_of, fields_of, in_hand
+from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.routing import Router
 from proxy.upstream import Upstream, UpstreamError
 from proxy.writer import Relayed, RelayedWhole
