@@ -191,6 +191,9 @@ class DiskSection:
     window: float | str = values.setting(
         "auto", values.window, "auto, or how long a first sighting counts for the disk"
     )
+    checkpoint_interval: float = values.setting(
+        60.0, values.duration, "how often the disk index is saved (and on a clean stop)"
+    )
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,13 @@ memory tier, keeping what it took across restarts.
 * On a memory miss, ``lookup`` reads the key's record back, verified (a torn, damaged or
   misplaced record is a miss, dropped from the index, never a wrong body), as an entry the
   engine judges by its own freshness rules.
-* At start-up the region files are scanned oldest first (``RegionLog.recover``) and every
-  whole record goes back into the index.
+* The index is checkpointed (``checkpoint``: every ``[disk] checkpoint_interval`` and on a
+  clean stop): its slots, 20 bytes each, and where the open region ended, written to a new
+  file that then replaces the last (so a crash leaves the old one whole), after the region's
+  bytes reached the device. At start-up the checkpoint's slots go back into the index, and
+  only the records written after it are scanned (``RegionLog.recover``); without a checkpoint,
+  or with one that does not describe the files (a checksum that fails, an open region shorter
+  than it says), every region is scanned.
 * Responses that vary (``Vary``) are not taken yet: a disk record is found by its URL alone.
 """
 
@@ -17,6 +22,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import struct
+import zlib
+from pathlib import Path
 
 from proxy.config import DiskSection
 from proxy.core import rfc9111
@@ -25,7 +34,12 @@ from proxy.core.disk import RECORD_HEADER, DiskTier
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
-from proxy.region_log import Location, RegionLog
+from proxy.region_log import DISK_ERRORS, Location, RegionLog
+
+CHECKPOINT = "index.checkpoint"
+_MAGIC = b"OHC1"
+# magic, the open region, where it ended, slots, crc32 of the slots
+_CHECKPOINT = struct.Struct("<4sQQQI")
 
 
 class DiskStore:
@@ -35,8 +49,55 @@ class DiskStore:
         regions = Regions(section.region_size, section.size // section.region_size)
         self.tier = DiskTier(regions, AdmissionConfig(policy=section.policy, window=section.window))
         self.log = RegionLog(section.path, regions)
-        for key, location in self.log.recover():
+        self.checkpoint_path = Path(section.path) / CHECKPOINT
+        saved = self._saved()
+        after = None if saved is None else (saved[0], saved[1])
+        scanned = self.log.recover(after)
+        self.from_checkpoint = 0 if saved is None else self.tier.restore_slots(saved[2])
+        for key, location in scanned:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
+        self.scanned = len(scanned)
+
+    def checkpoint(self) -> None:
+        """Write the index and where the open region ends, replacing the last checkpoint."""
+        regions = self.tier.regions
+        if not regions.live:
+            return
+        self.log.sync()
+        slots = self.tier.index.dump()
+        head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
+                                zlib.crc32(slots))  # fmt: skip
+        fresh = self.checkpoint_path.with_suffix(".new")
+        try:
+            with open(fresh, "wb") as f:
+                f.write(head + slots)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(fresh, self.checkpoint_path)
+        except OSError as exc:
+            DISK_ERRORS.warning("checkpointing the disk index failed: %r", exc)
+
+    def _saved(self) -> tuple[int, int, bytes] | None:
+        """(open region, where it ended, slots) of a checkpoint that describes the files."""
+        try:
+            data = self.checkpoint_path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            DISK_ERRORS.warning("reading the disk index's checkpoint failed: %r", exc)
+            return None
+        if len(data) < _CHECKPOINT.size:
+            return None
+        magic, region, fill, count, crc = _CHECKPOINT.unpack_from(data)
+        slots = data[_CHECKPOINT.size :]
+        if magic != _MAGIC or len(slots) != 20 * count or zlib.crc32(slots) != crc:
+            DISK_ERRORS.warning("the disk index's checkpoint is not whole: every region is scanned")
+            return None
+        path = self.log.path(region)
+        if path.exists() and path.stat().st_size < fill:
+            DISK_ERRORS.warning("the disk index's checkpoint is past its region's end: scanning")
+            return None
+        return region, fill, slots
 
     def wants(
         self,
@@ -114,9 +175,13 @@ class DiskStore:
             "index_bytes": self.tier.index.memory_bytes,
             "regions": len(regions.live),
             "capacity_bytes": regions.capacity_bytes,
+            "restored_from_checkpoint": self.from_checkpoint,
+            "restored_by_scan": self.scanned,
         }
 
     def close(self) -> None:
+        """Checkpoint, then close the open region."""
+        self.checkpoint()
         self.log.close()
 
 

@@ -122,10 +122,13 @@ class RegionLog:
             return None
         return found[1], found[2]
 
-    def scan(self, region: int) -> Iterator[tuple[bytes, Location]]:
-        """Every whole record of ``region``'s file, in order, up to the first that is not."""
+    def scan(self, region: int, start: int = 0) -> Iterator[tuple[bytes, Location]]:
+        """Every whole record of ``region``'s file from ``start``, in order, up to the first
+        that is not."""
         try:
-            data = self.path(region).read_bytes()
+            with open(self.path(region), "rb") as f:
+                f.seek(start)
+                data = f.read()
         except OSError as exc:
             DISK_ERRORS.warning("scanning region %d failed: %r", region, exc)
             return
@@ -135,31 +138,53 @@ class RegionLog:
             found = decode(memoryview(data)[offset : offset + length]) if length else None
             if found is None:
                 return
-            yield found[0], Location(region, offset, length)
+            yield found[0], Location(region, start + offset, length)
             offset += length
 
-    def recover(self) -> list[tuple[bytes, Location]]:
-        """The records of the region files found, oldest region first, each region cut back to
-        its last whole record; the ring takes up where they end. Regions past the ring's size
-        (the oldest) are removed."""
-        return list(self._recovered())
-
-    def _recovered(self) -> Iterator[tuple[bytes, Location]]:
+    def regions_found(self) -> list[int]:
+        """The region files present, oldest first; those past the ring's size (the oldest)
+        are removed."""
         found = sorted(
             int(m.group(1)) for p in self.directory.iterdir() if (m := _FILE.fullmatch(p.name))
         )
         for region in found[: max(0, len(found) - self.regions.regions)]:
             self._remove(region)
-        found = found[-self.regions.regions :]
+        return found[-self.regions.regions :]
+
+    def recover(self, after: tuple[int, int] | None = None) -> list[tuple[bytes, Location]]:
+        """The records of the region files found, oldest region first, or only those from
+        ``after`` (region, offset: what a checkpoint does not hold) on; each region scanned is
+        cut back to its last whole record, and the ring takes up where the last one ends."""
+        return list(self._recovered(after))
+
+    def _recovered(self, after: tuple[int, int] | None) -> Iterator[tuple[bytes, Location]]:
+        found = self.regions_found()
         fill = 0
         for region in found:
-            end = 0
-            for key, location in self.scan(region):
+            start = 0
+            if after is not None and region <= after[0]:
+                start = after[1] if region == after[0] else self._size(region)
+            end = start
+            for key, location in self.scan(region, start):
                 end = location.offset + location.length
                 yield key, location
             fill = end
             self._cut(region, end)
         self.regions.resume(found, fill)
+
+    def _size(self, region: int) -> int:
+        try:
+            return self.path(region).stat().st_size
+        except OSError:
+            return 0
+
+    def sync(self) -> None:
+        """The open region's bytes to the device (before a checkpoint claims them)."""
+        if self._writing is not None:
+            try:
+                os.fsync(self._writing[1])
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing region %d failed: %r", self._writing[0], exc)
 
     def _cut(self, region: int, end: int) -> None:
         """Drop what follows the last whole record of ``region`` (a write the crash tore)."""

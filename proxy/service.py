@@ -97,6 +97,7 @@ class Service:
     proxy: Proxy
     proxy_runner: web.BaseRunner
     admin_runner: web.BaseRunner
+    checkpoints: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
@@ -144,6 +145,10 @@ class Service:
         await proxy_runner.setup()
         await admin_runner.setup()
         service = cls(config, proxy, proxy_runner, admin_runner)
+        if disk is not None:
+            service.checkpoints = asyncio.get_running_loop().create_task(
+                _checkpoints(disk, config.disk.checkpoint_interval)
+            )
         try:
             await web.TCPSite(
                 proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port
@@ -163,6 +168,8 @@ class Service:
         return self.admin_runner.addresses[0][:2]
 
     async def stop(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.cancel()
         await self.proxy_runner.cleanup()
         await self.admin_runner.cleanup()
         await self.proxy.close()
@@ -172,6 +179,13 @@ class Service:
         if self.proxy.shared is not None:
             await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()
+
+
+async def _checkpoints(disk: DiskStore, interval: float) -> None:
+    """Checkpoint the disk tier's index every ``interval`` seconds."""
+    while True:
+        await asyncio.sleep(interval)
+        disk.checkpoint()
 
 
 async def until_signalled() -> None:

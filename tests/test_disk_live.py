@@ -61,15 +61,17 @@ async def test_a_damaged_record_is_a_miss_never_a_wrong_body(origin, start_proxy
     first = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
     assert (await get(first, "/x"))[2] == b"good" * 1000
     await first.stop()
-    [region] = list(tmp_path.iterdir())
+    [region] = list(tmp_path.glob("region-*.log"))
     data = bytearray(region.read_bytes())
     data[-10:] = b"bad!" * 2 + b"!!"  # the body's last bytes, under the record's checksum
     region.write_bytes(bytes(data))
     second = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
     status, headers, body = await get(second, "/x")
-    # Recovery cut the damaged record off: the origin is asked, and the right body served.
+    # The checkpoint still points at the record; its checksum fails when it is read, so it
+    # is dropped, the origin is asked, and the right body served.
     assert (status, body) == (200, b"good" * 1000) and "detail=disk" not in headers["Cache-Status"]
     assert origin.hits["/x"] == 2
+    assert (await admin_stats(second))["disk"]["dropped"] == 1
 
 
 async def test_the_disk_counters_are_on_the_metrics_page(origin, start_proxy, tmp_path):

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
@@ -33,6 +35,8 @@ from proxy.core.regions import Regions
 # Bytes of a record beside its key, meta and body: magic, length, crc32, key and meta lengths
 # (``proxy.region_log.HEADER``).
 RECORD_HEADER = 18
+# A slot as ``DiskIndex.dump`` writes it, in the machine's byte order.
+SLOT = np.dtype([("key", "u8"), ("region", "u4"), ("offset", "u4"), ("length", "u4")])
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
 
@@ -151,6 +155,21 @@ class DiskTier:
         self.index.put(hash64(key)[0], region, offset, length)
         self.region_bytes[region] = self.region_bytes.get(region, 0) + length
         self.bytes_held += length
+
+    def restore_slots(self, slots: bytes) -> int:
+        """Put back the slots a checkpoint holds (``DiskIndex.dump``): those of regions no
+        longer live are left out. How many were put."""
+        if len(self.index) == 0 and self.regions.live:
+            self.index.resume(self.regions.live[0])
+        put = self.index.load(slots)
+        table = np.frombuffer(slots, dtype=SLOT)
+        table = table[table["region"] >= self.index.first]
+        regions, where = np.unique(table["region"], return_inverse=True)
+        totals = np.bincount(where, weights=table["length"], minlength=len(regions))
+        for region, total in zip(regions.tolist(), totals.tolist(), strict=True):
+            self.region_bytes[region] = self.region_bytes.get(region, 0) + int(total)
+            self.bytes_held += int(total)
+        return put
 
     def drop(self, key: str) -> None:
         """Forget ``key``: its record could not be written or read whole."""

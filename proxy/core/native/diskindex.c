@@ -120,6 +120,35 @@ static PyObject *DiskIndex_get(DiskIndexObject *self, PyObject *arg) {
     return Py_BuildValue("(III)", slot->region, slot->offset, slot->length);
 }
 
+/* key's record lies at (region, offset, length), replacing where it lay; -1 with an exception
+ * set when the table cannot grow. The caller checked the values fit. */
+static int put_slot(DiskIndexObject *self, uint64_t key, uint32_t region, uint32_t offset,
+                    uint32_t length) {
+    if ((uint64_t)(self->live + self->dead + 1) * 4 > (self->mask + 1) * 3) {
+        uint64_t size = self->mask + 1;
+        if ((uint64_t)(self->live + 1) * 2 > size) size *= 2;  /* else dropping the dead makes room */
+        if (rebuild(self, size) < 0) return -1;
+    }
+    key = stored_key(key);
+    DiskSlot *slot = find_slot(self, key);
+    if (slot_key(slot) != 0) {
+        if (slot_live(self, slot)) {
+            (*region_count(self, slot->region))--;
+            self->live--;
+        } else {
+            self->dead--;
+        }
+    }
+    slot->key_lo = (uint32_t)key;
+    slot->key_hi = (uint32_t)(key >> 32);
+    slot->region = region;
+    slot->offset = offset;
+    slot->length = length;
+    (*region_count(self, region))++;
+    self->live++;
+    return 0;
+}
+
 static PyObject *DiskIndex_put(DiskIndexObject *self, PyObject *const *args, Py_ssize_t n) {
     uint64_t key, region, offset, length;
     if (n != 4) {
@@ -135,29 +164,39 @@ static PyObject *DiskIndex_put(DiskIndexObject *self, PyObject *const *args, Py_
                      (unsigned long long)offset, (unsigned long long)length, self->first);
         return NULL;
     }
-    if ((uint64_t)(self->live + self->dead + 1) * 4 > (self->mask + 1) * 3) {
-        uint64_t size = self->mask + 1;
-        if ((uint64_t)(self->live + 1) * 2 > size) size *= 2;  /* else dropping the dead makes room */
-        if (rebuild(self, size) < 0) return NULL;
-    }
-    key = stored_key(key);
-    DiskSlot *slot = find_slot(self, key);
-    if (slot_key(slot) != 0) {
-        if (slot_live(self, slot)) {
-            (*region_count(self, slot->region))--;
-            self->live--;
-        } else {
-            self->dead--;
-        }
-    }
-    slot->key_lo = (uint32_t)key;
-    slot->key_hi = (uint32_t)(key >> 32);
-    slot->region = (uint32_t)region;
-    slot->offset = (uint32_t)offset;
-    slot->length = (uint32_t)length;
-    (*region_count(self, (uint32_t)region))++;
-    self->live++;
+    if (put_slot(self, key, (uint32_t)region, (uint32_t)offset, (uint32_t)length) < 0)
+        return NULL;
     Py_RETURN_NONE;
+}
+
+/* Slots as dump gives them, put back; those of regions older than the oldest live one are
+ * left out. Returns how many were put. */
+static PyObject *DiskIndex_load(DiskIndexObject *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (view.len % 20 != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "slots come 20 bytes each");
+        return NULL;
+    }
+    const char *p = view.buf;
+    long long put = 0;
+    for (Py_ssize_t at = 0; at < view.len; at += 20) {
+        uint64_t key;
+        uint32_t region, offset, length;
+        memcpy(&key, p + at, 8);
+        memcpy(&region, p + at + 8, 4);
+        memcpy(&offset, p + at + 12, 4);
+        memcpy(&length, p + at + 16, 4);
+        if (region < self->first || region == DELETED) continue;
+        if (put_slot(self, key, region, offset, length) < 0) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        put++;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(put);
 }
 
 static PyObject *DiskIndex_delete(DiskIndexObject *self, PyObject *arg) {
@@ -202,6 +241,25 @@ static PyObject *DiskIndex_resume(DiskIndexObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* The live slots as bytes, 20 each (key, region, offset, length: u64, u32 x3, in the machine's byte order):
+ * a checkpoint of the index. */
+static PyObject *DiskIndex_dump(DiskIndexObject *self, PyObject *unused) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)self->live * 20);
+    if (out == NULL) return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    for (uint64_t i = 0; i <= self->mask; i++) {
+        const DiskSlot *slot = &self->slots[i];
+        if (slot_key(slot) == 0 || !slot_live(self, slot)) continue;
+        uint64_t key = slot_key(slot);
+        memcpy(p, &key, 8);
+        memcpy(p + 8, &slot->region, 4);
+        memcpy(p + 12, &slot->offset, 4);
+        memcpy(p + 16, &slot->length, 4);
+        p += 20;
+    }
+    return out;
+}
+
 static Py_ssize_t DiskIndex_len(DiskIndexObject *self) { return (Py_ssize_t)self->live; }
 
 static PyObject *DiskIndex_memory_bytes(DiskIndexObject *self, void *closure) {
@@ -221,6 +279,10 @@ static PyMethodDef DiskIndex_methods[] = {
     {"delete", (PyCFunction)DiskIndex_delete, METH_O, "Forget key; False if it was not held."},
     {"evict_region", (PyCFunction)DiskIndex_evict_region, METH_O,
      "evict_region(region): the oldest live region is gone; returns the keys it held."},
+    {"load", (PyCFunction)DiskIndex_load, METH_O,
+     "load(slots): put back what dump gave (regions older than first left out); how many."},
+    {"dump", (PyCFunction)DiskIndex_dump, METH_NOARGS,
+     "The live slots as bytes, 20 each: key (u64), region, offset, length (u32), in the machine's byte order."},
     {"resume", (PyCFunction)DiskIndex_resume, METH_O,
      "resume(first): an empty index whose oldest live region is first (after a restart)."},
     {NULL},
