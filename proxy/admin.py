@@ -109,7 +109,10 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         )
         if proxy.disk is not None:
             disk = {f"disk_{name}": value for name, value in proxy.disk.stats().items()}
-            text += prometheus_text(disk, DISK_METRICS, DISK_GAUGES)
+            metrics = DISK_METRICS
+            if disk["disk_process_write_bytes"] is not None:
+                metrics = {**DISK_METRICS, "disk_process_write_bytes": PROCESS_WRITES}
+            text += prometheus_text(disk, metrics, DISK_GAUGES)
         if proxy.shared is not None:
             text += prometheus_text(
                 {"filter_fallbacks": proxy.shared.fallbacks,
@@ -216,6 +219,7 @@ DISK_METRICS = {
     "disk_objects": "records the disk tier holds",
     "disk_index_bytes": "bytes of RAM of the disk tier's index",
 }
+PROCESS_WRITES = "bytes the process caused to be written to storage (/proc/self/io write_bytes)"
 DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes"})
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",

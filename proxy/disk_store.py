@@ -15,6 +15,9 @@ memory tier, keeping what it took across restarts.
   only the records written after it are scanned (``RegionLog.recover``); without a checkpoint,
   or with one that does not describe the files (a checksum that fails, an open region shorter
   than it says), every region is scanned.
+* Writes are counted as the store appends them (``bytes_written``) and as the kernel counts
+  the process's writes to storage (``write_bytes`` of ``/proc/self/io``, where it exists),
+  in total and per second over the last checkpoint interval.
 * Responses that vary (``Vary``) are not taken yet: a disk record is found by its URL alone.
 """
 
@@ -24,6 +27,7 @@ import json
 import math
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -57,9 +61,13 @@ class DiskStore:
         for key, location in scanned:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
         self.scanned = len(scanned)
+        # (when, the store's bytes written, the process's write_bytes) at the last two
+        # checkpoints: the rates /stats gives.
+        self._samples = [self._sample(), self._sample()]
 
     def checkpoint(self) -> None:
         """Write the index and where the open region ends, replacing the last checkpoint."""
+        self._samples = [self._samples[-1], self._sample()]
         regions = self.tier.regions
         if not regions.live:
             return
@@ -158,9 +166,15 @@ class DiskStore:
             status=status,
         )
 
-    def stats(self) -> dict[str, int]:
+    def _sample(self) -> tuple[float, int, int | None]:
+        return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()
+
+    def stats(self) -> dict[str, int | float | None]:
         c = self.tier.counters
         regions = self.tier.regions
+        (t0, b0, w0), (t1, b1, w1) = self._samples
+        span = t1 - t0
+        device = process_write_bytes()
         return {
             "hits": c.hits,
             "misses": c.misses,
@@ -177,12 +191,32 @@ class DiskStore:
             "capacity_bytes": regions.capacity_bytes,
             "restored_from_checkpoint": self.from_checkpoint,
             "restored_by_scan": self.scanned,
+            "bytes_written_per_second": round((b1 - b0) / span, 1) if span > 0 else None,
+            "process_write_bytes": device,
+            "process_write_bytes_per_second": (
+                round((w1 - w0) / span, 1)
+                if span > 0 and w0 is not None and w1 is not None
+                else None
+            ),
         }
 
     def close(self) -> None:
         """Checkpoint, then close the open region."""
         self.checkpoint()
         self.log.close()
+
+
+def process_write_bytes() -> int | None:
+    """Bytes this process caused to be written to storage (Linux's ``/proc/self/io``), or None
+    where that is not kept."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"write_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _raw(key: str) -> bytes:

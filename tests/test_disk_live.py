@@ -4,6 +4,7 @@ from them on a memory miss, and served again after a restart; a damaged record i
 from __future__ import annotations
 
 import aiohttp
+import pytest
 from conftest import base
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
@@ -81,3 +82,18 @@ async def test_the_disk_counters_are_on_the_metrics_page(origin, start_proxy, tm
     async with aiohttp.ClientSession() as session, session.get(url) as r:
         text = await r.text()
     assert "onehit_disk_bytes_written_total 0.0" in text and "onehit_disk_objects 0.0" in text
+
+
+async def test_the_device_writes_are_counted_as_the_kernel_sees_them(origin, start_proxy, tmp_path):
+    origin.set("/big", body=b"w" * 200_000)
+    service = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    before = (await admin_stats(service))["disk"]["process_write_bytes"]
+    if before is None:
+        pytest.skip("no /proc/self/io here")
+    assert (await get(service, "/big"))[0] == 200
+    service.proxy.disk.checkpoint()  # a rate is measured between checkpoints
+    disk = (await admin_stats(service))["disk"]
+    assert disk["bytes_written"] > 200_000
+    # Counted when the pages were dirtied: the record's bytes at least, and the checkpoint's.
+    assert disk["process_write_bytes"] - before >= disk["bytes_written"]
+    assert disk["bytes_written_per_second"] > 0

@@ -220,3 +220,41 @@ async def test_requests_leave_no_reference_cycles_for_the_collector(start_proxy,
         gc.enable()
     # 120 requests; the client's own objects may leave a few.
     assert found < 12, f"{found} objects in reference cycles: {kinds}"
+
+
+async def test_a_disk_tier_20_times_the_memory_tier_costs_rss_only_the_memory_tier_and_index(
+    tmp_path,
+):
+    body = b"\x5a" * (256 << 10)
+
+    async def objects(request: web.Request) -> web.Response:
+        return web.Response(body=body, headers={"Cache-Control": "max-age=600"})
+
+    runner, origin = await serve(objects)
+    memory, disk = 4 << 20, 80 << 20
+    settings = {
+        "admission.policy": "always", "cache.size": str(memory),
+        "cache.max_object_size": str(1 << 20), "disk.path": str(tmp_path / "disk"),
+        "disk.size": str(disk), "disk.region_size": str(4 << 20), "disk.policy": "always",
+    }  # fmt: skip
+    count = disk // len(body) * 3 // 4  # 15 times what memory holds; the disk keeps them all
+    try:
+        async with (
+            onehit_process(origin, settings) as proxy,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as client,
+        ):
+            for i in range(4):  # every path's code loaded: a miss, a disk write, a hit
+                async with client.get(f"{proxy.url}/warm-{i % 2}") as r:
+                    assert len(await r.read()) == len(body)
+            before = status_bytes(proxy.process.pid, "VmRSS")
+            for path in [f"/obj-{i}" for i in range(count)] * 2:  # written, then read back
+                async with client.get(f"{proxy.url}{path}") as r:
+                    assert await r.read() == body
+            growth = status_bytes(proxy.process.pid, "VmRSS") - before
+            async with client.get(f"{proxy.admin_url}/stats") as r:
+                stats = (await r.json())["disk"]
+        assert stats["bytes_written"] >= count * len(body) and stats["hits"] >= count - 16
+        print(f"RSS grew by {growth / (1 << 20):.1f} MiB with {disk >> 20} MiB on disk")
+        assert growth < memory + stats["index_bytes"] + (16 << 20), f"grew {growth >> 20} MiB"
+    finally:
+        await runner.cleanup()
