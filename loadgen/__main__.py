@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         "--disk-admission", default="second-hit", help="comma-separated, as --admission"
     )
     sim.add_argument("--region-size", default="16MiB", help="the disk tier's region size")
+    sim.add_argument(
+        "--disk-write-rate", default="0", help="the disk's write budget, bytes a second (0: none)"
+    )
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
     sim.set_defaults(run=_cmd_simulate)
@@ -339,7 +342,8 @@ def _simulate_tiers(
     """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
     try:
         disk_size, region = parse_size(args.disk_size), parse_size(args.region_size)
-        disks = [DiskSpec(disk_size, region, AdmissionConfig(policy=p))
+        rate = parse_size(args.disk_write_rate)
+        disks = [DiskSpec(disk_size, region, AdmissionConfig(policy=p), max_write_rate=rate)
                  for p in _split(args.disk_admission)]  # fmt: skip
     except ValueError as exc:
         raise UsageError(f"--disk-size: {exc}") from None

@@ -30,7 +30,7 @@ from loadgen.report import aligned
 from loadgen.simulate import SimResult, build_engine, policy_label
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier
+from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.events import Hit, RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD
@@ -48,6 +48,7 @@ class DiskSpec:
     region_size: int = 16 << 20
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     meta_bytes: int = 512
+    max_write_rate: float = 0.0  # bytes a second of the trace's time; 0: no budget
 
     def __post_init__(self) -> None:
         if self.size < 2 * self.region_size:
@@ -57,7 +58,8 @@ class DiskSpec:
             )
 
     def tier(self) -> DiskTier:
-        return DiskTier(Regions(self.region_size, self.size // self.region_size), self.admission)
+        regions = Regions(self.region_size, self.size // self.region_size)
+        return DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate))
 
 
 def simulate_tiers(
@@ -109,6 +111,7 @@ def simulate_tiers(
         disk_hit_bytes=disk_hit_bytes,
         disk_admissions=c.admissions,
         disk_rejected=c.rejected,
+        disk_throttled=c.throttled,
         disk_bytes_written=c.bytes_written,
         disk_bytes_not_written=c.bytes_not_written,
         disk_evicted_objects=c.evicted_objects,

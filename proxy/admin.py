@@ -212,6 +212,7 @@ DISK_METRICS = {
     "disk_misses": "memory misses the disk tier did not answer",
     "disk_admissions": "responses the disk tier took (records written)",
     "disk_rejected": "responses the disk tier's admission turned away",
+    "disk_throttled": "responses the disk's admission took that its write budget turned away",
     "disk_bytes_written": "bytes of records appended to the disk tier",
     "disk_bytes_not_written": "bytes of records the disk tier's admission spared the device",
     "disk_evicted_objects": "records gone with the regions evicted whole",

@@ -191,6 +191,9 @@ class DiskSection:
     window: float | str = values.setting(
         "auto", values.window, "auto, or how long a first sighting counts for the disk"
     )
+    max_write_rate: int = values.setting(
+        0, values.optional_size, "bytes a second the disk may be written at most (0: no budget)"
+    )
     checkpoint_interval: float = values.setting(
         60.0, values.duration, "how often the disk index is saved (and on a clean stop)"
     )

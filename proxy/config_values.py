@@ -79,6 +79,13 @@ def size(value: Any) -> int:
     return size
 
 
+def optional_size(value: Any) -> int:
+    size = parse_size(value)
+    if size < 0:
+        raise ValueError("expected a size, or 0 for none")
+    return size
+
+
 def duration(value: Any) -> float:
     seconds = parse_duration(value)
     if seconds <= 0:

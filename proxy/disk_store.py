@@ -34,7 +34,7 @@ from pathlib import Path
 from proxy.config import DiskSection
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier
+from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
@@ -51,7 +51,8 @@ class DiskStore:
 
     def __init__(self, section: DiskSection) -> None:
         regions = Regions(section.region_size, section.size // section.region_size)
-        self.tier = DiskTier(regions, AdmissionConfig(policy=section.policy, window=section.window))
+        admission = AdmissionConfig(policy=section.policy, window=section.window)
+        self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
         self.log = RegionLog(section.path, regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
         saved = self._saved()
@@ -181,6 +182,7 @@ class DiskStore:
             "admissions": c.admissions,
             "rejected": c.rejected,
             "too_large": c.too_large,
+            "throttled": c.throttled,
             "bytes_written": c.bytes_written,
             "bytes_not_written": c.bytes_not_written,
             "evicted_objects": c.evicted_objects,

@@ -137,3 +137,16 @@ def test_a_kill_at_any_moment_never_leaves_a_torn_or_wrong_body(tmp_path):
                 found += 1
         assert found > 0 and found == len(store.tier), round_
         store.log.close()
+
+
+def test_the_write_budget_of_the_config_tightens_what_the_disk_takes(tmp_path):
+    store = DiskStore(section(tmp_path, max_write_rate=10_000))
+    assert store.tier.budget.rate == 10_000
+    taken = 0
+    for i in range(2000):  # 20 s of 100 offers a second of 1 KB: ten times the budget
+        key = f"k{i}"
+        if store.wants(RequestMeta(key), STORED, 1000, True, i / 100):
+            store.write(key, STORED, b"x" * 1000, i / 100)
+            taken += 1
+    assert 100 < taken < 500 and store.stats()["throttled"] == 2000 - taken
+    store.close()

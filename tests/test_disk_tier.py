@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from proxy.core._native import DiskIndex
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import DISK_POLICIES, DiskTier
+from proxy.core.disk import DISK_POLICIES, DiskTier, WriteBudget
 from proxy.core.regions import Regions
 
 
@@ -127,3 +127,21 @@ def test_the_compiled_index_answers_as_a_dict_of_live_regions_does(ops):
         assert index.get(key) == model.get(key)
         assert len(index) == len(model)
     assert all(index.get(k) == slot for k, slot in model.items())
+
+
+def test_a_write_budget_keeps_the_rate_near_it_and_counts_what_it_turned_away():
+    budget = 100_000  # bytes a second; the offered rate is ten times that
+    disk = DiskTier(Regions(1 << 30, 4), AdmissionConfig(policy="always"),
+                    budget=WriteBudget(budget))  # fmt: skip
+    for i in range(100_000):  # 100 s of 1,000 offers a second, 1 KB each
+        disk.offer(f"k{i}", 900, 1000, now=i / 1000)
+    c = disk.counters
+    assert 0.7 * budget * 100 <= c.bytes_written <= 1.3 * budget * 100
+    assert c.throttled > 0 and c.bytes_not_written == c.throttled * 1000
+
+
+def test_without_a_budget_every_admitted_record_is_written():
+    disk = DiskTier(Regions(1 << 30, 4), AdmissionConfig(policy="always"))
+    for i in range(10_000):
+        disk.offer(f"k{i}", 900, 1000, now=i / 1000)
+    assert disk.counters.bytes_written == 10_000 * 1000 and disk.counters.throttled == 0

@@ -17,6 +17,10 @@ Rules it keeps:
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
   three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
   Two keys of one hash share a slot; the record holds its whole key, which every read checks.
+* A write budget (``WriteBudget``, bytes a second; none by default) tightens admission when
+  the tier writes faster: what the admission takes is then written with a probability set
+  each second from the last second's rate, as CacheLib's dynamic random admission keeps flash
+  within its endurance. What it turns away is counted as ``throttled``.
 * Admission policies that compare with the store's next victim (``tinylfu``, ``adaptive``)
   need an eviction order by key, which a ring of regions does not have: they are refused
   for the disk tier, naming the ones that work.
@@ -24,6 +28,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +46,40 @@ SLOT = np.dtype([("key", "u8"), ("region", "u4"), ("offset", "u4"), ("length", "
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
 
 
+class WriteBudget:
+    """At most about ``rate`` bytes a second written: each second, the share of what the
+    admission takes that is written follows the rate the second before (its ratio to the
+    budget, up to all), drawn by a seeded generator so that runs repeat."""
+
+    def __init__(self, rate: float, seed: int = 1) -> None:
+        self.rate = rate
+        self.probability = 1.0
+        self._start: float | None = None
+        self._bytes = 0
+        self._rng = random.Random(seed)
+
+    def allow(self, now: float) -> bool:
+        """Whether a record the admission took may be written at ``now``."""
+        if self.rate <= 0:
+            return True
+        if self._start is None:
+            self._start = now
+        elapsed = now - self._start
+        if elapsed >= 1.0:
+            observed = self._bytes / elapsed
+            if observed > self.rate:
+                self.probability = max(0.001, self.probability * self.rate / observed)
+            elif observed > 0:
+                self.probability = min(1.0, self.probability * min(2.0, self.rate / observed))
+            else:
+                self.probability = min(1.0, self.probability * 2.0)
+            self._start, self._bytes = now, 0
+        return self.probability >= 1.0 or self._rng.random() < self.probability
+
+    def wrote(self, length: int) -> None:
+        self._bytes += length
+
+
 @dataclass(slots=True)
 class DiskCounters:
     hits: int = 0
@@ -48,6 +87,7 @@ class DiskCounters:
     admissions: int = 0
     rejected: int = 0
     too_large: int = 0
+    throttled: int = 0
     bytes_written: int = 0
     bytes_not_written: int = 0
     evicted_objects: int = 0
@@ -73,6 +113,7 @@ class DiskTier:
     counters: DiskCounters = field(default_factory=DiskCounters)
     bytes_held: int = 0
     region_bytes: dict[int, int] = field(default_factory=dict)  # bytes placed, by live region
+    budget: WriteBudget = field(default_factory=lambda: WriteBudget(0.0))
     index: DiskIndex = field(init=False, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
 
@@ -134,6 +175,10 @@ class DiskTier:
             c.rejected += 1
             c.bytes_not_written += length
             return False
+        if not self.budget.allow(now):
+            c.throttled += 1
+            c.bytes_not_written += length
+            return False
         return True
 
     def recorded(self, key: str, region: int, offset: int, length: int) -> Slot:
@@ -146,6 +191,7 @@ class DiskTier:
         self.bytes_held += length
         self.counters.admissions += 1
         self.counters.bytes_written += length
+        self.budget.wrote(length)
         return slot
 
     def restore(self, key: str, region: int, offset: int, length: int) -> None:
