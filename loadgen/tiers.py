@@ -7,7 +7,7 @@ The rules, which the live disk tier will keep:
 * The memory tier first, by the engine's own rules (``CacheEngine.lookup`` and
   ``on_response``, as the live proxy drives them).
 * A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
-  no origin fetch; the memory tier is not filled from it.
+  no origin fetch, and kept in memory too (``CacheEngine.promote``), as the live tier does.
 * A miss of both fetches from the origin: the memory tier decides as always, and the disk
   tier's own admission decides whether the response is written to disk (``DiskTier.offer``),
   as a record of its key, its body and ``meta_bytes`` of status, fields and times, at the end
@@ -85,7 +85,8 @@ def simulate_tiers(
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()
-    lookup, on_response = engine.lookup, engine.on_response
+    lookup, on_response, promote = engine.lookup, engine.on_response, engine.promote
+    entry_type = engine.entry_type
     find, answered, offer = tier.find, tier.answered, tier.offer
     disk_hit_bytes = 0
     started = time.perf_counter()
@@ -98,6 +99,7 @@ def simulate_tiers(
         answered(hit)
         if hit:
             disk_hit_bytes += size
+            promote(entry_type(key, size, now, math.inf, 0.0, (), {}, None))
             continue
         on_response(request, _STORED, size, now)
         offer(key, size, RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size, now)
