@@ -119,6 +119,8 @@ class DiskStore:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
         asked once at its head: a whole 200 GET that does not vary, and then the tier's
         admission, which counts the sighting."""
+        if response.vary:
+            self.tier.drop(request.key)  # what was stored without variants is superseded
         if (
             not whole
             or request.method != "GET"
@@ -141,6 +143,13 @@ class DiskStore:
         location = self.log.append(_raw(key), meta, body)
         if location is not None:
             self.tier.recorded(key, location.region, location.offset, location.length)
+
+    def invalidate(self, key: str) -> bool:
+        """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
+        whether there was one."""
+        held = self.tier.find(key) is not None
+        self.tier.drop(key)
+        return held
 
     def lookup(self, key: str, entry_type: type[Entry]) -> Entry | None:
         """The entry ``key``'s record holds, read back whole, or None (a record that is not

@@ -84,7 +84,7 @@ class Proxy:
         self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
-        self.uploads = Uploads(config, engine, upstream, self.router)
+        self.uploads = Uploads(config, engine, upstream, self.router, disk)
 
     @property
     def fast_hits(self) -> int:
@@ -202,6 +202,8 @@ class Proxy:
         for ``meta`` (then it is kept in memory too); None, and the origin is asked."""
         assert self.disk is not None
         engine = self.engine
+        if engine.varies(meta.key):
+            return None  # its variants are chosen on fields, which a disk record does not keep
         entry = self.disk.lookup(meta.key, engine.entry_type)
         hit = None if entry is None else engine.answers_from(meta, entry, self.clock())
         self.disk.tier.answered(hit is not None)

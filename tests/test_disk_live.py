@@ -97,3 +97,31 @@ async def test_the_device_writes_are_counted_as_the_kernel_sees_them(origin, sta
     # Counted when the pages were dirtied: the record's bytes at least, and the checkpoint's.
     assert disk["process_write_bytes"] - before >= disk["bytes_written"]
     assert disk["bytes_written_per_second"] > 0
+
+
+async def test_rfc9111_4_4_an_unsafe_method_and_a_purge_invalidate_the_disk_copy_too(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/x", body=b"v1" * 1000)
+    settings = {"disk__path": str(tmp_path), "disk__policy": "always", **DISK}
+    first = await start_proxy(**settings)
+    assert (await get(first, "/x"))[2] == b"v1" * 1000  # on disk (and not in memory: second hit)
+    url, host_field = base(first) + "/x", {"Host": "example.test"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=b"new", headers=host_field) as r,
+    ):
+        assert r.status == 200
+    status, headers, _ = await get(first, "/x")
+    assert status == 200 and "detail=disk" not in headers["Cache-Status"]
+    assert origin.hits["/x"] == 3  # GET, POST, and the GET after it went to the origin
+    # A purge of the URL reaches the disk too.
+    host, port = first.admin_address
+    await get(first, "/x")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{host}:{port}/purge", json={"url": "http://example.test/x"}) as r,
+    ):
+        assert (await r.json())["removed"] >= 1
+    status, headers, _ = await get(first, "/x")
+    assert "detail=disk" not in headers["Cache-Status"]
