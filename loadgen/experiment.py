@@ -21,7 +21,14 @@ from typing import Any
 from loadgen import report
 from loadgen.experiment_file import Experiment, Workload
 from loadgen.nginx import nginx_binary
-from loadgen.processes import admin_metrics, nginx_cell, onehit_cell, origin_process, redis_process
+from loadgen.processes import (
+    admin_disk,
+    admin_metrics,
+    nginx_cell,
+    onehit_cell,
+    origin_process,
+    redis_process,
+)
 from loadgen.replay import ReplayConfig, replay
 from loadgen.simulate import Sample, describe_cell, resolve_sizes, sample_trace, sweep
 from loadgen.trace import Trace
@@ -76,7 +83,22 @@ def run(
         say("\nheadline\n" + report.aligned(report.HEADLINE, rows, left=3))
     if rows := report.agreement(cells):
         say("\nlive against simulated\n" + report.aligned(report.AGREEMENT, rows, left=3))
+    if rows := _disk_rows(cells):
+        say("\nthe disk tier behind each live proxy\n" + report.aligned(DISK_COLUMNS, rows, left=3))
     return written
+
+
+# What the live cells keep of their disk tiers' /stats, and the table of it.
+DISK_SHOWN = ("bytes_written", "bytes_not_written", "hits", "admissions", "rejected")
+DISK_COLUMNS = ("workload", "policy", "cache", "disk written", "disk spared", "disk hits")
+
+
+def _disk_rows(cells: list[report.Cell]) -> list[list[str]]:
+    return [
+        [c["workload"], c["policy"], c["cache"], format_size(c["disk"]["bytes_written"]),
+         format_size(c["disk"]["bytes_not_written"]), f"{c['disk']['hits']:,}"]
+        for c in cells if "disk" in c
+    ]  # fmt: skip
 
 
 def _describe(workload: Workload, trace: Trace) -> str:
@@ -123,7 +145,7 @@ async def _live_cells(
                             # a roomy budget measures sharing, not the fallback.
                             "admission.redis_budget": "100ms",
                         }
-                    starter = onehit_cell(origin_url, size, spec, shared)
+                    starter = onehit_cell(origin_url, size, spec, shared, live.disk_size)
                 async with starter as running:
                     targets = running.urls
                     client = await replay(
@@ -143,10 +165,12 @@ async def _live_cells(
                     )
                     admins = running.admins
                     stats = combine([await admin_metrics(a) for a in admins]) if admins else None
+                    disk = [await admin_disk(a) for a in admins] if live.disk_size else []
                     held = None if running.disk_cache is None else _tree_bytes(running.disk_cache)
-                cells.append(
-                    _live_cell(workload.name, spec.label(), label, size, client, stats, held)
-                )
+                cell = _live_cell(workload.name, spec.label(), label, size, client, stats, held)
+                if disk:
+                    cell["disk"] = {k: sum(d[k] for d in disk) for k in DISK_SHOWN}
+                cells.append(cell)
     return cells
 
 

@@ -18,6 +18,7 @@ An experiment file (``config/experiments/*.toml``)::
                                        # policy = "nginx" runs nginx proxy_cache_min_uses 2 (live)
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
+    disk_size = "32MiB"                # a disk tier behind each live onehit (default: none)
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from proxy.config import read_toml
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
 from proxy.core.store import EVICTIONS
-from proxy.units import parse_duration
+from proxy.units import parse_duration, parse_size
 
 NGINX = "nginx"
 MODES = ("simulate", "live", "both")
@@ -53,6 +54,9 @@ class LiveSettings:
     max_requests: int | None = None
     max_seconds: float | None = None
     max_age: int = 3600
+    # A disk tier of this many bytes behind each live onehit, in a directory of its own made
+    # for the cell (0: none), admitting by second hit.
+    disk_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,8 @@ def _live(table: dict[str, Any], where: str) -> LiveSettings:
         for key in ("origin_latency", "max_seconds"):
             if key in values:
                 values[key] = parse_duration(values[key])
+        if "disk_size" in values:
+            values["disk_size"] = parse_size(values["disk_size"])
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
     return LiveSettings(**values)
@@ -266,6 +272,6 @@ def demo_experiment(requests: int = 60_000) -> Experiment:
             PolicySpec(AdmissionConfig(policy="always")),
             PolicySpec(AdmissionConfig(policy="second-hit")),
         ),
-        live=LiveSettings(concurrency=4, origin_latency=0.002),
+        live=LiveSettings(concurrency=4, origin_latency=0.002, disk_size=32 << 20),
         meta={"embedded defaults": "onehit-loadgen demo"},
     )

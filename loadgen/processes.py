@@ -184,9 +184,10 @@ async def _announced(
 
 @contextlib.asynccontextmanager
 async def onehit_cell(
-    origin: str, size: int, spec: PolicySpec, extra: dict[str, str]
+    origin: str, size: int, spec: PolicySpec, extra: dict[str, str], disk_size: int = 0
 ) -> AsyncIterator[Targets]:
-    """Fresh onehit-proxies for one cell, ``spec.instances`` of them."""
+    """Fresh onehit-proxies for one cell, ``spec.instances`` of them; with ``disk_size``,
+    each with a disk tier of that many bytes in a temporary directory of its own."""
     admission = spec.admission
     size *= spec.cache_scale
     settings = {
@@ -203,10 +204,14 @@ async def onehit_cell(
         **extra,
     }
     async with contextlib.AsyncExitStack() as stack:
-        fleet = [
-            await stack.enter_async_context(onehit_process(origin, settings))
-            for _ in range(spec.instances)
-        ]
+        fleet = []
+        for _ in range(spec.instances):
+            own = dict(settings)
+            if disk_size:
+                directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="onehit-disk-"))
+                own.update({"disk.path": directory, "disk.size": str(disk_size),
+                            "disk.region_size": str(max(1 << 20, disk_size // 8))})  # fmt: skip
+            fleet.append(await stack.enter_async_context(onehit_process(origin, own)))
         urls, admins = [r.url for r in fleet], [r.admin_url for r in fleet]
         if spec.balancer != "client":
             urls = [await stack.enter_async_context(_balancer(urls, spec.balancer))]
@@ -255,6 +260,12 @@ async def admin_metrics(admin_url: str) -> dict[str, Any]:
     """The ``metrics`` of a onehit admin listener's ``/stats``."""
     async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
         return (await r.json())["metrics"]
+
+
+async def admin_disk(admin_url: str) -> dict[str, Any]:
+    """The ``disk`` section of a onehit admin listener's ``/stats``."""
+    async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
+        return (await r.json())["disk"]
 
 
 @contextlib.asynccontextmanager

@@ -171,3 +171,22 @@ async def test_a_live_cell_proxy_that_cannot_start_is_reported_with_what_it_said
         with pytest.raises(RuntimeError, match=f"(?s){said}"):
             async with onehit_process("http://127.0.0.1:1", {key: value}):
                 pass
+
+
+def test_live_cells_with_a_disk_tier_show_what_each_disk_was_written_and_spared(tmp_path):
+    path = tmp_path / "disk.toml"
+    path.write_text(
+        'title = "disk"\nmode = "live"\ncache_sizes = ["2%"]\n'
+        '[[workloads]]\nname = "tiny"\nobjects = 300\nrequests = 3000\none_hit_share = 0.5\n'
+        'sizes = "fixed:4KiB"\n'
+        '[[policies]]\npolicy = "always"\n'
+        '[live]\nconcurrency = 1\norigin_latency = "0ms"\ndisk_size = "8MiB"\n'
+    )
+    lines: list[str] = []
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lines.append)
+    [cell] = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    disk = cell["disk"]
+    # Second hit on the disk: the one-hit wonders (half the requests) are never written.
+    assert disk["admissions"] > 0 and disk["rejected"] >= 1500
+    assert disk["bytes_not_written"] > disk["bytes_written"] > 0
+    assert any("the disk tier behind each live proxy" in line for line in lines)
