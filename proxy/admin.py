@@ -133,10 +133,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 return web.json_response({"error": "body must be JSON"}, status=400)
         try:
             if isinstance(params.get("url"), str):
-                key = cache_key(params["url"])
-                removed = proxy.engine.invalidate(key)
-                if proxy.disk is not None:
-                    removed += proxy.disk.invalidate(key)
+                removed = proxy.engine.invalidate(cache_key(params["url"]))
             elif isinstance(params.get("prefix"), str):
                 removed = proxy.engine.purge_prefix(cache_key(params["prefix"]))
             else:

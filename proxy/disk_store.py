@@ -147,9 +147,7 @@ class DiskStore:
     def invalidate(self, key: str) -> bool:
         """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
         whether there was one."""
-        held = self.tier.find(key) is not None
-        self.tier.drop(key)
-        return held
+        return self.tier.drop(key)
 
     def lookup(self, key: str, entry_type: type[Entry]) -> Entry | None:
         """The entry ``key``'s record holds, read back whole, or None (a record that is not

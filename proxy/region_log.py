@@ -108,8 +108,12 @@ class RegionLog:
         if not self.regions.holds(location.region):
             return None
         try:
-            with open(self.path(location.region), "rb", buffering=0) as f:
-                data = os.pread(f.fileno(), location.length, location.offset)
+            # Opened per read, not kept: a region removed by hand is then a miss at once.
+            fd = os.open(self.path(location.region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                data = os.pread(fd, location.length, location.offset)
+            finally:
+                os.close(fd)
         except OSError as exc:
             DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)
             return None

@@ -84,7 +84,9 @@ class Proxy:
         self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
-        self.uploads = Uploads(config, engine, upstream, self.router, disk)
+        self.uploads = Uploads(config, engine, upstream, self.router)
+        if disk is not None:
+            engine.forget_behind = disk.invalidate
 
     @property
     def fast_hits(self) -> int:

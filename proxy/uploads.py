@@ -21,10 +21,8 @@ from aiohttp import HttpVersion11, web
 
 from proxy.answers import CACHE, LENGTH, abort, interim, mark, plain
 from proxy.config import Config
-from proxy.core import rfc9111
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
-from proxy.disk_store import DiskStore
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.routing import Router
 from proxy.upstream import Upstream, UpstreamError
@@ -42,10 +40,8 @@ class Uploads:
         engine: CacheEngine,
         upstream: Upstream,
         router: Router,
-        disk: DiskStore | None = None,
     ) -> None:
         self.engine = engine
-        self.disk = disk
         self.upstream = upstream
         self.router = router
         self.body_buffer_size = config.server.body_buffer_size
@@ -93,8 +89,6 @@ class Uploads:
             return plain(exc.status, exc.public, f"{CACHE}; fwd={reason}; detail=origin-error")
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
-            if self.disk is not None and rfc9111.invalidates(meta.method, upstream.status):
-                self.disk.invalidate(meta.key)  # RFC 9111 section 4.4, in every tier
             fields = fields_of(upstream)
             arrived = in_hand(upstream)
             if upstream.content_length == len(arrived):

@@ -187,8 +187,7 @@ class DiskTier:
         self._follow_evictions()
         slot = Slot(region, offset, length)
         self.index.put(hash64(key)[0], region, offset, length)
-        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
-        self.bytes_held += length
+        self._held(region, length)
         self.counters.admissions += 1
         self.counters.bytes_written += length
         self.budget.wrote(length)
@@ -196,44 +195,53 @@ class DiskTier:
 
     def restore(self, key: str, region: int, offset: int, length: int) -> None:
         """Index a record found on disk at start-up (``RegionLog.recover``): no write counted."""
-        if len(self.index) == 0 and self.regions.live:
-            self.index.resume(self.regions.live[0])
+        self._from_ring()
         self.index.put(hash64(key)[0], region, offset, length)
-        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
-        self.bytes_held += length
+        self._held(region, length)
 
     def restore_slots(self, slots: bytes) -> int:
         """Put back the slots a checkpoint holds (``DiskIndex.dump``): those of regions no
         longer live are left out. How many were put."""
-        if len(self.index) == 0 and self.regions.live:
-            self.index.resume(self.regions.live[0])
+        self._from_ring()
         put = self.index.load(slots)
         table = np.frombuffer(slots, dtype=SLOT)
         table = table[table["region"] >= self.index.first]
         regions, where = np.unique(table["region"], return_inverse=True)
         totals = np.bincount(where, weights=table["length"], minlength=len(regions))
         for region, total in zip(regions.tolist(), totals.tolist(), strict=True):
-            self.region_bytes[region] = self.region_bytes.get(region, 0) + int(total)
-            self.bytes_held += int(total)
+            self._held(region, int(total))
         return put
 
-    def drop(self, key: str) -> None:
-        """Forget ``key``: its record could not be written or read whole."""
+    def drop(self, key: str) -> bool:
+        """Forget ``key``: its record could not be written or read whole, or its URL was
+        invalidated. Whether the tier held it."""
         h1 = hash64(key)[0]
         found = self.index.get(h1)
-        if found is not None and self.index.delete(h1):
-            region, _, length = found
-            self.region_bytes[region] -= length
-            self.bytes_held -= length
-            self.counters.dropped += 1
+        if found is None or not self.index.delete(h1):
+            return False
+        region, _, length = found
+        self._held(region, -length)
+        self.counters.dropped += 1
+        return True
+
+    def _held(self, region: int, length: int) -> None:
+        """``length`` bytes more (or fewer) held in ``region``."""
+        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
+        self.bytes_held += length
+
+    def _from_ring(self) -> None:
+        """An empty index starts at the ring's oldest live region: nothing older to drop one
+        region at a time."""
+        live = self.regions.live
+        if live and len(self.index) == 0 and self.index.first < live[0]:
+            self.index.resume(live[0])
+            self.region_bytes.clear()
+            self.bytes_held = 0
 
     def _follow_evictions(self) -> None:
         """Drop from the index the regions ``regions`` evicted, oldest first."""
         live = self.regions.live
-        if live and len(self.index) == 0 and self.index.first < live[0]:
-            self.index.resume(live[0])  # nothing to drop: no region by region walk
-            self.region_bytes.clear()
-            self.bytes_held = 0
+        self._from_ring()
         while live and self.index.first < live[0]:
             region = self.index.first
             self.counters.evicted_objects += self.index.evict_region(region)

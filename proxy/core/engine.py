@@ -48,6 +48,8 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
@@ -125,6 +127,10 @@ class CacheEngine(ResponseDecisions):
         # The class of the entries stored: a driver's subclass keeps what it derives from an
         # entry (the proxy's rendered head) beside it, and the core never reads it.
         self.entry_type: type[Entry] = Entry
+        # A tier behind the store (the disk) that forgets a URL whenever the store does: an
+        # unsafe method, a purge, a response that supersedes or varies anew (returns whether
+        # it held the URL).
+        self.forget_behind: Callable[[str], bool] | None = None
         self.variants = Variants(max_variants)
         # URL -> (until when it goes straight to the origin, bytes it is charged)
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(

@@ -5,6 +5,8 @@ stored when its body ends whole, refreshed by a 304, and what it removes. The ha
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from cachetools import LRUCache
 
 from proxy.core import rfc9111
@@ -88,6 +90,7 @@ class ResponseDecisions:
     variants: Variants
     hit_for_miss: float
     entry_type: type[Entry]
+    forget_behind: Callable[[str], bool] | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
 
@@ -287,11 +290,14 @@ class ResponseDecisions:
         return entry
 
     def invalidate(self, url: str) -> int:
-        """Remove ``url`` and every stored variant of it; returns how many entries went."""
+        """Remove ``url`` and every stored variant of it, from the store and from the tier
+        behind it (``forget_behind``); returns how many entries went."""
         removed = 0
         for key in (url, *self.variants.pop(url)):
             if self.store.delete(key) is not None:
                 removed += 1
+        if self.forget_behind is not None and self.forget_behind(url):
+            removed += 1
         return removed
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
