@@ -18,19 +18,24 @@ the load generator's, which leaves each server its core alone: a server's own co
 then sets its rate.
 Load comes from ``wrk`` when installed, else from a closed-loop aiohttp client.
 
+``--disk``: onehit with a disk tier too, its memory 1 MiB, so that in the 1,000-URL cells nearly
+every hit is read from the disk's region files (page cache warm, as nginx's hits are); the
+share of its hits the disk answered is printed under each cell.
+
 Each cell is the median of ``--runs`` runs (requests/s; p99 of the same run).
 ``--baseline DIR``: onehit from another checkout too (an earlier commit, its compiled modules
 built in place: ``python setup.py build_ext --inplace`` there), on its default loop, and the
 ratio of this checkout's onehit to it in each cell: a change measured against what it changed.
 
     .venv/bin/python benchmarks/bench_proxy.py [--seconds 5] [--connections 64] [--runs 3]
-        [--baseline /tmp/onehit-before]
+        [--baseline /tmp/onehit-before] [--disk]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -50,6 +55,7 @@ from loadgen.processes import free_port
 
 SIZES = {"1k": 1024, "16k": 16 * 1024, "256k": 256 * 1024}
 BASELINE = "onehit at the baseline checkout"
+DISK = "onehit, memory 1 MiB, hits from disk"
 URLS = 1000  # the many-URL cells spread their requests over this many objects of one size
 
 
@@ -301,6 +307,14 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def disk_hits(ports: dict[str, int]) -> tuple[int, int]:
+    """(hits, of which the disk answered) of the onehit with a disk tier, from its ``/stats``."""
+    url = f"http://127.0.0.1:{ports['onehit-disk-admin']}/stats"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        stats = json.load(r)
+    return stats["metrics"]["hits"] + stats["disk"]["hits"], stats["disk"]["hits"]
+
+
 def origin_count(origin: str) -> int:
     with urllib.request.urlopen(f"{origin}/__count", timeout=5) as r:
         return int(r.read())
@@ -314,6 +328,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES), help="body sizes, e.g. 1k,256k")
     parser.add_argument("--baseline", help="another checkout of onehit to measure beside this")
     parser.add_argument("--no-misses", action="store_true", help="measure hits only")
+    parser.add_argument("--disk", action="store_true", help="onehit with a disk tier too")
     parser.add_argument(
         "--origin-core", choices=("server", "load"), default="server",
         help="the core the origin shares: the servers' (default) or the load generator's, which"
@@ -327,6 +342,8 @@ def main() -> None:
     }
     if args.baseline:
         onehits["onehit-baseline"] = ("auto", True)
+    if args.disk:
+        onehits["onehit-disk"] = ("auto", True)
     names = ("origin", "pass", "mini", "mini-uvloop", "nginx", "varnish", *onehits,
              *(f"{name}-admin" for name in onehits))  # fmt: skip
     ports = {name: free_port() for name in names}
@@ -349,11 +366,18 @@ def main() -> None:
         }  # fmt: skip
         for name, (loop, fast) in onehits.items():
             elsewhere = args.baseline if name == "onehit-baseline" else None
+            tiers = ["--set", "cache.size=1GiB"]
+            if name == "onehit-disk":
+                disk = tempfile.mkdtemp(prefix="onehit-disk-")
+                stack.callback(shutil.rmtree, disk, True)
+                tiers = ["--set", "cache.size=1MiB", "--set", "cache.max_object_size=512KiB",
+                         "--set", f"disk.path={disk}", "--set", "disk.size=2GiB",
+                         "--set", "disk.policy=always"]  # fmt: skip
             pids[name] = spawn(
                 stack, *SERVER_CORE, py, "-m", "proxy", "--origin", origin, "--listen",
                 f"127.0.0.1:{ports[name]}", "--admin-listen", f"127.0.0.1:{ports[name + '-admin']}",
-                "--admission", "always", "--set", "server.access_log=false",
-                "--set", "cache.size=1GiB", "--set", f"server.event_loop={loop}",
+                "--admission", "always", "--set", "server.access_log=false", *tiers,
+                "--set", f"server.event_loop={loop}",
                 "--set", f"server.fast_hits={str(fast).lower()}",
                 cwd=elsewhere, env=None if elsewhere is None else {"PYTHONPATH": elsewhere},
             ).pid  # fmt: skip
@@ -366,6 +390,8 @@ def main() -> None:
         }
         if args.baseline:
             caches[BASELINE] = f"http://127.0.0.1:{ports['onehit-baseline']}"
+        if args.disk:
+            caches[DISK] = f"http://127.0.0.1:{ports['onehit-disk']}"
         if nginx := start_nginx(stack, ports["nginx"], origin):
             caches["nginx proxy_cache"] = f"http://127.0.0.1:{ports['nginx']}"
             pids["nginx"] = nginx.pid
@@ -393,6 +419,7 @@ def main() -> None:
                 picker = script if many else None
                 runs: dict[str, list[tuple[float, float, float]]] = {t: [] for t in caches}
                 before = origin_count(origin)
+                disk_before = disk_hits(ports) if args.disk else (0, 0)
                 # Round robin over the servers, run after run: a machine that slows down for
                 # a while slows every server's runs alike, and the median drops it.
                 for _ in range(args.runs):
@@ -401,6 +428,12 @@ def main() -> None:
                             measure(url + path, args.seconds, args.connections, picker)
                         )
                 fetched = origin_count(origin) - before
+                disk_share = ""
+                if args.disk:
+                    hits, from_disk = (
+                        b - a for a, b in zip(disk_before, disk_hits(ports), strict=True)
+                    )
+                    disk_share = f" ({from_disk / max(1, hits):.0%} of its hits from disk)"
                 if fetched:
                     print(f"  (the origin saw {fetched} requests: not all hits)")
                 results = {t: median(r) for t, r in runs.items()}
@@ -412,6 +445,9 @@ def main() -> None:
                     peer = f", x{rps / varnish:.2f} of varnish" if varnish else ""
                     if baseline and target == "onehit":
                         peer += f", x{rps / baseline:.3f} of the baseline"
+                    if target == DISK:
+                        nginx = results.get("nginx proxy_cache", (0.0,))[0]
+                        peer += (f", x{rps / nginx:.2f} of nginx" if nginx else "") + disk_share
                     print(f"    {target:38s} {rps:>10,.0f} req/s  p99 {p99:7.2f} ms  "
                           f"x{rps / reference:.2f} of the reference{peer}")  # fmt: skip
         print("\n  the miss path's floor (no cache), 1k body, one URL:")

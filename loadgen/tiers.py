@@ -111,6 +111,7 @@ def simulate_tiers(
     served = stats["hit_bytes"] + disk_hit_bytes + stats["origin_bytes"]
     stats.update(
         disk_hits=c.hits,
+        disk_misses=c.misses,
         disk_hit_bytes=disk_hit_bytes,
         disk_admissions=c.admissions,
         disk_rejected=c.rejected,

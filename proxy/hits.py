@@ -29,8 +29,17 @@ from proxy.answers import CACHE, VIA, span
 from proxy.core._native import hash64
 from proxy.core.cached import cached_head, render
 from proxy.core.engine import CacheEngine
-from proxy.core.events import ANSWERED_FIELDS, NOT_FAST, RULE_FIELDS, Answer, fast_path_may_take
+from proxy.core.events import (
+    ANSWERED_FIELDS,
+    NOT_FAST,
+    RULE_FIELDS,
+    Answer,
+    Hit,
+    RequestMeta,
+    fast_path_may_take,
+)
 from proxy.core.store import Entry
+from proxy.disk_store import DiskStore
 from proxy.lane import JOIN_BELOW
 from proxy.routing import Router, fields_size, hosts
 
@@ -40,6 +49,7 @@ _NOT_PLAIN = frozenset({204, 206, 304})
 # The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
+_PER_DISK_HIT = _HIT_STATUS + b"%d; detail=disk\r\nAge: %d\r\n"
 # Valid routed Host values the compiled plain hit knows; any other Host goes through
 # ``hosts``, which is cached as widely.
 ROUTED_HOSTS_MAX = 1024
@@ -58,10 +68,17 @@ class ServedEntry(Entry):
 class HitAnswers:
     """The answerers of plain fresh hits over one engine and one router."""
 
-    def __init__(self, engine: CacheEngine, router: Router, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        engine: CacheEngine,
+        router: Router,
+        clock: Callable[[], float],
+        disk: DiskStore | None = None,
+    ) -> None:
         self.engine = engine
         self.router = router
         self.clock = clock
+        self.disk = disk
         self.answered = 0  # hits ``answer`` answered (also counted among the engine's)
         self.routed_hosts: dict[bytes, str] = {}
         engine.entry_type = ServedEntry
@@ -91,9 +108,9 @@ class HitAnswers:
     def answer(
         self, message: RawRequestMessage, remote: str, scheme: str
     ) -> tuple[bytes, bytes, int] | None:
-        """The whole answer to a plain fresh hit (bytes to write, then a large body to write
-        apart or b"", and the status), counted as the handler counts one; None, with nothing
-        counted, for any other request."""
+        """The whole answer to a plain fresh hit, in memory or on disk (bytes to write, then
+        a large body to write apart or b"", and the status), counted as the handler counts
+        one; None, with nothing counted, for any other request."""
         fields = message.headers
         names = set(map(str.lower, fields))
         kept_alive = message.version == HttpVersion11 and not message.should_close
@@ -127,8 +144,17 @@ class HitAnswers:
         else:
             meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
             hit = engine.fresh(meta, now)
+        on_disk = False
         if hit is None:
-            return None
+            if meta is not None or self.disk is None:
+                return None
+            if not engine.plain_miss(key):
+                return None
+            meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
+            hit = self.from_disk(meta, now)
+            if hit is None:
+                return None
+            on_disk = True
         entry = hit.entry
         rendered = getattr(entry, "rendered", None)
         if rendered is None or rendered[2] is not entry.headers:
@@ -138,11 +164,15 @@ class HitAnswers:
         head, dated, _ = rendered
         if head is None:
             return None
-        engine.served(key, hit, now)
+        if on_disk:
+            engine.plan(meta, now)  # counted as the handler counts it: a miss in memory
+            self.kept_from_disk(hit)
+        else:
+            engine.served(key, hit, now)
         self.answered += 1
         age = int(hit.age)
         ttl = int(entry.lifetime - hit.age)
-        per_hit = _PER_HIT % (ttl, age)
+        per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
         body = entry.payload
@@ -157,6 +187,20 @@ class HitAnswers:
         if len(body) < JOIN_BELOW:
             return b"".join((head, per_hit, b"\r\n", body)), b"", status
         return b"".join((head, per_hit, b"\r\n")), body, status
+
+    def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
+        """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
+        or None (a damaged record is dropped); nothing counted."""
+        assert self.disk is not None
+        entry = self.disk.lookup(meta.key, self.engine.entry_type)
+        return None if entry is None else self.engine.answers_from(meta, entry, now)
+
+    def kept_from_disk(self, hit: Hit) -> None:
+        """Count ``hit``, which the disk answered, among the disk's hits, and keep it in
+        memory too."""
+        assert self.disk is not None
+        self.disk.tier.answered(True)
+        self.engine.promote(hit.entry)
 
 
 def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:

@@ -37,6 +37,9 @@ MAGIC = b"OHR1"
 # magic, whole record's length, crc32 of what follows it, key length, meta length
 HEADER = struct.Struct("<4sIIHI")
 _FILE = re.compile(r"region-(\d{10})\.log")
+# Region files kept open for reading; past this many the oldest opened is closed, so a large
+# disk tier stays within the process's file limit.
+READ_FDS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class RegionLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.regions = regions
         self._writing: tuple[int, int] | None = None  # (region, fd) of the open region
+        self._reading: dict[int, int] = {}  # region: fd, oldest opened first
 
     def path(self, region: int) -> Path:
         return self.directory / f"region-{region:010d}.log"
@@ -108,13 +112,9 @@ class RegionLog:
         if not self.regions.holds(location.region):
             return None
         try:
-            # Opened per read, not kept: a region removed by hand is then a miss at once.
-            fd = os.open(self.path(location.region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            try:
-                data = os.pread(fd, location.length, location.offset)
-            finally:
-                os.close(fd)
+            data = os.pread(self._reader(location.region), location.length, location.offset)
         except OSError as exc:
+            self._close_reading(location.region)
             DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)
             return None
         found = decode(data)
@@ -208,6 +208,24 @@ class RegionLog:
         self._writing = (region, fd)
         return fd
 
+    def _reader(self, region: int) -> int:
+        """A descriptor open for reading ``region``'s file; OSError when the file was removed
+        by hand since (its records are then misses at once, as a restart would see them)."""
+        fd = self._reading.get(region)
+        if fd is None:
+            if len(self._reading) >= READ_FDS:
+                self._close_reading(next(iter(self._reading)))
+            fd = os.open(self.path(region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._reading[region] = fd
+        if os.fstat(fd).st_nlink == 0:
+            raise FileNotFoundError(f"region {region}'s file was removed")
+        return fd
+
+    def _close_reading(self, region: int) -> None:
+        fd = self._reading.pop(region, None)
+        if fd is not None:
+            os.close(fd)
+
     def _close_writing(self) -> None:
         if self._writing is not None:
             os.close(self._writing[1])
@@ -216,6 +234,7 @@ class RegionLog:
     def _remove(self, region: int) -> None:
         if self._writing is not None and self._writing[0] == region:
             self._close_writing()
+        self._close_reading(region)
         try:
             self.path(region).unlink()
         except FileNotFoundError:
@@ -225,3 +244,5 @@ class RegionLog:
 
     def close(self) -> None:
         self._close_writing()
+        for region in list(self._reading):
+            self._close_reading(region)

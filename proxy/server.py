@@ -76,7 +76,7 @@ class Proxy:
         self.disk = disk
         self.router = Router(config)
         self.routes = self.router.routes
-        self.hits = HitAnswers(engine, self.router, clock)
+        self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
         # common case: the same answer, counted the same.
         self.answer_hit = self.hits.answer
@@ -203,15 +203,13 @@ class Proxy:
         """The answer from the disk tier to a memory miss, when its record is whole and fresh
         for ``meta`` (then it is kept in memory too); None, and the origin is asked."""
         assert self.disk is not None
-        engine = self.engine
-        if engine.varies(meta.key):
+        if self.engine.varies(meta.key):
             return None  # its variants are chosen on fields, which a disk record does not keep
-        entry = self.disk.lookup(meta.key, engine.entry_type)
-        hit = None if entry is None else engine.answers_from(meta, entry, self.clock())
-        self.disk.tier.answered(hit is not None)
+        hit = self.hits.from_disk(meta, self.clock())
         if hit is None:
+            self.disk.tier.answered(False)
             return None
-        engine.promote(hit.entry)
+        self.hits.kept_from_disk(hit)
         status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 

@@ -125,3 +125,31 @@ async def test_rfc9111_4_4_an_unsafe_method_and_a_purge_invalidate_the_disk_copy
         assert (await r.json())["removed"] >= 1
     status, headers, _ = await get(first, "/x")
     assert "detail=disk" not in headers["Cache-Status"]
+
+
+async def test_a_disk_hit_is_answered_as_parsed_with_the_handlers_answer_and_counts(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/d", body=b"d" * 20000, headers={"Cache-Control": "max-age=600", "ETag": '"v"'})
+    answers, counts = [], []
+    for fast in (True, False):
+        path = tmp_path / str(fast)
+        first = await start_proxy(disk__path=str(path), **DISK)
+        for _ in range(2):
+            assert (await get(first, "/d"))[0] == 200
+        await first.stop()
+        second = await start_proxy(disk__path=str(path), server__fast_hits=fast, **DISK)
+        status, headers, body = await get(second, "/d")
+        assert "detail=disk" in headers["Cache-Status"]
+        per_answer = ("Date", "Age", "X-Origin-Count")  # the origin's tally of its requests
+        answers.append((status, {k: v for k, v in headers.items() if k not in per_answer}, body))
+        stats = await admin_stats(second)
+        assert stats["fast_hits"] == (1 if fast else 0)
+        metrics = stats["metrics"]
+        counts.append(
+            ({k: metrics[k] for k in ("requests", "hits", "misses")}, stats["disk"]["hits"])
+        )
+        status, headers, _ = await get(second, "/d")  # promoted: now a memory hit
+        assert "detail=disk" not in headers["Cache-Status"]
+    assert answers[0] == answers[1] and answers[0][2] == b"d" * 20000
+    assert counts[0] == counts[1] == ({"requests": 1, "hits": 0, "misses": 1}, 1)

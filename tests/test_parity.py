@@ -7,10 +7,13 @@ from aiohttp import web
 from conftest import base
 
 from loadgen.simulate import simulate
+from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy.core.admission import AdmissionConfig
 
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
+DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")
 
 
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
@@ -90,3 +93,55 @@ async def test_live_and_simulated_counters_agree_with_ttls(
     assert {k: live[k] for k in COUNTERS} == {k: sim.stats[k] for k in COUNTERS}
     forever = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction).stats
     assert 0 < live["hits"] < forever["hits"], "responses expired, and cost hits"
+
+
+@pytest.mark.parametrize(
+    ("admission", "disk_admission"),
+    [("always", "second-hit"), ("second-hit", "second-hit"), ("second-hit", "always")],
+)
+async def test_live_and_simulated_two_tiers_agree_exactly(
+    origin, start_proxy, client, tmp_path, admission, disk_admission
+):
+    """The memory tier in front of a disk tier: the live proxy's counters of both tiers are
+    the ones ``simulate --disk-size`` predicts (a disk that evicts nothing, so the records'
+    lengths, which the simulator estimates, decide nothing)."""
+    sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
+    spec = WorkloadSpec(objects=300, requests=1500, one_hit_share=0.3, sizes=sizes, seed=5)
+    trace = generate(spec)
+    trace = Trace(np.zeros(len(trace)), trace.ids, trace.sizes)
+    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
+
+    async def serve(request: web.Request) -> web.Response:
+        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
+        return web.Response(body=body, headers={"Cache-Control": "max-age=3600"})
+
+    origin.responder = serve
+    capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
+    proxy = await start_proxy(
+        cache__size=str(capacity),
+        cache__max_object_size=str(capacity),
+        admission__policy=admission,
+        disk__path=str(tmp_path),
+        disk__size="64MiB",
+        disk__region_size="8MiB",
+        disk__policy=disk_admission,
+    )
+    prefix = base(proxy) + "/obj/"
+    for key in trace.key_strings():
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    live = proxy.proxy.engine.stats()
+    disk = proxy.proxy.disk.stats()
+    section = proxy.config.disk
+    spec = DiskSpec(
+        section.size,
+        section.region_size,
+        AdmissionConfig(policy=section.policy, window=section.window),
+    )
+    sim = simulate_tiers(
+        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix
+    ).stats
+    assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
+    assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
+    assert disk["hits"] > 0 and live["evictions"] > 0 and disk["evicted_objects"] == 0

@@ -185,6 +185,17 @@ class CacheEngine(ResponseDecisions):
         age = entry.age(now)
         return Hit(entry, age) if _fresh(entry, age, _NO_DIRECTIVES) else None
 
+    def plain_miss(self, key: str) -> bool:
+        """Whether ``plan`` answers a GET or HEAD of ``key`` without the fields the rules read
+        (as for ``fresh_plain``) with a ``uri-miss`` fetch, which a tier behind the store may
+        answer instead: nothing stored for it, no variants, not remembered as uncacheable.
+        Nothing is counted."""
+        return (
+            key not in self.variants
+            and self.store.peek(key) is None
+            and key not in self._uncacheable
+        )
+
     def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
         """Whether ``entry``, found in a tier behind the store (the disk), answers ``request``
         fresh, by the rules ``fresh`` applies to a stored one; nothing is counted."""
