@@ -167,6 +167,32 @@ def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
     return _save(fig, directory / "hit-ratio-vs-bytes-written.png")
 
 
+def _disk_tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
+    """The live proxies' hit ratio (memory and disk hits) against the bytes written to their
+    disk tiers, a line per policy over the cache sizes: what each policy costs the device."""
+    with_disk = [c for c in cells if "disk" in c]
+    if not with_disk:
+        return None
+    workloads = sorted({c["workload"] for c in with_disk})
+    palette = colours(cells)
+    fig, axes = _figure(len(workloads))
+    for ax, workload in zip(axes, workloads, strict=True):
+        for (w, _, policy), group in sorted(_series(with_disk).items()):
+            if w != workload:
+                continue
+            xs = [c["disk"]["bytes_written"] for c in group]
+            ys = [c["stats"]["hit_ratio"] for c in group]
+            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
+                    linestyle=_line_style(policy))  # fmt: skip
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        ax.set_xlabel("bytes written to the disk tier (one point per memory size)")
+        ax.set_ylabel("hit ratio, memory and disk (hits / requests)")
+        ax.set_title(f"{workload}: hit ratio against disk writes (live)")
+        ax.grid(True, alpha=0.3)
+        _legend(ax)
+    return _save(fig, directory / "hit-ratio-vs-disk-writes.png")
+
+
 def _binary_ticks(ax: Any) -> None:
     """Y ticks at round multiples of KiB, MiB or GiB (powers of ten read badly in binary)."""
     low, high = ax.get_ylim()
@@ -307,6 +333,7 @@ def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
             True,
         ),
         _tradeoff(cells, directory),
+        _disk_tradeoff(cells, directory),
         _over_time(cells, directory),
         _latency(cells, directory),
         _filter_health(cells, directory),

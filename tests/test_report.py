@@ -92,3 +92,17 @@ def test_notes_on_cells_reach_the_summary_and_the_page(tmp_path, results):
     write_report(tmp_path, results)
     assert f"## Notes\n\n- {note}" in (tmp_path / "summary.md").read_text()
     assert f"<li>{note}</li>" in (tmp_path / "index.html").read_text()
+
+
+def test_live_cells_with_a_disk_tier_plot_hit_ratio_against_disk_writes(tmp_path, results):
+    for c, written in zip(results["cells"][-2:], (4000, 900), strict=True):
+        c["disk"] = {"bytes_written": written, "bytes_not_written": 5000 - written, "hits": 7}
+    names = {p.name for p in write_report(tmp_path, results)}
+    assert "hit-ratio-vs-disk-writes.png" in names
+    page = (tmp_path / "index.html").read_text()
+    assert page.count("data:image/png;base64,") == len([n for n in names if n.endswith(".png")])
+
+
+def test_without_a_disk_tier_there_is_no_disk_plot(tmp_path, results):
+    names = {p.name for p in write_report(tmp_path, results)}
+    assert "hit-ratio-vs-disk-writes.png" not in names
