@@ -114,10 +114,14 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 metrics = {**DISK_METRICS, "disk_process_write_bytes": PROCESS_WRITES}
             text += prometheus_text(disk, metrics, DISK_GAUGES)
         if proxy.shared is not None:
+            shared = proxy.shared
             text += prometheus_text(
-                {"filter_fallbacks": proxy.shared.fallbacks,
-                 "filter_remote_decisions": proxy.shared.remote_decisions},
-                SHARED_METRICS,
+                {"filter_fallbacks": shared.fallbacks,
+                 "filter_remote_decisions": shared.remote_decisions,
+                 "filter_late_replies": shared.late_replies,
+                 "filter_breaker_trips": shared.trips,
+                 "filter_redis_budget_seconds": shared.budget},
+                SHARED_METRICS, SHARED_GAUGES,
             )  # fmt: skip
         return metrics_response(text)
 
@@ -225,7 +229,11 @@ DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes"})
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
     "filter_remote_decisions": "admission decisions the shared Redis filter gave",
+    "filter_late_replies": "admission decisions whose wait for Redis ran out (among fallbacks)",
+    "filter_breaker_trips": "times Redis was given up on for a while (refused, or unanswered)",
+    "filter_redis_budget_seconds": "how long a miss now waits for Redis (follows its latency)",
 }
+SHARED_GAUGES = frozenset({"filter_redis_budget_seconds"})
 
 
 def prometheus_text(

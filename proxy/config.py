@@ -142,7 +142,12 @@ class AdmissionSection:
     redis_cluster: bool = values.setting(
         False, values.boolean, "redis_url names one node of a Redis Cluster"
     )
-    redis_budget: float = values.setting(0.005, values.duration, "longest a miss waits for Redis")
+    redis_budget: float = values.setting(
+        0.005, values.duration, "shortest wait for Redis a miss is given (the budget's floor)"
+    )
+    redis_budget_max: float = values.setting(
+        0.05, values.duration, "longest a miss waits for Redis (never below redis_budget)"
+    )
     redis_prefix: str = values.setting(
         "onehit:bf", values.string, "key prefix of the shared filter"
     )

@@ -74,7 +74,7 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     window = a.max_window if a.window == "auto" else float(a.window)
     remote = RedisWindow(client, a.expected_urls, a.fp_rate, window, a.generations,
                          prefix=a.redis_prefix, auto_share=auto_share)  # fmt: skip
-    return SharedSecondHit(engine.admission, remote, a.redis_budget)
+    return SharedSecondHit(engine.admission, remote, a.redis_budget, max_budget=a.redis_budget_max)
 
 
 def build_engine(config: Config) -> CacheEngine:

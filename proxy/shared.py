@@ -22,11 +22,14 @@ What it guarantees:
 * In Redis the bitmaps keep the size of ``expected_urls``; the auto share (``auto_share``: the
   instance's own filter's current share, which its turnover sizer sets at each rotation) can
   lower, never raise, the count at which a generation rotates.
-* A miss never waits for Redis more than ``budget`` seconds of Redis's time: a timer that fires
-  late because the event loop was busy gives the reply, which may be unread in the socket, one
-  more budget. Past that, or on any Redis error, the decision comes from the instance's own
-  in-process filter (which records every sighting, so it is warm), the fallback is counted, a
-  line is logged when the state changes, and Redis is tried again after ``retry_after`` seconds.
+* A miss waits for Redis at most its budget, which follows Redis's measured round trips within
+  configured bounds (``redis_budget`` .. ``redis_budget_max``); a timer that fires late because
+  the event loop was busy gives the reply, which may be unread in the socket, one more budget.
+  Past that, or on a Redis error, that decision comes from the instance's own in-process filter
+  (which records every sighting, so it is warm) and the fallback is counted. Only a refused
+  connection, or ``trip_after`` unanswered waits in a row, opens the breaker: then every
+  decision is local for ``retry_after`` seconds, a line is logged when the state changes, and
+  Redis is tried again.
 """
 
 from __future__ import annotations
@@ -35,9 +38,12 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from proxy.core.admission import CompiledPolicy
@@ -46,6 +52,14 @@ from proxy.core.window import generation_sizing
 
 log = logging.getLogger("onehit.shared")
 T = TypeVar("T")
+
+# The budget is this many times the recent p99 of Redis's round trips (within its bounds),
+# recomputed every BUDGET_EVERY round trips over the last ROUND_TRIPS_KEPT.
+LATENCY_FACTOR = 2.0
+BUDGET_EVERY = 32
+ROUND_TRIPS_KEPT = 512
+# A call to Redis is given up after this long (or four times the largest budget) whoever waits.
+GIVE_UP_AFTER = 1.0
 
 # KEYS: the state hash, then the g bitmaps of the ring. ARGV: now (negative: Redis's TIME),
 # span, share, ttl ms, size in bits, probes per key, then the probe positions of each key.
@@ -178,8 +192,27 @@ class RedisWindow:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+@dataclass(eq=False, slots=True)
+class _Batch:
+    """The decisions of one event-loop turn's misses, asked of Redis in one call."""
+
+    keys: list[str] = field(default_factory=list)
+    answers: list[asyncio.Future[bool]] = field(default_factory=list)
+    now: float = 0.0
+    sent: float = math.inf  # the loop's time when the call went out
+    overdue: bool = False  # its call took longer than the largest budget, or failed
+
+
 class SharedSecondHit:
-    """Second-hit admission decided by the fleet's Redis window, with a local fallback."""
+    """Second-hit admission decided by the fleet's Redis window, with a local fallback.
+
+    The budget a miss waits for Redis follows Redis's measured round trips (``LATENCY_FACTOR``
+    times their recent p99, as the event loop sees them) between ``budget`` and
+    ``max_budget``; a reply that comes after its waiters gave up is measured all the same. A
+    wait that runs out costs that decision alone. The breaker opens, and every decision is the
+    local filter's for ``retry_after`` seconds, when Redis refuses the connection or
+    ``trip_after`` calls in a row took longer than ``max_budget`` or failed: not on late
+    replies of a busy event loop."""
 
     def __init__(
         self,
@@ -188,18 +221,28 @@ class SharedSecondHit:
         budget: float = 0.005,
         retry_after: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        max_budget: float = 0.05,
+        trip_after: int = 3,
     ) -> None:
         self.local = local
         self.remote = remote
+        self.min_budget = budget
+        self.max_budget = max(budget, max_budget)
         self.budget = budget
         self.retry_after = retry_after
+        self.trip_after = trip_after
         self.clock = clock
         self.fallbacks = 0
         self.remote_decisions = 0
         self.batches = 0
+        self.late_replies = 0  # decisions whose wait ran out before Redis's reply came
+        self.trips = 0  # times the breaker opened
         self.healthy = True
+        self._overdue_in_row = 0
         self._retry_at = 0.0
-        self._pending: list[tuple[str, float, asyncio.Future[bool]]] = []
+        self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
+        self._filling: _Batch | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
     async def connect(self, timeout: float = 2.0) -> None:
@@ -220,72 +263,132 @@ class SharedSecondHit:
             self.fallbacks += 1
             return local
         loop = asyncio.get_running_loop()
-        answer: asyncio.Future[bool] = loop.create_future()
-        if not self._pending:
+        batch = self._filling
+        if batch is None:
+            batch = self._filling = _Batch()
             loop.call_soon(self._flush)  # the misses of this loop turn go as one batch
-        self._pending.append((key, now, answer))
+        answer: asyncio.Future[bool] = loop.create_future()
+        batch.keys.append(key)
+        batch.answers.append(answer)
+        batch.now = now
+        budget = self.budget
         try:
-            shared = await answer
-        except (TimeoutError, RedisError, OSError) as exc:
+            shared = await within_budget(answer, budget)
+        except TimeoutError as exc:
+            answer.cancel()  # nobody waits for it now: its call sets nothing on it
+            self.late_replies += 1
+            if budget >= self.max_budget:  # no answer in the longest wait there is
+                self._overdue(batch, exc)
             self.fallbacks += 1
-            self._retry_at = self.clock() + self.retry_after
-            if self.healthy:
-                self.healthy = False
-                log.warning("shared admission filter unavailable (%r): using the local one", exc)
             return local
-        if not self.healthy:
-            self.healthy = True
-            log.warning("shared admission filter answers again: using it")
+        except (RedisError, OSError):
+            self.fallbacks += 1  # the call's failure was judged where it failed
+            return local
         self.remote_decisions += 1
         return shared
 
+    def _overdue(self, batch: _Batch, exc: BaseException, *, refused: bool = False) -> None:
+        """Count ``batch``'s call as one Redis did not answer in time (once), and open the
+        breaker when Redis refused it or ``trip_after`` calls in a row went so."""
+        if not batch.overdue:
+            batch.overdue = True
+            self._overdue_in_row += 1
+        if refused or self._overdue_in_row >= self.trip_after:
+            self._retry_at = self.clock() + self.retry_after
+            if self.healthy:
+                self.healthy = False
+                self.trips += 1
+                log.warning("shared admission filter unavailable (%r): using the local one", exc)
+
     def _flush(self) -> None:
-        batch, self._pending = self._pending, []
+        batch, self._filling = self._filling, None
+        assert batch is not None
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send(self, batch: list[tuple[str, float, asyncio.Future[bool]]]) -> None:
+    async def _send(self, batch: _Batch) -> None:
         self.batches += 1
+        loop = asyncio.get_running_loop()
+        batch.sent = loop.time()
         try:
-            keys = [key for key, _, _ in batch]
-            seen = await within_budget(self.remote.seen_before_many(keys, batch[-1][1]),
-                                       self.budget)  # fmt: skip
+            # Past its waiters' budget the call goes on, so that its round trip is measured,
+            # up to a bound: a Redis that never answers holds no task for long.
+            seen = await asyncio.wait_for(
+                self.remote.seen_before_many(batch.keys, batch.now),
+                max(GIVE_UP_AFTER, 4 * self.max_budget),
+            )
         except (TimeoutError, RedisError, OSError) as exc:
-            for _, _, answer in batch:
+            self._overdue(batch, exc, refused=_refused(exc))
+            for answer in batch.answers:
                 if not answer.done():
                     answer.set_exception(exc)
             return
-        for (_, _, answer), value in zip(batch, seen, strict=True):
+        round_trip = loop.time() - batch.sent
+        self._measured(round_trip)
+        if round_trip < self.max_budget:
+            self._overdue_in_row = 0
+            if not self.healthy:
+                self.healthy = True
+                log.warning("shared admission filter answers again: using it")
+        else:
+            self._overdue(batch, TimeoutError(f"a reply after {round_trip * 1000:.0f} ms"))
+        for answer, value in zip(batch.answers, seen, strict=True):
             if not answer.done():
                 answer.set_result(value)
+
+    def _measured(self, round_trip: float) -> None:
+        """Take in one round trip; every ``BUDGET_EVERY`` of them the budget follows their
+        recent p99."""
+        trips = self._round_trips
+        trips.append(round_trip)
+        if len(trips) % BUDGET_EVERY == 0 or len(trips) < BUDGET_EVERY:
+            ordered = sorted(trips)
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            self.budget = min(self.max_budget, max(self.min_budget, LATENCY_FACTOR * p99))
+
+    def round_trip_p99(self) -> float | None:
+        """The p99 of the round trips measured lately, in seconds; None before the first."""
+        if not self._round_trips:
+            return None
+        ordered = sorted(self._round_trips)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
     async def close(self) -> None:
         await asyncio.gather(*self._sending, return_exceptions=True)
 
     def stats(self) -> dict[str, object]:
+        p99 = self.round_trip_p99()
         return {
             "backend": "redis",
             "healthy": self.healthy,
             "remote_decisions": self.remote_decisions,
             "fallbacks": self.fallbacks,
+            "late_replies": self.late_replies,
+            "breaker_trips": self.trips,
             "batches": self.batches,
             "budget_ms": self.budget * 1000,
+            "budget_bounds_ms": [self.min_budget * 1000, self.max_budget * 1000],
+            "round_trip_p99_ms": None if p99 is None else p99 * 1000,
         }
 
 
-async def within_budget(call: Awaitable[T], budget: float) -> T:
-    """``call``'s result, or TimeoutError once it has had ``budget`` seconds. A timer that fires
-    late (by half the budget or more) says the event loop was busy, not the other side: the
-    reply may be waiting unread, so the call gets one more budget, once."""
+def _refused(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis is not there at all (no connection), rather than slow."""
+    return isinstance(exc, (RedisConnectionError, ConnectionError))
+
+
+async def within_budget(answer: asyncio.Future[T], budget: float) -> T:
+    """``answer``'s result, or TimeoutError once it has had ``budget`` seconds; ``answer``
+    itself is left to complete. A timer that fires late (by half the budget or more) says the
+    event loop was busy, not the other side: the reply may be waiting unread, so the wait gets
+    one more budget, once."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(call)
     for _ in range(2):
         due = loop.time() + budget
-        done, _ = await asyncio.wait({task}, timeout=budget)
+        done, _ = await asyncio.wait({answer}, timeout=budget)
         if done:
-            return task.result()
+            return answer.result()
         if loop.time() - due < budget / 2:
             break
-    task.cancel()
     raise TimeoutError(f"no answer within {budget * 1000:g} ms")
