@@ -135,11 +135,11 @@ static int s3fifo_evict(IndexObject *x, PyObject *evicted) {
     return s3fifo_main_first(x) ? s3fifo_evict_main(x, evicted) : s3fifo_evict_small(x, evicted);
 }
 
+/* The entry a candidate competes with for lasting space (TinyLFU's duel): main's oldest. The
+ * small queue's tail is not one: it was itself admitted a moment ago, with the candidate's
+ * count or more, so a duel with it turns nearly every new key away (a tie rejects). */
 static int32_t s3fifo_victim(const IndexObject *x) {
-    /* Not s3fifo_main_first: a small queue of zero-byte entries still names its tail. */
-    return x->bytes[Q_MAIN] > x->capacity - x->small_capacity || x->tail[Q_SMALL] < 0
-               ? x->tail[Q_MAIN]
-               : x->tail[Q_SMALL];
+    return x->tail[Q_MAIN] >= 0 ? x->tail[Q_MAIN] : x->tail[Q_SMALL];
 }
 
 static const Eviction S3FIFO = {

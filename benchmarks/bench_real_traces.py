@@ -1,0 +1,108 @@
+"""onehit's policy family on real traces, beside libCacheSim's own policies in the same run.
+
+The traces are libCacheSim's (``loadgen/real_traces.py``: fetched on first use into
+``~/.cache/onehit/traces``): CloudPhysics (block I/O) and the first 10M requests of Twitter's
+cache cluster 52. Cache sizes are shares of each trace's unique bytes (0.1% to 10%). onehit
+runs every admission x eviction pair asked (``--admissions``, ``--evictions``) with no
+per-object overhead, as libCacheSim counts; libCacheSim (its Python package) runs LRU, S3-FIFO,
+SIEVE, 2Q, W-TinyLFU, ARC and LHD on the same oracleGeneral file. Printed per trace and size:
+each policy's miss ratio, the bytes onehit's policies wrote (admissions' bytes; LRU writes
+every miss), and which policy, onehit's or libCacheSim's, is lowest. ``--json FILE`` keeps the
+table.
+
+    .venv/bin/python benchmarks/bench_real_traces.py [--traces cloudphysics,twitter52]
+        [--shares 0.001,0.003,0.01,0.03,0.1] [--admissions always,second-hit,tinylfu,adaptive]
+        [--evictions lru,s3fifo,sieve,wtinylfu] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import libcachesim
+
+from loadgen.real_traces import TRACES, TraceUnavailable, fetch
+from loadgen.simulate import policy_label, sweep
+from loadgen.trace import read_trace
+from proxy.core.admission import AdmissionConfig
+from proxy.units import format_size
+
+PEERS = {
+    "LRU": libcachesim.LRU,
+    "S3-FIFO": libcachesim.S3FIFO,
+    "SIEVE": libcachesim.Sieve,
+    "2Q": libcachesim.TwoQ,
+    "W-TinyLFU": libcachesim.WTinyLFU,
+    "ARC": libcachesim.ARC,
+    "LHD": libcachesim.LHD,
+}
+
+
+def peers(path: Path, size: int) -> dict[str, tuple[float, float]]:
+    """libCacheSim's (miss ratio, seconds) of each peer at ``size`` bytes."""
+    out = {}
+    for name, cache in PEERS.items():
+        reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
+        started = time.perf_counter()
+        miss_ratio, _ = cache(size).process_trace(reader)
+        out[name] = (miss_ratio, time.perf_counter() - started)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--shares", default="0.001,0.003,0.01,0.03,0.1")
+    parser.add_argument("--admissions", default="always,second-hit,tinylfu,adaptive")
+    parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu")
+    parser.add_argument("--json", type=Path, help="write every cell here too")
+    args = parser.parse_args()
+    shares = [float(s) for s in args.shares.split(",")]
+    pairs = [(AdmissionConfig(policy=a), e) for e in args.evictions.split(",")
+             for a in args.admissions.split(",")]  # fmt: skip
+    cells = []
+    for name in args.traces.split(","):
+        try:
+            path = fetch(name)
+        except TraceUnavailable as exc:
+            sys.exit(f"{name}: {exc}")
+        trace = read_trace(path)
+        unique = trace.distinct_bytes()
+        sizes = [max(1, round(unique * share)) for share in shares]
+        print(f"\n{name}: {TRACES[name].about}; {len(trace):,} requests, "
+              f"{trace.distinct_objects():,} objects, {format_size(unique)} unique")  # fmt: skip
+        started = time.perf_counter()
+        ours = sweep(trace, sizes, pairs, entry_overhead=0)
+        ours_seconds = time.perf_counter() - started
+        for share, size in zip(shares, sizes, strict=True):
+            row = {r.label if r.eviction == "lru" else policy_label(r.admission, r.eviction): r
+                   for r in ours if r.cache_bytes == size}  # fmt: skip
+            theirs = peers(path, size)
+            lru_written = row["always"].stats["bytes_written"] if "always" in row else None
+            print(f"\n  cache {format_size(size)} ({share:.1%} of unique bytes): miss ratio")
+            entries = [(1 - r.stats["hit_ratio"], label, "onehit", r.stats["bytes_written"])
+                       for label, r in row.items()]  # fmt: skip
+            entries += [(mr, label, "libCacheSim", None) for label, (mr, _) in theirs.items()]
+            best = min(entries)[0]
+            for miss_ratio, label, source, written in sorted(entries):
+                wrote = ""
+                if written is not None:
+                    wrote = f"  wrote {format_size(written)}"
+                    if lru_written:
+                        wrote += f" ({written / lru_written:.0%} of LRU's)"
+                mark = "  <- lowest" if miss_ratio == best else ""
+                print(f"    {source:11s} {label:28s} {miss_ratio:.4f}{wrote}{mark}")
+                cells.append({"trace": name, "share": share, "cache_bytes": size,
+                              "source": source, "policy": label, "miss_ratio": miss_ratio,
+                              "bytes_written": written})  # fmt: skip
+        print(f"\n  onehit: {len(ours)} cells in {ours_seconds:.1f}s")
+    if args.json:
+        args.json.write_text(json.dumps(cells, indent=1))
+
+
+if __name__ == "__main__":
+    main()
