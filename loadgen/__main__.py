@@ -12,6 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from loadgen import report
+from loadgen.cluster import cluster_sweep
+from loadgen.real_traces import TRACES, TraceUnavailable, fetch
 from loadgen.report import render
 from loadgen.simulate import (
     Sample,
@@ -31,6 +33,8 @@ from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
 from proxy.units import format_size, parse_duration, parse_size
+
+REAL = "real:"  # --trace real:NAME names a real trace, fetched on first use
 
 
 class UsageError(Exception):
@@ -87,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--disk-write-rate", default="0", help="the disk's write budget, bytes a second (0: none)"
     )
+    sim.add_argument(
+        "--cluster",
+        help="run the cells on the Dask scheduler at this address (tcp://host:8786), one task "
+        "per policy; the workers read --trace by its path",
+    )
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
     sim.set_defaults(run=_cmd_simulate)
@@ -117,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
     exp.add_argument("file", type=Path)
     exp.add_argument("--output", type=Path, help="report folder (default reports/NAME)")
     exp.add_argument("--workers", type=int, default=None)
+    exp.add_argument(
+        "--cluster",
+        help="run the simulated cells on the Dask scheduler at this address (tcp://host:8786)",
+    )
     exp.set_defaults(run=_cmd_experiment)
 
     rend = sub.add_parser("report", help="re-render a report folder from its results.json")
@@ -155,8 +168,10 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
 
 def _trace_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--trace", required=True, type=Path, help=".csv or oracleGeneral file, either may be .zst"
-    )
+        "--trace", required=True, type=Path,
+        help=".csv or oracleGeneral file, either may be .zst; or real:NAME, a real trace fetched"
+        f" on first use ({', '.join(TRACES)})",
+    )  # fmt: skip
     p.add_argument(
         "--csv-columns",
         help="a CSV trace's time,key,size columns: header names (ts,obj,bytes) or 1-based "
@@ -165,8 +180,18 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _read_trace(args: argparse.Namespace) -> Trace:
-    columns = _split(args.csv_columns) if args.csv_columns else None
-    return read_trace(args.trace, columns)
+    """The trace ``--trace`` names; a real one (``real:NAME``) is fetched first, and
+    ``args.trace`` becomes its file."""
+    if str(args.trace).startswith(REAL):
+        try:
+            args.trace = fetch(str(args.trace).removeprefix(REAL))
+        except TraceUnavailable as exc:
+            raise UsageError(f"--trace: {exc}") from None
+    return read_trace(args.trace, _columns(args))
+
+
+def _columns(args: argparse.Namespace) -> list[str] | None:
+    return _split(args.csv_columns) if args.csv_columns else None
 
 
 def _cache_flags(p: argparse.ArgumentParser) -> None:
@@ -264,6 +289,8 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.disk_size and args.sample:
         raise UsageError("--disk-size: two tiers are simulated whole, not with --sample")
+    if args.cluster and (args.sample or args.disk_size):
+        raise UsageError("--cluster runs whole one-tier sweeps: not with --sample or --disk-size")
     trace = _read_trace(args)
     if not len(trace):
         raise UsageError(f"{args.trace} holds no requests")
@@ -291,7 +318,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     policies = [(config, eviction) for eviction in evictions for config in configs]
     if args.disk_size:
         return _simulate_tiers(args, trace, sizes, policies, max_object)
-    if len(sizes) * len(policies) == 1:
+    if args.cluster:
+        try:
+            results = cluster_sweep(
+                args.cluster, args.trace, _columns(args), list(sizes), policies,
+                max_object_bytes=max_object, entry_overhead=args.entry_overhead,
+                report=None if args.json else _report_cell,
+            )  # fmt: skip
+        except ConnectionError as exc:
+            raise UsageError(f"--cluster: {exc}") from None
+    elif len(sizes) * len(policies) == 1:
         (size,) = sizes
         ((config, eviction),) = policies
         progress = None if args.json else progress_line(policy_label(config, eviction))
@@ -436,7 +472,11 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
 
     experiment = load_experiment(args.file)
     output = args.output or Path("reports") / args.file.stem
-    written = run_experiment(experiment, output, workers=args.workers, say=_say)
+    try:
+        written = run_experiment(experiment, output, workers=args.workers, say=_say,
+                                 cluster=args.cluster)  # fmt: skip
+    except ConnectionError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
     print(f"\nreport: {output / 'index.html'} ({len(written)} files)")
     return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import report
+from loadgen.cluster import cluster_sweep
 from loadgen.experiment_file import Experiment, Workload
 from loadgen.nginx import nginx_binary
 from loadgen.processes import (
@@ -30,18 +31,34 @@ from loadgen.processes import (
     redis_process,
 )
 from loadgen.replay import ReplayConfig, replay
-from loadgen.simulate import Sample, describe_cell, resolve_sizes, sample_trace, sweep
+from loadgen.simulate import (
+    Sample,
+    SimResult,
+    describe_cell,
+    resolve_sizes,
+    sample_trace,
+    sweep,
+)
 from loadgen.trace import Trace
 from proxy.core.stats import METRICS, combine
+from proxy.core.store import ENTRY_OVERHEAD
 from proxy.units import format_size
 
 Say = Callable[[str], None]
 
 
 def run(
-    experiment: Experiment, output: Path, *, workers: int | None = None, say: Say = print
+    experiment: Experiment,
+    output: Path,
+    *,
+    workers: int | None = None,
+    say: Say = print,
+    cluster: str | None = None,
 ) -> list[Path]:
-    """Run every cell, write the report under ``output``; returns the files written."""
+    """Run every cell, write the report under ``output``; returns the files written. With
+    ``cluster`` (a Dask scheduler's address) the simulated cells of unsampled workloads run
+    there, a task per policy; the workers read a workload's trace file by its path, or
+    generate its trace from its spec."""
     cells: list[report.Cell] = []
     started = time.perf_counter()
     meta = dict(experiment.meta)
@@ -60,13 +77,18 @@ def run(
                     f"{len(source.trace):,} of {len(trace):,} requests; hit ratios corrected "
                     "(SHARDS_adj), counts estimated"
                 )
-            results = sweep(
-                source,
-                list(sizes),
-                [(p.admission, p.eviction) for p in simulable],
-                workers=workers,
-                report=lambda done, total, r: say(f"  [{done}/{total}] {describe_cell(r)}"),
-            )
+            pairs = [(p.admission, p.eviction) for p in simulable]
+
+            def progress(done: int, total: int, r: SimResult) -> None:
+                say(f"  [{done}/{total}] {describe_cell(r)}")
+
+            if cluster is not None and experiment.sample is None:
+                named = workload.trace_path or workload.spec
+                assert named is not None
+                results = cluster_sweep(cluster, named, None, list(sizes), pairs,
+                                        entry_overhead=ENTRY_OVERHEAD, report=progress)  # fmt: skip
+            else:
+                results = sweep(source, list(sizes), pairs, workers=workers, report=progress)
             cells += [report.sim_cell(r, workload.name, sizes[r.cache_bytes]) for r in results]
         if experiment.run_live:
             live_sizes = sizes
