@@ -8,11 +8,13 @@ per-object overhead, as libCacheSim counts; libCacheSim (its Python package) run
 SIEVE, 2Q, W-TinyLFU, ARC and LHD on the same oracleGeneral file. Printed per trace and size:
 each policy's miss ratio, the bytes onehit's policies wrote (admissions' bytes; LRU writes
 every miss), and which policy, onehit's or libCacheSim's, is lowest. ``--json FILE`` keeps the
-table.
+table; ``--report-dir DIR`` writes a report (``index.html``, plots, ``summary.md``) with the
+miss-ratio curves of the whole family, libCacheSim's beside onehit's, and onehit's hit ratio
+against the bytes it wrote (libCacheSim does not count writes).
 
     .venv/bin/python benchmarks/bench_real_traces.py [--traces cloudphysics,twitter52]
         [--shares 0.001,0.003,0.01,0.03,0.1] [--admissions always,second-hit,tinylfu,adaptive]
-        [--evictions lru,s3fifo,sieve,wtinylfu] [--json results.json]
+        [--evictions lru,s3fifo,sieve,wtinylfu] [--json results.json] [--report-dir DIR]
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from pathlib import Path
 
 import libcachesim
 
+from loadgen import report
 from loadgen.real_traces import TRACES, TraceUnavailable, fetch
 from loadgen.simulate import policy_label, sweep
 from loadgen.trace import read_trace
 from proxy.core.admission import AdmissionConfig
+from proxy.core.stats import METRICS
 from proxy.units import format_size
 
 PEERS = {
@@ -43,14 +47,21 @@ PEERS = {
 
 
 def peers(path: Path, size: int) -> dict[str, tuple[float, float]]:
-    """libCacheSim's (miss ratio, seconds) of each peer at ``size`` bytes."""
+    """libCacheSim's (miss ratio, byte miss ratio) of each peer at ``size`` bytes."""
     out = {}
     for name, cache in PEERS.items():
         reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
-        started = time.perf_counter()
-        miss_ratio, _ = cache(size).process_trace(reader)
-        out[name] = (miss_ratio, time.perf_counter() - started)
+        out[name] = cache(size).process_trace(reader)
     return out
+
+
+def peer_cell(workload: str, peer: str, size: int, share: float, ratios: tuple[float, float]):
+    """A report cell of a libCacheSim run: its hit ratios; what it does not count, None."""
+    stats = dict.fromkeys(METRICS)
+    stats.update(hit_ratio=1 - ratios[0], byte_hit_ratio=1 - ratios[1])
+    return {"workload": workload, "mode": "simulate", "policy": f"libCacheSim {peer}",
+            "cache": f"{share:.1%} ({format_size(size)})", "cache_bytes": size,
+            "stats": stats, "timeline": []}  # fmt: skip
 
 
 def main() -> None:
@@ -60,11 +71,13 @@ def main() -> None:
     parser.add_argument("--admissions", default="always,second-hit,tinylfu,adaptive")
     parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu")
     parser.add_argument("--json", type=Path, help="write every cell here too")
+    parser.add_argument("--report-dir", type=Path, help="write a report of every trace here")
     args = parser.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
     pairs = [(AdmissionConfig(policy=a), e) for e in args.evictions.split(",")
              for a in args.admissions.split(",")]  # fmt: skip
     cells = []
+    report_cells = []
     for name in args.traces.split(","):
         try:
             path = fetch(name)
@@ -78,10 +91,17 @@ def main() -> None:
         started = time.perf_counter()
         ours = sweep(trace, sizes, pairs, entry_overhead=0)
         ours_seconds = time.perf_counter() - started
+        labels = {
+            size: f"{share:.1%} ({format_size(size)})"
+            for share, size in zip(shares, sizes, strict=True)
+        }
+        report_cells += [report.sim_cell(r, name, labels[r.cache_bytes]) for r in ours]
         for share, size in zip(shares, sizes, strict=True):
             row = {r.label if r.eviction == "lru" else policy_label(r.admission, r.eviction): r
                    for r in ours if r.cache_bytes == size}  # fmt: skip
             theirs = peers(path, size)
+            report_cells += [peer_cell(name, peer, size, share, ratios)
+                             for peer, ratios in theirs.items()]  # fmt: skip
             lru_written = row["always"].stats["bytes_written"] if "always" in row else None
             print(f"\n  cache {format_size(size)} ({share:.1%} of unique bytes): miss ratio")
             entries = [(1 - r.stats["hit_ratio"], label, "onehit", r.stats["bytes_written"])
@@ -102,6 +122,13 @@ def main() -> None:
         print(f"\n  onehit: {len(ours)} cells in {ours_seconds:.1f}s")
     if args.json:
         args.json.write_text(json.dumps(cells, indent=1))
+    if args.report_dir:
+        report.add_space_saved(report_cells)
+        doc = {"title": "onehit and libCacheSim on real traces",
+               "meta": {name: TRACES[name].about for name in args.traces.split(",")},
+               "cells": report_cells}  # fmt: skip
+        for written in report.write_report(args.report_dir, doc):
+            print(f"wrote {written}")
 
 
 if __name__ == "__main__":

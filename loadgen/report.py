@@ -143,11 +143,13 @@ def verdict(cells: Sequence[Cell]) -> str | None:
         best = max(others, key=lambda c: c["stats"]["hit_ratio"])
         before, after = lru["stats"]["hit_ratio"], best["stats"]["hit_ratio"]
         change = "raised" if after > before else "lowered" if after < before else "kept"
-        written = best["stats"]["bytes_written"] / max(1, lru["stats"]["bytes_written"])
+        written = best["stats"].get("bytes_written")  # None: a peer that does not count it
+        wrote = "" if written is None else (
+            f" and wrote {written / max(1, lru['stats']['bytes_written']):.0%} of LRU's bytes"
+        )  # fmt: skip
         sentences.append(
             f"{workload}: with a cache of {best['cache']}, {best['policy']} {change} the hit "
-            f"ratio from {before:.3f} (plain LRU) to {after:.3f} and wrote {written:.0%} of "
-            "LRU's bytes."
+            f"ratio from {before:.3f} (plain LRU) to {after:.3f}{wrote}."
         )
     return " ".join(sentences) or None
 

@@ -106,3 +106,14 @@ def test_live_cells_with_a_disk_tier_plot_hit_ratio_against_disk_writes(tmp_path
 def test_without_a_disk_tier_there_is_no_disk_plot(tmp_path, results):
     names = {p.name for p in write_report(tmp_path, results)}
     assert "hit-ratio-vs-disk-writes.png" not in names
+
+
+def test_a_peer_that_does_not_count_writes_is_drawn_and_tabled_without_them(tmp_path, results):
+    peer = cell("libCacheSim S3-FIFO", 200, 0.9)
+    peer["stats"] = {**dict.fromkeys(peer["stats"]), "hit_ratio": 0.9, "byte_hit_ratio": 0.8}
+    results["cells"].append(peer)
+    names = {p.name for p in write_report(tmp_path, results)}
+    assert "hit-ratio-vs-cache-size.png" in names
+    summary = (tmp_path / "summary.md").read_text()
+    assert "libCacheSim S3-FIFO raised the hit ratio from 0.200 (plain LRU) to 0.900." in summary
+    assert "| libCacheSim S3-FIFO | 200B | *0.9000 | 0.8000 | n/a | n/a |" in summary
