@@ -144,53 +144,60 @@ def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
     """Hit ratio against bytes written, one point per cache size, a line per policy: the
     trade-off a flash-backed cache decides on (up and to the left is better)."""
     simulated = [c for c in cells if c["mode"] == "simulate" and c["stats"]["bytes_written"]]
-    if not simulated:
-        return None
-    workloads = sorted({c["workload"] for c in simulated})
-    palette = colours(cells)
-    fig, axes = _figure(len(workloads))
-    for ax, workload in zip(axes, workloads, strict=True):
-        for (w, _, policy), group in sorted(_series(simulated).items()):
-            if w != workload:
-                continue
-            xs = [c["stats"]["bytes_written"] for c in group]
-            ys = [c["stats"]["hit_ratio"] for c in group]
-            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
-                    linestyle=_line_style(policy))  # fmt: skip
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
-        ax.set_xlabel("bytes written to the cache (log scale; one point per cache size)")
-        ax.set_ylabel("hit ratio (hits / requests)")
-        ax.set_title(f"{workload}: hit ratio against writes")
-        ax.grid(True, alpha=0.3)
-        _legend(ax)
-    return _save(fig, directory / "hit-ratio-vs-bytes-written.png")
+    return _against_writes(
+        simulated, cells, directory / "hit-ratio-vs-bytes-written.png",
+        lambda c: c["stats"]["bytes_written"], log=True,
+        xlabel="bytes written to the cache (log scale; one point per cache size)",
+        ylabel="hit ratio (hits / requests)", title="hit ratio against writes",
+    )  # fmt: skip
 
 
 def _disk_tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
     """The live proxies' hit ratio (memory and disk hits) against the bytes written to their
     disk tiers, a line per policy over the cache sizes: what each policy costs the device."""
-    with_disk = [c for c in cells if "disk" in c]
-    if not with_disk:
+    return _against_writes(
+        [c for c in cells if "disk" in c], cells, directory / "hit-ratio-vs-disk-writes.png",
+        lambda c: c["disk"]["bytes_written"], log=False,
+        xlabel="bytes written to the disk tier (one point per memory size)",
+        ylabel="hit ratio, memory and disk (hits / requests)",
+        title="hit ratio against disk writes (live)",
+    )  # fmt: skip
+
+
+def _against_writes(
+    drawn: Sequence[Cell],
+    cells: Sequence[Cell],
+    path: Path,
+    written: Callable[[Cell], float],
+    *,
+    log: bool,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+) -> Path | None:
+    """A panel per workload of ``drawn``: each policy's hit ratio against ``written``, a
+    point per cache size; colours as for all ``cells``. None when there is nothing to draw."""
+    if not drawn:
         return None
-    workloads = sorted({c["workload"] for c in with_disk})
+    workloads = sorted({c["workload"] for c in drawn})
     palette = colours(cells)
     fig, axes = _figure(len(workloads))
     for ax, workload in zip(axes, workloads, strict=True):
-        for (w, _, policy), group in sorted(_series(with_disk).items()):
+        for (w, _, policy), group in sorted(_series(drawn).items()):
             if w != workload:
                 continue
-            xs = [c["disk"]["bytes_written"] for c in group]
-            ys = [c["stats"]["hit_ratio"] for c in group]
-            ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
+            ax.plot([written(c) for c in group], [c["stats"]["hit_ratio"] for c in group],
+                    marker="o", label=policy, color=palette[policy],
                     linestyle=_line_style(policy))  # fmt: skip
+        if log:
+            ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
-        ax.set_xlabel("bytes written to the disk tier (one point per memory size)")
-        ax.set_ylabel("hit ratio, memory and disk (hits / requests)")
-        ax.set_title(f"{workload}: hit ratio against disk writes (live)")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{workload}: {title}")
         ax.grid(True, alpha=0.3)
         _legend(ax)
-    return _save(fig, directory / "hit-ratio-vs-disk-writes.png")
+    return _save(fig, path)
 
 
 def _binary_ticks(ax: Any) -> None:

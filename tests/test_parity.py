@@ -16,6 +16,30 @@ COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting
 DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")
 
 
+def serve_trace(origin, trace: Trace, max_age: float = 3600) -> None:
+    """Have ``origin`` answer every ``/obj/KEY`` with a body of the trace's size for KEY."""
+    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
+
+    async def serve(request: web.Request) -> web.Response:
+        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
+        return web.Response(body=body, headers={"Cache-Control": f"max-age={max_age:g}"})
+
+    origin.responder = serve
+
+
+async def replay(client, proxy, trace: Trace, clock: list[float] | None = None) -> str:
+    """Request every key of ``trace`` through ``proxy`` in order (setting ``clock`` to each
+    request's time when given); the URL prefix its keys were requested under."""
+    prefix = base(proxy) + "/obj/"
+    for at, key in zip(trace.times.tolist(), trace.key_strings(), strict=True):
+        if clock is not None:
+            clock[0] = at
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    return prefix
+
+
 @pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
 @pytest.mark.parametrize(
     "admission",
@@ -27,13 +51,7 @@ async def test_live_and_simulated_counters_agree_exactly(
     sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
     trace = generate(WorkloadSpec(objects=200, requests=1000, one_hit_share=0.3, sizes=sizes))
     trace = Trace(np.zeros(len(trace)), trace.ids, trace.sizes)
-    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
-
-    async def serve(request: web.Request) -> web.Response:
-        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
-        return web.Response(body=body, headers={"Cache-Control": "max-age=3600"})
-
-    origin.responder = serve  # every path: a body of the trace's size for that key
+    serve_trace(origin, trace)
     capacity = round(trace.distinct_bytes() * 0.05)
     proxy = await start_proxy(
         cache__size=str(capacity),
@@ -41,11 +59,7 @@ async def test_live_and_simulated_counters_agree_exactly(
         cache__eviction=eviction,
         admission__policy=admission,
     )
-    prefix = base(proxy) + "/obj/"
-    for key in trace.key_strings():
-        async with client.get(prefix + key) as r:
-            assert r.status == 200
-            await r.read()
+    prefix = await replay(client, proxy, trace)
     live = proxy.proxy.engine.stats()
     config = proxy.config.admission_config()
     sim = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction).stats
@@ -65,13 +79,7 @@ async def test_live_and_simulated_counters_agree_with_ttls(
     sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
     spec = WorkloadSpec(objects=100, requests=1000, one_hit_share=0.3, sizes=sizes, rate=50.0)
     trace = generate(spec)  # 20 s of requests: each object outlives its ttl many times
-    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
-
-    async def serve(request: web.Request) -> web.Response:
-        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
-        return web.Response(body=body, headers={"Cache-Control": f"max-age={ttl:g}"})
-
-    origin.responder = serve
+    serve_trace(origin, trace, max_age=ttl)
     now = [0.0]
     capacity = round(trace.distinct_bytes() * 0.2)
     proxy = await start_proxy(
@@ -81,12 +89,7 @@ async def test_live_and_simulated_counters_agree_with_ttls(
         cache__eviction=eviction,
         admission__policy=admission,
     )
-    prefix = base(proxy) + "/obj/"
-    for at, key in zip(trace.times.tolist(), trace.key_strings(), strict=True):
-        now[0] = at
-        async with client.get(prefix + key) as r:
-            assert r.status == 200
-            await r.read()
+    prefix = await replay(client, proxy, trace, clock=now)
     live = proxy.proxy.engine.stats()
     config = proxy.config.admission_config()
     sim = simulate(trace, capacity, config, key_prefix=prefix, eviction=eviction, ttl=ttl)
@@ -109,13 +112,7 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
     spec = WorkloadSpec(objects=300, requests=1500, one_hit_share=0.3, sizes=sizes, seed=5)
     trace = generate(spec)
     trace = Trace(np.zeros(len(trace)), trace.ids, trace.sizes)
-    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
-
-    async def serve(request: web.Request) -> web.Response:
-        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
-        return web.Response(body=body, headers={"Cache-Control": "max-age=3600"})
-
-    origin.responder = serve
+    serve_trace(origin, trace)
     capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
     proxy = await start_proxy(
         cache__size=str(capacity),
@@ -126,11 +123,7 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
         disk__region_size="8MiB",
         disk__policy=disk_admission,
     )
-    prefix = base(proxy) + "/obj/"
-    for key in trace.key_strings():
-        async with client.get(prefix + key) as r:
-            assert r.status == 200
-            await r.read()
+    prefix = await replay(client, proxy, trace)
     live = proxy.proxy.engine.stats()
     disk = proxy.proxy.disk.stats()
     section = proxy.config.disk
