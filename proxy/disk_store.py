@@ -23,6 +23,7 @@ memory tier, keeping what it took across restarts.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -34,13 +35,17 @@ from pathlib import Path
 from proxy.config import DiskSection
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
 from proxy.region_log import DISK_ERRORS, Location, RegionLog
 
 CHECKPOINT = "index.checkpoint"
+# Records longer than this are read on a worker thread by the request handler, so that a large
+# body read from a cold device does not hold up the event loop; shorter ones are read inline,
+# where a thread's hand-off would cost more than the read.
+READ_INLINE = 256 << 10
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
@@ -155,7 +160,29 @@ class DiskStore:
         slot = self.tier.find(key)
         if slot is None:
             return None
-        found = self.log.read(Location(slot.region, slot.offset, slot.length), _raw(key))
+        return self._entry(key, self.log.read(_location(slot), _raw(key)), entry_type)
+
+    def read_inline(self, key: str) -> bool:
+        """Whether ``key``'s record, if there is one, is short enough to read on the event
+        loop (``READ_INLINE``)."""
+        slot = self.tier.find(key)
+        return slot is None or slot.length <= READ_INLINE
+
+    async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
+        """``lookup``, with a record longer than ``READ_INLINE`` read on a worker thread; one
+        moved, purged or evicted while it was read is a miss."""
+        slot = self.tier.find(key)
+        if slot is None or slot.length <= READ_INLINE:
+            return self.lookup(key, entry_type)
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, self.log.read_apart, _location(slot), _raw(key))
+        if self.tier.find(key) != slot:
+            return None
+        return self._entry(key, found, entry_type)
+
+    def _entry(
+        self, key: str, found: tuple[bytes, bytes] | None, entry_type: type[Entry]
+    ) -> Entry | None:
         if found is None:
             self.tier.drop(key)
             return None
@@ -226,6 +253,10 @@ def process_write_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _location(slot: Slot) -> Location:
+    return Location(slot.region, slot.offset, slot.length)
 
 
 def _raw(key: str) -> bytes:

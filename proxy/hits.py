@@ -148,8 +148,8 @@ class HitAnswers:
         if hit is None:
             if meta is not None or self.disk is None:
                 return None
-            if not engine.plain_miss(key):
-                return None
+            if not engine.plain_miss(key) or not self.disk.read_inline(key):
+                return None  # a large record is the handler's to read, off the event loop
             meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
             hit = self.from_disk(meta, now)
             if hit is None:
@@ -190,7 +190,7 @@ class HitAnswers:
 
     def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
         """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
-        or None (a damaged record is dropped); nothing counted."""
+        read on the event loop, or None (a damaged record is dropped); nothing counted."""
         assert self.disk is not None
         entry = self.disk.lookup(meta.key, self.engine.entry_type)
         return None if entry is None else self.engine.answers_from(meta, entry, now)

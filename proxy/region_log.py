@@ -117,6 +117,26 @@ class RegionLog:
             self._close_reading(location.region)
             DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)
             return None
+        return self._record(data, location, key)
+
+    def read_apart(self, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
+        """``read`` on a worker thread: through a descriptor of its own, so a region the loop
+        evicts meanwhile neither closes it under the read nor hands its number to another
+        file (a removed file stays readable through it, and its records are whole)."""
+        if not self.regions.holds(location.region):
+            return None
+        try:
+            fd = os.open(self.path(location.region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                data = os.pread(fd, location.length, location.offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)
+            return None
+        return self._record(data, location, key)
+
+    def _record(self, data: bytes, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
         found = decode(data)
         if found is None or found[0] != key:
             DISK_ERRORS.warning(

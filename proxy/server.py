@@ -187,7 +187,7 @@ class Proxy:
             case Fetch(reason="method"):
                 return await self.uploads.pass_through(request, meta, url)
             case Fetch(reason="uri-miss") if self.disk is not None and (
-                disk_hit := self._from_disk(meta)
+                disk_hit := await self._from_disk(meta)
             ):
                 return disk_hit
             case Fetch(collapse=True):
@@ -199,13 +199,16 @@ class Proxy:
             case _:
                 assert_never(action)
 
-    def _from_disk(self, meta: RequestMeta) -> web.StreamResponse | None:
+    async def _from_disk(self, meta: RequestMeta) -> web.StreamResponse | None:
         """The answer from the disk tier to a memory miss, when its record is whole and fresh
-        for ``meta`` (then it is kept in memory too); None, and the origin is asked."""
+        for ``meta`` (then it is kept in memory too); None, and the origin is asked. A large
+        record is read off the event loop."""
         assert self.disk is not None
-        if self.engine.varies(meta.key):
+        engine = self.engine
+        if engine.varies(meta.key):
             return None  # its variants are chosen on fields, which a disk record does not keep
-        hit = self.hits.from_disk(meta, self.clock())
+        entry = await self.disk.lookup_off_loop(meta.key, engine.entry_type)
+        hit = None if entry is None else engine.answers_from(meta, entry, self.clock())
         if hit is None:
             self.disk.tier.answered(False)
             return None

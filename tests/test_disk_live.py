@@ -7,6 +7,8 @@ import aiohttp
 import pytest
 from conftest import base
 
+from proxy.disk_store import READ_INLINE
+
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB"}  # fmt: skip
 
@@ -153,3 +155,22 @@ async def test_a_disk_hit_is_answered_as_parsed_with_the_handlers_answer_and_cou
         assert "detail=disk" not in headers["Cache-Status"]
     assert answers[0] == answers[1] and answers[0][2] == b"d" * 20000
     assert counts[0] == counts[1] == ({"requests": 1, "hits": 0, "misses": 1}, 1)
+
+
+async def test_a_record_too_large_to_read_on_the_loop_is_served_by_the_handler_from_a_thread(
+    origin, start_proxy, tmp_path
+):
+    body = bytes(range(256)) * ((READ_INLINE + 4096) // 256)
+    origin.set("/big", body=body)
+    large = {"disk__size": "16MiB", "disk__region_size": "4MiB", "cache__size": "4MiB",
+             "cache__max_object_size": "1MiB"}  # fmt: skip
+    first = await start_proxy(disk__path=str(tmp_path), **large)
+    for _ in range(2):
+        assert (await get(first, "/big"))[2] == body
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **large)
+    status, headers, served = await get(second, "/big")
+    assert (status, served) == (200, body) and "detail=disk" in headers["Cache-Status"]
+    stats = await admin_stats(second)
+    assert (stats["fast_hits"], stats["disk"]["hits"]) == (0, 1)  # the handler answered it
+    assert origin.hits["/big"] == 2

@@ -3,6 +3,7 @@ was written after it scanned, and never a torn or wrong body after a kill at any
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import random
@@ -14,7 +15,7 @@ import time
 from proxy.config import DiskSection
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
-from proxy.disk_store import CHECKPOINT, DiskStore
+from proxy.disk_store import CHECKPOINT, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
 
@@ -149,4 +150,22 @@ def test_the_write_budget_of_the_config_tightens_what_the_disk_takes(tmp_path):
             store.write(key, STORED, b"x" * 1000, i / 100)
             taken += 1
     assert 100 < taken < 500 and store.stats()["throttled"] == 2000 - taken
+    store.close()
+
+
+async def test_a_large_record_is_read_off_the_loop_and_a_purge_during_the_read_wins(tmp_path):
+    store = DiskStore(section(tmp_path, size=16 << 20, region_size=4 << 20))
+    large, small = "http://h/large", "http://h/small"
+    bodies = {large: b"L" * (READ_INLINE + 1), small: b"s" * 100}
+    for key, body in bodies.items():
+        assert store.wants(RequestMeta(key), STORED, len(body), True, 0.0)
+        store.write(key, STORED, body, time.time())
+    assert store.read_inline(small) and not store.read_inline(large)
+    for key, body in bodies.items():
+        entry = await store.lookup_off_loop(key, Entry)
+        assert entry is not None and entry.payload == body
+    reading = asyncio.ensure_future(store.lookup_off_loop(large, Entry))
+    await asyncio.sleep(0)  # the read is now on a worker thread
+    assert store.invalidate(large)
+    assert await reading is None  # purged while it was read: never served
     store.close()
