@@ -4,8 +4,10 @@ local run gives, progress as they come, and a clear error when no scheduler answ
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -98,3 +100,38 @@ def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, 
 
     remote = cells("remote", "--cluster", scheduler)
     assert remote == cells("local") and len(remote) == 4
+
+
+def test_ctrl_c_stops_a_cluster_sweep_and_leaves_the_cluster_with_nothing_to_do(
+    scheduler, tmp_path
+):
+    path = tmp_path / "long.oracleGeneral.bin"
+    spec = WorkloadSpec(objects=50_000, requests=1_000_000, one_hit_share=0.3)
+    write_trace(generate(spec), path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "loadgen", "simulate", "--trace", str(path),
+         "--cache-size", "0.1%,0.3%,1%,3%,10%,30%", "--admission", "always,second-hit,tinylfu",
+         "--eviction", "lru,s3fifo,sieve,wtinylfu", "--cluster", scheduler],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # As a terminal's Ctrl-C finds it: a shell starts background jobs with SIGINT
+        # ignored, and Python then never turns it into KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        first = process.stderr.readline()  # the first cell back
+        assert first.startswith("[1/72]"), first
+        process.send_signal(signal.SIGINT)
+        said = process.communicate(timeout=30)[1]
+    finally:
+        process.kill()
+    assert process.returncode == 130 and "interrupted" in said
+    with distributed.Client(scheduler, timeout=10) as client:
+        deadline = time.monotonic() + 20
+        while client.run_on_scheduler(_tasks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.run_on_scheduler(_tasks) == 0
+
+
+def _tasks(dask_scheduler=None) -> int:
+    """The tasks the scheduler still holds (run on the scheduler)."""
+    return len(dask_scheduler.tasks)
