@@ -67,8 +67,7 @@ async def fallback_share(
     port, admin = free_port(), free_port()
     proxy = (sys.executable, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
              "--admin-listen", f"127.0.0.1:{admin}", "--set", "server.access_log=false",
-             "--set", "cache.size=1MiB", "--set", "cache.max_object_size=256KiB",
-             "--set", "admission.backend=redis",
+             "--set", "cache.size=1MiB", "--set", "admission.backend=redis",
              "--set", f"admission.redis_url={redis}", "--set", "admission.expected_urls=500",
              "--set", f"admission.redis_prefix=bench:{tag}")  # fmt: skip
     timeout = aiohttp.ClientTimeout(total=30)

@@ -96,7 +96,7 @@ class CacheSection:
         "lru", values.eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
     )
     max_object_size: int = values.setting(
-        16 << 20, values.size, "largest body stored; larger is streamed"
+        16 << 20, values.size, "largest body stored; larger is streamed (default: 16MiB or size)"
     )
     store_set_cookie: bool = values.setting(
         False, values.boolean, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
@@ -327,6 +327,9 @@ def load(
         **{name: _build(cls, name, raw[name]) for name, cls in SECTIONS.items()},
         routes=tuple(_route(r, source) for r, source in routes),
     )
+    if "max_object_size" not in raw["cache"] and config.cache.max_object_size > config.cache.size:
+        # The default (16 MiB) is a ceiling for large caches, not a demand on small ones.
+        config = replace(config, cache=replace(config.cache, max_object_size=config.cache.size))
     _check_whole(config)
     return config
 
@@ -461,7 +464,8 @@ def _check_whole(config: Config) -> None:
     if config.cache.max_object_size > config.cache.size:
         raise ConfigError(
             f"[cache] max_object_size = {config.cache.max_object_size}: expected at most "
-            f"[cache] size ({config.cache.size})"
+            f"[cache] size ({config.cache.size}); lower it, or leave it out (it then defaults "
+            f"to the smaller of 16MiB and size)"
         )
     if not config.routes and not config.upstream.origin:
         raise ConfigError(

@@ -134,3 +134,9 @@ def test_an_empty_header_list_in_a_file_is_an_error(tmp_path):
     path.write_text("[server]\nforward_headers = []\n")
     with pytest.raises(ConfigError, match=r"f.toml: \[server\] forward_headers = \[\]"):
         load(path, env={}, overrides=ORIGIN)
+
+
+def test_a_small_cache_without_max_object_size_stores_objects_up_to_its_size():
+    c = load(env={}, overrides={**ORIGIN, "cache.size": "1MiB"})
+    assert c.cache.max_object_size == 1 << 20
+    assert load(env={}, overrides=ORIGIN).cache.max_object_size == 16 << 20

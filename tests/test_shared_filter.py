@@ -265,7 +265,6 @@ async def test_16_clients_of_6000_first_sightings_fall_back_for_under_5_percent(
         admission__redis_url=redis_server.url,
         admission__expected_urls=500,
         cache__size="1MiB",
-        cache__max_object_size="256KiB",
     )
     shared = proxy.proxy.shared
 
