@@ -23,8 +23,7 @@ from loadgen.cluster import cluster_sweep
 from loadgen.experiment_file import Experiment, Workload
 from loadgen.nginx import nginx_binary
 from loadgen.processes import (
-    admin_disk,
-    admin_metrics,
+    admin_stats,
     nginx_cell,
     onehit_cell,
     origin_process,
@@ -186,8 +185,9 @@ async def _live_cells(
                         ),
                     )
                     admins = running.admins
-                    stats = combine([await admin_metrics(a) for a in admins]) if admins else None
-                    disk = [await admin_disk(a) for a in admins] if live.disk_size else []
+                    every = [await admin_stats(a) for a in admins]  # one /stats each
+                    stats = combine([e["metrics"] for e in every]) if every else None
+                    disk = [e["disk"] for e in every] if live.disk_size else []
                     held = None if running.disk_cache is None else _tree_bytes(running.disk_cache)
                 cell = _live_cell(workload.name, spec.label(), label, size, client, stats, held)
                 if disk:

@@ -256,16 +256,15 @@ async def _nginx_process(
             yield url, root
 
 
+async def admin_stats(admin_url: str) -> dict[str, Any]:
+    """A onehit admin listener's ``/stats``."""
+    async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
+        return await r.json()
+
+
 async def admin_metrics(admin_url: str) -> dict[str, Any]:
     """The ``metrics`` of a onehit admin listener's ``/stats``."""
-    async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
-        return (await r.json())["metrics"]
-
-
-async def admin_disk(admin_url: str) -> dict[str, Any]:
-    """The ``disk`` section of a onehit admin listener's ``/stats``."""
-    async with aiohttp.ClientSession() as session, session.get(admin_url + "/stats") as r:
-        return (await r.json())["disk"]
+    return (await admin_stats(admin_url))["metrics"]
 
 
 @contextlib.asynccontextmanager

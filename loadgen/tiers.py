@@ -24,7 +24,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from loadgen.report import aligned
 from loadgen.simulate import SimResult, build_engine, policy_label
@@ -110,15 +110,8 @@ def simulate_tiers(
     requests = stats["requests"]
     served = stats["hit_bytes"] + disk_hit_bytes + stats["origin_bytes"]
     stats.update(
-        disk_hits=c.hits,
-        disk_misses=c.misses,
+        {f"disk_{name}": value for name, value in asdict(c).items()},
         disk_hit_bytes=disk_hit_bytes,
-        disk_admissions=c.admissions,
-        disk_rejected=c.rejected,
-        disk_throttled=c.throttled,
-        disk_bytes_written=c.bytes_written,
-        disk_bytes_not_written=c.bytes_not_written,
-        disk_evicted_objects=c.evicted_objects,
         disk_objects=len(tier),
         disk_index_bytes=tier.index.memory_bytes,
         tier_hit_ratio=(stats["hits"] + c.hits) / requests if requests else 0.0,

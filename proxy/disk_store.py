@@ -30,16 +30,17 @@ import os
 import struct
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 from proxy.config import DiskSection
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget
+from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
-from proxy.region_log import DISK_ERRORS, Location, RegionLog
+from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
 # Records longer than this are read on a worker thread by the request handler, so that a large
@@ -154,30 +155,28 @@ class DiskStore:
         whether there was one."""
         return self.tier.drop(key)
 
-    def lookup(self, key: str, entry_type: type[Entry]) -> Entry | None:
-        """The entry ``key``'s record holds, read back whole, or None (a record that is not
-        whole is dropped). The caller counts whether it answered (``DiskTier.answered``)."""
+    def lookup(self, key: str, entry_type: type[Entry], longest: float = math.inf) -> Entry | None:
+        """The entry ``key``'s record holds, read back whole on the event loop, or None: no
+        record, one longer than ``longest`` bytes (left unread), or one not whole (dropped).
+        The caller counts whether it answered (``DiskTier.answered``)."""
         slot = self.tier.find(key)
-        if slot is None:
+        if slot is None or slot.length > longest:
             return None
-        return self._entry(key, self.log.read(_location(slot), _raw(key)), entry_type)
-
-    def read_inline(self, key: str) -> bool:
-        """Whether ``key``'s record, if there is one, is short enough to read on the event
-        loop (``READ_INLINE``)."""
-        slot = self.tier.find(key)
-        return slot is None or slot.length <= READ_INLINE
+        return self._entry(key, self.log.read(slot, _raw(key)), entry_type)
 
     async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
         """``lookup``, with a record longer than ``READ_INLINE`` read on a worker thread; one
         moved, purged or evicted while it was read is a miss."""
         slot = self.tier.find(key)
-        if slot is None or slot.length <= READ_INLINE:
-            return self.lookup(key, entry_type)
-        loop = asyncio.get_running_loop()
-        found = await loop.run_in_executor(None, self.log.read_apart, _location(slot), _raw(key))
-        if self.tier.find(key) != slot:
+        if slot is None:
             return None
+        if slot.length <= READ_INLINE:
+            found = self.log.read(slot, _raw(key))
+        else:
+            loop = asyncio.get_running_loop()
+            found = await loop.run_in_executor(None, self.log.read_apart, slot, _raw(key))
+            if self.tier.find(key) != slot:
+                return None
         return self._entry(key, found, entry_type)
 
     def _entry(
@@ -205,22 +204,12 @@ class DiskStore:
         return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()
 
     def stats(self) -> dict[str, int | float | None]:
-        c = self.tier.counters
         regions = self.tier.regions
         (t0, b0, w0), (t1, b1, w1) = self._samples
         span = t1 - t0
         device = process_write_bytes()
         return {
-            "hits": c.hits,
-            "misses": c.misses,
-            "admissions": c.admissions,
-            "rejected": c.rejected,
-            "too_large": c.too_large,
-            "throttled": c.throttled,
-            "bytes_written": c.bytes_written,
-            "bytes_not_written": c.bytes_not_written,
-            "evicted_objects": c.evicted_objects,
-            "dropped": c.dropped,
+            **asdict(self.tier.counters),
             "objects": len(self.tier),
             "index_bytes": self.tier.index.memory_bytes,
             "regions": len(regions.live),
@@ -253,10 +242,6 @@ def process_write_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def _location(slot: Slot) -> Location:
-    return Location(slot.region, slot.offset, slot.length)
 
 
 def _raw(key: str) -> bytes:

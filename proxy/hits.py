@@ -39,7 +39,7 @@ from proxy.core.events import (
     fast_path_may_take,
 )
 from proxy.core.store import Entry
-from proxy.disk_store import DiskStore
+from proxy.disk_store import READ_INLINE, DiskStore
 from proxy.lane import JOIN_BELOW
 from proxy.routing import Router, fields_size, hosts
 
@@ -148,8 +148,8 @@ class HitAnswers:
         if hit is None:
             if meta is not None or self.disk is None:
                 return None
-            if not engine.plain_miss(key) or not self.disk.read_inline(key):
-                return None  # a large record is the handler's to read, off the event loop
+            if not engine.plain_miss(key):
+                return None
             meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
             hit = self.from_disk(meta, now)
             if hit is None:
@@ -190,9 +190,10 @@ class HitAnswers:
 
     def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
         """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
-        read on the event loop, or None (a damaged record is dropped); nothing counted."""
+        read on the event loop, or None (a damaged record is dropped; one over
+        ``READ_INLINE`` is left to the handler, which reads it off the loop); nothing counted."""
         assert self.disk is not None
-        entry = self.disk.lookup(meta.key, self.engine.entry_type)
+        entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
     def kept_from_disk(self, hit: Hit) -> None:

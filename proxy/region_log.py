@@ -24,9 +24,9 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from proxy.core.disk import Slot
 from proxy.core.regions import Regions
 from proxy.logs import OneLineEvery
 
@@ -40,15 +40,6 @@ _FILE = re.compile(r"region-(\d{10})\.log")
 # Region files kept open for reading; past this many the oldest opened is closed, so a large
 # disk tier stays within the process's file limit.
 READ_FDS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a record lies: its region, offset and whole length."""
-
-    region: int
-    offset: int
-    length: int
 
 
 def encode(key: bytes, meta: bytes, body: bytes) -> bytes:
@@ -86,7 +77,7 @@ class RegionLog:
     def path(self, region: int) -> Path:
         return self.directory / f"region-{region:010d}.log"
 
-    def append(self, key: bytes, meta: bytes, body: bytes) -> Location | None:
+    def append(self, key: bytes, meta: bytes, body: bytes) -> Slot | None:
         """Write one record; where it lies, or None when it cannot be written (too large for
         a region, or the device refused it)."""
         record = encode(key, meta, body)
@@ -105,9 +96,9 @@ class RegionLog:
             self._close_writing()
             self.regions.fill = self.regions.region_size  # the next record opens a new region
             return None
-        return Location(placement.region, placement.offset, len(record))
+        return Slot(placement.region, placement.offset, len(record))
 
-    def read(self, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
+    def read(self, location: Slot, key: bytes) -> tuple[bytes, bytes] | None:
         """(meta, body) of the record at ``location`` when it is whole and holds ``key``."""
         if not self.regions.holds(location.region):
             return None
@@ -119,7 +110,7 @@ class RegionLog:
             return None
         return self._record(data, location, key)
 
-    def read_apart(self, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
+    def read_apart(self, location: Slot, key: bytes) -> tuple[bytes, bytes] | None:
         """``read`` on a worker thread: through a descriptor of its own, so a region the loop
         evicts meanwhile neither closes it under the read nor hands its number to another
         file (a removed file stays readable through it, and its records are whole)."""
@@ -136,7 +127,7 @@ class RegionLog:
             return None
         return self._record(data, location, key)
 
-    def _record(self, data: bytes, location: Location, key: bytes) -> tuple[bytes, bytes] | None:
+    def _record(self, data: bytes, location: Slot, key: bytes) -> tuple[bytes, bytes] | None:
         found = decode(data)
         if found is None or found[0] != key:
             DISK_ERRORS.warning(
@@ -146,7 +137,7 @@ class RegionLog:
             return None
         return found[1], found[2]
 
-    def scan(self, region: int, start: int = 0) -> Iterator[tuple[bytes, Location]]:
+    def scan(self, region: int, start: int = 0) -> Iterator[tuple[bytes, Slot]]:
         """Every whole record of ``region``'s file from ``start``, in order, up to the first
         that is not."""
         try:
@@ -162,7 +153,7 @@ class RegionLog:
             found = decode(memoryview(data)[offset : offset + length]) if length else None
             if found is None:
                 return
-            yield found[0], Location(region, start + offset, length)
+            yield found[0], Slot(region, start + offset, length)
             offset += length
 
     def regions_found(self) -> list[int]:
@@ -175,13 +166,13 @@ class RegionLog:
             self._remove(region)
         return found[-self.regions.regions :]
 
-    def recover(self, after: tuple[int, int] | None = None) -> list[tuple[bytes, Location]]:
+    def recover(self, after: tuple[int, int] | None = None) -> list[tuple[bytes, Slot]]:
         """The records of the region files found, oldest region first, or only those from
         ``after`` (region, offset: what a checkpoint does not hold) on; each region scanned is
         cut back to its last whole record, and the ring takes up where the last one ends."""
         return list(self._recovered(after))
 
-    def _recovered(self, after: tuple[int, int] | None) -> Iterator[tuple[bytes, Location]]:
+    def _recovered(self, after: tuple[int, int] | None) -> Iterator[tuple[bytes, Slot]]:
         found = self.regions_found()
         fill = 0
         for region in found:

@@ -242,6 +242,7 @@ class SharedSecondHit:
         self._overdue_in_row = 0
         self._retry_at = 0.0
         self._round_trips: deque[float] = deque(maxlen=ROUND_TRIPS_KEPT)
+        self._measured_count = 0  # round trips taken in, all told
         self._filling: _Batch | None = None
         self._sending: set[asyncio.Task[None]] = set()
 
@@ -338,13 +339,13 @@ class SharedSecondHit:
                 answer.set_result(value)
 
     def _measured(self, round_trip: float) -> None:
-        """Take in one round trip; every ``BUDGET_EVERY`` of them the budget follows their
-        recent p99."""
-        trips = self._round_trips
-        trips.append(round_trip)
-        if len(trips) % BUDGET_EVERY == 0 or len(trips) < BUDGET_EVERY:
-            ordered = sorted(trips)
-            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        """Take in one round trip; at the first ``BUDGET_EVERY`` of them, and every
+        ``BUDGET_EVERY`` after, the budget follows their recent p99."""
+        self._round_trips.append(round_trip)
+        self._measured_count += 1
+        if self._measured_count <= BUDGET_EVERY or self._measured_count % BUDGET_EVERY == 0:
+            p99 = self.round_trip_p99()
+            assert p99 is not None
             self.budget = min(self.max_budget, max(self.min_budget, LATENCY_FACTOR * p99))
 
     def round_trip_p99(self) -> float | None:

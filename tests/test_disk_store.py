@@ -160,7 +160,7 @@ async def test_a_large_record_is_read_off_the_loop_and_a_purge_during_the_read_w
     for key, body in bodies.items():
         assert store.wants(RequestMeta(key), STORED, len(body), True, 0.0)
         store.write(key, STORED, body, time.time())
-    assert store.read_inline(small) and not store.read_inline(large)
+    assert store.lookup(small, Entry, READ_INLINE) and not store.lookup(large, Entry, READ_INLINE)
     for key, body in bodies.items():
         entry = await store.lookup_off_loop(key, Entry)
         assert entry is not None and entry.payload == body

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from proxy.core.disk import RECORD_HEADER
+from proxy.core.disk import RECORD_HEADER, Slot
 from proxy.core.regions import Regions
 from proxy.logs import OneLineEvery
-from proxy.region_log import DISK_ERRORS, HEADER, Location, RegionLog, decode, encode
+from proxy.region_log import DISK_ERRORS, HEADER, RegionLog, decode, encode
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +88,7 @@ def test_a_record_is_never_read_for_another_key_or_when_damaged_on_disk(tmp_path
     with caplog.at_level(logging.WARNING, logger="onehit.disk"):
         assert log.read(location, b"http://a/x") is None
     assert "not a whole record" in caplog.text
-    wrong_place = Location(location.region, location.offset + 1, location.length)
+    wrong_place = Slot(location.region, location.offset + 1, location.length)
     assert log.read(wrong_place, b"http://a/x") is None
     log.close()
 

@@ -167,11 +167,7 @@ class CacheEngine(ResponseDecisions):
         if request.method not in CACHEABLE_METHODS:
             return None
         entry = self.store.peek(self.variants.key(request))
-        if entry is None or self._private(request, entry):
-            return None
-        age = entry.age(now)
-        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
-        return Hit(entry, age) if _fresh(entry, age, req) else None
+        return None if entry is None else self.answers_from(request, entry, now)
 
     def fresh_plain(self, key: str, now: float) -> Hit | None:
         """``fresh`` for a GET or HEAD of ``key`` whose fields the driver has checked hold
@@ -197,8 +193,8 @@ class CacheEngine(ResponseDecisions):
         )
 
     def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
-        """Whether ``entry``, found in a tier behind the store (the disk), answers ``request``
-        fresh, by the rules ``fresh`` applies to a stored one; nothing is counted."""
+        """Whether ``entry`` (stored, or found in a tier behind the store: the disk) answers
+        ``request`` fresh; nothing is counted."""
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
         age = entry.age(now)
