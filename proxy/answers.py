@@ -17,7 +17,14 @@ from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
-from proxy.core.cached import MARKS, NOT_MODIFIED_DROPS, CachedHead, cached_head, per_answer
+from proxy.core.cached import (
+    MARKS,
+    NOT_MODIFIED_DROPS,
+    CachedHead,
+    cached_head,
+    per_answer,
+    render,
+)
 from proxy.core.events import Answer
 from proxy.lane import LaneRequest, Written
 from proxy.pool import Fields, Interim
@@ -28,6 +35,20 @@ CACHE = "onehit"
 VIA = "1.1 onehit"
 # The origin's length field, left out where the proxy frames the body it writes itself.
 LENGTH = frozenset({"content-length"})
+# Stored statuses whose hits are not their fields and body as stored: no body (204, 304), or
+# a part whose range the handler writes (206).
+NOT_PLAIN = frozenset({204, 206, 304})
+
+
+def hit_head(status: int, headers: rfc9110.Headers, size: int) -> tuple[bytes | None, bool]:
+    """What every plain hit on a stored ``status`` response with ``headers`` and a body of
+    ``size`` bytes writes the same: its head without the per-answer fields (``cached_head``,
+    rendered), and whether it holds a Date; None for a status whose hits the handler
+    answers."""
+    if status in NOT_PLAIN or status < 200:
+        return None, False
+    head = cached_head(status, headers, status, 0, size - 1, size, x_cache="HIT", via=VIA)
+    return render(head), head.dated
 
 
 def mark(response: web.StreamResponse, cache_status: str, x_cache: str) -> None:

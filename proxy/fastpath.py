@@ -70,7 +70,6 @@ class HitServer(ProxyServer):
         start: StartLane | None = None,
         answer_bytes: AnswerBytes | None = None,
         *,
-        tier_behind: bool = False,
         keepalive_timeout: float = 3630,
         max_line_size: int = 8190,
         max_field_size: int = 8190,
@@ -88,9 +87,6 @@ class HitServer(ProxyServer):
         self.answers = tuple(answers)
         self.start: StartLane = start if start is not None else handler
         self.answer_bytes = answer_bytes
-        # A tier behind the store (the disk) may answer what ``answer_bytes`` finds nothing
-        # stored for: then every plain request is offered to ``answers``.
-        self.tier_behind = tier_behind
         self.keepalive_timeout = keepalive_timeout
         self.limits = (max_line_size, max_field_size, max_headers)
         # The head a front waits for: past this without its end, the parser judges it.
@@ -250,14 +246,12 @@ class Front(SendWatch, BaseProtocol):
             self._hand_over(data[start:])
             return -1
         answered = None
-        # False: nothing stored in memory for its URL, which ends the search unless a tier
-        # behind the store (the disk) may hold it.
-        behind = self._server.tier_behind
-        if found is None or found[1] is not False or behind:
+        # False: nothing stored for its URL, in memory or on disk, which ends the search.
+        if found is None or found[1] is not False:
             try:
                 for answer in self._answers:
                     answered = answer(message, self._remote, self._scheme)
-                    if answered is not None and (answered is not False or not behind):
+                    if answered is not None:
                         break
             except Exception:
                 HTTP_ERRORS.exception(

@@ -9,9 +9,13 @@ common case, which give the same bytes and counts as the request handler.
   (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
   ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
   the origin sent none, ``Date``.
-* The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit as
-  ``CacheEngine.fresh_plain`` and ``served`` do, and writes the bytes ``answer`` would; what it
-  declines ``answer`` decides.
+* A URL memory holds nothing for is answered from its disk record when it has one, whole,
+  fresh and short enough to read on the event loop (``from_disk``), with the head rendered
+  when the record was written; counted as the handler counts it (a miss in memory, a hit on
+  disk), and kept in memory too.
+* The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit, in
+  memory as ``CacheEngine.fresh_plain`` and ``served`` do and on disk as ``answer`` does, and
+  writes the bytes ``answer`` would; what it declines ``answer`` decides.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http_parser import RawRequestMessage
 
 from proxy._hits import PlainHits
-from proxy.answers import CACHE, VIA, span
+from proxy.answers import CACHE, VIA, hit_head, span
 from proxy.core._native import hash64
 from proxy.core.cached import cached_head, render
 from proxy.core.engine import CacheEngine
@@ -39,13 +43,11 @@ from proxy.core.events import (
     fast_path_may_take,
 )
 from proxy.core.store import Entry
-from proxy.disk_store import READ_INLINE, DiskStore
+from proxy.disk_store import READ_INLINE, RENDER_STAMP, DiskStore, record_entry
 from proxy.lane import JOIN_BELOW
+from proxy.region_log import checksum
 from proxy.routing import Router, fields_size, hosts
 
-# Stored statuses whose answer is not their fields and body as stored: no body (204, 304), or
-# a part whose range the handler writes (206).
-_NOT_PLAIN = frozenset({204, 206, 304})
 # The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
 _HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
@@ -99,6 +101,12 @@ class HitAnswers:
             max_headers=router.max_headers,
             join_below=JOIN_BELOW,
         )
+        if disk is not None:
+            self.plain_hits.attach_disk(
+                index=disk.tier.index, fds=disk.log.read_fds, uncacheable=state.uncacheable,
+                checksum=checksum, kept=self._kept_record, stamp=RENDER_STAMP,
+                read_inline=READ_INLINE,
+            )  # fmt: skip
 
     @property
     def fast_hits(self) -> int:
@@ -165,8 +173,8 @@ class HitAnswers:
         if head is None:
             return None
         if on_disk:
-            engine.plan(meta, now)  # counted as the handler counts it: a miss in memory
-            self.kept_from_disk(hit)
+            engine.missed_plain()  # counted as the handler counts it: a miss in memory
+            self.kept_from_disk(hit.entry)
         else:
             engine.served(key, hit, now)
         self.answered += 1
@@ -196,25 +204,27 @@ class HitAnswers:
         entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
-    def kept_from_disk(self, hit: Hit) -> None:
-        """Count ``hit``, which the disk answered, among the disk's hits, and keep it in
-        memory too."""
+    def kept_from_disk(self, entry: Entry) -> None:
+        """Count a hit on ``entry``, which the disk answered, among the disk's hits, and keep
+        it in memory too."""
         assert self.disk is not None
         self.disk.tier.answered(True)
-        self.engine.promote(hit.entry)
+        self.engine.promote(entry)
+
+    def _kept_record(self, key: str, meta: bytes, body: bytes) -> None:
+        """Count a plain hit the compiled answerer read from ``key``'s disk record as
+        ``answer`` counts one it read itself."""
+        self.engine.missed_plain()
+        self.kept_from_disk(record_entry(key, meta, body, self.engine.entry_type))
 
 
 def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:
-    """What every hit on ``entry`` writes the same (``ServedEntry.rendered``): the head of its
-    answer without the per-answer fields (``cached_head``), None for a status ``answer``
-    leaves to the handler."""
+    """What every hit on ``entry`` writes the same (``ServedEntry.rendered``): ``hit_head``,
+    and the fields it was rendered from."""
     headers = entry.headers
-    if entry.status in _NOT_PLAIN or entry.status < 200 or not isinstance(entry.payload, bytes):
+    if not isinstance(entry.payload, bytes):
         return None, False, headers
-    size = len(entry.payload)
-    head = cached_head(entry.status, headers, entry.status, 0, size - 1, size,
-                       x_cache="HIT", via=VIA)  # fmt: skip
-    return render(head), head.dated, headers
+    return (*hit_head(entry.status, headers, len(entry.payload)), headers)
 
 
 def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes | memoryview]:

@@ -212,7 +212,7 @@ class Proxy:
         if hit is None:
             self.disk.tier.answered(False)
             return None
-        self.hits.kept_from_disk(hit)
+        self.hits.kept_from_disk(hit.entry)
         status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 

@@ -136,9 +136,8 @@ class Service:
         if config.server.fast_hits:
             answers = (proxy.plain_hits.answer, proxy.answer_hit)
             server = HitServer(
-                proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes,
-                tier_behind=disk is not None, **server_kwargs,
-            )  # fmt: skip
+                proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
+            )
         else:
             server = ProxyServer(proxy.handle, **server_kwargs)
         proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)

@@ -7,6 +7,7 @@ import aiohttp
 import pytest
 from conftest import base
 
+from proxy import disk_store
 from proxy.disk_store import READ_INLINE
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
@@ -155,6 +156,62 @@ async def test_a_disk_hit_is_answered_as_parsed_with_the_handlers_answer_and_cou
         assert "detail=disk" not in headers["Cache-Status"]
     assert answers[0] == answers[1] and answers[0][2] == b"d" * 20000
     assert counts[0] == counts[1] == ({"requests": 1, "hits": 0, "misses": 1}, 1)
+
+
+async def test_a_disk_hit_is_the_same_answer_compiled_in_python_and_from_the_handler(
+    origin, start_proxy, tmp_path, monkeypatch
+):
+    """The compiled reader answers a record this proxy wrote; one whose stored head another
+    rendering wrote (its stamp differs) is answered by ``HitAnswers.answer`` from its fields,
+    rendered again; with fast hits off, the handler answers. Same bytes, same counts. (The
+    first read of a region after a start is ``answer``'s: it opens the region's file.)"""
+    origin.set("/d", body=b"q" * 3000, headers={"Cache-Control": "max-age=600", "ETag": '"v"'})
+    origin.set("/opens", body=b"o" * 100, headers={"Cache-Control": "max-age=600"})
+    answers, counts = [], []
+    for way in ("compiled", "python", "handler"):
+        path = tmp_path / way
+        if way == "python":
+            monkeypatch.setattr(disk_store, "RENDER_STAMP", disk_store.RENDER_STAMP ^ 1)
+        first = await start_proxy(disk__path=str(path), **DISK)
+        for _ in range(2):
+            assert (await get(first, "/opens"))[0] == (await get(first, "/d"))[0] == 200
+        await first.stop()
+        monkeypatch.undo()
+        second = await start_proxy(disk__path=str(path), server__fast_hits=way != "handler",
+                                   **DISK)  # fmt: skip
+        assert (await get(second, "/opens"))[0] == 200
+        status, headers, body = await get(second, "/d")
+        per_answer = ("Date", "Age", "X-Origin-Count")
+        answers.append((status, {k: v for k, v in headers.items() if k not in per_answer}, body))
+        hits = second.proxy.hits
+        assert (hits.plain_hits.answered, hits.answered) == {
+            "compiled": (1, 1), "python": (0, 2), "handler": (0, 0)}[way]  # fmt: skip
+        stats = await admin_stats(second)
+        metrics = stats["metrics"]
+        counts.append(({k: metrics[k] for k in ("requests", "hits", "misses")},
+                       stats["disk"]["hits"], metrics["entries"]))  # fmt: skip
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][1]["Cache-Status"] == "onehit; hit; ttl=599; detail=disk"
+    assert counts[0] == counts[1] == counts[2] == ({"requests": 2, "hits": 0, "misses": 2}, 2, 2)
+
+
+async def test_a_damaged_record_is_never_answered_by_the_compiled_reader(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/d", body=b"z" * 3000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):
+        assert (await get(first, "/d"))[0] == 200
+    await first.stop()
+    region = next(tmp_path.glob("region-*.log"))
+    data = bytearray(region.read_bytes())
+    data[-10] ^= 0xFF  # a byte of the body, after the record's checksum was written
+    region.write_bytes(bytes(data))
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    status, headers, body = await get(second, "/d")
+    assert (status, body) == (200, b"z" * 3000) and "detail=disk" not in headers["Cache-Status"]
+    assert origin.hits["/d"] == 3
+    assert (await admin_stats(second))["disk"]["objects"] == 0  # dropped from the index
 
 
 async def test_a_record_too_large_to_read_on_the_loop_is_served_by_the_handler_from_a_thread(

@@ -192,6 +192,12 @@ class CacheEngine(ResponseDecisions):
             and key not in self._uncacheable
         )
 
+    def missed_plain(self) -> None:
+        """Count a request for which ``plain_miss`` held, answered by a tier behind the store,
+        as ``plan`` counts it: a request, and a miss."""
+        self.counters.requests += 1
+        self.counters.misses += 1
+
     def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
         """Whether ``entry`` (stored, or found in a tier behind the store: the disk) answers
         ``request`` fresh; nothing is counted."""
@@ -221,7 +227,8 @@ class CacheEngine(ResponseDecisions):
         the engine's life."""
         observe = self.admission.observe if self.admission.observes else None
         store = self.store
-        return HitState(store.by_hash, self.variants.urls, store.index, self.counters, observe)
+        return HitState(store.by_hash, self.variants.urls, store.index, self.counters, observe,
+                        self._uncacheable)  # fmt: skip
 
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``

@@ -14,7 +14,7 @@ immutable events, as h11 models a protocol's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -75,6 +75,7 @@ class HitState(NamedTuple):
     index: StoreIndex  # the store's eviction order and hit counts
     counters: Counters
     observe: Callable[[str, int, float], None] | None  # the admission's, when it observes
+    uncacheable: Mapping[str, Any]  # URLs remembered uncacheable (``plain_miss`` holds not)
 
 
 @dataclass(frozen=True, slots=True)

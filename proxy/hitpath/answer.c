@@ -3,8 +3,8 @@
 
 /* The stored entry for key when it answers a plain request fresh at now (a new reference;
  * *hash is its key hash, a new reference, *age and *lifetime its own), or NULL: declined
- * (*absent is 1 when nothing is stored under the key's hash), or an error with an exception
- * set. */
+ * (*absent is 1 when nothing is stored under the key's hash, and *hash is kept), or an error
+ * with an exception set. */
 static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double *age,
                              double *lifetime, PyObject **hash, int *absent) {
     if (PyDict_GET_SIZE(self->vary)) {
@@ -53,7 +53,8 @@ static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double 
     return entry;
 decline:
     Py_XDECREF(entry);
-    Py_CLEAR(*hash);
+    if (!*absent)
+        Py_CLEAR(*hash);
     return NULL;
 }
 
@@ -115,16 +116,15 @@ static Py_ssize_t decimal(char *out, long long n) {
     return at;
 }
 
-/* The answer's bytes: head, the per-hit fields, the blank line, and the body when it is
- * joined. */
-static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int head,
-                        long long ttl, long long age, PyObject *status) {
-    PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
-    int dated = PyObject_IsTrue(PyTuple_GET_ITEM(rendered, 1));
-    if (dated < 0)
-        return NULL;
-    char numbers[64];
-    Py_ssize_t nlen = decimal(numbers, ttl);
+/* The answer's bytes: the fixed head, the per-hit fields (detail: what follows the ttl in
+ * Cache-Status), the blank line, and the body when it is joined. */
+PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
+                 const char *detail, PyObject *body, int head, long long ttl, long long age,
+                 PyObject *status) {
+    char numbers[96];
+    Py_ssize_t nlen = decimal(numbers, ttl), detail_len = (Py_ssize_t)strlen(detail);
+    memcpy(numbers + nlen, detail, detail_len);
+    nlen += detail_len;
     memcpy(numbers + nlen, "\r\nAge: ", 7);
     nlen += 7;
     nlen += decimal(numbers + nlen, age);
@@ -147,7 +147,7 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
     }
     Py_ssize_t body_len = head ? 0 : PyBytes_GET_SIZE(body);
     int join = !head && body_len < self->join_below;
-    const char *parts[] = {PyBytes_AS_STRING(fixed),
+    const char *parts[] = {fixed,
                            PyBytes_AS_STRING(self->per_hit),
                            numbers,
                            dated ? "" : "Date: ",
@@ -155,7 +155,7 @@ static PyObject *render(PlainHits *self, PyObject *rendered, PyObject *body, int
                            dated ? "" : "\r\n",
                            "\r\n",
                            join ? PyBytes_AS_STRING(body) : ""};
-    Py_ssize_t lens[] = {PyBytes_GET_SIZE(fixed),
+    Py_ssize_t lens[] = {fixed_len,
                          PyBytes_GET_SIZE(self->per_hit),
                          nlen,
                          dated ? 0 : 6,
@@ -208,8 +208,11 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
     int absent = 0;
     entry = fresh_entry(self, key, now, &age, &lifetime, &hash, &absent);
     if (entry == NULL) {
-        /* Nothing stored: answer_hit, which finds entries the same way, would decline too. */
-        if (absent)
+        /* Nothing stored: answer_hit, which finds entries the same way, would decline too,
+         * unless the disk holds the URL. */
+        if (absent && self->disk_index != NULL)
+            result = disk_answer(self, key, hash, now, head);
+        else if (absent)
             result = Py_NewRef(Py_False);
         goto done;
     }
@@ -224,10 +227,12 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
         !PyBytes_Check(PyTuple_GET_ITEM(rendered, 0)) ||
         PyTuple_GET_ITEM(rendered, 2) != headers || !PyBytes_Check(body))
         goto done;
-    if (count_hit(self, key, entry, hash, now_obj) < 0)
+    int dated = PyObject_IsTrue(PyTuple_GET_ITEM(rendered, 1));
+    if (dated < 0 || count_hit(self, key, entry, hash, now_obj) < 0)
         goto done;
-    result = render(self, rendered, body, head, (long long)(lifetime - age), (long long)age,
-                    status);
+    PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
+    result = render(self, PyBytes_AS_STRING(fixed), PyBytes_GET_SIZE(fixed), dated, "", body,
+                    head, (long long)(lifetime - age), (long long)age, status);
 done:
     Py_XDECREF(key);
     Py_XDECREF(hash);

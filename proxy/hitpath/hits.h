@@ -26,6 +26,14 @@ typedef struct {
     Py_ssize_t max_headers;
     Py_ssize_t join_below;
     unsigned long long answered;
+    /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
+    PyObject *disk_index;  /* DiskIndex: hash64(key)[0] -> (region, offset, length) */
+    PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
+    PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
+    PyObject *checksum;    /* region_log.checksum */
+    PyObject *disk_kept;   /* kept(key, meta, body): counts a disk hit, keeps it in memory */
+    unsigned long stamp;   /* the render stamp a stored head must carry */
+    Py_ssize_t read_inline;
 } PlainHits;
 
 /* An attribute, read and written straight in its slot when the object's type keeps it in one
@@ -114,5 +122,11 @@ int plain_request(PlainHits *self, PyObject *msg, int *head, PyObject **path);
 
 /* answer.c */
 PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head);
+PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
+                 const char *detail, PyObject *body, int head, long long ttl, long long age,
+                 PyObject *status);
+
+/* disk.c */
+PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head);
 
 #endif

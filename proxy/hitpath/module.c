@@ -7,8 +7,12 @@
  *   bytes (but for the clock), the same counters moved in the same way. Anything else it
  *   declines, and the proxy's own rules decide: it never refuses and never sends a request
  *   to aiohttp's handler itself. It declines with False a plain request whose URL has
- *   nothing stored, which answer_hit would decline too (so the caller need not ask it), and
- *   with None anything else.
+ *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, which
+ *   answer_hit would decline too (so the caller need not ask it), and with None anything
+ *   else.
+ * - With a disk tier, a plain request whose URL memory holds nothing for is answered from
+ *   its disk record when disk.c may (a whole, fresh record with the head this proxy
+ *   renders), and counted and kept in memory by the proxy's own `kept`.
  * - Plain: GET or HEAD, HTTP/1.1 keep-alive, no body or upgrade, an origin-form target within
  *   the URL limit, header fields within their limit and none of the `declined` names (the
  *   fields the HTTP rules read: validators, Range, Cache-Control, Cookie...), a Host the proxy
@@ -43,6 +47,11 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->hosts);
     Py_VISIT(self->declined);
     Py_VISIT(self->per_hit);
+    Py_VISIT(self->disk_index);
+    Py_VISIT(self->disk_fds);
+    Py_VISIT(self->uncacheable);
+    Py_VISIT(self->checksum);
+    Py_VISIT(self->disk_kept);
     return 0;
 }
 
@@ -58,6 +67,11 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->hosts);
     Py_CLEAR(self->declined);
     Py_CLEAR(self->per_hit);
+    Py_CLEAR(self->disk_index);
+    Py_CLEAR(self->disk_fds);
+    Py_CLEAR(self->uncacheable);
+    Py_CLEAR(self->checksum);
+    Py_CLEAR(self->disk_kept);
     return 0;
 }
 
@@ -106,6 +120,25 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
     self->max_headers = max_headers;
     self->join_below = join_below;
     return 0;
+}
+
+static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"index", "fds", "uncacheable", "checksum", "kept", "stamp",
+                            "read_inline", NULL};
+    PyObject *index, *fds, *uncacheable, *checksum, *kept;
+    unsigned long stamp;
+    Py_ssize_t read_inline;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!OOOkn", names, &index, &PyDict_Type, &fds,
+                                     &uncacheable, &checksum, &kept, &stamp, &read_inline))
+        return NULL;
+    Py_XSETREF(self->disk_index, Py_NewRef(index));
+    Py_XSETREF(self->disk_fds, Py_NewRef(fds));
+    Py_XSETREF(self->uncacheable, Py_NewRef(uncacheable));
+    Py_XSETREF(self->checksum, Py_NewRef(checksum));
+    Py_XSETREF(self->disk_kept, Py_NewRef(kept));
+    self->stamp = stamp;
+    self->read_inline = read_inline;
+    Py_RETURN_NONE;
 }
 
 static PyObject *PlainHits_answer(PlainHits *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -176,6 +209,10 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 }
 
 static PyMethodDef PlainHits_methods[] = {
+    {"attach_disk", (PyCFunction)(void (*)(void))PlainHits_attach_disk,
+     METH_VARARGS | METH_KEYWORDS,
+     "attach_disk(*, index, fds, uncacheable, checksum, kept, stamp, read_inline): answer plain\n"
+     "hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
      "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"

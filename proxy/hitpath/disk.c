@@ -1,0 +1,177 @@
+/* A plain fresh hit read from the disk tier's region files, as HitAnswers.answer reads one
+ * for a URL the memory store holds nothing for.
+ *
+ * Rules this file keeps:
+ *
+ * - A record is served only when it is whole: its magic, its length (the index's), its checksum
+ *   (region_log.checksum, over everything after it) and its key all hold. Anything else is declined, and
+ *   the Python reader, which drops a damaged record and logs it, reads it again: one place
+ *   judges a damaged record.
+ * - It reads through the descriptors RegionLog keeps open (read_fds) and declines a region
+ *   with none, or whose file was removed by hand (no link left), or a record longer than
+ *   read_inline (the handler reads those off the event loop).
+ * - It answers only what the stored head may answer as it was rendered: the record's meta
+ *   carries the render stamp of this proxy, the PLAIN flag (no `no-cache` to revalidate), and
+ *   a fresh age, computed as Entry.age computes it; else it declines.
+ * - Counting and keeping the hit in memory are the proxy's (disk_kept), as for the hits
+ *   HitAnswers.answer reads itself.
+ */
+#include "hits.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The layout RegionLog and DiskStore write (region_log.HEADER, disk_store.META). */
+#define MAGIC "OHR2"
+#define HEADER_SIZE 18 /* magic, length, checksum, key length (u16), meta length (u32) */
+#define META_SIZE 35   /* status u16, stored_at, lifetime, initial_age f64, flags u8,
+                          stamp u32, head length u32 */
+#define FLAG_DATED 1
+#define FLAG_PLAIN 2
+
+static uint32_t u32_at(const char *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static uint16_t u16_at(const char *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static double f64_at(const char *p) {
+    double v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The record's checksum holds over buf[12:n]; -1 with an exception set on error. */
+static int checksum_holds(PlainHits *self, const char *buf, Py_ssize_t n) {
+    PyObject *view = PyMemoryView_FromMemory((char *)buf + 12, n - 12, PyBUF_READ);
+    if (view == NULL)
+        return -1;
+    PyObject *sum = PyObject_CallOneArg(self->checksum, view);
+    Py_DECREF(view);
+    if (sum == NULL)
+        return -1;
+    unsigned long value = PyLong_AsUnsignedLong(sum);
+    Py_DECREF(sum);
+    if (value == (unsigned long)-1 && PyErr_Occurred())
+        return -1;
+    return value == u32_at(buf + 8);
+}
+
+/* Where the index places key's record: *region (a new reference), *offset, *length; 0 when
+ * it holds none, -1 with an exception set on error. */
+static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long long *offset,
+                       long long *length) {
+    static PyObject *s_get;
+    if (s_get == NULL && (s_get = PyUnicode_InternFromString("get")) == NULL)
+        return -1;
+    PyObject *found = PyObject_CallMethodOneArg(self->disk_index, s_get, hash);
+    if (found == NULL)
+        return -1;
+    if (found == Py_None) {
+        Py_DECREF(found);
+        return 0;
+    }
+    if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 3) {
+        Py_DECREF(found);
+        PyErr_SetString(PyExc_TypeError, "DiskIndex.get returns (region, offset, length)");
+        return -1;
+    }
+    *offset = PyLong_AsLongLong(PyTuple_GET_ITEM(found, 1));
+    *length = PyLong_AsLongLong(PyTuple_GET_ITEM(found, 2));
+    *region = Py_NewRef(PyTuple_GET_ITEM(found, 0));
+    Py_DECREF(found);
+    if (PyErr_Occurred()) {
+        Py_CLEAR(*region);
+        return -1;
+    }
+    return 1;
+}
+
+/* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
+ * nothing under: the answer tuple, Py_False when neither the disk holds a record for it nor
+ * may answer it (the handler fetches it, as answer_hit would have it), NULL without an
+ * exception to decline (answer_hit decides), or NULL with one on error. */
+PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
+    PyObject *region = NULL, *record = NULL, *meta = NULL, *body = NULL, *status = NULL,
+             *result = NULL;
+    int uncacheable = PySequence_Contains(self->uncacheable, key);
+    if (uncacheable != 0)
+        return uncacheable < 0 ? NULL : Py_NewRef(Py_False);
+    long long offset, length;
+    int found = find_record(self, hash, &region, &offset, &length);
+    if (found <= 0)
+        return found < 0 ? NULL : Py_NewRef(Py_False);
+    if (length < HEADER_SIZE + META_SIZE || length > self->read_inline)
+        goto done;
+    PyObject *fd_obj = PyDict_GetItemWithError(self->disk_fds, region);
+    if (fd_obj == NULL)
+        goto done;
+    long fd = PyLong_AsLong(fd_obj);
+    struct stat st;
+    if ((fd == -1 && PyErr_Occurred()) || fstat((int)fd, &st) != 0 || st.st_nlink == 0)
+        goto done;
+    Py_ssize_t key_len;
+    const char *key_text = PyUnicode_AsUTF8AndSize(key, &key_len);
+    if (key_text == NULL) {
+        PyErr_Clear(); /* a key only surrogateescape encodes: the Python reader's */
+        goto done;
+    }
+    record = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (record == NULL)
+        goto done;
+    char *buf = PyBytes_AS_STRING(record);
+    ssize_t got;
+    Py_BEGIN_ALLOW_THREADS
+    do
+        got = pread((int)fd, buf, (size_t)length, (off_t)offset);
+    while (got < 0 && errno == EINTR);
+    Py_END_ALLOW_THREADS
+    if (got != (ssize_t)length || memcmp(buf, MAGIC, 4) != 0 || u32_at(buf + 4) != length)
+        goto done;
+    Py_ssize_t stored_key_len = u16_at(buf + 12), meta_len = u32_at(buf + 14);
+    Py_ssize_t body_at = HEADER_SIZE + stored_key_len + meta_len;
+    if (stored_key_len != key_len || meta_len < META_SIZE || body_at > length ||
+        memcmp(buf + HEADER_SIZE, key_text, key_len) != 0)
+        goto done;
+    int whole = checksum_holds(self, buf, (Py_ssize_t)length);
+    if (whole <= 0)
+        goto done;
+    const char *m = buf + HEADER_SIZE + key_len;
+    double stored_at = f64_at(m + 2), lifetime = f64_at(m + 10), initial_age = f64_at(m + 18);
+    unsigned flags = (unsigned char)m[26];
+    Py_ssize_t head_len = u32_at(m + 31);
+    if (u32_at(m + 27) != self->stamp || !(flags & FLAG_PLAIN) || head_len == 0 ||
+        META_SIZE + head_len > meta_len)
+        goto done;
+    double resident = now - stored_at, age = initial_age + (resident > 0.0 ? resident : 0.0);
+    if (!(age < lifetime) || !isfinite(lifetime - age))
+        goto done;
+    meta = PyBytes_FromStringAndSize(m, meta_len);
+    body = meta ? PyBytes_FromStringAndSize(buf + body_at, length - body_at) : NULL;
+    status = body ? PyLong_FromLong(u16_at(m)) : NULL;
+    if (status == NULL)
+        goto done;
+    PyObject *args[] = {key, meta, body};
+    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 3, NULL);
+    if (kept == NULL)
+        goto done;
+    Py_DECREF(kept);
+    self->answered++;
+    result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
+                    head, (long long)(lifetime - age), (long long)age, status);
+done:
+    Py_XDECREF(region);
+    Py_XDECREF(record);
+    Py_XDECREF(meta);
+    Py_XDECREF(body);
+    Py_XDECREF(status);
+    return result;
+}
