@@ -3,8 +3,8 @@ memory tier, keeping what it took across restarts.
 
 * A response reaches the disk only when the tier's own admission says so at its head
   (``wants``), and only once its body ended whole (``write``): a record of its key, its body
-  and its meta (status, store time, lifetime, age on arrival, the head its plain hits write,
-  rendered once here, and its fields) appended at the end of the open region.
+  and its meta (``proxy.record_meta``: times, the head its plain hits write, fields,
+  directives) appended at the end of the open region.
 * On a memory miss, ``lookup`` reads the key's record back, verified (a torn, damaged or
   misplaced record is a miss, dropped from the index, never a wrong body), as an entry the
   engine judges by its own freshness rules.
@@ -18,15 +18,12 @@ memory tier, keeping what it took across restarts.
 * Writes are counted as the store appends them (``bytes_written``) and as the kernel counts
   the process's writes to storage (``write_bytes`` of ``/proc/self/io``, where it exists),
   in total and per second over the last checkpoint interval.
-* A stored head carries a stamp of how this proxy renders hits (``RENDER_STAMP``): a record
-  written by one that rendered them otherwise is answered from its fields, rendered again.
 * Responses that vary (``Vary``) are not taken yet: a disk record is found by its URL alone.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import struct
@@ -34,16 +31,14 @@ import time
 import zlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
-from proxy.answers import hit_head
 from proxy.config import DiskSection
-from proxy.core import rfc9111
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
+from proxy.record_meta import decode_meta, encode_meta, record_entry
 from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
@@ -54,63 +49,6 @@ READ_INLINE = 256 << 10
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
-# A record's meta: status, stored at, lifetime (inf: never expires), age on arrival, flags,
-# the render stamp and the stored head's length; then the head, then the fields as JSON.
-META = struct.Struct("<HdddBII")
-DATED = 1  # the stored head holds a Date
-PLAIN = 2  # plain hits may be answered with the stored head: no ``no-cache`` to revalidate
-
-
-class RecordMeta(NamedTuple):
-    """A record's meta, decoded; ``head`` is None when hits are answered from ``headers``."""
-
-    status: int
-    stored_at: float
-    lifetime: float
-    initial_age: float
-    head: bytes | None
-    dated: bool
-    headers: tuple[tuple[str, str], ...]
-
-
-def _render_stamp() -> int:
-    """A fingerprint of how hits are rendered today (two sample heads, with and without a
-    Date, and a field the cache writes itself)."""
-    sample = (("Date", "Thu, 03 Dec 2026 14:00:00 GMT"), ("Content-Type", "text/plain"),
-              ("Cache-Control", "max-age=60"), ("Age", "3"), ("Via", "1.1 elsewhere"))  # fmt: skip
-    heads = (hit_head(200, sample, 5)[0], hit_head(200, sample[1:], 0)[0])
-    return zlib.crc32(b"".join(head or b"" for head in heads))
-
-
-RENDER_STAMP = _render_stamp()
-
-
-def encode_meta(response: ResponseMeta, stored_at: float, size: int) -> bytes:
-    """The meta of a record of ``response``, whose body is ``size`` bytes."""
-    head, dated = hit_head(response.status, response.headers, size)
-    directives = response.directives
-    if directives is None:
-        directives = rfc9111.response_directives(response.headers)
-    flags = (DATED if dated else 0) | (PLAIN if "no-cache" not in directives else 0)
-    head = head or b""
-    fields = json.dumps(list(response.headers), separators=(",", ":")).encode()
-    return b"".join((
-        META.pack(response.status, stored_at, response.lifetime, response.initial_age, flags,
-                  RENDER_STAMP, len(head)),
-        head,
-        fields,
-    ))  # fmt: skip
-
-
-def decode_meta(meta: bytes) -> RecordMeta:
-    """``encode_meta``'s ``meta``, read back; ValueError when it is not one."""
-    if len(meta) < META.size:
-        raise ValueError("a record's meta too short")
-    status, stored_at, lifetime, initial_age, flags, stamp, head_length = META.unpack_from(meta)
-    end = META.size + head_length
-    headers = tuple((name, value) for name, value in json.loads(meta[end:]))
-    head = meta[META.size : end] if head_length and stamp == RENDER_STAMP else None
-    return RecordMeta(status, stored_at, lifetime, initial_age, head, bool(flags & DATED), headers)
 
 
 class DiskStore:
@@ -241,7 +179,8 @@ class DiskStore:
         if found is None:
             self.tier.drop(key)
             return None
-        return record_entry(key, *found, entry_type)
+        meta, body = found
+        return record_entry(key, decode_meta(meta), body, entry_type)
 
     def _sample(self) -> tuple[float, int, int | None]:
         return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()
@@ -293,14 +232,3 @@ def _raw(key: str) -> bytes:
 
 def _text(key: bytes) -> str:
     return key.decode("utf-8", "surrogateescape")
-
-
-def record_entry(key: str, meta: bytes, body: bytes, entry_type: type[Entry]) -> Entry:
-    """The entry a record of ``key`` holds; an entry type with a ``rendered`` head (the
-    proxy's) gets the record's, when it has one."""
-    m = decode_meta(meta)
-    entry = entry_type(key, len(body), m.stored_at, m.lifetime, m.initial_age, m.headers,
-                       rfc9111.response_directives(m.headers), body, status=m.status)  # fmt: skip
-    if m.head is not None and hasattr(entry, "rendered"):
-        entry.rendered = (m.head, m.dated, m.headers)  # type: ignore[attr-defined]
-    return entry

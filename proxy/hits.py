@@ -43,8 +43,9 @@ from proxy.core.events import (
     fast_path_may_take,
 )
 from proxy.core.store import Entry
-from proxy.disk_store import READ_INLINE, RENDER_STAMP, DiskStore, record_entry
+from proxy.disk_store import READ_INLINE, DiskStore
 from proxy.lane import JOIN_BELOW
+from proxy.record_meta import RECORD_STAMP, RecordMeta, record_entry
 from proxy.region_log import checksum
 from proxy.routing import Router, fields_size, hosts
 
@@ -104,7 +105,7 @@ class HitAnswers:
         if disk is not None:
             self.plain_hits.attach_disk(
                 index=disk.tier.index, fds=disk.log.read_fds, uncacheable=state.uncacheable,
-                checksum=checksum, kept=self._kept_record, stamp=RENDER_STAMP,
+                checksum=checksum, kept=self._kept_record, stamp=RECORD_STAMP,
                 read_inline=READ_INLINE,
             )  # fmt: skip
 
@@ -211,11 +212,11 @@ class HitAnswers:
         self.disk.tier.answered(True)
         self.engine.promote(entry)
 
-    def _kept_record(self, key: str, meta: bytes, body: bytes) -> None:
-        """Count a plain hit the compiled answerer read from ``key``'s disk record as
-        ``answer`` counts one it read itself."""
+    def _kept_record(self, key: str, body: bytes, *meta: Any) -> None:
+        """Count a plain hit the compiled answerer read from ``key``'s disk record (its
+        ``RecordMeta``, decoded, and its ``body``) as ``answer`` counts one it read itself."""
         self.engine.missed_plain()
-        self.kept_from_disk(record_entry(key, meta, body, self.engine.entry_type))
+        self.kept_from_disk(record_entry(key, RecordMeta(*meta), body, self.engine.entry_type))
 
 
 def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 from conftest import base
 
-from proxy import disk_store
+from proxy import record_meta
 from proxy.disk_store import READ_INLINE
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
@@ -171,7 +171,7 @@ async def test_a_disk_hit_is_the_same_answer_compiled_in_python_and_from_the_han
     for way in ("compiled", "python", "handler"):
         path = tmp_path / way
         if way == "python":
-            monkeypatch.setattr(disk_store, "RENDER_STAMP", disk_store.RENDER_STAMP ^ 1)
+            monkeypatch.setattr(record_meta, "RECORD_STAMP", record_meta.RECORD_STAMP ^ 1)
         first = await start_proxy(disk__path=str(path), **DISK)
         for _ in range(2):
             assert (await get(first, "/opens"))[0] == (await get(first, "/d"))[0] == 200

@@ -23,13 +23,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The layout RegionLog and DiskStore write (region_log.HEADER, disk_store.META). */
+/* The layout RegionLog and DiskStore write (region_log.HEADER, record_meta.META). */
 #define MAGIC "OHR2"
 #define HEADER_SIZE 18 /* magic, length, checksum, key length (u16), meta length (u32) */
 #define META_SIZE 35   /* status u16, stored_at, lifetime, initial_age f64, flags u8,
                           stamp u32, head length u32 */
 #define FLAG_DATED 1
 #define FLAG_PLAIN 2
+#define NO_VALUE 0xFFFFFFFFu
 
 static uint32_t u32_at(const char *p) {
     uint32_t v;
@@ -47,6 +48,58 @@ static double f64_at(const char *p) {
     double v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+/* The pairs encoded at p + *at, before p + n (record_meta: their count, then each as its
+ * name's (u16) and value's (u32, NO_VALUE: none) lengths, name, value), as record_meta
+ * decodes them: a dict of str to str or None (as_dict), else a tuple of (str, str) pairs,
+ * and *at moved past them. NULL without an exception when they do not fit, with one on
+ * error. */
+static PyObject *pairs_at(const char *p, Py_ssize_t n, Py_ssize_t *at, int as_dict) {
+    if (*at + 2 > n)
+        return NULL;
+    Py_ssize_t count = u16_at(p + *at), i = *at + 2;
+    PyObject *pairs = as_dict ? PyDict_New() : PyTuple_New(count);
+    if (pairs == NULL)
+        return NULL;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (i + 6 > n)
+            goto malformed;
+        Py_ssize_t name_len = u16_at(p + i);
+        uint32_t value_len = u32_at(p + i + 2);
+        int valued = value_len != NO_VALUE;
+        i += 6;
+        if (name_len > n - i || (valued && (Py_ssize_t)value_len > n - i - name_len) ||
+            (!valued && !as_dict))
+            goto malformed;
+        PyObject *name = PyUnicode_DecodeUTF8(p + i, name_len, "surrogateescape"), *value;
+        i += name_len;
+        if (valued) {
+            value = name ? PyUnicode_DecodeUTF8(p + i, value_len, "surrogateescape") : NULL;
+            i += value_len;
+        } else
+            value = Py_NewRef(Py_None);
+        int failed = value == NULL;
+        if (!failed && as_dict)
+            failed = PyDict_SetItem(pairs, name, value) < 0;
+        else if (!failed) {
+            PyObject *pair = PyTuple_Pack(2, name, value);
+            failed = pair == NULL;
+            if (pair != NULL)
+                PyTuple_SET_ITEM(pairs, k, pair);
+        }
+        Py_XDECREF(name);
+        Py_XDECREF(value);
+        if (failed) {
+            Py_DECREF(pairs);
+            return NULL;
+        }
+    }
+    *at = i;
+    return pairs;
+malformed:
+    Py_DECREF(pairs);
+    return NULL;
 }
 
 /* The record's checksum holds over buf[12:n]; -1 with an exception set on error. */
@@ -100,7 +153,7 @@ static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long 
  * may answer it (the handler fetches it, as answer_hit would have it), NULL without an
  * exception to decline (answer_hit decides), or NULL with one on error. */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
-    PyObject *region = NULL, *record = NULL, *meta = NULL, *body = NULL, *status = NULL,
+    PyObject *region = NULL, *fields = NULL, *directives = NULL, *body = NULL, *parts[6] = {0},
              *result = NULL;
     int uncacheable = PySequence_Contains(self->uncacheable, key);
     if (uncacheable != 0)
@@ -124,16 +177,22 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
         PyErr_Clear(); /* a key only surrogateescape encodes: the Python reader's */
         goto done;
     }
-    record = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
-    if (record == NULL)
-        goto done;
-    char *buf = PyBytes_AS_STRING(record);
+    if (length > self->scratch_size) {
+        char *grown = PyMem_Realloc(self->scratch, (size_t)length);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        self->scratch = grown;
+        self->scratch_size = (Py_ssize_t)length;
+    }
+    /* One buffer for every read, warm in the CPU's caches; the event loop waits for the read
+     * either way, so the lock is kept. */
+    char *buf = self->scratch;
     ssize_t got;
-    Py_BEGIN_ALLOW_THREADS
     do
         got = pread((int)fd, buf, (size_t)length, (off_t)offset);
     while (got < 0 && errno == EINTR);
-    Py_END_ALLOW_THREADS
     if (got != (ssize_t)length || memcmp(buf, MAGIC, 4) != 0 || u32_at(buf + 4) != length)
         goto done;
     Py_ssize_t stored_key_len = u16_at(buf + 12), meta_len = u32_at(buf + 14);
@@ -154,24 +213,38 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     double resident = now - stored_at, age = initial_age + (resident > 0.0 ? resident : 0.0);
     if (!(age < lifetime) || !isfinite(lifetime - age))
         goto done;
-    meta = PyBytes_FromStringAndSize(m, meta_len);
-    body = meta ? PyBytes_FromStringAndSize(buf + body_at, length - body_at) : NULL;
-    status = body ? PyLong_FromLong(u16_at(m)) : NULL;
-    if (status == NULL)
+    Py_ssize_t at = META_SIZE + head_len;
+    fields = pairs_at(m, meta_len, &at, 0);
+    directives = fields ? pairs_at(m, meta_len, &at, 1) : NULL;
+    body = directives ? PyBytes_FromStringAndSize(buf + body_at, length - body_at) : NULL;
+    if (body == NULL)
         goto done;
-    PyObject *args[] = {key, meta, body};
-    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 3, NULL);
+    /* RecordMeta's status, stored_at, lifetime, initial_age, head and dated; then its
+     * headers and directives. */
+    parts[0] = PyLong_FromLong(u16_at(m));
+    parts[1] = PyFloat_FromDouble(stored_at);
+    parts[2] = PyFloat_FromDouble(lifetime);
+    parts[3] = PyFloat_FromDouble(initial_age);
+    parts[4] = PyBytes_FromStringAndSize(m + META_SIZE, head_len);
+    parts[5] = PyBool_FromLong(flags & FLAG_DATED);
+    for (size_t i = 0; i < 6; i++)
+        if (parts[i] == NULL)
+            goto done;
+    PyObject *args[] = {key,      body,     parts[0], parts[1], parts[2],
+                        parts[3], parts[4], parts[5], fields,   directives};
+    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 10, NULL);
     if (kept == NULL)
         goto done;
     Py_DECREF(kept);
     self->answered++;
     result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
-                    head, (long long)(lifetime - age), (long long)age, status);
+                    head, (long long)(lifetime - age), (long long)age, parts[0]);
 done:
     Py_XDECREF(region);
-    Py_XDECREF(record);
-    Py_XDECREF(meta);
+    Py_XDECREF(fields);
+    Py_XDECREF(directives);
     Py_XDECREF(body);
-    Py_XDECREF(status);
+    for (size_t i = 0; i < 6; i++)
+        Py_XDECREF(parts[i]);
     return result;
 }

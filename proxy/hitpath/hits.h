@@ -31,9 +31,11 @@ typedef struct {
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
-    PyObject *disk_kept;   /* kept(key, meta, body): counts a disk hit, keeps it in memory */
-    unsigned long stamp;   /* the render stamp a stored head must carry */
+    PyObject *disk_kept;   /* kept(key, body, *RecordMeta): counts a disk hit, keeps it */
+    unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
+    char *scratch; /* the buffer disk records are read into */
+    Py_ssize_t scratch_size;
 } PlainHits;
 
 /* An attribute, read and written straight in its slot when the object's type keeps it in one

@@ -78,6 +78,7 @@ static int PlainHits_clear(PlainHits *self) {
 static void PlainHits_dealloc(PlainHits *self) {
     PyObject_GC_UnTrack(self);
     PlainHits_clear(self);
+    PyMem_Free(self->scratch);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
