@@ -42,10 +42,11 @@ from proxy.record_meta import decode_meta, encode_meta, record_entry
 from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
-# Records longer than this are read on a worker thread by the request handler, so that a large
-# body read from a cold device does not hold up the event loop; shorter ones are read inline,
-# where a thread's hand-off would cost more than the read.
-READ_INLINE = 256 << 10
+# A record up to this long is read on the event loop when the page cache holds all of it
+# (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
+# device must be asked for, is read on a worker thread by the request handler, so that neither
+# a large copy nor a slow device holds up the other connections.
+READ_INLINE = 1 << 20
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
@@ -149,28 +150,44 @@ class DiskStore:
         whether there was one."""
         return self.tier.drop(key)
 
-    def lookup(self, key: str, entry_type: type[Entry], longest: float = math.inf) -> Entry | None:
+    def lookup(
+        self,
+        key: str,
+        entry_type: type[Entry],
+        longest: float = math.inf,
+        *,
+        warm_only: bool = False,
+    ) -> Entry | None:
         """The entry ``key``'s record holds, read back whole on the event loop, or None: no
-        record, one longer than ``longest`` bytes (left unread), or one not whole (dropped).
-        The caller counts whether it answered (``DiskTier.answered``)."""
+        record, one longer than ``longest`` bytes or (``warm_only``) one the page cache does
+        not hold all of (left unread), or one not whole (dropped). The caller counts whether
+        it answered (``DiskTier.answered``)."""
         slot = self.tier.find(key)
         if slot is None or slot.length > longest:
             return None
-        return self._entry(key, self.log.read(slot, _raw(key)), entry_type)
+        try:
+            found = self.log.read(slot, _raw(key), warm_only=warm_only)
+        except BlockingIOError:
+            return None
+        return self._entry(key, found, entry_type)
 
     async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
-        """``lookup``, with a record longer than ``READ_INLINE`` read on a worker thread; one
-        moved, purged or evicted while it was read is a miss."""
+        """``lookup``, read on the event loop only when the record is no longer than
+        ``READ_INLINE`` and the page cache holds it, else on a worker thread; one moved,
+        purged or evicted while the thread read it is a miss."""
         slot = self.tier.find(key)
         if slot is None:
             return None
         if slot.length <= READ_INLINE:
-            found = self.log.read(slot, _raw(key))
-        else:
-            loop = asyncio.get_running_loop()
-            found = await loop.run_in_executor(None, self.log.read_apart, slot, _raw(key))
-            if self.tier.find(key) != slot:
-                return None
+            try:
+                return self._entry(key, self.log.read(slot, _raw(key), warm_only=True),
+                                   entry_type)  # fmt: skip
+            except BlockingIOError:
+                pass
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, self.log.read_apart, slot, _raw(key))
+        if self.tier.find(key) != slot:
+            return None
         return self._entry(key, found, entry_type)
 
     def _entry(

@@ -10,7 +10,8 @@ common case, which give the same bytes and counts as the request handler.
   ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
   the origin sent none, ``Date``.
 * A URL memory holds nothing for is answered from its disk record when it has one, whole,
-  fresh and short enough to read on the event loop (``from_disk``), with the head rendered
+  fresh, and short enough and in the page cache to read on the event loop (``from_disk``),
+  with the head rendered
   when the record was written; counted as the handler counts it (a miss in memory, a hit on
   disk), and kept in memory too.
 * The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit, in
@@ -200,9 +201,10 @@ class HitAnswers:
     def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
         """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
         read on the event loop, or None (a damaged record is dropped; one over
-        ``READ_INLINE`` is left to the handler, which reads it off the loop); nothing counted."""
+        ``READ_INLINE``, or that the page cache does not hold, is left to the handler, which
+        reads it off the loop); nothing counted."""
         assert self.disk is not None
-        entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE)
+        entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
     def kept_from_disk(self, entry: Entry) -> None:

@@ -19,6 +19,7 @@ What it guarantees:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -42,6 +43,25 @@ _FILE = re.compile(r"region-(\d{10})\.log")
 # Region files kept open for reading; past this many the oldest opened is closed, so a large
 # disk tier stays within the process's file limit.
 READ_FDS = 64
+# preadv2's flag that reads only what the page cache holds (Linux 4.14+), or 0 where there is none.
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _read_warm(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` when the page cache holds them all, else BlockingIOError;
+    a plain read where the kernel or the file system cannot tell."""
+    if not _NOWAIT:
+        return os.pread(fd, length, offset)
+    buffer = bytearray(length)
+    try:
+        got = os.preadv(fd, [buffer], offset, _NOWAIT)
+    except OSError as exc:
+        if exc.errno != errno.EOPNOTSUPP:
+            raise
+        return os.pread(fd, length, offset)
+    if got != length:
+        raise BlockingIOError(errno.EAGAIN, "part of the record is not in the page cache")
+    return bytes(buffer)
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -111,12 +131,22 @@ class RegionLog:
             return None
         return Slot(placement.region, placement.offset, len(record))
 
-    def read(self, location: Slot, key: bytes) -> tuple[bytes, bytes] | None:
-        """(meta, body) of the record at ``location`` when it is whole and holds ``key``."""
+    def read(
+        self, location: Slot, key: bytes, *, warm_only: bool = False
+    ) -> tuple[bytes, bytes] | None:
+        """(meta, body) of the record at ``location`` when it is whole and holds ``key``.
+        ``warm_only``: BlockingIOError, nothing read, unless the page cache holds all of it
+        (where the kernel can tell: ``RWF_NOWAIT``)."""
         if not self.regions.holds(location.region):
             return None
         try:
-            data = os.pread(self._reader(location.region), location.length, location.offset)
+            fd = self._reader(location.region)
+            if warm_only:
+                data = _read_warm(fd, location.length, location.offset)
+            else:
+                data = os.pread(fd, location.length, location.offset)
+        except BlockingIOError:
+            raise
         except OSError as exc:
             self._close_reading(location.region)
             DISK_ERRORS.warning("reading region %d failed: %r", location.region, exc)

@@ -3,6 +3,8 @@ from them on a memory miss, and served again after a restart; a damaged record i
 
 from __future__ import annotations
 
+import os
+
 import aiohttp
 import pytest
 from conftest import base
@@ -220,7 +222,7 @@ async def test_a_record_too_large_to_read_on_the_loop_is_served_by_the_handler_f
     body = bytes(range(256)) * ((READ_INLINE + 4096) // 256)
     origin.set("/big", body=body)
     large = {"disk__size": "16MiB", "disk__region_size": "4MiB", "cache__size": "4MiB",
-             "cache__max_object_size": "1MiB"}  # fmt: skip
+             "cache__max_object_size": "2MiB"}  # fmt: skip
     first = await start_proxy(disk__path=str(tmp_path), **large)
     for _ in range(2):
         assert (await get(first, "/big"))[2] == body
@@ -231,3 +233,26 @@ async def test_a_record_too_large_to_read_on_the_loop_is_served_by_the_handler_f
     stats = await admin_stats(second)
     assert (stats["fast_hits"], stats["disk"]["hits"]) == (0, 1)  # the handler answered it
     assert origin.hits["/big"] == 2
+
+
+async def test_a_record_the_page_cache_does_not_hold_is_served_whole_from_disk(
+    origin, start_proxy, tmp_path
+):
+    """The compiled reader and ``answer`` read only what the page cache holds (their reads
+    start the device's read-ahead); the handler reads the rest on a worker thread."""
+    origin.set("/cold", body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):
+        assert (await get(first, "/cold"))[0] == 200
+    await first.stop()  # the region's bytes reach the device at the checkpoint
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    region = next(tmp_path.glob("region-*.log"))
+    fd = os.open(region, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    status, headers, body = await get(second, "/cold")
+    assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
+    assert (await admin_stats(second))["disk"]["hits"] == 1
+    assert origin.hits["/cold"] == 2

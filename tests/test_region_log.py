@@ -93,6 +93,30 @@ def test_a_record_is_never_read_for_another_key_or_when_damaged_on_disk(tmp_path
     log.close()
 
 
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT"), reason="no RWF_NOWAIT on this platform")
+def test_a_warm_only_read_leaves_a_record_the_page_cache_does_not_hold_unread(tmp_path):
+    log = RegionLog(tmp_path, Regions(1 << 20, 2))
+    location = log.append(b"http://a/x", b"m", b"b" * 50_000)
+    assert location is not None
+    assert log.read(location, b"http://a/x", warm_only=True) == (b"m", b"b" * 50_000)
+    log.sync()
+    fd = os.open(log.path(location.region), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            os.preadv(fd, [bytearray(1)], location.offset + location.length - 1, os.RWF_NOWAIT)
+            pytest.skip("this file system keeps the region in memory: it is never cold")
+        except BlockingIOError:
+            pass
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    with pytest.raises(BlockingIOError):
+        log.read(location, b"http://a/x", warm_only=True)
+    assert log.read(location, b"http://a/x") == (b"m", b"b" * 50_000)
+    log.close()
+
+
 def test_a_region_removed_by_hand_is_a_miss_with_one_log_line(tmp_path, caplog):
     log = RegionLog(tmp_path, Regions(1 << 20, 2))
     location = log.append(b"k", b"m", b"body")

@@ -8,8 +8,9 @@
  *   the Python reader, which drops a damaged record and logs it, reads it again: one place
  *   judges a damaged record.
  * - It reads through the descriptors RegionLog keeps open (read_fds) and declines a region
- *   with none, or whose file was removed by hand (no link left), or a record longer than
- *   read_inline (the handler reads those off the event loop).
+ *   with none, or whose file was removed by hand (no link left), a record longer than
+ *   read_inline, or one the page cache does not hold all of (RWF_NOWAIT): the handler reads
+ *   those off the event loop.
  * - It answers only what the stored head may answer as it was rendered: the record's meta
  *   carries the render stamp of this proxy, the PLAIN flag (no `no-cache` to revalidate), and
  *   a fresh age, computed as Entry.age computes it; else it declines.
@@ -21,6 +22,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 /* The layout RegionLog and DiskStore write (region_log.HEADER, record_meta.META). */
@@ -190,9 +192,18 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
      * either way, so the lock is kept. */
     char *buf = self->scratch;
     ssize_t got;
+#ifdef RWF_NOWAIT
+    /* Only what the page cache holds: a read the device must answer is the handler's, on a
+     * worker thread (region_log.read, warm_only). */
+    struct iovec iov = {buf, (size_t)length};
     do
-        got = pread((int)fd, buf, (size_t)length, (off_t)offset);
+        got = preadv2((int)fd, &iov, 1, (off_t)offset, RWF_NOWAIT);
     while (got < 0 && errno == EINTR);
+    if (got < 0 && errno == EOPNOTSUPP)
+#endif
+        do
+            got = pread((int)fd, buf, (size_t)length, (off_t)offset);
+        while (got < 0 && errno == EINTR);
     if (got != (ssize_t)length || memcmp(buf, MAGIC, 4) != 0 || u32_at(buf + 4) != length)
         goto done;
     Py_ssize_t stored_key_len = u16_at(buf + 12), meta_len = u32_at(buf + 14);
