@@ -139,7 +139,10 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             if isinstance(params.get("url"), str):
                 removed = proxy.engine.invalidate(cache_key(params["url"]))
             elif isinstance(params.get("prefix"), str):
-                removed = proxy.engine.purge_prefix(cache_key(params["prefix"]))
+                prefix = cache_key(params["prefix"])
+                removed = proxy.engine.purge_prefix(prefix)
+                if proxy.disk is not None:
+                    proxy.disk.purge_prefix(prefix)  # the disk's records go as they are met
             else:
                 removed = None
         except ValueError as exc:
@@ -220,12 +223,14 @@ DISK_METRICS = {
     "disk_bytes_written": "bytes of records appended to the disk tier",
     "disk_bytes_not_written": "bytes of records the disk tier's admission spared the device",
     "disk_evicted_objects": "records gone with the regions evicted whole",
-    "disk_dropped": "records found torn, damaged or unwritable, forgotten",
+    "disk_dropped": "records found torn, damaged or unwritable, or invalidated, forgotten",
+    "disk_purged": "records a purge by prefix reached (when next looked up), forgotten",
+    "disk_bans": "purges by prefix outstanding on the disk tier",
     "disk_objects": "records the disk tier holds",
     "disk_index_bytes": "bytes of RAM of the disk tier's index",
 }
 PROCESS_WRITES = "bytes the process caused to be written to storage (/proc/self/io write_bytes)"
-DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes"})
+DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes", "disk_bans"})
 SHARED_METRICS = {
     "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
     "filter_remote_decisions": "admission decisions the shared Redis filter gave",

@@ -24,6 +24,7 @@ memory tier, keeping what it took across restarts.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import struct
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from proxy.config import DiskSection
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
@@ -42,6 +43,7 @@ from proxy.record_meta import decode_meta, encode_meta, record_entry
 from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
+BANS = "bans.json"
 # A record up to this long is read on the event loop when the page cache holds all of it
 # (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
 # device must be asked for, is read on a worker thread by the request handler, so that neither
@@ -68,13 +70,18 @@ class DiskStore:
         for key, location in scanned:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
         self.scanned = len(scanned)
+        self.bans_path = Path(section.path) / BANS
+        self.tier.bans[:] = self._saved_bans()
+        self.tier.expire_bans()
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
 
     def checkpoint(self) -> None:
-        """Write the index and where the open region ends, replacing the last checkpoint."""
+        """Write the index and where the open region ends, replacing the last checkpoint;
+        and the bans still outstanding."""
         self._samples = [self._samples[-1], self._sample()]
+        self._save_bans()
         regions = self.tier.regions
         if not regions.live:
             return
@@ -82,15 +89,7 @@ class DiskStore:
         slots = self.tier.index.dump()
         head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
                                 zlib.crc32(slots))  # fmt: skip
-        fresh = self.checkpoint_path.with_suffix(".new")
-        try:
-            with open(fresh, "wb") as f:
-                f.write(head + slots)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(fresh, self.checkpoint_path)
-        except OSError as exc:
-            DISK_ERRORS.warning("checkpointing the disk index failed: %r", exc)
+        _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint")
 
     def _saved(self) -> tuple[int, int, bytes] | None:
         """(open region, where it ended, slots) of a checkpoint that describes the files."""
@@ -144,6 +143,27 @@ class DiskStore:
         location = self.log.append(_raw(key), encode_meta(response, stored_at, len(body)), body)
         if location is not None:
             self.tier.recorded(key, location.region, location.offset, location.length)
+
+    def purge_prefix(self, prefix: str) -> None:
+        """Purge every record of a key starting with ``prefix`` (``DiskTier.ban``), the ban
+        on the device before this returns, so that a restart keeps it."""
+        self.tier.ban(prefix)
+        self._save_bans()
+
+    def _save_bans(self) -> None:
+        _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
+
+    def _saved_bans(self) -> list[Ban]:
+        try:
+            saved = json.loads(self.bans_path.read_bytes())
+            return [(str(prefix), int(region), int(offset)) for prefix, region, offset in saved]
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError) as exc:
+            # Unreadable bans may hide purged records: every record written so far is purged.
+            DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
+            live = self.tier.regions.live
+            return [("", live[-1], self.tier.regions.fill)] if live else []
 
     def invalidate(self, key: str) -> bool:
         """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
@@ -215,6 +235,7 @@ class DiskStore:
             "capacity_bytes": regions.capacity_bytes,
             "restored_from_checkpoint": self.from_checkpoint,
             "restored_by_scan": self.scanned,
+            "bans": len(self.tier.bans),
             "bytes_written_per_second": round((b1 - b0) / span, 1) if span > 0 else None,
             "process_write_bytes": device,
             "process_write_bytes_per_second": (
@@ -228,6 +249,21 @@ class DiskStore:
         """Checkpoint, then close the open region."""
         self.checkpoint()
         self.log.close()
+
+
+def _replace(path: Path, data: bytes, what: str) -> None:
+    """``path`` holds ``data``, on the device, or (with one log line) what it held before:
+    written to a new file, synced, then renamed over it, so a crash leaves one or the
+    other whole."""
+    fresh = path.with_suffix(".new")
+    try:
+        with open(fresh, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(fresh, path)
+    except OSError as exc:
+        DISK_ERRORS.warning("writing %s failed: %r", what, exc)
 
 
 def process_write_bytes() -> int | None:

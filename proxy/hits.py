@@ -105,7 +105,8 @@ class HitAnswers:
         )
         if disk is not None:
             self.plain_hits.attach_disk(
-                index=disk.tier.index, fds=disk.log.read_fds, uncacheable=state.uncacheable,
+                index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
+                uncacheable=state.uncacheable,
                 checksum=checksum, kept=self._kept_record, stamp=RECORD_STAMP,
                 read_inline=READ_INLINE,
             )  # fmt: skip

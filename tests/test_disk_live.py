@@ -132,6 +132,38 @@ async def test_rfc9111_4_4_an_unsafe_method_and_a_purge_invalidate_the_disk_copy
     assert "detail=disk" not in headers["Cache-Status"]
 
 
+async def test_a_purge_by_prefix_reaches_the_objects_only_the_disk_holds_and_a_restart(
+    origin, start_proxy, tmp_path
+):
+    for path in ("/img/a", "/img/b", "/css/c"):
+        origin.set(path, body=path.encode() * 500, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):
+        for path in ("/img/a", "/img/b", "/css/c"):
+            assert (await get(first, path))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)  # memory empty, disk holds 3
+    host, port = second.admin_address
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://{host}:{port}/purge", json={"prefix": "http://example.test/img/"}
+        ) as r,
+    ):
+        assert r.status == 200
+    assert (await admin_stats(second))["disk"]["bans"] == 1
+    await second.stop()  # the ban outlives a restart
+    third = await start_proxy(disk__path=str(tmp_path), **DISK)
+    assert "detail=disk" in (await get(third, "/css/c"))[1]["Cache-Status"]  # opens the region
+    for path in ("/img/a", "/img/b"):  # the compiled reader leaves them to the ban
+        status, headers, body = await get(third, path)
+        assert (status, body) == (200, path.encode() * 500)
+        assert "detail=disk" not in headers["Cache-Status"]
+    assert (origin.hits["/img/a"], origin.hits["/img/b"], origin.hits["/css/c"]) == (3, 3, 2)
+    disk = (await admin_stats(third))["disk"]
+    assert (disk["purged"], disk["hits"]) == (2, 1)
+
+
 async def test_a_disk_hit_is_answered_as_parsed_with_the_handlers_answer_and_counts(
     origin, start_proxy, tmp_path
 ):

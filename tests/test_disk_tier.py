@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.core import disk as disk_module
 from proxy.core._native import DiskIndex
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import DISK_POLICIES, DiskTier, WriteBudget
@@ -58,6 +59,32 @@ def test_a_dropped_key_is_a_miss_and_leaves_the_counts_right():
     disk.drop("k")
     disk.drop("k")
     assert disk.find("k") is None and disk.bytes_held == 0 and disk.counters.dropped == 1
+
+
+def test_a_purge_by_prefix_reaches_records_written_before_it_not_after():
+    disk = tier("always", region_size=1000, regions=3)
+    for key in ("http://a/img/1", "http://a/img/2", "http://a/css/1"):
+        disk.offer(key, 100, 130, now=0.0)
+    disk.ban("http://a/img/")
+    disk.offer("http://a/img/3", 100, 130, now=1.0)  # written after the purge: kept
+    assert disk.find("http://a/img/1") is None and disk.find("http://a/img/2") is None
+    assert disk.find("http://a/css/1") is not None and disk.find("http://a/img/3") is not None
+    assert (disk.counters.purged, disk.counters.dropped, len(disk)) == (2, 0, 2)
+
+
+def test_a_ban_goes_with_the_region_it_was_issued_in_and_bans_stay_bounded(monkeypatch):
+    disk = tier("always", region_size=1000, regions=2)
+    disk.offer("k0", 100, 400, now=0.0)
+    disk.ban("k")
+    assert len(disk.bans) == 1
+    for i in range(1, 6):  # 2 records a region: region 0 is evicted by the fifth
+        disk.offer(f"x{i}", 100, 400, now=0.0)
+    assert disk.regions.live[0] > 0 and disk.bans == []
+    monkeypatch.setattr(disk_module, "MAX_BANS", 3)
+    for i in range(5):
+        disk.ban(f"p{i}/")
+    # Past the bound one ban of everything written so far replaced them: still correct.
+    assert len(disk.bans) <= 3 and all(disk.find(f"x{i}") is None for i in range(1, 6))
 
 
 def test_a_record_larger_than_a_region_is_not_written():

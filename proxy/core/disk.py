@@ -14,6 +14,12 @@ Rules it keeps:
 * ``find`` says where a key's record lies; ``answered`` counts a memory miss the disk
   answered or did not; ``drop`` forgets a key whose record could not be written or read
   whole (it is then a miss, never a wrong body).
+* A purge by prefix (``ban``) cannot visit the records it purges: the index keeps hashes,
+  not keys. It is kept instead as a ban, as Varnish keeps its bans: a key under the prefix
+  whose record was written before the ban (an earlier place in the ring) is dropped when
+  ``find`` next meets it, and counted ``purged``. A ban goes once the region it was issued
+  in is evicted, with every record it could purge; past ``MAX_BANS`` outstanding, one ban of
+  every key written so far replaces them, so the list stays bounded.
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
   three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
   Two keys of one hash share a slot; the record holds its whole key, which every read checks.
@@ -37,13 +43,19 @@ from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
 
-# Bytes of a record beside its key, meta and body: magic, length, crc32, key and meta lengths
+# Bytes of a record beside its key, meta and body: magic, length, checksum, key and meta lengths
 # (``proxy.region_log.HEADER``).
 RECORD_HEADER = 18
 # A slot as ``DiskIndex.dump`` writes it, in the machine's byte order.
 SLOT = np.dtype([("key", "u8"), ("region", "u4"), ("offset", "u4"), ("length", "u4")])
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
+# Bans kept at most (a few hundred bytes each): past this, one ban of everything replaces them.
+MAX_BANS = 1024
+
+# A purge by prefix: records of keys starting with ``prefix`` written before ``region`` and
+# ``offset`` (the ring's next write at the purge) are purged.
+Ban = tuple[str, int, int]
 
 
 class WriteBudget:
@@ -92,6 +104,7 @@ class DiskCounters:
     bytes_not_written: int = 0
     evicted_objects: int = 0
     dropped: int = 0
+    purged: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +127,9 @@ class DiskTier:
     bytes_held: int = 0
     region_bytes: dict[int, int] = field(default_factory=dict)  # bytes placed, by live region
     budget: WriteBudget = field(default_factory=lambda: WriteBudget(0.0))
+    # Outstanding purges by prefix, oldest first; changed in place only (a compiled reader
+    # holds this list).
+    bans: list[Ban] = field(default_factory=list)
     index: DiskIndex = field(init=False, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
 
@@ -139,9 +155,34 @@ class DiskTier:
         return round(self.regions.capacity_bytes * len(self.index) / self.bytes_held)
 
     def find(self, key: str) -> Slot | None:
-        """Where ``key``'s record lies, or None; nothing counted (see ``answered``)."""
+        """Where ``key``'s record lies, or None; nothing counted (see ``answered``) but a
+        record a ban purges, which is dropped."""
         found = self.index.get(hash64(key)[0])
-        return None if found is None else Slot(*found)
+        if found is None:
+            return None
+        slot = Slot(*found)
+        if self.bans and self.banned(key, slot):
+            self.drop(key, purged=True)
+            return None
+        return slot
+
+    def banned(self, key: str, slot: Slot) -> bool:
+        """Whether a ban purges ``key``'s record at ``slot``."""
+        return any(
+            key.startswith(prefix) and (slot.region, slot.offset) < (region, offset)
+            for prefix, region, offset in self.bans
+        )
+
+    def ban(self, prefix: str) -> None:
+        """Purge every record of a key starting with ``prefix`` written so far."""
+        live = self.regions.live
+        if not live:
+            return
+        position = (live[-1], self.regions.fill)
+        if len(self.bans) >= MAX_BANS:
+            self.bans[:] = [("", *position)]
+        else:
+            self.bans.append((prefix, *position))
 
     def answered(self, hit: bool) -> None:
         """Count a memory miss the disk answered (``hit``) or did not."""
@@ -212,16 +253,19 @@ class DiskTier:
             self._held(region, int(total))
         return put
 
-    def drop(self, key: str) -> bool:
-        """Forget ``key``: its record could not be written or read whole, or its URL was
-        invalidated. Whether the tier held it."""
+    def drop(self, key: str, *, purged: bool = False) -> bool:
+        """Forget ``key``: its record could not be written or read whole, its URL was
+        invalidated, or (``purged``) a ban purges it. Whether the tier held it."""
         h1 = hash64(key)[0]
         found = self.index.get(h1)
         if found is None or not self.index.delete(h1):
             return False
         region, _, length = found
         self._held(region, -length)
-        self.counters.dropped += 1
+        if purged:
+            self.counters.purged += 1
+        else:
+            self.counters.dropped += 1
         return True
 
     def _held(self, region: int, length: int) -> None:
@@ -246,3 +290,10 @@ class DiskTier:
             region = self.index.first
             self.counters.evicted_objects += self.index.evict_region(region)
             self.bytes_held -= self.region_bytes.pop(region, 0)
+        self.expire_bans()
+
+    def expire_bans(self) -> None:
+        """Forget the bans whose region is evicted: every record they purge went with it."""
+        live = self.regions.live
+        if self.bans and live:
+            self.bans[:] = [ban for ban in self.bans if ban[1] >= live[0]]

@@ -11,6 +11,8 @@
  *   with none, or whose file was removed by hand (no link left), a record longer than
  *   read_inline, or one the page cache does not hold all of (RWF_NOWAIT): the handler reads
  *   those off the event loop.
+ * - It declines a record a ban (DiskTier.bans: a purge by prefix) may purge, so that
+ *   DiskTier.find drops it, in one place.
  * - It answers only what the stored head may answer as it was rendered: the record's meta
  *   carries the render stamp of this proxy, the PLAIN flag (no `no-cache` to revalidate), and
  *   a fresh age, computed as Entry.age computes it; else it declines.
@@ -150,6 +152,32 @@ static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long 
     return 1;
 }
 
+/* Whether a ban purges key's record at region and offset (DiskTier.banned); -1 with an
+ * exception set on error. */
+static int banned(PlainHits *self, PyObject *key, PyObject *region, long long offset) {
+    long long at = PyLong_AsLongLong(region);
+    if (at == -1 && PyErr_Occurred())
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->disk_bans); i++) {
+        PyObject *ban = PyList_GET_ITEM(self->disk_bans, i);
+        if (!PyTuple_Check(ban) || PyTuple_GET_SIZE(ban) != 3) {
+            PyErr_SetString(PyExc_TypeError, "a ban is (prefix, region, offset)");
+            return -1;
+        }
+        long long ban_at = PyLong_AsLongLong(PyTuple_GET_ITEM(ban, 1));
+        long long ban_offset = PyLong_AsLongLong(PyTuple_GET_ITEM(ban, 2));
+        if (PyErr_Occurred())
+            return -1;
+        if (at < ban_at || (at == ban_at && offset < ban_offset)) {
+            Py_ssize_t under = PyUnicode_Tailmatch(key, PyTuple_GET_ITEM(ban, 0), 0,
+                                                   PY_SSIZE_T_MAX, -1);
+            if (under != 0)
+                return under < 0 ? -1 : 1;
+        }
+    }
+    return 0;
+}
+
 /* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
  * nothing under: the answer tuple, Py_False when neither the disk holds a record for it nor
  * may answer it (the handler fetches it, as answer_hit would have it), NULL without an
@@ -165,6 +193,8 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     if (found <= 0)
         return found < 0 ? NULL : Py_NewRef(Py_False);
     if (length < HEADER_SIZE + META_SIZE || length > self->read_inline)
+        goto done;
+    if (PyList_GET_SIZE(self->disk_bans) && banned(self, key, region, offset) != 0)
         goto done;
     PyObject *fd_obj = PyDict_GetItemWithError(self->disk_fds, region);
     if (fd_obj == NULL)

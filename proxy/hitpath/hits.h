@@ -29,6 +29,7 @@ typedef struct {
     /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
     PyObject *disk_index;  /* DiskIndex: hash64(key)[0] -> (region, offset, length) */
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
+    PyObject *disk_bans;   /* list: DiskTier.bans, (prefix, region, offset) */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
     PyObject *disk_kept;   /* kept(key, body, *RecordMeta): counts a disk hit, keeps it */

@@ -49,6 +49,7 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->per_hit);
     Py_VISIT(self->disk_index);
     Py_VISIT(self->disk_fds);
+    Py_VISIT(self->disk_bans);
     Py_VISIT(self->uncacheable);
     Py_VISIT(self->checksum);
     Py_VISIT(self->disk_kept);
@@ -69,6 +70,7 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->per_hit);
     Py_CLEAR(self->disk_index);
     Py_CLEAR(self->disk_fds);
+    Py_CLEAR(self->disk_bans);
     Py_CLEAR(self->uncacheable);
     Py_CLEAR(self->checksum);
     Py_CLEAR(self->disk_kept);
@@ -124,16 +126,17 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"index", "fds", "uncacheable", "checksum", "kept", "stamp",
+    static char *names[] = {"index", "fds", "bans", "uncacheable", "checksum", "kept", "stamp",
                             "read_inline", NULL};
-    PyObject *index, *fds, *uncacheable, *checksum, *kept;
+    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept;
     unsigned long stamp;
     Py_ssize_t read_inline;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!OOOkn", names, &index, &PyDict_Type, &fds,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOkn", names, &index, &PyDict_Type, &fds, &PyList_Type, &bans,
                                      &uncacheable, &checksum, &kept, &stamp, &read_inline))
         return NULL;
     Py_XSETREF(self->disk_index, Py_NewRef(index));
     Py_XSETREF(self->disk_fds, Py_NewRef(fds));
+    Py_XSETREF(self->disk_bans, Py_NewRef(bans));
     Py_XSETREF(self->uncacheable, Py_NewRef(uncacheable));
     Py_XSETREF(self->checksum, Py_NewRef(checksum));
     Py_XSETREF(self->disk_kept, Py_NewRef(kept));
@@ -212,8 +215,8 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 static PyMethodDef PlainHits_methods[] = {
     {"attach_disk", (PyCFunction)(void (*)(void))PlainHits_attach_disk,
      METH_VARARGS | METH_KEYWORDS,
-     "attach_disk(*, index, fds, uncacheable, checksum, kept, stamp, read_inline): answer plain\n"
-     "hits from the disk tier's records too (see disk.c)"},
+     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, stamp, read_inline):\n"
+     "answer plain hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
      "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"
