@@ -107,7 +107,7 @@ class HitAnswers:
             self.plain_hits.attach_disk(
                 index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
-                checksum=checksum, kept=self._kept_record, stamp=RECORD_STAMP,
+                checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=RECORD_STAMP,
                 read_inline=READ_INLINE,
             )  # fmt: skip
 
@@ -215,11 +215,11 @@ class HitAnswers:
         self.disk.tier.answered(True)
         self.engine.promote(entry)
 
-    def _kept_record(self, key: str, body: bytes, *meta: Any) -> None:
+    def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Count a plain hit the compiled answerer read from ``key``'s disk record (its
-        ``RecordMeta``, decoded, and its ``body``) as ``answer`` counts one it read itself."""
+        ``body`` and its ``meta``, decoded) as ``answer`` counts one it read itself."""
         self.engine.missed_plain()
-        self.kept_from_disk(record_entry(key, RecordMeta(*meta), body, self.engine.entry_type))
+        self.kept_from_disk(record_entry(key, meta, body, self.engine.entry_type))
 
 
 def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:

@@ -126,10 +126,7 @@ static int checksum_holds(PlainHits *self, const char *buf, Py_ssize_t n) {
  * it holds none, -1 with an exception set on error. */
 static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long long *offset,
                        long long *length) {
-    static PyObject *s_get;
-    if (s_get == NULL && (s_get = PyUnicode_InternFromString("get")) == NULL)
-        return -1;
-    PyObject *found = PyObject_CallMethodOneArg(self->disk_index, s_get, hash);
+    PyObject *found = PyObject_CallOneArg(self->disk_index_get, hash);
     if (found == NULL)
         return -1;
     if (found == Py_None) {
@@ -271,9 +268,20 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     for (size_t i = 0; i < 6; i++)
         if (parts[i] == NULL)
             goto done;
-    PyObject *args[] = {key,      body,     parts[0], parts[1], parts[2],
-                        parts[3], parts[4], parts[5], fields,   directives};
-    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 10, NULL);
+    /* A RecordMeta made as tuple.__new__ makes it: its fields in order, no Python frame. */
+    PyObject *items = PyTuple_Pack(8, parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
+                                   fields, directives);
+    PyObject *wrapped = items ? PyTuple_Pack(1, items) : NULL;
+    Py_XDECREF(items);
+    if (wrapped == NULL)
+        goto done;
+    PyObject *record = PyTuple_Type.tp_new((PyTypeObject *)self->record_meta, wrapped, NULL);
+    Py_DECREF(wrapped);
+    if (record == NULL)
+        goto done;
+    PyObject *args[] = {key, body, record};
+    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 3, NULL);
+    Py_DECREF(record);
     if (kept == NULL)
         goto done;
     Py_DECREF(kept);

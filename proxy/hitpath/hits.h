@@ -27,12 +27,14 @@ typedef struct {
     Py_ssize_t join_below;
     unsigned long long answered;
     /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
-    PyObject *disk_index;  /* DiskIndex: hash64(key)[0] -> (region, offset, length) */
+    PyObject *disk_index;  /* DiskIndex */
+    PyObject *disk_index_get; /* its get: hash64(key)[0] -> (region, offset, length) */
+    PyObject *record_meta; /* the RecordMeta type (a tuple's) */
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
     PyObject *disk_bans;   /* list: DiskTier.bans, (prefix, region, offset) */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
-    PyObject *disk_kept;   /* kept(key, body, *RecordMeta): counts a disk hit, keeps it */
+    PyObject *disk_kept;   /* kept(key, body, RecordMeta): counts a disk hit, keeps it */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
     char *scratch; /* the buffer disk records are read into */

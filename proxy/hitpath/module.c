@@ -48,6 +48,8 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->declined);
     Py_VISIT(self->per_hit);
     Py_VISIT(self->disk_index);
+    Py_VISIT(self->disk_index_get);
+    Py_VISIT(self->record_meta);
     Py_VISIT(self->disk_fds);
     Py_VISIT(self->disk_bans);
     Py_VISIT(self->uncacheable);
@@ -69,6 +71,8 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->declined);
     Py_CLEAR(self->per_hit);
     Py_CLEAR(self->disk_index);
+    Py_CLEAR(self->disk_index_get);
+    Py_CLEAR(self->record_meta);
     Py_CLEAR(self->disk_fds);
     Py_CLEAR(self->disk_bans);
     Py_CLEAR(self->uncacheable);
@@ -126,14 +130,24 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"index", "fds", "bans", "uncacheable", "checksum", "kept", "stamp",
-                            "read_inline", NULL};
-    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept;
+    static char *names[] = {"index",    "fds",  "bans",        "uncacheable", "checksum",
+                            "kept",     "meta", "stamp",       "read_inline", NULL};
+    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept, *meta;
     unsigned long stamp;
     Py_ssize_t read_inline;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOkn", names, &index, &PyDict_Type, &fds, &PyList_Type, &bans,
-                                     &uncacheable, &checksum, &kept, &stamp, &read_inline))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOO!kn", names, &index, &PyDict_Type, &fds, &PyList_Type, &bans,
+                                     &uncacheable, &checksum, &kept, &PyType_Type, &meta, &stamp,
+                                     &read_inline))
         return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)meta, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "meta is a tuple's type (RecordMeta)");
+        return NULL;
+    }
+    PyObject *get = PyObject_GetAttrString(index, "get");
+    if (get == NULL)
+        return NULL;
+    Py_XSETREF(self->disk_index_get, get);
+    Py_XSETREF(self->record_meta, Py_NewRef(meta));
     Py_XSETREF(self->disk_index, Py_NewRef(index));
     Py_XSETREF(self->disk_fds, Py_NewRef(fds));
     Py_XSETREF(self->disk_bans, Py_NewRef(bans));
@@ -215,7 +229,7 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 static PyMethodDef PlainHits_methods[] = {
     {"attach_disk", (PyCFunction)(void (*)(void))PlainHits_attach_disk,
      METH_VARARGS | METH_KEYWORDS,
-     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, stamp, read_inline):\n"
+     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, meta, stamp, read_inline):\n"
      "answer plain hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
