@@ -29,7 +29,9 @@ from loadgen.simulate import (
 from loadgen.tiers import DiskSpec, tier_cells, tier_table
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy import config_values as values
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
+from proxy.core.cachekey import KeyQuery
 from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
 from proxy.units import format_size, parse_duration, parse_size
@@ -90,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--region-size", default="16MiB", help="the disk tier's region size")
     sim.add_argument(
         "--disk-write-rate", default="0", help="the disk's write budget, bytes a second (0: none)"
+    )
+    sim.add_argument(
+        "--key-query",
+        default="all",
+        help="which query parameters of the trace's URL keys make up the cache key, as the "
+        "proxy's [cache] key_query: all, none, include:a,b or exclude:utm_source",
+    )
+    sim.add_argument(
+        "--key-query-sort", action="store_true", help="keyed parameters sorted by name"
     )
     sim.add_argument(
         "--cluster",
@@ -291,7 +302,14 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError("--disk-size: two tiers are simulated whole, not with --sample")
     if args.cluster and (args.sample or args.disk_size):
         raise UsageError("--cluster runs whole one-tier sweeps: not with --sample or --disk-size")
-    trace = _read_trace(args)
+    try:
+        mode, names = values.key_query(args.key_query)
+    except ValueError as exc:
+        raise UsageError(f"--key-query: {exc}") from None
+    key_query = KeyQuery(mode, frozenset(names), args.key_query_sort)
+    if args.cluster and not key_query.identity:
+        raise UsageError("--cluster: the workers read the trace as it is: not with --key-query")
+    trace = _read_trace(args).keyed(key_query)
     if not len(trace):
         raise UsageError(f"{args.trace} holds no requests")
     try:

@@ -33,6 +33,7 @@ import numpy as np
 import zstandard
 
 from proxy.core._native import footprint, hash64
+from proxy.core.cachekey import KeyQuery
 
 ORACLE_DTYPE = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 CSV_HEADER = ["time", "key", "size"]
@@ -68,6 +69,19 @@ class Trace:
             return [str(i) for i in ids]
         names = self.names
         return [names[i] for i in ids]
+
+    def keyed(self, key_query: KeyQuery) -> Trace:
+        """This trace with its keys as the proxy keys them under ``key_query`` (names that
+        key alike become one object); a trace of numeric ids is left as it is."""
+        if self.names is None or key_query.identity:
+            return self
+        index: dict[str, int] = {}
+        mapping = np.fromiter(
+            (index.setdefault(key_query.key(name), len(index)) for name in self.names),
+            dtype=self.ids.dtype,
+            count=len(self.names),
+        )
+        return Trace(self.times, mapping[self.ids], self.sizes, list(index))
 
     def __iter__(self) -> Iterator[Request]:
         chunk = 1 << 16

@@ -137,7 +137,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 return web.json_response({"error": "body must be JSON"}, status=400)
         try:
             if isinstance(params.get("url"), str):
-                removed = proxy.engine.invalidate(cache_key(params["url"]))
+                removed = proxy.engine.invalidate(proxy.router.url_key(params["url"]))
             elif isinstance(params.get("prefix"), str):
                 prefix = cache_key(params["prefix"])
                 removed = proxy.engine.purge_prefix(prefix)

@@ -112,6 +112,14 @@ class CacheSection:
         values.cookie_names,
         "cookie names (globs) that do not make a request private",
     )
+    key_query: tuple[str, tuple[str, ...]] = values.setting(
+        ("all", ()),
+        values.key_query,
+        'query parameters in the cache key: "all", "none", {include = [...]}, {exclude = [...]}',
+    )
+    key_query_sort: bool = values.setting(
+        False, values.boolean, "sort the keyed query parameters by name (?b&a keys as ?a&b)"
+    )
 
 
 @dataclass(frozen=True)

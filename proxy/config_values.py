@@ -156,6 +156,30 @@ def cookie_names(value: Any) -> tuple[str, ...]:
     return cleaned
 
 
+def key_query(value: Any) -> tuple[str, tuple[str, ...]]:
+    """``"all"``, ``"none"``, ``{include = [...]}`` or ``{exclude = [...]}`` (as a string:
+    ``include:a,b`` or ``exclude:utm_source,utm_medium``): (mode, names)."""
+    expected = ValueError(
+        'expected "all", "none", {include = ["id"]} or {exclude = ["utm_source"]} '
+        '(as a string: "include:id" or "exclude:utm_source,utm_medium")'
+    )
+    if isinstance(value, str):
+        mode, colon, rest = value.strip().partition(":")
+        if mode in ("all", "none") and not colon:
+            return mode, ()
+        if mode not in ("include", "exclude") or not colon:
+            raise expected
+        value = {mode: [n.strip() for n in rest.split(",") if n.strip()]}
+    if not isinstance(value, dict) or len(value) != 1:
+        raise expected
+    ((mode, names),) = value.items()
+    if mode not in ("include", "exclude") or not isinstance(names, list | tuple):
+        raise expected
+    if not names or not all(isinstance(n, str) and n and "&" not in n for n in names):
+        raise ValueError(f'key_query {mode}: expected parameter names, like ["id", "page"]')
+    return mode, tuple(names)
+
+
 def optional_duration(value: Any) -> float:
     if value in (0, "0"):
         return 0.0

@@ -103,6 +103,8 @@ class HitAnswers:
             max_headers=router.max_headers,
             join_below=JOIN_BELOW,
         )
+        # A query the cache keys otherwise than as sent is keyed by ``answer`` alone.
+        self.plain_hits.query_as_sent = router.key_query.identity
         if disk is not None:
             self.plain_hits.attach_disk(
                 index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
@@ -148,7 +150,7 @@ class HitAnswers:
             self.routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{host_pair[1]}"
         now = self.clock()
         meta = None
-        key = f"http://{host_pair[1]}{path}"
+        key = router.key(host_pair[1], path)
         engine = self.engine
         if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
             hit = engine.fresh_plain(key, now)

@@ -6,7 +6,8 @@
   past ``[server] max_url_length`` a 414, fields past ``max_header_size`` a 431, a transfer
   coding other than chunked a 501.
 * The cache key is ``http://`` + host (lower-cased, default port dropped) + path and query as
-  received.
+  received, or the query's parameters that ``[cache] key_query`` keeps (``KeyQuery``); the
+  origin gets the target as received either way.
 * Transparent: every end-to-end request field reaches the origin, except, on a GET or HEAD,
   the fields of ``[server] deny_headers`` (those that rewrite the target, method or host: cache
   poisoning), or only ``[server] forward_headers`` when that is an allow-list. Hop-by-hop fields
@@ -26,6 +27,7 @@ from multidict import CIMultiDictProxy
 from proxy.answers import VIA, plain, refuse_version
 from proxy.config import Config
 from proxy.core import rfc9110
+from proxy.core.cachekey import KeyQuery
 from proxy.core.events import CLIENT_ASKS, RequestMeta
 
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
@@ -46,6 +48,8 @@ class Router:
 
     def __init__(self, config: Config) -> None:
         self.routes = config.route_table()
+        mode, names = config.cache.key_query
+        self.key_query = KeyQuery(mode, frozenset(names), config.cache.key_query_sort)
         self.max_url = config.server.max_url_length
         self.max_headers = config.server.max_header_size
         forward = config.server.forward_headers
@@ -116,7 +120,17 @@ class Router:
         # client's hop-by-hop fields go first, so its Connection can name only its own fields
         # away, never the ones the proxy adds.
         fields_sent = rfc9110.end_to_end_fields(fields.items(), _CLIENT_DROPS, forwarding)
-        return RequestMeta(f"http://{key_host}{path}", method, fields_sent)
+        return RequestMeta(self.key(key_host, path), method, fields_sent)
+
+    def key(self, key_host: str, target: str) -> str:
+        """The cache key of ``target`` (path and query as received) on ``key_host``."""
+        return f"http://{key_host}{self.key_query.key(target)}"
+
+    def url_key(self, url: str) -> str:
+        """The cache key of an absolute ``http://host[:port]/path?query`` URL, as a request
+        for it is keyed (ValueError for a host the proxy would refuse)."""
+        host, slash, target = cache_key(url).removeprefix("http://").partition("/")
+        return self.key(host, slash + target)
 
     def upstream_headers(
         self,

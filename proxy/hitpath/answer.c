@@ -196,6 +196,9 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
     PyObject *origin = PyDict_GetItemWithError(self->hosts, host);
     if (origin == NULL)
         goto done;
+    if (!self->query_as_sent &&
+        PyUnicode_FindChar(path, '?', 0, PyUnicode_GET_LENGTH(path), 1) != -1)
+        goto done; /* -2, an error, is raised as one */
     key = PyUnicode_Concat(origin, path);
     if (key == NULL)
         goto done;

@@ -26,6 +26,7 @@ typedef struct {
     Py_ssize_t max_headers;
     Py_ssize_t join_below;
     unsigned long long answered;
+    char query_as_sent; /* 0: a target with a query is the proxy's to key ([cache] key_query) */
     /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
     PyObject *disk_index;  /* DiskIndex */
     PyObject *disk_index_get; /* its get: hash64(key)[0] -> (region, offset, length) */

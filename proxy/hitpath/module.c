@@ -123,6 +123,7 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
     self->per_hit = Py_NewRef(per_hit);
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
         Py_XDECREF(old[i]);
+    self->query_as_sent = 1;
     self->max_url = max_url;
     self->max_headers = max_headers;
     self->join_below = join_below;
@@ -246,6 +247,12 @@ static PyMethodDef PlainHits_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMemberDef PlainHits_members[] = {
+    {"query_as_sent", T_BOOL, offsetof(PlainHits, query_as_sent), 0,
+     "whether a target's query keys as sent ([cache] key_query): else a target with a query\n"
+     "is declined (the proxy keys it)"},
+    {NULL}};
+
 static PyGetSetDef PlainHits_getset[] = {
     {"answered", (getter)PlainHits_get_answered, NULL, "hits answered here", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -264,6 +271,7 @@ static PyTypeObject PlainHitsType = {
     .tp_clear = (inquiry)PlainHits_clear,
     .tp_methods = PlainHits_methods,
     .tp_getset = PlainHits_getset,
+    .tp_members = PlainHits_members,
 };
 
 static struct PyModuleDef hits_module = {

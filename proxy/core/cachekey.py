@@ -1,0 +1,64 @@
+"""Which parameters of a request's query make up its cache key (``[cache] key_query``).
+
+Rules this module keeps:
+
+* ``"all"`` (the default): the target as received, query and all, untouched.
+* ``"none"``: the path alone; ``{include = [...]}``: only the parameters named;
+  ``{exclude = [...]}``: every parameter but those named. A parameter's name is what comes
+  before its first ``=``, compared as sent (no percent-decoding), so the key never depends on a
+  decoding the origin might not share.
+* ``key_query_sort``: the kept parameters in the order of their names (a stable sort: the
+  values of one name keep their order, which an origin may read), so ``?b=1&a=2`` and
+  ``?a=2&b=1`` are one object.
+* Empty parameters (``&&``) and an empty query (``?`` alone) key as nothing once the query is
+  rewritten; each kept parameter stays byte for byte as sent.
+* Only the key changes: the origin is sent the target as the client sent it, unkeyed
+  parameters included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("all", "none", "include", "exclude")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyQuery:
+    """One ``key_query`` setting: ``mode`` (of ``MODES``), the ``names`` include or exclude
+    lists, and whether kept parameters are sorted."""
+
+    mode: str = "all"
+    names: frozenset[str] = frozenset()
+    sort: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"key_query {self.mode!r}: expected one of {', '.join(MODES)}")
+
+    @property
+    def identity(self) -> bool:
+        """Whether every target keys as received."""
+        return self.mode == "all" and not self.sort
+
+    def key(self, target: str) -> str:
+        """What the cache key holds of ``target`` (a path and query as received)."""
+        if self.identity:
+            return target
+        path, mark, query = target.partition("?")
+        if not mark:
+            return target
+        if self.mode == "none":
+            return path
+        params = [p for p in query.split("&") if p]
+        if self.mode == "include":
+            params = [p for p in params if p.partition("=")[0] in self.names]
+        elif self.mode == "exclude":
+            params = [p for p in params if p.partition("=")[0] not in self.names]
+        if self.sort:
+            params.sort(key=_name)
+        return f"{path}?{'&'.join(params)}" if params else path
+
+
+def _name(param: str) -> str:
+    return param.partition("=")[0]
