@@ -57,5 +57,7 @@ def format_size(n: float) -> str:
     """``n`` bytes the way a person reads them: 1.5MiB, 640KiB, 12B."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= size:
-            return f"{n / size:.3g}{unit}"
+            value = n / size
+            # Three significant digits, but never an exponent: 1010MiB, not 1.01e+03MiB.
+            return f"{value:.0f}{unit}" if abs(value) >= 999.5 else f"{value:.3g}{unit}"
     return f"{int(n)}B"
