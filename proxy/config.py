@@ -216,6 +216,9 @@ class DiskSection:
 class Route:
     host: str
     origin: str
+    # The route's own [cache] key_query and key_query_sort; None: the [cache] ones.
+    key_query: tuple[str, tuple[str, ...]] | None = None
+    key_query_sort: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ class Config:
                 value = getattr(section, f.name)
                 values[f.name] = (
                     _join(value) if f.name == "listen"
+                    else _key_query_setting(value) if f.name == "key_query"
                     else list(value) if isinstance(value, tuple)
                     else value
                 )  # fmt: skip
@@ -268,7 +272,15 @@ class Config:
         if redis_url.password:
             netloc = redis_url.netloc.replace(f":{redis_url.password}@", f":{_REDACTED}@", 1)
             sections["admission"]["redis_url"] = redis_url._replace(netloc=netloc).geturl()
-        return {**sections, "routes": [{"host": r.host, "origin": r.origin} for r in self.routes]}
+        routes = []
+        for r in self.routes:
+            route: dict[str, object] = {"host": r.host, "origin": r.origin}
+            if r.key_query is not None:
+                route["key_query"] = _key_query_setting(r.key_query)
+            if r.key_query_sort is not None:
+                route["key_query_sort"] = r.key_query_sort
+            routes.append(route)
+        return {**sections, "routes": routes}
 
     def summary(self) -> dict[str, object]:
         return {
@@ -438,9 +450,21 @@ def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
     return replace(cls(), **parsed)
 
 
+_ROUTE_KEYS = {"host", "origin", "key_query", "key_query_sort"}
+
+
+def _key_query_setting(value: tuple[str, tuple[str, ...]]) -> object:
+    """A key_query as a file writes it: "all", "none", or {include = [...]}."""
+    mode, names = value
+    return {mode: list(names)} if names else mode
+
+
 def _route(table: Any, source: str) -> Route:
-    if not isinstance(table, dict) or set(table) != {"host", "origin"}:
-        raise ConfigError(f"{source}: each route needs exactly host and origin, got {table!r}")
+    if not isinstance(table, dict) or not {"host", "origin"} <= set(table) <= _ROUTE_KEYS:
+        raise ConfigError(
+            f"{source}: each route needs host and origin (and may set key_query, "
+            f"key_query_sort), got {table!r}"
+        )
     host = table["host"]
     if not isinstance(host, str) or not host or "/" in host or ":" in host:
         raise ConfigError(
@@ -450,7 +474,12 @@ def _route(table: Any, source: str) -> Route:
         origin = values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
-    return Route(host.lower(), origin)
+    try:
+        key_query = values.key_query(table["key_query"]) if "key_query" in table else None
+        key_sort = values.boolean(table["key_query_sort"]) if "key_query_sort" in table else None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host}: key_query: {exc}") from None
+    return Route(host.lower(), origin, key_query, key_sort)
 
 
 def _check_whole(config: Config) -> None:

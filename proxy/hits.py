@@ -104,7 +104,7 @@ class HitAnswers:
             join_below=JOIN_BELOW,
         )
         # A query the cache keys otherwise than as sent is keyed by ``answer`` alone.
-        self.plain_hits.query_as_sent = router.key_query.identity
+        self.plain_hits.query_as_sent = router.queries_as_sent
         if disk is not None:
             self.plain_hits.attach_disk(
                 index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
@@ -150,12 +150,12 @@ class HitAnswers:
             self.routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{host_pair[1]}"
         now = self.clock()
         meta = None
-        key = router.key(host_pair[1], path)
+        key = router.key(host_pair, path)
         engine = self.engine
         if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
             hit = engine.fresh_plain(key, now)
         else:
-            meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
+            meta = router.meta(method, host_pair, path, fields, remote, scheme)
             hit = engine.fresh(meta, now)
         on_disk = False
         if hit is None:
@@ -163,7 +163,7 @@ class HitAnswers:
                 return None
             if not engine.plain_miss(key):
                 return None
-            meta = router.meta(method, host_pair[1], path, fields, remote, scheme)
+            meta = router.meta(method, host_pair, path, fields, remote, scheme)
             hit = self.from_disk(meta, now)
             if hit is None:
                 return None

@@ -48,8 +48,17 @@ class Router:
 
     def __init__(self, config: Config) -> None:
         self.routes = config.route_table()
-        mode, names = config.cache.key_query
-        self.key_query = KeyQuery(mode, frozenset(names), config.cache.key_query_sort)
+        cache = config.cache
+        self.key_query = _key_query(cache.key_query, cache.key_query_sort)
+        # A route's own key_query, where it sets one (or its sort).
+        self.key_queries = {
+            route.host: _key_query(
+                route.key_query or cache.key_query,
+                cache.key_query_sort if route.key_query_sort is None else route.key_query_sort,
+            )
+            for route in config.routes
+            if route.key_query is not None or route.key_query_sort is not None
+        }
         self.max_url = config.server.max_url_length
         self.max_headers = config.server.max_header_size
         forward = config.server.forward_headers
@@ -83,14 +92,14 @@ class Router:
         host_pair = hosts(target.netloc if target is not None else request.host)
         if host_pair is None:
             return plain(400, "invalid Host")
-        route_host, key_host = host_pair
+        route_host = host_pair[0]
         origin = self.routes.get(route_host)
         if origin is None and not absolute:
             origin = self.routes.get("")
         if origin is None:
             return plain(421, f"no route for host {route_host!r}")
         path = request.rel_url.raw_path_qs if absolute else request.raw_path
-        meta = self.meta(request.method, key_host, path, request.headers, request.remote or "",
+        meta = self.meta(request.method, host_pair, path, request.headers, request.remote or "",
                          request.scheme)  # fmt: skip
         return meta, origin + path
 
@@ -98,10 +107,15 @@ class Router:
         """Whether a request naming ``route_host`` has an origin to go to."""
         return route_host in self.routes or "" in self.routes
 
+    @property
+    def queries_as_sent(self) -> bool:
+        """Whether every route keys a target's query as received."""
+        return self.key_query.identity and all(k.identity for k in self.key_queries.values())
+
     def meta(
         self,
         method: str,
-        key_host: str,
+        host_pair: tuple[str, str],
         path: str,
         fields: CIMultiDictProxy[str],
         remote: str,
@@ -114,23 +128,30 @@ class Router:
             ("Via", VIA),
             ("X-Forwarded-For", remote),
             ("X-Forwarded-Proto", scheme),
-            ("X-Forwarded-Host", key_host),
+            ("X-Forwarded-Host", host_pair[1]),
         )
         # Indexed once: the cache's rules read these fields about a dozen times per miss. The
         # client's hop-by-hop fields go first, so its Connection can name only its own fields
         # away, never the ones the proxy adds.
         fields_sent = rfc9110.end_to_end_fields(fields.items(), _CLIENT_DROPS, forwarding)
-        return RequestMeta(self.key(key_host, path), method, fields_sent)
+        return RequestMeta(self.key(host_pair, path), method, fields_sent)
 
-    def key(self, key_host: str, target: str) -> str:
-        """The cache key of ``target`` (path and query as received) on ``key_host``."""
-        return f"http://{key_host}{self.key_query.key(target)}"
+    def key(self, host_pair: tuple[str, str], target: str) -> str:
+        """The cache key of ``target`` (path and query as received) on a host (``hosts``):
+        its route's ``key_query``, else ``[cache]``'s."""
+        route_host, key_host = host_pair
+        key_query = self.key_queries.get(route_host, self.key_query)
+        return f"http://{key_host}{key_query.key(target)}"
 
     def url_key(self, url: str) -> str:
         """The cache key of an absolute ``http://host[:port]/path?query`` URL, as a request
         for it is keyed (ValueError for a host the proxy would refuse)."""
-        host, slash, target = cache_key(url).removeprefix("http://").partition("/")
-        return self.key(host, slash + target)
+        _, _, rest = url.partition("://")
+        host, slash, target = rest.partition("/")
+        host_pair = hosts(host)
+        if host_pair is None:
+            raise ValueError(f"not a valid host: {host!r}")
+        return self.key(host_pair, slash + target)
 
     def upstream_headers(
         self,
@@ -208,6 +229,11 @@ def _parsed_host(host: str) -> tuple[str, str] | None:
     port = match["port"] or ""
     key = name if port in ("", "80") else f"{name}:{port}"
     return name.strip("[]"), key
+
+
+def _key_query(setting: tuple[str, tuple[str, ...]], sort: bool) -> KeyQuery:
+    mode, names = setting
+    return KeyQuery(mode, frozenset(names), sort)
 
 
 def fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:

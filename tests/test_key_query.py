@@ -86,3 +86,28 @@ def test_the_simulator_keys_a_traces_urls_as_the_proxy_does():
     keyed = trace.keyed(KeyQuery("exclude", frozenset({"utm_source"}), sort=True))
     assert keyed.key_strings() == ["/p?a=1", "/p?a=1", "/q", "/p?a=1"]
     assert len(keyed.names or ()) == 2
+
+
+async def test_a_route_keys_its_queries_by_its_own_setting(origin, start_proxy, tmp_path):
+    path = tmp_path / "routes.toml"
+    path.write_text(
+        f'[[routes]]\nhost = "shop.test"\norigin = "{origin.url}"\nkey_query = "include:id"\n'
+        f'[[routes]]\nhost = "blog.test"\norigin = "{origin.url}"\n'
+    )
+    config = load(path, env={}, overrides={"server.listen": "127.0.0.1:0",
+                                           "admin.listen": "127.0.0.1:0"})  # fmt: skip
+    assert config.effective()["routes"][0]["key_query"] == {"include": ["id"]}
+    origin.set("/p", body=b"p", headers={"Cache-Control": "max-age=60"})
+    routes = [{"host": "shop.test", "origin": origin.url, "key_query": "include:id"},
+              {"host": "blog.test", "origin": origin.url}]  # fmt: skip
+    service = await start_proxy(routes=routes, admission__policy="always")
+    for host, hits in (("shop.test", ["MISS", "HIT"]), ("blog.test", ["MISS", "MISS"])):
+        got = []
+        for target in ("/p?id=1&x=1", "/p?id=1&x=2"):
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(base(service) + target, headers={"Host": host}) as r,
+            ):
+                await r.read()
+                got.append("HIT" if r.headers["X-Cache"] == "HIT" else "MISS")
+        assert got == hits, host
