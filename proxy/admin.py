@@ -147,6 +147,8 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 removed = None
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
+        if proxy.disk is not None:
+            proxy.disk.sync_drops()  # the records it dropped stay dropped after a crash
         if removed is None:
             return web.json_response(
                 {"error": 'give {"url": "http://host/path"} or {"prefix": "http://host/dir/"}'},

@@ -34,6 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from proxy.config import DiskSection
+from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
@@ -44,6 +45,9 @@ from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
 BANS = "bans.json"
+# Records invalidated since the last checkpoint, which a start after a crash drops again.
+DROPS = "drops.log"
+_DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 # A record up to this long is read on the event loop when the page cache holds all of it
 # (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
 # device must be asked for, is read on a worker thread by the request handler, so that neither
@@ -73,6 +77,9 @@ class DiskStore:
         self.bans_path = Path(section.path) / BANS
         self.tier.bans[:] = self._saved_bans()
         self.tier.expire_bans()
+        self.drops_path = Path(section.path) / DROPS
+        self.dropped_again = self._drop_again()
+        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
@@ -89,7 +96,8 @@ class DiskStore:
         slots = self.tier.index.dump()
         head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
                                 zlib.crc32(slots))  # fmt: skip
-        _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint")
+        if _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
+            self._journal_done()
 
     def _saved(self) -> tuple[int, int, bytes] | None:
         """(open region, where it ended, slots) of a checkpoint that describes the files."""
@@ -167,8 +175,52 @@ class DiskStore:
 
     def invalidate(self, key: str) -> bool:
         """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
-        whether there was one."""
-        return self.tier.drop(key)
+        whether there was one. The drop is journaled until the next checkpoint, so that a
+        start after a crash does not bring the record back (``sync_drops`` puts the journal on
+        the device; until then a process crash keeps it, a power cut may not)."""
+        slot = self.tier.find(key)
+        if slot is None or not self.tier.drop(key):
+            return False
+        entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
+        try:
+            if self._drops is None:
+                self._drops = os.open(self.drops_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                      0o600)  # fmt: skip
+            os.write(self._drops, entry)
+        except OSError as exc:
+            DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
+        return True
+
+    def sync_drops(self) -> None:
+        """Put the journal of dropped records on the device (a purge answers after it)."""
+        if self._drops is not None:
+            try:
+                os.fsync(self._drops)
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
+
+    def _drop_again(self) -> int:
+        """Drop the records the journal names that the index still holds where they were
+        dropped (a record written after the drop, elsewhere, stays); how many."""
+        try:
+            data = self.drops_path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            DISK_ERRORS.warning("reading the journal of dropped records failed: %r", exc)
+            return 0
+        whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
+        return sum(self.tier.forget(*entry) for entry in _DROP.iter_unpack(data[:whole]))
+
+    def _journal_done(self) -> None:
+        """The checkpoint just written holds every drop: the journal starts again."""
+        try:
+            if self._drops is not None:
+                os.ftruncate(self._drops, 0)
+            elif self.drops_path.exists():
+                self.drops_path.unlink()
+        except OSError as exc:
+            DISK_ERRORS.warning("emptying the journal of dropped records failed: %r", exc)
 
     def lookup(
         self,
@@ -236,6 +288,7 @@ class DiskStore:
             "restored_from_checkpoint": self.from_checkpoint,
             "restored_by_scan": self.scanned,
             "bans": len(self.tier.bans),
+            "dropped_again": self.dropped_again,
             "bytes_written_per_second": round((b1 - b0) / span, 1) if span > 0 else None,
             "process_write_bytes": device,
             "process_write_bytes_per_second": (
@@ -246,15 +299,18 @@ class DiskStore:
         }
 
     def close(self) -> None:
-        """Checkpoint, then close the open region."""
+        """Checkpoint, then close the open region and the journal."""
         self.checkpoint()
         self.log.close()
+        if self._drops is not None:
+            os.close(self._drops)
+            self._drops = None
 
 
-def _replace(path: Path, data: bytes, what: str) -> None:
-    """``path`` holds ``data``, on the device, or (with one log line) what it held before:
-    written to a new file, synced, then renamed over it, so a crash leaves one or the
-    other whole."""
+def _replace(path: Path, data: bytes, what: str) -> bool:
+    """``path`` holds ``data``, on the device, or (with one log line, False) what it held
+    before: written to a new file, synced, then renamed over it, so a crash leaves one or
+    the other whole."""
     fresh = path.with_suffix(".new")
     try:
         with open(fresh, "wb") as f:
@@ -264,6 +320,8 @@ def _replace(path: Path, data: bytes, what: str) -> None:
         os.replace(fresh, path)
     except OSError as exc:
         DISK_ERRORS.warning("writing %s failed: %r", what, exc)
+        return False
+    return True
 
 
 def process_write_bytes() -> int | None:

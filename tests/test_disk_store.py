@@ -15,7 +15,7 @@ import time
 from proxy.config import DiskSection
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
-from proxy.disk_store import CHECKPOINT, READ_INLINE, DiskStore
+from proxy.disk_store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
 
@@ -49,6 +49,28 @@ def test_a_clean_stop_checkpoints_and_the_next_start_scans_nothing(tmp_path):
         entry = again.lookup(key, Entry)
         assert entry is not None and entry.payload == body_of(key) and entry.status == 200
     again.close()
+
+
+def test_a_record_invalidated_before_a_crash_stays_gone_and_one_written_after_stays(tmp_path):
+    store = DiskStore(section(tmp_path))
+    write(store, ["http://a/x", "http://a/y"])
+    store.checkpoint()
+    write(store, ["http://a/z"])  # after the checkpoint: found again by the scan
+    for key in ("http://a/x", "http://a/y", "http://a/z"):
+        assert store.invalidate(key)
+    store.sync_drops()
+    write(store, ["http://a/y"])  # stored anew after its purge, elsewhere in the ring
+    store.log.close()  # a crash: no checkpoint at the end
+    again = DiskStore(section(tmp_path))
+    assert again.lookup("http://a/x", Entry) is None and again.lookup("http://a/z", Entry) is None
+    entry = again.lookup("http://a/y", Entry)
+    assert entry is not None and entry.payload == body_of("http://a/y")
+    assert again.stats()["dropped_again"] == 2  # x and z: y's new record is not the one dropped
+    again.close()  # its checkpoint holds the drops: the journal starts again
+    assert not (tmp_path / DROPS).exists() or (tmp_path / DROPS).stat().st_size == 0
+    last = DiskStore(section(tmp_path))
+    assert last.lookup("http://a/x", Entry) is None and last.stats()["dropped_again"] == 0
+    last.close()
 
 
 def test_after_a_crash_only_the_records_written_since_the_checkpoint_are_scanned(tmp_path):

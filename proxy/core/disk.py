@@ -268,6 +268,16 @@ class DiskTier:
             self.counters.dropped += 1
         return True
 
+    def forget(self, key_hash: int, region: int, offset: int) -> bool:
+        """Drop the record of ``key_hash`` if the index holds it at ``region`` and ``offset``
+        (a drop journaled before a crash, made again); whether it did."""
+        found = self.index.get(key_hash)
+        if found is None or found[:2] != (region, offset) or not self.index.delete(key_hash):
+            return False
+        self._held(region, -found[2])
+        self.counters.dropped += 1
+        return True
+
     def _held(self, region: int, length: int) -> None:
         """``length`` bytes more (or fewer) held in ``region``."""
         self.region_bytes[region] = self.region_bytes.get(region, 0) + length
