@@ -138,6 +138,13 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         try:
             if isinstance(params.get("url"), str):
                 removed = proxy.engine.invalidate(proxy.router.url_key(params["url"]))
+            elif isinstance(params.get("tags"), list) and all(
+                isinstance(t, str) and t and not t.isspace() for t in params["tags"]
+            ):
+                tags = [t.strip() for t in params["tags"]]
+                removed = proxy.engine.purge_tags(tags)
+                if proxy.disk is not None:
+                    proxy.disk.purge_tags(tags)  # the disk's records go as they are read
             elif isinstance(params.get("prefix"), str):
                 prefix = cache_key(params["prefix"])
                 removed = proxy.engine.purge_prefix(prefix)
@@ -151,7 +158,10 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             proxy.disk.sync_drops()  # the records it dropped stay dropped after a crash
         if removed is None:
             return web.json_response(
-                {"error": 'give {"url": "http://host/path"} or {"prefix": "http://host/dir/"}'},
+                {
+                    "error": 'give {"url": "http://host/path"}, {"prefix": "http://host/dir/"} '
+                    'or {"tags": ["product-42"]}'
+                },
                 status=400,
             )
         return web.json_response({"removed": removed})

@@ -36,10 +36,11 @@ from pathlib import Path
 from proxy.config import DiskSection
 from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, WriteBudget
+from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, Slot, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
+from proxy.core.tags import response_tags
 from proxy.record_meta import decode_meta, encode_meta, record_entry
 from proxy.region_log import DISK_ERRORS, RegionLog
 
@@ -158,20 +159,27 @@ class DiskStore:
         self.tier.ban(prefix)
         self._save_bans()
 
+    def purge_tags(self, tags: list[str]) -> None:
+        """Purge every record whose response carries one of ``tags``, as ``purge_prefix``."""
+        for tag in tags:
+            self.tier.ban(tag, by_tag=True)
+        self._save_bans()
+
     def _save_bans(self) -> None:
         _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
 
     def _saved_bans(self) -> list[Ban]:
         try:
             saved = json.loads(self.bans_path.read_bytes())
-            return [(str(prefix), int(region), int(offset)) for prefix, region, offset in saved]
+            return [(str(value), int(region), int(offset), bool(by_tag))
+                    for value, region, offset, by_tag in saved]  # fmt: skip
         except FileNotFoundError:
             return []
         except (OSError, ValueError, TypeError) as exc:
             # Unreadable bans may hide purged records: every record written so far is purged.
             DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
             live = self.tier.regions.live
-            return [("", live[-1], self.tier.regions.fill)] if live else []
+            return [("", live[-1], self.tier.regions.fill, False)] if live else []
 
     def invalidate(self, key: str) -> bool:
         """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
@@ -241,7 +249,7 @@ class DiskStore:
             found = self.log.read(slot, _raw(key), warm_only=warm_only)
         except BlockingIOError:
             return None
-        return self._entry(key, found, entry_type)
+        return self._entry(key, slot, found, entry_type)
 
     async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
         """``lookup``, read on the event loop only when the record is no longer than
@@ -252,7 +260,7 @@ class DiskStore:
             return None
         if slot.length <= READ_INLINE:
             try:
-                return self._entry(key, self.log.read(slot, _raw(key), warm_only=True),
+                return self._entry(key, slot, self.log.read(slot, _raw(key), warm_only=True),
                                    entry_type)  # fmt: skip
             except BlockingIOError:
                 pass
@@ -260,16 +268,22 @@ class DiskStore:
         found = await loop.run_in_executor(None, self.log.read_apart, slot, _raw(key))
         if self.tier.find(key) != slot:
             return None
-        return self._entry(key, found, entry_type)
+        return self._entry(key, slot, found, entry_type)
 
     def _entry(
-        self, key: str, found: tuple[bytes, bytes] | None, entry_type: type[Entry]
+        self, key: str, slot: Slot, found: tuple[bytes, bytes] | None, entry_type: type[Entry]
     ) -> Entry | None:
+        """The entry of a record read at ``slot``, or None: not whole (dropped), or purged by
+        a ban by tag (dropped, counted ``purged``)."""
         if found is None:
             self.tier.drop(key)
             return None
         meta, body = found
-        return record_entry(key, decode_meta(meta), body, entry_type)
+        m = decode_meta(meta)
+        if self.tier.bans and self.tier.tag_banned(response_tags(m.headers), slot):
+            self.tier.drop(key, purged=True)
+            return None
+        return record_entry(key, m, body, entry_type)
 
     def _sample(self) -> tuple[float, int, int | None]:
         return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()

@@ -14,10 +14,11 @@ Rules it keeps:
 * ``find`` says where a key's record lies; ``answered`` counts a memory miss the disk
   answered or did not; ``drop`` forgets a key whose record could not be written or read
   whole (it is then a miss, never a wrong body).
-* A purge by prefix (``ban``) cannot visit the records it purges: the index keeps hashes,
-  not keys. It is kept instead as a ban, as Varnish keeps its bans: a key under the prefix
-  whose record was written before the ban (an earlier place in the ring) is dropped when
-  ``find`` next meets it, and counted ``purged``. A ban goes once the region it was issued
+* A purge by prefix or by tag (``ban``) cannot visit the records it purges: the index keeps
+  hashes, not keys or tags. It is kept instead as a ban, as Varnish keeps its bans: a key
+  under the prefix whose record was written before the ban (an earlier place in the ring) is
+  dropped when ``find`` next meets it, one whose response carries the tag when its record is
+  next read (``tag_banned``), and counted ``purged``. A ban goes once the region it was issued
   in is evicted, with every record it could purge; past ``MAX_BANS`` outstanding, one ban of
   every key written so far replaces them, so the list stays bounded.
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
@@ -53,9 +54,10 @@ DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below
 # Bans kept at most (a few hundred bytes each): past this, one ban of everything replaces them.
 MAX_BANS = 1024
 
-# A purge by prefix: records of keys starting with ``prefix`` written before ``region`` and
-# ``offset`` (the ring's next write at the purge) are purged.
-Ban = tuple[str, int, int]
+# A purge by prefix or by tag: records of keys starting with the prefix, or (a tag ban, the
+# last item true) whose response carries the tag, written before ``region`` and ``offset``
+# (the ring's next write at the purge) are purged.
+Ban = tuple[str, int, int, bool]
 
 
 class WriteBudget:
@@ -167,22 +169,30 @@ class DiskTier:
         return slot
 
     def banned(self, key: str, slot: Slot) -> bool:
-        """Whether a ban purges ``key``'s record at ``slot``."""
+        """Whether a ban by prefix purges ``key``'s record at ``slot``."""
         return any(
-            key.startswith(prefix) and (slot.region, slot.offset) < (region, offset)
-            for prefix, region, offset in self.bans
+            not by_tag and key.startswith(prefix) and (slot.region, slot.offset) < (region, offset)
+            for prefix, region, offset, by_tag in self.bans
         )
 
-    def ban(self, prefix: str) -> None:
-        """Purge every record of a key starting with ``prefix`` written so far."""
+    def tag_banned(self, tags: tuple[str, ...], slot: Slot) -> bool:
+        """Whether a ban by tag purges a record at ``slot`` whose response carries ``tags``."""
+        return any(
+            by_tag and tag in tags and (slot.region, slot.offset) < (region, offset)
+            for tag, region, offset, by_tag in self.bans
+        )
+
+    def ban(self, prefix: str, *, by_tag: bool = False) -> None:
+        """Purge every record written so far of a key starting with ``prefix``, or (``by_tag``)
+        whose response carries the tag ``prefix``."""
         live = self.regions.live
         if not live:
             return
         position = (live[-1], self.regions.fill)
         if len(self.bans) >= MAX_BANS:
-            self.bans[:] = [("", *position)]
+            self.bans[:] = [("", *position, False)]
         else:
-            self.bans.append((prefix, *position))
+            self.bans.append((prefix, *position, by_tag))
 
     def answered(self, hit: bool) -> None:
         """Count a memory miss the disk answered (``hit``) or did not."""

@@ -40,6 +40,10 @@ Rules this module keeps:
   is stored only when it is meant for shared caches (``public``, ``s-maxage``,
   CDN-Cache-Control), as with ``Authorization``. A stored response never carries a
   ``Set-Cookie``.
+* Purge tags (``proxy.core.tags``: ``Surrogate-Key``, ``Cache-Tag``) are indexed for the
+  entries stored, each charged to its entry; ``purge_tags`` removes every entry carrying one
+  of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
+  must reach it whichever of its tags it names.
 * Memory is bounded by configuration: at most ``max_variants`` variants per URL (responses for
   more are not stored, ``NotStored("variants")``), the hit-for-miss memory by bytes, the Vary
   index by the stored variants, the store by its capacity (which charges keys and headers).
@@ -83,6 +87,7 @@ from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
 from proxy.core.stats import Counters, snapshot
 from proxy.core.store import CacheStore, Entry
+from proxy.core.tags import MAX_TAGS, TagIndex, response_tags
 from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
@@ -132,6 +137,7 @@ class CacheEngine(ResponseDecisions):
         # it held the URL).
         self.forget_behind: Callable[[str], bool] | None = None
         self.variants = Variants(max_variants)
+        self.tags = TagIndex()
         # URL -> (until when it goes straight to the origin, bytes it is charged)
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
@@ -212,11 +218,13 @@ class CacheEngine(ResponseDecisions):
         it fits and its URL has no variants here (they are selected on fields)."""
         if entry.key in self.variants or not self.store.fits(entry.size):
             return
+        entry.tags = response_tags(entry.headers)
+        if len(entry.tags) > MAX_TAGS:
+            return
         try:
-            evicted = self.store.put(entry)
+            self._put(entry)
         except ValueError:  # its fields take it past what an entry may be charged
             return
-        self.variants.forget(evicted)
 
     def varies(self, key: str) -> bool:
         """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""

@@ -185,6 +185,7 @@ class Answer(NamedTuple):
 URI_MISS = Miss("uri-miss")
 METHOD_BYPASS = Bypass("method")
 TOO_LARGE = NotStored("too-large")
+TOO_MANY_TAGS = NotStored("too-many-tags")
 FIRST_SIGHTING = NotStored("first-sighting")
 COLLAPSED = NotStored("collapsed")
 CUT_SHORT = NotStored("cut-short")

@@ -16,6 +16,7 @@ from proxy.core.events import (
     CUT_SHORT,
     FIRST_SIGHTING,
     TOO_LARGE,
+    TOO_MANY_TAGS,
     TOO_MANY_VARIANTS,
     Keep,
     NotStored,
@@ -27,6 +28,7 @@ from proxy.core.events import (
 from proxy.core.rfc9110 import Headers
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
+from proxy.core.tags import MAX_TAGS, TagIndex, response_tags
 from proxy.core.variants import Variants, variant
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -88,6 +90,7 @@ class ResponseDecisions:
     admission: AdmissionPolicy
     counters: Counters
     variants: Variants
+    tags: TagIndex
     hit_for_miss: float
     entry_type: type[Entry]
     forget_behind: Callable[[str], bool] | None
@@ -223,6 +226,10 @@ class ResponseDecisions:
             self._pass_for_a_while(request, now)
             return TOO_LARGE
         response = decision.response
+        tags = response_tags(response.headers)
+        if len(tags) > MAX_TAGS:
+            c.uncacheable += 1
+            return TOO_MANY_TAGS
         url = request.key
         if response.vary:
             if not self.variants.selected_on(url, response.vary):
@@ -242,12 +249,12 @@ class ResponseDecisions:
             payload,
             status=response.status,
         )
+        entry.tags = tags
         try:
-            evicted = self.store.put(entry)
+            evicted = self._put(entry)
         except ValueError:  # the body fits, but with headers past the overhead estimate it does not
             c.too_large += 1
             return TOO_LARGE
-        self.variants.forget(evicted)
         c.admissions += 1
         c.bytes_written += size
         return Store(entry, tuple(evicted))
@@ -279,7 +286,10 @@ class ResponseDecisions:
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
-        self.variants.forget(self.store.recharge(entry))
+        self.tags.forget((entry,))
+        entry.tags = response_tags(headers)[:MAX_TAGS]
+        self.tags.add(entry)
+        self._gone(self.store.recharge(entry))
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
@@ -294,7 +304,9 @@ class ResponseDecisions:
         behind it (``forget_behind``); returns how many entries went."""
         removed = 0
         for key in (url, *self.variants.pop(url)):
-            if self.store.delete(key) is not None:
+            gone = self.store.delete(key)
+            if gone is not None:
+                self.tags.forget((gone,))
                 removed += 1
         if self.forget_behind is not None and self.forget_behind(url):
             removed += 1
@@ -313,8 +325,36 @@ class ResponseDecisions:
             return
         self._pass_for_a_while(request, now)
         stored = self.variants.key(request)
-        if self.store.delete(stored) is not None:
-            self.variants.forget((stored,))
+        gone = self.store.delete(stored)
+        if gone is not None:
+            self._gone((gone,))
+
+    def _put(self, entry: Entry) -> list[Entry]:
+        """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
+        has left the variant and tag indexes. ValueError as ``CacheStore.put``."""
+        replaced = self.store.peek(entry.key)
+        evicted = self.store.put(entry)
+        if replaced is not None:
+            self.tags.forget((replaced,))
+        self.tags.add(entry)
+        self._gone(evicted)
+        return evicted
+
+    def _gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+        """``entries`` left the store: they leave the variant and tag indexes too."""
+        self.variants.forget(entries)
+        self.tags.forget(entries)
+
+    def purge_tags(self, tags: list[str]) -> int:
+        """Remove every stored entry (each variant on its own) carrying any of ``tags``;
+        how many went."""
+        removed = 0
+        for key in self.tags.tagged(tags):
+            gone = self.store.delete(key)
+            if gone is not None:
+                self._gone((gone,))
+                removed += 1
+        return removed
 
     def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
         if self.hit_for_miss > 0:

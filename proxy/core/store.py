@@ -62,6 +62,7 @@ class Entry:
     status: int = 200
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
     key_hash: int = field(default=0)  # the index's key, set by the store: no rehash per hit
+    tags: tuple[str, ...] = ()  # its purge tags (``proxy.core.tags``), set by the engine
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""
@@ -75,16 +76,20 @@ ENTRY_OVERHEAD = 1536
 # Header text that ENTRY_OVERHEAD covers, counted 4 times: the tuples and strings that hold it,
 # and a driver's rendered head (the proxy's ``ServedEntry.rendered``), which holds it once more.
 _HEADER_ALLOWANCE = 1024
+# Bytes a purge tag costs in the engine's tag index at most, when no other entry carries it:
+# its string, its own set, the dict's entry (tracemalloc, 15-character tags: 318 bytes).
+TAG_CHARGE = 320
 
 
 def entry_charge(entry: Entry, overhead: int) -> int:
     """Bytes an entry counts against the store's capacity: its body, and with an overhead its
-    objects too, its key twice (the store's, and the Vary index's copy of its URL) and its
-    header text past what the overhead covers."""
+    objects too, its key twice (the store's, and the Vary index's copy of its URL), its
+    header text past what the overhead covers, and its purge tags' place in the tag index."""
     if not overhead:
         return entry.size
     text = sum(map(len, chain.from_iterable(entry.headers)))
-    return entry.size + overhead + 2 * len(entry.key) + max(0, 4 * text - _HEADER_ALLOWANCE)
+    tags = TAG_CHARGE * len(entry.tags)
+    return entry.size + overhead + 2 * len(entry.key) + max(0, 4 * text - _HEADER_ALLOWANCE) + tags
 
 
 EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu")

@@ -11,8 +11,8 @@
  *   with none, or whose file was removed by hand (no link left), a record longer than
  *   read_inline, or one the page cache does not hold all of (RWF_NOWAIT): the handler reads
  *   those off the event loop.
- * - It declines a record a ban (DiskTier.bans: a purge by prefix) may purge, so that
- *   DiskTier.find drops it, in one place.
+ * - It declines a record a ban (DiskTier.bans: a purge by prefix or by tag) may purge, so
+ *   that the proxy drops it, in one place.
  * - It answers only what the stored head may answer as it was rendered: the record's meta
  *   carries the render stamp of this proxy, the PLAIN flag (no `no-cache` to revalidate), and
  *   a fresh age, computed as Entry.age computes it; else it declines.
@@ -149,16 +149,17 @@ static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long 
     return 1;
 }
 
-/* Whether a ban purges key's record at region and offset (DiskTier.banned); -1 with an
- * exception set on error. */
+/* Whether a ban may purge key's record at region and offset: a ban by prefix that does
+ * (DiskTier.banned), or any ban by tag written after it, whose tags the proxy checks
+ * (DiskTier.tag_banned); -1 with an exception set on error. */
 static int banned(PlainHits *self, PyObject *key, PyObject *region, long long offset) {
     long long at = PyLong_AsLongLong(region);
     if (at == -1 && PyErr_Occurred())
         return -1;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(self->disk_bans); i++) {
         PyObject *ban = PyList_GET_ITEM(self->disk_bans, i);
-        if (!PyTuple_Check(ban) || PyTuple_GET_SIZE(ban) != 3) {
-            PyErr_SetString(PyExc_TypeError, "a ban is (prefix, region, offset)");
+        if (!PyTuple_Check(ban) || PyTuple_GET_SIZE(ban) != 4) {
+            PyErr_SetString(PyExc_TypeError, "a ban is (prefix or tag, region, offset, by_tag)");
             return -1;
         }
         long long ban_at = PyLong_AsLongLong(PyTuple_GET_ITEM(ban, 1));
@@ -166,6 +167,8 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
         if (PyErr_Occurred())
             return -1;
         if (at < ban_at || (at == ban_at && offset < ban_offset)) {
+            if (PyTuple_GET_ITEM(ban, 3) == Py_True)
+                return 1;
             Py_ssize_t under = PyUnicode_Tailmatch(key, PyTuple_GET_ITEM(ban, 0), 0,
                                                    PY_SSIZE_T_MAX, -1);
             if (under != 0)

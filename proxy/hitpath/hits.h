@@ -32,7 +32,7 @@ typedef struct {
     PyObject *disk_index_get; /* its get: hash64(key)[0] -> (region, offset, length) */
     PyObject *record_meta; /* the RecordMeta type (a tuple's) */
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
-    PyObject *disk_bans;   /* list: DiskTier.bans, (prefix, region, offset) */
+    PyObject *disk_bans;   /* list: DiskTier.bans, (prefix or tag, region, offset, by_tag) */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
     PyObject *disk_kept;   /* kept(key, body, RecordMeta): counts a disk hit, keeps it */

@@ -1,0 +1,112 @@
+"""Purges by tag: ``Surrogate-Key`` and ``Cache-Tag`` indexed for the entries stored, charged
+against the cache's size, and purged in memory and on disk by ``POST /purge {"tags": [...]}``."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import aiohttp
+from conftest import base
+
+from loadgen.simulate import build_engine
+from proxy.core.admission import AdmissionConfig
+from proxy.core.events import TOO_MANY_TAGS, RequestMeta, ResponseMeta
+from proxy.core.tags import MAX_TAGS, response_tags
+
+DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
+        "cache__max_object_size": "256KiB"}  # fmt: skip
+
+
+def test_tags_are_surrogate_key_tokens_and_cache_tag_items_once_each_in_order():
+    headers = (("Surrogate-Key", "p1  all"), ("Cache-Tag", "p2, all ,p3"), ("surrogate-key", "p4"))
+    assert response_tags(headers) == ("p1", "all", "p4", "p2", "p3")
+    assert response_tags((("Content-Type", "text/html"),)) == ()
+
+
+def tagged(tags: str) -> ResponseMeta:
+    return ResponseMeta(lifetime=600.0, headers=(("Surrogate-Key", tags),))
+
+
+def test_a_purge_by_tag_removes_the_entries_carrying_it_and_no_other():
+    engine = build_engine(1 << 20, AdmissionConfig(policy="always"))
+    for key, tags in (("http://a/1", "p1 all"), ("http://a/2", "p2 all"), ("http://a/3", "")):
+        engine.on_response(RequestMeta(key), tagged(tags), 100, 0.0)
+    assert engine.purge_tags(["p1"]) == 1
+    assert engine.store.peek("http://a/1") is None and engine.store.peek("http://a/2")
+    assert engine.purge_tags(["all", "nothing"]) == 1
+    assert engine.store.peek("http://a/3") is not None and len(engine.tags) == 0
+    # A stored response refreshed with other tags is indexed under the new ones only.
+    engine.on_response(RequestMeta("http://a/3"), tagged("old"), 100, 1.0)
+    engine.on_response(RequestMeta("http://a/3"), tagged("new"), 100, 2.0)
+    assert set(engine.tags.keys) == {"new"} and engine.purge_tags(["old"]) == 0
+    engine.invalidate("http://a/3")
+    assert len(engine.tags) == 0
+
+
+def test_a_response_with_more_tags_than_a_purge_may_name_is_not_stored():
+    engine = build_engine(1 << 20, AdmissionConfig(policy="always"))
+    many = " ".join(f"t{i}" for i in range(MAX_TAGS + 1))
+    assert engine.on_response(RequestMeta("http://a/x"), tagged(many), 100, 0.0) == TOO_MANY_TAGS
+    assert engine.store.peek("http://a/x") is None and len(engine.tags) == 0
+
+
+def test_100000_tags_keep_the_engine_within_its_cache_size():
+    """Each tag is charged to its entry: the store evicts for it, and what the engine holds,
+    entries and tag index together, stays within the size it was given."""
+    size = 8 << 20
+    engine = build_engine(size, AdmissionConfig(policy="always"))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):  # 50 tags each, none shared: 100,000 tags
+            tags = " ".join(f"tag-{i:05d}-{t:02d}" for t in range(50))
+            engine.on_response(RequestMeta(f"http://a/{i}"), tagged(tags), 1_000, float(i))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert engine.store.evictions > 0  # the tags' charge made room
+    assert held <= size, f"{held:,} bytes held for a cache of {size:,}"
+    assert sum(len(keys) for keys in engine.tags.keys.values()) == 50 * len(engine.store)
+
+
+async def purge(service, body: dict) -> dict:
+    host, port = service.admin_address
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{host}:{port}/purge", json=body) as r,
+    ):
+        assert r.status == 200
+        return await r.json()
+
+
+async def get(service, path: str) -> tuple[int, dict[str, str], bytes]:
+    url, host = base(service) + path, {"Host": "example.test"}
+    async with aiohttp.ClientSession() as session, session.get(url, headers=host) as r:
+        return r.status, dict(r.headers), await r.read()
+
+
+async def test_a_purge_by_tag_reaches_memory_and_the_disk_and_outlives_a_restart(
+    origin, start_proxy, tmp_path
+):
+    tags = {"/a": "product-1 all", "/b": "product-2 all", "/c": ""}
+    for path, tag in tags.items():
+        origin.set(path, body=path.encode() * 300,
+                   headers={"Cache-Control": "max-age=600", "Surrogate-Key": tag})  # fmt: skip
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):
+        for path in tags:
+            assert (await get(first, path))[0] == 200
+    assert (await purge(first, {"tags": ["product-1"]}))["removed"] == 1  # /a, in memory
+    assert (await get(first, "/b"))[1]["X-Cache"] == "HIT"
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)  # memory empty, disk holds b, c
+    assert (await purge(second, {"tags": ["all"]}))["removed"] == 0
+    await second.stop()
+    third = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for path, from_disk in (("/c", True), ("/a", False), ("/b", False)):
+        status, headers, body = await get(third, path)
+        assert (status, body) == (200, path.encode() * 300)
+        assert ("detail=disk" in headers["Cache-Status"]) is from_disk, path
+    assert (origin.hits["/a"], origin.hits["/b"], origin.hits["/c"]) == (3, 3, 2)
