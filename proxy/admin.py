@@ -14,12 +14,13 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from typing import Any
 
 from aiohttp import web
 
 from proxy.config import AdminSection
 from proxy.core.stats import GAUGES, METRICS
-from proxy.routing import cache_key
+from proxy.routing import Router, cache_key
 from proxy.server import Proxy
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -136,35 +137,35 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             except (ValueError, TypeError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
         try:
-            if isinstance(params.get("url"), str):
-                removed = proxy.engine.invalidate(proxy.router.url_key(params["url"]))
-            elif isinstance(params.get("tags"), list) and all(
-                isinstance(t, str) and t and not t.isspace() for t in params["tags"]
-            ):
-                tags = [t.strip() for t in params["tags"]]
-                removed = proxy.engine.purge_tags(tags)
-                if proxy.disk is not None:
-                    proxy.disk.purge_tags(tags)  # the disk's records go as they are read
-            elif isinstance(params.get("prefix"), str):
-                prefix = cache_key(params["prefix"])
-                removed = proxy.engine.purge_prefix(prefix)
-                if proxy.disk is not None:
-                    proxy.disk.purge_prefix(prefix)  # the disk's records go as they are met
-            else:
-                removed = None
+            selector = _purged(params, proxy.router)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
-        if proxy.disk is not None:
-            proxy.disk.sync_drops()  # the records it dropped stay dropped after a crash
-        if removed is None:
+        if selector is None:
             return web.json_response(
                 {
                     "error": 'give {"url": "http://host/path"}, {"prefix": "http://host/dir/"} '
-                    'or {"tags": ["product-42"]}'
+                    'or {"tags": ["product-42"]}, and "soft": true to mark them stale'
                 },
                 status=400,
             )
-        return web.json_response({"removed": removed})
+        kind, value = selector
+        engine, disk = proxy.engine, proxy.disk
+        if params.get("soft") in (True, "true", "1"):
+            marked = engine.soft_purge(engine.stored_keys(**{kind: value}), proxy.clock())
+            answer = {"stale": marked}
+            if disk is not None and kind == "url":
+                disk.invalidate(value)  # the disk keeps nothing stale to revalidate: purged
+        else:
+            purge = {"url": engine.invalidate, "prefix": engine.purge_prefix,
+                     "tags": engine.purge_tags}[kind]  # fmt: skip
+            answer = {"removed": purge(value)}
+        if disk is not None:
+            if kind == "prefix":
+                disk.purge_prefix(value)  # the disk's records go as they are met
+            elif kind == "tags":
+                disk.purge_tags(value)  # the disk's records go as they are read
+            disk.sync_drops()  # the records it dropped stay dropped after a crash
+        return web.json_response(answer)
 
     async def filter_reset(request: web.Request) -> web.Response:
         proxy.engine.admission.reset(time.time())
@@ -178,6 +179,19 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         purge=purge,
         filter_reset=filter_reset,
     )
+
+
+def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
+    """What a purge names: ("url", its cache key), ("prefix", a key prefix) or ("tags", the
+    tags); None when it names none; ValueError for a host the proxy would refuse."""
+    if isinstance(params.get("url"), str):
+        return "url", router.url_key(params["url"])
+    tags = params.get("tags")
+    if isinstance(tags, list) and tags and all(isinstance(t, str) and t.strip() for t in tags):
+        return "tags", [t.strip() for t in tags]
+    if isinstance(params.get("prefix"), str):
+        return "prefix", cache_key(params["prefix"])
+    return None
 
 
 def admin_application(

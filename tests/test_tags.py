@@ -110,3 +110,28 @@ async def test_a_purge_by_tag_reaches_memory_and_the_disk_and_outlives_a_restart
         assert (status, body) == (200, path.encode() * 300)
         assert ("detail=disk" in headers["Cache-Status"]) is from_disk, path
     assert (origin.hits["/a"], origin.hits["/b"], origin.hits["/c"]) == (3, 3, 2)
+
+
+async def test_rfc9111_4_3_a_soft_purge_marks_entries_stale_and_the_next_request_revalidates(
+    origin, start_proxy
+):
+    for path, tag in (("/s", "soft"), ("/k", "kept")):
+        origin.set(
+            path,
+            body=b"v" * 500,
+            not_modified_etag='"v1"',
+            headers={"Cache-Control": "max-age=600", "ETag": '"v1"', "Cache-Tag": tag},
+        )
+    service = await start_proxy(admission__policy="always")
+    for path in ("/s", "/k"):
+        assert (await get(service, path))[0] == 200
+    assert await purge(service, {"tags": ["soft"], "soft": True}) == {"stale": 1}
+    status, _, body = await get(service, "/s")  # revalidated: a 304, the stored body
+    assert (status, body) == (200, b"v" * 500)
+    assert origin.hits["/s"] == 2 and origin.seen_headers["/s"]["If-None-Match"] == '"v1"'
+    assert (await get(service, "/s"))[1]["X-Cache"] == "HIT"  # fresh again
+    assert (await get(service, "/k"))[1]["X-Cache"] == "HIT" and origin.hits["/k"] == 1
+    host, port = service.admin_address
+    async with aiohttp.ClientSession() as session, session.get(f"http://{host}:{port}/stats") as r:
+        metrics = (await r.json())["metrics"]
+    assert (metrics["soft_purged"], metrics["revalidated"]) == (1, 1)

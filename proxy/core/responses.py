@@ -356,6 +356,35 @@ class ResponseDecisions:
                 removed += 1
         return removed
 
+    def stored_keys(
+        self,
+        *,
+        url: str | None = None,
+        prefix: str | None = None,
+        tags: list[str] | None = None,
+    ) -> set[str]:
+        """The store keys of what a purge of ``url`` (with its variants), of ``prefix`` or
+        of ``tags`` would remove."""
+        if url is not None:
+            known = self.variants.urls.get(url)
+            return {url, *(known[1] if known is not None else ())}
+        if prefix is not None:
+            return {key for key in self.store if key.startswith(prefix)}
+        return self.tags.tagged(tags or ())
+
+    def soft_purge(self, keys: set[str], now: float) -> int:
+        """Mark the fresh entries of ``keys`` stale at ``now`` (soft purge): the next request
+        revalidates one, or is answered with it stale where ``stale-while-revalidate`` or
+        ``stale-if-error`` allow; how many were marked."""
+        marked = 0
+        for key in keys:
+            entry = self.store.peek(key)
+            if entry is not None and entry.age(now) < entry.lifetime:
+                entry.lifetime = entry.age(now)
+                marked += 1
+        self.counters.soft_purged += marked
+        return marked
+
     def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
         if self.hit_for_miss > 0:
             url = request.key

@@ -39,6 +39,7 @@ METRICS: dict[str, str] = {
     "range_answers": "client Range requests the cache answered with 206 or 416",
     "cut_short": "origin bodies that ended early (never stored)",
     "too_many_variants": "responses not stored: their URL had max_variants variants already",
+    "soft_purged": "fresh entries a soft purge marked stale (the next request revalidates)",
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
     "entries": "entries resident in the store",
@@ -98,6 +99,7 @@ class Counters:
     range_answers: int = 0
     cut_short: int = 0
     too_many_variants: int = 0
+    soft_purged: int = 0
     origin_fetches: int = 0
     origin_bytes: int = 0
 
