@@ -40,14 +40,17 @@ LENGTH = frozenset({"content-length"})
 NOT_PLAIN = frozenset({204, 206, 304})
 
 
-def hit_head(status: int, headers: rfc9110.Headers, size: int) -> tuple[bytes | None, bool]:
+def hit_head(
+    status: int, headers: rfc9110.Headers, size: int, hidden: frozenset[str] = frozenset()
+) -> tuple[bytes | None, bool]:
     """What every plain hit on a stored ``status`` response with ``headers`` and a body of
     ``size`` bytes writes the same: its head without the per-answer fields (``cached_head``,
-    rendered), and whether it holds a Date; None for a status whose hits the handler
-    answers."""
+    rendered, ``hidden`` fields left out), and whether it holds a Date; None for a status
+    whose hits the handler answers."""
     if status in NOT_PLAIN or status < 200:
         return None, False
-    head = cached_head(status, headers, status, 0, size - 1, size, x_cache="HIT", via=VIA)
+    head = cached_head(status, headers, status, 0, size - 1, size, x_cache="HIT", via=VIA,
+                       hidden=hidden)  # fmt: skip
     return render(head), head.dated
 
 
@@ -103,12 +106,13 @@ def whole(
     cache_status: str,
     x_cache: str,
     age: float,
+    hidden: frozenset[str] = frozenset(),
 ) -> web.Response:
     """A response whose body is in hand (stored, or shared by a collapsed fetch), as
     ``answer`` (the engine's, to the client's conditionals and single byte range: 304, 206,
     416) says: the head ``cached_head`` renders, as every path writes it."""
     head = cached_head(status, headers, answer.status, answer.first, answer.last, len(body),
-                       x_cache=x_cache, via=VIA)  # fmt: skip
+                       x_cache=x_cache, via=VIA, hidden=hidden)  # fmt: skip
     date = None if head.dated else rfc822_formatted_time()
     fields = (*head.fields, *per_answer(cache_status, age, date))
     return RelayedWhole(status=answer.status, headers=fields, body=span(body, head))
@@ -129,11 +133,16 @@ def relay_head(
     upstream: UpstreamResponse,
     headers: rfc9111.Fields,
     length: int | None,
+    hidden: frozenset[str] = frozenset(),
 ) -> web.StreamResponse:
-    """The head of the answer to a client from an origin response that is still arriving."""
+    """The head of the answer to a client from an origin response that is still arriving
+    (``hidden``: its fields clients are not given)."""
     if answer.status == upstream.status:
-        return Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
-    drops = NOT_MODIFIED_DROPS if answer.status == 304 else LENGTH
+        if hidden.isdisjoint(headers.by_name):
+            return Relayed(status=upstream.status, reason=upstream.reason, headers=headers)
+        kept = [(k, v) for k, v in headers if k.lower() not in hidden]
+        return Relayed(status=upstream.status, reason=upstream.reason, headers=kept)
+    drops = (NOT_MODIFIED_DROPS if answer.status == 304 else LENGTH) | hidden
     kept = [(k, v) for k, v in headers if k.lower() not in drops]
     out = Relayed(status=answer.status, headers=kept)
     if answer.status == 206:
@@ -153,12 +162,14 @@ def at_once(
     cache_status: str,
     arrived: bytes,
     length: int | None,
+    hidden: frozenset[str] = frozenset(),
 ) -> Written | None:
     """The answer to a lane's GET written whole, head and body in one write, when it is the
     origin's response as it is and its whole body arrived with its head (most small objects):
     the bytes the request's writer would write for ``relay_head`` marked by ``mark``. None,
     writing nothing, for any other answer (streamed through that writer), or when the
-    origin's fields name one the proxy marks (``mark`` puts those in their places)."""
+    origin's fields name one the proxy marks (``mark`` puts those in their places) or one
+    of ``hidden`` (``relay_head`` leaves those out)."""
     if (
         type(request) is not LaneRequest
         or request.method != "GET"
@@ -168,7 +179,7 @@ def at_once(
     ):
         return None
     names = headers.by_name
-    if not names.keys().isdisjoint(MARKS):
+    if not names.keys().isdisjoint(MARKS) or not hidden.isdisjoint(names):
         return None
     fields = field_lines(headers)
     if fields is None:

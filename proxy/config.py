@@ -120,6 +120,9 @@ class CacheSection:
     key_query_sort: bool = values.setting(
         False, values.boolean, "sort the keyed query parameters by name (?b&a keys as ?a&b)"
     )
+    strip_surrogate_keys: bool = values.setting(
+        True, values.boolean, "leave Surrogate-Key and Cache-Tag (purge tags) out of answers"
+    )
 
 
 @dataclass(frozen=True)

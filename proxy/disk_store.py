@@ -41,7 +41,7 @@ from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
-from proxy.record_meta import decode_meta, encode_meta, record_entry
+from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
@@ -62,7 +62,10 @@ _CHECKPOINT = struct.Struct("<4sQQQI")
 class DiskStore:
     """One disk tier under ``section.path``."""
 
-    def __init__(self, section: DiskSection) -> None:
+    def __init__(self, section: DiskSection, hidden: frozenset[str] = frozenset()) -> None:
+        # Stored heads are rendered hiding these fields, under this stamp (``record_meta``).
+        self.hidden = hidden
+        self.stamp = record_stamp(hidden)
         regions = Regions(section.region_size, section.size // section.region_size)
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
@@ -149,7 +152,8 @@ class DiskStore:
 
     def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
         """Append the record of a response ``wants`` took, now that its body is whole."""
-        location = self.log.append(_raw(key), encode_meta(response, stored_at, len(body)), body)
+        meta = encode_meta(response, stored_at, len(body), self.hidden, self.stamp)
+        location = self.log.append(_raw(key), meta, body)
         if location is not None:
             self.tier.recorded(key, location.region, location.offset, location.length)
 
@@ -279,7 +283,7 @@ class DiskStore:
             self.tier.drop(key)
             return None
         meta, body = found
-        m = decode_meta(meta)
+        m = decode_meta(meta, self.stamp)
         if self.tier.bans and self.tier.tag_banned(response_tags(m.headers), slot):
             self.tier.drop(key, purged=True)
             return None

@@ -155,7 +155,8 @@ class Fetcher:
     ) -> web.Response:
         """A body in hand answered whole, to the client's conditionals and Range too."""
         answer = self.engine.answer(meta, status, headers, len(body))
-        return whole(answer, status, headers, body, cache_status, x_cache, age)
+        return whole(answer, status, headers, body, cache_status, x_cache, age,
+                     self.router.hidden)  # fmt: skip
 
     def from_cache(
         self, meta: RequestMeta, entry: Entry, age: float, cache_status: str, x_cache: str
@@ -222,7 +223,7 @@ class Fetcher:
         if out is not None:
             return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
                                       to_disk)  # fmt: skip
-        out = relay_head(answer, upstream, headers, length)
+        out = relay_head(answer, upstream, headers, length, self.router.hidden)
         mark(out, cache_status, "MISS")
         total, parts, too_large, ended = await stream(
             request, meta, url, upstream, answer, out, arrived, parts, self.max_object
@@ -294,7 +295,8 @@ class Fetcher:
         cache_status = f"{CACHE}; fwd={action.reason}{detail}"
         arrived = in_hand(upstream)
         parts: list[bytes] | None = [] if keep else None
-        out = at_once(request, upstream, answer, headers, cache_status, arrived, length)
+        out = at_once(request, upstream, answer, headers, cache_status, arrived, length,
+                      self.router.hidden)  # fmt: skip
         if out is not None and parts is not None:
             parts.append(arrived)
         return answer, cache_status, arrived, parts, out

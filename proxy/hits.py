@@ -46,7 +46,7 @@ from proxy.core.events import (
 from proxy.core.store import Entry
 from proxy.disk_store import READ_INLINE, DiskStore
 from proxy.lane import JOIN_BELOW
-from proxy.record_meta import RECORD_STAMP, RecordMeta, record_entry
+from proxy.record_meta import RecordMeta, record_entry
 from proxy.region_log import checksum
 from proxy.routing import Router, fields_size, hosts
 
@@ -109,7 +109,7 @@ class HitAnswers:
             self.plain_hits.attach_disk(
                 index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
-                checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=RECORD_STAMP,
+                checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=disk.stamp,
                 read_inline=READ_INLINE,
             )  # fmt: skip
 
@@ -171,7 +171,7 @@ class HitAnswers:
         entry = hit.entry
         rendered = getattr(entry, "rendered", None)
         if rendered is None or rendered[2] is not entry.headers:
-            rendered = _render(entry)
+            rendered = _render(entry, router.hidden)
             if type(entry) is ServedEntry:
                 entry.rendered = rendered
         head, dated, _ = rendered
@@ -193,7 +193,7 @@ class HitAnswers:
         if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):
             answer = engine.answer(meta, entry.status, entry.headers, len(entry.payload))
             if answer.status != entry.status:
-                head, body = _render_part(entry, answer)
+                head, body = _render_part(entry, answer, router.hidden)
                 status = answer.status
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), b"", status
@@ -224,19 +224,23 @@ class HitAnswers:
         self.kept_from_disk(record_entry(key, meta, body, self.engine.entry_type))
 
 
-def _render(entry: Entry) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:
+def _render(
+    entry: Entry, hidden: frozenset[str]
+) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:
     """What every hit on ``entry`` writes the same (``ServedEntry.rendered``): ``hit_head``,
     and the fields it was rendered from."""
     headers = entry.headers
     if not isinstance(entry.payload, bytes):
         return None, False, headers
-    return (*hit_head(entry.status, headers, len(entry.payload)), headers)
+    return (*hit_head(entry.status, headers, len(entry.payload), hidden), headers)
 
 
-def _render_part(entry: Entry, answer: Answer) -> tuple[bytes, bytes | memoryview]:
+def _render_part(
+    entry: Entry, answer: Answer, hidden: frozenset[str]
+) -> tuple[bytes, bytes | memoryview]:
     """The head (without its per-answer fields) and body of a 304, 206 or 416 from
     ``entry``: a part of the stored body, never a copy."""
     size = len(entry.payload)
     head = cached_head(entry.status, entry.headers, answer.status, answer.first, answer.last,
-                       size, x_cache="HIT", via=VIA)  # fmt: skip
+                       size, x_cache="HIT", via=VIA, hidden=hidden)  # fmt: skip
     return render(head), span(entry.payload, head)

@@ -60,13 +60,14 @@ class PendingMiss(Pending):
         request = self._request
         transport = request.transport
         headers = rfc9110.end_to_end_fields(fields)
+        fetcher = self._fetcher
         if (
             transport is None
             or transport.is_closing()
             or not headers.by_name.keys().isdisjoint(MARKS)
+            or not fetcher.router.hidden.isdisjoint(headers.by_name)
         ):
             return False
-        fetcher = self._fetcher
         upstream = self._sent.whole(status, reason, fields, body)
         result: Shared | None = None
         try:

@@ -7,9 +7,10 @@
   arrived. Fields and directives are pairs: their count, then each as its name's (u16) and
   value's (u32; ``NO_VALUE`` for a directive without one) lengths, name, value (UTF-8,
   surrogateescape). The compiled reader (``proxy/hitpath/disk.c``) reads this same layout.
-* The stamp (``RECORD_STAMP``) fingerprints how this proxy renders hits and parses
-  directives: a record written by one that did either otherwise is answered from its fields,
-  its head rendered and its directives parsed again, never as it was stored.
+* The stamp (``record_stamp``) fingerprints how this proxy renders hits (with the fields it
+  hides from clients) and parses directives: a record written by one that did either
+  otherwise is answered from its fields, its head rendered and its directives parsed again,
+  never as it was stored.
 * ``PLAIN``: a plain hit may be answered with the stored head (the response has no
   ``no-cache`` to revalidate it first).
 """
@@ -46,23 +47,24 @@ class RecordMeta(NamedTuple):
     directives: rfc9111.Directives
 
 
-def _stamp() -> int:
-    """Two sample heads (with and without a Date, with fields the cache writes itself) and
-    the directives of a sample field, as this proxy renders and parses them."""
+def record_stamp(hidden: frozenset[str] = frozenset()) -> int:
+    """Two sample heads (with and without a Date, with fields the cache writes itself and
+    tag fields) rendered hiding ``hidden``, and the directives of a sample field, as this
+    proxy renders and parses them."""
     sample = (("Date", "Thu, 03 Dec 2026 14:00:00 GMT"), ("Content-Type", "text/plain"),
               ("Cache-Control", 'max-age=60, No-Cache="Set-Cookie", private'), ("Age", "3"),
-              ("Via", "1.1 elsewhere"))  # fmt: skip
-    heads = (hit_head(200, sample, 5)[0], hit_head(200, sample[1:], 0)[0])
+              ("Via", "1.1 elsewhere"), ("Surrogate-Key", "a b"), ("Cache-Tag", "c"))  # fmt: skip
+    heads = (hit_head(200, sample, 5, hidden)[0], hit_head(200, sample[1:], 0, hidden)[0])
     parsed = repr(sorted(rfc9111.response_directives(sample).items())).encode()
     return zlib.crc32(b"".join((*(head or b"" for head in heads), parsed)))
 
 
-RECORD_STAMP = _stamp()
-
-
-def encode_meta(response: ResponseMeta, stored_at: float, size: int) -> bytes:
-    """The meta of a record of ``response``, whose body is ``size`` bytes."""
-    head, dated = hit_head(response.status, response.headers, size)
+def encode_meta(
+    response: ResponseMeta, stored_at: float, size: int, hidden: frozenset[str], stamp: int
+) -> bytes:
+    """The meta of a record of ``response``, whose body is ``size`` bytes, its head rendered
+    hiding ``hidden`` (``stamp``: ``record_stamp(hidden)``)."""
+    head, dated = hit_head(response.status, response.headers, size, hidden)
     directives = response.directives
     if directives is None:
         directives = rfc9111.response_directives(response.headers)
@@ -70,7 +72,7 @@ def encode_meta(response: ResponseMeta, stored_at: float, size: int) -> bytes:
     head = head or b""
     parts = [
         META.pack(response.status, stored_at, response.lifetime, response.initial_age, flags,
-                  RECORD_STAMP, len(head)),
+                  stamp, len(head)),
         head,
     ]  # fmt: skip
     _pack(parts, response.headers)
@@ -78,11 +80,14 @@ def encode_meta(response: ResponseMeta, stored_at: float, size: int) -> bytes:
     return b"".join(parts)
 
 
-def decode_meta(meta: bytes) -> RecordMeta:
-    """``encode_meta``'s ``meta``, read back; struct.error when it is not one."""
-    status, stored_at, lifetime, initial_age, flags, stamp, head_length = META.unpack_from(meta)
+def decode_meta(meta: bytes, stamp: int) -> RecordMeta:
+    """``encode_meta``'s ``meta``, read back by a proxy whose ``record_stamp`` is ``stamp``;
+    struct.error when it is not one."""
+    status, stored_at, lifetime, initial_age, flags, written_by, head_length = META.unpack_from(
+        meta
+    )
     end = META.size + head_length
-    ours = stamp == RECORD_STAMP
+    ours = written_by == stamp
     fields, end_of_fields = _unpack(meta, end)
     headers: tuple[tuple[str, str], ...] = tuple(fields)  # type: ignore[arg-type]
     if ours:

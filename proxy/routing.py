@@ -29,6 +29,7 @@ from proxy.config import Config
 from proxy.core import rfc9110
 from proxy.core.cachekey import KeyQuery
 from proxy.core.events import CLIENT_ASKS, RequestMeta
+from proxy.core.tags import TAG_FIELDS
 
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
@@ -49,6 +50,7 @@ class Router:
     def __init__(self, config: Config) -> None:
         self.routes = config.route_table()
         cache = config.cache
+        self.hidden = hidden_fields(config)
         self.key_query = _key_query(cache.key_query, cache.key_query_sort)
         # A route's own key_query, where it sets one (or its sort).
         self.key_queries = {
@@ -229,6 +231,11 @@ def _parsed_host(host: str) -> tuple[str, str] | None:
     port = match["port"] or ""
     key = name if port in ("", "80") else f"{name}:{port}"
     return name.strip("[]"), key
+
+
+def hidden_fields(config: Config) -> frozenset[str]:
+    """Stored fields clients are not given: the purge tags' ([cache] strip_surrogate_keys)."""
+    return TAG_FIELDS if config.cache.strip_surrogate_keys else frozenset()
 
 
 def _key_query(setting: tuple[str, tuple[str, ...]], sort: bool) -> KeyQuery:

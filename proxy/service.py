@@ -28,6 +28,7 @@ from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.disk_store import DiskStore
 from proxy.fastpath import HitServer
 from proxy.logs import HTTP_ERRORS
+from proxy.routing import hidden_fields
 from proxy.server import Proxy
 from proxy.shared import RedisWindow, SharedSecondHit
 from proxy.upstream import Upstream
@@ -112,7 +113,7 @@ class Service:
         shared = shared_admission(config, engine)
         if shared is not None:
             await shared.connect()
-        disk = DiskStore(config.disk) if config.disk.path else None
+        disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
         proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the

@@ -11,8 +11,9 @@ import aiohttp
 import pytest
 from conftest import base
 
-from proxy import record_meta
+from proxy import disk_store
 from proxy.disk_store import READ_INLINE
+from proxy.record_meta import record_stamp as stamp
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB"}  # fmt: skip
@@ -183,7 +184,7 @@ async def test_a_disk_hit_is_the_same_answer_compiled_in_python_and_from_the_han
     for way in ("compiled", "python", "handler"):
         path = tmp_path / way
         if way == "python":
-            monkeypatch.setattr(record_meta, "RECORD_STAMP", record_meta.RECORD_STAMP ^ 1)
+            monkeypatch.setattr(disk_store, "record_stamp", lambda hidden: stamp(hidden) ^ 1)
         first = await start_proxy(disk__path=str(path), **frozen)
         for _ in range(2):
             assert (await get(first, "/opens"))[0] == (await get(first, "/d"))[0] == 200

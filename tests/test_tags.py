@@ -135,3 +135,37 @@ async def test_rfc9111_4_3_a_soft_purge_marks_entries_stale_and_the_next_request
     async with aiohttp.ClientSession() as session, session.get(f"http://{host}:{port}/stats") as r:
         metrics = (await r.json())["metrics"]
     assert (metrics["soft_purged"], metrics["revalidated"]) == (1, 1)
+
+
+async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
+    origin, start_proxy, tmp_path
+):
+    """Surrogate-Key and Cache-Tag are kept (a purge by tag reads them) but no client is
+    given them: on a miss written at once or streamed, a hit compiled or not, a range, a
+    disk hit; with strip_surrogate_keys = false they pass through."""
+    for path, body in (("/t", b"t" * 300), ("/big", b"b" * 300_000)):
+        fields = {"Cache-Control": "max-age=600", "Surrogate-Key": "k1 k2", "Cache-Tag": "k3"}
+        origin.set(path, body=body, headers=fields)
+    service = await start_proxy(disk__path=str(tmp_path), **DISK)
+    seen = []
+    for path, fields in (("/t", {}), ("/big", {}), ("/t", {}), ("/t", {}), ("/big", {}),
+                         ("/t", {"Range": "bytes=0-9"}), ("/t", {"Cookie": "a=b"})):  # fmt: skip
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(base(service) + path, headers={"Host": "example.test", **fields}) as r,
+        ):
+            await r.read()
+            seen.append((r.status, r.headers.get("X-Cache"), {k.lower() for k in r.headers}))
+    assert [status for status, _, _ in seen] == [200, 200, 200, 200, 200, 206, 200]
+    assert "HIT" in [x for _, x, _ in seen]
+    assert all(names.isdisjoint({"surrogate-key", "cache-tag"}) for _, _, names in seen)
+    await service.stop()
+    again = await start_proxy(disk__path=str(tmp_path), **DISK)  # a disk hit
+    status, headers, _ = await get(again, "/t")
+    assert status == 200 and "detail=disk" in headers["Cache-Status"]
+    assert {k.lower() for k in headers}.isdisjoint({"surrogate-key", "cache-tag"})
+    assert (await purge(again, {"tags": ["k3"]}))["removed"] == 1  # the tags were kept
+    passing = await start_proxy(cache__strip_surrogate_keys=False)
+    for _ in range(2):
+        headers = (await get(passing, "/t"))[1]
+        assert (headers["Surrogate-Key"], headers["Cache-Tag"]) == ("k1 k2", "k3")

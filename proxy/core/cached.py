@@ -61,12 +61,14 @@ def cached_head(
     *,
     x_cache: str,
     via: str,
+    hidden: frozenset[str] = frozenset(),
 ) -> CachedHead:
     """The head of the ``answer_status`` answer (with ``first``..``last`` for a 206) from a
-    stored ``stored_status`` response with fields ``stored`` and a body of ``size`` bytes."""
+    stored ``stored_status`` response with fields ``stored`` and a body of ``size`` bytes;
+    ``hidden``: stored fields (lower-case names) clients are not given."""
     # A 206 or 416 of the cache's own (not the stored status) carries its own Content-Range.
     ranged = answer_status in (206, 416) and answer_status != stored_status
-    drops = RECOMPUTED | MARKS
+    drops = RECOMPUTED | MARKS | hidden
     if answer_status == 304:
         drops = drops | NOT_MODIFIED_DROPS | {"content-range"}
     elif ranged:

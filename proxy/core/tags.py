@@ -21,6 +21,8 @@ from proxy.core import rfc9110
 from proxy.core.store import Entry
 
 MAX_TAGS = 256
+# The fields that carry tags: the cache's to read, left out of answers unless configured.
+TAG_FIELDS = frozenset({"surrogate-key", "cache-tag"})
 
 
 def response_tags(headers: rfc9110.Headers) -> tuple[str, ...]:
