@@ -149,22 +149,11 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
                 status=400,
             )
         kind, value = selector
-        engine, disk = proxy.engine, proxy.disk
-        if params.get("soft") in (True, "true", "1"):
-            marked = engine.soft_purge(engine.stored_keys(**{kind: value}), proxy.clock())
-            answer = {"stale": marked}
-            if disk is not None and kind == "url":
-                disk.invalidate(value)  # the disk keeps nothing stale to revalidate: purged
-        else:
-            purge = {"url": engine.invalidate, "prefix": engine.purge_prefix,
-                     "tags": engine.purge_tags}[kind]  # fmt: skip
-            answer = {"removed": purge(value)}
-        if disk is not None:
-            if kind == "prefix":
-                disk.purge_prefix(value)  # the disk's records go as they are met
-            elif kind == "tags":
-                disk.purge_tags(value)  # the disk's records go as they are read
-            disk.sync_drops()  # the records it dropped stay dropped after a crash
+        soft = params.get("soft") in (True, "true", "1")
+        answer: dict[str, object] = apply_purge(proxy, kind, value, soft)
+        if proxy.fleet is not None:
+            purge = {"kind": kind, "value": value, "soft": soft}
+            answer["fleet"] = await proxy.fleet.publish(purge)
         return web.json_response(answer)
 
     async def filter_reset(request: web.Request) -> web.Response:
@@ -179,6 +168,38 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         purge=purge,
         filter_reset=filter_reset,
     )
+
+
+def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:
+    """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, in
+    memory and on disk, marking it stale (``soft``) where that is kept; the admin's answer."""
+    engine, disk = proxy.engine, proxy.disk
+    if soft:
+        marked = engine.soft_purge(engine.stored_keys(**{kind: value}), proxy.clock())
+        answer: dict[str, object] = {"stale": marked}
+        if disk is not None and kind == "url":
+            disk.invalidate(value)  # the disk keeps nothing stale to revalidate: purged
+    else:
+        purge = {"url": engine.invalidate, "prefix": engine.purge_prefix,
+                 "tags": engine.purge_tags}[kind]  # fmt: skip
+        answer = {"removed": purge(value)}
+    if disk is not None:
+        if kind == "prefix":
+            disk.purge_prefix(value)  # the disk's records go as they are met
+        elif kind == "tags":
+            disk.purge_tags(value)  # the disk's records go as they are read
+        disk.sync_drops()  # the records it dropped stay dropped after a crash
+    return answer
+
+
+def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
+    """A purge another instance published (``apply_purge``'s arguments), if well formed."""
+    kind, value = purge.get("kind"), purge.get("value")
+    valid = (kind in ("url", "prefix") and isinstance(value, str)) or (
+        kind == "tags" and isinstance(value, list) and all(isinstance(t, str) for t in value)
+    )
+    if valid:
+        apply_purge(proxy, kind, value, purge.get("soft") is True)
 
 
 def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:

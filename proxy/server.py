@@ -43,6 +43,7 @@ from proxy.core.events import (
 )
 from proxy.disk_store import DiskStore
 from proxy.fetch import Fetcher
+from proxy.fleet_purge import FleetPurges
 from proxy.hits import HitAnswers
 from proxy.lane import LaneRequest
 from proxy.logs import HTTP_ERRORS
@@ -74,6 +75,7 @@ class Proxy:
         self.clock = clock
         self.shared = shared
         self.disk = disk
+        self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
         self.router = Router(config)
         self.routes = self.router.routes
         self.hits = HitAnswers(engine, self.router, clock, disk)

@@ -20,13 +20,14 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from redis.asyncio.cluster import RedisCluster
 
-from proxy.admin import admin_app
+from proxy.admin import admin_app, apply_fleet_purge
 from proxy.config import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.disk_store import DiskStore
 from proxy.fastpath import HitServer
+from proxy.fleet_purge import FleetPurges
 from proxy.logs import HTTP_ERRORS
 from proxy.routing import hidden_fields
 from proxy.server import Proxy
@@ -115,6 +116,11 @@ class Service:
             await shared.connect()
         disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
         proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
+        if shared is not None and not config.admission.redis_cluster:
+            # A Redis Cluster client has no pub/sub here: its fleet purges stay local.
+            proxy.fleet = FleetPurges(shared.remote.client, f"{config.admission.redis_prefix}purge",
+                                      lambda purge: apply_fleet_purge(proxy, purge))  # fmt: skip
+            proxy.fleet.start()
         server_kwargs: dict[str, object] = {
             # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
             # configured limits itself, with the statuses RFC 9110 names (414, 431).
@@ -177,6 +183,8 @@ class Service:
         await self.proxy.upstream.close()
         if self.proxy.disk is not None:
             self.proxy.disk.close()
+        if self.proxy.fleet is not None:
+            await self.proxy.fleet.close()
         if self.proxy.shared is not None:
             await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()

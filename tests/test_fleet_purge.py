@@ -1,0 +1,72 @@
+"""Purges across a fleet: three instances on one Redis, a purge asked of one reaches all."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import aiohttp
+import pytest
+from conftest import base
+from test_shared_filter import RedisServer
+
+
+@pytest.fixture
+async def redis_server():
+    server = RedisServer()
+    await server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+async def get(service, path: str) -> str:
+    url = base(service) + path
+    async with aiohttp.ClientSession() as s, s.get(url, headers={"Host": "cdn.example"}) as r:
+        await r.read()
+        return r.headers["X-Cache"]
+
+
+async def purge(service, body: dict) -> dict:
+    host, port = service.admin_address
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{host}:{port}/purge", json=body) as r,
+    ):
+        assert r.status == 200
+        return await r.json()
+
+
+async def test_a_purge_asked_of_one_instance_reaches_all_three(redis_server, origin, start_proxy):
+    for path in ("/a/1", "/a/2", "/b"):
+        origin.set(path, body=b"x" * 100, headers={"Cache-Control": "max-age=600",
+                                                  "Surrogate-Key": f"t{path[1]}"})  # fmt: skip
+    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url,
+             "admission__redis_budget": "200ms"}  # fmt: skip
+    proxies = [await start_proxy(**fleet) for _ in range(3)]
+    await asyncio.gather(*(asyncio.wait_for(p.proxy.fleet.subscribed.wait(), 5) for p in proxies))
+    for proxy in proxies:
+        for path in ("/a/1", "/a/2", "/b"):
+            seen = [await get(proxy, path) for _ in range(3)]  # stored on its second sighting
+            assert seen[-1] == "HIT"
+    answer = await purge(proxies[0], {"prefix": "http://cdn.example/a/"})
+    assert answer == {"removed": 2, "fleet": 2}
+    answer = await purge(proxies[1], {"tags": ["tb"], "soft": True})
+    assert answer == {"stale": 1, "fleet": 2}
+    for _ in range(50):  # the others apply it as it arrives
+        if all(p.proxy.fleet.received == (1 if p is proxies[1] else 2) for p in proxies[1:]):
+            break
+        await asyncio.sleep(0.05)
+    for proxy in proxies:
+        assert await get(proxy, "/a/1") != "HIT" and await get(proxy, "/a/2") != "HIT"
+        assert proxy.proxy.engine.counters.soft_purged == 1
+    assert [p.proxy.fleet.received for p in proxies] == [1, 1, 2]
+
+
+async def test_a_purge_is_answered_when_the_fleet_cannot_be_told(redis_server, start_proxy):
+    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url}
+    proxy = await start_proxy(**fleet)
+    await asyncio.wait_for(proxy.proxy.fleet.subscribed.wait(), 5)
+    redis_server.stop()
+    answer = await purge(proxy, {"url": "http://cdn.example/x"})
+    assert answer == {"removed": 0, "fleet": None}
