@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import socket
+import subprocess
+import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -10,7 +14,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
+from redis.exceptions import RedisError
 
 from proxy.config import load
 from proxy.service import Service
@@ -248,3 +254,57 @@ async def answers_on_every_way(proxy, path: bytes, extra: bytes = b"") -> dict[s
             path, line, extra))  # fmt: skip
         heads[way] = answer.partition(b"\r\n\r\n")[0]
     return heads
+
+
+REDIS = shutil.which("redis-server")
+
+
+class RedisServer:
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tempfile.mkdtemp(prefix="onehit-redis-")
+        self.process: subprocess.Popen | None = None
+
+    async def start(self) -> None:
+        self.process = subprocess.Popen(
+            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", self.dir],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        client = aioredis.from_url(self.url)
+        for _ in range(100):
+            try:
+                await client.ping()
+                break
+            except (OSError, RedisError):
+                await asyncio.sleep(0.05)
+        await client.aclose()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+async def redis_server():
+    server = RedisServer()
+    await server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+async def admin_purge(service: Service, body: dict) -> dict:
+    """``POST /purge`` with ``body`` on ``service``'s admin port; its JSON answer (a 200)."""
+    host, port = service.admin_address
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"http://{host}:{port}/purge", json=body) as r,
+    ):
+        assert r.status == 200
+        return await r.json()

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import aiohttp
 import pytest
-from conftest import base
-from test_shared_filter import RedisServer
+from conftest import REDIS, admin_purge, base
 
-
-@pytest.fixture
-async def redis_server():
-    server = RedisServer()
-    await server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
+pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
 
 
 async def get(service, path: str) -> str:
@@ -25,16 +16,6 @@ async def get(service, path: str) -> str:
     async with aiohttp.ClientSession() as s, s.get(url, headers={"Host": "cdn.example"}) as r:
         await r.read()
         return r.headers["X-Cache"]
-
-
-async def purge(service, body: dict) -> dict:
-    host, port = service.admin_address
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"http://{host}:{port}/purge", json=body) as r,
-    ):
-        assert r.status == 200
-        return await r.json()
 
 
 async def test_a_purge_asked_of_one_instance_reaches_all_three(redis_server, origin, start_proxy):
@@ -49,9 +30,9 @@ async def test_a_purge_asked_of_one_instance_reaches_all_three(redis_server, ori
         for path in ("/a/1", "/a/2", "/b"):
             seen = [await get(proxy, path) for _ in range(3)]  # stored on its second sighting
             assert seen[-1] == "HIT"
-    answer = await purge(proxies[0], {"prefix": "http://cdn.example/a/"})
+    answer = await admin_purge(proxies[0], {"prefix": "http://cdn.example/a/"})
     assert answer == {"removed": 2, "fleet": 2}
-    answer = await purge(proxies[1], {"tags": ["tb"], "soft": True})
+    answer = await admin_purge(proxies[1], {"tags": ["tb"], "soft": True})
     assert answer == {"stale": 1, "fleet": 2}
     for _ in range(50):  # the others apply it as it arrives
         if all(p.proxy.fleet.received == (1 if p is proxies[1] else 2) for p in proxies[1:]):
@@ -68,5 +49,5 @@ async def test_a_purge_is_answered_when_the_fleet_cannot_be_told(redis_server, s
     proxy = await start_proxy(**fleet)
     await asyncio.wait_for(proxy.proxy.fleet.subscribed.wait(), 5)
     redis_server.stop()
-    answer = await purge(proxy, {"url": "http://cdn.example/x"})
+    answer = await admin_purge(proxy, {"url": "http://cdn.example/x"})
     assert answer == {"removed": 0, "fleet": None}

@@ -2,59 +2,22 @@
 
 import asyncio
 import gc
-import shutil
-import socket
-import subprocess
-import tempfile
 from collections.abc import Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from conftest import base
+from conftest import REDIS, base
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
 from loadgen.processes import redis_cluster_process
 from proxy.__main__ import collect_for_serving
 from proxy.core.window import WindowedBloomFilter
 from proxy.shared import RedisWindow
 
-REDIS = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(
     REDIS is None,
     reason="redis-server is not installed (apt-get install redis-server); CI installs it",
 )
-
-
-class RedisServer:
-    def __init__(self) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.dir = tempfile.mkdtemp(prefix="onehit-redis-")
-        self.process: subprocess.Popen | None = None
-
-    async def start(self) -> None:
-        self.process = subprocess.Popen(
-            [REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir],
-            stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        client = aioredis.from_url(self.url)
-        for _ in range(100):
-            try:
-                await client.ping()
-                break
-            except (OSError, RedisError):
-                await asyncio.sleep(0.05)
-        await client.aclose()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(10)
-            self.process = None
 
 
 async def shared_proxy(start_proxy, url: str, budget: str, **settings):
@@ -64,15 +27,6 @@ async def shared_proxy(start_proxy, url: str, budget: str, **settings):
                               admission__redis_budget=budget, **settings)  # fmt: skip
     proxy.proxy.shared.retry_after = 0.2
     return proxy, proxy.proxy.shared
-
-
-@pytest.fixture
-async def redis_server():
-    server = RedisServer()
-    await server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 async def test_same_decisions_as_the_in_process_filter(redis_server):

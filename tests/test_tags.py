@@ -7,7 +7,7 @@ import gc
 import tracemalloc
 
 import aiohttp
-from conftest import base
+from conftest import admin_purge, base
 
 from loadgen.simulate import build_engine
 from proxy.core.admission import AdmissionConfig
@@ -71,16 +71,6 @@ def test_100000_tags_keep_the_engine_within_its_cache_size():
     assert sum(len(keys) for keys in engine.tags.keys.values()) == 50 * len(engine.store)
 
 
-async def purge(service, body: dict) -> dict:
-    host, port = service.admin_address
-    async with (
-        aiohttp.ClientSession() as session,
-        session.post(f"http://{host}:{port}/purge", json=body) as r,
-    ):
-        assert r.status == 200
-        return await r.json()
-
-
 async def get(service, path: str) -> tuple[int, dict[str, str], bytes]:
     url, host = base(service) + path, {"Host": "example.test"}
     async with aiohttp.ClientSession() as session, session.get(url, headers=host) as r:
@@ -98,11 +88,11 @@ async def test_a_purge_by_tag_reaches_memory_and_the_disk_and_outlives_a_restart
     for _ in range(2):
         for path in tags:
             assert (await get(first, path))[0] == 200
-    assert (await purge(first, {"tags": ["product-1"]}))["removed"] == 1  # /a, in memory
+    assert (await admin_purge(first, {"tags": ["product-1"]}))["removed"] == 1  # /a, in memory
     assert (await get(first, "/b"))[1]["X-Cache"] == "HIT"
     await first.stop()
     second = await start_proxy(disk__path=str(tmp_path), **DISK)  # memory empty, disk holds b, c
-    assert (await purge(second, {"tags": ["all"]}))["removed"] == 0
+    assert (await admin_purge(second, {"tags": ["all"]}))["removed"] == 0
     await second.stop()
     third = await start_proxy(disk__path=str(tmp_path), **DISK)
     for path, from_disk in (("/c", True), ("/a", False), ("/b", False)):
@@ -125,7 +115,7 @@ async def test_rfc9111_4_3_a_soft_purge_marks_entries_stale_and_the_next_request
     service = await start_proxy(admission__policy="always")
     for path in ("/s", "/k"):
         assert (await get(service, path))[0] == 200
-    assert await purge(service, {"tags": ["soft"], "soft": True}) == {"stale": 1}
+    assert await admin_purge(service, {"tags": ["soft"], "soft": True}) == {"stale": 1}
     status, _, body = await get(service, "/s")  # revalidated: a 304, the stored body
     assert (status, body) == (200, b"v" * 500)
     assert origin.hits["/s"] == 2 and origin.seen_headers["/s"]["If-None-Match"] == '"v1"'
@@ -164,7 +154,7 @@ async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
     status, headers, _ = await get(again, "/t")
     assert status == 200 and "detail=disk" in headers["Cache-Status"]
     assert {k.lower() for k in headers}.isdisjoint({"surrogate-key", "cache-tag"})
-    assert (await purge(again, {"tags": ["k3"]}))["removed"] == 1  # the tags were kept
+    assert (await admin_purge(again, {"tags": ["k3"]}))["removed"] == 1  # the tags were kept
     passing = await start_proxy(cache__strip_surrogate_keys=False)
     for _ in range(2):
         headers = (await get(passing, "/t"))[1]
