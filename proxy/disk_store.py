@@ -190,8 +190,8 @@ class DiskStore:
         whether there was one. The drop is journaled until the next checkpoint, so that a
         start after a crash does not bring the record back (``sync_drops`` puts the journal on
         the device; until then a process crash keeps it, a power cut may not)."""
-        slot = self.tier.find(key)
-        if slot is None or not self.tier.drop(key):
+        slot = self.tier.drop(key)
+        if slot is None:
             return False
         entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
         try:

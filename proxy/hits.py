@@ -11,9 +11,8 @@ common case, which give the same bytes and counts as the request handler.
   the origin sent none, ``Date``.
 * A URL memory holds nothing for is answered from its disk record when it has one, whole,
   fresh, and short enough and in the page cache to read on the event loop (``from_disk``),
-  with the head rendered
-  when the record was written; counted as the handler counts it (a miss in memory, a hit on
-  disk), and kept in memory too.
+  with the head rendered when the record was written; counted as the handler counts it (a
+  miss in memory, a hit on disk), and kept in memory too.
 * The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit, in
   memory as ``CacheEngine.fresh_plain`` and ``served`` do and on disk as ``answer`` does, and
   writes the bytes ``answer`` would; what it declines ``answer`` decides.

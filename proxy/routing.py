@@ -148,12 +148,7 @@ class Router:
     def url_key(self, url: str) -> str:
         """The cache key of an absolute ``http://host[:port]/path?query`` URL, as a request
         for it is keyed (ValueError for a host the proxy would refuse)."""
-        _, _, rest = url.partition("://")
-        host, slash, target = rest.partition("/")
-        host_pair = hosts(host)
-        if host_pair is None:
-            raise ValueError(f"not a valid host: {host!r}")
-        return self.key(host_pair, slash + target)
+        return self.key(*_host_and_target(url))
 
     def upstream_headers(
         self,
@@ -195,12 +190,19 @@ class Router:
 def cache_key(url: str) -> str:
     """The cache key of an absolute ``http://host[:port]/path?query`` URL, as the proxy forms it
     (ValueError for a host the proxy would refuse)."""
+    host_pair, target = _host_and_target(url)
+    return f"http://{host_pair[1]}{target}"
+
+
+def _host_and_target(url: str) -> tuple[tuple[str, str], str]:
+    """(``hosts`` of the host, path and query) of an absolute URL; ValueError for a host the
+    proxy would refuse."""
     _, _, rest = url.partition("://")
-    host, slash, path = rest.partition("/")
+    host, slash, target = rest.partition("/")
     host_pair = hosts(host)
     if host_pair is None:
         raise ValueError(f"not a valid host: {host!r}")
-    return f"http://{host_pair[1]}{slash}{path}"
+    return host_pair, slash + target
 
 
 _HOST = re.compile(

@@ -51,6 +51,15 @@ def test_a_response_with_more_tags_than_a_purge_may_name_is_not_stored():
     assert engine.store.peek("http://a/x") is None and len(engine.tags) == 0
 
 
+def test_a_304_that_brings_more_tags_than_a_purge_may_name_removes_the_stored_entry():
+    engine = build_engine(1 << 20, AdmissionConfig(policy="always"))
+    engine.on_response(RequestMeta("http://a/x"), tagged("t1"), 100, 0.0)
+    entry = engine.store.peek("http://a/x")
+    many = " ".join(f"t{i}" for i in range(MAX_TAGS + 1))
+    engine.on_not_modified(entry, (("Surrogate-Key", many),), 1.0, 1.0)
+    assert engine.store.peek("http://a/x") is None and len(engine.tags) == 0
+
+
 def test_100000_tags_keep_the_engine_within_its_cache_size():
     """Each tag is charged to its entry: the store evicts for it, and what the engine holds,
     entries and tag index together, stays within the size it was given."""

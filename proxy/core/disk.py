@@ -263,20 +263,21 @@ class DiskTier:
             self._held(region, int(total))
         return put
 
-    def drop(self, key: str, *, purged: bool = False) -> bool:
+    def drop(self, key: str, *, purged: bool = False) -> Slot | None:
         """Forget ``key``: its record could not be written or read whole, its URL was
-        invalidated, or (``purged``) a ban purges it. Whether the tier held it."""
+        invalidated, or (``purged``) a ban purges it. Where its record lay, or None when the
+        tier held none."""
         h1 = hash64(key)[0]
         found = self.index.get(h1)
         if found is None or not self.index.delete(h1):
-            return False
-        region, _, length = found
+            return None
+        region, offset, length = found
         self._held(region, -length)
         if purged:
             self.counters.purged += 1
         else:
             self.counters.dropped += 1
-        return True
+        return Slot(region, offset, length)
 
     def forget(self, key_hash: int, region: int, offset: int) -> bool:
         """Drop the record of ``key_hash`` if the index holds it at ``region`` and ``offset``

@@ -87,7 +87,7 @@ from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
 from proxy.core.stats import Counters, snapshot
 from proxy.core.store import CacheStore, Entry
-from proxy.core.tags import MAX_TAGS, TagIndex, response_tags
+from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
@@ -218,9 +218,10 @@ class CacheEngine(ResponseDecisions):
         it fits and its URL has no variants here (they are selected on fields)."""
         if entry.key in self.variants or not self.store.fits(entry.size):
             return
-        entry.tags = response_tags(entry.headers)
-        if len(entry.tags) > MAX_TAGS:
+        tags = storable_tags(entry.headers)
+        if tags is None:
             return
+        entry.tags = tags
         try:
             self._put(entry)
         except ValueError:  # its fields take it past what an entry may be charged
@@ -363,7 +364,7 @@ class CacheEngine(ResponseDecisions):
 
     def purge_prefix(self, prefix: str) -> int:
         """Remove every stored URL starting with ``prefix`` (with its variants)."""
-        urls = {key.split("\0", 1)[0] for key in self.store if key.startswith(prefix)}
+        urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
         return sum(self.invalidate(url) for url in urls)
 
     def stats(self) -> dict[str, int | float]:

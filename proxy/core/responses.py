@@ -28,7 +28,7 @@ from proxy.core.events import (
 from proxy.core.rfc9110 import Headers
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
-from proxy.core.tags import MAX_TAGS, TagIndex, response_tags
+from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.variants import Variants, variant
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -226,8 +226,8 @@ class ResponseDecisions:
             self._pass_for_a_while(request, now)
             return TOO_LARGE
         response = decision.response
-        tags = response_tags(response.headers)
-        if len(tags) > MAX_TAGS:
+        tags = storable_tags(response.headers)
+        if tags is None:
             c.uncacheable += 1
             return TOO_MANY_TAGS
         url = request.key
@@ -287,9 +287,14 @@ class ResponseDecisions:
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
         self.tags.forget((entry,))
-        entry.tags = response_tags(headers)[:MAX_TAGS]
-        self.tags.add(entry)
-        self._gone(self.store.recharge(entry))
+        tags = storable_tags(headers)
+        if tags is None:
+            entry.tags = ()
+            self._delete(entry.key)
+        else:
+            entry.tags = tags
+            self.tags.add(entry)
+            self._gone(self.store.recharge(entry))
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
@@ -304,10 +309,7 @@ class ResponseDecisions:
         behind it (``forget_behind``); returns how many entries went."""
         removed = 0
         for key in (url, *self.variants.pop(url)):
-            gone = self.store.delete(key)
-            if gone is not None:
-                self.tags.forget((gone,))
-                removed += 1
+            removed += self._delete(key)
         if self.forget_behind is not None and self.forget_behind(url):
             removed += 1
         return removed
@@ -324,15 +326,13 @@ class ResponseDecisions:
         ):
             return
         self._pass_for_a_while(request, now)
-        stored = self.variants.key(request)
-        gone = self.store.delete(stored)
-        if gone is not None:
-            self._gone((gone,))
+        self._delete(self.variants.key(request))
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
         has left the variant and tag indexes. ValueError as ``CacheStore.put``."""
-        replaced = self.store.peek(entry.key)
+        # The entry it replaces leaves the tag index; with no tags held, there is none to look up.
+        replaced = self.store.peek(entry.key) if self.tags.keys else None
         evicted = self.store.put(entry)
         if replaced is not None:
             self.tags.forget((replaced,))
@@ -345,16 +345,18 @@ class ResponseDecisions:
         self.variants.forget(entries)
         self.tags.forget(entries)
 
+    def _delete(self, key: str) -> bool:
+        """Remove the entry stored under ``key`` (and it from the indexes); whether one was."""
+        gone = self.store.delete(key)
+        if gone is None:
+            return False
+        self._gone((gone,))
+        return True
+
     def purge_tags(self, tags: list[str]) -> int:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``;
         how many went."""
-        removed = 0
-        for key in self.tags.tagged(tags):
-            gone = self.store.delete(key)
-            if gone is not None:
-                self._gone((gone,))
-                removed += 1
-        return removed
+        return sum(self._delete(key) for key in self.tags.tagged(tags))
 
     def stored_keys(
         self,

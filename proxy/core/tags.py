@@ -35,6 +35,13 @@ def response_tags(headers: rfc9110.Headers) -> tuple[str, ...]:
     return tuple(tags)
 
 
+def storable_tags(headers: rfc9110.Headers) -> tuple[str, ...] | None:
+    """``response_tags``, or None when there are more than ``MAX_TAGS``: such a response is
+    not stored."""
+    tags = response_tags(headers)
+    return tags if len(tags) <= MAX_TAGS else None
+
+
 class TagIndex:
     """Tag -> the store keys of the entries carrying it."""
 
