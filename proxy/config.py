@@ -23,6 +23,9 @@ from proxy import config_values as values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 
+# The smallest ``[cache] slice_size``: every slice costs an origin request.
+MIN_SLICE = 64 << 10
+
 
 class ConfigError(ValueError):
     """A setting that cannot be used; the message is one line a person can act on."""
@@ -122,6 +125,11 @@ class CacheSection:
     )
     strip_surrogate_keys: bool = values.setting(
         True, values.boolean, "leave Surrogate-Key and Cache-Tag (purge tags) out of answers"
+    )
+    slice_size: int = values.setting(
+        0,
+        values.optional_size,
+        "fetch and store GET misses as byte ranges of this size, each on its own (0: off)",
     )
 
 
@@ -506,6 +514,13 @@ def _check_whole(config: Config) -> None:
             f"[cache] max_object_size = {config.cache.max_object_size}: expected at most "
             f"[cache] size ({config.cache.size}); lower it, or leave it out (it then defaults "
             f"to the smaller of 16MiB and size)"
+        )
+    slice_size = config.cache.slice_size
+    if slice_size and not MIN_SLICE <= slice_size <= config.cache.max_object_size:
+        raise ConfigError(
+            f"[cache] slice_size = {slice_size}: expected 0 (off), or from {MIN_SLICE} up to "
+            f"[cache] max_object_size "
+            f"({config.cache.max_object_size}), so that a slice can be stored; 1MiB is usual"
         )
     if not config.routes and not config.upstream.origin:
         raise ConfigError(

@@ -326,6 +326,20 @@ class Fetcher:
             return None  # nothing to share: one follower fetches next
         return Shared(rmeta, body, meta.headers)
 
+    def settle_in_hand(
+        self,
+        meta: RequestMeta,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        body: bytes,
+        action: Fetch,
+    ) -> None:
+        """``_settled`` for a whole body in hand that no ``receive`` relayed (a slice that
+        held the whole object): stored, or counted, in memory and on the disk tier."""
+        size = len(body)
+        to_disk = self._to_disk(meta, rmeta, size, True, action)
+        self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
+
     def _to_disk(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, fits: bool, action: Fetch
     ) -> bool:

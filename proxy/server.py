@@ -8,8 +8,9 @@ The parts, each in its own module, and the way a request goes through them:
 * ``hits``: plain fresh hits answered as soon as they are parsed, before this handler (see
   ``proxy.fastpath``), compiled in their commonest case.
 * ``fetch``: misses fetched, collapsed onto one fetch, relayed as they arrive, stored when they
-  end whole; ``pending``: a plain GET miss answered in the callback that brings its origin
-  response, outside any task.
+  end whole; ``slicing``: GET misses fetched and stored as slices of one size, when
+  ``[cache] slice_size`` is set; ``pending``: a plain GET miss answered in the callback that
+  brings its origin response, outside any task.
 * ``revalidation``: stored responses the origin is asked about, in the foreground and in the
   background.
 * ``uploads``: requests that pass the cache by, with their bodies.
@@ -51,6 +52,7 @@ from proxy.pending import PendingMiss, raising
 from proxy.revalidation import Revalidation
 from proxy.routing import Router
 from proxy.shared import SharedSecondHit
+from proxy.slicing import Slicer
 from proxy.uploads import Uploads
 from proxy.upstream import Upstream
 
@@ -86,6 +88,8 @@ class Proxy:
         self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
+        size = config.cache.slice_size
+        self.slicer = Slicer(size, self.fetcher) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
         if disk is not None:
             engine.forget_behind = disk.invalidate
@@ -140,7 +144,7 @@ class Proxy:
         pooled origin connection, and answered in the callback that brings its whole
         response (``PendingMiss``): no task, and no wait for the loop's next turn. Any other
         request gets the work that answers it as ``handle`` does, the engine's plan made."""
-        if self.shared is not None or self.disk is not None:
+        if self.shared is not None or self.disk is not None or self.slicer is not None:
             return self.handle(request)
         try:
             return self._start(request)
@@ -192,6 +196,8 @@ class Proxy:
                 disk_hit := await self._from_disk(meta)
             ):
                 return disk_hit
+            case Fetch(reason="uri-miss", whole=True) if self.slicer is not None:
+                return await self.slicer.answer(request, meta, url, action)
             case Fetch(collapse=True):
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():

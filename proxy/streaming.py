@@ -50,7 +50,7 @@ async def stream(
     chunks = body_of(arrived, upstream.content)
     try:
         if sending is None:
-            await _send(out, b"", eof=True)
+            await send(out, b"", eof=True)
         if sending is not None or parts is not None:
             async for chunk in chunks:
                 start = total
@@ -64,13 +64,13 @@ async def stream(
                     # start <= last here: the chunk that passes ``last`` ends the answer.
                     piece = chunk[max(0, first - start) : last + 1 - start]
                     done = total > last
-                    if not await _send(out, piece, eof=done) or done:
+                    if not await send(out, piece, eof=done) or done:
                         sending = None  # answered, or the client left
                 if sending is None and parts is None:
                     abandoned = True  # the client has its answer and nothing is kept
                     break
         if sending is not None:
-            await _send(out, b"", eof=True)
+            await send(out, b"", eof=True)
     except BODY_ERRORS as exc:
         log.warning("%s %s: origin body failed after %d bytes: %r", meta.method, url, total, exc)
         if sending is not None:
@@ -83,7 +83,7 @@ async def stream(
     return total, parts, too_large, True
 
 
-async def _send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
+async def send(out: web.StreamResponse, data: bytes, *, eof: bool = False) -> bool:
     """Write to the client; False when it has gone (the origin's body may still be worth
     reading to the end, to be stored)."""
     try:

@@ -85,6 +85,7 @@ from proxy.core.events import (
 )
 from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
+from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters, snapshot
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
@@ -138,6 +139,7 @@ class CacheEngine(ResponseDecisions):
         self.forget_behind: Callable[[str], bool] | None = None
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
+        self.slices = SliceIndex()
         # URL -> (until when it goes straight to the origin, bytes it is charged)
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
@@ -247,15 +249,41 @@ class CacheEngine(ResponseDecisions):
         return self._count_hit(key, hit, now)
 
     def _count_hit(self, key: str, hit: Hit, now: float) -> Hit:
-        entry = hit.entry
+        self.counters.hits += 1
+        self._read(key, hit.entry, now)
+        return hit
+
+    def _read(self, key: str, entry: Entry, now: float) -> None:
+        """Count ``entry``, stored under ``key``, as answering a request from the store."""
         if self.admission.observes:
             self.admission.observe(key, entry.size, now)
         c = self.counters
-        c.hits += 1
         c.hit_bytes += entry.size
         c.bytes_served += entry.size
         self.store.record_hit(entry)
+
+    def slice_hit(self, request: RequestMeta, now: float) -> Hit | None:
+        """The stored slice (``request``: the client's request, keyed as the slice) that
+        answers fresh, counted as read and moved as a hit is; None when none does."""
+        entry = self.store.peek(request.key)
+        hit = None if entry is None else self.answers_from(request, entry, now)
+        if hit is not None:
+            self.counters.slice_hits += 1
+            self.store.touch(entry)
+            self._read(request.key, entry, now)
         return hit
+
+    def sliced(self, fetched: int, mismatched: bool) -> None:
+        """A request ``plan`` counted as a miss was answered from slices, ``fetched`` of them
+        from the origin: with none fetched it was a hit. ``mismatched``: a slice's validator
+        differed from the others', and the object's stored slices were removed."""
+        c = self.counters
+        c.slice_fetches += fetched
+        if mismatched:
+            c.slice_mismatches += 1
+        elif not fetched:
+            c.misses -= 1
+            c.hits += 1
 
     def _private(self, request: RequestMeta, entry: Entry) -> bool:
         """``request`` carries a cookie and ``entry`` is not meant for shared caches."""

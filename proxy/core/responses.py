@@ -26,6 +26,7 @@ from proxy.core.events import (
     Store,
 )
 from proxy.core.rfc9110 import Headers
+from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
@@ -91,6 +92,7 @@ class ResponseDecisions:
     counters: Counters
     variants: Variants
     tags: TagIndex
+    slices: SliceIndex
     hit_for_miss: float
     entry_type: type[Entry]
     forget_behind: Callable[[str], bool] | None
@@ -290,7 +292,7 @@ class ResponseDecisions:
         tags = storable_tags(headers)
         if tags is None:
             entry.tags = ()
-            self._delete(entry.key)
+            self.delete(entry.key)
         else:
             entry.tags = tags
             self.tags.add(entry)
@@ -305,11 +307,11 @@ class ResponseDecisions:
         return entry
 
     def invalidate(self, url: str) -> int:
-        """Remove ``url`` and every stored variant of it, from the store and from the tier
+        """Remove ``url`` and every stored variant and slice of it, from the store and from the tier
         behind it (``forget_behind``); returns how many entries went."""
         removed = 0
-        for key in (url, *self.variants.pop(url)):
-            removed += self._delete(key)
+        for key in (url, *self.variants.pop(url), *self.slices.pop(url)):
+            removed += self.delete(key)
         if self.forget_behind is not None and self.forget_behind(url):
             removed += 1
         return removed
@@ -326,7 +328,7 @@ class ResponseDecisions:
         ):
             return
         self._pass_for_a_while(request, now)
-        self._delete(self.variants.key(request))
+        self.delete(self.variants.key(request))
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
@@ -337,15 +339,17 @@ class ResponseDecisions:
         if replaced is not None:
             self.tags.forget((replaced,))
         self.tags.add(entry)
+        self.slices.add(entry.key)
         self._gone(evicted)
         return evicted
 
     def _gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
-        """``entries`` left the store: they leave the variant and tag indexes too."""
+        """``entries`` left the store: they leave the variant, tag and slice indexes too."""
         self.variants.forget(entries)
         self.tags.forget(entries)
+        self.slices.forget(entries)
 
-    def _delete(self, key: str) -> bool:
+    def delete(self, key: str) -> bool:
         """Remove the entry stored under ``key`` (and it from the indexes); whether one was."""
         gone = self.store.delete(key)
         if gone is None:
@@ -353,10 +357,14 @@ class ResponseDecisions:
         self._gone((gone,))
         return True
 
+    def remove_slices(self, url: str) -> int:
+        """Remove the stored slices of ``url`` (its version changed under them); how many."""
+        return sum(self.delete(key) for key in self.slices.pop(url))
+
     def purge_tags(self, tags: list[str]) -> int:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``;
         how many went."""
-        return sum(self._delete(key) for key in self.tags.tagged(tags))
+        return sum(self.delete(key) for key in self.tags.tagged(tags))
 
     def stored_keys(
         self,
@@ -365,11 +373,11 @@ class ResponseDecisions:
         prefix: str | None = None,
         tags: list[str] | None = None,
     ) -> set[str]:
-        """The store keys of what a purge of ``url`` (with its variants), of ``prefix`` or
-        of ``tags`` would remove."""
+        """The store keys of what a purge of ``url`` (with its variants and slices), of
+        ``prefix`` or of ``tags`` would remove."""
         if url is not None:
             known = self.variants.urls.get(url)
-            return {url, *(known[1] if known is not None else ())}
+            return {url, *(known[1] if known is not None else ()), *self.slices.keys(url)}
         if prefix is not None:
             return {key for key in self.store if key.startswith(prefix)}
         return self.tags.tagged(tags or ())

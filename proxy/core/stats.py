@@ -40,6 +40,9 @@ METRICS: dict[str, str] = {
     "cut_short": "origin bodies that ended early (never stored)",
     "too_many_variants": "responses not stored: their URL had max_variants variants already",
     "soft_purged": "fresh entries a soft purge marked stale (the next request revalidates)",
+    "slice_hits": "slices of large objects answered from the store ([cache] slice_size)",
+    "slice_fetches": "slices of large objects fetched from the origin",
+    "slice_mismatches": "objects whose slices disagreed on their validator (all refetched)",
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
     "entries": "entries resident in the store",
@@ -100,6 +103,9 @@ class Counters:
     cut_short: int = 0
     too_many_variants: int = 0
     soft_purged: int = 0
+    slice_hits: int = 0
+    slice_fetches: int = 0
+    slice_mismatches: int = 0
     origin_fetches: int = 0
     origin_bytes: int = 0
 

@@ -1,0 +1,289 @@
+"""GET misses answered from slices (``[cache] slice_size``): a large object fetched and stored
+as byte ranges of one size, each admitted on its own, so a Range of part of it fetches and
+stores only the slices that part spans (``proxy.core.slices`` holds the rules of a slice).
+
+How a GET miss goes when slicing is on:
+
+* The slice the request's Range starts in (else slice 0) comes first: from the store when a
+  fresh one is there, else from the origin with ``Range: bytes=first-last``. Its
+  ``Content-Range`` tells the object's length; its validator, the version every other slice
+  must match.
+* The origin's answer to that first request decides how the rest goes:
+  - a 206 of the slice asked: the object is answered from slices;
+  - a 206 of the whole object (it is no larger than a slice): it is judged and stored as the
+    whole 200 it is, under its URL, and its hits are plain hits;
+  - a 416 to the request for slice 0 (an empty object), or a 206 of another range: the
+    object is fetched whole, as without slices;
+  - anything else (a 200: the origin ignores Range; an error; a 416 to a client's Range past
+    the end): relayed, and judged, as the answer to a whole fetch is.
+* The client's conditionals and Range are answered from the first slice's fields and the
+  object's length (``CacheEngine.answer``): 304, 416, the 206 of its range, or the whole 200,
+  its body stitched in order from the slices it spans. Each is the stored one when fresh and
+  of the same version, else fetched, read whole (a slice goes to the client only once it is
+  known to be of the object's version), and admitted and stored on its own.
+* A fetched slice of another version, length or range means the object changed under the
+  answer: its stored slices are removed (the next request fetches them anew). Either that or
+  an origin that fails on a slice (a 5xx, a timeout, a body cut short) cuts the client's
+  connection, the honest signal once a length was promised.
+* Slices live in memory; the disk tier keeps whole objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
+
+from proxy.answers import CACHE, VIA, abort, plain
+from proxy.core import slices
+from proxy.core.cached import cached_head, per_answer
+from proxy.core.events import Fetch, NotStored, RequestMeta, ResponseMeta
+from proxy.fetch import Fetcher
+from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
+from proxy.streaming import send
+from proxy.upstream import UpstreamError, UpstreamResponse
+from proxy.writer import Relayed
+
+log = logging.getLogger("onehit.proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """One slice of an object in hand: its fields without ``Content-Range`` (``fields``),
+    its bytes ``first``..``last`` of ``length``, its version and age, and whether it came
+    from the store."""
+
+    fields: tuple[tuple[str, str], ...]
+    body: bytes
+    first: int
+    last: int
+    length: int
+    version: str | None
+    age: float
+    stored: bool
+
+
+def piece(
+    headers: tuple[tuple[str, str], ...],
+    body: bytes,
+    n: int,
+    size: int,
+    like: Piece | None,
+    age: float,
+    stored: bool,
+) -> Piece | None:
+    """Slice ``n`` (of ``size``-byte slices) from a 206's ``headers`` and ``body``; None when
+    it is not exactly that slice, whole, of the object ``like`` is of (when given)."""
+    span = slices.content_range(headers)
+    if span is None:
+        return None
+    first, last, length = span
+    version = slices.validator(headers)
+    if (first, last) != slices.bounds(n, size, length) or len(body) != last - first + 1:
+        return None
+    if like is not None and (length != like.length or version != like.version):
+        return None
+    fields = tuple((k, v) for k, v in headers if k.lower() != "content-range")
+    return Piece(fields, body, first, last, length, version, age, stored)
+
+
+class Slicer:
+    """The answerer of GET misses from slices of ``size`` bytes, through ``fetcher``'s
+    engine, origin and router."""
+
+    def __init__(self, size: int, fetcher: Fetcher) -> None:
+        self.size = size
+        self.fetcher = fetcher
+        self.engine = fetcher.engine
+        self.router = fetcher.router
+        self.clock = fetcher.clock
+
+    async def answer(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
+    ) -> web.StreamResponse:
+        """Answer the GET miss ``meta`` (the engine's ``action``) from slices (see the
+        module's rules)."""
+        n = slices.first_wanted(meta.headers, self.size)
+        first = self._stored(meta, n, None)
+        fetched = 0
+        if first is None:
+            try:
+                upstream, request_time = await self._request(meta, url, n)
+            except UpstreamError as exc:
+                status = f"{CACHE}; fwd=uri-miss; detail=origin-error"
+                return plain(exc.status, exc.public, status)
+            got = None
+            async with upstream:
+                if upstream.status != 206 and (upstream.status != 416 or n):
+                    fetcher = self.fetcher
+                    return (await fetcher.receive(request, meta, url, upstream, request_time,
+                                                  action, None))[0]  # fmt: skip
+                if upstream.status == 206:
+                    got = await self._read(meta, n, upstream, request_time)
+            if got is not None:
+                headers, body, rmeta = got
+                first = piece(headers, body, n, self.size, None, rmeta.initial_age, False)
+            if first is None:
+                again = replace(action, collapse=False)
+                return (await self.fetcher.fetch(request, meta, url, again))[0]
+            if first.first == 0 and first.last == first.length - 1:
+                return await self._whole(meta, first, rmeta, action)
+            fetched = 1
+            await self._keep(meta, n, first, rmeta)
+        return await self._stitch(request, meta, url, n, first, fetched)
+
+    async def _stitch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        n: int,
+        first: Piece,
+        fetched: int,
+    ) -> web.StreamResponse:
+        """The answer from ``first`` (slice ``n``) and the other slices it spans."""
+        engine = self.engine
+        length = first.length
+        answer = engine.answer(meta, 200, first.fields, length)
+        status = answer.status
+        low, high = (answer.first, answer.last) if status == 206 else (0, length - 1)
+        wanted = (
+            slices.covering(low, high, self.size) if status in (200, 206) and length else range(0)
+        )
+        absent = fetched + sum(1 for i in wanted if i != n and not self._fresh(meta, i))
+        if not absent:
+            cache_status, x_cache = f"{CACHE}; hit; detail=slices", "HIT"
+        else:
+            fwd = "partial" if absent < max(1, len(wanted)) else "uri-miss"
+            cache_status, x_cache = f"{CACHE}; fwd={fwd}; detail=slices", "MISS"
+        head = cached_head(200, first.fields, status, low, high, length, x_cache=x_cache,
+                           via=VIA, hidden=self.router.hidden)  # fmt: skip
+        date = None if head.dated else rfc822_formatted_time()
+        fields = (*head.fields, *per_answer(cache_status, first.age, date))
+        out = Relayed(status=status, headers=fields)
+        await out.prepare(request)
+        for i in wanted:
+            part = first if i == n else self._stored(meta, i, first)
+            if part is None:
+                part = await self._fetched(meta, url, i, first)
+                fetched += 1
+            if not isinstance(part, Piece):
+                if part == "changed":
+                    engine.remove_slices(meta.key)
+                engine.sliced(fetched, mismatched=part == "changed")
+                abort(request)
+                return out
+            body = memoryview(part.body)[max(low, part.first) - part.first :
+                                         min(high, part.last) - part.first + 1]  # fmt: skip
+            if not await send(out, body):
+                break  # the client left: nothing more to fetch for it
+        else:
+            await send(out, b"", eof=True)
+        engine.sliced(fetched, mismatched=False)
+        return out
+
+    def _slice_meta(self, meta: RequestMeta, n: int) -> RequestMeta:
+        return meta._replace(key=slices.slice_key(meta.key, n))
+
+    def _fresh(self, meta: RequestMeta, n: int) -> bool:
+        """Whether a fresh slice ``n`` is stored (peeked: nothing counted or moved)."""
+        return self.engine.fresh(self._slice_meta(meta, n), self.clock()) is not None
+
+    def _stored(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
+        """Slice ``n`` from the store when a fresh one of ``like``'s object is there (one of
+        another version is removed)."""
+        engine = self.engine
+        smeta = self._slice_meta(meta, n)
+        hit = engine.slice_hit(smeta, self.clock())
+        if hit is None:
+            return None
+        entry = hit.entry
+        found = piece(entry.headers, entry.payload, n, self.size, like, hit.age, True)
+        if found is None:
+            engine.delete(smeta.key)
+        return found
+
+    async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:
+        """Ask the origin for slice ``n``; the response and when it was asked."""
+        first = n * self.size
+        asked = (("Range", f"bytes={first}-{first + self.size - 1}"),)
+        headers = self.router.upstream_headers(meta, whole=True, extra=asked)
+        request_time = self.clock()
+        return await self.fetcher.upstream.request("GET", url, headers), request_time
+
+    async def _read(
+        self, meta: RequestMeta, n: int, upstream: UpstreamResponse, request_time: float
+    ) -> tuple[tuple[tuple[str, str], ...], bytes, ResponseMeta] | None:
+        """The fields and body of the origin's 206 ``upstream`` to the request for slice
+        ``n``, read whole, and the engine's view of it as a 200; None when its body failed,
+        or ran past a slice's size (not the range asked)."""
+        headers = tuple(fields_of(upstream))
+        parts = []
+        total = 0
+        try:
+            async for chunk in body_of(in_hand(upstream), upstream.content):
+                parts.append(chunk)
+                total += len(chunk)
+                if total > self.size:
+                    log.warning("GET %s: slice %d ran past %d bytes", meta.key, n, self.size)
+                    return None
+        except BODY_ERRORS as exc:
+            log.warning("GET %s: slice %d failed: %r", meta.key, n, exc)
+            return None
+        rmeta = self.fetcher.response_meta(meta, 200, headers, request_time)
+        return headers, b"".join(parts), rmeta
+
+    async def _fetched(
+        self, meta: RequestMeta, url: str, n: int, like: Piece
+    ) -> Piece | Literal["failed", "changed"]:
+        """Slice ``n`` of ``like``'s object from the origin, kept when admitted; "failed"
+        when the origin failed, "changed" when it answered with anything but that slice of
+        that object."""
+        try:
+            upstream, request_time = await self._request(meta, url, n)
+        except UpstreamError:
+            return "failed"
+        async with upstream:
+            if upstream.status != 206:
+                log.warning("GET %s: slice %d answered %d", meta.key, n, upstream.status)
+                return "failed" if upstream.status >= 500 else "changed"
+            got = await self._read(meta, n, upstream, request_time)
+        if got is None:
+            return "failed"
+        headers, body, rmeta = got
+        part = piece(headers, body, n, self.size, like, rmeta.initial_age, False)
+        if part is None:
+            log.warning("GET %s: slice %d is not of the object's version or length", meta.key, n)
+            return "changed"
+        await self._keep(meta, n, part, rmeta)
+        return part
+
+    async def _keep(self, meta: RequestMeta, n: int, part: Piece, rmeta: ResponseMeta) -> None:
+        """Judge fetched slice ``n`` (``rmeta``: the engine's view of it, as a 200) as a
+        response of its own, and store it when the rules and the admission policy let it."""
+        smeta = self._slice_meta(meta, n)
+        if part.version is None:
+            rmeta = rmeta._replace(cacheable=False, reason="slice-unvalidated")
+        elif rmeta.vary:
+            rmeta = rmeta._replace(cacheable=False, reason="slice-varies")
+        size = len(part.body)
+        decision = await self.fetcher.decide(smeta, rmeta._replace(status=206), size)
+        self.engine.finish(smeta, decision, size, self.clock(), payload=part.body)
+
+    async def _whole(
+        self, meta: RequestMeta, whole: Piece, rmeta: ResponseMeta, action: Fetch
+    ) -> web.Response:
+        """The answer from a 206 that holds the whole object (``rmeta``: the engine's view
+        of it, as a 200): judged and stored as the 200 it is, under its URL, in memory and on
+        the disk tier."""
+        fetcher = self.fetcher
+        stored = tuple((k, v) for k, v in rmeta.headers if k.lower() != "content-range")
+        rmeta = rmeta._replace(headers=stored)
+        decision = await fetcher.decide(meta, rmeta, len(whole.body))
+        fetcher.settle_in_hand(meta, rmeta, decision, whole.body, action)
+        detail = f"; detail={decision.reason}" if isinstance(decision, NotStored) else "; stored"
+        return fetcher.cached(meta, 200, whole.fields, whole.body, f"{CACHE}; fwd=uri-miss"
+                              + detail, "MISS", whole.age)  # fmt: skip
