@@ -27,7 +27,7 @@ def nginx_binary() -> str | None:
 def nginx_config(root: Path, port: int, origin: str, max_size: int) -> Path:
     """Write ``root/nginx.conf`` for a foreground nginx on 127.0.0.1:``port``; returns its path."""
     path = root / "nginx.conf"
-    path.write_text(f"""{_main_context(root)}
+    path.write_text(f"""{main_context(root)}
 http {{
     access_log off;
     upstream origin {{ server {origin.removeprefix("http://")}; keepalive 64; }}
@@ -58,7 +58,7 @@ def nginx_balancer_config(root: Path, port: int, backends: list[str], balancing:
     requests over ``backends`` (base URLs) by ``balancing`` (a key of ``BALANCING``)."""
     servers = "\n".join(f"        server {b.removeprefix('http://')};" for b in backends)
     path = root / "nginx.conf"
-    path.write_text(f"""{_main_context(root)}
+    path.write_text(f"""{main_context(root)}
 http {{
     access_log off;
     upstream fleet {{
@@ -81,7 +81,7 @@ http {{
     return path
 
 
-def _main_context(root: Path) -> str:
+def main_context(root: Path) -> str:
     """What every nginx of ours starts with: one worker in the foreground, files under
     ``root``."""
     # As root, nginx's workers drop to `nobody` and could not write the cache under `root`.
