@@ -327,17 +327,12 @@ class Fetcher:
         return Shared(rmeta, body, meta.headers)
 
     def settle_in_hand(
-        self,
-        meta: RequestMeta,
-        rmeta: ResponseMeta,
-        decision: Keep | NotStored,
-        body: bytes,
-        action: Fetch,
+        self, meta: RequestMeta, rmeta: ResponseMeta, decision: Keep | NotStored, body: bytes
     ) -> None:
-        """``_settled`` for a whole body in hand that no ``receive`` relayed (a slice that
-        held the whole object): stored, or counted, in memory and on the disk tier."""
+        """``_settled`` for a whole body in hand, fetched whole, that no ``receive`` relayed
+        (a slice): stored, or counted, in memory and on the disk tier when it takes it."""
         size = len(body)
-        to_disk = self._to_disk(meta, rmeta, size, True, action)
+        to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE)
         self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
 
     def _to_disk(

@@ -20,7 +20,8 @@ How a GET miss goes when slicing is on:
   object's length (``CacheEngine.answer``): 304, 416, the 206 of its range, or the whole 200,
   its body stitched in order from the slices it spans. Each is the stored one when fresh and
   of the same version, else fetched, read whole (a slice goes to the client only once it is
-  known to be of the object's version), and admitted and stored on its own.
+  known to be of the object's version), and admitted and stored on its own. Concurrent
+  misses share each slice's fetch (single flight, keyed by the slice), each a sighting of it.
 * A fetched slice of another version, length or range means the object changed under the
   answer: its stored slices are removed (the next request fetches them anew). Either that or
   an origin that fails on a slice (a 5xx, a timeout, a body cut short) cuts the client's
@@ -30,6 +31,7 @@ How a GET miss goes when slicing is on:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -40,8 +42,8 @@ from aiohttp.helpers import rfc822_formatted_time
 from proxy.answers import CACHE, VIA, abort, plain
 from proxy.core import slices
 from proxy.core.cached import cached_head, per_answer
-from proxy.core.events import Fetch, NotStored, RequestMeta, ResponseMeta
-from proxy.fetch import Fetcher
+from proxy.core.events import Fetch, NotStored, Outcome, RequestMeta, ResponseMeta
+from proxy.fetch import GO_DIRECT, Fetcher, Shared
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.streaming import send
 from proxy.upstream import UpstreamError, UpstreamResponse
@@ -100,6 +102,7 @@ class Slicer:
         self.engine = fetcher.engine
         self.router = fetcher.router
         self.clock = fetcher.clock
+        self.flights = fetcher.flights
 
     async def answer(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
@@ -108,8 +111,21 @@ class Slicer:
         module's rules)."""
         n = slices.first_wanted(meta.headers, self.size)
         first = self._stored(meta, n, None)
-        fetched = 0
-        if first is None:
+        if first is not None:
+            return await self._stitch(request, meta, url, n, first, 0)
+        key = slices.slice_key(meta.key, n)
+        flight = self.flights.lead(key)
+        if flight is None:
+            shared = await self._follow(key)
+            first = None if shared is None else self._shared(shared, n, None)
+            if first is not None:
+                assert shared is not None
+                whole = await self._settle(meta, n, first, shared.meta, led=False)
+                if whole is not None:
+                    return self._whole(meta, first, whole)
+                return await self._stitch(request, meta, url, n, first, 1)
+        result = None
+        try:
             try:
                 upstream, request_time = await self._request(meta, url, n)
             except UpstreamError as exc:
@@ -129,11 +145,14 @@ class Slicer:
             if first is None:
                 again = replace(action, collapse=False)
                 return (await self.fetcher.fetch(request, meta, url, again))[0]
-            if first.first == 0 and first.last == first.length - 1:
-                return await self._whole(meta, first, rmeta, action)
-            fetched = 1
-            await self._keep(meta, n, first, rmeta)
-        return await self._stitch(request, meta, url, n, first, fetched)
+            whole = await self._settle(meta, n, first, rmeta, led=True)
+            result = Shared(rmeta, body, meta.headers)
+        finally:
+            if flight is not None:
+                self.flights.end(key, flight, result)
+        if whole is not None:
+            return self._whole(meta, first, whole)
+        return await self._stitch(request, meta, url, n, first, 1)
 
     async def _stitch(
         self,
@@ -239,51 +258,92 @@ class Slicer:
     async def _fetched(
         self, meta: RequestMeta, url: str, n: int, like: Piece
     ) -> Piece | Literal["failed", "changed"]:
-        """Slice ``n`` of ``like``'s object from the origin, kept when admitted; "failed"
-        when the origin failed, "changed" when it answered with anything but that slice of
-        that object."""
+        """Slice ``n`` of ``like``'s object from the origin (or as a concurrent request's
+        fetch of it brings it), kept when admitted; "failed" when the origin failed,
+        "changed" when it answered with anything but that slice of that object."""
+        key = slices.slice_key(meta.key, n)
+        flight = self.flights.lead(key)
+        if flight is None:
+            shared = await self._follow(key)
+            if shared is not None:
+                part = self._shared(shared, n, like)
+                if part is None:
+                    return "changed"
+                await self._settle(meta, n, part, shared.meta, led=False)
+                return part
+        result = None
         try:
-            upstream, request_time = await self._request(meta, url, n)
-        except UpstreamError:
-            return "failed"
-        async with upstream:
-            if upstream.status != 206:
-                log.warning("GET %s: slice %d answered %d", meta.key, n, upstream.status)
-                return "failed" if upstream.status >= 500 else "changed"
-            got = await self._read(meta, n, upstream, request_time)
-        if got is None:
-            return "failed"
-        headers, body, rmeta = got
-        part = piece(headers, body, n, self.size, like, rmeta.initial_age, False)
-        if part is None:
-            log.warning("GET %s: slice %d is not of the object's version or length", meta.key, n)
-            return "changed"
-        await self._keep(meta, n, part, rmeta)
-        return part
+            try:
+                upstream, request_time = await self._request(meta, url, n)
+            except UpstreamError:
+                return "failed"
+            async with upstream:
+                if upstream.status != 206:
+                    log.warning("GET %s: slice %d answered %d", meta.key, n, upstream.status)
+                    return "failed" if upstream.status >= 500 else "changed"
+                got = await self._read(meta, n, upstream, request_time)
+            if got is None:
+                return "failed"
+            headers, body, rmeta = got
+            part = piece(headers, body, n, self.size, like, rmeta.initial_age, False)
+            if part is None:
+                log.warning("GET %s: slice %d is of another version or length", meta.key, n)
+                return "changed"
+            await self._settle(meta, n, part, rmeta, led=True)
+            result = Shared(rmeta, body, meta.headers)
+            return part
+        finally:
+            if flight is not None:
+                self.flights.end(key, flight, result)
 
-    async def _keep(self, meta: RequestMeta, n: int, part: Piece, rmeta: ResponseMeta) -> None:
-        """Judge fetched slice ``n`` (``rmeta``: the engine's view of it, as a 200) as a
-        response of its own, and store it when the rules and the admission policy let it."""
-        smeta = self._slice_meta(meta, n)
-        if part.version is None:
-            rmeta = rmeta._replace(cacheable=False, reason="slice-unvalidated")
-        elif rmeta.vary:
-            rmeta = rmeta._replace(cacheable=False, reason="slice-varies")
-        size = len(part.body)
-        decision = await self.fetcher.decide(smeta, rmeta._replace(status=206), size)
-        self.engine.finish(smeta, decision, size, self.clock(), payload=part.body)
+    async def _follow(self, key: str) -> Shared | None:
+        """What the fetch of slice ``key`` under way for another request brings; None when
+        none is under way, it failed, or the wait passed (then this request fetches it)."""
+        flights = self.flights
+        deadline = asyncio.get_running_loop().time() + flights.wait_limit
+        shared = await flights.follow(key, deadline)
+        return None if shared is None or shared is GO_DIRECT else shared
 
-    async def _whole(
-        self, meta: RequestMeta, whole: Piece, rmeta: ResponseMeta, action: Fetch
-    ) -> web.Response:
-        """The answer from a 206 that holds the whole object (``rmeta``: the engine's view
-        of it, as a 200): judged and stored as the 200 it is, under its URL, in memory and on
-        the disk tier."""
+    def _shared(self, shared: Shared, n: int, like: Piece | None) -> Piece | None:
+        """Slice ``n`` as another request fetched it, when of ``like``'s object."""
+        rmeta = shared.meta
+        return piece(rmeta.headers, shared.body, n, self.size, like, rmeta.initial_age, False)
+
+    async def _settle(
+        self, meta: RequestMeta, n: int, part: Piece, rmeta: ResponseMeta, *, led: bool
+    ) -> str | None:
+        """Judge ``part``, slice ``n`` (``rmeta``: the engine's view of it as a 200), as a
+        response of its own, fetched by this request (``led``) or by another (a sighting of
+        it): stored when the rules and the admission policy let it. A slice that holds the
+        whole object is judged as the 200 it is, under its URL, and its Cache-Status detail
+        returned (None for any other slice)."""
+        whole = part.first == 0 and part.last == part.length - 1
+        if whole:
+            target = meta
+            stored = tuple((k, v) for k, v in rmeta.headers if k.lower() != "content-range")
+            rmeta = rmeta._replace(headers=stored)
+        else:
+            target = self._slice_meta(meta, n)
+            if part.version is None:
+                rmeta = rmeta._replace(cacheable=False, reason="slice-unvalidated")
+            elif rmeta.vary:
+                rmeta = rmeta._replace(cacheable=False, reason="slice-varies")
+            rmeta = rmeta._replace(status=206)
         fetcher = self.fetcher
-        stored = tuple((k, v) for k, v in rmeta.headers if k.lower() != "content-range")
-        rmeta = rmeta._replace(headers=stored)
-        decision = await fetcher.decide(meta, rmeta, len(whole.body))
-        fetcher.settle_in_hand(meta, rmeta, decision, whole.body, action)
-        detail = f"; detail={decision.reason}" if isinstance(decision, NotStored) else "; stored"
-        return fetcher.cached(meta, 200, whole.fields, whole.body, f"{CACHE}; fwd=uri-miss"
-                              + detail, "MISS", whole.age)  # fmt: skip
+        size = len(part.body)
+        if led:
+            outcome: Outcome = await fetcher.decide(target, rmeta, size)
+            fetcher.settle_in_hand(target, rmeta, outcome, part.body)
+        else:
+            admitted = await fetcher.ask_fleet(target, rmeta, size)
+            outcome = self.engine.on_shared(target, rmeta, size, self.clock(),
+                                            payload=part.body, admitted=admitted)  # fmt: skip
+        if not whole:
+            return None
+        detail = f"; detail={outcome.reason}" if isinstance(outcome, NotStored) else "; stored"
+        return detail if led else "; collapsed" + detail
+
+    def _whole(self, meta: RequestMeta, whole: Piece, detail: str) -> web.Response:
+        """The answer from a slice that holds the whole object."""
+        status = f"{CACHE}; fwd=uri-miss{detail}"
+        return self.fetcher.cached(meta, 200, whole.fields, whole.body, status, "MISS", whole.age)

@@ -5,6 +5,7 @@ a whole GET stitched from them, and an object whose slices disagree on their ver
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -36,6 +37,7 @@ class Large:
     etag: bool = True
     ignores_range: bool = False
     failing: set[int] = field(default_factory=set)  # first bytes of ranges answered with 503
+    delay: float = 0.0
     headers: dict[str, str] = field(default_factory=lambda: {"Cache-Control": "max-age=600"})
     asked: list[str | None] = field(default_factory=list)  # the Range of each request
 
@@ -48,6 +50,7 @@ class Large:
     async def respond(self, request: web.Request) -> web.Response:
         asked = request.headers.get("Range")
         self.asked.append(asked)
+        await asyncio.sleep(self.delay)
         if asked is None or self.ignores_range:
             body = content(self.version, 0, self.length - 1)
             return web.Response(body=body, headers=self.fields())
@@ -344,3 +347,21 @@ async def test_a_206_past_the_slice_asked_has_the_object_fetched_whole(origin, s
     status, _, body = await get(service, "/rest", Range="bytes=10-19")
     assert (status, body) == (206, content(1, 10, 19))
     assert origin.hits["/rest"] == 2  # the slice, then the whole object
+
+
+async def test_concurrent_misses_of_one_object_fetch_each_slice_once(origin, start_proxy):
+    """Ten clients ask for a cold object at once: each slice is fetched for one of them and
+    the others are answered with it (single flight); a small object, likewise, once."""
+    size = 64 * KIB
+    video, small = Large(3 * size, delay=0.05), Large(1000, delay=0.05)
+    serve(origin, video=video, small=small)
+    service = await start_proxy(cache__slice_size="64KiB")
+    answers = await asyncio.gather(*(get(service, "/video") for _ in range(10)))
+    assert {(status, body) for status, _, body in answers} == {(200, content(1, 0, 3 * size - 1))}
+    assert sorted(video.asked) == sorted(ranges_of(n, size) for n in range(3))
+    engine = service.proxy.engine
+    assert len(engine.slices.keys(f"{KEY}/video")) == 3  # nine sightings each: second hit
+    answers = await asyncio.gather(*(get(service, "/small") for _ in range(10)))
+    assert {(status, body) for status, _, body in answers} == {(200, content(1, 0, 999))}
+    assert len(small.asked) == 1 and engine.store.peek(f"{KEY}/small") is not None
+    assert sum("collapsed" in headers["Cache-Status"] for _, headers, _ in answers) == 9
