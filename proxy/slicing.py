@@ -26,6 +26,8 @@ How a GET miss goes when slicing is on:
   answer: its stored slices are removed (the next request fetches them anew). Either that or
   an origin that fails on a slice (a 5xx, a timeout, a body cut short) cuts the client's
   connection, the honest signal once a length was promised.
+* An object whose slices may not be stored (``no-store``, no validator) goes straight to the
+  origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an uncacheable URL does.
 * Slices live in memory; the disk tier keeps whole objects.
 """
 
@@ -334,6 +336,9 @@ class Slicer:
         if led:
             outcome: Outcome = await fetcher.decide(target, rmeta, size)
             fetcher.settle_in_hand(target, rmeta, outcome, part.body)
+            if not rmeta.cacheable and not whole:
+                # No slice of it will be stored: its next requests need not be sliced.
+                self.engine.part_refused(meta, rmeta, self.clock())
         else:
             admitted = await fetcher.ask_fleet(target, rmeta, size)
             outcome = self.engine.on_shared(target, rmeta, size, self.clock(),

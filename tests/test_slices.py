@@ -272,7 +272,22 @@ async def test_a_slice_without_a_validator_answers_but_is_never_stored(origin, s
     for _ in range(2):
         status, _, body = await get(service, "/video", Range="bytes=100-199")
         assert (status, body) == (206, content(1, 100, 199))
-    assert len(video.asked) == 2 and service.proxy.engine.counters.admissions == 0
+    assert service.proxy.engine.counters.admissions == 0
+    # Then straight to the origin for hit_for_miss, unsliced: the client's own Range.
+    assert video.asked == [ranges_of(0, 64 * KIB), "bytes=100-199"]
+
+
+async def test_an_object_that_may_not_be_stored_goes_unsliced_after_its_first_miss(
+    origin, start_proxy
+):
+    video = Large(200 * KIB, headers={"Cache-Control": "no-store"})
+    serve(origin, video=video)
+    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    for _ in range(2):
+        status, headers, body = await get(service, "/video")
+        assert (status, body) == (200, content(1, 0, video.length - 1))
+    assert video.asked == [ranges_of(n, 64 * KIB) for n in range(4)] + [None]
+    assert headers["Cache-Status"] == "onehit; fwd=bypass; detail=no-store"
 
 
 async def test_a_purge_by_url_or_tag_removes_every_slice(origin, start_proxy):

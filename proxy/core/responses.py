@@ -395,6 +395,13 @@ class ResponseDecisions:
         self.counters.soft_purged += marked
         return marked
 
+    def part_refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
+        """A part of ``request``'s object (a slice, ``response``) may not be stored: unless
+        the request alone made it so, the object's URL goes straight to the origin for
+        ``hit_for_miss`` seconds, as a whole uncacheable response's does."""
+        if response.reason not in _REQUEST_REASONS:
+            self._pass_for_a_while(request, now)
+
     def _pass_for_a_while(self, request: RequestMeta, now: float) -> None:
         if self.hit_for_miss > 0:
             url = request.key

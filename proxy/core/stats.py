@@ -41,7 +41,7 @@ METRICS: dict[str, str] = {
     "too_many_variants": "responses not stored: their URL had max_variants variants already",
     "soft_purged": "fresh entries a soft purge marked stale (the next request revalidates)",
     "slice_hits": "slices of large objects answered from the store ([cache] slice_size)",
-    "slice_fetches": "slices of large objects fetched from the origin",
+    "slice_fetches": "slices of large objects not stored: fetched, or shared with a fetch",
     "slice_mismatches": "objects whose slices disagreed on their validator (all refetched)",
     "origin_fetches": "requests sent to the origin",
     "origin_bytes": "body bytes received from the origin",
