@@ -17,9 +17,11 @@ each a separate process with an empty cache, every one storing what it fetches:
 For each: the cold request's time, the origin's requests and bytes (counted once the origin has
 been quiet for a second, so a fetch that goes on after the answer is counted), the bytes
 stored, and the median time of the same Range answered warm, over sequential requests on one
-connection. Every body is checked against the file.
+connection. Then the median time of a whole GET of a 64 MiB object, warm: what stitching
+slices costs a full download (onehit without slices stores it whole: its max object size is
+raised to 128 MiB). Every body is checked against the file.
 
-    .venv/bin/python benchmarks/bench_slices.py [--warm 200]
+    .venv/bin/python benchmarks/bench_slices.py [--warm 200] [--whole 10]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ MIB = 1 << 20
 OBJECT = 512 * MIB
 FIRST = 300 * MIB + 12345  # a 1 MiB range across two slices, as a player's seek asks
 LAST = FIRST + MIB - 1
+CLIP = 64 * MIB  # a whole object, downloaded whole: what slicing costs a full GET
 
 
 def origin_config(root: Path, port: int, files: Path) -> Path:
@@ -100,17 +103,21 @@ def origin_sent(log: Path, since: int) -> tuple[int, int]:
         time.sleep(1.0)
 
 
-def ranged(base: str, connection: http.client.HTTPConnection | None = None) -> tuple[float, bytes]:
-    """(seconds, body) of one GET of the range."""
-    host = base.removeprefix("http://")
-    conn = connection or http.client.HTTPConnection(host, timeout=120)
+def timed_get(
+    base: str,
+    path: str = "/video.bin",
+    asked: str | None = f"bytes={FIRST}-{LAST}",
+    connection: http.client.HTTPConnection | None = None,
+) -> tuple[float, bytes]:
+    """(seconds, body) of one GET of ``path`` (``asked``: its Range, or None)."""
+    conn = connection or http.client.HTTPConnection(base.removeprefix("http://"), timeout=120)
     started = time.perf_counter()
-    conn.request("GET", "/video.bin", headers={"Range": f"bytes={FIRST}-{LAST}"})
+    conn.request("GET", path, headers={"Range": asked} if asked else {})
     response = conn.getresponse()
     body = response.read()
     elapsed = time.perf_counter() - started
-    if response.status != 206:
-        raise RuntimeError(f"{base}: {response.status} to a Range")
+    if response.status != (206 if asked else 200):
+        raise RuntimeError(f"{base}: {response.status} to GET {path} ({asked})")
     if connection is None:
         conn.close()
     return elapsed, body
@@ -122,7 +129,8 @@ def dir_bytes(path: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warm", type=int, default=200, help="warm requests per target")
+    parser.add_argument("--warm", type=int, default=200, help="warm Range requests per target")
+    parser.add_argument("--whole", type=int, default=10, help="warm whole GETs per target")
     args = parser.parse_args()
     nginx = nginx_binary()
     if nginx is None:
@@ -138,6 +146,7 @@ def main() -> None:
             for _ in range(OBJECT // (8 * MIB)):
                 out.write(os.urandom(8 * MIB))
         expected = (files / "video.bin").read_bytes()[FIRST : LAST + 1]
+        (files / "clip.bin").write_bytes(os.urandom(CLIP))
         origin_port = free_port()
         origin_root = work / "origin"
         origin_root.mkdir()
@@ -152,7 +161,8 @@ def main() -> None:
             spawn(stack, sys.executable, "-m", "proxy", "--origin",
                   f"http://127.0.0.1:{origin_port}", "--listen", f"127.0.0.1:{port}",
                   "--admin-listen", f"127.0.0.1:{admin}", "--admission", "always",
-                  "--cache-size", "1GiB", "--set", "server.access_log=false", *extra,
+                  "--cache-size", "1GiB", "--set", "cache.max_object_size=128MiB",
+                  "--set", "server.access_log=false", *extra,
                   cwd=here)  # fmt: skip
             wait_ready(f"http://127.0.0.1:{admin}/healthz")
             targets[label] = (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}/stats")
@@ -168,7 +178,7 @@ def main() -> None:
         rows = {}
         for label, (base, stored_at) in targets.items():
             since = len(log.read_text().splitlines()) if log.exists() else 0
-            cold, body = ranged(base)
+            cold, body = timed_get(base)
             if body != expected:
                 raise RuntimeError(f"{label}: the body is not the file's bytes")
             requests, sent = origin_sent(log, since)
@@ -178,7 +188,7 @@ def main() -> None:
                 with urllib.request.urlopen(stored_at) as r:
                     stored = json.load(r)["metrics"]["bytes_written"]
             conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=120)
-            warm = statistics.median(ranged(base, conn)[0] for _ in range(args.warm))
+            warm = statistics.median(timed_get(base, connection=conn)[0] for _ in range(args.warm))
             conn.close()
             rows[label] = (cold, requests, sent, stored, warm)
         reference = rows["nginx slice 1m"]
@@ -188,6 +198,26 @@ def main() -> None:
             print(f"  {label:24s} {cold * 1e3:6.0f}ms {requests:16d} {sent / MIB:10.1f} MiB "
                   f"{stored / MIB:8.1f} MiB {warm * 1e3:7.2f}ms  "
                   f"x{sent / reference[2]:.2f}, x{warm / reference[4]:.2f}")  # fmt: skip
+
+        print(f"\na whole GET of a {CLIP // MIB} MiB object, warm (the first two GETs store it)")
+        clip = (files / "clip.bin").read_bytes()
+        times = {}
+        for label, (base, _) in targets.items():
+            conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=120)
+            for _ in range(2):
+                timed_get(base, "/clip.bin", None, conn)
+            runs = []
+            for _ in range(args.whole):
+                seconds, body = timed_get(base, "/clip.bin", None, conn)
+                if body != clip:
+                    raise RuntimeError(f"{label}: the body is not the file's bytes")
+                runs.append(seconds)
+                del body  # a client that kept every body would time its own page faults
+            conn.close()
+            times[label] = statistics.median(runs)
+        for label, seconds in times.items():
+            print(f"  {label:24s} {seconds * 1e3:7.1f}ms  {CLIP / seconds / 1e9:5.2f} GB/s  "
+                  f"x{seconds / times['nginx slice 1m']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":
