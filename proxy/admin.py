@@ -178,7 +178,7 @@ def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, ob
         marked = engine.soft_purge(engine.stored_keys(**{kind: value}), proxy.clock())
         answer: dict[str, object] = {"stale": marked}
         if disk is not None and kind == "url":
-            disk.invalidate(value)  # the disk keeps nothing stale to revalidate: purged
+            disk.invalidate_url(value)  # the disk keeps nothing stale to revalidate: purged
     else:
         purge = {"url": engine.invalidate, "prefix": engine.purge_prefix,
                  "tags": engine.purge_tags}[kind]  # fmt: skip

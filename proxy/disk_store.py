@@ -18,6 +18,10 @@ memory tier, keeping what it took across restarts.
 * Writes are counted as the store appends them (``bytes_written``) and as the kernel counts
   the process's writes to storage (``write_bytes`` of ``/proc/self/io``, where it exists),
   in total and per second over the last checkpoint interval.
+* Slices of large objects (``proxy.slicing``) are records of their own under their slice
+  keys, written after an anchor record of their object (``write_slice``): a purge of the URL,
+  or a change of the object's version, drops or replaces the anchor, and no slice written
+  before the anchor on disk is found again (``anchored``).
 * Responses that vary (``Vary``) are not taken yet: a disk record is found by its URL alone.
 """
 
@@ -34,11 +38,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from proxy.config import DiskSection
+from proxy.core import slices
 from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, Slot, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
+from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
@@ -132,16 +138,19 @@ class DiskStore:
         length: int | None,
         whole: bool,
         now: float,
+        *,
+        part: bool = False,
     ) -> bool:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
-        asked once at its head: a whole 200 GET that does not vary, and then the tier's
-        admission, which counts the sighting."""
+        asked once at its head: a whole 200 GET that does not vary, or (``part``) a slice's
+        206 under its slice key (``write_slice``), and then the tier's admission, which
+        counts the sighting."""
         if response.vary:
             self.tier.drop(request.key)  # what was stored without variants is superseded
         if (
             not whole
             or request.method != "GET"
-            or response.status != 200
+            or response.status != (206 if part else 200)
             or response.vary
             or not response.cacheable
         ):
@@ -156,6 +165,32 @@ class DiskStore:
         location = self.log.append(_raw(key), meta, body)
         if location is not None:
             self.tier.recorded(key, location.region, location.offset, location.length)
+
+    async def write_slice(
+        self, url: str, key: str, response: ResponseMeta, body: bytes, stored_at: float
+    ) -> None:
+        """``write`` slice record ``key`` of ``url``'s object, after an anchor of that object's
+        length and version: the one on disk, else a new one written first (the older slices
+        then lie before it, and are never found again: ``anchored``). The anchor is read as
+        ``lookup_off_loop`` reads."""
+        anchor_key = slices.anchor_key(url)
+        anchor = await self.lookup_off_loop(anchor_key, Entry)
+        if anchor is None or not _same_object(anchor.headers, response.headers):
+            self.write(anchor_key, response._replace(status=204), b"", stored_at)
+        self.write(key, response, body, stored_at)
+
+    def anchored(self, url: str, key: str) -> bool:
+        """Whether the slice record ``key`` of ``url``'s object lies after the anchor of its
+        slices: of the object as it stands since its last purge or change of version."""
+        anchor = self.tier.find(slices.anchor_key(url))
+        slot = None if anchor is None else self.tier.find(key)
+        return slot is not None and (slot.region, slot.offset) > (anchor.region, anchor.offset)
+
+    def invalidate_url(self, url: str) -> bool:
+        """``invalidate`` ``url``'s record and the anchor of its slices, so that none of the
+        slices on disk is found again; whether the URL had a record."""
+        self.invalidate(slices.anchor_key(url))
+        return self.invalidate(url)
 
     def purge_prefix(self, prefix: str) -> None:
         """Purge every record of a key starting with ``prefix`` (``DiskTier.ban``), the ban
@@ -353,6 +388,17 @@ def process_write_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _same_object(anchor: Headers, part: Headers) -> bool:
+    """Whether a slice's fields (``part``) are of the length and version an anchor's are."""
+    span, other = slices.content_range(anchor), slices.content_range(part)
+    return (
+        span is not None
+        and other is not None
+        and span[2] == other[2]
+        and slices.validator(anchor) == slices.validator(part)
+    )
 
 
 def _raw(key: str) -> bytes:

@@ -92,7 +92,7 @@ class Proxy:
         self.slicer = Slicer(size, self.fetcher) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
         if disk is not None:
-            engine.forget_behind = disk.invalidate
+            engine.forget_behind = disk.invalidate_url
 
     @property
     def fast_hits(self) -> int:
@@ -198,6 +198,12 @@ class Proxy:
                 return disk_hit
             case Fetch(reason="uri-miss", whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
+            case Fetch(reason="uri-miss") if (
+                self.slicer is not None
+                and meta.method == "HEAD"
+                and (head := await self.slicer.head(request, meta, url)) is not None
+            ):
+                return head
             case Fetch(collapse=True):
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():

@@ -28,7 +28,11 @@ How a GET miss goes when slicing is on:
   connection, the honest signal once a length was promised.
 * An object whose slices may not be stored (``no-store``, no validator) goes straight to the
   origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an uncacheable URL does.
-* Slices live in memory; the disk tier keeps whole objects.
+* A HEAD miss is answered from any fresh slice of its object in memory (its fields and
+  length), else goes to the origin as without slices.
+* With a disk tier, slices are written to it too (its own admission, slice by slice) and
+  read back on a memory miss; a purge of the URL, or a change of version, reaches them there
+  (``DiskStore.write_slice``).
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ class Slicer:
         self.router = fetcher.router
         self.clock = fetcher.clock
         self.flights = fetcher.flights
+        self.disk = fetcher.disk
 
     async def answer(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
@@ -112,7 +117,7 @@ class Slicer:
         """Answer the GET miss ``meta`` (the engine's ``action``) from slices (see the
         module's rules)."""
         n = slices.first_wanted(meta.headers, self.size)
-        first = self._stored(meta, n, None)
+        first = await self._stored(meta, n, None)
         if first is not None:
             return await self._stitch(request, meta, url, n, first, 0)
         key = slices.slice_key(meta.key, n)
@@ -156,6 +161,17 @@ class Slicer:
             return self._whole(meta, first, whole)
         return await self._stitch(request, meta, url, n, first, 1)
 
+    async def head(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str
+    ) -> web.StreamResponse | None:
+        """The answer to a HEAD miss from a stored slice of its object (the fields and the
+        length are all a HEAD needs); None when none is stored fresh."""
+        for n in sorted(self.engine.slices.numbers(meta.key)):
+            first = await self._stored(meta, n, None)
+            if first is not None:
+                return await self._stitch(request, meta, url, n, first, 0)
+        return None
+
     async def _stitch(
         self,
         request: web.BaseRequest,
@@ -171,9 +187,8 @@ class Slicer:
         answer = engine.answer(meta, 200, first.fields, length)
         status = answer.status
         low, high = (answer.first, answer.last) if status == 206 else (0, length - 1)
-        wanted = (
-            slices.covering(low, high, self.size) if status in (200, 206) and length else range(0)
-        )
+        bodied = status in (200, 206) and length and meta.method == "GET"
+        wanted = slices.covering(low, high, self.size) if bodied else range(0)
         absent = fetched + sum(1 for i in wanted if i != n and not self._fresh(meta, i))
         if not absent:
             cache_status, x_cache = f"{CACHE}; hit; detail=slices", "HIT"
@@ -187,13 +202,13 @@ class Slicer:
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
         for i in wanted:
-            part = first if i == n else self._stored(meta, i, first)
+            part = first if i == n else await self._stored(meta, i, first)
             if part is None:
                 part = await self._fetched(meta, url, i, first)
                 fetched += 1
             if not isinstance(part, Piece):
                 if part == "changed":
-                    engine.remove_slices(meta.key)
+                    self._remove_slices(meta.key)
                 engine.sliced(fetched, mismatched=part == "changed")
                 abort(request)
                 return out
@@ -206,25 +221,41 @@ class Slicer:
         engine.sliced(fetched, mismatched=False)
         return out
 
+    def _remove_slices(self, url: str) -> None:
+        """Remove ``url``'s slices, in memory and on the disk tier (its anchor dropped)."""
+        self.engine.remove_slices(url)
+        if self.disk is not None:
+            self.disk.invalidate(slices.anchor_key(url))
+
     def _slice_meta(self, meta: RequestMeta, n: int) -> RequestMeta:
         return meta._replace(key=slices.slice_key(meta.key, n))
 
     def _fresh(self, meta: RequestMeta, n: int) -> bool:
-        """Whether a fresh slice ``n`` is stored (peeked: nothing counted or moved)."""
-        return self.engine.fresh(self._slice_meta(meta, n), self.clock()) is not None
+        """Whether a fresh slice ``n`` is in memory, or a slice ``n`` on disk (peeked:
+        nothing counted, moved or read)."""
+        smeta = self._slice_meta(meta, n)
+        if self.engine.fresh(smeta, self.clock()) is not None:
+            return True
+        return self.disk is not None and self.disk.anchored(meta.key, smeta.key)
 
-    def _stored(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
-        """Slice ``n`` from the store when a fresh one of ``like``'s object is there (one of
-        another version is removed)."""
-        engine = self.engine
+    async def _stored(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
+        """Slice ``n`` from memory, else from the disk tier, when a fresh one of ``like``'s
+        object is there (one of another version is removed)."""
+        engine, disk = self.engine, self.disk
         smeta = self._slice_meta(meta, n)
         hit = engine.slice_hit(smeta, self.clock())
+        if hit is None and disk is not None and disk.anchored(meta.key, smeta.key):
+            behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
+            hit = None if behind is None else engine.slice_hit(smeta, self.clock(), behind)
+            disk.tier.answered(hit is not None)
         if hit is None:
             return None
         entry = hit.entry
         found = piece(entry.headers, entry.payload, n, self.size, like, hit.age, True)
         if found is None:
             engine.delete(smeta.key)
+            if disk is not None:
+                disk.invalidate(smeta.key)
         return found
 
     async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:
@@ -333,10 +364,17 @@ class Slicer:
             rmeta = rmeta._replace(status=206)
         fetcher = self.fetcher
         size = len(part.body)
-        if led:
+        if led and whole:
             outcome: Outcome = await fetcher.decide(target, rmeta, size)
             fetcher.settle_in_hand(target, rmeta, outcome, part.body)
-            if not rmeta.cacheable and not whole:
+        elif led:
+            outcome = await fetcher.decide(target, rmeta, size)
+            self.engine.finish(target, outcome, size, self.clock(), payload=part.body)
+            disk = self.disk
+            if disk is not None and disk.wants(target, rmeta, size, True, self.clock(),
+                                               part=True):  # fmt: skip
+                await disk.write_slice(meta.key, target.key, rmeta, part.body, self.clock())
+            if not rmeta.cacheable:
                 # No slice of it will be stored: its next requests need not be sliced.
                 self.engine.part_refused(meta, rmeta, self.clock())
         else:

@@ -13,6 +13,7 @@ import sys
 import time
 
 from proxy.config import DiskSection
+from proxy.core import slices
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.disk_store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
@@ -191,3 +192,31 @@ async def test_a_large_record_is_read_off_the_loop_and_a_purge_during_the_read_w
     assert store.invalidate(large)
     assert await reading is None  # purged while it was read: never served
     store.close()
+
+
+def slice_meta(n: int, version: str) -> ResponseMeta:
+    span = ("Content-Range", f"bytes {n * 100}-{n * 100 + 99}/400")
+    return STORED._replace(status=206, headers=(*STORED.headers, span, ("ETag", version)))
+
+
+async def test_only_slices_written_after_their_objects_anchor_are_found(tmp_path):
+    """A slice is found when it lies after its object's anchor: a new version's first slice
+    writes a new anchor, past the old slices; a purge of the URL drops it, and a restart
+    keeps both."""
+    store = DiskStore(section(tmp_path))
+    url = "http://a/video"
+    keys = [slices.slice_key(url, n) for n in range(3)]
+    for n in (0, 1):
+        await store.write_slice(url, keys[n], slice_meta(n, '"v1"'), b"x" * 100, 0.0)
+    assert store.anchored(url, keys[0]) and store.anchored(url, keys[1])
+    await store.write_slice(url, keys[2], slice_meta(2, '"v2"'), b"y" * 100, 0.0)
+    assert [store.anchored(url, key) for key in keys] == [False, False, True]
+    store.close()
+    again = DiskStore(section(tmp_path))
+    assert [again.anchored(url, key) for key in keys] == [False, False, True]
+    assert again.invalidate_url(url) is False  # no record of the URL itself; its anchor went
+    assert not again.anchored(url, keys[2])
+    again.close()
+    third = DiskStore(section(tmp_path))
+    assert not third.anchored(url, keys[2])
+    third.close()

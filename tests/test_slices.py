@@ -380,3 +380,69 @@ async def test_concurrent_misses_of_one_object_fetch_each_slice_once(origin, sta
     assert {(status, body) for status, _, body in answers} == {(200, content(1, 0, 999))}
     assert len(small.asked) == 1 and engine.store.peek(f"{KEY}/small") is not None
     assert sum("collapsed" in headers["Cache-Status"] for _, headers, _ in answers) == 9
+
+
+async def test_rfc9110_9_3_2_a_head_is_answered_from_a_stored_slice(origin, start_proxy):
+    video = Large(300 * KIB)
+    serve(origin, video=video)
+    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    url, host = base(service) + "/video", {"Host": "example.test"}
+    async with aiohttp.ClientSession() as session:
+        async with session.head(url, headers=host) as r:  # nothing stored: the origin's
+            assert (r.status, r.headers["Content-Length"]) == (200, str(300 * KIB))
+        assert (await get(service, "/video", Range="bytes=70000-70009"))[0] == 206
+        async with session.head(url, headers=host) as r:
+            assert (r.status, r.headers["Content-Length"]) == (200, str(300 * KIB))
+            assert r.headers["Cache-Status"] == "onehit; hit; detail=slices"
+            assert "Content-Range" not in r.headers and await r.read() == b""
+    assert video.asked == [None, ranges_of(1, 64 * KIB)]
+
+
+DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "disk__policy": "always",
+        "cache__slice_size": "64KiB", "admission__policy": "always"}  # fmt: skip
+
+
+async def test_slices_reach_the_disk_tier_and_outlive_a_restart(origin, start_proxy, tmp_path):
+    size = 64 * KIB
+    video = Large(4 * size)
+    serve(origin, video=video)
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    assert (await get(first, "/video"))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)  # memory empty
+    status, headers, body = await get(second, "/video", Range=f"bytes={size - 10}-{size + 9}")
+    assert (status, body, headers["Cache-Status"]) == (206, content(1, size - 10, size + 9),
+                                                       "onehit; hit; detail=slices")  # fmt: skip
+    status, _, body = await get(second, "/video")
+    assert (status, body, len(video.asked)) == (200, content(1, 0, video.length - 1), 4)
+    assert second.proxy.disk.tier.counters.hits == 4
+    assert len(second.proxy.engine.slices.keys(f"{KEY}/video")) == 4  # kept in memory too
+
+
+async def test_a_purge_or_a_new_version_reaches_the_slices_on_disk(origin, start_proxy, tmp_path):
+    size = 64 * KIB
+    video, other = Large(4 * size), Large(2 * size)
+    serve(origin, video=video, other=other)
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for path in ("/video", "/other"):
+        assert (await get(first, path))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    await admin_purge(second, {"url": f"{KEY}/video"})
+    video.asked.clear()
+    status, _, body = await get(second, "/video")  # every slice from the origin again
+    assert (status, body, len(video.asked)) == (200, content(1, 0, video.length - 1), 4)
+    await second.stop()
+    other.version = 2  # slice 0 of version 1 on disk begins an answer; slice 1 is version 2
+    third = await start_proxy(disk__path=str(tmp_path), **DISK)
+    third.proxy.engine.delete(slices.slice_key(f"{KEY}/other", 1))
+    third.proxy.disk.invalidate(slices.slice_key(f"{KEY}/other", 1))
+    url = base(third) + "/other"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Host": "example.test"}) as r,
+    ):
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+    status, headers, body = await get(third, "/other")
+    assert (status, headers["ETag"], body) == (200, '"v2"', content(2, 0, other.length - 1))

@@ -44,6 +44,11 @@ Rules this module keeps:
   entries stored, each charged to its entry; ``purge_tags`` removes every entry carrying one
   of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
   must reach it whichever of its tags it names.
+* Slices (``proxy.core.slices``): a driver that fetches a large object as byte ranges stores
+  each under its slice key, judged and admitted as a response of its own; the slice index
+  holds the stored ones, so a purge of the URL removes them. ``slice_hit`` finds and counts a
+  stored slice; ``sliced`` counts the request they answered as one, a hit when none was
+  fetched.
 * Memory is bounded by configuration: at most ``max_variants`` variants per URL (responses for
   more are not stored, ``NotStored("variants")``), the hit-for-miss memory by bytes, the Vary
   index by the stored variants, the store by its capacity (which charges keys and headers).
@@ -250,10 +255,10 @@ class CacheEngine(ResponseDecisions):
 
     def _count_hit(self, key: str, hit: Hit, now: float) -> Hit:
         self.counters.hits += 1
-        self._read(key, hit.entry, now)
+        self._from_store(key, hit.entry, now)
         return hit
 
-    def _read(self, key: str, entry: Entry, now: float) -> None:
+    def _from_store(self, key: str, entry: Entry, now: float) -> None:
         """Count ``entry``, stored under ``key``, as answering a request from the store."""
         if self.admission.observes:
             self.admission.observe(key, entry.size, now)
@@ -262,15 +267,22 @@ class CacheEngine(ResponseDecisions):
         c.bytes_served += entry.size
         self.store.record_hit(entry)
 
-    def slice_hit(self, request: RequestMeta, now: float) -> Hit | None:
-        """The stored slice (``request``: the client's request, keyed as the slice) that
-        answers fresh, counted as read and moved as a hit is; None when none does."""
-        entry = self.store.peek(request.key)
+    def slice_hit(
+        self, request: RequestMeta, now: float, behind: Entry | None = None
+    ) -> Hit | None:
+        """The stored slice (``request``: the client's request, keyed as the slice), or the
+        one a tier behind the store found (``behind``: then kept in the store too, as
+        ``promote`` does), that answers fresh, counted as read and moved as a hit is; None
+        when it does not."""
+        entry = self.store.peek(request.key) if behind is None else behind
         hit = None if entry is None else self.answers_from(request, entry, now)
         if hit is not None:
             self.counters.slice_hits += 1
-            self.store.touch(entry)
-            self._read(request.key, entry, now)
+            if behind is None:
+                self.store.touch(hit.entry)
+            else:
+                self.promote(behind)
+            self._from_store(request.key, hit.entry, now)
         return hit
 
     def sliced(self, fetched: int, mismatched: bool) -> None:

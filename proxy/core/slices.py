@@ -26,11 +26,19 @@ from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 
 _MARK = "\0slice "
+_NONE: frozenset[int] = frozenset()
 
 
 def slice_key(url: str, n: int) -> str:
     """The store key of slice ``n`` of ``url``."""
     return f"{url}{_MARK}{n}"
+
+
+def anchor_key(url: str) -> str:
+    """The key under which a tier behind the store (the disk) keeps the anchor of ``url``'s
+    slices: only slices written after it are of the object as it stands (see the disk's
+    ``write_slice``)."""
+    return url + "\0slices"
 
 
 def bounds(n: int, size: int, length: int) -> tuple[int, int]:
@@ -100,9 +108,13 @@ class SliceIndex:
         if mark:
             self.urls.setdefault(url, set()).add(int(n))
 
+    def numbers(self, url: str) -> set[int] | frozenset[int]:
+        """The numbers of the stored slices of ``url`` (the index's own set: not to change)."""
+        return self.urls.get(url, _NONE)
+
     def keys(self, url: str) -> list[str]:
         """The store keys of the stored slices of ``url``."""
-        return [slice_key(url, n) for n in self.urls.get(url, ())]
+        return [slice_key(url, n) for n in self.numbers(url)]
 
     def pop(self, url: str) -> list[str]:
         """Unindex ``url``: the store keys of its slices."""
