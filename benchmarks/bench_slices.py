@@ -4,12 +4,14 @@ and the cache, beside nginx with and without its slice module, in one run.
 The origin is nginx serving a 512 MiB file of random bytes from disk (Range, ETag and
 Last-Modified as a real static origin sends them, and ``Cache-Control: max-age=3600``: the file
 is new, so the heuristic freshness of its Last-Modified would be seconds), logging the bytes it
-sends. In front of it,
-each a separate process with an empty cache, every one storing what it fetches:
+sends. In front of it, each a separate process with an empty cache, every one storing what it
+fetches:
 
 * onehit without slices (``[admission] policy = "always"``): the object is over its
   ``max_object_size``, so it is streamed from its first byte until the range is out;
 * onehit with ``[cache] slice_size = "1MiB"``;
+* the same with a disk tier behind 2 MiB of memory, so that its warm answers read the slices
+  from the disk tier's region files (the page cache warm, as nginx's are);
 * nginx ``proxy_cache`` with ``slice 1m`` (its documented recipe: the slice range in the key
   and sent to the origin);
 * nginx ``proxy_cache`` without ``slice``: it fetches the whole object to store it.
@@ -155,15 +157,20 @@ def main() -> None:
         log = origin_root / "sent.log"
         wait_ready(f"http://127.0.0.1:{origin_port}/ready.txt")
         targets: dict[str, tuple[str, str | Path]] = {}
-        for label, extra in (("onehit", ()), ("onehit slice_size=1MiB",
-                                                ("--set", "cache.slice_size=1MiB"))):  # fmt: skip
+        memory = ("--cache-size", "1GiB", "--set", "cache.max_object_size=128MiB")
+        sliced = ("--set", "cache.slice_size=1MiB")
+        # Memory for one slice only: the two slices a Range spans are read from the disk.
+        on_disk = ("--cache-size", "2MiB", "--set", "cache.max_object_size=1MiB", *sliced,
+                   "--set", f"disk.path={work / 'disk'}", "--set", "disk.size=1GiB",
+                   "--set", "disk.policy=always")  # fmt: skip
+        onehits = {"onehit": memory, "onehit slice_size=1MiB": (*memory, *sliced),
+                   "onehit slices, on disk": on_disk}  # fmt: skip
+        for label, settings in onehits.items():
             port, admin = free_port(), free_port()
             spawn(stack, sys.executable, "-m", "proxy", "--origin",
                   f"http://127.0.0.1:{origin_port}", "--listen", f"127.0.0.1:{port}",
                   "--admin-listen", f"127.0.0.1:{admin}", "--admission", "always",
-                  "--cache-size", "1GiB", "--set", "cache.max_object_size=128MiB",
-                  "--set", "server.access_log=false", *extra,
-                  cwd=here)  # fmt: skip
+                  "--set", "server.access_log=false", *settings, cwd=here)  # fmt: skip
             wait_ready(f"http://127.0.0.1:{admin}/healthz")
             targets[label] = (f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin}/stats")
         for label, sliced in (("nginx slice 1m", True), ("nginx proxy_cache", False)):
@@ -186,7 +193,11 @@ def main() -> None:
                 stored = dir_bytes(stored_at)
             else:
                 with urllib.request.urlopen(stored_at) as r:
-                    stored = json.load(r)["metrics"]["bytes_written"]
+                    stats = json.load(r)
+                disk = stats["disk"]  # what the disk tier wrote, records' heads included
+                stored = (
+                    stats["metrics"]["bytes_written"] if disk is None else disk["bytes_written"]
+                )
             conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=120)
             warm = statistics.median(timed_get(base, connection=conn)[0] for _ in range(args.warm))
             conn.close()

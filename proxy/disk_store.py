@@ -58,8 +58,9 @@ _DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 # A record up to this long is read on the event loop when the page cache holds all of it
 # (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
 # device must be asked for, is read on a worker thread by the request handler, so that neither
-# a large copy nor a slow device holds up the other connections.
-READ_INLINE = 1 << 20
+# a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
+# meta (a slice of the usual size) is within it.
+READ_INLINE = (1 << 20) + (16 << 10)
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")

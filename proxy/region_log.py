@@ -47,7 +47,7 @@ READ_FDS = 64
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
-def _read_warm(fd: int, length: int, offset: int) -> bytes:
+def _read_warm(fd: int, length: int, offset: int) -> bytes | bytearray:
     """``length`` bytes at ``offset`` when the page cache holds them all, else BlockingIOError;
     a plain read where the kernel or the file system cannot tell."""
     if not _NOWAIT:
@@ -61,7 +61,7 @@ def _read_warm(fd: int, length: int, offset: int) -> bytes:
         return os.pread(fd, length, offset)
     if got != length:
         raise BlockingIOError(errno.EAGAIN, "part of the record is not in the page cache")
-    return bytes(buffer)
+    return buffer
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -76,19 +76,20 @@ def encode(key: bytes, meta: bytes, body: bytes) -> bytes:
     return MAGIC + struct.pack("<II", length, checksum(tail)) + tail
 
 
-def decode(data: bytes | memoryview) -> tuple[bytes, bytes, bytes] | None:
+def decode(data: bytes | bytearray | memoryview) -> tuple[bytes, bytes, bytes] | None:
     """(key, meta, body) of the record ``data`` holds exactly; None when it is not one."""
     if len(data) < HEADER.size:
         return None
     magic, length, crc, key_length, meta_length = HEADER.unpack_from(data)
     if magic != MAGIC or length != len(data) or HEADER.size + key_length + meta_length > length:
         return None
-    if checksum(data[12:]) != crc:
+    view = memoryview(data)  # slices of a view copy nothing; of bytes, all they hold
+    if checksum(view[12:]) != crc:
         return None
     start = HEADER.size
-    key = bytes(data[start : start + key_length])
-    meta = bytes(data[start + key_length : start + key_length + meta_length])
-    return key, meta, bytes(data[start + key_length + meta_length :])
+    key = bytes(view[start : start + key_length])
+    meta = bytes(view[start + key_length : start + key_length + meta_length])
+    return key, meta, bytes(view[start + key_length + meta_length :])
 
 
 class RegionLog:
