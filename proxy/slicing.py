@@ -28,8 +28,8 @@ How a GET miss goes when slicing is on:
   connection, the honest signal once a length was promised.
 * An object whose slices may not be stored (``no-store``, no validator) goes straight to the
   origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an uncacheable URL does.
-* A HEAD miss is answered from any fresh slice of its object in memory (its fields and
-  length), else goes to the origin as without slices.
+* A HEAD miss is answered from any fresh slice of its object in memory, or its first slice on
+  the disk tier (its fields and length), else goes to the origin as without slices.
 * With a disk tier, slices are written to it too (its own admission, slice by slice) and
   read back on a memory miss; a purge of the URL, or a change of version, reaches them there
   (``DiskStore.write_slice``).
@@ -164,9 +164,11 @@ class Slicer:
     async def head(
         self, request: web.BaseRequest, meta: RequestMeta, url: str
     ) -> web.StreamResponse | None:
-        """The answer to a HEAD miss from a stored slice of its object (the fields and the
-        length are all a HEAD needs); None when none is stored fresh."""
-        for n in sorted(self.engine.slices.numbers(meta.key)):
+        """The answer to a HEAD miss from a slice of its object in memory, or the first one
+        on the disk tier (the fields and the length are all a HEAD needs); None when none is
+        stored fresh."""
+        numbers = self.engine.slices.numbers(meta.key)
+        for n in sorted(numbers) if numbers else (0,):
             first = await self._stored(meta, n, None)
             if first is not None:
                 return await self._stitch(request, meta, url, n, first, 0)

@@ -410,11 +410,18 @@ async def test_slices_reach_the_disk_tier_and_outlive_a_restart(origin, start_pr
     assert (await get(first, "/video"))[0] == 200
     await first.stop()
     second = await start_proxy(disk__path=str(tmp_path), **DISK)  # memory empty
+    async with (
+        aiohttp.ClientSession() as session,
+        session.head(base(second) + "/video", headers={"Host": "example.test"}) as r,
+    ):
+        assert (r.status, r.headers["Content-Length"]) == (200, str(video.length))
+        assert r.headers["Cache-Status"] == "onehit; hit; detail=slices"
     status, headers, body = await get(second, "/video", Range=f"bytes={size - 10}-{size + 9}")
     assert (status, body, headers["Cache-Status"]) == (206, content(1, size - 10, size + 9),
                                                        "onehit; hit; detail=slices")  # fmt: skip
     status, _, body = await get(second, "/video")
     assert (status, body, len(video.asked)) == (200, content(1, 0, video.length - 1), 4)
+    # Each read once, then kept in memory: 0 for the HEAD, 1 for the Range, 2 and 3 for the GET.
     assert second.proxy.disk.tier.counters.hits == 4
     assert len(second.proxy.engine.slices.keys(f"{KEY}/video")) == 4  # kept in memory too
 
