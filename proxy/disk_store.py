@@ -22,7 +22,11 @@ memory tier, keeping what it took across restarts.
   keys, written after an anchor record of their object (``write_slice``): a purge of the URL,
   or a change of the object's version, drops or replaces the anchor, and no slice written
   before the anchor on disk is found again (``anchored``).
-* Responses that vary (``Vary``) are not taken yet: a disk record is found by its URL alone.
+* A response that varies (``Vary``) is a record under its variant key, written after an
+  anchor record naming the fields its URL's variants are selected on (``write_variant``); a
+  lookup reads the anchor to know which variant a request selects (``lookup_request``). A
+  purge of the URL drops the anchor, other fields write a new one, and no variant written
+  before the anchor on disk is found again.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from proxy.config import DiskSection
-from proxy.core import slices
+from proxy.core import rfc9111, slices, variants
 from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, Slot, WriteBudget
@@ -143,16 +147,16 @@ class DiskStore:
         part: bool = False,
     ) -> bool:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
-        asked once at its head: a whole 200 GET that does not vary, or (``part``) a slice's
-        206 under its slice key (``write_slice``), and then the tier's admission, which
-        counts the sighting."""
+        asked once at its head: a whole 200 GET (a variant is written by ``write_variant``),
+        or (``part``) a slice's 206 under its slice key (``write_slice``), and then the
+        tier's admission, which counts the sighting of the URL."""
         if response.vary:
             self.tier.drop(request.key)  # what was stored without variants is superseded
         if (
             not whole
             or request.method != "GET"
             or response.status != (206 if part else 200)
-            or response.vary
+            or (part and response.vary)
             or not response.cacheable
         ):
             return False
@@ -180,16 +184,62 @@ class DiskStore:
             self.write(anchor_key, response._replace(status=204), b"", stored_at)
         self.write(key, response, body, stored_at)
 
+    def write_variant(
+        self,
+        url: str,
+        response: ResponseMeta,
+        request_headers: Headers,
+        body: bytes,
+        stored_at: float,
+    ) -> None:
+        """``write`` the record of ``url``'s variant that ``request_headers`` select, after an
+        anchor naming the fields its variants are selected on: the one on disk, else a new
+        one written first (the older variants then lie before it, and are never found
+        again). An anchor the page cache does not hold is not waited for: a new one is
+        written."""
+        anchor_key = variants.anchor_key(url)
+        anchor = self.lookup(anchor_key, Entry, warm_only=True)
+        if anchor is None or rfc9111.vary_names(anchor.headers) != response.vary:
+            fields = (("Vary", ", ".join(response.vary)),)
+            self.write(anchor_key, ResponseMeta(status=204, headers=fields), b"", stored_at)
+        key = variants.variant_key(url, response.vary, request_headers)
+        self.write(key, response, body, stored_at)
+
+    async def lookup_request(
+        self, request: RequestMeta, entry_type: type[Entry]
+    ) -> tuple[Entry, tuple[str, ...]] | None:
+        """The entry the disk holds for ``request`` (``lookup_off_loop``): the URL's own
+        record, or, when the anchor of its variants lies after that, the variant the request
+        selects, written after the anchor; with the names it was selected on (none for the
+        URL's own)."""
+        url = request.key
+        anchor = self.tier.find(variants.anchor_key(url))
+        own = self.tier.find(url)
+        if anchor is None or (own is not None and _after(own, anchor)):
+            entry = await self.lookup_off_loop(url, entry_type)
+            return None if entry is None else (entry, ())
+        names = await self.lookup_off_loop(variants.anchor_key(url), Entry)
+        if names is None:
+            return None
+        vary = rfc9111.vary_names(names.headers)
+        key = variants.variant_key(url, vary, request.headers)
+        slot = self.tier.find(key)
+        if slot is None or not _after(slot, anchor):
+            return None
+        entry = await self.lookup_off_loop(key, entry_type)
+        return None if entry is None else (entry, vary)
+
     def anchored(self, url: str, key: str) -> bool:
         """Whether the slice record ``key`` of ``url``'s object lies after the anchor of its
         slices: of the object as it stands since its last purge or change of version."""
         anchor = self.tier.find(slices.anchor_key(url))
         slot = None if anchor is None else self.tier.find(key)
-        return slot is not None and (slot.region, slot.offset) > (anchor.region, anchor.offset)
+        return slot is not None and _after(slot, anchor)
 
     def invalidate_url(self, url: str) -> bool:
-        """``invalidate`` ``url``'s record and the anchor of its slices, so that none of the
-        slices on disk is found again; whether the URL had a record."""
+        """``invalidate`` ``url``'s record and the anchors of its variants and its slices, so
+        that none of them on disk is found again; whether the URL had a record."""
+        self.invalidate(variants.anchor_key(url))
         self.invalidate(slices.anchor_key(url))
         return self.invalidate(url)
 
@@ -389,6 +439,11 @@ def process_write_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def _after(slot: Slot, anchor: Slot) -> bool:
+    """Whether the record at ``slot`` was written after the one at ``anchor``."""
+    return (slot.region, slot.offset) > (anchor.region, anchor.offset)
 
 
 def _same_object(anchor: Headers, part: Headers) -> bool:

@@ -316,10 +316,17 @@ class Fetcher:
         kept of it), write it to the disk tier when it took it, and what collapsed requests
         may share of it."""
         body = b"".join(parts) if parts is not None else b""
-        if to_disk and parts is not None and not too_large and self.disk is not None:
-            self.disk.write(meta.key, rmeta, body, self.clock())
         # A copy dropped past the max object size leaves a size the store refuses: too large.
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        # Written after the store took it: what the store forgets as it does (the URL's old
+        # variants, or its record when it starts varying) is forgotten on disk too, and must
+        # not take this record with it.
+        disk = self.disk
+        if to_disk and parts is not None and not too_large and disk is not None:
+            if rmeta.vary:
+                disk.write_variant(meta.key, rmeta, meta.headers, body, self.clock())
+            else:
+                disk.write(meta.key, rmeta, body, self.clock())
         if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
             return GO_DIRECT
         if parts is None or rmeta.status >= 500:

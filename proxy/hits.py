@@ -209,12 +209,12 @@ class HitAnswers:
         entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
-    def kept_from_disk(self, entry: Entry) -> None:
+    def kept_from_disk(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Count a hit on ``entry``, which the disk answered, among the disk's hits, and keep
-        it in memory too."""
+        it in memory too (``vary``: the names it was selected on, when a variant)."""
         assert self.disk is not None
         self.disk.tier.answered(True)
-        self.engine.promote(entry)
+        self.engine.promote(entry, vary)
 
     def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Count a plain hit the compiled answerer read from ``key``'s disk record (its

@@ -214,19 +214,17 @@ class Proxy:
                 assert_never(action)
 
     async def _from_disk(self, meta: RequestMeta) -> web.StreamResponse | None:
-        """The answer from the disk tier to a memory miss, when its record is whole and fresh
-        for ``meta`` (then it is kept in memory too); None, and the origin is asked. A large
-        record is read off the event loop."""
+        """The answer from the disk tier to a memory miss, when its record (the URL's, or the
+        variant ``meta`` selects) is whole and fresh for ``meta`` (then it is kept in memory
+        too); None, and the origin is asked. A large record is read off the event loop."""
         assert self.disk is not None
         engine = self.engine
-        if engine.varies(meta.key):
-            return None  # its variants are chosen on fields, which a disk record does not keep
-        entry = await self.disk.lookup_off_loop(meta.key, engine.entry_type)
-        hit = None if entry is None else engine.answers_from(meta, entry, self.clock())
+        found = await self.disk.lookup_request(meta, engine.entry_type)
+        hit = None if found is None else engine.answers_from(meta, found[0], self.clock())
         if hit is None:
             self.disk.tier.answered(False)
             return None
-        self.hits.kept_from_disk(hit.entry)
+        self.hits.kept_from_disk(hit.entry, found[1])
         status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 

@@ -9,7 +9,8 @@ from email.utils import formatdate
 
 import aiohttp
 import pytest
-from conftest import base
+from aiohttp import web
+from conftest import admin_purge, base
 
 from proxy import disk_store
 from proxy.disk_store import READ_INLINE
@@ -267,3 +268,50 @@ async def test_a_record_the_page_cache_does_not_hold_is_served_whole_from_disk(
     assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
     assert (await admin_stats(second))["disk"]["hits"] == 1
     assert origin.hits["/cold"] == 2
+
+
+async def test_rfc9111_4_1_variants_reach_the_disk_and_each_request_gets_its_own_back(
+    origin, start_proxy, tmp_path
+):
+    """A response that varies on Accept-Encoding is written under its variant; after a
+    restart each request is answered from the disk with the variant it selects, then from
+    memory; a purge of the URL reaches every variant."""
+
+    async def negotiated(request: web.Request) -> web.Response:
+        gzip = "gzip" in request.headers.get("Accept-Encoding", "")
+        fields = {"Cache-Control": "max-age=600", "Vary": "Accept-Encoding"}
+        if gzip:
+            fields["Content-Encoding"] = "gzip"
+        return web.Response(body=b"Z" * 3000 if gzip else b"t" * 3000, headers=fields)
+
+    origin.responder = negotiated
+    settings = {**DISK, "disk__path": str(tmp_path), "disk__policy": "always"}
+    asks = {"gzip": {"Accept-Encoding": "gzip"}, "identity": {"Accept-Encoding": "identity"}}
+    bodies = {"gzip": b"Z" * 3000, "identity": b"t" * 3000}
+
+    async def ask(service, which: str) -> tuple[bytes, str]:
+        url = base(service) + "/page"
+        headers = {"Host": "example.test", **asks[which]}
+        async with (
+            aiohttp.ClientSession(auto_decompress=False) as session,
+            session.get(url, headers=headers) as r,
+        ):
+            return await r.read(), r.headers["Cache-Status"]
+
+    first = await start_proxy(admission__policy="always", **settings)
+    for which in asks:
+        assert (await ask(first, which))[0] == bodies[which]
+    await first.stop()
+    second = await start_proxy(admission__policy="always", **settings)
+    for which in ("identity", "gzip"):
+        body, status = await ask(second, which)
+        assert (body, "detail=disk" in status) == (bodies[which], True), which
+    for which in asks:  # kept in memory as variants: memory hits now
+        body, status = await ask(second, which)
+        assert (body, "detail=disk" in status) == (bodies[which], False), which
+    assert origin.hits["/page"] == 2
+    await second.stop()
+    third = await start_proxy(admission__policy="always", **settings)
+    await admin_purge(third, {"url": "http://example.test/page"})
+    body, status = await ask(third, "gzip")
+    assert (body, origin.hits["/page"]) == (bodies["gzip"], 3) and "fwd=uri-miss" in status

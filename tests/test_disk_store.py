@@ -220,3 +220,25 @@ async def test_only_slices_written_after_their_objects_anchor_are_found(tmp_path
     third = DiskStore(section(tmp_path))
     assert not third.anchored(url, keys[2])
     third.close()
+
+
+async def test_only_variants_written_after_their_urls_anchor_are_found(tmp_path):
+    """A variant is found for the request that selects it; once the URL varies on other
+    fields, the variants selected on the old ones are not; a purge of the URL drops all."""
+    store = DiskStore(section(tmp_path))
+    url = "http://a/page"
+    by_encoding = STORED._replace(vary=("accept-encoding",))
+    gzip, plain = (("Accept-Encoding", "gzip"),), (("Accept-Encoding", "identity"),)
+    store.write_variant(url, by_encoding, gzip, b"zipped", 0.0)
+    store.write_variant(url, by_encoding, plain, b"plain", 0.0)
+    for asked, body in ((gzip, b"zipped"), (plain, b"plain")):
+        found = await store.lookup_request(RequestMeta(url, headers=asked), Entry)
+        assert found is not None and (found[0].payload, found[1]) == (body, ("accept-encoding",))
+    by_language = STORED._replace(vary=("accept-language",))
+    store.write_variant(url, by_language, (("Accept-Language", "fr"),), b"fr", 0.0)
+    assert await store.lookup_request(RequestMeta(url, headers=gzip), Entry) is None
+    french = RequestMeta(url, headers=(("Accept-Language", "fr"),))
+    assert (await store.lookup_request(french, Entry))[0].payload == b"fr"
+    store.invalidate_url(url)
+    assert await store.lookup_request(french, Entry) is None
+    store.close()

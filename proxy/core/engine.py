@@ -220,10 +220,21 @@ class CacheEngine(ResponseDecisions):
         req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
         return Hit(entry, age) if _fresh(entry, age, req) else None
 
-    def promote(self, entry: Entry) -> None:
+    def promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Keep ``entry``, which a tier behind the store answered from, in the store too when
-        it fits and its URL has no variants here (they are selected on fields)."""
-        if entry.key in self.variants or not self.store.fits(entry.size):
+        it fits: a whole response when its URL has no variants here (they are selected on
+        fields), a variant (``vary``: the names it is selected on) when its URL's variants
+        here are selected on the same names, or it has none, and are not all taken."""
+        url = entry.key.partition("\0")[0] if vary else entry.key
+        if not self.store.fits(entry.size):
+            return
+        if vary:
+            known = url in self.variants
+            if (known and not self.variants.selected_on(url, vary)) or self.variants.full(
+                url, vary
+            ):
+                return
+        elif url in self.variants:
             return
         tags = storable_tags(entry.headers)
         if tags is None:
@@ -233,6 +244,8 @@ class CacheEngine(ResponseDecisions):
             self._put(entry)
         except ValueError:  # its fields take it past what an entry may be charged
             return
+        if vary:
+            self.variants.add(url, vary, entry.key)
 
     def varies(self, key: str) -> bool:
         """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""

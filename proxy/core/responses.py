@@ -30,7 +30,7 @@ from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
-from proxy.core.variants import Variants, variant
+from proxy.core.variants import Variants, variant_key
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
 # this, so a flood of long uncacheable URLs cannot grow the process.
@@ -413,5 +413,5 @@ class ResponseDecisions:
         url = request.key
         key = url
         if response.vary:
-            key = variant(url, rfc9111.vary_key(response.vary, request.headers))
+            key = variant_key(url, response.vary, request.headers)
         return key, key in self.store or url in self.variants

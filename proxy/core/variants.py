@@ -40,7 +40,7 @@ class Variants:
         known = urls.get(request.key)
         if known is None:
             return request.key
-        return variant(request.key, rfc9111.vary_key(known[0], request.headers))
+        return variant_key(request.key, known[0], request.headers)
 
     def full(self, url: str, names: tuple[str, ...]) -> bool:
         """Whether ``url`` holds as many variants selected on ``names`` as it may."""
@@ -86,3 +86,16 @@ class Variants:
 def variant(url: str, selected: tuple[tuple[str, str], ...]) -> str:
     """The store key of ``url``'s variant selected by the field values ``selected``."""
     return url + "\0" + "\0".join(f"{name}={value}" for name, value in selected)
+
+
+def variant_key(url: str, names: tuple[str, ...], request_headers: rfc9111.Headers) -> str:
+    """The store key of the variant of ``url``, selected on ``names``, that a request with
+    ``request_headers`` selects."""
+    return variant(url, rfc9111.vary_key(names, request_headers))
+
+
+def anchor_key(url: str) -> str:
+    """The key under which a tier behind the store (the disk) keeps the names ``url``'s
+    variants are selected on: only variants written after it are found (see the disk's
+    ``write_variant``). No variant has it: a variant's key holds ``name=value``."""
+    return url + "\0vary"
