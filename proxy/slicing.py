@@ -61,8 +61,7 @@ log = logging.getLogger("onehit.proxy")
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One slice of an object in hand: its fields without ``Content-Range`` (``fields``),
-    its bytes ``first``..``last`` of ``length``, its version and age, and whether it came
-    from the store."""
+    its bytes ``first``..``last`` of ``length``, its version and its age."""
 
     fields: tuple[tuple[str, str], ...]
     body: bytes
@@ -71,7 +70,6 @@ class Piece:
     length: int
     version: str | None
     age: float
-    stored: bool
 
 
 def piece(
@@ -81,7 +79,6 @@ def piece(
     size: int,
     like: Piece | None,
     age: float,
-    stored: bool,
 ) -> Piece | None:
     """Slice ``n`` (of ``size``-byte slices) from a 206's ``headers`` and ``body``; None when
     it is not exactly that slice, whole, of the object ``like`` is of (when given)."""
@@ -95,7 +92,7 @@ def piece(
     if like is not None and (length != like.length or version != like.version):
         return None
     fields = tuple((k, v) for k, v in headers if k.lower() != "content-range")
-    return Piece(fields, body, first, last, length, version, age, stored)
+    return Piece(fields, body, first, last, length, version, age)
 
 
 class Slicer:
@@ -148,7 +145,7 @@ class Slicer:
                     got = await self._read(meta, n, upstream, request_time)
             if got is not None:
                 headers, body, rmeta = got
-                first = piece(headers, body, n, self.size, None, rmeta.initial_age, False)
+                first = piece(headers, body, n, self.size, None, rmeta.initial_age)
             if first is None:
                 again = replace(action, collapse=False)
                 return (await self.fetcher.fetch(request, meta, url, again))[0]
@@ -253,7 +250,7 @@ class Slicer:
         if hit is None:
             return None
         entry = hit.entry
-        found = piece(entry.headers, entry.payload, n, self.size, like, hit.age, True)
+        found = piece(entry.headers, entry.payload, n, self.size, like, hit.age)
         if found is None:
             engine.delete(smeta.key)
             if disk is not None:
@@ -320,7 +317,7 @@ class Slicer:
             if got is None:
                 return "failed"
             headers, body, rmeta = got
-            part = piece(headers, body, n, self.size, like, rmeta.initial_age, False)
+            part = piece(headers, body, n, self.size, like, rmeta.initial_age)
             if part is None:
                 log.warning("GET %s: slice %d is of another version or length", meta.key, n)
                 return "changed"
@@ -342,7 +339,7 @@ class Slicer:
     def _shared(self, shared: Shared, n: int, like: Piece | None) -> Piece | None:
         """Slice ``n`` as another request fetched it, when of ``like``'s object."""
         rmeta = shared.meta
-        return piece(rmeta.headers, shared.body, n, self.size, like, rmeta.initial_age, False)
+        return piece(rmeta.headers, shared.body, n, self.size, like, rmeta.initial_age)
 
     async def _settle(
         self, meta: RequestMeta, n: int, part: Piece, rmeta: ResponseMeta, *, led: bool
