@@ -453,3 +453,21 @@ async def test_a_purge_or_a_new_version_reaches_the_slices_on_disk(origin, start
             await r.read()
     status, headers, body = await get(third, "/other")
     assert (status, headers["ETag"], body) == (200, '"v2"', content(2, 0, other.length - 1))
+
+
+async def test_an_object_of_billions_of_slices_is_answered_without_a_walk_over_them(
+    origin, start_proxy
+):
+    """An origin (hostile, or serving a huge object) tells a length of 1 PiB: the head goes
+    out at once, each slice is fetched as the client reads, and its leaving ends it."""
+    huge = Large(1 << 50)
+    serve(origin, huge=huge)
+    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(base(service) + "/huge", headers={"Host": "example.test"}) as r,
+    ):
+        assert (r.status, r.headers["Content-Length"]) == (200, str(1 << 50))
+        assert await r.content.readexactly(100 * KIB) == content(1, 0, 100 * KIB - 1)
+    assert len(huge.asked) <= 8  # what the client read, and what was in flight as it left
