@@ -39,6 +39,7 @@ DISK_ERRORS.addFilter(OneLineEvery())
 MAGIC = b"OHR2"
 # magic, whole record's length, checksum of what follows it, key length, meta length
 HEADER = struct.Struct("<4sIIHI")
+MAX_KEY = 0xFFFF  # the longest key a record's header can say the length of
 _FILE = re.compile(r"region-(\d{10})\.log")
 # Region files kept open for reading; past this many the oldest opened is closed, so a large
 # disk tier stays within the process's file limit.
@@ -112,8 +113,10 @@ class RegionLog:
         return self.directory / f"region-{region:010d}.log"
 
     def append(self, key: bytes, meta: bytes, body: bytes) -> Slot | None:
-        """Write one record; where it lies, or None when it cannot be written (too large for
-        a region, or the device refused it)."""
+        """Write one record; where it lies, or None when it cannot be written (a key longer
+        than its 16-bit length field, too large for a region, or the device refused it)."""
+        if len(key) > MAX_KEY:
+            return None  # a variant's key holds request fields: their limit is the operator's
         record = encode(key, meta, body)
         placement = self.regions.place(len(record))
         if placement is None:

@@ -14,7 +14,7 @@ import pytest
 from proxy.core.disk import RECORD_HEADER, Slot
 from proxy.core.regions import Regions
 from proxy.logs import OneLineEvery
-from proxy.region_log import DISK_ERRORS, HEADER, RegionLog, decode, encode
+from proxy.region_log import DISK_ERRORS, HEADER, MAX_KEY, RegionLog, decode, encode
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +73,17 @@ def test_appends_are_sequential_and_an_evicted_region_is_removed_whole(tmp_path)
         else:
             assert got is None
     assert log.regions.bytes_written == sum(loc.length for _, loc in written)
+    log.close()
+
+
+def test_a_key_longer_than_its_length_field_is_not_written(tmp_path):
+    """A variant's key holds request fields, whose limit an operator may raise past 64 KiB:
+    such a record is left unwritten, the log unchanged, not cut nor raised."""
+    log = RegionLog(tmp_path, Regions(1 << 20, 2))
+    assert log.append(b"k" * (MAX_KEY + 1), b"meta", b"body") is None
+    assert log.regions.bytes_written == 0
+    location = log.append(b"k" * MAX_KEY, b"meta", b"body")
+    assert location is not None and log.read(location, b"k" * MAX_KEY) == (b"meta", b"body")
     log.close()
 
 
