@@ -149,7 +149,10 @@ class DiskStore:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
         asked once at its head: a whole 200 GET (a variant is written by ``write_variant``),
         or (``part``) a slice's 206 under its slice key (``write_slice``), and then the
-        tier's admission, which counts the sighting of the URL."""
+        tier's admission, which counts the sighting of what would be written: the URL, or
+        the variant the request selects (so each variant is asked for as often as a URL is
+        before the device takes it, and a client cycling a varied field's values writes
+        nothing)."""
         if response.vary:
             self.tier.drop(request.key)  # what was stored without variants is superseded
         if (
@@ -162,6 +165,8 @@ class DiskStore:
             return False
         size = length or 0
         key = request.key
+        if response.vary:
+            key = variants.variant_key(key, response.vary, request.headers)
         return self.tier.admit(key, size, RECORD_HEADER + len(_raw(key)) + 256 + size, now)
 
     def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:

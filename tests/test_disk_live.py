@@ -315,3 +315,27 @@ async def test_rfc9111_4_1_variants_reach_the_disk_and_each_request_gets_its_own
     await admin_purge(third, {"url": "http://example.test/page"})
     body, status = await ask(third, "gzip")
     assert (body, origin.hits["/page"]) == (bodies["gzip"], 3) and "fwd=uri-miss" in status
+
+
+async def test_a_client_cycling_a_varied_fields_values_writes_nothing_to_disk(
+    origin, start_proxy, tmp_path
+):
+    """The disk's admission counts sightings of each variant, as of each URL: twenty
+    Accept-Encoding values asked once each write nothing; one asked twice is written."""
+
+    async def echoed(request: web.Request) -> web.Response:
+        fields = {"Cache-Control": "max-age=600", "Vary": "Accept-Encoding"}
+        return web.Response(body=request.headers.get("Accept-Encoding", "").encode() * 100,
+                            headers=fields)  # fmt: skip
+
+    origin.responder = echoed
+    service = await start_proxy(disk__path=str(tmp_path), **DISK)
+    url = base(service) + "/page"
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        for value in [f"x{i}" for i in range(20)] + ["x0"]:
+            headers = {"Host": "example.test", "Accept-Encoding": value}
+            async with session.get(url, headers=headers) as r:
+                assert await r.read() == value.encode() * 100
+    disk = (await admin_stats(service))["disk"]
+    # Nothing written until x0's second sighting: then its variant, after the URL's anchor.
+    assert (disk["admissions"], disk["rejected"], disk["objects"]) == (2, 20, 2)
