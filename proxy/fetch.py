@@ -105,7 +105,7 @@ class Fetcher:
             if deadline is None:
                 deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
             shared = await self.flights.follow(meta.key, deadline)
-            if shared is not None and shared is not GO_DIRECT and _same_variant(shared, meta):
+            if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
                 return await self._collapsed(meta, shared)
             if shared is not None or asyncio.get_running_loop().time() >= deadline:
                 return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
@@ -381,7 +381,8 @@ def _asks(request: web.BaseRequest) -> bool:
     return any(k.lower() in CLIENT_ASKS for k in request.headers)
 
 
-def _same_variant(shared: Shared, meta: RequestMeta) -> bool:
+def same_variant(shared: Shared, meta: RequestMeta) -> bool:
+    """Whether ``meta`` selects the variant ``shared`` is (any, when it does not vary)."""
     names = shared.meta.vary
     return not names or rfc9111.vary_key(names, meta.headers) == rfc9111.vary_key(
         names, shared.request_headers

@@ -50,7 +50,7 @@ from proxy.answers import CACHE, VIA, abort, plain
 from proxy.core import slices
 from proxy.core.cached import cached_head, per_answer
 from proxy.core.events import Fetch, NotStored, Outcome, RequestMeta, ResponseMeta
-from proxy.fetch import GO_DIRECT, Fetcher, Shared
+from proxy.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.streaming import send
 from proxy.upstream import UpstreamError, UpstreamResponse
@@ -124,7 +124,7 @@ class Slicer:
         key = slices.slice_key(meta.key, n)
         flight = self.flights.lead(key)
         if flight is None:
-            shared = await self._follow(key)
+            shared = await self._follow(meta, key)
             first = None if shared is None else self._shared(shared, n, None)
             if first is not None:
                 assert shared is not None
@@ -303,7 +303,7 @@ class Slicer:
         key = slices.slice_key(meta.key, n)
         flight = self.flights.lead(key)
         if flight is None:
-            shared = await self._follow(key)
+            shared = await self._follow(meta, key)
             if shared is not None:
                 part = self._shared(shared, n, like)
                 if part is None:
@@ -335,13 +335,16 @@ class Slicer:
             if flight is not None:
                 self.flights.end(key, flight, result)
 
-    async def _follow(self, key: str) -> Shared | None:
-        """What the fetch of slice ``key`` under way for another request brings; None when
-        none is under way, it failed, or the wait passed (then this request fetches it)."""
+    async def _follow(self, meta: RequestMeta, key: str) -> Shared | None:
+        """What the fetch of slice ``key`` under way for another request brings, when it is
+        the variant ``meta`` selects; None when none is under way, it failed, the wait
+        passed, or it is another variant (then this request fetches it)."""
         flights = self.flights
         deadline = asyncio.get_running_loop().time() + flights.wait_limit
         shared = await flights.follow(key, deadline)
-        return None if shared is None or shared is GO_DIRECT else shared
+        if shared is None or shared is GO_DIRECT or not same_variant(shared, meta):
+            return None
+        return shared
 
     def _shared(self, shared: Shared, n: int, like: Piece | None) -> Piece | None:
         """Slice ``n`` as another request fetched it, when of ``like``'s object."""

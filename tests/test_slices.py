@@ -471,3 +471,30 @@ async def test_an_object_of_billions_of_slices_is_answered_without_a_walk_over_t
         assert (r.status, r.headers["Content-Length"]) == (200, str(1 << 50))
         assert await r.content.readexactly(100 * KIB) == content(1, 0, 100 * KIB - 1)
     assert len(huge.asked) <= 8  # what the client read, and what was in flight as it left
+
+
+async def test_rfc9111_4_1_a_concurrent_miss_is_never_given_another_variants_slice(
+    origin, start_proxy
+):
+    """Requests for one object that select different variants share no slice's fetch: each
+    gets the body of its own Accept-Encoding, small (one slice) or large."""
+
+    async def negotiated(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.05)
+        gzip = "gzip" in request.headers.get("Accept-Encoding", "")
+        length = 1000 if request.path == "/small" else 3 * 64 * KIB
+        first_text, _, last_text = request.headers["Range"][6:].partition("-")
+        first, last = int(first_text), min(int(last_text), length - 1)
+        fields = {"Cache-Control": "max-age=600", "Vary": "Accept-Encoding", "ETag": '"v1"',
+                  "Content-Range": f"bytes {first}-{last}/{length}"}  # fmt: skip
+        return web.Response(status=206, body=content(2 if gzip else 1, first, last),
+                            headers=fields)  # fmt: skip
+
+    origin.responder = negotiated
+    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    for path, length in (("/small", 1000), ("/large", 3 * 64 * KIB)):
+        asks = [{"Accept-Encoding": "gzip" if i % 2 else "identity"} for i in range(6)]
+        answers = await asyncio.gather(*(get(service, path, **ask) for ask in asks))
+        for ask, (status, _, body) in zip(asks, answers, strict=True):
+            version = 2 if ask["Accept-Encoding"] == "gzip" else 1
+            assert (status, body) == (200, content(version, 0, length - 1)), (path, ask)
