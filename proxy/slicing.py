@@ -154,7 +154,7 @@ class Slicer:
                 again = replace(action, collapse=False)
                 return (await self.fetcher.fetch(request, meta, url, again))[0]
             whole = await self._settle(meta, n, first, rmeta, led=True)
-            result = Shared(rmeta, body, meta.headers)
+            result = self._sharable(rmeta, body, meta)
         finally:
             if flight is not None:
                 self.flights.end(key, flight, result)
@@ -329,7 +329,7 @@ class Slicer:
                 log.warning("GET %s: slice %d is of another version or length", meta.key, n)
                 return "changed"
             await self._settle(meta, n, part, rmeta, led=True)
-            result = Shared(rmeta, body, meta.headers)
+            result = self._sharable(rmeta, body, meta)
             return part
         finally:
             if flight is not None:
@@ -345,6 +345,13 @@ class Slicer:
         if shared is None or shared is GO_DIRECT or not same_variant(shared, meta):
             return None
         return shared
+
+    def _sharable(self, rmeta: ResponseMeta, body: bytes, meta: RequestMeta) -> Shared:
+        """What the requests following a slice's fetch get of it: the slice, unless the
+        response may not be shared (``private``, an ``Authorization`` not made public, any
+        response the rules forbid storing): then they go to the origin themselves, as
+        followers of a whole fetch do."""
+        return Shared(rmeta, body, meta.headers) if rmeta.cacheable else GO_DIRECT
 
     def _shared(self, shared: Shared, n: int, like: Piece | None) -> Piece | None:
         """Slice ``n`` as another request fetched it, when of ``like``'s object."""

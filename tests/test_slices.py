@@ -498,3 +498,27 @@ async def test_rfc9111_4_1_a_concurrent_miss_is_never_given_another_variants_sli
         for ask, (status, _, body) in zip(asks, answers, strict=True):
             version = 2 if ask["Accept-Encoding"] == "gzip" else 1
             assert (status, body) == (200, content(version, 0, length - 1)), (path, ask)
+
+
+async def test_a_slice_that_may_not_be_shared_is_never_given_to_a_concurrent_client(
+    origin, start_proxy
+):
+    """A private answer (here to a request with Authorization) is each client's own: the
+    concurrent misses of one object do not share its slices' fetches."""
+
+    async def personal(request: web.Request) -> web.Response:
+        await asyncio.sleep(0.05)
+        user = 2 if request.headers.get("Authorization") == "Bearer two" else 1
+        first_text, _, last_text = request.headers["Range"][6:].partition("-")
+        first, last = int(first_text), min(int(last_text), 3 * 64 * KIB - 1)
+        fields = {"Cache-Control": "private", "ETag": '"v1"',
+                  "Content-Range": f"bytes {first}-{last}/{3 * 64 * KIB}"}  # fmt: skip
+        return web.Response(status=206, body=content(user, first, last), headers=fields)
+
+    origin.responder = personal
+    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    asks = [{"Authorization": "Bearer two" if i % 2 else "Bearer one"} for i in range(6)]
+    answers = await asyncio.gather(*(get(service, "/mine", **ask) for ask in asks))
+    for ask, (status, _, body) in zip(asks, answers, strict=True):
+        user = 2 if ask["Authorization"] == "Bearer two" else 1
+        assert (status, body) == (200, content(user, 0, 3 * 64 * KIB - 1)), ask
