@@ -38,6 +38,7 @@ import os
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -176,18 +177,16 @@ class DiskStore:
         if location is not None:
             self.tier.recorded(key, location.region, location.offset, location.length)
 
-    async def write_slice(
-        self, url: str, key: str, response: ResponseMeta, body: bytes, stored_at: float
-    ) -> None:
-        """``write`` slice record ``key`` of ``url``'s object, after an anchor of that object's
-        length and version: the one on disk, else a new one written first (the older slices
-        then lie before it, and are never found again: ``anchored``). The anchor is read as
-        ``lookup_off_loop`` reads."""
-        anchor_key = slices.anchor_key(url)
-        anchor = await self.lookup_off_loop(anchor_key, Entry)
-        if anchor is None or not _same_object(anchor.headers, response.headers):
-            self.write(anchor_key, response._replace(status=204), b"", stored_at)
-        self.write(key, response, body, stored_at)
+    def write_slice(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
+        """``write`` slice record ``key`` after an anchor of its object's length and version
+        (``_after_anchor``): the slices before a new one are never found again
+        (``anchored``)."""
+        self._after_anchor(
+            slices.anchor_key(slices.url_of(key)),
+            lambda fields: _same_object(fields, response.headers),
+            response._replace(status=204),
+            key, response, body, stored_at,
+        )  # fmt: skip
 
     def write_variant(
         self,
@@ -198,16 +197,33 @@ class DiskStore:
         stored_at: float,
     ) -> None:
         """``write`` the record of ``url``'s variant that ``request_headers`` select, after an
-        anchor naming the fields its variants are selected on: the one on disk, else a new
-        one written first (the older variants then lie before it, and are never found
-        again). An anchor the page cache does not hold is not waited for: a new one is
-        written."""
-        anchor_key = variants.anchor_key(url)
-        anchor = self.lookup(anchor_key, Entry, warm_only=True)
-        if anchor is None or rfc9111.vary_names(anchor.headers) != response.vary:
-            fields = (("Vary", ", ".join(response.vary)),)
-            self.write(anchor_key, ResponseMeta(status=204, headers=fields), b"", stored_at)
-        key = variants.variant_key(url, response.vary, request_headers)
+        anchor naming the fields its variants are selected on (``_after_anchor``): the
+        variants before a new one are never found again (``lookup_request``)."""
+        self._after_anchor(
+            variants.anchor_key(url),
+            lambda fields: rfc9111.vary_names(fields) == response.vary,
+            ResponseMeta(status=204, headers=(("Vary", ", ".join(response.vary)),)),
+            variants.variant_key(url, response.vary, request_headers),
+            response, body, stored_at,
+        )  # fmt: skip
+
+    def _after_anchor(
+        self,
+        anchor_key: str,
+        holds: Callable[[Headers], bool],
+        anchor: ResponseMeta,
+        key: str,
+        response: ResponseMeta,
+        body: bytes,
+        stored_at: float,
+    ) -> None:
+        """``write`` ``key``'s record after the anchor under ``anchor_key``: the one on disk
+        when ``holds`` says its fields still describe the record, else ``anchor``, written
+        first. An anchor the page cache does not hold is not waited for: a new one is
+        written (what lay before it is fetched again, never served wrong)."""
+        found = self.lookup(anchor_key, Entry, warm_only=True)
+        if found is None or not holds(found.headers):
+            self.write(anchor_key, anchor, b"", stored_at)
         self.write(key, response, body, stored_at)
 
     async def lookup_request(

@@ -325,6 +325,8 @@ class Fetcher:
         if to_disk and parts is not None and not too_large and disk is not None:
             if rmeta.vary:
                 disk.write_variant(meta.key, rmeta, meta.headers, body, self.clock())
+            elif rmeta.status == 206:  # a slice (``proxy.slicing``), under its slice key
+                disk.write_slice(meta.key, rmeta, body, self.clock())
             else:
                 disk.write(meta.key, rmeta, body, self.clock())
         if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
@@ -337,7 +339,8 @@ class Fetcher:
         self, meta: RequestMeta, rmeta: ResponseMeta, decision: Keep | NotStored, body: bytes
     ) -> None:
         """``_settled`` for a whole body in hand, fetched whole, that no ``receive`` relayed
-        (a slice): stored, or counted, in memory and on the disk tier when it takes it."""
+        (a slice, or an object one slice held): stored, or counted, in memory and on the
+        disk tier when it takes it."""
         size = len(body)
         to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE)
         self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
@@ -347,8 +350,11 @@ class Fetcher:
     ) -> bool:
         """Whether the disk tier takes this response: asked once, at its head."""
         disk = self.disk
-        return disk is not None and fits and disk.wants(meta, rmeta, length, action.whole,
-                                                        self.clock())  # fmt: skip
+        if disk is None or not fits:
+            return False
+        # A cacheable 206 is a slice (``proxy.slicing``): the cache stores no other.
+        part = rmeta.status == 206
+        return disk.wants(meta, rmeta, length, action.whole, self.clock(), part=part)
 
     def response_meta(
         self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float

@@ -380,17 +380,10 @@ class Slicer:
             rmeta = rmeta._replace(status=206)
         fetcher = self.fetcher
         size = len(part.body)
-        if led and whole:
+        if led:
             outcome: Outcome = await fetcher.decide(target, rmeta, size)
             fetcher.settle_in_hand(target, rmeta, outcome, part.body)
-        elif led:
-            outcome = await fetcher.decide(target, rmeta, size)
-            self.engine.finish(target, outcome, size, self.clock(), payload=part.body)
-            disk = self.disk
-            if disk is not None and disk.wants(target, rmeta, size, True, self.clock(),
-                                               part=True):  # fmt: skip
-                await disk.write_slice(meta.key, target.key, rmeta, part.body, self.clock())
-            if not rmeta.cacheable:
+            if not whole and not rmeta.cacheable:
                 # No slice of it will be stored: its next requests need not be sliced.
                 self.engine.part_refused(meta, rmeta, self.clock())
         else:

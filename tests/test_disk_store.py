@@ -207,9 +207,9 @@ async def test_only_slices_written_after_their_objects_anchor_are_found(tmp_path
     url = "http://a/video"
     keys = [slices.slice_key(url, n) for n in range(3)]
     for n in (0, 1):
-        await store.write_slice(url, keys[n], slice_meta(n, '"v1"'), b"x" * 100, 0.0)
+        store.write_slice(keys[n], slice_meta(n, '"v1"'), b"x" * 100, 0.0)
     assert store.anchored(url, keys[0]) and store.anchored(url, keys[1])
-    await store.write_slice(url, keys[2], slice_meta(2, '"v2"'), b"y" * 100, 0.0)
+    store.write_slice(keys[2], slice_meta(2, '"v2"'), b"y" * 100, 0.0)
     assert [store.anchored(url, key) for key in keys] == [False, False, True]
     store.close()
     again = DiskStore(section(tmp_path))

@@ -34,6 +34,11 @@ def slice_key(url: str, n: int) -> str:
     return f"{url}{_MARK}{n}"
 
 
+def url_of(key: str) -> str:
+    """The URL of the slice key ``key``."""
+    return key.partition(_MARK)[0]
+
+
 def anchor_key(url: str) -> str:
     """The key under which a tier behind the store (the disk) keeps the anchor of ``url``'s
     slices: only slices written after it are of the object as it stands (see the disk's
@@ -118,7 +123,9 @@ class SliceIndex:
 
     def pop(self, url: str) -> list[str]:
         """Unindex ``url``: the store keys of its slices."""
-        return [slice_key(url, n) for n in self.urls.pop(url, ())]
+        keys = self.keys(url)
+        self.urls.pop(url, None)
+        return keys
 
     def forget(self, gone: Iterable[Entry]) -> None:
         """Entries that left the store leave the index with them."""
