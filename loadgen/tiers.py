@@ -82,7 +82,7 @@ def simulate_tiers(
         raise ValueError("a disk tier keeps no times yet: simulate it without a ttl")
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     tier = disk.tier()
-    engine.forget_behind = tier.drop
+    engine.behind = (tier,)
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()

@@ -173,22 +173,12 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
 def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:
     """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, in
     memory and on disk, marking it stale (``soft``) where that is kept; the admin's answer."""
-    engine, disk = proxy.engine, proxy.disk
-    if soft:
-        marked = engine.soft_purge(engine.stored_keys(**{kind: value}), proxy.clock())
-        answer: dict[str, object] = {"stale": marked}
-        if disk is not None and kind == "url":
-            disk.invalidate_url(value)  # the disk keeps nothing stale to revalidate: purged
-    else:
-        purge = {"url": engine.invalidate, "prefix": engine.purge_prefix,
-                 "tags": engine.purge_tags}[kind]  # fmt: skip
-        answer = {"removed": purge(value)}
-    if disk is not None:
-        if kind == "prefix":
-            disk.purge_prefix(value)  # the disk's records go as they are met
-        elif kind == "tags":
-            disk.purge_tags(value)  # the disk's records go as they are read
-        disk.sync_drops()  # the records it dropped stay dropped after a crash
+    purged = proxy.engine.purge(kind, value, proxy.clock(), soft=soft)
+    answer: dict[str, object] = {"stale" if soft else "removed": purged.count}
+    if not purged.durable:
+        answer["durable"] = False
+        answer["detail"] = ("the disk could not keep the purge on the device: it dropped every "
+                            "region the purge could reach instead")  # fmt: skip
     return answer
 
 

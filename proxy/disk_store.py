@@ -52,6 +52,7 @@ from proxy.core.regions import Regions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
+from proxy.core.tiers import forgotten_keys
 from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.region_log import DISK_ERRORS, RegionLog
 
@@ -66,6 +67,7 @@ _DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
@@ -96,6 +98,9 @@ class DiskStore:
         self.drops_path = Path(section.path) / DROPS
         self.dropped_again = self._drop_again()
         self._drops: int | None = None  # the journal's descriptor, opened at its first drop
+        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
+        self._bans_saved = True
+        self._kept = True  # False once a removal the device refused lost regions instead
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
@@ -155,7 +160,7 @@ class DiskStore:
         before the device takes it, and a client cycling a varied field's values writes
         nothing)."""
         if response.vary:
-            self.tier.drop(request.key)  # what was stored without variants is superseded
+            self.invalidate(request.key)  # what was stored without variants is superseded
         if (
             not whole
             or request.method != "GET"
@@ -257,27 +262,42 @@ class DiskStore:
         slot = None if anchor is None else self.tier.find(key)
         return slot is not None and _after(slot, anchor)
 
-    def invalidate_url(self, url: str) -> bool:
-        """``invalidate`` ``url``'s record and the anchors of its variants and its slices, so
-        that none of them on disk is found again; whether the URL had a record."""
-        self.invalidate(variants.anchor_key(url))
-        self.invalidate(slices.anchor_key(url))
-        return self.invalidate(url)
+    def forget(self, key: str, why: str) -> bool:
+        """``proxy.core.tiers.Tier.forget``: each record it names dropped and journaled
+        (``invalidate``); whether the tier held ``key`` itself."""
+        own, *parts = forgotten_keys(key)
+        for part in parts:
+            self.invalidate(part)
+        return self.invalidate(own)
 
-    def purge_prefix(self, prefix: str) -> None:
-        """Purge every record of a key starting with ``prefix`` (``DiskTier.ban``), the ban
-        on the device before this returns, so that a restart keeps it."""
-        self.tier.ban(prefix)
-        self._save_bans()
+    def ban(self, value: str, *, by_tag: bool) -> None:
+        """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
+        by ``durable`` (with the drop journal)."""
+        self.tier.ban(value, by_tag=by_tag)
+        self._bans_saved = False
 
-    def purge_tags(self, tags: list[str]) -> None:
-        """Purge every record whose response carries one of ``tags``, as ``purge_prefix``."""
-        for tag in tags:
-            self.tier.ban(tag, by_tag=True)
-        self._save_bans()
+    def durable(self) -> bool:
+        """Put the bans and the journal of dropped records on the device. When it refuses,
+        drop what the lost removals could reach instead (the regions that held the dropped
+        records; every region, for a ban, which may reach any record written before it):
+        False. A restart then finds none of it either way."""
+        if not self._bans_saved:
+            if not self._save_bans():
+                self._lose(list(self.tier.regions.live), "a purge's ban")
+            self._bans_saved = True
+        if self._unsynced:
+            try:
+                if self._drops is not None:
+                    os.fsync(self._drops)
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
+                self._lose(sorted(self._unsynced), "dropped records")
+            self._unsynced.clear()
+        kept, self._kept = self._kept, True
+        return kept
 
-    def _save_bans(self) -> None:
-        _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
+    def _save_bans(self) -> bool:
+        return _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
 
     def _saved_bans(self) -> list[Ban]:
         try:
@@ -293,30 +313,38 @@ class DiskStore:
             return [("", live[-1], self.tier.regions.fill, False)] if live else []
 
     def invalidate(self, key: str) -> bool:
-        """Forget ``key``'s record (an unsafe method succeeded on its URL, or it was purged);
-        whether there was one. The drop is journaled until the next checkpoint, so that a
-        start after a crash does not bring the record back (``sync_drops`` puts the journal on
-        the device; until then a process crash keeps it, a power cut may not)."""
+        """Forget ``key``'s record; whether there was one. The drop is journaled until the
+        next checkpoint, so that a start after a crash does not bring the record back
+        (``durable`` puts the journal on the device; until then a process crash keeps it, a
+        power cut may not). A drop the journal cannot take loses the record's region."""
         slot = self.tier.drop(key)
         if slot is None:
             return False
         entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
         try:
             if self._drops is None:
-                self._drops = os.open(self.drops_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                                      0o600)  # fmt: skip
-            os.write(self._drops, entry)
+                self._drops = os.open(self.drops_path, _CREATE, 0o600)
+            if os.write(self._drops, entry) != len(entry):
+                raise OSError("the journal took part of a drop")
         except OSError as exc:
             DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
+            self._lose([slot.region], "a dropped record")
+            return True
+        self._unsynced.add(slot.region)
         return True
 
-    def sync_drops(self) -> None:
-        """Put the journal of dropped records on the device (a purge answers after it)."""
-        if self._drops is not None:
-            try:
-                os.fsync(self._drops)
-            except OSError as exc:
-                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
+    def _lose(self, regions: list[int], what: str) -> None:
+        """Remove ``regions``' files, whose records a removal the device could not keep
+        (``what``) may reach: their records are misses from now on, and after any restart
+        (a record is read only from its region's file)."""
+        DISK_ERRORS.warning("the device could not keep %s: %d regions dropped", what,
+                            len(regions))  # fmt: skip
+        self._kept = False
+        regions_ = self.tier.regions
+        for region in regions:
+            self.log.remove(region)
+            if regions_.live and region == regions_.live[-1]:
+                regions_.fill = regions_.region_size  # the next record opens a new region
 
     def _drop_again(self) -> int:
         """Drop the records the journal names that the index still holds where they were
@@ -329,7 +357,7 @@ class DiskStore:
             DISK_ERRORS.warning("reading the journal of dropped records failed: %r", exc)
             return 0
         whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
-        return sum(self.tier.forget(*entry) for entry in _DROP.iter_unpack(data[:whole]))
+        return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
 
     def _journal_done(self) -> None:
         """The checkpoint just written holds every drop: the journal starts again."""

@@ -122,7 +122,7 @@ class RegionLog:
         if placement is None:
             return None
         if placement.evicted is not None:
-            self._remove(placement.evicted)
+            self.remove(placement.evicted)
         try:
             fd = self._fd_for(placement.region)
             written = os.write(fd, record)
@@ -210,7 +210,7 @@ class RegionLog:
             int(m.group(1)) for p in self.directory.iterdir() if (m := _FILE.fullmatch(p.name))
         )
         for region in found[: max(0, len(found) - self.regions.regions)]:
-            self._remove(region)
+            self.remove(region)
         return found[-self.regions.regions :]
 
     def recover(self, after: tuple[int, int] | None = None) -> list[tuple[bytes, Slot]]:
@@ -289,7 +289,8 @@ class RegionLog:
             os.close(self._writing[1])
             self._writing = None
 
-    def _remove(self, region: int) -> None:
+    def remove(self, region: int) -> None:
+        """Remove ``region``'s file (its records are misses from now on); closed first."""
         if self._writing is not None and self._writing[0] == region:
             self._close_writing()
         self._close_reading(region)

@@ -92,7 +92,7 @@ class Proxy:
         self.slicer = Slicer(size, self.fetcher) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
         if disk is not None:
-            engine.forget_behind = disk.invalidate_url
+            engine.behind = (disk,)
 
     @property
     def fast_hits(self) -> int:

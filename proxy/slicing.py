@@ -50,6 +50,7 @@ from proxy.answers import CACHE, VIA, abort, plain
 from proxy.core import slices
 from proxy.core.cached import cached_head, per_answer
 from proxy.core.events import Fetch, NotStored, Outcome, RequestMeta, ResponseMeta
+from proxy.core.tiers import CHANGED
 from proxy.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.streaming import send
@@ -214,7 +215,7 @@ class Slicer:
                 fetched += 1
             if not isinstance(part, Piece):
                 if part == "changed":
-                    self._remove_slices(meta.key)
+                    self.engine.remove_slices(meta.key)
                 engine.sliced(fetched, mismatched=part == "changed")
                 abort(request)
                 return out
@@ -226,12 +227,6 @@ class Slicer:
             await send(out, b"", eof=True)
         engine.sliced(fetched, mismatched=False)
         return out
-
-    def _remove_slices(self, url: str) -> None:
-        """Remove ``url``'s slices, in memory and on the disk tier (its anchor dropped)."""
-        self.engine.remove_slices(url)
-        if self.disk is not None:
-            self.disk.invalidate(slices.anchor_key(url))
 
     def _slice_meta(self, meta: RequestMeta, n: int) -> RequestMeta:
         return meta._replace(key=slices.slice_key(meta.key, n))
@@ -259,9 +254,7 @@ class Slicer:
         entry = hit.entry
         found = piece(entry.headers, entry.payload, n, self.size, like, hit.age)
         if found is None:
-            engine.delete(smeta.key)
-            if disk is not None:
-                disk.invalidate(smeta.key)
+            engine.forget(smeta.key, CHANGED)
         return found
 
     async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:

@@ -16,6 +16,7 @@ from proxy.config import DiskSection
 from proxy.core import slices
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
+from proxy.core.tiers import PURGE
 from proxy.disk_store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
@@ -59,7 +60,7 @@ def test_a_record_invalidated_before_a_crash_stays_gone_and_one_written_after_st
     write(store, ["http://a/z"])  # after the checkpoint: found again by the scan
     for key in ("http://a/x", "http://a/y", "http://a/z"):
         assert store.invalidate(key)
-    store.sync_drops()
+    assert store.durable()
     write(store, ["http://a/y"])  # stored anew after its purge, elsewhere in the ring
     store.log.close()  # a crash: no checkpoint at the end
     again = DiskStore(section(tmp_path))
@@ -214,7 +215,7 @@ async def test_only_slices_written_after_their_objects_anchor_are_found(tmp_path
     store.close()
     again = DiskStore(section(tmp_path))
     assert [again.anchored(url, key) for key in keys] == [False, False, True]
-    assert again.invalidate_url(url) is False  # no record of the URL itself; its anchor went
+    assert again.forget(url, PURGE) is False  # no record of the URL itself; its anchor went
     assert not again.anchored(url, keys[2])
     again.close()
     third = DiskStore(section(tmp_path))
@@ -239,6 +240,6 @@ async def test_only_variants_written_after_their_urls_anchor_are_found(tmp_path)
     assert await store.lookup_request(RequestMeta(url, headers=gzip), Entry) is None
     french = RequestMeta(url, headers=(("Accept-Language", "fr"),))
     assert (await store.lookup_request(french, Entry))[0].payload == b"fr"
-    store.invalidate_url(url)
+    store.forget(url, PURGE)
     assert await store.lookup_request(french, Entry) is None
     store.close()

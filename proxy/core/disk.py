@@ -43,6 +43,7 @@ import numpy as np
 from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
+from proxy.core.tiers import forgotten_keys
 
 # Bytes of a record beside its key, meta and body: magic, length, checksum, key and meta lengths
 # (``proxy.region_log.HEADER``).
@@ -279,7 +280,19 @@ class DiskTier:
             self.counters.dropped += 1
         return Slot(region, offset, length)
 
-    def forget(self, key_hash: int, region: int, offset: int) -> bool:
+    def forget(self, key: str, why: str) -> bool:
+        """``proxy.core.tiers.Tier.forget``, journaled by nothing: the simulator's tier (the
+        live one journals each drop); whether it held ``key`` itself."""
+        own, *parts = forgotten_keys(key)
+        for part in parts:
+            self.drop(part)
+        return self.drop(own) is not None
+
+    def durable(self) -> bool:
+        """Nothing to put on a device: always durable."""
+        return True
+
+    def forget_at(self, key_hash: int, region: int, offset: int) -> bool:
         """Drop the record of ``key_hash`` if the index holds it at ``region`` and ``offset``
         (a drop journaled before a crash, made again); whether it did."""
         found = self.index.get(key_hash)

@@ -57,8 +57,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
@@ -94,6 +92,7 @@ from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters, snapshot
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
+from proxy.core.tiers import Tier
 from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
@@ -138,10 +137,9 @@ class CacheEngine(ResponseDecisions):
         # The class of the entries stored: a driver's subclass keeps what it derives from an
         # entry (the proxy's rendered head) beside it, and the core never reads it.
         self.entry_type: type[Entry] = Entry
-        # A tier behind the store (the disk) that forgets a URL whenever the store does: an
-        # unsafe method, a purge, a response that supersedes or varies anew (returns whether
-        # it held the URL).
-        self.forget_behind: Callable[[str], bool] | None = None
+        # The tiers behind the store (the disk): every removal reaches them too
+        # (``proxy.core.tiers``).
+        self.behind: tuple[Tier, ...] = ()
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()
@@ -414,11 +412,6 @@ class CacheEngine(ResponseDecisions):
     def on_unsafe_response(self, request: RequestMeta, status: int) -> int:
         """RFC 9111 section 4.4: a successful unsafe method invalidates its URL."""
         return self.invalidate(request.key) if rfc9111.invalidates(request.method, status) else 0
-
-    def purge_prefix(self, prefix: str) -> int:
-        """Remove every stored URL starting with ``prefix`` (with its variants)."""
-        urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
-        return sum(self.invalidate(url) for url in urls)
 
     def stats(self) -> dict[str, int | float]:
         """Every metric at this instant (see ``proxy.core.stats.METRICS``)."""

@@ -173,6 +173,16 @@ Outcome = Store | NotStored
 # How a client's conditional or Range request is answered from a whole response.
 
 
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What a purge did: ``count`` entries removed (or, ``soft``, marked stale) from the
+    memory store, and whether every tier behind it holds the purge on stable storage."""
+
+    count: int
+    soft: bool
+    durable: bool
+
+
 class Answer(NamedTuple):
     """``status`` 304 (a matching validator), 206 (bytes ``first``..``last``), 416, or the
     response's own status with the whole body."""

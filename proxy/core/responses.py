@@ -5,11 +5,9 @@ stored when its body ends whole, refreshed by a 304, and what it removes. The ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from cachetools import LRUCache
 
-from proxy.core import rfc9111
+from proxy.core import rfc9111, slices
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.events import (
     COLLAPSED,
@@ -21,6 +19,7 @@ from proxy.core.events import (
     Keep,
     NotStored,
     Outcome,
+    Purged,
     RequestMeta,
     ResponseMeta,
     Store,
@@ -30,6 +29,7 @@ from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
+from proxy.core.tiers import CHANGED, PURGE, SUPERSEDED, UNSAFE, UNSTORABLE, VARIES, Tier
 from proxy.core.variants import Variants, variant_key
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -95,7 +95,7 @@ class ResponseDecisions:
     slices: SliceIndex
     hit_for_miss: float
     entry_type: type[Entry]
-    forget_behind: Callable[[str], bool] | None
+    behind: tuple[Tier, ...]
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
 
@@ -236,10 +236,10 @@ class ResponseDecisions:
         if response.vary:
             if not self.variants.selected_on(url, response.vary):
                 # What was stored under other selecting fields (or none) is unreachable now.
-                self.invalidate(url)
+                self.invalidate(url, VARIES)
             self.variants.add(url, response.vary, decision.key)
         elif url in self.variants:
-            self.invalidate(url)  # the origin stopped varying: its old variants are unreachable
+            self.invalidate(url, VARIES)  # the origin stopped varying: its variants are unreachable
         entry = self.entry_type(
             decision.key,
             size,
@@ -292,7 +292,7 @@ class ResponseDecisions:
         tags = storable_tags(headers)
         if tags is None:
             entry.tags = ()
-            self.delete(entry.key)
+            self.forget(entry.key, UNSTORABLE)
         else:
             entry.tags = tags
             self.tags.add(entry)
@@ -306,15 +306,28 @@ class ResponseDecisions:
             self.store.record_hit(entry)
         return entry
 
-    def invalidate(self, url: str) -> int:
-        """Remove ``url`` and every stored variant and slice of it, from the store and from the tier
-        behind it (``forget_behind``); returns how many entries went."""
-        removed = 0
-        for key in (url, *self.variants.pop(url), *self.slices.pop(url)):
-            removed += self.delete(key)
-        if self.forget_behind is not None and self.forget_behind(url):
-            removed += 1
+    def invalidate(self, url: str, why: str = UNSAFE) -> int:
+        """Remove ``url`` and every stored variant and slice of it, from the store and from
+        every tier behind it (``proxy.core.tiers``); how many entries went (a tier's record
+        of the URL counted as one)."""
+        removed = self._delete_url(url)
+        for tier in self.behind:
+            removed += tier.forget(url, why)
         return removed
+
+    def _delete_url(self, url: str) -> int:
+        """Remove ``url`` and its variants and slices from the store alone; how many went."""
+        return sum(
+            self._delete(key) for key in (url, *self.variants.pop(url), *self.slices.pop(url))
+        )
+
+    def forget(self, key: str, why: str) -> bool:
+        """Remove the entry stored under ``key`` (a URL's own, a variant's or a slice's) from
+        the store and from every tier behind it; whether the store held one."""
+        gone = self._delete(key)
+        for tier in self.behind:
+            tier.forget(key, why)
+        return gone
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
@@ -328,7 +341,11 @@ class ResponseDecisions:
         ):
             return
         self._pass_for_a_while(request, now)
-        self.delete(self.variants.key(request))
+        self._delete(self.variants.key(request))
+        # A tier behind the store may hold the URL under variants the store no longer
+        # knows: all of it goes, the safe side of a response that may not be kept.
+        for tier in self.behind:
+            tier.forget(request.key, SUPERSEDED)
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
@@ -349,8 +366,9 @@ class ResponseDecisions:
         self.tags.forget(entries)
         self.slices.forget(entries)
 
-    def delete(self, key: str) -> bool:
-        """Remove the entry stored under ``key`` (and it from the indexes); whether one was."""
+    def _delete(self, key: str) -> bool:
+        """Remove the entry stored under ``key`` from the store (and it from the indexes),
+        and from no other tier; whether one was."""
         gone = self.store.delete(key)
         if gone is None:
             return False
@@ -358,13 +376,54 @@ class ResponseDecisions:
         return True
 
     def remove_slices(self, url: str) -> int:
-        """Remove the stored slices of ``url`` (its version changed under them); how many."""
-        return sum(self.delete(key) for key in self.slices.pop(url))
+        """Remove the stored slices of ``url`` (its version changed under them), from every
+        tier; how many the store held."""
+        removed = sum(self._delete(key) for key in self.slices.pop(url))
+        for tier in self.behind:
+            tier.forget(slices.anchor_key(url), CHANGED)
+        return removed
 
     def purge_tags(self, tags: list[str]) -> int:
-        """Remove every stored entry (each variant on its own) carrying any of ``tags``;
-        how many went."""
-        return sum(self.delete(key) for key in self.tags.tagged(tags))
+        """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
+        every tier; how many the store held."""
+        removed = sum(self._delete(key) for key in self.tags.tagged(tags))
+        for tier in self.behind:
+            for tag in tags:
+                tier.ban(tag, by_tag=True)
+        return removed
+
+    def purge_prefix(self, prefix: str) -> int:
+        """Remove every stored URL starting with ``prefix`` (with its variants and slices),
+        from every tier; how many entries the store held."""
+        urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
+        removed = sum(self._delete_url(url) for url in urls)
+        for tier in self.behind:
+            tier.ban(prefix, by_tag=False)
+        return removed
+
+    def purge(self, kind: str, value: str | list[str], now: float, *, soft: bool = False) -> Purged:
+        """An operator's purge of what ``kind`` ("url": a cache key, "prefix" or "tags") and
+        ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier keeps
+        what is stale (``soft_purge``); a tier that keeps nothing stale removes it. Answers
+        once every tier made it durable (``Tier.durable``)."""
+        if soft:
+            count = self.soft_purge(self.stored_keys(**{kind: value}), now)
+            for tier in self.behind:
+                if kind == "url":
+                    tier.forget(value, PURGE)  # type: ignore[arg-type]
+                elif kind == "prefix":
+                    tier.ban(value, by_tag=False)  # type: ignore[arg-type]
+                else:
+                    for tag in value:
+                        tier.ban(tag, by_tag=True)
+        elif kind == "url":
+            count = self.invalidate(value, PURGE)  # type: ignore[arg-type]
+        elif kind == "prefix":
+            count = self.purge_prefix(value)  # type: ignore[arg-type]
+        else:
+            count = self.purge_tags(value)  # type: ignore[arg-type]
+        durable = all([tier.durable() for tier in self.behind])
+        return Purged(count, soft, durable)
 
     def stored_keys(
         self,

@@ -1,0 +1,69 @@
+"""The one invalidation contract between the engine and the tiers behind its memory store.
+
+Rules it keeps:
+
+* Every removal the engine decides reaches every tier, through ``CacheEngine`` and nothing
+  else: an unsafe method (RFC 9111 section 4.4), a response that supersedes the stored one and
+  may not be stored itself (section 4.3.4's replacement, ``private`` or ``no-store``), a
+  refreshed entry that may no longer be kept, slices whose object changed under them, a purge
+  by URL, prefix or tag, hard or soft. The driver that finds the reason calls the engine; the
+  engine removes from the memory store and hands each tier behind it (``Tier``) the same
+  removal with its reason (``why``). A tier added later inherits every removal by
+  implementing ``Tier``.
+* ``forget(key, why)`` names either a URL, and then the URL goes with every variant and slice
+  of it, or one stored part of it (a variant's key, a slice's, an anchor's: they hold ``\\0``,
+  which no URL does; ``whole_url`` tells them apart).
+* ``ban(value, by_tag)`` removes every record of a key starting with ``value`` (a purge by
+  prefix) or whose response carries the tag ``value``, written before the ban.
+* A tier that persists journals each removal before ``forget`` or ``ban`` returns, and
+  ``durable`` puts the journal on stable storage: a purge answers only after it did, or, when
+  the device cannot keep it, after the tier dropped everything the lost purge could have
+  reached (``durable`` then says so), so a restart never brings back what was purged.
+* A tier that keeps nothing stale keeps nothing a soft purge marks stale: for it, a soft purge
+  is a purge.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from proxy.core import slices, variants
+
+# Why a tier forgets: the reasons the engine gives (logs and counters name them).
+UNSAFE = "unsafe"  # a successful unsafe method on the URL
+SUPERSEDED = "superseded"  # a newer response that may not be stored replaced it
+UNSTORABLE = "unstorable"  # a 304 refreshed it into a response that may not be stored
+VARIES = "varies"  # the URL's response started, stopped or changed what it varies on
+CHANGED = "changed"  # a slice of another version: the object changed under its slices
+PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothing is stale)
+
+
+def whole_url(key: str) -> bool:
+    """Whether ``key`` names a URL (with everything stored of it), not one stored part."""
+    return "\0" not in key
+
+
+def forgotten_keys(key: str) -> tuple[str, ...]:
+    """The keys a tier forgets for ``key``: a URL's own and the anchors its variants and its
+    slices are found after (so none of them is found again), or the one part ``key`` names."""
+    if whole_url(key):
+        return key, variants.anchor_key(key), slices.anchor_key(key)
+    return (key,)
+
+
+class Tier(Protocol):
+    """A tier behind the memory store (the disk): what the engine forgets, it forgets."""
+
+    def forget(self, key: str, why: str) -> bool:
+        """Forget ``key`` (see ``whole_url``); whether the tier held it."""
+        ...
+
+    def ban(self, value: str, *, by_tag: bool) -> None:
+        """Forget every record of a key under the prefix ``value``, or (``by_tag``) whose
+        response carries the tag ``value``."""
+        ...
+
+    def durable(self) -> bool:
+        """Put every removal so far on stable storage: True when it is there, False when the
+        tier had to drop everything a lost removal could reach instead."""
+        ...

@@ -1,0 +1,173 @@
+"""One invalidation contract: whatever the engine removes from memory, it removes from the disk
+tier behind it too, journaled, so that no tier answers with what another has forgotten; after a
+restart, clean or kill -9, the removal holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+import pytest
+from conftest import admin_purge, base
+
+from loadgen.simulate import build_engine
+from loadgen.tiers import DiskSpec
+from proxy.core import slices
+from proxy.core.admission import AdmissionConfig
+from proxy.core.disk import DiskTier
+from proxy.core.engine import CacheEngine
+from proxy.core.events import RequestMeta, ResponseMeta
+from proxy.core.responses import response_meta
+from proxy.core.tags import MAX_TAGS
+
+DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
+        "cache__max_object_size": "256KiB", "disk__policy": "always",
+        "cache__hit_for_miss": "5s"}  # fmt: skip
+
+
+URL = "http://a/x"
+ALWAYS = AdmissionConfig(policy="always")
+TAGGED = ResponseMeta(lifetime=600.0, headers=(("Surrogate-Key", "t1"),))
+
+
+def two_tiers() -> tuple[CacheEngine, DiskTier]:
+    """An engine whose memory store and disk tier (the simulator's, without I/O) both hold
+    ``URL``, a slice of it and the anchors of both."""
+    engine = build_engine(1 << 20, ALWAYS)
+    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=ALWAYS).tier()
+    engine.behind = (tier,)
+    engine.on_response(RequestMeta(URL), TAGGED, 100, 0.0)
+    for key in (URL, slices.anchor_key(URL), slices.slice_key(URL, 0)):
+        assert tier.offer(key, 100, 200, 0.0) is not None
+    return engine, tier
+
+
+def uncacheable(directive: str) -> ResponseMeta:
+    request = RequestMeta(URL)
+    return response_meta(request, 200, (("Cache-Control", directive),), 1.0, 1.0)
+
+
+REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
+    "unsafe method": lambda e: e.on_unsafe_response(RequestMeta(URL, "POST"), 204),
+    "now private": lambda e: e.on_response(RequestMeta(URL), uncacheable("private"), 1, 1.0),
+    "now no-store": lambda e: e.on_response(RequestMeta(URL), uncacheable("no-store"), 1, 1.0),
+    "304 past the tag limit": lambda e: e.on_not_modified(
+        e.store.peek(URL), (("Surrogate-Key", " ".join(map(str, range(MAX_TAGS + 1)))),), 1, 1
+    ),
+    "now varies": lambda e: e.on_response(
+        RequestMeta(URL), ResponseMeta(lifetime=60.0, vary=("accept",)), 1, 1.0
+    ),
+    "purge": lambda e: e.purge("url", URL, 1.0),
+    "soft purge": lambda e: e.purge("url", URL, 1.0, soft=True),
+    "purge by prefix": lambda e: e.purge("prefix", "http://a/", 1.0),
+    "soft purge by prefix": lambda e: e.purge("prefix", "http://a/", 1.0, soft=True),
+}
+
+
+@pytest.mark.parametrize("removal", REMOVALS)
+def test_every_removal_the_engine_decides_reaches_the_tier_behind_the_store(removal):
+    engine, tier = two_tiers()
+    REMOVALS[removal](engine)
+    assert tier.find(URL) is None, f"{removal} left the disk's copy"
+    # The slices and variants of the URL are found only after their anchors: gone with them.
+    assert tier.find(slices.anchor_key(URL)) is None
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_a_purge_by_tag_reaches_the_tier_behind_the_store(soft):
+    engine, tier = two_tiers()
+    purged = engine.purge("tags", ["t1"], 1.0, soft=soft)
+    assert purged.count == 1 and purged.durable
+    # The index holds hashes, not tags: the ban is met when a record carrying it is read.
+    assert [(tag, by_tag) for tag, _, _, by_tag in tier.bans] == [("t1", True)]
+    assert tier.tag_banned(("t1",), tier.find(URL))
+
+
+def test_slices_of_a_changed_object_leave_every_tier():
+    engine, tier = two_tiers()
+    engine.remove_slices(URL)
+    assert tier.find(slices.anchor_key(URL)) is None and tier.find(URL) is not None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def get(service, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    url = base(service) + path
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Host": "example.test", **headers}) as r,
+    ):
+        return r.status, dict(r.headers), await r.read()
+
+
+@pytest.mark.parametrize("directive", ["private", "no-store"])
+async def test_a_url_the_origin_made_uncacheable_is_not_served_from_the_disk_copy(
+    origin, start_proxy, tmp_path, directive
+):
+    clock = Clock()
+    origin.set("/x", body=b"old-public", headers={"Cache-Control": "public, max-age=60"})
+    proxy = await start_proxy(clock=clock, disk__path=str(tmp_path), **DISK)
+    assert (await get(proxy, "/x"))[2] == b"old-public"  # stored in memory and on disk
+    origin.set("/x", body=b"new-private", headers={"Cache-Control": f"{directive}, max-age=60"})
+    _, headers, body = await get(proxy, "/x", **{"Cache-Control": "no-cache"})
+    assert body == b"new-private"
+    clock.now += 6  # past hit_for_miss: the next request consults the cache again
+    _, headers, body = await get(proxy, "/x")
+    # RFC 9111 section 4.3.4/3: the origin replaced the stored response and said no shared
+    # cache may keep the new one; the old copy is gone from every tier.
+    assert body == b"new-private", headers.get("Cache-Status")
+    assert "detail=disk" not in headers["Cache-Status"]
+
+
+async def test_the_disk_copy_of_a_url_made_uncacheable_stays_gone_after_a_restart(
+    origin, start_proxy, tmp_path
+):
+    settings = {"disk__path": str(tmp_path), **DISK}
+    origin.set("/x", body=b"old-public", headers={"Cache-Control": "public, max-age=60"})
+    first = await start_proxy(**settings)
+    assert (await get(first, "/x"))[2] == b"old-public"
+    origin.set("/x", body=b"new-private", headers={"Cache-Control": "private"})
+    assert (await get(first, "/x", **{"Cache-Control": "no-cache"}))[2] == b"new-private"
+    await first.stop()
+    second = await start_proxy(**settings)
+    _, headers, body = await get(second, "/x")
+    assert body == b"new-private" and "detail=disk" not in headers["Cache-Status"]
+
+
+@pytest.mark.parametrize("kind", ["url", "prefix", "tags"])
+async def test_a_purge_the_device_cannot_keep_says_so_and_drops_what_it_could_reach(
+    origin, start_proxy, tmp_path, kind
+):
+    """A purge is often a takedown: when the disk cannot journal it (a full device), the
+    answer says so and the disk drops the regions the purge could reach, so that no restart
+    brings a purged record back."""
+    settings = {"disk__path": str(tmp_path), **DISK}
+    origin.set("/x", body=b"taken down", headers={"Cache-Control": "max-age=60",
+                                                  "Surrogate-Key": "t1"})  # fmt: skip
+    first = await start_proxy(**settings)
+    assert (await get(first, "/x"))[2] == b"taken down"
+    # The journal and the bans cannot be written: their paths are taken by directories.
+    (tmp_path / "drops.log").mkdir()
+    (tmp_path / "bans.new").mkdir()
+    value = {"url": "http://example.test/x", "prefix": "http://example.test/", "tags": ["t1"]}
+    answer = await admin_purge(first, {kind: value[kind]})
+    assert answer["durable"] is False and "dropped" in answer["detail"]
+    await first.stop()
+    second = await start_proxy(**settings)
+    _, headers, body = await get(second, "/x")
+    assert "detail=disk" not in headers["Cache-Status"] and origin.hits["/x"] == 2
+
+
+async def test_a_purge_the_device_keeps_answers_durable(origin, start_proxy, tmp_path):
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):  # the second sighting is stored in memory
+        assert (await get(first, "/x"))[0] == 200
+    answer = await admin_purge(first, {"prefix": "http://example.test/"})
+    assert answer == {"removed": 1}
+    assert (tmp_path / "bans.json").exists()
