@@ -312,7 +312,7 @@ def disk_hits(ports: dict[str, int]) -> tuple[int, int]:
     url = f"http://127.0.0.1:{ports['onehit-disk-admin']}/stats"
     with urllib.request.urlopen(url, timeout=5) as r:
         stats = json.load(r)
-    return stats["metrics"]["hits"] + stats["disk"]["hits"], stats["disk"]["hits"]
+    return stats["metrics"]["hits"], stats["metrics"]["hits_from_disk"]
 
 
 def origin_count(origin: str) -> int:

@@ -75,9 +75,9 @@ def simulate_tiers(
     eviction: str = "lru",
 ) -> SimResult:
     """Replay ``trace`` through a fresh memory tier of ``memory_bytes`` and the disk tier
-    ``disk`` describes. The stats are the memory tier's (its ``hits`` and ``misses``), the
-    disk tier's (``disk_*``; its hits are among the memory tier's misses), and the two
-    together: ``tier_hit_ratio`` and ``tier_byte_hit_ratio``."""
+    ``disk`` describes. The stats are the engine's, counted as the live proxy counts them
+    (``hits`` of either tier, ``hits_from_memory`` and ``hits_from_disk`` among them), and
+    the disk tier's own (``disk_*``: its lookups, writes and evictions)."""
     if not math.isinf(ttl):
         raise ValueError("a disk tier keeps no times yet: simulate it without a ttl")
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
@@ -86,36 +86,29 @@ def simulate_tiers(
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()
-    lookup, on_response, promote = engine.lookup, engine.on_response, engine.promote
+    lookup, on_response = engine.lookup, engine.on_response
+    hit_behind, missed_behind = engine.hit_behind, engine.missed_behind
     entry_type = engine.entry_type
-    find, answered, offer = tier.find, tier.answered, tier.offer
-    disk_hit_bytes = 0
+    find, offer = tier.find, tier.offer
     started = time.perf_counter()
     for name, size, now in zip(keys, sizes, times, strict=True):
         key = key_prefix + name
         request = RequestMeta(key)
         if type(lookup(request, now)) is Hit:
             continue
-        hit = find(key) is not None
-        answered(hit)
-        if hit:
-            disk_hit_bytes += size
-            promote(entry_type(key, size, now, math.inf, 0.0, (), {}, None))
+        if find(key) is not None:
+            hit_behind(tier, key, entry_type(key, size, now, math.inf, 0.0, (), {}, None), now)
             continue
+        missed_behind(tier)
         on_response(request, _STORED, size, now)
         offer(key, size, RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size, now)
     elapsed = time.perf_counter() - started
     stats = engine.stats()
     c = tier.counters
-    requests = stats["requests"]
-    served = stats["hit_bytes"] + disk_hit_bytes + stats["origin_bytes"]
     stats.update(
         {f"disk_{name}": value for name, value in asdict(c).items()},
-        disk_hit_bytes=disk_hit_bytes,
         disk_objects=len(tier),
         disk_index_bytes=tier.index.memory_bytes,
-        tier_hit_ratio=(stats["hits"] + c.hits) / requests if requests else 0.0,
-        tier_byte_hit_ratio=(stats["hit_bytes"] + disk_hit_bytes) / served if served else 0.0,
     )
     label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
     return SimResult(label, memory_bytes, admission, len(trace), stats, elapsed, [], 1.0,
@@ -135,8 +128,8 @@ def tier_table(results: list[SimResult], sizes: dict[int, str]) -> str:
         requests = s["requests"] or 1
         rows.append([
             r.label, sizes.get(r.cache_bytes, format_size(r.cache_bytes)),
-            f"{s['tier_hit_ratio']:.4f}", f"{s['hits'] / requests:.4f}",
-            f"{s['disk_hits'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
+            f"{s['hit_ratio']:.4f}", f"{s['hits_from_memory'] / requests:.4f}",
+            f"{s['hits_from_disk'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
             format_size(int(s["disk_bytes_not_written"])),
         ])  # fmt: skip
     return aligned(TIER_COLUMNS, rows)

@@ -270,6 +270,10 @@ class DiskStore:
             self.invalidate(part)
         return self.invalidate(own)
 
+    def answered(self, hit: bool) -> None:
+        """``proxy.core.tiers.Tier.answered``: the tier's own count of lookups."""
+        self.tier.answered(hit)
+
     def ban(self, value: str, *, by_tag: bool) -> None:
         """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
         by ``durable`` (with the drop journal)."""

@@ -12,7 +12,7 @@ common case, which give the same bytes and counts as the request handler.
 * A URL memory holds nothing for is answered from its disk record when it has one, whole,
   fresh, and short enough and in the page cache to read on the event loop (``from_disk``),
   with the head rendered when the record was written; counted as the handler counts it (a
-  miss in memory, a hit on disk), and kept in memory too.
+  hit from disk, ``CacheEngine.hit_behind``), and kept in memory too.
 * The compiled answerer (``plain_hits``, ``proxy/hitpath/``) finds and counts a hit, in
   memory as ``CacheEngine.fresh_plain`` and ``served`` do and on disk as ``answer`` does, and
   writes the bytes ``answer`` would; what it declines ``answer`` decides.
@@ -177,8 +177,8 @@ class HitAnswers:
         if head is None:
             return None
         if on_disk:
-            engine.missed_plain()  # counted as the handler counts it: a miss in memory
-            self.kept_from_disk(hit.entry)
+            assert self.disk is not None
+            engine.hit_behind(self.disk, key, entry, now, counted=False)
         else:
             engine.served(key, hit, now)
         self.answered += 1
@@ -209,18 +209,12 @@ class HitAnswers:
         entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
-    def kept_from_disk(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
-        """Count a hit on ``entry``, which the disk answered, among the disk's hits, and keep
-        it in memory too (``vary``: the names it was selected on, when a variant)."""
-        assert self.disk is not None
-        self.disk.tier.answered(True)
-        self.engine.promote(entry, vary)
-
     def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Count a plain hit the compiled answerer read from ``key``'s disk record (its
         ``body`` and its ``meta``, decoded) as ``answer`` counts one it read itself."""
-        self.engine.missed_plain()
-        self.kept_from_disk(record_entry(key, meta, body, self.engine.entry_type))
+        assert self.disk is not None
+        entry = record_entry(key, meta, body, self.engine.entry_type)
+        self.engine.hit_behind(self.disk, key, entry, self.clock(), counted=False)
 
 
 def _render(

@@ -220,11 +220,12 @@ class Proxy:
         assert self.disk is not None
         engine = self.engine
         found = await self.disk.lookup_request(meta, engine.entry_type)
-        hit = None if found is None else engine.answers_from(meta, found[0], self.clock())
+        now = self.clock()
+        hit = None if found is None else engine.answers_from(meta, found[0], now)
         if hit is None:
-            self.disk.tier.answered(False)
+            engine.missed_behind(self.disk)
             return None
-        self.hits.kept_from_disk(hit.entry, found[1])
+        engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
         status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 

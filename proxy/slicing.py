@@ -247,8 +247,7 @@ class Slicer:
         hit = engine.slice_hit(smeta, self.clock())
         if hit is None and disk is not None and disk.anchored(meta.key, smeta.key):
             behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
-            hit = None if behind is None else engine.slice_hit(smeta, self.clock(), behind)
-            disk.tier.answered(hit is not None)
+            hit = engine.slice_hit(smeta, self.clock(), behind, disk)
         if hit is None:
             return None
         entry = hit.entry

@@ -206,7 +206,7 @@ async def test_a_disk_hit_is_the_same_answer_compiled_in_python_and_from_the_han
                        stats["disk"]["hits"], metrics["entries"]))  # fmt: skip
     assert answers[0] == answers[1] == answers[2]
     assert answers[0][1]["Cache-Status"] == "onehit; hit; ttl=600; detail=disk"
-    assert counts[0] == counts[1] == counts[2] == ({"requests": 2, "hits": 0, "misses": 2}, 2, 2)
+    assert counts[0] == counts[1] == counts[2] == ({"requests": 2, "hits": 2, "misses": 0}, 2, 2)
 
 
 async def test_a_damaged_record_is_never_answered_by_the_compiled_reader(
@@ -339,3 +339,29 @@ async def test_a_client_cycling_a_varied_fields_values_writes_nothing_to_disk(
     disk = (await admin_stats(service))["disk"]
     # Nothing written until x0's second sighting: then its variant, after the URL's anchor.
     assert (disk["admissions"], disk["rejected"], disk["objects"]) == (2, 20, 2)
+
+
+async def test_a_hit_is_a_hit_whichever_tier_answers_it_counted_by_tier(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/x", body=b"x" * 5000)
+    settings = {"disk__path": str(tmp_path), "disk__policy": "always", **DISK}
+    first = await start_proxy(**settings)
+    assert (await get(first, "/x"))[0] == 200  # on disk only: memory waits for a second sighting
+    await first.stop()
+    second = await start_proxy(**settings)
+    for _ in range(3):  # from disk (then kept in memory), then twice from memory
+        assert (await get(second, "/x"))[2] == b"x" * 5000
+    metrics = (await admin_stats(second))["metrics"]
+    assert (metrics["requests"], metrics["hits"], metrics["misses"]) == (3, 3, 0)
+    assert (metrics["hits_from_memory"], metrics["hits_from_disk"]) == (2, 1)
+    assert metrics["hit_bytes"] == metrics["bytes_served"] == 3 * 5000
+    # The promotion wrote memory: an admission, and not a dead write once memory served it.
+    assert (metrics["promoted"], metrics["admissions"], metrics["dead_writes"]) == (1, 1, 0)
+    host, port = second.admin_address
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{host}:{port}/metrics") as r,
+    ):
+        text = await r.text()
+    assert "onehit_hits_from_disk_total 1.0" in text and "onehit_hits_total 3.0" in text

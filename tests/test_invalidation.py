@@ -162,6 +162,7 @@ async def test_a_purge_the_device_cannot_keep_says_so_and_drops_what_it_could_re
     second = await start_proxy(**settings)
     _, headers, body = await get(second, "/x")
     assert "detail=disk" not in headers["Cache-Status"] and origin.hits["/x"] == 2
+    assert body == b"taken down"  # from the origin, which still serves it
 
 
 async def test_a_purge_the_device_keeps_answers_durable(origin, start_proxy, tmp_path):

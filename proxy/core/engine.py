@@ -203,12 +203,6 @@ class CacheEngine(ResponseDecisions):
             and key not in self._uncacheable
         )
 
-    def missed_plain(self) -> None:
-        """Count a request for which ``plain_miss`` held, answered by a tier behind the store,
-        as ``plan`` counts it: a request, and a miss."""
-        self.counters.requests += 1
-        self.counters.misses += 1
-
     def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
         """Whether ``entry`` (stored, or found in a tier behind the store: the disk) answers
         ``request`` fresh; nothing is counted."""
@@ -218,11 +212,39 @@ class CacheEngine(ResponseDecisions):
         req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
         return Hit(entry, age) if _fresh(entry, age, req) else None
 
+    def hit_behind(
+        self,
+        tier: Tier,
+        key: str,
+        entry: Entry,
+        now: float,
+        *,
+        counted: bool = True,
+        vary: tuple[str, ...] = (),
+    ) -> None:
+        """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
+        ``entry``, fresh for it (``answers_from``), as a hit of that tier: the one place a hit
+        from behind the store is counted. ``counted``: ``plan`` counted the request already,
+        as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
+        in the store too (``promote``)."""
+        c = self.counters
+        if counted:
+            c.misses -= 1
+        else:
+            c.requests += 1
+        c.hits += 1
+        c.hits_from_disk += 1
+        tier.answered(True)
+        # Counted before it is kept: the promoted entry's own hits are those memory serves.
+        self._from_store(key, entry, now)
+        self.promote(entry, vary)
+
     def promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Keep ``entry``, which a tier behind the store answered from, in the store too when
-        it fits: a whole response when its URL has no variants here (they are selected on
-        fields), a variant (``vary``: the names it is selected on) when its URL's variants
-        here are selected on the same names, or it has none, and are not all taken."""
+        it fits (counted among ``admissions``, as ``promoted``): a whole response when its URL
+        has no variants here (they are selected on fields), a variant (``vary``: the names it
+        is selected on) when its URL's variants here are selected on the same names, or it has
+        none, and are not all taken."""
         url = entry.key.partition("\0")[0] if vary else entry.key
         if not self.store.fits(entry.size):
             return
@@ -244,6 +266,14 @@ class CacheEngine(ResponseDecisions):
             return
         if vary:
             self.variants.add(url, vary, entry.key)
+        c = self.counters
+        c.promoted += 1
+        c.admissions += 1
+        c.bytes_written += entry.size
+
+    def missed_behind(self, tier: Tier) -> None:
+        """``tier`` behind the store had no fresh answer to a memory miss."""
+        tier.answered(False)
 
     def varies(self, key: str) -> bool:
         """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""
@@ -279,21 +309,28 @@ class CacheEngine(ResponseDecisions):
         self.store.record_hit(entry)
 
     def slice_hit(
-        self, request: RequestMeta, now: float, behind: Entry | None = None
+        self,
+        request: RequestMeta,
+        now: float,
+        behind: Entry | None = None,
+        tier: Tier | None = None,
     ) -> Hit | None:
         """The stored slice (``request``: the client's request, keyed as the slice), or the
-        one a tier behind the store found (``behind``: then kept in the store too, as
-        ``promote`` does), that answers fresh, counted as read and moved as a hit is; None
-        when it does not."""
-        entry = self.store.peek(request.key) if behind is None else behind
+        one ``tier`` behind the store was asked for (``behind``: what it found, then kept in
+        the store too, as ``promote`` does), that answers fresh, counted as read and moved as
+        a hit is; None when it does not."""
+        entry = self.store.peek(request.key) if tier is None else behind
         hit = None if entry is None else self.answers_from(request, entry, now)
+        if tier is not None:
+            tier.answered(hit is not None)
         if hit is not None:
             self.counters.slice_hits += 1
             if behind is None:
                 self.store.touch(hit.entry)
+                self._from_store(request.key, hit.entry, now)
             else:
+                self._from_store(request.key, hit.entry, now)
                 self.promote(behind)
-            self._from_store(request.key, hit.entry, now)
         return hit
 
     def sliced(self, fetched: int, mismatched: bool) -> None:

@@ -13,7 +13,9 @@ from proxy.core.window import FilterStats
 
 METRICS: dict[str, str] = {
     "requests": "GET/HEAD requests that consulted the cache",
-    "hits": "requests answered from a fresh stored response",
+    "hits": "requests answered from a fresh stored response, in memory or on disk",
+    "hits_from_memory": "hits the memory tier answered (among hits)",
+    "hits_from_disk": "hits the disk tier answered, memory holding nothing (among hits)",
     "misses": "requests that went to the origin (absent or stale)",
     "stale_served": "requests answered with a stale stored response",
     "revalidated": "stale responses the origin confirmed with 304",
@@ -22,8 +24,9 @@ METRICS: dict[str, str] = {
     "byte_hit_ratio": "body bytes served from cache / body bytes served",
     "bytes_served": "body bytes served to clients",
     "hit_bytes": "body bytes served from cache",
-    "admissions": "responses stored",
-    "bytes_written": "body bytes stored",
+    "admissions": "responses stored in memory (fetched, or promoted from disk)",
+    "bytes_written": "body bytes stored in memory",
+    "promoted": "disk hits kept in memory too (among admissions)",
     "rejected_first_sighting": "cacheable responses the admission filter kept out",
     "bytes_not_written": "body bytes the admission filter kept out",
     "too_large": "responses over the max object size (served, never stored)",
@@ -84,6 +87,7 @@ GAUGES = frozenset(
 class Counters:
     requests: int = 0
     hits: int = 0
+    hits_from_disk: int = 0
     misses: int = 0
     stale_served: int = 0
     revalidated: int = 0
@@ -92,6 +96,7 @@ class Counters:
     hit_bytes: int = 0
     admissions: int = 0
     bytes_written: int = 0
+    promoted: int = 0
     rejected_first_sighting: int = 0
     bytes_not_written: int = 0
     too_large: int = 0
@@ -127,6 +132,7 @@ def snapshot(
     out.update(dict.fromkeys(policy_metrics, 0))
     out.update(policy_stats or {})
     out["hit_ratio"] = ratio(counters.hits, counters.requests)
+    out["hits_from_memory"] = counters.hits - counters.hits_from_disk
     out["byte_hit_ratio"] = ratio(counters.hit_bytes, counters.bytes_served)
     out["writes_saved"] = ratio(
         counters.bytes_not_written, counters.bytes_written + counters.bytes_not_written

@@ -63,6 +63,10 @@ class Tier(Protocol):
         response carries the tag ``value``."""
         ...
 
+    def answered(self, hit: bool) -> None:
+        """Count a memory miss the engine asked this tier about: answered (``hit``) or not."""
+        ...
+
     def durable(self) -> bool:
         """Put every removal so far on stable storage: True when it is there, False when the
         tier had to drop everything a lost removal could reach instead."""
