@@ -53,6 +53,7 @@ from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
+from proxy.disk_dir import claim, open_file, read_file, release, replace_file
 from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.region_log import DISK_ERRORS, RegionLog
 
@@ -67,7 +68,7 @@ _DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
@@ -83,6 +84,7 @@ class DiskStore:
         regions = Regions(section.region_size, section.size // section.region_size)
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
+        self._lock: int | None = claim(Path(section.path))
         self.log = RegionLog(section.path, regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
         saved = self._saved()
@@ -123,7 +125,7 @@ class DiskStore:
     def _saved(self) -> tuple[int, int, bytes] | None:
         """(open region, where it ended, slots) of a checkpoint that describes the files."""
         try:
-            data = self.checkpoint_path.read_bytes()
+            data = read_file(self.checkpoint_path)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -136,8 +138,7 @@ class DiskStore:
         if magic != _MAGIC or len(slots) != 20 * count or zlib.crc32(slots) != crc:
             DISK_ERRORS.warning("the disk index's checkpoint is not whole: every region is scanned")
             return None
-        path = self.log.path(region)
-        if path.exists() and path.stat().st_size < fill:
+        if os.path.lexists(self.log.path(region)) and self.log.size(region) < fill:
             DISK_ERRORS.warning("the disk index's checkpoint is past its region's end: scanning")
             return None
         return region, fill, slots
@@ -305,12 +306,12 @@ class DiskStore:
 
     def _saved_bans(self) -> list[Ban]:
         try:
-            saved = json.loads(self.bans_path.read_bytes())
+            saved = json.loads(read_file(self.bans_path))
             return [(str(value), int(region), int(offset), bool(by_tag))
                     for value, region, offset, by_tag in saved]  # fmt: skip
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, TypeError) as exc:
+        except (OSError, ValueError, TypeError, RecursionError) as exc:
             # Unreadable bans may hide purged records: every record written so far is purged.
             DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
             live = self.tier.regions.live
@@ -327,7 +328,7 @@ class DiskStore:
         entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
         try:
             if self._drops is None:
-                self._drops = os.open(self.drops_path, _CREATE, 0o600)
+                self._drops = open_file(self.drops_path, _CREATE)
             if os.write(self._drops, entry) != len(entry):
                 raise OSError("the journal took part of a drop")
         except OSError as exc:
@@ -354,7 +355,7 @@ class DiskStore:
         """Drop the records the journal names that the index still holds where they were
         dropped (a record written after the drop, elsewhere, stays); how many."""
         try:
-            data = self.drops_path.read_bytes()
+            data = read_file(self.drops_path)
         except FileNotFoundError:
             return 0
         except OSError as exc:
@@ -456,25 +457,23 @@ class DiskStore:
         }
 
     def close(self) -> None:
-        """Checkpoint, then close the open region and the journal."""
+        """Checkpoint, then close the open region and the journal, and give the directory
+        up."""
         self.checkpoint()
         self.log.close()
         if self._drops is not None:
             os.close(self._drops)
             self._drops = None
+        if self._lock is not None:
+            release(self._lock)
+            self._lock = None
 
 
 def _replace(path: Path, data: bytes, what: str) -> bool:
-    """``path`` holds ``data``, on the device, or (with one log line, False) what it held
-    before: written to a new file, synced, then renamed over it, so a crash leaves one or
-    the other whole."""
-    fresh = path.with_suffix(".new")
+    """``disk_dir.replace_file``, or (with one log line, False) ``path`` holds what it held
+    before."""
     try:
-        with open(fresh, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(fresh, path)
+        replace_file(path, data)
     except OSError as exc:
         DISK_ERRORS.warning("writing %s failed: %r", what, exc)
         return False

@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import re
+import stat
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,7 @@ from xxhash import xxh3_64_intdigest
 
 from proxy.core.disk import Slot
 from proxy.core.regions import Regions
+from proxy.disk_dir import open_file
 from proxy.logs import OneLineEvery
 
 DISK_ERRORS = logging.getLogger("onehit.disk")
@@ -98,7 +100,7 @@ class RegionLog:
 
     def __init__(self, directory: str | Path, regions: Regions) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.regions = regions
         self._writing: tuple[int, int] | None = None  # (region, fd) of the open region
         self._reading: dict[int, int] = {}  # region: fd, oldest opened first
@@ -164,7 +166,7 @@ class RegionLog:
         if not self.regions.holds(location.region):
             return None
         try:
-            fd = os.open(self.path(location.region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_file(self.path(location.region), os.O_RDONLY)
             try:
                 data = os.pread(fd, location.length, location.offset)
             finally:
@@ -188,7 +190,7 @@ class RegionLog:
         """Every whole record of ``region``'s file from ``start``, in order, up to the first
         that is not."""
         try:
-            with open(self.path(region), "rb") as f:
+            with os.fdopen(open_file(self.path(region), os.O_RDONLY), "rb") as f:
                 f.seek(start)
                 data = f.read()
         except OSError as exc:
@@ -207,11 +209,25 @@ class RegionLog:
         """The region files present, oldest first; those past the ring's size (the oldest)
         are removed."""
         found = sorted(
-            int(m.group(1)) for p in self.directory.iterdir() if (m := _FILE.fullmatch(p.name))
+            int(m.group(1))
+            for p in self.directory.iterdir()
+            if (m := _FILE.fullmatch(p.name)) and self._regular(p)
         )
         for region in found[: max(0, len(found) - self.regions.regions)]:
             self.remove(region)
         return found[-self.regions.regions :]
+
+    def _regular(self, path: Path) -> bool:
+        """Whether ``path`` is a regular file; anything else in a region file's place (a link
+        planted there) is removed, never followed."""
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                return True
+            DISK_ERRORS.warning("%s is not a regular file: removed, not followed", path.name)
+            path.unlink()
+        except OSError as exc:
+            DISK_ERRORS.warning("checking %s failed: %r", path.name, exc)
+        return False
 
     def recover(self, after: tuple[int, int] | None = None) -> list[tuple[bytes, Slot]]:
         """The records of the region files found, oldest region first, or only those from
@@ -225,7 +241,7 @@ class RegionLog:
         for region in found:
             start = 0
             if after is not None and region <= after[0]:
-                start = after[1] if region == after[0] else self._size(region)
+                start = after[1] if region == after[0] else self.size(region)
             end = start
             for key, location in self.scan(region, start):
                 end = location.offset + location.length
@@ -234,9 +250,10 @@ class RegionLog:
             self._cut(region, end)
         self.regions.resume(found, fill)
 
-    def _size(self, region: int) -> int:
+    def size(self, region: int) -> int:
+        """Bytes in ``region``'s file (0 when there is none), never through a link."""
         try:
-            return self.path(region).stat().st_size
+            return os.lstat(self.path(region)).st_size
         except OSError:
             return 0
 
@@ -251,8 +268,12 @@ class RegionLog:
     def _cut(self, region: int, end: int) -> None:
         """Drop what follows the last whole record of ``region`` (a write the crash tore)."""
         try:
-            if self.path(region).stat().st_size > end:
-                os.truncate(self.path(region), end)
+            fd = open_file(self.path(region), os.O_WRONLY)
+            try:
+                if os.fstat(fd).st_size > end:
+                    os.ftruncate(fd, end)
+            finally:
+                os.close(fd)
         except OSError as exc:
             DISK_ERRORS.warning("cutting region %d back failed: %r", region, exc)
 
@@ -261,8 +282,7 @@ class RegionLog:
         if writing is not None and writing[0] == region:
             return writing[1]
         self._close_writing()
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(self.path(region), flags, 0o600)
+        fd = open_file(self.path(region), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         self._writing = (region, fd)
         return fd
 
@@ -273,7 +293,7 @@ class RegionLog:
         if fd is None:
             if len(self._reading) >= READ_FDS:
                 self._close_reading(next(iter(self._reading)))
-            fd = os.open(self.path(region), os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_file(self.path(region), os.O_RDONLY)
             self._reading[region] = fd
         if os.fstat(fd).st_nlink == 0:
             raise FileNotFoundError(f"region {region}'s file was removed")

@@ -108,13 +108,14 @@ class Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port.
         ``clock``: the cache's time (seconds since the epoch), read wherever the proxy asks
         the time of a request or response (a trace's, to replay it as the simulator does)."""
+        # The disk first: a directory it refuses stops the start before anything is opened.
+        disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
         upstream = Upstream(config.upstream)
         await upstream.start()
         engine = build_engine(config)
         shared = shared_admission(config, engine)
         if shared is not None:
             await shared.connect()
-        disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
         proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
         if shared is not None and not config.admission.redis_cluster:
             # A Redis Cluster client has no pub/sub here: its fleet purges stay local.

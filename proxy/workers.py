@@ -35,6 +35,12 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
     status is 0 when every worker drained cleanly."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
+    if config.disk.path:
+        # Each worker would claim the directory for its own disk tier: only one can.
+        raise ValueError(
+            f"--workers {count} with [disk] path: a disk directory serves one process, and "
+            "workers share no disk tier yet; run one process, or one per [disk] path"
+        )
     workers = []
     for _ in range(count):
         process = await asyncio.create_subprocess_exec(

@@ -8,15 +8,19 @@ import hashlib
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 import time
+
+import pytest
 
 from proxy.config import DiskSection
 from proxy.core import slices
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.core.tiers import PURGE
+from proxy.disk_dir import DiskDirectoryError, release
 from proxy.disk_store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
@@ -37,6 +41,13 @@ def write(store: DiskStore, keys: list[str]) -> None:
         request = RequestMeta(key)
         assert store.wants(request, STORED, len(body_of(key)), True, 0.0)
         store.write(key, STORED, body_of(key), time.time())
+
+
+def crash(store: DiskStore) -> None:
+    """What a kill leaves: no checkpoint at the end, the files closed and the directory's lock
+    given up (the kernel's part in a real crash)."""
+    store.log.close()
+    release(store._lock)
 
 
 def test_a_clean_stop_checkpoints_and_the_next_start_scans_nothing(tmp_path):
@@ -62,7 +73,7 @@ def test_a_record_invalidated_before_a_crash_stays_gone_and_one_written_after_st
         assert store.invalidate(key)
     assert store.durable()
     write(store, ["http://a/y"])  # stored anew after its purge, elsewhere in the ring
-    store.log.close()  # a crash: no checkpoint at the end
+    crash(store)
     again = DiskStore(section(tmp_path))
     assert again.lookup("http://a/x", Entry) is None and again.lookup("http://a/z", Entry) is None
     entry = again.lookup("http://a/y", Entry)
@@ -80,7 +91,7 @@ def test_after_a_crash_only_the_records_written_since_the_checkpoint_are_scanned
     write(store, [f"k{i}" for i in range(50)])
     store.checkpoint()
     write(store, [f"later{i}" for i in range(30)])
-    store.log.close()  # a crash: no checkpoint at the end
+    crash(store)
     again = DiskStore(section(tmp_path))
     assert (again.from_checkpoint, again.scanned) == (50, 30)
     assert all(again.lookup(f"k{i}", Entry) is not None for i in range(50))
@@ -112,7 +123,7 @@ def test_a_checkpoint_leaves_out_the_regions_evicted_since(tmp_path):
     write(store, [f"old{i}" for i in range(100)])
     store.checkpoint()
     write(store, [f"new{i}" for i in range(15000)])  # 4.5 MB: turns the ring of 3 over
-    store.log.close()
+    crash(store)
     again = DiskStore(section(tmp_path, size=3 << 20))
     assert all(again.lookup(f"old{i}", Entry) is None for i in range(100))
     assert again.lookup("new14999", Entry) is not None
@@ -161,7 +172,7 @@ def test_a_kill_at_any_moment_never_leaves_a_torn_or_wrong_body(tmp_path):
                 assert entry.payload == body_of(f"http://a/{i}"), (round_, i)
                 found += 1
         assert found > 0 and found == len(store.tier), round_
-        store.log.close()
+        crash(store)
 
 
 def test_the_write_budget_of_the_config_tightens_what_the_disk_takes(tmp_path):
@@ -243,3 +254,56 @@ async def test_only_variants_written_after_their_urls_anchor_are_found(tmp_path)
     store.forget(url, PURGE)
     assert await store.lookup_request(french, Entry) is None
     store.close()
+
+
+def test_a_second_process_on_one_disk_directory_is_refused_with_one_line(tmp_path):
+    first = DiskStore(section(tmp_path))
+    with pytest.raises(DiskDirectoryError) as refused:
+        DiskStore(section(tmp_path))
+    message = str(refused.value)
+    assert "[disk] path" in message and f"pid {os.getpid()}" in message and "\n" not in message
+    first.close()  # a clean stop gives the directory up
+    DiskStore(section(tmp_path)).close()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o757])
+def test_a_directory_every_user_may_write_to_is_refused(tmp_path, mode):
+    shared = tmp_path / "cache"
+    shared.mkdir()
+    shared.chmod(mode)
+    with pytest.raises(DiskDirectoryError, match="every user may write to it"):
+        DiskStore(section(shared))
+    assert list(shared.iterdir()) == []  # refused before anything was written
+
+
+def test_the_tier_creates_its_directory_and_files_for_its_own_user_only(tmp_path):
+    directory = tmp_path / "new" / "cache"
+    store = DiskStore(section(directory))
+    write(store, ["http://a/x"])
+    store.forget("http://a/x", PURGE)
+    store.ban("http://a/", by_tag=False)
+    assert store.durable()
+    store.close()
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    files = list(directory.iterdir())
+    assert {f.name for f in files} >= {CHECKPOINT, "bans.json", DROPS, "lock"}
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+
+
+def test_a_link_planted_as_the_next_region_file_is_never_written_through(tmp_path):
+    directory = tmp_path / "cache"
+    directory.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (directory / "region-0000000000.log").symlink_to(victim)
+    store = DiskStore(section(directory))  # found at start: removed, not followed
+    write(store, ["http://a/x"])
+    assert store.lookup("http://a/x", Entry) is not None
+    store.close()
+    directory = tmp_path / "other"
+    store = DiskStore(section(directory))
+    (directory / "region-0000000000.log").symlink_to(victim)  # planted while it runs
+    write(store, ["http://a/y"])  # refused: the device is the proxy's own
+    assert store.lookup("http://a/y", Entry) is None
+    store.close()
+    assert victim.read_bytes() == b"precious"

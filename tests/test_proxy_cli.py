@@ -15,6 +15,8 @@ from conftest import wait_healthy
 
 from loadgen.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
+from proxy.config import DiskSection
+from proxy.disk_store import DiskStore
 
 
 @pytest.mark.parametrize(
@@ -155,3 +157,29 @@ def test_errors_logged_while_serving_do_not_carry_the_uvloop_import_error():
             return exc.__context__
 
     assert _run(context_of_a_new_error()) is None
+
+
+def test_a_disk_directory_in_use_or_open_to_every_user_stops_start_up_with_one_line(tmp_path):
+    def start(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "proxy", "--origin", "http://127.0.0.1:1", "--listen",
+             "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", *args],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+
+    held = DiskStore(DiskSection(path=str(tmp_path / "held")))
+    try:
+        out = start("--set", f"disk.path={tmp_path / 'held'}")
+    finally:
+        held.close()
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "[disk] path" in out.stderr and "in use by another onehit process" in out.stderr
+    (tmp_path / "open").mkdir(mode=0o777)
+    (tmp_path / "open").chmod(0o777)
+    out = start("--set", f"disk.path={tmp_path / 'open'}")
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "every user may write to it" in out.stderr
+    out = start("--set", f"disk.path={tmp_path / 'w'}", "--workers", "2", "--listen",
+                "127.0.0.1:8999")  # fmt: skip
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "--workers 2 with [disk] path" in out.stderr

@@ -1,0 +1,110 @@
+"""The disk tier's directory: claimed by one process, trusted only when no other user can write
+to it, and every file in it opened without following a link.
+
+What it guarantees:
+
+* ``claim`` takes an exclusive lock (``flock`` on ``lock`` in the directory) for the process's
+  life: a second process on the same ``[disk] path`` (another unit, or ``--workers``) is
+  refused with one line naming the key and the holder's pid, before it reads or writes
+  anything. Two processes appending to one region file by their own counters would each
+  index the other's records and bring back each other's purged versions. The lock goes with
+  the process, however it ends (the kernel drops it at kill -9 too).
+* A directory another user may write to (o+w, sticky or not: a sticky directory still lets
+  them create the next region file first; or owned by a user that is neither this process's
+  nor root) is refused: a record planted there would be served to
+  every client, and a link planted as the next region file would have the proxy append to
+  any file it can write. A directory the proxy creates is 0700, and every file 0600.
+* Files are opened with ``O_NOFOLLOW``: a link in place of one of the tier's files is an error
+  (logged, the record a miss), never a way out of the directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+from pathlib import Path
+
+LOCK = "lock"
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class DiskDirectoryError(ValueError):
+    """The directory of ``[disk] path`` cannot be used; the message names the key and the fix."""
+
+
+def claim(directory: Path) -> int:
+    """Create ``directory`` (0700) if needed, check that no other user can write to it, and
+    lock it for this process; the lock's descriptor (closed by ``release``)."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.stat(directory)
+    except OSError as exc:
+        raise DiskDirectoryError(f"[disk] path {str(directory)!r}: {exc.strerror}") from exc
+    _trusted(directory, info)
+    try:
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r}: its lock file cannot be opened: {exc.strerror}"
+        ) from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r} is in use by another onehit process (pid "
+            f"{holder}): each process needs a disk directory of its own (--workers shares "
+            "none yet: run one process per [disk] path)"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def release(fd: int) -> None:
+    """Give the directory up (a clean stop; a crash gives it up too)."""
+    os.close(fd)
+
+
+def _trusted(directory: Path, info: os.stat_result) -> None:
+    if not stat.S_ISDIR(info.st_mode):
+        raise DiskDirectoryError(f"[disk] path {str(directory)!r} is not a directory")
+    if info.st_mode & stat.S_IWOTH:
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r}: every user may write to it (mode "
+            f"{stat.S_IMODE(info.st_mode):o}), and a record planted there would be served to "
+            "every client: chmod o-w it, or give a directory of the proxy's own"
+        )
+    if info.st_uid not in (os.geteuid(), 0):
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r} belongs to another user (uid {info.st_uid}), who "
+            "could plant records there: give a directory the proxy's user owns"
+        )
+
+
+def open_file(path: Path, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of one of the tier's files, never through a link."""
+    return os.open(path, flags | NOFOLLOW, mode)
+
+
+def read_file(path: Path) -> bytes:
+    """The whole of one of the tier's files, read without following a link."""
+    fd = open_file(path, os.O_RDONLY)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` on the device, or (OSError) what it held before: written to a
+    new file (0600, created afresh, never through a link), synced, then renamed over it, so a
+    crash leaves one or the other whole."""
+    fresh = path.with_suffix(".new")
+    fresh.unlink(missing_ok=True)
+    fd = open_file(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(fresh, path)
