@@ -134,7 +134,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         if request.can_read_body:
             try:
                 params.update(await request.json())
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, RecursionError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
         try:
             selector = _purged(params, proxy.router)

@@ -23,7 +23,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from proxy.logs import OneLineEvery
+
 FLEET_ERRORS = logging.getLogger("onehit.fleet")
+FLEET_ERRORS.addFilter(OneLineEvery())
 
 
 class FleetPurges:
@@ -77,9 +80,11 @@ class FleetPurges:
             pause = min(pause * 2, 5.0)
 
     def _received(self, data: bytes | str) -> None:
+        """Apply one message of the channel. Whatever it holds, the listen loop goes on: a
+        message that is not a purge is one log line (throttled), never a traceback."""
         try:
             purge = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the parser's depth
             FLEET_ERRORS.warning("a purge from the fleet that is not JSON: %r", data[:200])
             return
         if not isinstance(purge, dict) or purge.get("from") == self.id:
@@ -87,8 +92,9 @@ class FleetPurges:
         self.received += 1
         try:
             self.apply(purge)
-        except Exception:
-            FLEET_ERRORS.exception("applying a purge from the fleet failed: %r", purge)
+        except Exception as exc:
+            FLEET_ERRORS.warning("applying a purge from the fleet failed: %r: %r",
+                                 exc, str(purge)[:200])  # fmt: skip
 
     async def close(self) -> None:
         if self._task is not None:

@@ -64,3 +64,11 @@ async def test_token_is_required_when_configured(start_proxy, client):
     headers = {"Authorization": "Bearer s3cret"}
     async with client.get(admin(proxy) + "/stats", headers=headers) as r:
         assert r.status == 200
+
+
+async def test_a_purge_body_nested_past_the_parsers_depth_is_a_400_not_a_500(start_proxy, client):
+    proxy = await start_proxy()
+    nested = "[" * 100_000 + "]" * 100_000
+    async with client.post(admin(proxy) + "/purge", data=nested,
+                           headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+        assert r.status == 400 and (await r.json())["error"] == "body must be JSON"

@@ -307,3 +307,13 @@ def test_a_link_planted_as_the_next_region_file_is_never_written_through(tmp_pat
     assert store.lookup("http://a/y", Entry) is None
     store.close()
     assert victim.read_bytes() == b"precious"
+
+
+def test_bans_nested_past_the_parsers_depth_purge_everything_and_the_tier_starts(tmp_path):
+    store = DiskStore(section(tmp_path))
+    write(store, ["http://a/x"])
+    store.close()
+    (tmp_path / "bans.json").write_text("[" * 100_000 + "]" * 100_000)
+    again = DiskStore(section(tmp_path))
+    assert again.lookup("http://a/x", Entry) is None  # unreadable bans may hide a purge
+    again.close()

@@ -6,6 +6,7 @@ import asyncio
 
 import aiohttp
 import pytest
+import redis.asyncio
 from conftest import REDIS, admin_purge, base
 
 pytestmark = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
@@ -51,3 +52,34 @@ async def test_a_purge_is_answered_when_the_fleet_cannot_be_told(redis_server, s
     redis_server.stop()
     answer = await admin_purge(proxy, {"url": "http://cdn.example/x"})
     assert answer == {"removed": 0, "fleet": None}
+
+
+async def test_hostile_messages_on_the_purge_channel_neither_stop_it_nor_flood_the_log(
+    redis_server, origin, start_proxy, caplog, tmp_path
+):
+    origin.set("/x", body=b"x", headers={"Cache-Control": "max-age=600"})
+    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url,
+             "admission__redis_budget": "200ms"}  # fmt: skip
+    one = await start_proxy(**fleet)
+    two = await start_proxy(**fleet, disk__path=str(tmp_path))  # a key's hash needs UTF-8
+    await asyncio.gather(
+        *(asyncio.wait_for(p.proxy.fleet.subscribed.wait(), 5) for p in (one, two))
+    )
+    for _ in range(3):
+        await get(two, "/x")
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    channel = two.proxy.fleet.channel
+    nested = "[" * 100_000 + "]" * 100_000  # past the JSON parser's depth: RecursionError
+    surrogate = '{"kind": "url", "value": "http://cdn.example/\\ud800"}'  # a lone surrogate
+    for message in [nested, surrogate] * 20:
+        await client.publish(channel, message)
+    await admin_purge(one, {"url": "http://cdn.example/x"})  # after them, on the same channel
+    await client.aclose()
+    for _ in range(100):
+        if two.proxy.fleet.received >= 21:
+            break
+        await asyncio.sleep(0.05)
+    assert two.proxy.fleet.received == 21  # the 20 surrogates, then the purge: no gap
+    assert await get(two, "/x") != "HIT"
+    fleet_lines = [r for r in caplog.records if r.name == "onehit.fleet"]
+    assert len(fleet_lines) <= 3 and not any(r.exc_info for r in fleet_lines)
