@@ -168,3 +168,21 @@ async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
     for _ in range(2):
         headers = (await get(passing, "/t"))[1]
         assert (headers["Surrogate-Key"], headers["Cache-Tag"]) == ("k1 k2", "k3")
+
+
+async def test_a_response_with_more_tags_than_a_purge_may_name_says_it_was_not_stored(
+    origin, start_proxy
+):
+    many = " ".join(f"t{i}" for i in range(MAX_TAGS + 1))
+    origin.set("/x", body=b"x", headers={"Cache-Control": "max-age=600", "Surrogate-Key": many})
+    proxy = await start_proxy(admission__policy="always")
+    url, host = base(proxy) + "/x", {"Host": "example.test"}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            async with session.get(url, headers=host) as r:
+                assert r.status == 200 and await r.read() == b"x"
+                assert "stored" not in r.headers["Cache-Status"], r.headers["Cache-Status"]
+                assert "detail=too-many-tags" in r.headers["Cache-Status"]
+    counters = proxy.proxy.engine.counters
+    # The second request went straight to the origin, remembered as uncacheable.
+    assert (counters.admissions, counters.hit_for_miss, origin.hits["/x"]) == (0, 1, 2)

@@ -155,6 +155,7 @@ class Keep(NamedTuple):
 
     key: str
     response: ResponseMeta
+    tags: tuple[str, ...] = ()  # its purge tags (``proxy.core.tags``), read once at its head
 
 
 @dataclass(frozen=True, slots=True)

@@ -186,6 +186,11 @@ class ResponseDecisions:
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
+        tags = storable_tags(response.headers) if response.headers else ()
+        if tags is None:  # a purge could not reach it by every tag it carries
+            c.uncacheable += 1
+            self._pass_for_a_while(request, now)
+            return TOO_MANY_TAGS
         if self.admission.observes:
             self.admission.observe(request.key, length or 0, now)
         if length is not None and not self.store.fits(length):
@@ -201,12 +206,12 @@ class ResponseDecisions:
             c.too_many_variants += 1
             return TOO_MANY_VARIANTS
         if stored:
-            return Keep(key, response) if known else COLLAPSED
+            return Keep(key, response, tags) if known else COLLAPSED
         if admitted is None:
             admitted = self.admission.admit(request.key, length or 0, now)
         if not admitted:
             return FIRST_SIGHTING
-        return Keep(key, response)
+        return Keep(key, response, tags)
 
     def _settle(
         self,
@@ -228,10 +233,6 @@ class ResponseDecisions:
             self._pass_for_a_while(request, now)
             return TOO_LARGE
         response = decision.response
-        tags = storable_tags(response.headers)
-        if tags is None:
-            c.uncacheable += 1
-            return TOO_MANY_TAGS
         url = request.key
         if response.vary:
             if not self.variants.selected_on(url, response.vary):
@@ -251,7 +252,7 @@ class ResponseDecisions:
             payload,
             status=response.status,
         )
-        entry.tags = tags
+        entry.tags = decision.tags
         try:
             evicted = self._put(entry)
         except ValueError:  # the body fits, but with headers past the overhead estimate it does not
