@@ -24,7 +24,17 @@ from proxy.core.cachekey import KeyQuery
         (KeyQuery("exclude", frozenset({"utm_source"})), "/p?utm_source=a&q=1", "/p?q=1"),
         (KeyQuery(sort=True), "/p?b=2&a=1&b=1", "/p?a=1&b=2&b=1"),  # one name's values keep order
         (KeyQuery(sort=True), "/p?&&a=1&", "/p?a=1"),
-        (KeyQuery("exclude", frozenset({"a"})), "/p?%61=1", "/p?%61=1"),  # names as sent
+        # Names as the origin reads them: decoded, so an encoded name is the parameter it names.
+        (KeyQuery("exclude", frozenset({"a"})), "/p?%61=1&b=2", "/p?b=2"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&%69d=evil", "/p?id=1&%69d=evil"),
+        (KeyQuery("include", frozenset({"a b"})), "/p?a+b=1&x=2", "/p?a+b=1"),
+        # A ';' may separate parameters for the origin: what holds one is keyed whole.
+        (
+            KeyQuery("exclude", frozenset({"utm_source"})),
+            "/p?utm_source=x;id=evil",
+            "/p?utm_source=x;id=evil",
+        ),
+        (KeyQuery("include", frozenset({"id"})), "/p?x=1;id=evil&id=1", "/p?x=1;id=evil&id=1"),
         (KeyQuery("none"), "/p", "/p"),
     ],
 )

@@ -5,8 +5,14 @@ Rules this module keeps:
 * ``"all"`` (the default): the target as received, query and all, untouched.
 * ``"none"``: the path alone; ``{include = [...]}``: only the parameters named;
   ``{exclude = [...]}``: every parameter but those named. A parameter's name is what comes
-  before its first ``=``, compared as sent (no percent-decoding), so the key never depends on a
-  decoding the origin might not share.
+  before its first ``=``, compared as an origin reads it (percent-decoded, ``+`` a space): a
+  name that is sent encoded (``%69d``) is the parameter the origin reads (``id``), so it can
+  neither slip past an include list into an object keyed without it nor stay keyed while
+  excluded. A parameter that holds a ``;``, which some origins read as a separator (so
+  ``utm_source=x;id=evil`` is two parameters to them), is always keyed, whole.
+* What the key leaves out, the origin still reads: a parameter excluded from the key that the
+  origin reflects into its answer poisons that answer for everyone, as an unkeyed header
+  does. Exclude only what the origin ignores.
 * ``key_query_sort``: the kept parameters in the order of their names (a stable sort: the
   values of one name keep their order, which an origin may read), so ``?b=1&a=2`` and
   ``?a=2&b=1`` are one object.
@@ -19,6 +25,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 MODES = ("all", "none", "include", "exclude")
 
@@ -52,9 +59,9 @@ class KeyQuery:
             return path
         params = [p for p in query.split("&") if p]
         if self.mode == "include":
-            params = [p for p in params if p.partition("=")[0] in self.names]
+            params = [p for p in params if ";" in p or _read_name(p) in self.names]
         elif self.mode == "exclude":
-            params = [p for p in params if p.partition("=")[0] not in self.names]
+            params = [p for p in params if ";" in p or _read_name(p) not in self.names]
         if self.sort:
             params.sort(key=_name)
         return f"{path}?{'&'.join(params)}" if params else path
@@ -62,3 +69,8 @@ class KeyQuery:
 
 def _name(param: str) -> str:
     return param.partition("=")[0]
+
+
+def _read_name(param: str) -> str:
+    """The name of ``param`` as an origin reads it: percent-decoded, ``+`` a space."""
+    return unquote_plus(_name(param))
