@@ -53,6 +53,21 @@ from proxy.lane import (
 from proxy.logs import HTTP_ERRORS
 from proxy.writer import PIECE, ProxyServer, SendWatch
 
+
+def require_strict_parser() -> None:
+    """RuntimeError unless aiohttp reads requests with llhttp, its compiled strict parser: the
+    front's reader is a strict subset of it, and its pure-Python parser (a build without C
+    extensions, or ``AIOHTTP_NO_EXTENSIONS``) reads otherwise (it takes a lower-case ``get``
+    as ``GET``, which llhttp refuses), so requests would mean one thing to the front and
+    another to the handler."""
+    if HttpRequestParser.__module__ != "aiohttp._http_parser":
+        raise RuntimeError(
+            "aiohttp reads requests with its pure-Python parser here (AIOHTTP_NO_EXTENSIONS "
+            "is set, or its compiled extension is missing): onehit needs its strict compiled "
+            "parser; unset AIOHTTP_NO_EXTENSIONS or reinstall aiohttp from a wheel"
+        )
+
+
 # Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
 # of a request in part): past it, reading stops until the lane's request ends.
 HOLD_LIMIT = 256 << 10

@@ -26,7 +26,7 @@ from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.disk_store import DiskStore
-from proxy.fastpath import HitServer
+from proxy.fastpath import HitServer, require_strict_parser
 from proxy.fleet_purge import FleetPurges
 from proxy.logs import HTTP_ERRORS
 from proxy.routing import hidden_fields
@@ -108,6 +108,7 @@ class Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port.
         ``clock``: the cache's time (seconds since the epoch), read wherever the proxy asks
         the time of a request or response (a trace's, to replay it as the simulator does)."""
+        require_strict_parser()
         # The disk first: a directory it refuses stops the start before anything is opened.
         disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
         upstream = Upstream(config.upstream)

@@ -461,3 +461,14 @@ async def test_large_uploads_that_stall_cannot_take_every_origin_connection(
     assert [status for status, _, _ in results] == [200] * 10
     for writer in writers:
         writer.close()
+
+
+async def test_a_hixie76_websocket_handshake_is_refused_on_every_way_as_aiohttp_refuses_it(
+    origin, start_proxy
+):
+    proxy = await start_proxy(admission__policy="always")
+    await raw(proxy, b"GET /w HTTP/1.1\r\nHost: a.example\r\n\r\n")  # stored
+    heads = await answers_on_every_way(
+        proxy, b"/w", b"Sec-WebSocket-Key1: 4 @1  46546xW%0l 1 5\r\n"
+    )
+    assert {way: head[9:12] for way, head in heads.items()} == dict.fromkeys(heads, b"400")

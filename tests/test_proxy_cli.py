@@ -183,3 +183,27 @@ def test_a_disk_directory_in_use_or_open_to_every_user_stops_start_up_with_one_l
                 "127.0.0.1:8999")  # fmt: skip
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "--workers 2 with [disk] path" in out.stderr
+
+
+def test_aiohttps_pure_python_parser_stops_start_up_with_one_line():
+    """It reads some requests otherwise than llhttp (a lower-case "get" as GET), and the
+    front's reader is a subset of llhttp's: the proxy would answer by two readers."""
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "--origin", "http://127.0.0.1:1", "--listen",
+         "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "AIOHTTP_NO_EXTENSIONS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "pure-Python parser" in out.stderr
+
+
+async def test_a_lower_case_method_is_refused(origin):
+    async with served("--origin", origin.url) as (_, url, _):
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"get /x HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(1024), 5)
+        writer.close()
+    assert answer[9:12] == b"400", answer[:100]
+    assert origin.hits["/x"] == 0

@@ -111,7 +111,9 @@ int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ssize_t s
         if ((name_len == 14 && strncasecmp(name, "content-length", 14) == 0) ||
             (name_len == 17 && strncasecmp(name, "transfer-encoding", 17) == 0) ||
             (name_len == 7 && strncasecmp(name, "upgrade", 7) == 0) ||
-            (name_len == 6 && strncasecmp(name, "expect", 6) == 0))
+            (name_len == 6 && strncasecmp(name, "expect", 6) == 0) ||
+            /* aiohttp's parsers refuse a hixie-76 WebSocket handshake (400): theirs to say. */
+            (name_len == 18 && strncasecmp(name, "sec-websocket-key1", 18) == 0))
             return 0;
         if (name_len == 10 && strncasecmp(name, "connection", 10) == 0) {
             if (value_len != 10 || strncasecmp(value, "keep-alive", 10) != 0)
