@@ -54,6 +54,16 @@ REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
     "304 past the tag limit": lambda e: e.on_not_modified(
         e.store.peek(URL), (("Surrogate-Key", " ".join(map(str, range(MAX_TAGS + 1)))),), 1, 1
     ),
+    "a 304 that makes it private": lambda e: e.on_not_modified(
+        e.store.peek(URL), (("Cache-Control", "private"),), 1, 1
+    ),
+    "a 304 refresh (the tier's copy has the old fields)": lambda e: e.on_not_modified(
+        e.store.peek(URL), (("Cache-Control", "max-age=1"),), 1, 1
+    ),
+    "a newer response": lambda e: e.on_response(RequestMeta(URL), TAGGED, 100, 1.0),
+    "a newer response too large to keep": lambda e: e.on_response(
+        RequestMeta(URL), TAGGED, 2 << 20, 1.0
+    ),
     "now varies": lambda e: e.on_response(
         RequestMeta(URL), ResponseMeta(lifetime=60.0, vary=("accept",)), 1, 1.0
     ),
@@ -172,3 +182,9 @@ async def test_a_purge_the_device_keeps_answers_durable(origin, start_proxy, tmp
     answer = await admin_purge(first, {"prefix": "http://example.test/"})
     assert answer == {"removed": 1}
     assert (tmp_path / "bans.json").exists()
+
+
+def test_rfc9111_4_a_newer_response_the_store_cannot_keep_takes_its_older_copy_away():
+    engine, _ = two_tiers()
+    assert engine.on_response(RequestMeta(URL), TAGGED, 2 << 20, 1.0).reason == "too-large"
+    assert engine.store.peek(URL) is None  # never answered with the older copy again

@@ -29,8 +29,14 @@ Rules this module keeps:
   ``NotStored("first-sighting")``. ``finish`` then stores a kept body that ended whole and fits;
   a body cut short is never stored. ``on_response`` is both steps for a body already in hand;
   ``on_shared`` counts a request answered by another's fetch as a sighting, not a fetch.
-* A full response to a revalidation that may not be stored removes the stored one (section
-  4.3.4); a 304 refreshes it, keeping its status, and re-charges its size.
+* A full response that may not be stored removes what was stored for its URL, every variant,
+  in every tier (section 4.3.4); a full response that may be stored is the newest for its
+  key, so no tier answers with an older copy again (section 4): the store's is replaced or
+  dropped, a tier behind it forgets its own (and writes the new one if it takes it). A 304
+  refreshes the stored one, keeping its status, and re-charges its size; the tiers behind
+  forget their copies, which hold the fields it replaced; refreshed into a response that may
+  not be stored (``private``, ``no-store``), it goes from every tier. Every removal goes
+  through ``proxy.core.tiers``.
 * Variants (``Vary``) are stored under the URL plus the selecting request header values; the
   admission policy sees only the URL. The index of a URL's variants holds only stored variants:
   a variant leaves it when evicted or deleted, so it is bounded by the store's byte budget.

@@ -29,7 +29,16 @@ from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
-from proxy.core.tiers import CHANGED, PURGE, SUPERSEDED, UNSAFE, UNSTORABLE, VARIES, Tier
+from proxy.core.tiers import (
+    CHANGED,
+    PURGE,
+    REFRESHED,
+    SUPERSEDED,
+    UNSAFE,
+    UNSTORABLE,
+    VARIES,
+    Tier,
+)
 from proxy.core.variants import Variants, variant_key
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -180,24 +189,31 @@ class ResponseDecisions:
         known: bool,
     ) -> Keep | NotStored:
         """Keep or not, by the HTTP rules, the size and the admission policy; a URL already
-        stored is kept again (a refresh) when ``known`` says so, else it is ``COLLAPSED``."""
+        stored is kept again (a refresh) when ``known`` says so, else it is ``COLLAPSED``.
+        A response fetched for the request (``known``) is the newest for its key: no tier
+        answers with an older copy again (RFC 9111 section 4), so the tiers behind the store
+        forget theirs (they write this one if they take it) and the store drops its own when
+        this one will not replace it."""
         c = self.counters
         if not response.cacheable:
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
+        key, stored = self._storage_key(request, response)
+        if known:
+            for tier in self.behind:
+                tier.forget(key, SUPERSEDED)
         tags = storable_tags(response.headers) if response.headers else ()
         if tags is None:  # a purge could not reach it by every tag it carries
             c.uncacheable += 1
             self._pass_for_a_while(request, now)
-            return TOO_MANY_TAGS
+            return self._superseded(key, known, TOO_MANY_TAGS)
         if self.admission.observes:
             self.admission.observe(request.key, length or 0, now)
         if length is not None and not self.store.fits(length):
             c.too_large += 1
             self._pass_for_a_while(request, now)
-            return TOO_LARGE
-        key, stored = self._storage_key(request, response)
+            return self._superseded(key, known, TOO_LARGE)
         if (
             response.vary
             and key not in self.store
@@ -212,6 +228,13 @@ class ResponseDecisions:
         if not admitted:
             return FIRST_SIGHTING
         return Keep(key, response, tags)
+
+    def _superseded(self, key: str, known: bool, why: NotStored) -> NotStored:
+        """``why`` a response fetched (``known``) for ``key`` is not kept: the store's older
+        copy of ``key`` goes too."""
+        if known:
+            self._delete(key)
+        return why
 
     def _settle(
         self,
@@ -282,7 +305,9 @@ class ResponseDecisions:
     ) -> Entry:
         """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4),
         keeping its status, re-charge its size for the new headers and, when a client gets it,
-        count the stored body as served from cache."""
+        count the stored body as served from cache. Refreshed into a response a shared cache
+        may not store, it is removed from every tier; otherwise the tiers behind the store
+        forget their copies, which hold the fields and times the 304 replaced."""
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
@@ -290,14 +315,18 @@ class ResponseDecisions:
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
         self.tags.forget((entry,))
-        tags = storable_tags(headers)
-        if tags is None:
+        # The request that revalidated is not the rules' to judge here: only the response's.
+        ok, _ = rfc9111.storable("GET", entry.status, (), headers, allow_set_cookie=True)
+        tags = storable_tags(headers) if ok else None
+        if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
             self.forget(entry.key, UNSTORABLE)
         else:
             entry.tags = tags
             self.tags.add(entry)
             self._gone(self.store.recharge(entry))
+            for tier in self.behind:
+                tier.forget(entry.key, REFRESHED)
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
@@ -332,7 +361,7 @@ class ResponseDecisions:
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
-        stored for the request, unless it is a server error (section 4.3.3 lets the cache
+        stored for its URL, in every tier, unless it is a server error (section 4.3.3 lets the cache
         keep the stored response then) or the request alone made it uncacheable."""
         if (
             response.status >= 500
@@ -342,11 +371,10 @@ class ResponseDecisions:
         ):
             return
         self._pass_for_a_while(request, now)
-        self._delete(self.variants.key(request))
-        # A tier behind the store may hold the URL under variants the store no longer
-        # knows: all of it goes, the safe side of a response that may not be kept.
-        for tier in self.behind:
-            tier.forget(request.key, SUPERSEDED)
+        # Every variant goes, not only the one the request selects: the response may have
+        # stopped varying, and a tier behind the store may hold variants the store does not
+        # know. The safe side of a response that may not be kept.
+        self.invalidate(request.key, SUPERSEDED)
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted

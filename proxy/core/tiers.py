@@ -5,11 +5,13 @@ Rules it keeps:
 * Every removal the engine decides reaches every tier, through ``CacheEngine`` and nothing
   else: an unsafe method (RFC 9111 section 4.4), a response that supersedes the stored one and
   may not be stored itself (section 4.3.4's replacement, ``private`` or ``no-store``), a
-  refreshed entry that may no longer be kept, slices whose object changed under them, a purge
-  by URL, prefix or tag, hard or soft. The driver that finds the reason calls the engine; the
-  engine removes from the memory store and hands each tier behind it (``Tier``) the same
-  removal with its reason (``why``). A tier added later inherits every removal by
-  implementing ``Tier``.
+  refreshed entry that may no longer be kept (a 304 that makes it ``private``, say), an entry
+  a 304 refreshed (section 4.3.4 updates every stored copy: a tier that cannot take the new
+  fields and times forgets its copy rather than answer with the old ones), slices whose
+  object changed under them, a purge by URL, prefix or tag, hard or soft. The driver that
+  finds the reason calls the engine; the engine removes from the memory store and hands each
+  tier behind it (``Tier``) the same removal with its reason (``why``). A tier added later
+  inherits every removal by implementing ``Tier``.
 * ``forget(key, why)`` names either a URL, and then the URL goes with every variant and slice
   of it, or one stored part of it (a variant's key, a slice's, an anchor's: they hold ``\\0``,
   which no URL does; ``whole_url`` tells them apart).
@@ -33,6 +35,7 @@ from proxy.core import slices, variants
 UNSAFE = "unsafe"  # a successful unsafe method on the URL
 SUPERSEDED = "superseded"  # a newer response that may not be stored replaced it
 UNSTORABLE = "unstorable"  # a 304 refreshed it into a response that may not be stored
+REFRESHED = "refreshed"  # a 304 refreshed the store's copy: a tier's copy has the old fields
 VARIES = "varies"  # the URL's response started, stopped or changed what it varies on
 CHANGED = "changed"  # a slice of another version: the object changed under its slices
 PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothing is stale)
