@@ -17,6 +17,7 @@ from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
+from proxy.core.cache_status import forwarded
 from proxy.core.cached import (
     MARKS,
     NOT_MODIFIED_DROPS,
@@ -31,7 +32,6 @@ from proxy.pool import Fields, Interim
 from proxy.upstream import UpstreamResponse
 from proxy.writer import Relayed, RelayedWhole
 
-CACHE = "onehit"
 VIA = "1.1 onehit"
 # The origin's length field, left out where the proxy frames the body it writes itself.
 LENGTH = frozenset({"content-length"})
@@ -74,7 +74,7 @@ def plain(
     )
     if close:
         response.force_close()
-    mark(response, cache_status or f"{CACHE}; fwd=request", "ERROR" if status >= 500 else "REFUSED")
+    mark(response, cache_status or forwarded("request"), "ERROR" if status >= 500 else "REFUSED")
     return response
 
 

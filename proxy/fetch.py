@@ -23,10 +23,11 @@ from dataclasses import dataclass, replace
 
 from aiohttp import web
 
-from proxy.answers import CACHE, at_once, interim, mark, plain, relay_head, whole
+from proxy.answers import at_once, interim, mark, plain, relay_head, whole
 from proxy.coalesce import Flight, SingleFlight
 from proxy.config import Config
 from proxy.core import rfc9111
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
@@ -137,8 +138,7 @@ class Fetcher:
         admitted = await self.ask_fleet(meta, shared.meta, size)
         outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
                                         payload=shared.body, admitted=admitted)  # fmt: skip
-        detail = f"; detail={outcome.reason}" if isinstance(outcome, NotStored) else "; stored"
-        status = f"{CACHE}; fwd=uri-miss; collapsed" + detail
+        status = forwarded("uri-miss", outcome=outcome, collapsed=True)
         age = shared.meta.initial_age
         return self.cached(meta, shared.meta.status, shared.meta.headers, shared.body, status,
                            "MISS", age)  # fmt: skip
@@ -186,7 +186,7 @@ class Fetcher:
                 meta.method, url, headers, sent=sent, interim=interim(request)
             )
         except UpstreamError as exc:
-            status = f"{CACHE}; fwd={action.reason}; detail=origin-error"
+            status = forwarded(action.reason, detail=ORIGIN_ERROR)
             return plain(exc.status, exc.public, status), None
         async with upstream:
             return await self.receive(request, meta, url, upstream, request_time, action, flight)
@@ -291,8 +291,7 @@ class Fetcher:
             if action.whole
             else Answer(upstream.status)
         )
-        detail = "; stored" if type(decision) is Keep else f"; detail={decision.reason}"
-        cache_status = f"{CACHE}; fwd={action.reason}{detail}"
+        cache_status = forwarded(action.reason, outcome=decision)
         arrived = in_hand(upstream)
         parts: list[bytes] | None = [] if keep else None
         out = at_once(request, upstream, answer, headers, cache_status, arrived, length,

@@ -29,8 +29,9 @@ from aiohttp.helpers import rfc822_formatted_time
 from aiohttp.http_parser import RawRequestMessage
 
 from proxy._hits import PlainHits
-from proxy.answers import CACHE, VIA, hit_head, span
+from proxy.answers import VIA, hit_head, span
 from proxy.core._native import hash64
+from proxy.core.cache_status import DISK, HIT_TTL
 from proxy.core.cached import cached_head, render
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
@@ -50,9 +51,9 @@ from proxy.region_log import checksum
 from proxy.routing import Router, fields_size, hosts
 
 # The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
-_HIT_STATUS = f"Cache-Status: {CACHE}; hit; ttl=".encode()
+_HIT_STATUS = f"Cache-Status: {HIT_TTL}".encode()
 _PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
-_PER_DISK_HIT = _HIT_STATUS + b"%d; detail=disk\r\nAge: %d\r\n"
+_PER_DISK_HIT = _HIT_STATUS + f"%d; detail={DISK}\r\nAge: %d\r\n".encode()
 # Valid routed Host values the compiled plain hit knows; any other Host goes through
 # ``hosts``, which is cached as widely.
 ROUTED_HOSTS_MAX = 1024

@@ -16,8 +16,9 @@ import logging
 
 from aiohttp import web
 
-from proxy.answers import CACHE, interim, plain
+from proxy.answers import interim, plain
 from proxy.core import rfc9111
+from proxy.core.cache_status import ORIGIN_ERROR, STALE_IF_ERROR, forwarded, hit
 from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
 from proxy.fetch import Fetcher
@@ -51,7 +52,7 @@ class Revalidation:
             if upstream.status == 304:
                 now = fetcher.clock()
                 fetcher.engine.on_not_modified(entry, fields_of(upstream), request_time, now)
-                status = f"{CACHE}; fwd=stale; fwd-status=304"
+                status = forwarded("stale", fwd_status=304)
                 age = entry.age(fetcher.clock())
                 return fetcher.from_cache(meta, entry, age, status, "REVALIDATED")
             if upstream.status >= 500 and action.stale_if_error:
@@ -66,9 +67,9 @@ class Revalidation:
     ) -> web.StreamResponse:
         if action.stale_if_error:
             self.fetcher.engine.served_stale(action.entry)
-            status = f"{CACHE}; hit; detail=stale-if-error"
+            status = hit(detail=STALE_IF_ERROR)
             return self.fetcher.from_cache(meta, action.entry, action.age, status, "STALE")
-        return plain(code, detail, f"{CACHE}; fwd=stale; detail=origin-error")
+        return plain(code, detail, forwarded("stale", detail=ORIGIN_ERROR))
 
     def refresh_in_background(self, meta: RequestMeta, url: str, entry: Entry) -> None:
         """Revalidate ``entry`` with no client waiting (stale-while-revalidate)."""

@@ -29,8 +29,10 @@ from typing import assert_never
 
 from aiohttp import web
 
-from proxy.answers import CACHE, plain
+from proxy.answers import plain
 from proxy.config import Config
+from proxy.core.cache_status import DISK, forwarded, refused
+from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
@@ -116,14 +118,14 @@ class Proxy:
             # The client closed its connection before its answer's head went out: nothing to
             # write to, and no fault of the proxy's (nginx logs these as 499).
             log.info("%s %s: the client left before its answer", request.method, request.raw_path)
-            return plain(499, "client closed request", f"{CACHE}; detail=client-left")
+            return plain(499, "client closed request", refused("client-left"))
         except Exception:
             version = request.version
             HTTP_ERRORS.exception(
                 "unexpected error on %s %s HTTP/%d.%d from %s",
                 request.method, request.raw_path, version.major, version.minor, request.remote,
             )  # fmt: skip
-            return plain(500, "internal error", f"{CACHE}; fwd=request; detail=error")
+            return plain(500, "internal error", forwarded("request", detail="error"))
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         routed = self.router.route(request)
@@ -186,7 +188,7 @@ class Proxy:
                     self.revalidation.refresh_in_background(meta, url, action.entry)
                 x_cache = "HIT" if action.fresh else "STALE"
                 ttl = int(action.entry.lifetime - action.age)
-                status = f"{CACHE}; hit; ttl={ttl}"
+                status = hit_status(ttl)
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
@@ -209,7 +211,7 @@ class Proxy:
             case Fetch():
                 return (await self.fetcher.fetch(request, meta, url, action))[0]
             case Refuse():
-                return plain(action.status, action.text, f"{CACHE}; fwd={action.reason}")
+                return plain(action.status, action.text, forwarded(action.reason))
             case _:
                 assert_never(action)
 
@@ -226,7 +228,7 @@ class Proxy:
             engine.missed_behind(self.disk)
             return None
         engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
-        status = f"{CACHE}; hit; ttl={int(hit.entry.lifetime - hit.age)}; detail=disk"
+        status = hit_status(int(hit.entry.lifetime - hit.age), DISK)
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 
     async def close(self) -> None:

@@ -46,10 +46,11 @@ from typing import Literal
 from aiohttp import web
 from aiohttp.helpers import rfc822_formatted_time
 
-from proxy.answers import CACHE, VIA, abort, plain
+from proxy.answers import VIA, abort, plain
 from proxy.core import slices
+from proxy.core.cache_status import ORIGIN_ERROR, SLICES, forwarded, hit
 from proxy.core.cached import cached_head, per_answer
-from proxy.core.events import Fetch, NotStored, Outcome, RequestMeta, ResponseMeta
+from proxy.core.events import Fetch, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
 from proxy.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
@@ -138,7 +139,7 @@ class Slicer:
             try:
                 upstream, request_time = await self._request(meta, url, n)
             except UpstreamError as exc:
-                status = f"{CACHE}; fwd=uri-miss; detail=origin-error"
+                status = forwarded("uri-miss", detail=ORIGIN_ERROR)
                 return plain(exc.status, exc.public, status)
             got = None
             async with upstream:
@@ -197,11 +198,11 @@ class Slicer:
         # up the loop for each of them before the head goes out.
         others = (i for i in wanted if i != n)
         if not fetched and all(self._fresh(meta, i) for i in others):
-            cache_status, x_cache = f"{CACHE}; hit; detail=slices", "HIT"
+            cache_status, x_cache = hit(detail=SLICES), "HIT"
         else:
             some = not fetched or any(self._fresh(meta, i) for i in islice(wanted, LOOK_AHEAD))
             fwd = "partial" if some else "uri-miss"
-            cache_status, x_cache = f"{CACHE}; fwd={fwd}; detail=slices", "MISS"
+            cache_status, x_cache = forwarded(fwd, detail=SLICES), "MISS"
         head = cached_head(200, first.fields, status, low, high, length, x_cache=x_cache,
                            via=VIA, hidden=self.router.hidden)  # fmt: skip
         date = None if head.dated else rfc822_formatted_time()
@@ -384,10 +385,9 @@ class Slicer:
                                             payload=part.body, admitted=admitted)  # fmt: skip
         if not whole:
             return None
-        detail = f"; detail={outcome.reason}" if isinstance(outcome, NotStored) else "; stored"
-        return detail if led else "; collapsed" + detail
+        return forwarded("uri-miss", outcome=outcome, collapsed=not led)
 
-    def _whole(self, meta: RequestMeta, whole: Piece, detail: str) -> web.Response:
-        """The answer from a slice that holds the whole object."""
-        status = f"{CACHE}; fwd=uri-miss{detail}"
+    def _whole(self, meta: RequestMeta, whole: Piece, status: str) -> web.Response:
+        """The answer from a slice that holds the whole object (``status``: its
+        Cache-Status)."""
         return self.fetcher.cached(meta, 200, whole.fields, whole.body, status, "MISS", whole.age)

@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator
 
 from aiohttp import HttpVersion11, web
 
-from proxy.answers import CACHE, LENGTH, abort, interim, mark, plain
+from proxy.answers import LENGTH, abort, interim, mark, plain
 from proxy.config import Config
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
@@ -86,7 +87,7 @@ class Uploads:
                 interim=interim(request),
             )  # fmt: skip
         except UpstreamError as exc:
-            return plain(exc.status, exc.public, f"{CACHE}; fwd={reason}; detail=origin-error")
+            return plain(exc.status, exc.public, forwarded(reason, detail=ORIGIN_ERROR))
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status)
             fields = fields_of(upstream)
@@ -98,10 +99,10 @@ class Uploads:
                 whole = RelayedWhole(
                     status=upstream.status, reason=upstream.reason, headers=kept, body=arrived
                 )
-                mark(whole, f"{CACHE}; fwd={reason}", "BYPASS")
+                mark(whole, forwarded(reason), "BYPASS")
                 return whole
             out = Relayed(status=upstream.status, reason=upstream.reason, headers=fields)
-            mark(out, f"{CACHE}; fwd={reason}", "BYPASS")
+            mark(out, forwarded(reason), "BYPASS")
             await out.prepare(request)
             try:
                 async for chunk in body_of(arrived, upstream.content):

@@ -1,0 +1,59 @@
+"""The ``Cache-Status`` values this cache writes (RFC 9211): every one built here, so that what a
+response says the cache did has one spelling, whichever path answered it.
+
+* ``hit``: answered from a stored response, with its ``ttl`` (seconds of freshness left,
+  negative when served stale) where known, and a ``detail`` naming the tier or the rule
+  (``disk``, ``slices``, ``stale-if-error``).
+* ``forwarded``: the request went to the origin, ``fwd`` saying why (``uri-miss``, ``stale``,
+  ``bypass``, ``method``, ``request``...); then ``fwd-status`` (the origin's status, when it
+  differs from the one sent), ``collapsed`` (answered from another request's fetch), and
+  ``stored`` or a ``detail`` saying why the response was not.
+* ``refused``: not forwarded at all (``detail``: ``client-left``).
+
+The compiled hit path writes the bytes of ``hit(ttl)`` and ``hit(ttl, DISK)`` itself; the tests
+of the plain hits hold its answers equal to the Python paths', which build them here.
+"""
+
+from __future__ import annotations
+
+from proxy.core.events import NotStored
+
+CACHE = "onehit"
+HIT_TTL = f"{CACHE}; hit; ttl="  # what a hit with a ttl begins with (the compiled path's too)
+DISK = "disk"
+SLICES = "slices"
+STALE_IF_ERROR = "stale-if-error"
+ORIGIN_ERROR = "origin-error"
+
+
+def hit(ttl: int | None = None, detail: str | None = None) -> str:
+    """A response answered from a stored one."""
+    value = f"{CACHE}; hit" if ttl is None else f"{HIT_TTL}{ttl}"
+    return value if detail is None else f"{value}; detail={detail}"
+
+
+def forwarded(
+    fwd: str,
+    *,
+    outcome: object = None,
+    detail: str | None = None,
+    fwd_status: int | None = None,
+    collapsed: bool = False,
+) -> str:
+    """A response the origin was asked for (``fwd``: why); ``outcome``, the engine's decision
+    on it: ``stored``, or (a ``NotStored``) its reason as the detail."""
+    value = f"{CACHE}; fwd={fwd}"
+    if fwd_status is not None:
+        value += f"; fwd-status={fwd_status}"
+    if collapsed:
+        value += "; collapsed"
+    if type(outcome) is NotStored:
+        detail = outcome.reason
+    elif outcome is not None:
+        value += "; stored"
+    return value if detail is None else f"{value}; detail={detail}"
+
+
+def refused(detail: str) -> str:
+    """A request answered without a stored response or the origin."""
+    return f"{CACHE}; detail={detail}"
