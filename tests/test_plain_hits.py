@@ -390,3 +390,27 @@ def test_every_request_read_from_its_bytes_is_one_aiohttps_parser_reads_the_same
         assert [(k.decode(), v.decode()) for k, v in message.raw_headers] == sent
 
     asyncio.run(check())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    max_age=st.integers(0, 10**7),
+    arrived_age=st.integers(0, 10**7),
+    elapsed=st.one_of(st.floats(-1e4, 2e7, allow_nan=False), st.integers(-5, 10**7)),
+)
+def test_the_compiled_age_and_freshness_are_the_cores(max_age, arrived_age, elapsed):
+    """``proxy/core/native/age.h`` against ``Entry.age`` and ``CacheEngine._fresh``: the same
+    hits answered, with the same Age and ttl, at every age, clock steps back included."""
+
+    async def check() -> None:
+        pair = Pair()
+        headers = [("Cache-Control", f"max-age={max_age}"), ("Age", str(arrived_age)),
+                   ("Date", formatdate(NOW, usegmt=True))]  # fmt: skip
+        pair.store("/a", b"x" * 100, headers)
+        pair.warm(get())
+        pair.now = NOW + elapsed
+        compiled, python = pair.answers(get())
+        assert compiled == python
+        assert pair.compiled.engine.stats() == pair.python.engine.stats()
+
+    asyncio.run(check())

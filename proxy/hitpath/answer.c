@@ -39,9 +39,8 @@ static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double 
         attr_double(entry, &attrs[A_STORED_AT], &stored_at) < 0 ||
         attr_double(entry, &attrs[A_LIFETIME], lifetime) < 0)
         goto decline;
-    double resident = now - stored_at;
-    *age = initial_age + (resident > 0.0 ? resident : 0.0);
-    if (!(*age < *lifetime) || !isfinite(*lifetime - *age))
+    *age = stored_age(initial_age, stored_at, now);
+    if (!fresh_for_plain(*age, *lifetime) || !isfinite(*lifetime - *age))
         goto decline;
     PyObject *directives = get(entry, &attrs[A_DIRECTIVES]);
     if (directives == NULL)

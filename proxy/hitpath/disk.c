@@ -251,8 +251,8 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     if (u32_at(m + 27) != self->stamp || !(flags & FLAG_PLAIN) || head_len == 0 ||
         META_SIZE + head_len > meta_len)
         goto done;
-    double resident = now - stored_at, age = initial_age + (resident > 0.0 ? resident : 0.0);
-    if (!(age < lifetime) || !isfinite(lifetime - age))
+    double age = stored_age(initial_age, stored_at, now);
+    if (!fresh_for_plain(age, lifetime) || !isfinite(lifetime - age))
         goto done;
     Py_ssize_t at = META_SIZE + head_len;
     fields = pairs_at(m, meta_len, &at, 0);

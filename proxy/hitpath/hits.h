@@ -7,6 +7,8 @@
 #include <Python.h>
 #include <structmember.h>
 #include <math.h>
+
+#include "../core/native/age.h"
 #include <strings.h>
 
 typedef struct {

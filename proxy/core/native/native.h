@@ -31,6 +31,8 @@
 #include <structmember.h>
 
 #include <math.h>
+
+#include "age.h"
 #include <stdint.h>
 #include <string.h>
 

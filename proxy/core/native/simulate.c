@@ -124,8 +124,8 @@ PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
         if (i >= 0) {
             index_touch(x, i);
             Node *node = &x->nodes[i];
-            double resident = now - node->stored_at;
-            if (!finite_ttl || (resident > 0.0 ? resident : 0.0) < ttl) {
+            /* The trace's responses arrive with no age, and live ttl seconds. */
+            if (!finite_ttl || fresh_for_plain(stored_age(0.0, node->stored_at, now), ttl)) {
                 if (admission_observe(a, h1, h2, node->size, now) < 0) {
                     PyMem_Free(key);
                     goto done;
