@@ -26,8 +26,11 @@ How a GET miss goes when slicing is on:
   answer: its stored slices are removed (the next request fetches them anew). Either that or
   an origin that fails on a slice (a 5xx, a timeout, a body cut short) cuts the client's
   connection, the honest signal once a length was promised.
-* An object whose slices may not be stored (``no-store``, no validator) goes straight to the
-  origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an uncacheable URL does.
+* An object whose slices may not be stored (``no-store``, no strong validator: a weak ETag, or
+  a Last-Modified less than a minute before its Date, cannot tell two versions apart) goes
+  straight to the origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an
+  uncacheable URL does; an answer to it that spans more than one slice is fetched whole,
+  never stitched from slices that might be of two versions.
 * A HEAD miss is answered from any fresh slice of its object in memory, or its first slice on
   the disk tier (its fields and length), else goes to the origin as without slices.
 * With a disk tier, slices are written to it too (its own admission, slice by slice) and
@@ -186,7 +189,9 @@ class Slicer:
         first: Piece,
         fetched: int,
     ) -> web.StreamResponse:
-        """The answer from ``first`` (slice ``n``) and the other slices it spans."""
+        """The answer from ``first`` (slice ``n``) and the other slices it spans; with no
+        strong validator to tell its version by, an answer of more than one slice is fetched
+        whole instead (slices of two versions would be stitched unseen)."""
         engine = self.engine
         length = first.length
         answer = engine.answer(meta, 200, first.fields, length)
@@ -194,6 +199,9 @@ class Slicer:
         low, high = (answer.first, answer.last) if status == 206 else (0, length - 1)
         bodied = status in (200, 206) and length and meta.method == "GET"
         wanted = slices.covering(low, high, self.size) if bodied else range(0)
+        if first.version is None and len(wanted) > 1:
+            unsliced = Fetch("uri-miss", whole=True, collapse=False)
+            return (await self.fetcher.fetch(request, meta, url, unsliced))[0]
         # Both looks stop early: an object may span millions of slices, and nothing may hold
         # up the loop for each of them before the head goes out.
         others = (i for i in wanted if i != n)

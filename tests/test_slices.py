@@ -6,7 +6,9 @@ a whole GET stitched from them, and an object whose slices disagree on their ver
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
+from email.utils import formatdate
 
 import aiohttp
 import pytest
@@ -109,10 +111,14 @@ def test_rfc9110_14_4_content_range_is_read_only_when_whole_and_valid():
         assert slices.content_range((("Content-Range", bad),)) is None, bad
 
 
-def test_the_validator_is_the_strong_etag_else_last_modified():
+def test_rfc9110_8_8_2_2_the_validator_is_the_strong_etag_else_a_strong_last_modified():
     modified = ("Last-Modified", "Tue, 01 Dec 2026 10:00:00 GMT")
+    later = ("Date", "Tue, 01 Dec 2026 10:01:00 GMT")  # a minute after: strong
+    soon = ("Date", "Tue, 01 Dec 2026 10:00:59 GMT")  # within the minute: weak
     assert slices.validator((("ETag", '"a"'), modified)) == '"a"'
-    assert slices.validator((("ETag", 'W/"a"'), modified)) == "date " + modified[1]
+    assert slices.validator((("ETag", 'W/"a"'), modified, later)) == "date " + modified[1]
+    assert slices.validator((("ETag", 'W/"a"'), modified, soon)) is None
+    assert slices.validator((modified,)) is None  # no Date to judge it by
     assert slices.validator((("ETag", 'W/"a"'),)) is None
 
 
@@ -522,3 +528,29 @@ async def test_a_slice_that_may_not_be_shared_is_never_given_to_a_concurrent_cli
     for ask, (status, _, body) in zip(asks, answers, strict=True):
         user = 2 if ask["Authorization"] == "Bearer two" else 1
         assert (status, body) == (200, content(user, 0, 3 * 64 * KIB - 1)), ask
+
+
+async def test_rfc9110_8_8_2_2_an_object_changed_under_a_weak_last_modified_is_never_stitched(
+    origin, start_proxy
+):
+    """An mtime-preserving deploy: the same Last-Modified, within a minute of the Date, for
+    two versions, the second deployed while an answer is being fetched. Its slices are not
+    stored, and the answer, which spans several, is fetched whole: never stitched from
+    slices of both versions."""
+    size = 64 * KIB
+    stamp = formatdate(time.time(), usegmt=True)
+    headers = {"Cache-Control": "max-age=0", "Last-Modified": stamp, "Date": stamp}
+    video = Large(4 * size, etag=False, headers=headers)
+
+    async def deploy_after_the_first_request(request: web.Request) -> web.Response:
+        answer = await video.respond(request)
+        video.version += 1
+        return answer
+
+    origin.responder = deploy_after_the_first_request
+    service = await start_proxy(cache__size="8MiB", cache__slice_size="64KiB",
+                                admission__policy="always")  # fmt: skip
+    for _ in range(3):
+        status, _, body = await get(service, "/video")
+        assert status == 200 and body in [content(v, 0, video.length - 1) for v in range(9)]
+    assert service.proxy.engine.slices.keys(f"{KEY}/video") == []
