@@ -19,8 +19,12 @@ outside valgrind and answers 1 KiB bodies. Needs ``valgrind``; takes about 2 min
 pass-through path (unsafe methods, uploads), against the same reference forwarding it.
 ``--hits``: each request is a GET of one stored URL (a plain fresh hit, on the compiled path
 after the first), against a minimal aiohttp cache (a dict in a ``web.Server`` handler).
+``--disk-hits``: GETs of two stored URLs in turn, onehit's memory tier holding only one of
+them and its disk tier both: every request a hit from disk (compiled, from the page cache),
+against the same minimal cache.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--baseline DIR] [--post | --hits]
+    .venv/bin/python benchmarks/bench_instructions.py [--baseline DIR] [--post | --hits |
+        --disk-hits]
 """
 
 from __future__ import annotations
@@ -43,15 +47,17 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 
-def misses(port: int, count: int, post: bool = False, hits: bool = False) -> None:
+def misses(port: int, count: int, post: bool = False, hits: bool | str = False) -> None:
     """``count`` sequential GETs (``post``: POSTs of 1 KiB), each of a URL never asked before
-    (``hits``: all of one URL, stored by the warm-up's), on one connection."""
+    (``hits``: all of one URL, stored by the warm-up's; "disk": two such URLs in turn), on one
+    connection."""
     tag = uuid.uuid4().hex[:8]
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     method, upload = ("POST", b"u" * 1024) if post else ("GET", None)
     try:
         for i in range(count):
-            path = "/1k/stored" if hits else f"/1k/count-{tag}-{i}"
+            path = f"/1k/stored-{i % 2}" if hits == "disk" else (
+                "/1k/stored" if hits else f"/1k/count-{tag}-{i}")  # fmt: skip
             connection.request(method, path, body=upload)
             response = connection.getresponse()
             body = response.read()
@@ -68,7 +74,7 @@ def instructions(
     count: int,
     warm: int,
     post: bool = False,
-    hits: bool = False,
+    hits: bool | str = False,
 ) -> int:
     """User-space instructions ``command`` runs from its start to its exit after SIGTERM,
     having answered ``warm`` and then ``count`` misses."""
@@ -94,7 +100,7 @@ def per_miss(
     small: int,
     large: int,
     post: bool = False,
-    hits: bool = False,
+    hits: bool | str = False,
 ) -> float:
     low = instructions(command, cwd, port, small, 50, post, hits)
     high = instructions(command, cwd, port, large, 50, post, hits)
@@ -109,12 +115,14 @@ def main() -> None:
     kind = parser.add_mutually_exclusive_group()
     kind.add_argument("--post", action="store_true", help="POSTs of 1 KiB instead of GETs")
     kind.add_argument("--hits", action="store_true", help="GETs of one stored URL")
+    kind.add_argument("--disk-hits", action="store_true", help="GETs answered from disk")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian/Ubuntu: apt-get install valgrind)")
     if args.large <= args.small:
         sys.exit("--large must be more than --small")
-    what = "POST" if args.post else "hit" if args.hits else "miss"
+    hits = "disk" if args.disk_hits else args.hits
+    what = "POST" if args.post else "disk hit" if args.disk_hits else "hit" if hits else "miss"
     py = sys.executable
     origin_port = free_port()
     origin = f"http://127.0.0.1:{origin_port}"
@@ -122,18 +130,24 @@ def main() -> None:
     sources = {"onehit": ROOT} | (
         {"onehit@baseline": Path(args.baseline).resolve()} if args.baseline else {}
     )
+    disks = Path(tempfile.mkdtemp(prefix="onehit-bench-disk-"))
     for name, source in sources.items():
         port = free_port()
         command = [py, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
                    "--admin-listen", f"127.0.0.1:{free_port()}", "--admission", "always",
                    "--cache-size", "1GiB", "--set", "server.access_log=false",
                    "--set", "server.event_loop=asyncio"]  # fmt: skip
+        if args.disk_hits:
+            # Memory holds one of the two URLs: each request evicts the other to disk.
+            command += ["--cache-size", "4KiB", "--set", "cache.max_object_size=2KiB",
+                        "--set", f"disk.path={disks / name}", "--set", "disk.policy=always",
+                        "--set", "disk.size=64MiB"]  # fmt: skip
         servers[name] = (command, source, port)
     port = free_port()
-    reference_name = "minimal aiohttp cache (reference)" if args.hits else (
+    reference_name = "minimal aiohttp cache (reference)" if hits else (
         "aiohttp pass-through (reference)")  # fmt: skip
     servers[reference_name] = (
-        [py, str(HERE / "bench_proxy.py"), "--role", "mini" if args.hits else "passthrough",
+        [py, str(HERE / "bench_proxy.py"), "--role", "mini" if hits else "passthrough",
          str(port), origin],
         ROOT,
         port,
@@ -144,7 +158,7 @@ def main() -> None:
         wait_ready(f"{origin}/1k/ready")
         for name, (command, cwd, port) in servers.items():
             counts[name] = per_miss(command, cwd, port, args.small, args.large, args.post,
-                                    args.hits)  # fmt: skip
+                                    hits)  # fmt: skip
             print(f"{name}: {counts[name]:,.0f} instructions per {what}", flush=True)
     reference = counts[reference_name]
     print(f"\n{'server':36} {'instructions/' + what:>18} {'x reference':>12}")

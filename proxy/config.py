@@ -131,6 +131,12 @@ class CacheSection:
         values.optional_size,
         "fetch and store GET misses as byte ranges of this size, each on its own (0: off)",
     )
+    slice_memory: int = values.setting(
+        256 << 20,
+        values.size,
+        "bytes of slices read from the origin or the disk and not yet written to their "
+        "clients, across all requests; past it, a slice waits for room",
+    )
 
 
 @dataclass(frozen=True)
@@ -521,6 +527,11 @@ def _check_whole(config: Config) -> None:
             f"[cache] slice_size = {slice_size}: expected 0 (off), or from {MIN_SLICE} up to "
             f"[cache] max_object_size "
             f"({config.cache.max_object_size}), so that a slice can be stored; 1MiB is usual"
+        )
+    if slice_size and config.cache.slice_memory < 2 * slice_size:
+        raise ConfigError(
+            f"[cache] slice_memory = {config.cache.slice_memory}: expected at least two slices "
+            f"({2 * slice_size} bytes), the room one slice in flight takes"
         )
     if not config.routes and not config.upstream.origin:
         raise ConfigError(

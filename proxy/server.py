@@ -91,7 +91,7 @@ class Proxy:
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
         size = config.cache.slice_size
-        self.slicer = Slicer(size, self.fetcher) if size else None
+        self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
         if disk is not None:
             engine.behind = (disk,)

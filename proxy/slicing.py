@@ -33,6 +33,12 @@ How a GET miss goes when slicing is on:
   never stitched from slices that might be of two versions.
 * A HEAD miss is answered from any fresh slice of its object in memory, or its first slice on
   the disk tier (its fields and length), else goes to the origin as without slices.
+* Slices read from the origin or the disk take room (``SliceRoom``: twice their size, their
+  body and what their client has not yet taken of it) until written, all requests together
+  within ``[cache] slice_memory``: a client that stops reading holds one slice's room until
+  ``[server] send_timeout`` closes it, and the others wait for room (as long as a collapsed
+  miss waits), then fail (503 before the head, a cut connection after), rather than grow the
+  process. Slices answered from memory take none.
 * With a disk tier, slices are written to it too (its own admission, slice by slice) and
   read back on a memory miss; a purge of the URL, or a change of version, reaches them there
   (``DiskStore.write_slice``).
@@ -53,7 +59,7 @@ from proxy.answers import VIA, abort, plain
 from proxy.core import slices
 from proxy.core.cache_status import ORIGIN_ERROR, SLICES, forwarded, hit
 from proxy.core.cached import cached_head, per_answer
-from proxy.core.events import Fetch, Outcome, RequestMeta, ResponseMeta
+from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
 from proxy.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.origin_body import BODY_ERRORS, body_of, fields_of, in_hand
@@ -104,12 +110,45 @@ def piece(
     return Piece(fields, body, first, last, length, version, age)
 
 
+class SliceRoom:
+    """Bytes of slices held in flight (read from the origin or the disk, not yet taken by
+    their clients), across every request: at most ``limit``, but for one slice alone. A
+    client that stops reading holds its room until ``[server] send_timeout`` closes it; the
+    others wait for room, then fail, rather than grow the process."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.peak = 0
+        self._freed = asyncio.Event()
+
+    async def take(self, size: int, wait: float) -> bool:
+        """Hold ``size`` bytes, waiting up to ``wait`` seconds for room; whether it got it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while self.held and self.held + size > self.limit:
+            self._freed.clear()
+            try:
+                await asyncio.wait_for(self._freed.wait(), deadline - loop.time())
+            except TimeoutError:
+                return False
+        self.held += size
+        self.peak = max(self.peak, self.held)
+        return True
+
+    def give(self, size: int) -> None:
+        self.held -= size
+        self._freed.set()
+
+
 class Slicer:
     """The answerer of GET misses from slices of ``size`` bytes, through ``fetcher``'s
     engine, origin and router."""
 
-    def __init__(self, size: int, fetcher: Fetcher) -> None:
+    def __init__(self, size: int, fetcher: Fetcher, memory: int) -> None:
         self.size = size
+        # Each slice in flight takes its body and what its client has not yet taken of it.
+        self.room = SliceRoom(memory)
         self.fetcher = fetcher
         self.engine = fetcher.engine
         self.router = fetcher.router
@@ -123,7 +162,23 @@ class Slicer:
         """Answer the GET miss ``meta`` (the engine's ``action``) from slices (see the
         module's rules)."""
         n = slices.first_wanted(meta.headers, self.size)
-        first = await self._stored(meta, n, None)
+        first = self._in_memory(meta, n, None)
+        if first is not None:
+            return await self._stitch(request, meta, url, n, first, 0)
+        room = 2 * self.size
+        if not await self.room.take(room, self.flights.wait_limit):
+            return plain(503, "too many slices in flight: try again",
+                         forwarded("uri-miss", detail="slice-memory"))  # fmt: skip
+        try:
+            return await self._answer_held(request, meta, url, action, n)
+        finally:
+            self.room.give(room)
+
+    async def _answer_held(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch, n: int
+    ) -> web.StreamResponse:
+        """``answer``, once room for its first slice, not in memory, is held."""
+        first = await self._on_disk(meta, n, None)
         if first is not None:
             return await self._stitch(request, meta, url, n, first, 0)
         key = slices.slice_key(meta.key, n)
@@ -218,20 +273,31 @@ class Slicer:
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
         for i in wanted:
-            part = first if i == n else await self._stored(meta, i, first)
-            if part is None:
-                part = await self._fetched(meta, url, i, first)
-                fetched += 1
-            if not isinstance(part, Piece):
-                if part == "changed":
-                    self.engine.remove_slices(meta.key)
-                engine.sliced(fetched, mismatched=part == "changed")
-                abort(request)
-                return out
-            body = memoryview(part.body)[max(low, part.first) - part.first :
-                                         min(high, part.last) - part.first + 1]  # fmt: skip
-            if not await send(out, body):
-                break  # the client left: nothing more to fetch for it
+            held = 0
+            try:
+                part = first if i == n else self._in_memory(meta, i, first)
+                if part is None:
+                    held = 2 * self.size
+                    if await self.room.take(held, self.flights.wait_limit):
+                        part = await self._on_disk(meta, i, first)
+                        if part is None:
+                            part = await self._fetched(meta, url, i, first)
+                            fetched += 1
+                    else:
+                        held, part = 0, "failed"
+                if not isinstance(part, Piece):
+                    if part == "changed":
+                        self.engine.remove_slices(meta.key)
+                    engine.sliced(fetched, mismatched=part == "changed")
+                    abort(request)
+                    return out
+                body = memoryview(part.body)[max(low, part.first) - part.first :
+                                             min(high, part.last) - part.first + 1]  # fmt: skip
+                if not await send(out, body):
+                    break  # the client left: nothing more to fetch for it
+            finally:
+                if held:
+                    self.room.give(held)
         else:
             await send(out, b"", eof=True)
         engine.sliced(fetched, mismatched=False)
@@ -251,18 +317,34 @@ class Slicer:
     async def _stored(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
         """Slice ``n`` from memory, else from the disk tier, when a fresh one of ``like``'s
         object is there (one of another version is removed)."""
+        found = self._in_memory(meta, n, like)
+        return found if found is not None else await self._on_disk(meta, n, like)
+
+    def _in_memory(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
+        """``_stored`` from memory alone: nothing read or copied."""
+        smeta = self._slice_meta(meta, n)
+        return self._piece(smeta, n, like, self.engine.slice_hit(smeta, self.clock()))
+
+    async def _on_disk(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
+        """``_stored`` from the disk tier alone (read whole: it takes room)."""
         engine, disk = self.engine, self.disk
         smeta = self._slice_meta(meta, n)
-        hit = engine.slice_hit(smeta, self.clock())
-        if hit is None and disk is not None and disk.anchored(meta.key, smeta.key):
-            behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
-            hit = engine.slice_hit(smeta, self.clock(), behind, disk)
+        if disk is None or not disk.anchored(meta.key, smeta.key):
+            return None
+        behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
+        return self._piece(smeta, n, like, engine.slice_hit(smeta, self.clock(), behind, disk))
+
+    def _piece(
+        self, smeta: RequestMeta, n: int, like: Piece | None, hit: Hit | None
+    ) -> Piece | None:
+        """The slice a hit on ``smeta`` holds, when of ``like``'s object; one that is not is
+        removed from every tier."""
         if hit is None:
             return None
         entry = hit.entry
         found = piece(entry.headers, entry.payload, n, self.size, like, hit.age)
         if found is None:
-            engine.forget(smeta.key, CHANGED)
+            self.engine.forget(smeta.key, CHANGED)
         return found
 
     async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:

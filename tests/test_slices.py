@@ -6,7 +6,9 @@ a whole GET stitched from them, and an object whose slices disagree on their ver
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+import tracemalloc
 from dataclasses import dataclass, field
 from email.utils import formatdate
 
@@ -554,3 +556,43 @@ async def test_rfc9110_8_8_2_2_an_object_changed_under_a_weak_last_modified_is_n
         status, _, body = await get(service, "/video")
         assert status == 200 and body in [content(v, 0, video.length - 1) for v in range(9)]
     assert service.proxy.engine.slices.keys(f"{KEY}/video") == []
+
+
+async def test_slices_held_for_clients_that_do_not_read_stay_within_slice_memory(
+    origin, start_proxy
+):
+    """Sixteen clients that never read, each a miss of its own large object: each slice in
+    flight takes room (its body and what its client has not taken), and past
+    ``[cache] slice_memory`` the others wait instead of growing the process."""
+    clients = 16
+    serve(origin, **{f"v{i}": Large(8 * MIB) for i in range(clients)})
+    service = await start_proxy(cache__size="64MiB", cache__slice_size="64KiB",
+                                cache__slice_memory="256KiB", admission__policy="always",
+                                upstream__read_timeout="10s")  # fmt: skip
+    room = service.proxy.slicer.room
+    host, port = service.proxy_address
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    sockets = []
+    try:
+        for i in range(clients):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            request = f"GET /v{i} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
+            await asyncio.get_running_loop().sock_sendall(sock, request)
+            sockets.append(sock)
+        for _ in range(100):  # until the room is taken: every socket's buffers are full
+            await asyncio.sleep(0.05)
+            if room.held == room.limit:
+                break
+        await asyncio.sleep(0.3)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+        for sock in sockets:
+            sock.close()
+    assert room.held == room.limit and room.peak <= room.limit
+    # What the proxy holds for them: the room's slices, and what every connection costs.
+    assert held < room.limit + clients * 32 * KIB, f"{held >> 10} KiB held"
