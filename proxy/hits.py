@@ -48,7 +48,7 @@ from proxy.disk_store import READ_INLINE, DiskStore
 from proxy.lane import JOIN_BELOW
 from proxy.record_meta import RecordMeta, record_entry
 from proxy.region_log import checksum
-from proxy.routing import Router, fields_size, hosts
+from proxy.routing import Router, fields_size, hosts, key_origin
 
 # The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
 _HIT_STATUS = f"Cache-Status: {HIT_TTL}".encode()
@@ -147,7 +147,7 @@ class HitAnswers:
         if host_pair is None or not router.routed(host_pair[0]):
             return None
         if len(self.routed_hosts) < ROUTED_HOSTS_MAX:
-            self.routed_hosts[host.encode("utf-8", "surrogateescape")] = f"http://{host_pair[1]}"
+            self.routed_hosts[host.encode("utf-8", "surrogateescape")] = key_origin(host_pair[1])
         now = self.clock()
         meta = None
         key = router.key(host_pair, path)

@@ -143,7 +143,7 @@ class Router:
         its route's ``key_query``, else ``[cache]``'s."""
         route_host, key_host = host_pair
         key_query = self.key_queries.get(route_host, self.key_query)
-        return f"http://{key_host}{key_query.key(target)}"
+        return key_origin(key_host) + key_query.key(target)
 
     def url_key(self, url: str) -> str:
         """The cache key of an absolute ``http://host[:port]/path?query`` URL, as a request
@@ -187,11 +187,19 @@ class Router:
         return headers
 
 
+def key_origin(key_host: str) -> str:
+    """What every cache key of a host (``hosts``' second item) begins with; the key is this
+    and the keyed target (``Router.key``). The compiled hit path joins the same two parts."""
+    return f"http://{key_host}"
+
+
 def cache_key(url: str) -> str:
-    """The cache key of an absolute ``http://host[:port]/path?query`` URL, as the proxy forms it
-    (ValueError for a host the proxy would refuse)."""
+    """A key prefix given as an absolute ``http://host[:port]/path`` URL (a purge by prefix),
+    keyed as a request's key begins: its host as ``Router.key`` keys it, its path as given
+    (no ``key_query``: a prefix is not a target to narrow). ValueError for a host the proxy
+    would refuse."""
     host_pair, target = _host_and_target(url)
-    return f"http://{host_pair[1]}{target}"
+    return key_origin(host_pair[1]) + target
 
 
 def _host_and_target(url: str) -> tuple[tuple[str, str], str]:

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from proxy.config import load
 from proxy.core.events import RequestMeta
 from proxy.core.responses import response_meta
+from proxy.routing import hosts
 from proxy.server import Proxy
 from proxy.service import build_engine
 from proxy.upstream import Upstream
@@ -414,3 +415,21 @@ def test_the_compiled_age_and_freshness_are_the_cores(max_age, arrived_age, elap
         assert pair.compiled.engine.stats() == pair.python.engine.stats()
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize("host", ["example.test", "EXAMPLE.test", "example.test:80",
+                                  "example.test:8080", "[::1]:8080", "127.0.0.1"])  # fmt: skip
+async def test_the_compiled_path_keys_a_host_as_the_router_keys_it(host):
+    """One key: ``Router.key`` (``key_origin`` and the keyed target), which the compiled path
+    joins from the same two parts for every spelling of a Host."""
+    pair = Pair()
+    key = pair.python.router.key(hosts(host), "/a")
+    for proxy in (pair.compiled, pair.python):
+        meta = RequestMeta(key, "GET", ())
+        response = response_meta(meta, 200, DATED, pair.now, pair.now, payload=b"k")
+        decision = proxy.engine.on_response_head(meta, response, 1, pair.now)
+        proxy.engine.finish(meta, decision, 1, pair.now, payload=b"k")
+    request = f"GET /a HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+    pair.warm(request)
+    compiled, python = pair.answers(request)
+    assert compiled is not None and compiled == python
