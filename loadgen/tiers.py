@@ -7,11 +7,13 @@ The rules, which the live disk tier will keep:
 * The memory tier first, by the engine's own rules (``CacheEngine.lookup`` and
   ``on_response``, as the live proxy drives them).
 * A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
-  no origin fetch, and kept in memory too (``CacheEngine.promote``), as the live tier does.
+  no origin fetch, counted and kept in memory too (``CacheEngine.hit_behind``), as the live
+  proxy counts and keeps it.
 * A miss of both fetches from the origin: the memory tier decides as always, and the disk
   tier's own admission decides whether the response is written to disk (``DiskTier.offer``),
-  as a record of its key, its body and ``meta_bytes`` of status, fields and times, at the end
-  of the open region (``Regions``).
+  as a record of ``DiskSpec.record_length`` bytes (given the live encoder's, as the parity
+  test gives it, regions end where the live proxy's end; else its key, its body and
+  ``meta_bytes`` of status, fields and times), at the end of the open region (``Regions``).
 * Responses never expire here: the disk index keeps no times yet, so a ``ttl`` is refused.
 
 Each request runs through the engine's Python rules, not the compiled loop ``simulate``
@@ -48,6 +50,10 @@ class DiskSpec:
     region_size: int = 16 << 20
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     meta_bytes: int = 512
+    # The length of the record of ``key`` with a body of ``size`` bytes, when known (a live
+    # proxy's ``DiskStore.record_length`` for the responses its origin sends); else a record
+    # of ``meta_bytes`` of meta is assumed.
+    record_length: Callable[[str, int], int] | None = None
     max_write_rate: float = 0.0  # bytes a second of the trace's time; 0: no budget
 
     def __post_init__(self) -> None:
@@ -90,6 +96,9 @@ def simulate_tiers(
     hit_behind, missed_behind = engine.hit_behind, engine.missed_behind
     entry_type = engine.entry_type
     find, offer = tier.find, tier.offer
+    record_length = disk.record_length or (
+        lambda key, size: RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size
+    )
     started = time.perf_counter()
     for name, size, now in zip(keys, sizes, times, strict=True):
         key = key_prefix + name
@@ -101,7 +110,7 @@ def simulate_tiers(
             continue
         missed_behind(tier)
         on_response(request, _STORED, size, now)
-        offer(key, size, RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size, now)
+        offer(key, size, record_length(key, size), now)
     elapsed = time.perf_counter() - started
     stats = engine.stats()
     c = tier.counters

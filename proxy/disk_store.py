@@ -174,7 +174,13 @@ class DiskStore:
         key = request.key
         if response.vary:
             key = variants.variant_key(key, response.vary, request.headers)
-        return self.tier.admit(key, size, RECORD_HEADER + len(_raw(key)) + 256 + size, now)
+        return self.tier.admit(key, size, self.record_length(key, response, size), now)
+
+    def record_length(self, key: str, response: ResponseMeta, size: int) -> int:
+        """The bytes of the record ``write`` appends for ``response`` (``size`` body bytes)
+        under ``key``: the encoder's own count, which the simulator can be given too."""
+        meta = encode_meta(response, 0.0, size, self.hidden, self.stamp)
+        return RECORD_HEADER + len(_raw(key)) + len(meta) + size
 
     def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
         """Append the record of a response ``wants`` took, now that its body is whole."""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from xxhash import xxh3_64_intdigest
 
-from proxy.core.disk import Slot
+from proxy.core.disk import RECORD, Slot
 from proxy.core.regions import Regions
 from proxy.disk_dir import open_file
 from proxy.logs import OneLineEvery
@@ -39,8 +39,7 @@ DISK_ERRORS = logging.getLogger("onehit.disk")
 DISK_ERRORS.addFilter(OneLineEvery())
 
 MAGIC = b"OHR2"
-# magic, whole record's length, checksum of what follows it, key length, meta length
-HEADER = struct.Struct("<4sIIHI")
+HEADER = RECORD  # the one definition of a record's header, in the core
 MAX_KEY = 0xFFFF  # the longest key a record's header can say the length of
 _FILE = re.compile(r"region-(\d{10})\.log")
 # Region files kept open for reading; past this many the oldest opened is closed, so a large

@@ -1,6 +1,8 @@
 """One implementation, two drivers: a trace through the live proxy at concurrency 1 and
 through the simulator gives the same counters."""
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from aiohttp import web
@@ -11,6 +13,8 @@ from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
+from proxy.core.events import RequestMeta
+from proxy.origin_body import fields_of
 
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
 DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")
@@ -19,12 +23,31 @@ DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")
 def serve_trace(origin, trace: Trace, max_age: float = 3600) -> None:
     """Have ``origin`` answer every ``/obj/KEY`` with a body of the trace's size for KEY."""
     size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
+    size_of["sample"] = 1
 
     async def serve(request: web.Request) -> web.Response:
         body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
         return web.Response(body=body, headers={"Cache-Control": f"max-age={max_age:g}"})
 
     origin.responder = serve
+
+
+async def live_record_length(proxy) -> Callable[[str, int], int]:
+    """The length of the record ``proxy``'s disk tier writes for an object of the trace's
+    origin (``serve_trace``) of a given key and size: its own encoder, on the fields the
+    origin sends, as the proxy reads them."""
+    sample = next(iter(proxy.proxy.router.routes.values())) + "/obj/sample"
+    upstream = await proxy.proxy.upstream.request("GET", sample, [])
+    async with upstream:
+        fields = [(k, v) for k, v in fields_of(upstream) if k.lower() != "content-length"]
+    fetcher, disk = proxy.proxy.fetcher, proxy.proxy.disk
+
+    def length(key: str, size: int) -> int:
+        headers = [*fields, ("Content-Length", str(size))]
+        rmeta = fetcher.response_meta(RequestMeta(key), 200, headers, 0.0)
+        return disk.record_length(key, rmeta, size)
+
+    return length
 
 
 async def replay(client, proxy, trace: Trace, clock: list[float] | None = None) -> str:
@@ -105,9 +128,9 @@ async def test_live_and_simulated_counters_agree_with_ttls(
 async def test_live_and_simulated_two_tiers_agree_exactly(
     origin, start_proxy, client, tmp_path, admission, disk_admission
 ):
-    """The memory tier in front of a disk tier: the live proxy's counters of both tiers are
-    the ones ``simulate --disk-size`` predicts (a disk that evicts nothing, so the records'
-    lengths, which the simulator estimates, decide nothing)."""
+    """The memory tier in front of a disk tier that evicts whole regions: the live proxy's
+    counters of both tiers are the ones ``simulate --disk-size`` predicts, given the length
+    the live encoder gives each record (which decides where regions end)."""
     sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
     spec = WorkloadSpec(objects=300, requests=1500, one_hit_share=0.3, sizes=sizes, seed=5)
     trace = generate(spec)
@@ -119,10 +142,11 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
         cache__max_object_size=str(capacity),
         admission__policy=admission,
         disk__path=str(tmp_path),
-        disk__size="64MiB",
-        disk__region_size="8MiB",
+        disk__size="256KiB",
+        disk__region_size="64KiB",
         disk__policy=disk_admission,
     )
+    record_length = await live_record_length(proxy)
     prefix = await replay(client, proxy, trace)
     live = proxy.proxy.engine.stats()
     disk = proxy.proxy.disk.stats()
@@ -131,10 +155,12 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
         section.size,
         section.region_size,
         AdmissionConfig(policy=section.policy, window=section.window),
+        record_length=record_length,
     )
     sim = simulate_tiers(
         trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix
     ).stats
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
-    assert disk["hits"] > 0 and live["evictions"] > 0 and disk["evicted_objects"] == 0
+    assert disk["hits"] > 0 and live["evictions"] > 0 and disk["evicted_objects"] > 0
+    assert disk["evicted_objects"] == sim["disk_evicted_objects"]

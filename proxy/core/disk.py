@@ -36,6 +36,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import random
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,9 +46,10 @@ from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, 
 from proxy.core.regions import Regions
 from proxy.core.tiers import forgotten_keys
 
-# Bytes of a record beside its key, meta and body: magic, length, checksum, key and meta lengths
-# (``proxy.region_log.HEADER``).
-RECORD_HEADER = 18
+# A record's header (``proxy.region_log`` writes and reads records): magic, the whole record's
+# length, the checksum of what follows it, the key's length, the meta's length.
+RECORD = struct.Struct("<4sIIHI")
+RECORD_HEADER = RECORD.size
 # A slot as ``DiskIndex.dump`` writes it, in the machine's byte order.
 SLOT = np.dtype([("key", "u8"), ("region", "u4"), ("offset", "u4"), ("length", "u4")])
 # The admission policies a disk tier takes.
