@@ -8,8 +8,10 @@ Rules it keeps:
   ``HttpProcessingError`` for a malformed head). Interim 1xx responses are handed to the
   request's ``interim``, if it has one, and the final response awaited.
 * A connection carries the next request only when nothing but the answer arrived on it: bytes
-  after the answer (in the same read or a later one), or while it is idle, close it, so a
-  response nobody asked for, whole or begun, is never taken for the next one's. The parser
+  after the answer (in the same read or a later one), or while it is idle, close it, and so do
+  bytes the event loop has not read yet when the connection is taken again (``has_unread``,
+  checked by the pool before reuse), so a response nobody asked for, whole or begun, is never
+  taken for the next one's, unless it arrives after that request went out. The parser
   reads a head alone, then a Content-Length body only up to its length: what comes past it
   is never parsed, so the answer itself is served and may be stored, whatever follows it
   (after a chunked body, the parser is asked whether it began another message). What comes
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import select
 from collections import deque
 from collections.abc import Callable, Iterable
 
@@ -97,6 +100,18 @@ class OriginConnection(BaseProtocol):
 
     def is_connected(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
+
+    def has_unread(self) -> bool:
+        """Whether bytes, or the origin's close, wait in the socket unread by the event loop:
+        an idle connection about to carry a request must have none, or they would be read as
+        its answer. (What the origin sends after the request went out cannot be told from the
+        answer: HTTP/1.1 has no request ids.)"""
+        sock = None if self.transport is None else self.transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
 
     def close(self) -> None:
         transport, self.transport = self.transport, None

@@ -348,7 +348,7 @@ class OriginPool:
         limit = self._loop.time() - self._config.idle_timeout
         while idle:
             protocol, since = idle.pop()
-            if since >= limit and protocol.is_connected():
+            if since >= limit and protocol.is_connected() and not protocol.has_unread():
                 return protocol
             protocol.close()
         return None

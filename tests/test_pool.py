@@ -5,8 +5,12 @@ was not read to its end, timeouts as the session's client keeps them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
+import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -398,3 +402,44 @@ async def test_the_read_timeout_does_not_count_a_pause_the_reader_made(raw_origi
     async with await p.request("GET", f"{url}/a", []) as response:
         await asyncio.sleep(0.6)  # three read timeouts, with the origin done and waiting
         assert await response.content.read() == body
+
+
+async def test_a_response_waiting_unread_in_the_socket_is_never_taken_for_the_next_answer(pool):
+    """The origin sends an unasked response 30 ms after an answer; the event loop has not
+    read it yet when the next request would go on the connection (it is busy): the
+    connection is checked before reuse, and closed, and the request goes on a new one."""
+    server = socket.create_server(("127.0.0.1", 0))
+    connections = []
+
+    def origin() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            threading.Thread(target=answer, args=(conn, len(connections) == 1), daemon=True).start()
+
+    def answer(conn: socket.socket, first: bool) -> None:
+        with contextlib.suppress(OSError):  # the test closes the connections under it
+            while conn.recv(65536):
+                conn.sendall(OK)
+                if first:
+                    time.sleep(0.03)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+                    first = False
+
+    threading.Thread(target=origin, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    p = pool()
+    try:
+        assert await get(p, f"{url}/a") == (200, b"ok")
+        time.sleep(0.2)  # the loop is busy: the unasked bytes wait unread in the socket
+        assert await get(p, f"{url}/b") == (200, b"ok")
+        assert len(connections) == 2
+    finally:
+        p.close()
+        await asyncio.sleep(0)  # the transports close on the loop that runs them
+        server.close()
+        for conn in connections:
+            conn.close()
