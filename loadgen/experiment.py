@@ -111,13 +111,16 @@ def run(
 
 # What the live cells keep of their disk tiers' /stats, and the table of it.
 DISK_SHOWN = ("bytes_written", "bytes_not_written", "hits", "admissions", "rejected")
-DISK_COLUMNS = ("workload", "policy", "cache", "disk written", "disk spared", "disk hits")
+# The disk's admission is its own: the memory policy of the cell does not choose it.
+DISK_COLUMNS = ("workload", "memory policy", "cache", "disk admission", "disk written",
+                "disk spared", "disk hits")  # fmt: skip
 
 
 def _disk_rows(cells: list[report.Cell]) -> list[list[str]]:
     return [
-        [c["workload"], c["policy"], c["cache"], format_size(c["disk"]["bytes_written"]),
-         format_size(c["disk"]["bytes_not_written"]), f"{c['disk']['hits']:,}"]
+        [c["workload"], c["policy"], c["cache"], c["disk"]["admission"],
+         format_size(c["disk"]["bytes_written"]), format_size(c["disk"]["bytes_not_written"]),
+         f"{c['disk']['hits']:,}"]
         for c in cells if "disk" in c
     ]  # fmt: skip
 
@@ -188,10 +191,12 @@ async def _live_cells(
                     every = [await admin_stats(a) for a in admins]  # one /stats each
                     stats = combine([e["metrics"] for e in every]) if every else None
                     disk = [e["disk"] for e in every] if live.disk_size else []
+                    disk_admission = every[0]["config"]["disk_admission"] if disk else None
                     held = None if running.disk_cache is None else _tree_bytes(running.disk_cache)
                 cell = _live_cell(workload.name, spec.label(), label, size, client, stats, held)
                 if disk:
                     cell["disk"] = {k: sum(d[k] for d in disk) for k in DISK_SHOWN}
+                    cell["disk"]["admission"] = disk_admission
                 cells.append(cell)
     return cells
 

@@ -306,6 +306,7 @@ class Config:
             "cache_size": self.cache.size,
             "max_object_size": self.cache.max_object_size,
             "admission": self.admission_config().label(),
+            "disk_admission": self.disk.policy if self.disk.path else None,
             "fp_rate": self.admission.fp_rate,
             "generations": self.admission.generations,
             "routes": {r.host: r.origin for r in self.routes},
