@@ -84,6 +84,8 @@ class DiskStore:
         regions = Regions(section.region_size, section.size // section.region_size)
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
+        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, on every hit.
+        self.answered = self.tier.answered
         self._lock: int | None = claim(Path(section.path))
         self.log = RegionLog(section.path, regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
@@ -276,10 +278,6 @@ class DiskStore:
         for part in parts:
             self.invalidate(part)
         return self.invalidate(own)
-
-    def answered(self, hit: bool) -> None:
-        """``proxy.core.tiers.Tier.answered``: the tier's own count of lookups."""
-        self.tier.answered(hit)
 
     def ban(self, value: str, *, by_tag: bool) -> None:
         """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device

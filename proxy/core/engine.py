@@ -242,7 +242,7 @@ class CacheEngine(ResponseDecisions):
         c.hits_from_disk += 1
         tier.answered(True)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
-        self._from_store(key, entry, now)
+        self._served(key, entry, now)
         self.promote(entry, vary)
 
     def promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
@@ -307,12 +307,16 @@ class CacheEngine(ResponseDecisions):
 
     def _from_store(self, key: str, entry: Entry, now: float) -> None:
         """Count ``entry``, stored under ``key``, as answering a request from the store."""
+        self._served(key, entry, now)
+        self.store.record_hit(entry)
+
+    def _served(self, key: str, entry: Entry, now: float) -> None:
+        """Count ``entry`` as answering a request for ``key`` from any tier."""
         if self.admission.observes:
             self.admission.observe(key, entry.size, now)
         c = self.counters
         c.hit_bytes += entry.size
         c.bytes_served += entry.size
-        self.store.record_hit(entry)
 
     def slice_hit(
         self,
@@ -335,7 +339,7 @@ class CacheEngine(ResponseDecisions):
                 self.store.touch(hit.entry)
                 self._from_store(request.key, hit.entry, now)
             else:
-                self._from_store(request.key, hit.entry, now)
+                self._served(request.key, hit.entry, now)
                 self.promote(behind)
         return hit
 

@@ -23,15 +23,25 @@ from proxy.core.store import Entry
 MAX_TAGS = 256
 # The fields that carry tags: the cache's to read, left out of answers unless configured.
 TAG_FIELDS = frozenset({"surrogate-key", "cache-tag"})
+_LENGTHS = frozenset(map(len, TAG_FIELDS))
 
 
 def response_tags(headers: rfc9110.Headers) -> tuple[str, ...]:
     """The tags of a response with ``headers``."""
+    if type(headers) is rfc9110.Fields:
+        carried = [(n, v) for n in TAG_FIELDS for v in headers.by_name.get(n, ())]
+    else:  # one pass, lengths first: most responses (and every promoted one) carry none
+        carried = [(k.lower(), v) for k, v in headers if len(k) in _LENGTHS
+                   and k.lower() in TAG_FIELDS]  # fmt: skip
+    if not carried:
+        return ()
     tags: dict[str, None] = {}
-    for value in rfc9110.get_all(headers, "surrogate-key"):
-        tags.update(dict.fromkeys(value.split()))
-    for value in rfc9110.get_all(headers, "cache-tag"):
-        tags.update(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
+    for name, value in carried:
+        if name == "surrogate-key":
+            tags.update(dict.fromkeys(value.split()))
+    for name, value in carried:
+        if name == "cache-tag":
+            tags.update(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
     return tuple(tags)
 
 
