@@ -87,7 +87,23 @@ class DiskStore:
         # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, on every hit.
         self.answered = self.tier.answered
         self._lock: int | None = claim(Path(section.path))
-        self.log = RegionLog(section.path, regions)
+        try:
+            self._recover(section)
+        except BaseException:
+            release(self._lock)  # a start that fails leaves the directory to the next
+            raise
+        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
+        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
+        self._bans_saved = True
+        self._kept = True  # False once a removal the device refused lost regions instead
+        # (when, the store's bytes written, the process's write_bytes) at the last two
+        # checkpoints: the rates /stats gives.
+        self._samples = [self._sample(), self._sample()]
+
+    def _recover(self, section: DiskSection) -> None:
+        """Take up what the directory holds: the checkpoint's index, the records written
+        after it, the bans, the journal of drops."""
+        self.log = RegionLog(section.path, self.tier.regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
         saved = self._saved()
         after = None if saved is None else (saved[0], saved[1])
@@ -101,13 +117,6 @@ class DiskStore:
         self.tier.expire_bans()
         self.drops_path = Path(section.path) / DROPS
         self.dropped_again = self._drop_again()
-        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
-        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
-        self._bans_saved = True
-        self._kept = True  # False once a removal the device refused lost regions instead
-        # (when, the store's bytes written, the process's write_bytes) at the last two
-        # checkpoints: the rates /stats gives.
-        self._samples = [self._sample(), self._sample()]
 
     def checkpoint(self) -> None:
         """Write the index and where the open region ends, replacing the last checkpoint;
