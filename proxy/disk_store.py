@@ -324,11 +324,15 @@ class DiskStore:
                     for value, region, offset, by_tag in saved]  # fmt: skip
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, TypeError, RecursionError) as exc:
+        except (OSError, ValueError, TypeError, OverflowError, RecursionError) as exc:
             # Unreadable bans may hide purged records: every record written so far is purged.
             DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
-            live = self.tier.regions.live
-            return [("", live[-1], self.tier.regions.fill, False)] if live else []
+            return self._everything()
+
+    def _everything(self) -> list[Ban]:
+        """A ban of every record written so far (none where nothing was)."""
+        live = self.tier.regions.live
+        return [("", live[-1], self.tier.regions.fill, False)] if live else []
 
     def invalidate(self, key: str) -> bool:
         """Forget ``key``'s record; whether there was one. The drop is journaled until the
@@ -341,15 +345,37 @@ class DiskStore:
         entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
         try:
             if self._drops is None:
-                self._drops = open_file(self.drops_path, _CREATE)
+                self._drops = self._open_journal()
             if os.write(self._drops, entry) != len(entry):
                 raise OSError("the journal took part of a drop")
         except OSError as exc:
             DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
             self._lose([slot.region], "a dropped record")
+            self._close_journal()  # reopened whole: a torn entry would shift every later one
             return True
         self._unsynced.add(slot.region)
         return True
+
+    def _open_journal(self) -> int:
+        """The journal, opened for appending, cut back to whole entries: the part of an
+        entry that a crash or a failed write left would shift every entry after it."""
+        fd = open_file(self.drops_path, _CREATE)
+        try:
+            size = os.fstat(fd).st_size
+            if size % _DROP.size:
+                os.ftruncate(fd, size - size % _DROP.size)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _close_journal(self) -> None:
+        if self._drops is not None:
+            fd, self._drops = self._drops, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                DISK_ERRORS.warning("closing the journal of dropped records failed: %r", exc)
 
     def _lose(self, regions: list[int], what: str) -> None:
         """Remove ``regions``' files, whose records a removal the device could not keep
@@ -372,7 +398,11 @@ class DiskStore:
         except FileNotFoundError:
             return 0
         except OSError as exc:
-            DISK_ERRORS.warning("reading the journal of dropped records failed: %r", exc)
+            # Drops it cannot read may be purges: every record written so far is purged.
+            DISK_ERRORS.warning("reading the journal of dropped records failed, purging all: %r",
+                                exc)  # fmt: skip
+            self.tier.bans.extend(self._everything())
+            self._save_bans()
             return 0
         whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
         return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
@@ -474,9 +504,7 @@ class DiskStore:
         up."""
         self.checkpoint()
         self.log.close()
-        if self._drops is not None:
-            os.close(self._drops)
-            self._drops = None
+        self._close_journal()
         if self._lock is not None:
             release(self._lock)
             self._lock = None

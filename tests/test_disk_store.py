@@ -309,11 +309,47 @@ def test_a_link_planted_as_the_next_region_file_is_never_written_through(tmp_pat
     assert victim.read_bytes() == b"precious"
 
 
-def test_bans_nested_past_the_parsers_depth_purge_everything_and_the_tier_starts(tmp_path):
+@pytest.mark.parametrize("bans", ["[" * 100_000 + "]" * 100_000, '[["", Infinity, 0, false]]'])
+def test_bans_nested_past_the_parsers_depth_purge_everything_and_the_tier_starts(tmp_path, bans):
     store = DiskStore(section(tmp_path))
     write(store, ["http://a/x"])
     store.close()
-    (tmp_path / "bans.json").write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / "bans.json").write_text(bans)
     again = DiskStore(section(tmp_path))
     assert again.lookup("http://a/x", Entry) is None  # unreadable bans may hide a purge
+    again.close()
+
+
+def test_a_drop_journaled_after_a_torn_one_is_read_back_whole(tmp_path):
+    """A crash that tears a journal entry must not shift the drops written after the restart:
+    each is read back at its own record, so a purge made then stays purged."""
+    store = DiskStore(section(tmp_path))
+    write(store, ["http://a/x", "http://a/y"])
+    store.checkpoint()
+    assert store.invalidate("http://a/x")
+    crash(store)
+    with open(tmp_path / DROPS, "ab") as journal:
+        journal.write(b"\x01\x02\x03")  # the start of an entry the crash cut
+    again = DiskStore(section(tmp_path))
+    assert again.lookup("http://a/x", Entry) is None
+    assert again.invalidate("http://a/y") and again.durable()
+    crash(again)
+    last = DiskStore(section(tmp_path))
+    assert last.lookup("http://a/y", Entry) is None and last.lookup("http://a/x", Entry) is None
+    assert last.stats()["dropped_again"] == 2
+    last.close()
+
+
+def test_a_journal_that_cannot_be_read_purges_what_it_may_have_dropped(tmp_path):
+    store = DiskStore(section(tmp_path))
+    write(store, ["http://a/x", "http://a/y"])
+    store.checkpoint()
+    assert store.invalidate("http://a/x")
+    crash(store)
+    (tmp_path / DROPS).rename(tmp_path / "elsewhere")
+    (tmp_path / DROPS).symlink_to(tmp_path / "elsewhere")  # never followed: unreadable
+    again = DiskStore(section(tmp_path))
+    assert again.lookup("http://a/x", Entry) is None and again.lookup("http://a/y", Entry) is None
+    write(again, ["http://a/z"])  # written after the purge: kept
+    assert again.lookup("http://a/z", Entry) is not None
     again.close()

@@ -8,7 +8,8 @@ Rules this module keeps:
   before its first ``=``, compared as an origin reads it (percent-decoded, ``+`` a space): a
   name that is sent encoded (``%69d``) is the parameter the origin reads (``id``), so it can
   neither slip past an include list into an object keyed without it nor stay keyed while
-  excluded. A parameter that holds a ``;``, which some origins read as a separator (so
+  excluded. The names of the setting are read the same way (``"size%5B%5D"`` is ``size[]``).
+  A parameter that holds a ``;``, which some origins read as a separator (so
   ``utm_source=x;id=evil`` is two parameters to them), is always keyed, whole.
 * What the key leaves out, the origin still reads: a parameter excluded from the key that the
   origin reflects into its answer poisons that answer for everyone, as an unkeyed header
@@ -42,6 +43,9 @@ class KeyQuery:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"key_query {self.mode!r}: expected one of {', '.join(MODES)}")
+        # A name compares as the origin reads it, in the setting as in the request: "size%5B%5D"
+        # and "size[]" are one parameter, which no spelling may drop from (or add to) the key.
+        object.__setattr__(self, "names", frozenset(unquote_plus(n) for n in self.names))
 
     @property
     def identity(self) -> bool:
