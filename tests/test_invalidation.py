@@ -93,6 +93,21 @@ def test_a_purge_by_tag_reaches_the_tier_behind_the_store(soft):
     assert tier.tag_banned(("t1",), tier.find(URL))
 
 
+@pytest.mark.parametrize(
+    "credentials", [("Cookie", "session=1"), ("Authorization", "Bearer x")], ids=lambda c: c[0]
+)
+def test_a_private_answer_to_a_request_with_credentials_leaves_the_shared_copy(credentials):
+    """The origin may answer one user privately while every other client shares the public
+    copy: a client sending a cookie must not empty the cache for everyone."""
+    engine, tier = two_tiers()
+    request = RequestMeta(URL, headers=(credentials,))
+    private = response_meta(request, 200, (("Cache-Control", "private"),), 1.0, 1.0)
+    engine.on_response(request, private, 1, 1.0)
+    assert URL in engine.store and tier.find(URL) is not None
+    engine.on_response(RequestMeta(URL), uncacheable("private"), 1, 1.0)  # without: it goes
+    assert URL not in engine.store and tier.find(URL) is None
+
+
 def test_slices_of_a_changed_object_leave_every_tier():
     engine, tier = two_tiers()
     engine.remove_slices(URL)

@@ -24,7 +24,7 @@ from proxy.core.events import (
     ResponseMeta,
     Store,
 )
-from proxy.core.rfc9110 import Headers
+from proxy.core.rfc9110 import Headers, get_first
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
@@ -103,6 +103,7 @@ class ResponseDecisions:
     tags: TagIndex
     slices: SliceIndex
     hit_for_miss: float
+    ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
     behind: tuple[Tier, ...]
     # URL -> (until when it goes straight to the origin, bytes it is charged)
@@ -362,12 +363,17 @@ class ResponseDecisions:
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
         stored for its URL, in every tier, unless it is a server error (section 4.3.3 lets the cache
-        keep the stored response then) or the request alone made it uncacheable."""
+        keep the stored response then), the request alone made it uncacheable, or the request
+        sent credentials (``Authorization``, a cookie not ignored): its answer may be for that
+        user alone, and a client must not empty what every client shares by sending a cookie.
+        (Section 4.4 requires no removal here; the stored copy is still the URL's newest public
+        answer, served within its own freshness.)"""
         if (
             response.status >= 500
             or response.status in (206, 304)
             or request.method != "GET"
             or response.reason in _REQUEST_REASONS
+            or self._credentialed(request)
         ):
             return
         self._pass_for_a_while(request, now)
@@ -375,6 +381,12 @@ class ResponseDecisions:
         # stopped varying, and a tier behind the store may hold variants the store does not
         # know. The safe side of a response that may not be kept.
         self.invalidate(request.key, SUPERSEDED)
+
+    def _credentialed(self, request: RequestMeta) -> bool:
+        return bool(request.headers) and (
+            get_first(request.headers, "authorization") is not None
+            or rfc9111.carries_cookie(request.headers, self.ignore_cookies)
+        )
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
