@@ -10,10 +10,11 @@ What it guarantees:
   index the other's records and bring back each other's purged versions. The lock goes with
   the process, however it ends (the kernel drops it at kill -9 too).
 * A directory another user may write to (o+w, sticky or not: a sticky directory still lets
-  them create the next region file first; or owned by a user that is neither this process's
-  nor root) is refused: a record planted there would be served to
-  every client, and a link planted as the next region file would have the proxy append to
-  any file it can write. A directory the proxy creates is 0700, and every file 0600.
+  them create the next region file first; g+w for a group other than the process's own; or
+  owned by a user that is neither this process's nor root) is refused: a record planted
+  there would be served to every client, and a link planted as the next region file would
+  have the proxy append to any file it can write. A directory the proxy creates is 0700,
+  and every file 0600.
 * Files are opened with ``O_NOFOLLOW``: a link in place of one of the tier's files is an error
   (logged, the record a miss), never a way out of the directory.
 """
@@ -71,11 +72,15 @@ def release(fd: int) -> None:
 def _trusted(directory: Path, info: os.stat_result) -> None:
     if not stat.S_ISDIR(info.st_mode):
         raise DiskDirectoryError(f"[disk] path {str(directory)!r} is not a directory")
-    if info.st_mode & stat.S_IWOTH:
+    # Group write is trusted only for the process's own group (a user's private group, as a
+    # umask of 002 gives): another group's members could plant records.
+    group = info.st_mode & stat.S_IWGRP and info.st_gid != os.getegid()
+    if info.st_mode & stat.S_IWOTH or group:
+        who = "every user" if info.st_mode & stat.S_IWOTH else f"group {info.st_gid}"
         raise DiskDirectoryError(
-            f"[disk] path {str(directory)!r}: every user may write to it (mode "
+            f"[disk] path {str(directory)!r}: {who} may write to it (mode "
             f"{stat.S_IMODE(info.st_mode):o}), and a record planted there would be served to "
-            "every client: chmod o-w it, or give a directory of the proxy's own"
+            "every client: chmod go-w it, or give a directory of the proxy's own"
         )
     if info.st_uid not in (os.geteuid(), 0):
         raise DiskDirectoryError(

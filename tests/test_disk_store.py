@@ -266,14 +266,30 @@ def test_a_second_process_on_one_disk_directory_is_refused_with_one_line(tmp_pat
     DiskStore(section(tmp_path)).close()
 
 
-@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o757])
-def test_a_directory_every_user_may_write_to_is_refused(tmp_path, mode):
+@pytest.mark.parametrize(
+    ("mode", "who"),
+    [(0o777, "every user"), (0o1777, "every user"), (0o757, "every user"), (0o770, "group 1")],
+)
+def test_a_directory_other_users_may_write_to_is_refused(tmp_path, mode, who):
     shared = tmp_path / "cache"
     shared.mkdir()
     shared.chmod(mode)
-    with pytest.raises(DiskDirectoryError, match="every user may write to it"):
+    try:
+        os.chown(shared, -1, 1)  # a group of others: root may give the directory to it
+    except PermissionError:
+        pytest.skip("giving a directory to another group needs root")
+    with pytest.raises(DiskDirectoryError, match=f"{who} may write to it"):
         DiskStore(section(shared))
     assert list(shared.iterdir()) == []  # refused before anything was written
+
+
+def test_a_directory_its_own_group_may_write_to_is_used(tmp_path):
+    """A umask of 002 gives directories the user's own group may write to: as safe as 0755."""
+    own = tmp_path / "cache"
+    own.mkdir()
+    own.chmod(0o775)
+    os.chown(own, -1, os.getegid())
+    DiskStore(section(own)).close()
 
 
 def test_the_tier_creates_its_directory_and_files_for_its_own_user_only(tmp_path):
