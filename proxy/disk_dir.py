@@ -50,6 +50,8 @@ def claim(directory: Path) -> int:
             f"[disk] path {str(directory)!r}: its lock file cannot be opened: {exc.strerror}"
         ) from exc
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{LOCK} is not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
@@ -59,8 +61,19 @@ def claim(directory: Path) -> int:
             f"{holder}): each process needs a disk directory of its own (--workers shares "
             "none yet: run one process per [disk] path)"
         ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:
+        os.close(fd)
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r}: its lock file cannot be locked: {exc}"
+        ) from exc
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:
+        os.close(fd)
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r}: its lock file cannot be written: {exc.strerror}"
+        ) from exc
     return fd
 
 

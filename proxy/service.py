@@ -8,6 +8,7 @@ seconds, then closes the origin connections.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
@@ -109,63 +110,51 @@ class Service:
         ``clock``: the cache's time (seconds since the epoch), read wherever the proxy asks
         the time of a request or response (a trace's, to replay it as the simulator does)."""
         require_strict_parser()
-        # The disk first: a directory it refuses stops the start before anything is opened.
-        disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
-        upstream = Upstream(config.upstream)
-        await upstream.start()
-        engine = build_engine(config)
-        shared = shared_admission(config, engine)
-        if shared is not None:
-            await shared.connect()
-        proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
-        if shared is not None and not config.admission.redis_cluster:
-            # A Redis Cluster client has no pub/sub here: its fleet purges stay local.
-            proxy.fleet = FleetPurges(shared.remote.client, f"{config.admission.redis_prefix}purge",
-                                      lambda purge: apply_fleet_purge(proxy, purge))  # fmt: skip
-            proxy.fleet.start()
-        server_kwargs: dict[str, object] = {
-            # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
-            # configured limits itself, with the statuses RFC 9110 names (414, 431).
-            "max_line_size": 4 * config.server.max_url_length + 64,
-            "max_field_size": 4 * config.server.max_header_size,
-            # aiohttp closes a connection whose request head is not complete this long after it
-            # opened or after its last response: idle keep-alives and slow-header clients.
-            "keepalive_timeout": config.server.idle_timeout,
-            "logger": HTTP_ERRORS,
-            "send_timeout": config.server.send_timeout,
-        }
-        if config.server.access_log:
-            server_kwargs["access_log"] = logging.getLogger("onehit.access")
-            if config.server.access_log_format == "json":
-                server_kwargs["access_log_class"] = JsonAccessLogger
-            else:
-                server_kwargs["access_log_format"] = COMBINED
-        else:
-            server_kwargs["access_log"] = None
-        if config.server.fast_hits:
-            answers = (proxy.plain_hits.answer, proxy.answer_hit)
-            server = HitServer(
-                proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
+        # Whatever a failed or cancelled start opened is closed again, the disk's directory
+        # given up: the caller may start again in the same process.
+        async with contextlib.AsyncExitStack() as undo:
+            # The disk first: a directory it refuses stops the start before anything is opened.
+            disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
+            if disk is not None:
+                undo.callback(disk.close)
+            upstream = Upstream(config.upstream)
+            undo.push_async_callback(upstream.close)
+            await upstream.start()
+            engine = build_engine(config)
+            shared = shared_admission(config, engine)
+            if shared is not None:
+                undo.push_async_callback(shared.remote.client.aclose)
+                undo.push_async_callback(shared.close)
+                await shared.connect()
+            proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
+            undo.push_async_callback(proxy.close)
+            if shared is not None and not config.admission.redis_cluster:
+                # A Redis Cluster client has no pub/sub here: its fleet purges stay local.
+                channel = f"{config.admission.redis_prefix}purge"
+                proxy.fleet = FleetPurges(
+                    shared.remote.client, channel, lambda purge: apply_fleet_purge(proxy, purge)
+                )
+                undo.push_async_callback(proxy.fleet.close)
+                proxy.fleet.start()
+            proxy_runner = web.ServerRunner(
+                _proxy_server(config, proxy), shutdown_timeout=config.server.drain_timeout
             )
-        else:
-            server = ProxyServer(proxy.handle, **server_kwargs)
-        proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)
-        admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
-        await proxy_runner.setup()
-        await admin_runner.setup()
-        service = cls(config, proxy, proxy_runner, admin_runner)
-        if disk is not None:
-            service.checkpoints = asyncio.get_running_loop().create_task(
-                _checkpoints(disk, config.disk.checkpoint_interval)
-            )
-        try:
+            admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
+            undo.push_async_callback(proxy_runner.cleanup)
+            await proxy_runner.setup()
+            undo.push_async_callback(admin_runner.cleanup)
+            await admin_runner.setup()
+            service = cls(config, proxy, proxy_runner, admin_runner)
+            if disk is not None:
+                service.checkpoints = asyncio.get_running_loop().create_task(
+                    _checkpoints(disk, config.disk.checkpoint_interval)
+                )
+                undo.callback(service.checkpoints.cancel)
             await web.TCPSite(
                 proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port
             ).start()
             await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
-        except OSError:
-            await service.stop()
-            raise
+            undo.pop_all()  # started: ``stop`` closes it all
         return service
 
     @property
@@ -190,6 +179,36 @@ class Service:
         if self.proxy.shared is not None:
             await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()
+
+
+def _proxy_server(config: Config, proxy: Proxy) -> web.Server:
+    """The data port's server: aiohttp's limits and access log as configured, and the
+    compiled hit path in front of the handler unless ``[server] fast_hits`` is off."""
+    server_kwargs: dict[str, object] = {
+        # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
+        # configured limits itself, with the statuses RFC 9110 names (414, 431).
+        "max_line_size": 4 * config.server.max_url_length + 64,
+        "max_field_size": 4 * config.server.max_header_size,
+        # aiohttp closes a connection whose request head is not complete this long after it
+        # opened or after its last response: idle keep-alives and slow-header clients.
+        "keepalive_timeout": config.server.idle_timeout,
+        "logger": HTTP_ERRORS,
+        "send_timeout": config.server.send_timeout,
+    }
+    if config.server.access_log:
+        server_kwargs["access_log"] = logging.getLogger("onehit.access")
+        if config.server.access_log_format == "json":
+            server_kwargs["access_log_class"] = JsonAccessLogger
+        else:
+            server_kwargs["access_log_format"] = COMBINED
+    else:
+        server_kwargs["access_log"] = None
+    if config.server.fast_hits:
+        answers = (proxy.plain_hits.answer, proxy.answer_hit)
+        return HitServer(
+            proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
+        )
+    return ProxyServer(proxy.handle, **server_kwargs)
 
 
 async def _checkpoints(disk: DiskStore, interval: float) -> None:

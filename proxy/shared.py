@@ -250,8 +250,15 @@ class SharedSecondHit:
         """Warm the connection at start-up; a Redis that does not answer yet is not an error
         (misses fall back until it does)."""
         try:
-            await asyncio.wait_for(self.remote.prepare(), timeout)
+            # In this task, not one of wait_for's: a start cancelled meanwhile leaves no task
+            # behind to end later with an exception nobody reads.
+            async with asyncio.timeout(timeout):
+                await self.remote.prepare()
         except (TimeoutError, RedisError, OSError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # redis-py may turn the cancellation of a read into its own TimeoutError.
+                raise asyncio.CancelledError from exc
             self.healthy = False
             self._retry_at = self.clock() + self.retry_after
             log.warning("shared admission filter unavailable at start (%r): using the local one",

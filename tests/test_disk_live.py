@@ -3,6 +3,7 @@ from them on a memory miss, and served again after a restart; a damaged record i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from email.utils import formatdate
@@ -365,3 +366,35 @@ async def test_a_hit_is_a_hit_whichever_tier_answers_it_counted_by_tier(
     ):
         text = await r.text()
     assert "onehit_hits_from_disk_total 1.0" in text and "onehit_hits_total 3.0" in text
+
+
+async def test_a_start_cancelled_after_the_disk_was_claimed_gives_the_directory_up(
+    origin, start_proxy, tmp_path
+):
+    """Cancelled while it warms its Redis connection (a Redis that accepts and never
+    answers), a start closes what it opened: the next start on the directory goes ahead."""
+    asked, held = asyncio.Event(), []
+
+    def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        asked.set()
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    redis_url = f"redis://127.0.0.1:{silent.sockets[0].getsockname()[1]}/0"
+    try:
+        starting = asyncio.ensure_future(
+            start_proxy(disk__path=str(tmp_path), admission__backend="redis",
+                        admission__redis_url=redis_url, **DISK)
+        )  # fmt: skip
+        await asyncio.wait_for(asked.wait(), 5)  # it holds the directory and waits on Redis
+        starting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await starting
+    finally:
+        for writer in held:
+            writer.close()
+        silent.close()
+        await silent.wait_closed()
+    again = await start_proxy(disk__path=str(tmp_path), **DISK)
+    origin.set("/x", body=b"x" * 5000)
+    assert (await get(again, "/x"))[2] == b"x" * 5000
