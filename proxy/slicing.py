@@ -76,7 +76,8 @@ LOOK_AHEAD = 64
 @dataclass(frozen=True, slots=True)
 class Piece:
     """One slice of an object in hand: its fields without ``Content-Range`` (``fields``),
-    its bytes ``first``..``last`` of ``length``, its version and its age."""
+    its bytes ``first``..``last`` of ``length``, its version and its age, and whether the
+    disk tier gave it (an answer with such a slice is a hit from disk)."""
 
     fields: tuple[tuple[str, str], ...]
     body: bytes
@@ -85,6 +86,7 @@ class Piece:
     length: int
     version: str | None
     age: float
+    from_disk: bool = False
 
 
 def piece(
@@ -272,6 +274,7 @@ class Slicer:
         fields = (*head.fields, *per_answer(cache_status, first.age, date))
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
+        from_disk = first.from_disk
         for i in wanted:
             held = 0
             try:
@@ -291,6 +294,7 @@ class Slicer:
                     engine.sliced(fetched, mismatched=part == "changed")
                     abort(request)
                     return out
+                from_disk |= part.from_disk
                 body = memoryview(part.body)[max(low, part.first) - part.first :
                                              min(high, part.last) - part.first + 1]  # fmt: skip
                 if not await send(out, body):
@@ -300,7 +304,7 @@ class Slicer:
                     self.room.give(held)
         else:
             await send(out, b"", eof=True)
-        engine.sliced(fetched, mismatched=False)
+        engine.sliced(fetched, mismatched=False, from_disk=from_disk)
         return out
 
     def _slice_meta(self, meta: RequestMeta, n: int) -> RequestMeta:
@@ -332,7 +336,8 @@ class Slicer:
         if disk is None or not disk.anchored(meta.key, smeta.key):
             return None
         behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
-        return self._piece(smeta, n, like, engine.slice_hit(smeta, self.clock(), behind, disk))
+        found = self._piece(smeta, n, like, engine.slice_hit(smeta, self.clock(), behind, disk))
+        return None if found is None else replace(found, from_disk=True)
 
     def _piece(
         self, smeta: RequestMeta, n: int, like: Piece | None, hit: Hit | None

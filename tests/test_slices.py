@@ -433,6 +433,11 @@ async def test_slices_reach_the_disk_tier_and_outlive_a_restart(origin, start_pr
     # Each read once, then kept in memory: 0 for the HEAD, 1 for the Range, 2 and 3 for the GET.
     assert second.proxy.disk.tier.counters.hits == 4
     assert len(second.proxy.engine.slices.keys(f"{KEY}/video")) == 4  # kept in memory too
+    # Each of the three answers took a slice from disk: a hit from disk, not from memory.
+    counters = second.proxy.engine.counters
+    assert (counters.hits, counters.hits_from_disk) == (3, 3)
+    status, _, _ = await get(second, "/video")
+    assert (status, counters.hits, counters.hits_from_disk) == (200, 4, 3)  # all in memory now
 
 
 async def test_a_purge_or_a_new_version_reaches_the_slices_on_disk(origin, start_proxy, tmp_path):

@@ -343,10 +343,11 @@ class CacheEngine(ResponseDecisions):
                 self.promote(behind)
         return hit
 
-    def sliced(self, fetched: int, mismatched: bool) -> None:
+    def sliced(self, fetched: int, mismatched: bool, *, from_disk: bool = False) -> None:
         """A request ``plan`` counted as a miss was answered from slices, ``fetched`` of them
-        from the origin: with none fetched it was a hit. ``mismatched``: a slice's validator
-        differed from the others', and the object's stored slices were removed."""
+        from the origin: with none fetched it was a hit, from disk when the disk tier gave
+        any of them (``from_disk``). ``mismatched``: a slice's validator differed from the
+        others', and the object's stored slices were removed."""
         c = self.counters
         c.slice_fetches += fetched
         if mismatched:
@@ -354,6 +355,7 @@ class CacheEngine(ResponseDecisions):
         elif not fetched:
             c.misses -= 1
             c.hits += 1
+            c.hits_from_disk += from_disk
 
     def _private(self, request: RequestMeta, entry: Entry) -> bool:
         """``request`` carries a cookie and ``entry`` is not meant for shared caches."""
