@@ -51,7 +51,7 @@ from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
-from proxy.core.tags import response_tags
+from proxy.core.tags import response_tags, storable_tags
 from proxy.core.tiers import forgotten_keys
 from proxy.disk_dir import claim, open_file, read_file, release, replace_file
 from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
@@ -166,11 +166,11 @@ class DiskStore:
     ) -> bool:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
         asked once at its head: a whole 200 GET (a variant is written by ``write_variant``),
-        or (``part``) a slice's 206 under its slice key (``write_slice``), and then the
-        tier's admission, which counts the sighting of what would be written: the URL, or
-        the variant the request selects (so each variant is asked for as often as a URL is
-        before the device takes it, and a client cycling a varied field's values writes
-        nothing)."""
+        or (``part``) a slice's 206 under its slice key (``write_slice``), with no more tags
+        than the store takes, and then the tier's admission, which counts the sighting of
+        what would be written: the URL, or the variant the request selects (so each variant
+        is asked for as often as a URL is before the device takes it, and a client cycling a
+        varied field's values writes nothing)."""
         if response.vary:
             self.invalidate(request.key)  # what was stored without variants is superseded
         if (
@@ -179,6 +179,7 @@ class DiskStore:
             or response.status != (206 if part else 200)
             or (part and response.vary)
             or not response.cacheable
+            or storable_tags(response.headers) is None  # as the store: no purge could reach it
         ):
             return False
         size = length or 0

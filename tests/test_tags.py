@@ -171,11 +171,13 @@ async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
 
 
 async def test_a_response_with_more_tags_than_a_purge_may_name_says_it_was_not_stored(
-    origin, start_proxy
+    origin, start_proxy, tmp_path
 ):
     many = " ".join(f"t{i}" for i in range(MAX_TAGS + 1))
     origin.set("/x", body=b"x", headers={"Cache-Control": "max-age=600", "Surrogate-Key": many})
-    proxy = await start_proxy(admission__policy="always")
+    proxy = await start_proxy(admission__policy="always", disk__path=str(tmp_path),
+                              disk__policy="always", disk__size="8MiB",
+                              disk__region_size="1MiB")  # fmt: skip
     url, host = base(proxy) + "/x", {"Host": "example.test"}
     async with aiohttp.ClientSession() as session:
         for _ in range(2):
@@ -186,3 +188,5 @@ async def test_a_response_with_more_tags_than_a_purge_may_name_says_it_was_not_s
     counters = proxy.proxy.engine.counters
     # The second request went straight to the origin, remembered as uncacheable.
     assert (counters.admissions, counters.hit_for_miss, origin.hits["/x"]) == (0, 1, 2)
+    # Nor written to disk, where no purge could reach it.
+    assert proxy.proxy.disk.tier.counters.bytes_written == 0
