@@ -117,7 +117,8 @@ def read_file(path: Path) -> bytes:
 def replace_file(path: Path, data: bytes) -> None:
     """``path`` holds ``data`` on the device, or (OSError) what it held before: written to a
     new file (0600, created afresh, never through a link), synced, then renamed over it, so a
-    crash leaves one or the other whole."""
+    crash leaves one or the other whole; the rename is synced too, so a power cut does not
+    bring back the old one."""
     fresh = path.with_suffix(".new")
     fresh.unlink(missing_ok=True)
     fd = open_file(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
@@ -126,3 +127,13 @@ def replace_file(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(fresh, path)
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """Put ``directory``'s entries (files created, renamed or removed in it) on the device."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

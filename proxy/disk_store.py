@@ -53,7 +53,7 @@ from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags, storable_tags
 from proxy.core.tiers import forgotten_keys
-from proxy.disk_dir import claim, open_file, read_file, release, replace_file
+from proxy.disk_dir import claim, open_file, read_file, release, replace_file, sync_directory
 from proxy.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.region_log import DISK_ERRORS, RegionLog
 
@@ -365,6 +365,7 @@ class DiskStore:
             size = os.fstat(fd).st_size
             if size % _DROP.size:
                 os.ftruncate(fd, size - size % _DROP.size)
+            sync_directory(self.drops_path.parent)  # syncing its drops keeps a file that is there
         except OSError:
             os.close(fd)
             raise
