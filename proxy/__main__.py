@@ -7,12 +7,14 @@ import asyncio
 import gc
 import json
 import logging
+import mmap
 import os
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from proxy.config import Config, ConfigError, load
+from proxy.machine import attach
 from proxy.service import Service, until_signalled
 from proxy.workers import READY, serve_workers
 
@@ -58,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 serve_workers(config, _without_workers(own), args.workers),
                 config.server.event_loop,
             )
-        _run(_serve(config, worker=args.worker), config.server.event_loop)
+        shared = None if args.shared_window_fd is None else attach(args.shared_window_fd)
+        _run(_serve(config, worker=args.worker, shared_window=shared), config.server.event_loop)
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -119,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
         help="check the settings (file, environment, flags), print those in force, and exit",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)
     return p
 
 
@@ -159,8 +163,10 @@ def collect_for_serving() -> None:
     gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *gc.get_threshold()[1:])
 
 
-async def _serve(config: Config, worker: bool = False) -> None:
-    service = await Service.start(config, reuse_port=worker)
+async def _serve(
+    config: Config, worker: bool = False, shared_window: mmap.mmap | None = None
+) -> None:
+    service = await Service.start(config, reuse_port=worker, shared_window=shared_window)
     collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address

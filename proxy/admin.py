@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import hmac
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -94,6 +95,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
             "uptime_s": round(time.time() - started, 3),
+            "pid": os.getpid(),
             "collector": {
                 "threshold": gc.get_threshold(),
                 "frozen_objects": gc.get_freeze_count(),

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import mmap
 import signal
 import time
 from collections.abc import Callable
@@ -80,14 +81,16 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     return SharedSecondHit(engine.admission, remote, a.redis_budget, max_budget=a.redis_budget_max)
 
 
-def build_engine(config: Config) -> CacheEngine:
+def build_engine(config: Config, shared_window: mmap.mmap | None = None) -> CacheEngine:
+    """The cache engine ``config`` describes; ``shared_window``: the memory of an admission
+    window this process shares with the other workers of the machine."""
     store = CacheStore(
         config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.cache.eviction
     )
     c = config.cache
     return CacheEngine(
         store,
-        make_policy(config.admission_config(), store),
+        make_policy(config.admission_config(), store, shared=shared_window),
         hit_for_miss=c.hit_for_miss,
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
@@ -104,11 +107,17 @@ class Service:
 
     @classmethod
     async def start(
-        cls, config: Config, *, reuse_port: bool = False, clock: Callable[[], float] = time.time
+        cls,
+        config: Config,
+        *,
+        reuse_port: bool = False,
+        clock: Callable[[], float] = time.time,
+        shared_window: mmap.mmap | None = None,
     ) -> Service:
-        """Start both listeners; ``reuse_port`` lets several workers share the proxy port.
-        ``clock``: the cache's time (seconds since the epoch), read wherever the proxy asks
-        the time of a request or response (a trace's, to replay it as the simulator does)."""
+        """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
+        and ``shared_window`` their admission window (``proxy.machine``). ``clock``: the
+        cache's time (seconds since the epoch), read wherever the proxy asks the time of a
+        request or response (a trace's, to replay it as the simulator does)."""
         require_strict_parser()
         # Whatever a failed or cancelled start opened is closed again, the disk's directory
         # given up: the caller may start again in the same process.
@@ -120,7 +129,7 @@ class Service:
             upstream = Upstream(config.upstream)
             undo.push_async_callback(upstream.close)
             await upstream.start()
-            engine = build_engine(config)
+            engine = build_engine(config, shared_window)
             shared = shared_admission(config, engine)
             if shared is not None:
                 undo.push_async_callback(shared.remote.client.aclose)

@@ -1,11 +1,14 @@
 """``onehit-proxy --workers N``: N processes serving one port, one admin listener for all.
 
-Each worker is a whole onehit (its own cache, the admission backend from config, so
-``backend = "redis"`` makes them agree on what was seen) bound to the proxy port with
-SO_REUSEPORT; the kernel spreads connections across them. Workers run their own admin on an
-ephemeral loopback port; the parent serves the configured admin address: ``/stats`` lists every
-worker and their sum, ``/metrics`` is the sum, ``/purge`` and ``/filter/reset`` reach every
-worker. SIGTERM/SIGINT to the parent drains every worker, then it exits 0.
+Each worker is a whole onehit bound to the proxy port with SO_REUSEPORT; the kernel spreads
+connections across them. They share one admission window: second hit's generations are in
+memory the parent creates (``proxy.machine``) and every worker maps, so a URL seen once through
+each of two workers is a second sighting (Redis, ``backend = "redis"``, is what joins machines).
+Each keeps its own memory store. Workers run their own admin on an ephemeral loopback port; the
+parent serves the configured admin address: ``/stats`` lists every worker and their sum,
+``/metrics`` is the sum, ``/purge`` and ``/filter/reset`` reach every worker. A worker that
+exits is replaced at once, sharing the same window. SIGTERM/SIGINT to the parent drains every
+worker, then it exits 0.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -21,8 +25,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from proxy import machine
 from proxy.admin import admin_application, metrics_response, prometheus_text
 from proxy.config import Config
+from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
 from proxy.service import until_signalled
 
@@ -31,8 +37,8 @@ READY = "onehit-worker-admin "
 
 
 async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
-    """Run ``count`` workers with ``argv`` (the parent's own flags) until a signal; the exit
-    status is 0 when every worker drained cleanly."""
+    """Run ``count`` workers with ``argv`` (the parent's own flags) until a signal, replacing
+    any that dies; the exit status is 0 when every worker drained cleanly."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
     if config.disk.path:
@@ -41,36 +47,109 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
             f"--workers {count} with [disk] path: a disk directory serves one process, and "
             "workers share no disk tier yet; run one process, or one per [disk] path"
         )
-    workers = []
-    for _ in range(count):
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", *argv, "--worker",
-            "--set", "admin.listen=127.0.0.1:0", stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        workers.append(process)
-    admins = []
-    for process in workers:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        if not line.startswith(READY):
-            for other in workers:
-                other.kill()
-            raise RuntimeError(f"a worker did not start (it said {line!r})")
-        admins.append(line[len(READY) :].strip())
-    runner = web.AppRunner(fleet_admin(config, admins), access_log=None)
+    size = shared_window_size(config.admission_config())
+    window = machine.create(size) if size else None
+    try:
+        workers = Workers(list(argv), window)
+        await workers.start(count)
+    finally:
+        if window is not None:
+            os.close(window)  # the workers hold it now: it lives while any of them does
+    runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
     log.info("%d workers on %s:%d", count, *config.server.listen)
+    supervising = asyncio.ensure_future(workers.supervise())
     await until_signalled()
-    for process in workers:
-        process.send_signal(signal.SIGTERM)
-    codes = await asyncio.gather(*(process.wait() for process in workers))
+    supervising.cancel()
+    codes = await workers.stop()
     await runner.cleanup()
     return 0 if all(code == 0 for code in codes) else 1
 
 
-def fleet_admin(config: Config, admins: list[str]) -> web.Application:
+class Workers:
+    """The worker processes and where each one's admin listens (``admins``, kept in step: the
+    parent's admin reads it at each call). A worker that exits while the parent serves is
+    replaced at once, in its place, sharing what the others share."""
+
+    def __init__(self, argv: list[str], window: int | None) -> None:
+        self.argv = [*argv, "--worker"]
+        self.fds: tuple[int, ...] = ()
+        if window is not None:
+            self.argv += ["--shared-window-fd", str(window)]
+            self.fds = (window,)
+        self.processes: list[asyncio.subprocess.Process] = []
+        self.admins: list[str] = []
+        self.replaced = 0
+
+    async def start(self, count: int) -> None:
+        """Start ``count`` workers and wait until each listens; RuntimeError (every one
+        stopped) when one cannot start."""
+        started = await asyncio.gather(
+            *(self._spawn() for _ in range(count)), return_exceptions=True
+        )
+        for outcome in started:
+            if isinstance(outcome, tuple):
+                process, admin = outcome
+                self.processes.append(process)
+                self.admins.append(admin)
+        failed = [o for o in started if isinstance(o, BaseException)]
+        if failed:
+            for process in self.processes:
+                process.kill()
+                await process.wait()
+            raise failed[0]
+
+    async def _spawn(self) -> tuple[asyncio.subprocess.Process, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", *self.argv, "--set", "admin.listen=127.0.0.1:0",
+            stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
+        )  # fmt: skip
+        assert process.stdout is not None
+        try:
+            line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        except TimeoutError:
+            line = ""
+        if not line.startswith(READY):
+            process.kill()
+            await process.wait()
+            raise RuntimeError(f"a worker did not start (it said {line!r})")
+        return process, line[len(READY) :].strip()
+
+    async def supervise(self) -> None:
+        """Replace each worker that exits, until cancelled."""
+        while True:
+            waits = {asyncio.ensure_future(p.wait()): i for i, p in enumerate(self.processes)}
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            for ended in done:
+                i = waits[ended]
+                old = self.processes[i]
+                log.warning("worker %d (pid %d) exited with %s: starting another", i, old.pid,
+                            old.returncode)  # fmt: skip
+                while True:
+                    try:
+                        self.processes[i], self.admins[i] = await self._spawn()
+                        break
+                    except RuntimeError as exc:
+                        log.error("replacing worker %d failed (%s): trying again", i, exc)
+                        await asyncio.sleep(1)
+                self.replaced += 1
+
+    async def stop(self) -> list[int]:
+        """Drain every worker (SIGTERM) and their exit statuses."""
+        for process in self.processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        return list(await asyncio.gather(*(p.wait() for p in self.processes)))
+
+
+def fleet_admin(config: Config, workers: Workers) -> web.Application:
     """The parent's admin app: every call is fanned out to the workers' own admin listeners."""
+    admins = workers.admins
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
 
     async def each(method: str, path: str, body: Any = None) -> list[Any]:
@@ -90,6 +169,7 @@ def fleet_admin(config: Config, admins: list[str]) -> web.Application:
             "workers": per_worker,
             "sum": combine([w["metrics"] for w in per_worker]),
             "worker_count": len(per_worker),
+            "workers_replaced": workers.replaced,
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 

@@ -34,13 +34,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from proxy.core._native import Admission
 from proxy.core.names import unknown_name
 from proxy.core.store import CacheStore
-from proxy.core.window import FilterStats, WindowedBloomFilter
+from proxy.core.window import FilterStats, WindowedBloomFilter, shared_window_bytes
 from proxy.units import parse_size
+
+if TYPE_CHECKING:
+    from proxy.core.window import SharedMemory
 
 
 class AdmissionPolicy(Protocol):
@@ -250,19 +253,37 @@ def _always(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     return CompiledPolicy("always", Admission("always"))
 
 
-def _second_hit(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+def _second_hit(
+    config: AdmissionConfig, store: CacheStore, shared: SharedMemory | None = None
+) -> AdmissionPolicy:
     g = config.generations
     if config.window == "auto":
         sizer = _turnover(config, store)
+        # Shared, the memory is laid out once: ``capacity`` keys' bits, the share within it.
+        keys = config.capacity if shared is not None else sizer.initial() * (g - 1)
         window = WindowedBloomFilter(
-            sizer.initial() * (g - 1), config.fp_rate, config.max_window, g, sizer=sizer
+            keys, config.fp_rate, config.max_window, g, sizer=sizer, shared=shared
         )
     else:
-        seconds = float(config.window)
-        if not seconds > 0 or math.isinf(seconds):
-            raise ValueError(f"window must be 'auto' or a positive duration, got {config.window!r}")
-        window = WindowedBloomFilter(config.capacity, config.fp_rate, seconds, g)
+        window = WindowedBloomFilter(
+            config.capacity, config.fp_rate, _seconds(config), g, shared=shared
+        )
     return CompiledPolicy("second-hit", Admission("second-hit", window=window), window)
+
+
+def _seconds(config: AdmissionConfig) -> float:
+    seconds = float(config.window)
+    if not seconds > 0 or math.isinf(seconds):
+        raise ValueError(f"window must be 'auto' or a positive duration, got {config.window!r}")
+    return seconds
+
+
+def shared_window_size(config: AdmissionConfig) -> int:
+    """The bytes of shared memory the policy's window takes when processes share it (see
+    ``make_policy``); 0 for a policy with no window to share."""
+    if parse_policy(config.policy)[0] != "second-hit":
+        return 0
+    return shared_window_bytes(config.capacity, config.fp_rate, config.generations)
 
 
 def _turnover(config: AdmissionConfig, store: CacheStore) -> TurnoverSizer:
@@ -395,7 +416,13 @@ def parse_policy(text: object) -> tuple[str, float | None]:
         raise ValueError(f"admission policy {text!r}: {exc}") from None
 
 
-def make_policy(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
-    """The policy ``config.policy`` names, wired to ``store``; ValueError names the known ones."""
+def make_policy(
+    config: AdmissionConfig, store: CacheStore, *, shared: SharedMemory | None = None
+) -> AdmissionPolicy:
+    """The policy ``config.policy`` names, wired to ``store``; ValueError names the known ones.
+    ``shared``: memory (``shared_window_size`` of it) that the processes of one machine share:
+    second hit's window is theirs together (other policies keep their own state)."""
     name, _ = parse_policy(config.policy)
+    if shared is not None and name == "second-hit":
+        return _second_hit(config, store, shared)
     return POLICIES[name][0](config, store)

@@ -18,6 +18,15 @@ Rules this module keeps (each is pinned by a test):
   simulator's compiled loop drive the same code.
 * Rotation is lazy: it happens inside a call whose ``now`` crosses a boundary. Nothing here reads
   a clock or runs in the background; a clock that steps back never rotates.
+* ``shared``: the generations live in memory that processes share (``shared_window_bytes`` of
+  it, zeroed when first given), so every process records and tests the same keys: a key seen
+  once by each of two processes is seen before. The first process lays the memory out; one
+  whose settings differ is refused. Nothing locks: bits are set with an atomic OR, and a
+  rotation is claimed with a compare-and-swap, so a process killed at any instant blocks no
+  other (the rules are in ``proxy/core/native/shared_window.c``). Timed rotations fall on a
+  grid from the first call of any process; a forced one does not move it. Each generation
+  holds ``capacity / (g - 1)`` keys' bits; with a ``sizer`` its share is the sizer's answer at
+  each rotation, never above that.
 """
 
 from __future__ import annotations
@@ -25,14 +34,27 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from proxy.core import _native
 from proxy.core.bloom import optimal_size
+
+if TYPE_CHECKING:
+    from mmap import mmap
+
+    # Memory a window may share with other processes: any writable buffer.
+    SharedMemory = mmap | memoryview | bytearray
 
 # Generations are sized at 90% of their fp_rate / g share: at the edge (every generation full)
 # the union's expected rate is then 0.9 * fp_rate, so the bound holds as measured on a finite
 # sample, not only in expectation. It costs 0.22 bits per key.
 _FP_MARGIN = 0.9
+
+
+def shared_window_bytes(capacity: int, fp_rate: float, generations: int) -> int:
+    """The bytes of shared memory a window of these settings lays out (``shared``)."""
+    share, _, _ = generation_sizing(capacity, fp_rate, generations)
+    return int(_native.shared_window_bytes(share, fp_rate / generations * _FP_MARGIN, generations))
 
 
 def generation_sizing(capacity: int, fp_rate: float, generations: int) -> tuple[int, int, int]:
@@ -78,6 +100,7 @@ class WindowedBloomFilter(_native.Window):
         generations: int = 2,
         *,
         sizer: Callable[[], int] | None = None,
+        shared: SharedMemory | None = None,
     ) -> None:
         if not isinstance(generations, int) or generations < 2:
             raise ValueError(f"generations must be an integer >= 2, got {generations!r}")
@@ -86,7 +109,8 @@ class WindowedBloomFilter(_native.Window):
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer of keys, got {capacity!r}")
         share, _, _ = generation_sizing(capacity, fp_rate, generations)
-        super().__init__(share, fp_rate / generations * _FP_MARGIN, window, generations, sizer)
+        gen_fp = fp_rate / generations * _FP_MARGIN
+        super().__init__(share, gen_fp, window, generations, sizer, shared)
         self.fp_rate = fp_rate
 
     @property
@@ -97,7 +121,7 @@ class WindowedBloomFilter(_native.Window):
     @property
     def generation_share(self) -> int:
         """First sightings after which the newest generation rotates."""
-        return self.generations()[0].capacity
+        return self.share
 
     def stats(self) -> FilterStats:
         bits = self.generations()

@@ -16,6 +16,8 @@ static PyMethodDef module_methods[] = {
      "MurmurHash3 x64/128 of a key's UTF-8 bytes: (h1, h2), unsigned."},
     {"optimal_size", (PyCFunction)py_optimal_size, METH_VARARGS,
      "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
+    {"shared_window_bytes", (PyCFunction)py_shared_window_bytes, METH_VARARGS,
+     "shared_window_bytes(share, gen_fp, generations): the memory a shared Window needs."},
     {"hash_ids", (PyCFunction)py_hash_ids, METH_VARARGS,
      "hash_ids(ids, prefix, out): out[i] = h1 of prefix + str(ids[i])."},
     {"index_fields", (PyCFunction)py_index_fields, METH_O,

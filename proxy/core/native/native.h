@@ -102,10 +102,38 @@ static inline int bloom_contains(const BloomObject *b, uint64_t h1, uint64_t h2)
     return 1;
 }
 
+/* shared_window.c: a window's generations and rotation state in memory that processes
+ * share (see proxy/core/window.py). */
+
+#define SHARED_MAX_G 16
+
+typedef struct {
+    uint64_t magic;
+    int64_t g, size_bits, num_hashes, share;
+    int64_t limit;     /* first sightings after which the newest generation rotates (<= share) */
+    double window;
+    uint64_t origin;   /* the rotation grid's start (a double's bits; 0: not set yet) */
+    uint64_t epoch;    /* rotations so far: the newest generation is slot epoch % g */
+    int64_t period;    /* the grid period of the last timed rotation */
+    uint64_t rotations, forced;
+    int64_t counts[SHARED_MAX_G];
+} SharedHead;
+
+typedef struct {
+    SharedHead *head;
+    uint8_t *slots;     /* g generations of slot_bytes each */
+    int64_t slot_bytes;
+    Py_buffer view;     /* held: the memory stays mapped while the window lives */
+} SharedWindow;
+
+int64_t shared_window_bytes(int64_t size_bits, int g);
+PyObject *py_shared_window_bytes(PyObject *module, PyObject *args);
+
 /* window.c */
 
 typedef struct {
     PyObject_HEAD
+    SharedWindow *shared;  /* NULL: the window is this process's own */
     BloomObject **gens;
     double *written;
     int g;
@@ -122,6 +150,13 @@ typedef struct {
 extern PyTypeObject WindowType;
 /* 1 seen, 0 not, -1 error. */
 int window_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now);
+int shared_attach(WindowObject *w, PyObject *buffer, long long share);
+void shared_detach(WindowObject *w);
+int shared_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now);
+int shared_contains(WindowObject *w, uint64_t h1, uint64_t h2, double now);
+void shared_clear(WindowObject *w, double now);
+/* A copy of generation i (newest first), as a Bloom of this process. */
+BloomObject *shared_generation(WindowObject *w, int i);
 int window_now(PyObject *arg, double *now);
 
 /* sketch.c: a count-min sketch of 4 rows of 8-bit counters saturating at a ceiling, halved

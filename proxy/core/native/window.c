@@ -67,6 +67,7 @@ static int window_advance(WindowObject *w, double now) {
 }
 
 int window_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
+    if (w->shared != NULL) return shared_seen_before(w, h1, h2, now);
     if (window_advance(w, now) < 0) return -1;
     BloomObject *newest = w->gens[0];
     w->written[0] = now;
@@ -86,16 +87,22 @@ int window_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
 }
 
 static int Window_init(WindowObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"share", "gen_fp", "window", "generations", "sizer", NULL};
+    static char *kwlist[] = {"share", "gen_fp", "window", "generations", "sizer", "shared",
+                             NULL};
     long long share;
     double gen_fp, window;
     int g;
-    PyObject *sizer = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Lddi|O", kwlist, &share, &gen_fp, &window, &g,
-                                     &sizer))
+    PyObject *sizer = Py_None, *shared = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "Lddi|OO", kwlist, &share, &gen_fp, &window, &g,
+                                     &sizer, &shared))
         return -1;
     if (g < 2) {
         PyErr_Format(PyExc_ValueError, "generations must be an integer >= 2, got %d", g);
+        return -1;
+    }
+    if (shared != Py_None && g > SHARED_MAX_G) {
+        PyErr_Format(PyExc_ValueError, "a shared window has at most %d generations",
+                     SHARED_MAX_G);
         return -1;
     }
     if (self->gens != NULL) {
@@ -109,7 +116,9 @@ static int Window_init(WindowObject *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->g = g;
-    for (int i = 0; i < g; i++) {
+    /* A shared window's generations are in the shared memory: the first is kept here as the
+     * model of their sizing. */
+    for (int i = 0; i < (shared == Py_None ? g : 1); i++) {
         self->gens[i] = bloom_new(share, gen_fp);
         if (self->gens[i] == NULL) return -1;
         self->written[i] = -INFINITY;
@@ -125,6 +134,7 @@ static int Window_init(WindowObject *self, PyObject *args, PyObject *kwds) {
         Py_INCREF(sizer);
         self->sizer = sizer;
     }
+    if (shared != Py_None) return shared_attach(self, shared, share);
     return 0;
 }
 
@@ -141,6 +151,7 @@ static int Window_clear_refs(WindowObject *self) {
 static void Window_dealloc(WindowObject *self) {
     PyObject_GC_UnTrack(self);
     Window_clear_refs(self);
+    shared_detach(self);
     if (self->gens != NULL) {
         for (int i = 0; i < self->g; i++) Py_XDECREF(self->gens[i]);
     }
@@ -175,6 +186,10 @@ static PyObject *Window_contains(WindowObject *self, PyObject *const *args, Py_s
     uint64_t h1, h2;
     double now;
     if (hash_key(args[0], &h1, &h2) < 0 || window_now(args[1], &now) < 0) return NULL;
+    if (self->shared != NULL) {
+        int found = shared_contains(self, h1, h2, now);
+        return found < 0 ? NULL : PyBool_FromLong(found);
+    }
     if (window_advance(self, now) < 0) return NULL;
     for (int i = 0; i < self->g; i++) {
         if (bloom_contains(self->gens[i], h1, h2)) Py_RETURN_TRUE;
@@ -183,6 +198,12 @@ static PyObject *Window_contains(WindowObject *self, PyObject *const *args, Py_s
 }
 
 static PyObject *Window_clear(WindowObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (self->shared != NULL) {
+        double now = NAN;
+        if (n >= 1 && args[0] != Py_None && window_now(args[0], &now) < 0) return NULL;
+        shared_clear(self, now);
+        Py_RETURN_NONE;
+    }
     for (int i = 0; i < self->g; i++) {
         bloom_clear(self->gens[i]);
         self->written[i] = -INFINITY;
@@ -200,8 +221,17 @@ static PyObject *Window_generations(WindowObject *self, PyObject *unused) {
     PyObject *out = PyTuple_New(self->g);
     if (out == NULL) return NULL;
     for (int i = 0; i < self->g; i++) {
-        Py_INCREF(self->gens[i]);
-        PyTuple_SET_ITEM(out, i, (PyObject *)self->gens[i]);
+        BloomObject *gen = self->gens[i];
+        if (self->shared != NULL) {
+            gen = shared_generation(self, i);
+            if (gen == NULL) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        } else {
+            Py_INCREF(gen);
+        }
+        PyTuple_SET_ITEM(out, i, (PyObject *)gen);
     }
     return out;
 }
@@ -221,11 +251,44 @@ static PyMethodDef Window_methods[] = {
 static PyMemberDef Window_members[] = {
     {"window", T_DOUBLE, offsetof(WindowObject, window), READONLY, "seconds remembered"},
     {"num_generations", T_INT, offsetof(WindowObject, g), READONLY, "generations"},
-    {"rotations", T_LONGLONG, offsetof(WindowObject, rotations), READONLY, "rotations"},
-    {"forced_rotations", T_LONGLONG, offsetof(WindowObject, forced_rotations), READONLY,
-     "rotations because the newest generation reached its share"},
     {NULL},
 };
+
+static PyObject *Window_rotations(WindowObject *self, void *forced) {
+    if (self->shared != NULL) {
+        uint64_t *count = forced ? &self->shared->head->forced : &self->shared->head->rotations;
+        return PyLong_FromUnsignedLongLong(__atomic_load_n(count, __ATOMIC_RELAXED));
+    }
+    return PyLong_FromLongLong(forced ? self->forced_rotations : self->rotations);
+}
+
+static PyObject *Window_share(WindowObject *self, void *unused) {
+    if (self->shared != NULL)
+        return PyLong_FromLongLong(__atomic_load_n(&self->shared->head->limit, __ATOMIC_RELAXED));
+    return PyLong_FromLongLong(self->gens[0]->capacity);
+}
+
+static PyObject *Window_is_shared(WindowObject *self, void *unused) {
+    return PyBool_FromLong(self->shared != NULL);
+}
+
+static PyGetSetDef Window_getset[] = {
+    {"rotations", (getter)Window_rotations, NULL, "rotations", NULL},
+    {"forced_rotations", (getter)Window_rotations, NULL,
+     "rotations because the newest generation reached its share", (void *)1},
+    {"share", (getter)Window_share, NULL, "first sightings the newest generation takes", NULL},
+    {"shared", (getter)Window_is_shared, NULL, "whether other processes share it", NULL},
+    {NULL},
+};
+
+PyObject *py_shared_window_bytes(PyObject *module, PyObject *args) {
+    long long share, bits;
+    double gen_fp;
+    int g, probes;
+    if (!PyArg_ParseTuple(args, "Ldi", &share, &gen_fp, &g)) return NULL;
+    if (sizing(share, gen_fp, &bits, &probes) < 0) return NULL;
+    return PyLong_FromLongLong(shared_window_bytes(bits, g));
+}
 
 PyTypeObject WindowType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -240,5 +303,6 @@ PyTypeObject WindowType = {
     .tp_clear = (inquiry)Window_clear_refs,
     .tp_methods = Window_methods,
     .tp_members = Window_members,
+    .tp_getset = Window_getset,
 };
 

@@ -1,0 +1,250 @@
+/* A window whose generations and rotation state live in memory that processes share: every
+ * worker of one machine records and tests the same generations.
+ *
+ * Rules this file keeps (proxy/core/window.py says what they give a caller):
+ *
+ * - Layout: a SharedHead padded to HEAD_BYTES, then g generations of slot_bytes each (a
+ *   generation's bits rounded up to 64 bytes). The newest generation is slot epoch % g, the
+ *   i-th newest slot (epoch - i) % g.
+ * - No locks: a bit is set with an atomic OR, a count with an atomic add, and a rotation is
+ *   claimed with a compare-and-swap, so a process killed at any instant blocks nobody.
+ * - A rotation clears the slot that becomes the newest (the oldest, whose keys the window no
+ *   longer promises), then publishes it by moving epoch on with a compare-and-swap: of two
+ *   processes rotating at once, one wins and the other tries again from the new epoch.
+ *   A process killed mid-rotation leaves the oldest generation partly cleared (keys past the
+ *   window forgotten sooner) or a rotation not made (remembered one span longer): never a
+ *   key lost inside the window because of it, never a stall.
+ * - Timed rotations fall on a grid: period k starts at origin + k * span, origin being the
+ *   first time any process asked. The process that moves `period` on (a compare-and-swap) makes
+ *   the rotations due, at most g. A forced rotation (the newest generation reached its share)
+ *   does not move the grid.
+ * - Races cost only what a Bloom filter's answer may already be: a key recorded during a
+ *   rotation may be reported seen once too early or need one sighting more. */
+#include "native.h"
+
+#define SHARED_MAGIC 0x31574853544948ULL /* "HITSHW1" */
+#define HEAD_BYTES 4096
+
+static inline uint64_t bits_of(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+static inline double double_of(uint64_t u) {
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+static int64_t slot_bytes_for(int64_t size_bits) { return ((size_bits + 511) / 512) * 64; }
+
+int64_t shared_window_bytes(int64_t size_bits, int g) {
+    return HEAD_BYTES + (int64_t)g * slot_bytes_for(size_bits);
+}
+
+static inline uint8_t *slot_bits(const SharedWindow *s, int64_t slot) {
+    return s->slots + slot * s->slot_bytes;
+}
+
+static inline int64_t gen_slot(const SharedHead *h, uint64_t epoch, int i) {
+    return (int64_t)((epoch + (uint64_t)h->g * 64 - (uint64_t)i) % (uint64_t)h->g);
+}
+
+int shared_attach(WindowObject *w, PyObject *buffer, long long share) {
+    BloomObject *model = w->gens[0];
+    SharedWindow *s = PyMem_Calloc(1, sizeof *s);
+    if (s == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (PyObject_GetBuffer(buffer, &s->view, PyBUF_WRITABLE) < 0) {
+        PyMem_Free(s);
+        return -1;
+    }
+    int64_t need = shared_window_bytes(model->size_bits, w->g);
+    if (s->view.len < need || ((uintptr_t)s->view.buf & 63) != 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "the shared window needs %lld bytes, 64-byte aligned; got %zd",
+                     (long long)need, s->view.len);
+        PyBuffer_Release(&s->view);
+        PyMem_Free(s);
+        return -1;
+    }
+    s->head = (SharedHead *)s->view.buf;
+    s->slots = (uint8_t *)s->view.buf + HEAD_BYTES;
+    s->slot_bytes = slot_bytes_for(model->size_bits);
+    SharedHead *h = s->head;
+    uint64_t expected = 0;
+    /* The first process to attach lays the head out; memory that is not zero nor this layout
+     * (another build's, or another setting's) is refused. */
+    if (__atomic_compare_exchange_n(&h->magic, &expected, 1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE)) {
+        h->g = w->g;
+        h->size_bits = model->size_bits;
+        h->num_hashes = model->num_hashes;
+        h->share = share;
+        h->limit = share;
+        h->window = w->window;
+        __atomic_store_n(&h->magic, SHARED_MAGIC, __ATOMIC_RELEASE);
+    } else {
+        for (long spins = 0; expected == 1 && spins < 100000000; spins++)
+            expected = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE);
+    }
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHARED_MAGIC || h->g != w->g ||
+        h->size_bits != model->size_bits || h->num_hashes != model->num_hashes ||
+        h->share != share || h->window != w->window) {
+        PyErr_SetString(PyExc_ValueError,
+                         "the shared window was laid out with other settings (generations, "
+                         "capacity, fp_rate or window): every process must use the same");
+        PyBuffer_Release(&s->view);
+        PyMem_Free(s);
+        return -1;
+    }
+    w->shared = s;
+    return 0;
+}
+
+void shared_detach(WindowObject *w) {
+    if (w->shared == NULL) return;
+    PyBuffer_Release(&w->shared->view);
+    PyMem_Free(w->shared);
+    w->shared = NULL;
+}
+
+static void clear_slot(SharedWindow *s, int64_t slot) {
+    uint64_t *words = (uint64_t *)slot_bits(s, slot);
+    for (int64_t i = 0; i < s->slot_bytes / 8; i++)
+        __atomic_store_n(&words[i], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->head->counts[slot], 0, __ATOMIC_RELAXED);
+}
+
+/* Rotate once from `epoch` if no other process did first: 1 if this one did (and then, with
+ * a sizer, the newest generation's share is the sizer's answer, within the bits laid out),
+ * 0 if not, -1 on the sizer's error. */
+static int rotate_from(WindowObject *w, uint64_t epoch, int forced) {
+    SharedWindow *s = w->shared;
+    SharedHead *h = s->head;
+    /* Another process rotated since: the slot after `epoch` may now hold a live generation. */
+    if (__atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE) != epoch) return 0;
+    clear_slot(s, gen_slot(h, epoch + 1, 0));
+    if (!__atomic_compare_exchange_n(&h->epoch, &epoch, epoch + 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return 0;
+    __atomic_fetch_add(&h->rotations, 1, __ATOMIC_RELAXED);
+    if (forced) __atomic_fetch_add(&h->forced, 1, __ATOMIC_RELAXED);
+    if (w->sizer != NULL) {
+        PyObject *r = PyObject_CallNoArgs(w->sizer);
+        if (r == NULL) return -1;
+        long long asked = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        if (asked == -1 && PyErr_Occurred()) return -1;
+        int64_t limit = asked < 1 ? 1 : (asked > h->share ? h->share : asked);
+        __atomic_store_n(&h->limit, limit, __ATOMIC_RELAXED);
+    }
+    return 1;
+}
+
+static int rotate(WindowObject *w) {
+    uint64_t *epoch = &w->shared->head->epoch;
+    int done;
+    while (!(done = rotate_from(w, __atomic_load_n(epoch, __ATOMIC_ACQUIRE), 0))) {
+    }
+    return done < 0 ? -1 : 0;
+}
+
+static int shared_advance(WindowObject *w, double now) {
+    SharedHead *h = w->shared->head;
+    uint64_t origin = __atomic_load_n(&h->origin, __ATOMIC_ACQUIRE);
+    if (origin == 0) {
+        uint64_t mine = bits_of(now);
+        if (__atomic_compare_exchange_n(&h->origin, &origin, mine, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return 0;
+    }
+    double start = double_of(origin);
+    if (!(now - start >= w->span)) return 0; /* a clock behind the grid never rotates */
+    int64_t current = (int64_t)floor((now - start) / w->span);
+    int64_t period = __atomic_load_n(&h->period, __ATOMIC_ACQUIRE);
+    while (current > period) {
+        if (__atomic_compare_exchange_n(&h->period, &period, current, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            int64_t due = current - period < w->g ? current - period : w->g;
+            for (int64_t i = 0; i < due; i++) {
+                if (rotate(w) < 0) return -1;
+            }
+            return 0;
+        }
+    }
+    return 0;
+}
+
+static inline int probe_add(uint8_t *bits, const SharedHead *h, uint64_t h1, uint64_t h2) {
+    const uint64_t m = (uint64_t)h->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    int present = 1;
+    for (int i = 0; i < h->num_hashes; i++) {
+        uint8_t mask = (uint8_t)(1u << (pos & 7));
+        if (!(__atomic_fetch_or(&bits[pos >> 3], mask, __ATOMIC_RELAXED) & mask)) present = 0;
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    return present;
+}
+
+static inline int probe_contains(const uint8_t *bits, const SharedHead *h, uint64_t h1,
+                                 uint64_t h2) {
+    const uint64_t m = (uint64_t)h->size_bits;
+    uint64_t pos = h1 % m, step = h2 % m;
+    for (int i = 0; i < h->num_hashes; i++) {
+        if (!(__atomic_load_n(&bits[pos >> 3], __ATOMIC_RELAXED) & (1u << (pos & 7)))) return 0;
+        pos += step;
+        if (pos >= m) pos -= m;
+    }
+    return 1;
+}
+
+int shared_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
+    SharedWindow *s = w->shared;
+    SharedHead *h = s->head;
+    if (shared_advance(w, now) < 0) return -1;
+    uint64_t epoch = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+    int64_t newest = gen_slot(h, epoch, 0);
+    if (probe_add(slot_bits(s, newest), h, h1, h2)) return 1;
+    int seen = 0;
+    for (int i = 1; i < w->g && !seen; i++)
+        seen = probe_contains(slot_bits(s, gen_slot(h, epoch, i)), h, h1, h2);
+    if (__atomic_add_fetch(&h->counts[newest], 1, __ATOMIC_RELAXED) >=
+            __atomic_load_n(&h->limit, __ATOMIC_RELAXED) &&
+        rotate_from(w, epoch, 1) < 0)
+        return -1;
+    return seen;
+}
+
+int shared_contains(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
+    SharedWindow *s = w->shared;
+    if (shared_advance(w, now) < 0) return -1;
+    uint64_t epoch = __atomic_load_n(&s->head->epoch, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < w->g; i++) {
+        if (probe_contains(slot_bits(s, gen_slot(s->head, epoch, i)), s->head, h1, h2)) return 1;
+    }
+    return 0;
+}
+
+void shared_clear(WindowObject *w, double now) {
+    SharedWindow *s = w->shared;
+    for (int64_t slot = 0; slot < w->g; slot++) clear_slot(s, slot);
+    __atomic_store_n(&s->head->period, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&s->head->origin, isnan(now) ? 0 : bits_of(now), __ATOMIC_RELEASE);
+}
+
+BloomObject *shared_generation(WindowObject *w, int i) {
+    SharedWindow *s = w->shared;
+    BloomObject *copy = bloom_new(w->gens[0]->capacity, w->gen_fp);
+    if (copy == NULL) return NULL;
+    uint64_t epoch = __atomic_load_n(&s->head->epoch, __ATOMIC_ACQUIRE);
+    int64_t slot = gen_slot(s->head, epoch, i);
+    memcpy(copy->bits, slot_bits(s, slot), (size_t)copy->nbytes);
+    copy->count = __atomic_load_n(&s->head->counts[slot], __ATOMIC_RELAXED);
+    return copy;
+}

@@ -1,0 +1,32 @@
+"""What the processes of one machine share: memory the parent creates and every worker maps.
+
+What it guarantees:
+
+* ``create`` gives an anonymous memory file (``memfd``) of the asked size, zeroed; it lives
+  while a process holds it open or mapped, and goes with the last of them: nothing is left in
+  the file system after a crash, and no other onehit on the machine can reach it.
+* ``attach`` maps one, shared and writable, in the process that inherited its descriptor
+  (``--workers`` hands it to each worker it starts, and to the one that replaces a worker
+  that died).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+
+def create(size: int, name: str = "onehit-window") -> int:
+    """A descriptor of a new zeroed memory file of ``size`` bytes, inherited by children."""
+    fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: the workers inherit it
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def attach(fd: int) -> mmap.mmap:
+    """The memory file ``fd``, mapped shared and writable (the descriptor may be closed after)."""
+    return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
