@@ -48,22 +48,23 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
             "workers share no disk tier yet; run one process, or one per [disk] path"
         )
     size = shared_window_size(config.admission_config())
+    # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
     try:
         workers = Workers(list(argv), window)
         await workers.start(count)
+        runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
+        log.info("%d workers on %s:%d", count, *config.server.listen)
+        supervising = asyncio.ensure_future(workers.supervise())
+        await until_signalled()
+        supervising.cancel()
+        codes = await workers.stop()
+        await runner.cleanup()
     finally:
         if window is not None:
-            os.close(window)  # the workers hold it now: it lives while any of them does
-    runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
-    log.info("%d workers on %s:%d", count, *config.server.listen)
-    supervising = asyncio.ensure_future(workers.supervise())
-    await until_signalled()
-    supervising.cancel()
-    codes = await workers.stop()
-    await runner.cleanup()
+            os.close(window)
     return 0 if all(code == 0 for code in codes) else 1
 
 
