@@ -26,6 +26,7 @@ from loadgen.simulate import (
     simulate,
     sweep,
 )
+from loadgen.split import split_table
 from loadgen.tiers import DiskSpec, tier_cells, tier_table
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
@@ -106,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         "--cluster",
         help="run the cells on the Dask scheduler at this address (tcp://host:8786), one task "
         "per policy; the workers read --trace by its path",
+    )
+    sim.add_argument(
+        "--workers-split",
+        type=int,
+        help="N worker processes, requests spread at random over them: one cache against N "
+        "with private and with shared admission windows, memory divided or N times",
     )
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
@@ -334,6 +341,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         if eviction not in EVICTIONS:
             raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
     policies = [(config, eviction) for eviction in evictions for config in configs]
+    if args.workers_split is not None:
+        return _simulate_split(args, trace, sizes, configs)
     if args.disk_size:
         return _simulate_tiers(args, trace, sizes, policies, max_object)
     if args.cluster:
@@ -407,6 +416,19 @@ def _simulate_tiers(
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print(tier_table(results, sizes))
+    return 0
+
+
+def _simulate_split(
+    args: argparse.Namespace, trace: Trace, sizes: dict[int, str], configs: list[AdmissionConfig]
+) -> int:
+    """``simulate --workers-split N``: for each size and admission, one cache against N."""
+    if args.workers_split < 2 or args.sample or args.disk_size or args.cluster:
+        raise UsageError("--workers-split: 2 or more workers, one tier, not sampled")
+    for size, label in sizes.items():
+        for config in configs:
+            print(f"{label}, {config.label()}, {args.workers_split} workers:")
+            print(split_table(trace, size, config, args.workers_split))
     return 0
 
 

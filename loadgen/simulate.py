@@ -148,8 +148,8 @@ def simulate(
     else:
         engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
     store = engine.store
-    admission_core = _compiled_admission(engine.admission)
-    keys = _key_arrays(trace, key_prefix)
+    admission_core = compiled_admission(engine.admission)
+    keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
     counters = engine.counters
@@ -232,7 +232,7 @@ def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int |
     return out
 
 
-def _compiled_admission(policy: AdmissionPolicy) -> Admission:
+def compiled_admission(policy: AdmissionPolicy) -> Admission:
     """The compiled policy the loop drives: the engine's own."""
     if not isinstance(policy, CompiledPolicy):
         raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
@@ -240,7 +240,7 @@ def _compiled_admission(policy: AdmissionPolicy) -> Admission:
 
 
 @dataclass(frozen=True)
-class _KeyArrays:
+class KeyArrays:
     """A trace's keys as the compiled loop takes them: numeric ids it formats after ``prefix``
     itself, or ids into per-name arrays (h1, h2, characters) of the names with the prefix."""
 
@@ -250,12 +250,12 @@ class _KeyArrays:
     names: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[()]
 
 
-def _key_arrays(trace: Trace, prefix: str) -> _KeyArrays:
+def key_arrays(trace: Trace, prefix: str) -> KeyArrays:
     if trace.names is None:
         ids = np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False)
-        return _KeyArrays(ids, prefix.encode(), len(prefix), ())
+        return KeyArrays(ids, prefix.encode(), len(prefix), ())
     ids = np.ascontiguousarray(trace.ids, dtype=np.int64)
-    return _KeyArrays(ids, b"", 0, trace.name_hashes(prefix))
+    return KeyArrays(ids, b"", 0, trace.name_hashes(prefix))
 
 
 def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, float]:
