@@ -289,6 +289,22 @@ class DiskStore:
             self.invalidate(part)
         return self.invalidate(own)
 
+    def refreshed(self, entry: Entry) -> None:
+        """``proxy.core.tiers.Tier.refreshed``: a record of ``entry``'s key is replaced by one of
+        the refreshed entry, written at the ring's head within the write budget; when the
+        budget refuses, or the body is not in hand, the old record is only dropped. The drop
+        is journaled first, so a crash between the two loses the record, never revives it."""
+        if self.tier.find(entry.key) is None:
+            return
+        self.invalidate(entry.key)
+        body = entry.payload
+        if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
+            return
+        response = ResponseMeta(lifetime=entry.lifetime, initial_age=entry.initial_age,
+                                headers=entry.headers, status=entry.status,
+                                directives=entry.directives)  # fmt: skip
+        self.write(entry.key, response, body, entry.stored_at)
+
     def ban(self, value: str, *, by_tag: bool) -> None:
         """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
         by ``durable`` (with the drop journal)."""

@@ -195,7 +195,7 @@ class Proxy:
             case Fetch(reason="method"):
                 return await self.uploads.pass_through(request, meta, url)
             case Fetch(reason="uri-miss") if self.disk is not None and (
-                disk_hit := await self._from_disk(meta)
+                disk_hit := await self._from_disk(request, meta, url)
             ):
                 return disk_hit
             case Fetch(reason="uri-miss", whole=True) if self.slicer is not None:
@@ -210,23 +210,37 @@ class Proxy:
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():
                 return (await self.fetcher.fetch(request, meta, url, action))[0]
+            case Refuse(reason="uri-miss") if self.disk is not None and (
+                disk_hit := await self._from_disk(request, meta, url)
+            ):
+                return disk_hit  # only-if-cached: the disk may hold it
             case Refuse():
                 return plain(action.status, action.text, forwarded(action.reason))
             case _:
                 assert_never(action)
 
-    async def _from_disk(self, meta: RequestMeta) -> web.StreamResponse | None:
-        """The answer from the disk tier to a memory miss, when its record (the URL's, or the
-        variant ``meta`` selects) is whole and fresh for ``meta`` (then it is kept in memory
-        too); None, and the origin is asked. A large record is read off the event loop."""
+    async def _from_disk(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str
+    ) -> web.StreamResponse | None:
+        """The answer from the disk tier to a memory miss, when it holds a whole record (the
+        URL's, or the variant ``meta`` selects): a fresh one answers; a stale one, kept in
+        memory too, is a stored response like any other (served stale where the rules
+        allow, else revalidated: ``CacheEngine.stale_behind``). None, and the origin is
+        asked. A large record is read off the event loop."""
         assert self.disk is not None
         engine = self.engine
         found = await self.disk.lookup_request(meta, engine.entry_type)
         now = self.clock()
-        hit = None if found is None else engine.answers_from(meta, found[0], now)
-        if hit is None:
+        if found is None:
             engine.missed_behind(self.disk)
             return None
+        hit = engine.answers_from(meta, found[0], now)
+        if hit is None:
+            action = engine.stale_behind(self.disk, meta, found[0], now, vary=found[1])
+            if action is None:
+                engine.missed_behind(self.disk)
+                return None
+            return await self._act(request, meta, url, action)
         engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
         status = hit_status(int(hit.entry.lifetime - hit.age), DISK)
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")

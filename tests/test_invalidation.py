@@ -57,9 +57,6 @@ REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
     "a 304 that makes it private": lambda e: e.on_not_modified(
         e.store.peek(URL), (("Cache-Control", "private"),), 1, 1
     ),
-    "a 304 refresh (the tier's copy has the old fields)": lambda e: e.on_not_modified(
-        e.store.peek(URL), (("Cache-Control", "max-age=1"),), 1, 1
-    ),
     "a newer response": lambda e: e.on_response(RequestMeta(URL), TAGGED, 100, 1.0),
     "a newer response too large to keep": lambda e: e.on_response(
         RequestMeta(URL), TAGGED, 2 << 20, 1.0
@@ -81,6 +78,15 @@ def test_every_removal_the_engine_decides_reaches_the_tier_behind_the_store(remo
     assert tier.find(URL) is None, f"{removal} left the disk's copy"
     # The slices and variants of the URL are found only after their anchors: gone with them.
     assert tier.find(slices.anchor_key(URL)) is None
+
+
+def test_rfc9111_4_3_4_a_304_rewrites_the_tiers_copy_with_the_refreshed_fields():
+    engine, tier = two_tiers()
+    before = tier.find(URL)
+    engine.on_not_modified(engine.store.peek(URL), (("Cache-Control", "max-age=1"),), 1, 1)
+    after = tier.find(URL)
+    assert after is not None and (after.region, after.offset) > (before.region, before.offset)
+    assert tier.find(slices.anchor_key(URL)) is not None  # its slices stay: the same object
 
 
 @pytest.mark.parametrize("soft", [False, True])

@@ -44,6 +44,7 @@ import numpy as np
 from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
+from proxy.core.store import Entry
 from proxy.core.tiers import forgotten_keys
 
 # A record's header (``proxy.region_log`` writes and reads records): magic, the whole record's
@@ -289,6 +290,16 @@ class DiskTier:
         for part in parts:
             self.drop(part)
         return self.drop(own) is not None
+
+    def refreshed(self, entry: Entry) -> None:
+        """``proxy.core.tiers.Tier.refreshed`` in the simulator: a record of ``entry``'s key is
+        written again at the ring's head, as long as it was, as the live tier rewrites it."""
+        slot = self.drop(entry.key)
+        if slot is None:
+            return
+        placement = self.regions.place(slot.length)
+        if placement is not None:
+            self.recorded(entry.key, placement.region, placement.offset, slot.length)
 
     def durable(self) -> bool:
         """Nothing to put on a device: always durable."""

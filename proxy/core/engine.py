@@ -376,18 +376,7 @@ class CacheEngine(ResponseDecisions):
             return self._plain_fetch(request, now)
         offline = rfc9111.only_if_cached(headers)
         if type(found) is Stale:
-            entry = found.entry
-            if found.serve_stale:
-                self.served_stale(entry)
-                return FromCache(entry, found.age, fresh=False, refresh=not offline)
-            if offline:
-                return Refuse(504, "only-if-cached: the stored response is stale", "stale")
-            if request.method == "HEAD":
-                return FETCH_STALE
-            conditions = tuple(rfc9111.conditional_headers(entry.headers))
-            return Revalidate(
-                entry, found.age, conditions, self._may_serve_on_error(found, request)
-            )
+            return self._on_stale(request, found, offline)
         if offline:
             return Refuse(504, "only-if-cached: not in cache", "uri-miss")
         if found is PRIVATE_MISS or self.carries_cookie(request):
@@ -400,6 +389,54 @@ class CacheEngine(ResponseDecisions):
             rfc9111.get_first(headers, name) for name in PRECONDITIONS
         ) and "no-store" not in rfc9111.request_directives(headers)
         return self._plain_fetch(request, now, whole=whole)
+
+    def _on_stale(self, request: RequestMeta, found: Stale, offline: bool) -> Action:
+        """What is done with a stored response that is not fresh for ``request``: served
+        stale where the rules allow, revalidated with its validators, or (``offline``:
+        only-if-cached) a 504."""
+        entry = found.entry
+        if found.serve_stale:
+            self.served_stale(entry)
+            return FromCache(entry, found.age, fresh=False, refresh=not offline)
+        if offline:
+            return Refuse(504, "only-if-cached: the stored response is stale", "stale")
+        if request.method == "HEAD":
+            return FETCH_STALE
+        conditions = tuple(rfc9111.conditional_headers(entry.headers))
+        return Revalidate(entry, found.age, conditions, self._may_serve_on_error(found, request))
+
+    def stale_behind(
+        self,
+        tier: Tier,
+        request: RequestMeta,
+        entry: Entry,
+        now: float,
+        *,
+        vary: tuple[str, ...] = (),
+    ) -> Action | None:
+        """What is done with ``entry``, which ``tier`` behind the store holds for ``request``
+        and which does not answer it fresh (``answers_from``): kept in the store (``promote``),
+        it is a stored response like any other (RFC 9111 section 4: served stale where the
+        rules allow, else revalidated), counted as the tier's (``stale_from_disk``,
+        ``revalidated_from_disk``). None when the store cannot keep it, or it answers no one
+        (private to another user): then the request is fetched as a miss."""
+        if request.method not in CACHEABLE_METHODS or self._private(request, entry):
+            return None
+        self.promote(entry, vary)
+        if self.store.peek(entry.key) is not entry:
+            return None
+        age = entry.age(now)
+        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+        stale = Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req,
+                                                          entry.directives))  # fmt: skip
+        action = self._on_stale(request, stale, rfc9111.only_if_cached(request.headers))
+        tier.answered(True)
+        c = self.counters
+        if type(action) is FromCache:
+            c.stale_from_disk += 1
+        elif type(action) is Revalidate:
+            c.revalidated_from_disk += 1
+        return action
 
     def _plain_fetch(self, request: RequestMeta, now: float, *, whole: bool = True) -> Fetch:
         """The fetch of a miss that may be shared, unless its URL was uncacheable a moment ago

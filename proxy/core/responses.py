@@ -32,7 +32,6 @@ from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import (
     CHANGED,
     PURGE,
-    REFRESHED,
     SUPERSEDED,
     UNSAFE,
     UNSTORABLE,
@@ -307,8 +306,8 @@ class ResponseDecisions:
         """A 304 answered a revalidation of ``entry``: refresh it (RFC 9111 section 4.3.4),
         keeping its status, re-charge its size for the new headers and, when a client gets it,
         count the stored body as served from cache. Refreshed into a response a shared cache
-        may not store, it is removed from every tier; otherwise the tiers behind the store
-        forget their copies, which hold the fields and times the 304 replaced."""
+        may not store, it is removed from every tier; otherwise each tier behind the store
+        takes the refreshed fields and times for its copy (``Tier.refreshed``)."""
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
@@ -327,7 +326,7 @@ class ResponseDecisions:
             self.tags.add(entry)
             self._gone(self.store.recharge(entry))
             for tier in self.behind:
-                tier.forget(entry.key, REFRESHED)
+                tier.refreshed(entry)
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1

@@ -19,6 +19,8 @@ METRICS: dict[str, str] = {
     "misses": "requests that went to the origin (absent or stale)",
     "stale_served": "requests answered with a stale stored response",
     "revalidated": "stale responses the origin confirmed with 304",
+    "stale_from_disk": "stale records of the disk tier served stale, as the rules allow",
+    "revalidated_from_disk": "stale records of the disk tier revalidated with the origin",
     "bypass": "requests that did not consult the cache",
     "hit_ratio": "hits / requests",
     "byte_hit_ratio": "body bytes served from cache / body bytes served",
@@ -91,6 +93,8 @@ class Counters:
     misses: int = 0
     stale_served: int = 0
     revalidated: int = 0
+    stale_from_disk: int = 0
+    revalidated_from_disk: int = 0
     bypass: int = 0
     bytes_served: int = 0
     hit_bytes: int = 0

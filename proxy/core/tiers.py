@@ -5,9 +5,7 @@ Rules it keeps:
 * Every removal the engine decides reaches every tier, through ``CacheEngine`` and nothing
   else: an unsafe method (RFC 9111 section 4.4), a response that supersedes the stored one and
   may not be stored itself (section 4.3.4's replacement, ``private`` or ``no-store``), a
-  refreshed entry that may no longer be kept (a 304 that makes it ``private``, say), an entry
-  a 304 refreshed (section 4.3.4 updates every stored copy: a tier that cannot take the new
-  fields and times forgets its copy rather than answer with the old ones), slices whose
+  refreshed entry that may no longer be kept (a 304 that makes it ``private``, say), slices whose
   object changed under them, a purge by URL, prefix or tag, hard or soft. The driver that
   finds the reason calls the engine; the engine removes from the memory store and hands each
   tier behind it (``Tier``) the same removal with its reason (``why``). A tier added later
@@ -23,19 +21,24 @@ Rules it keeps:
   reached (``durable`` then says so), so a restart never brings back what was purged.
 * A tier that keeps nothing stale keeps nothing a soft purge marks stale: for it, a soft purge
   is a purge.
+* A 304 updates every stored copy (section 4.3.4): ``refreshed(entry)`` hands each tier the
+  refreshed entry, and a tier holding a copy of its key replaces it with the entry's fields
+  and times (or, when it cannot, forgets it), never answering with the old ones again.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from proxy.core import slices, variants
+
+if TYPE_CHECKING:
+    from proxy.core.store import Entry
 
 # Why a tier forgets: the reasons the engine gives (logs and counters name them).
 UNSAFE = "unsafe"  # a successful unsafe method on the URL
 SUPERSEDED = "superseded"  # a newer response that may not be stored replaced it
 UNSTORABLE = "unstorable"  # a 304 refreshed it into a response that may not be stored
-REFRESHED = "refreshed"  # a 304 refreshed the store's copy: a tier's copy has the old fields
 VARIES = "varies"  # the URL's response started, stopped or changed what it varies on
 CHANGED = "changed"  # a slice of another version: the object changed under its slices
 PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothing is stale)
@@ -68,6 +71,10 @@ class Tier(Protocol):
 
     def answered(self, hit: bool) -> None:
         """Count a memory miss the engine asked this tier about: answered (``hit``) or not."""
+        ...
+
+    def refreshed(self, entry: Entry) -> None:
+        """A 304 refreshed ``entry``: a copy of its key here takes its fields and times."""
         ...
 
     def durable(self) -> bool:

@@ -1,0 +1,105 @@
+"""The disk tier is a whole cache tier (RFC 9111 section 4): a stale record is revalidated with
+its validators, its 304 freshens it on disk too, and it is served stale where the rules allow;
+a client gets the same answer whether memory or only the disk holds the response."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from conftest import base
+
+DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
+        "cache__max_object_size": "256KiB", "disk__policy": "always",
+        "admission__policy": "always"}  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def get(service, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    url = base(service) + path
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Host": "example.test", **headers}) as r,
+    ):
+        return r.status, dict(r.headers), await r.read()
+
+
+FOR_10S = {"Cache-Control": "max-age=10"}
+# name: (response fields, what the origin does when asked again, the request's fields)
+CASES = {
+    "304 revalidation": ({"Cache-Control": "max-age=10", "ETag": '"v1"'}, "304", {}),
+    "stale-while-revalidate": (
+        {"Cache-Control": "max-age=10, stale-while-revalidate=60", "ETag": '"v1"'}, "304", {}
+    ),
+    "stale-if-error": ({"Cache-Control": "max-age=10, stale-if-error=60"}, "503", {}),
+    "request max-stale": (FOR_10S, "200", {"Cache-Control": "max-stale=60"}),
+    "only-if-cached": (FOR_10S, "200", {"Cache-Control": "only-if-cached"}),
+}  # fmt: skip
+
+
+async def answer_when_stale(origin, start_proxy, tmp_path, case: str, holder: str):
+    """Store a response, let it go stale (20 s on a 10 s lifetime), and ask again with
+    ``holder`` holding it: the memory tier, or only the disk (a restart emptied memory)."""
+    fields, then, request = CASES[case]
+    clock = Clock()
+    origin.set("/x", body=b"stored", headers=fields)
+    settings = {"clock": clock, "disk__path": str(tmp_path / holder), **DISK}
+    proxy = await start_proxy(**settings)
+    assert (await get(proxy, "/x"))[2] == b"stored"
+    if holder == "disk":
+        await proxy.stop()
+        proxy = await start_proxy(**settings)
+    if then == "304":
+        origin.set("/x", body=b"new", headers=fields, not_modified_etag='"v1"')
+    else:
+        origin.set("/x", body=b"new", headers=fields, status=int(then))
+    clock.now += 20
+    before = origin.hits["/x"]
+    status, headers, body = await get(proxy, "/x", **request)
+    # A stale answer may start a refresh in the background: counted once it is done.
+    await asyncio.gather(*proxy.proxy.revalidation.background)
+    asked = origin.hits["/x"] - before
+    conditional = origin.seen_headers["/x"].get("If-None-Match") if asked else None
+    return (status, body, asked, conditional, headers.get("Cache-Status")), proxy
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_a_stale_response_gets_the_same_answer_from_disk_as_from_memory(
+    origin, start_proxy, tmp_path, case
+):
+    from_memory, _ = await answer_when_stale(origin, start_proxy, tmp_path, case, "memory")
+    origin.hits.clear()
+    from_disk, proxy = await answer_when_stale(origin, start_proxy, tmp_path, case, "disk")
+    assert from_disk == from_memory
+    counters = proxy.proxy.engine.counters
+    assert counters.stale_from_disk + counters.revalidated_from_disk == (
+        0 if case == "only-if-cached" else 1
+    )
+
+
+async def test_rfc9111_4_3_4_a_304_freshens_the_disk_record_for_the_next_restart(
+    origin, start_proxy, tmp_path
+):
+    fields = {"Cache-Control": "max-age=10", "ETag": '"v1"'}
+    (status, body, asked, conditional, cache_status), proxy = await answer_when_stale(
+        origin, start_proxy, tmp_path, "304 revalidation", "disk"
+    )
+    assert (status, body, asked, conditional) == (200, b"stored", 1, '"v1"')
+    assert "fwd=stale" in cache_status and "fwd-status=304" in cache_status
+    assert proxy.proxy.engine.counters.revalidated_from_disk == 1
+    await proxy.stop()
+    clock = Clock()
+    clock.now += 25  # stale by the first store's times, fresh by the 304's (at +20)
+    origin.set("/x", body=b"new", headers=fields)
+    again = await start_proxy(clock=clock, disk__path=str(tmp_path / "disk"), **DISK)
+    status, headers, body = await get(again, "/x")
+    assert (status, body) == (200, b"stored")
+    assert "detail=disk" in headers["Cache-Status"] and "hit" in headers["Cache-Status"]
