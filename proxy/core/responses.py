@@ -443,8 +443,8 @@ class ResponseDecisions:
 
     def purge(self, kind: str, value: str | list[str], now: float, *, soft: bool = False) -> Purged:
         """An operator's purge of what ``kind`` ("url": a cache key, "prefix" or "tags") and
-        ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier keeps
-        what is stale (``soft_purge``); a tier that keeps nothing stale removes it. Answers
+        ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier can
+        mark it (``soft_purge``); a tier that cannot removes it. Answers
         once every tier made it durable (``Tier.durable``)."""
         if soft:
             count = self.soft_purge(self.stored_keys(**{kind: value}), now)

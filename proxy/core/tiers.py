@@ -19,8 +19,8 @@ Rules it keeps:
   ``durable`` puts the journal on stable storage: a purge answers only after it did, or, when
   the device cannot keep it, after the tier dropped everything the lost purge could have
   reached (``durable`` then says so), so a restart never brings back what was purged.
-* A tier that keeps nothing stale keeps nothing a soft purge marks stale: for it, a soft purge
-  is a purge.
+* A tier that cannot mark what it holds stale (a record on disk is written once) purges
+  what a soft purge marks stale.
 * A 304 updates every stored copy (section 4.3.4): ``refreshed(entry)`` hands each tier the
   refreshed entry, and a tier holding a copy of its key replaces it with the entry's fields
   and times (or, when it cannot, forgets it), never answering with the old ones again.
