@@ -434,7 +434,8 @@ class CacheEngine(ResponseDecisions):
         c = self.counters
         if type(action) is FromCache:
             c.stale_from_disk += 1
-        elif type(action) is Revalidate:
+        elif type(action) is Revalidate and (action.conditions or action.stale_if_error):
+            # Its validators went to the origin, or it answers if the origin fails.
             c.revalidated_from_disk += 1
         return action
 

@@ -20,7 +20,7 @@ METRICS: dict[str, str] = {
     "stale_served": "requests answered with a stale stored response",
     "revalidated": "stale responses the origin confirmed with 304",
     "stale_from_disk": "stale records of the disk tier served stale, as the rules allow",
-    "revalidated_from_disk": "stale records of the disk tier revalidated with the origin",
+    "revalidated_from_disk": "stale records of the disk tier revalidated with their validators",
     "bypass": "requests that did not consult the cache",
     "hit_ratio": "hits / requests",
     "byte_hit_ratio": "body bytes served from cache / body bytes served",
