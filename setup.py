@@ -1,7 +1,7 @@
 """The compiled policy core (proxy/core/native/), the common case of a response's caching
-rules (proxy/core/_response_rules.c), the proxy's compiled plain hit (proxy/hitpath/) and
-its parser of plain origin responses (proxy/_origin.c); everything else is in
-pyproject.toml."""
+rules (proxy/core/_response_rules.c), the proxy's compiled plain hit
+(proxy/handler/hitpath/) and its parser of plain origin responses (proxy/origin/_origin.c);
+everything else is in pyproject.toml."""
 
 from glob import glob
 
@@ -38,7 +38,7 @@ setup(
             ["proxy/core/_response_rules.c"],
             extra_compile_args=FLAGS,
         ),
-        in_parts("proxy._hits", "proxy/hitpath"),
-        Extension("proxy._origin", ["proxy/_origin.c"], extra_compile_args=FLAGS),
+        in_parts("proxy.handler._hits", "proxy/handler/hitpath"),
+        Extension("proxy.origin._origin", ["proxy/origin/_origin.c"], extra_compile_args=FLAGS),
     ]
 )

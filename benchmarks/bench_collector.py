@@ -17,11 +17,11 @@ import gc
 import statistics
 import time
 
-from proxy.config import load
+from proxy.config.settings import load
 from proxy.core.events import RequestMeta
 from proxy.core.responses import response_meta
 from proxy.core.store import Entry
-from proxy.service import build_engine
+from proxy.ops.service import build_engine
 
 HEADERS = [
     ("Cache-Control", "max-age=3600"),

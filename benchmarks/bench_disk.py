@@ -23,9 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.config import DiskSection
+from proxy.config.settings import DiskSection
 from proxy.core.events import RequestMeta, ResponseMeta
-from proxy.disk_store import DiskStore
+from proxy.disk.store import DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=3600.0, headers=(("Cache-Control", "max-age=3600"),))
 

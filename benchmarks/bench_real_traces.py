@@ -33,7 +33,7 @@ from loadgen.simulate import policy_label, sweep
 from loadgen.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.stats import METRICS
-from proxy.units import format_size
+from proxy.core.units import format_size
 
 PEERS = {
     "LRU": libcachesim.LRU,

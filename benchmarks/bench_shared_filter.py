@@ -22,7 +22,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from loadgen.processes import redis_cluster_process, redis_process
 from proxy.core.window import WindowedBloomFilter
-from proxy.shared import RedisWindow
+from proxy.fleet.shared import RedisWindow
 
 
 def percentiles(samples_us: list[float]) -> str:

@@ -30,12 +30,12 @@ from loadgen.split import split_table
 from loadgen.tiers import DiskSpec, tier_cells, tier_table
 from loadgen.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
-from proxy import config_values as values
+from proxy.config import values
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
 from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
-from proxy.units import format_size, parse_duration, parse_size
+from proxy.core.units import format_size, parse_duration, parse_size
 
 REAL = "real:"  # --trace real:NAME names a real trace, fetched on first use
 

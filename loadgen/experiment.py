@@ -41,7 +41,7 @@ from loadgen.simulate import (
 from loadgen.trace import Trace
 from proxy.core.stats import METRICS, combine
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.units import format_size
+from proxy.core.units import format_size
 
 Say = Callable[[str], None]
 

@@ -31,11 +31,11 @@ from loadgen.nginx import BALANCING
 from loadgen.simulate import policy_label
 from loadgen.trace import Trace, read_trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
-from proxy.config import read_toml
+from proxy.config.settings import read_toml
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
 from proxy.core.store import EVICTIONS
-from proxy.units import parse_duration, parse_size
+from proxy.core.units import parse_duration, parse_size
 
 NGINX = "nginx"
 MODES = ("simulate", "live", "both")

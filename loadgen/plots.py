@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
 
-from proxy.units import format_size
+from proxy.core.units import format_size
 
 Cell = dict[str, Any]
 # More swept sizes than this and their labels would crowd the axis: powers of ten instead.

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.simulate import SimResult, space_saved
-from proxy.units import format_size
+from proxy.core.units import format_size
 
 BASELINE = "always"
 Cell = dict[str, Any]

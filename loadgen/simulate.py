@@ -37,7 +37,7 @@ from proxy.core.admission import (
 )
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.units import format_size, parse_size
+from proxy.core.units import format_size, parse_size
 
 CHUNK = 1 << 16
 

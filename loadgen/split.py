@@ -9,7 +9,7 @@ Rules this module keeps:
   machine's RAM) or of the whole size each (``memory="each"``, N times the RAM).
 * ``window="private"``: each worker has its own admission policy, as ``--workers`` had before
   the workers shared a window. ``window="shared"``: second hit's window is one for all, in
-  the order the requests arrive (as ``proxy.machine`` shares it live); a policy without a
+  the order the requests arrive (as ``proxy.ops.machine`` shares it live); a policy without a
   window (or one whose state is its store's, like tinylfu) stays per worker either way.
 * The loop is the compiled one of ``loadgen.simulate``, driven over each run of consecutive
   requests that go to one worker; the counters are the workers' summed.

@@ -36,7 +36,7 @@ from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.events import Hit, RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.units import format_size
+from proxy.core.units import format_size
 
 _STORED = ResponseMeta(cacheable=True)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.units import format_size, parse_size
+from proxy.core.units import format_size, parse_size
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from proxy.config import Config, ConfigError, load
-from proxy.machine import attach
-from proxy.service import Service, until_signalled
-from proxy.workers import READY, serve_workers
+from proxy.config.settings import Config, ConfigError, load
+from proxy.ops.machine import attach
+from proxy.ops.service import Service, until_signalled
+from proxy.ops.workers import READY, serve_workers
 
 T = TypeVar("T")
 

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from proxy.config import load
-from proxy.service import Service
+from proxy.config.settings import load
+from proxy.ops.service import Service
 
 try:
     import uvloop

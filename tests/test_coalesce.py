@@ -1,9 +1,9 @@
-"""Single flight (``proxy.coalesce``): followers get their leader's result, however the two
+"""Single flight (``proxy.handler.coalesce``): followers get their leader's result, however the two
 interleave."""
 
 import asyncio
 
-from proxy.coalesce import SingleFlight
+from proxy.handler.coalesce import SingleFlight
 
 
 async def test_a_leader_landing_as_its_follower_starts_to_wait_still_reaches_it():

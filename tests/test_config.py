@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, load
+from proxy.config.settings import ConfigError, load
 
 ORIGIN = {"upstream.origin": "http://127.0.0.1:9000"}
 REPO = Path(__file__).resolve().parent.parent
@@ -23,7 +23,7 @@ def test_documented_proxy_toml_names_every_key_with_its_default():
     assert c == load(env={}, overrides=ORIGIN)
     from dataclasses import fields
 
-    from proxy.config import SECTIONS
+    from proxy.config.settings import SECTIONS
 
     for section, cls in SECTIONS.items():
         assert f"[{section}]" in text

@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from conftest import admin_purge, base
 
-from proxy import disk_store
-from proxy.disk_store import READ_INLINE
-from proxy.record_meta import record_stamp as stamp
+from proxy.disk import store as disk_store
+from proxy.disk.record_meta import record_stamp as stamp
+from proxy.disk.store import READ_INLINE
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB"}  # fmt: skip

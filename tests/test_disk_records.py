@@ -1,5 +1,5 @@
-"""The disk record's meta has one layout (``proxy.record_meta``), which the compiled reader
-(``proxy/hitpath/disk.c``) reads too: on random records, what the compiled reader hands the
+"""The disk record's meta has one layout (``proxy.disk.record_meta``), which the compiled reader
+(``proxy/handler/hitpath/disk.c``) reads too: on random records, what the compiled reader hands the
 proxy is what ``decode_meta`` reads, and the answer it writes is the Python answerer's."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from aiohttp.http_parser import HttpRequestParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import load
+from proxy.config.settings import load
 from proxy.core.events import RequestMeta
 from proxy.core.responses import response_meta
-from proxy.disk_store import DiskStore
-from proxy.hits import HitAnswers
-from proxy.record_meta import decode_meta
-from proxy.routing import hidden_fields
-from proxy.server import Proxy
-from proxy.service import build_engine
-from proxy.upstream import Upstream
+from proxy.disk.record_meta import decode_meta
+from proxy.disk.store import DiskStore
+from proxy.handler.hits import HitAnswers
+from proxy.handler.routing import hidden_fields
+from proxy.handler.server import Proxy
+from proxy.ops.service import build_engine
+from proxy.origin.upstream import Upstream
 
 HOST = "example.test"
 NOW = 1_800_000_000.0

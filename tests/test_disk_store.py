@@ -15,13 +15,13 @@ import time
 
 import pytest
 
-from proxy.config import DiskSection
+from proxy.config.settings import DiskSection
 from proxy.core import slices
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.core.tiers import PURGE
-from proxy.disk_dir import DiskDirectoryError, release
-from proxy.disk_store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
+from proxy.disk.directory import DiskDirectoryError, release
+from proxy.disk.store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
 
@@ -136,7 +136,7 @@ import sys, time
 sys.path.insert(0, sys.argv[2])
 from test_disk_store import STORED, body_of, section
 from proxy.core.events import RequestMeta
-from proxy.disk_store import DiskStore
+from proxy.disk.store import DiskStore
 store = DiskStore(section(sys.argv[1], checkpoint_interval=0.05))
 i = 0
 last = time.monotonic()

@@ -13,9 +13,9 @@ import tracemalloc
 import pytest
 from conftest import base
 
-from proxy.fastpath import HOLD_LIMIT, HitServer
-from proxy.logs import HTTP_ERRORS, OneLineEvery
-from proxy.service import Service
+from proxy.config.logs import HTTP_ERRORS, OneLineEvery
+from proxy.front.fastpath import HOLD_LIMIT, HitServer
+from proxy.ops.service import Service
 
 HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
 
@@ -498,7 +498,7 @@ MISS_SHAPES = {
 
 
 # The shapes a miss sent at once on a pooled connection answers in the callback that brings
-# them: whole and plain (``proxy/_origin.c``), with no field the proxy marks. The others go
+# them: whole and plain (``proxy/origin/_origin.c``), with no field the proxy marks. The others go
 # on in the lane's task.
 ANSWERED_AS_THEY_ARRIVE = {"typical", "no Date, Server or Content-Type", "empty",
                            "404, a reason of its own", "not ASCII"}  # fmt: skip

@@ -13,11 +13,11 @@ import pytest
 from aiohttp import web
 from conftest import admin, answers_on_every_way, base, raw
 
-from proxy.config import load
+from proxy.config.logs import HTTP_ERRORS, OneLineEvery
+from proxy.config.settings import load
 from proxy.core.events import RequestMeta
 from proxy.core.responses import response_meta
-from proxy.logs import HTTP_ERRORS, OneLineEvery
-from proxy.service import build_engine
+from proxy.ops.service import build_engine
 
 
 async def fetch(client, url, **kwargs):

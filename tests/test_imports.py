@@ -61,3 +61,45 @@ def test_no_module_imports_one_that_imports_it():
 def test_a_cycle_is_found_where_there_is_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The proxy's layers, bottom up: a module imports from its own layer and those below it.
+LAYERS = {
+    "core": 0,
+    "config": 1,
+    "front": 2,
+    "origin": 2,
+    "disk": 2,
+    "fleet": 2,
+    "handler": 3,
+    "ops": 4,
+    "__main__": 5,
+}
+
+
+def _layer(module: str) -> tuple[str, int]:
+    part = module.split(".")[1]
+    return part, LAYERS[part]
+
+
+def test_the_proxy_imports_down_its_layers_only():
+    """core <- config <- front, origin, disk, fleet (side by side, none importing another) <-
+    handler <- ops: each layer can be read and tested over those below it."""
+    wrong = []
+    for module, deps in _graph().items():
+        if not module.startswith("proxy.") or module.count(".") < 1:
+            continue
+        part, level = _layer(module)
+        for dep in deps:
+            if not dep.startswith("proxy."):
+                continue
+            dep_part, dep_level = _layer(dep)
+            if dep_level > level or (dep_level == level == 2 and dep_part != part):
+                wrong.append(f"{module} -> {dep}")
+    assert not wrong, wrong
+
+
+def test_every_module_of_the_proxy_is_in_a_layer():
+    modules = [m for m in _graph() if m.startswith("proxy.")]
+    assert all(m.split(".")[1] in LAYERS for m in modules), modules
+    assert {m.split(".")[1] for m in modules} == set(LAYERS)

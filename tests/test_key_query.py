@@ -10,7 +10,7 @@ import pytest
 from conftest import base
 
 from loadgen.trace import Trace
-from proxy.config import ConfigError, load
+from proxy.config.settings import ConfigError, load
 from proxy.core.cachekey import KeyQuery
 
 

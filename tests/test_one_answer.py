@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.fastpath import HitServer
+from proxy.front.fastpath import HitServer
 
 LAST_MODIFIED = "Mon, 02 Nov 2026 10:00:00 GMT"
 EARLIER = "Sun, 01 Nov 2026 10:00:00 GMT"

@@ -7,7 +7,7 @@ import aiohttp
 import pytest
 from conftest import base, read_request
 
-from proxy.logs import HTTP_ERRORS, OneLineEvery
+from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 
 OK = (
     b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nCache-Control: max-age=60\r\n"

@@ -10,9 +10,9 @@ import random
 import pytest
 from aiohttp.base_protocol import BaseProtocol
 
-from proxy._origin import parse_response
-from proxy.config import UpstreamSection
-from proxy.origin_connection import response_parser
+from proxy.config.settings import UpstreamSection
+from proxy.origin._origin import parse_response
+from proxy.origin.connection import response_parser
 
 PLAIN = [
     b'HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nETag: "b1"\r\nContent-Length: 5\r\n'

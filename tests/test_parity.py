@@ -14,7 +14,7 @@ from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.events import RequestMeta
-from proxy.origin_body import fields_of
+from proxy.origin.body import fields_of
 
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
 DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")

@@ -1,4 +1,4 @@
-"""The compiled plain hit (``Proxy.plain_hits``, ``proxy/hitpath/``): for every request it
+"""The compiled plain hit (``Proxy.plain_hits``, ``proxy/handler/hitpath/``): for every request it
 answers, the bytes ``Proxy.answer_hit`` would write and the counts ``CacheEngine.served`` would
 make; every other request it declines, counting nothing.
 
@@ -16,13 +16,13 @@ from aiohttp.streams import EMPTY_PAYLOAD
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.config import load
+from proxy.config.settings import load
 from proxy.core.events import RequestMeta
 from proxy.core.responses import response_meta
-from proxy.routing import hosts
-from proxy.server import Proxy
-from proxy.service import build_engine
-from proxy.upstream import Upstream
+from proxy.handler.routing import hosts
+from proxy.handler.server import Proxy
+from proxy.ops.service import build_engine
+from proxy.origin.upstream import Upstream
 
 HOST = "example.test"
 NOW = 1_800_000_000.0

@@ -1,4 +1,4 @@
-"""The origin pool of bodiless GET and HEAD requests (``proxy.pool``), against origins that
+"""The origin pool of bodiless GET and HEAD requests (``proxy.origin.pool``), against origins that
 speak raw bytes on real sockets: connections reused and bounded, closed when their response
 was not read to its end, timeouts as the session's client keeps them."""
 
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from conftest import read_request
 
-from proxy.config import load
+from proxy.config.settings import load
 from proxy.core._native import field_lines
-from proxy.pool import OriginPool, Unreachable
+from proxy.origin.pool import OriginPool, Unreachable
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 

@@ -566,8 +566,8 @@ async def test_host_case_and_default_port_share_one_cache_key(origin, start_prox
 
 
 async def test_never_an_open_proxy(origin):
-    from proxy.config import load
-    from proxy.service import Service
+    from proxy.config.settings import load
+    from proxy.ops.service import Service
 
     settings = {
         "server.listen": "127.0.0.1:0",

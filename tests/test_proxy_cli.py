@@ -15,8 +15,8 @@ from conftest import wait_healthy
 
 from loadgen.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
-from proxy.config import DiskSection
-from proxy.disk_store import DiskStore
+from proxy.config.settings import DiskSection
+from proxy.disk.store import DiskStore
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
+from proxy.config.logs import OneLineEvery
 from proxy.core.disk import RECORD_HEADER, Slot
 from proxy.core.regions import Regions
-from proxy.logs import OneLineEvery
-from proxy.region_log import DISK_ERRORS, HEADER, MAX_KEY, RegionLog, decode, encode
+from proxy.disk.region_log import DISK_ERRORS, HEADER, MAX_KEY, RegionLog, decode, encode
 
 
 @pytest.fixture(autouse=True)
@@ -200,7 +200,7 @@ FULL_DEVICE = """
 import resource, signal, sys
 from proxy.core.disk import RECORD_HEADER
 from proxy.core.regions import Regions
-from proxy.region_log import RegionLog
+from proxy.disk.region_log import RegionLog
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
 log = RegionLog(sys.argv[1], Regions(1 << 20, 2))

@@ -12,7 +12,7 @@ from redis.asyncio.cluster import RedisCluster
 from loadgen.processes import redis_cluster_process
 from proxy.__main__ import collect_for_serving
 from proxy.core.window import WindowedBloomFilter
-from proxy.shared import RedisWindow
+from proxy.fleet.shared import RedisWindow
 
 pytestmark = pytest.mark.skipif(
     REDIS is None,

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy import machine
 from proxy.core.admission import AdmissionConfig, make_policy, shared_window_size
 from proxy.core.store import CacheStore
 from proxy.core.window import WindowedBloomFilter, shared_window_bytes
+from proxy.ops import machine
 
 
 def shared(capacity: int = 1000, window: float = 60.0, g: int = 2) -> mmap.mmap:

@@ -18,7 +18,7 @@ from aiohttp import web
 from conftest import admin_purge, base
 from multidict import CIMultiDict
 
-from proxy.config import ConfigError, load
+from proxy.config.settings import ConfigError, load
 from proxy.core import slices
 from proxy.core.store import Entry
 from proxy.core.tiers import PURGE

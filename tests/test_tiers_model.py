@@ -36,9 +36,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from proxy.config import load
-from proxy.disk_dir import release
-from proxy.service import Service
+from proxy.config.settings import load
+from proxy.disk.directory import release
+from proxy.ops.service import Service
 
 URLS = ("/a/1", "/a/2")
 TAGS = {"/a/1": "t0", "/a/2": "t1"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.units import format_size, parse_size
+from proxy.core.units import format_size, parse_size
 
 
 @pytest.mark.parametrize(

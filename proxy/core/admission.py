@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Protocol
 from proxy.core._native import Admission
 from proxy.core.names import unknown_name
 from proxy.core.store import CacheStore
+from proxy.core.units import parse_size
 from proxy.core.window import FilterStats, WindowedBloomFilter, shared_window_bytes
-from proxy.units import parse_size
 
 if TYPE_CHECKING:
     from proxy.core.window import SharedMemory

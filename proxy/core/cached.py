@@ -121,3 +121,24 @@ def render(head: CachedHead) -> bytes:
     bytes that a parser decoded with surrogateescape go out as they came."""
     lines = [status_line(head.status), *(f"{k}: {v}" for k, v in head.fields)]
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
+
+
+# How the proxy names itself, in ``Via`` (never in ``Server``).
+VIA = "1.1 onehit"
+# Stored statuses whose hits are not their fields and body as stored: no body (204, 304), or
+# a part whose range the handler writes (206).
+NOT_PLAIN = frozenset({204, 206, 304})
+
+
+def hit_head(
+    status: int, headers: Headers, size: int, hidden: frozenset[str] = frozenset()
+) -> tuple[bytes | None, bool]:
+    """What every plain hit on a stored ``status`` response with ``headers`` and a body of
+    ``size`` bytes writes the same: its head without the per-answer fields (``cached_head``,
+    rendered, ``hidden`` fields left out), and whether it holds a Date; None for a status
+    whose hits the handler answers."""
+    if status in NOT_PLAIN or status < 200:
+        return None, False
+    head = cached_head(status, headers, status, 0, size - 1, size, x_cache="HIT", via=VIA,
+                       hidden=hidden)  # fmt: skip
+    return render(head), head.dated

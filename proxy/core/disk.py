@@ -1,5 +1,5 @@
 """The disk tier's bookkeeping, without I/O: which keys it holds and where, what its own
-admission lets in, and what it wrote. The live tier (``proxy.region_log`` writes what this
+admission lets in, and what it wrote. The live tier (``proxy.disk.region_log`` writes what this
 places) and the simulator drive the same object, so a simulated run's disk writes are the
 device's.
 
@@ -47,7 +47,7 @@ from proxy.core.regions import Regions
 from proxy.core.store import Entry
 from proxy.core.tiers import forgotten_keys
 
-# A record's header (``proxy.region_log`` writes and reads records): magic, the whole record's
+# A record's header (``proxy.disk.region_log`` writes and reads records): magic, the whole record's
 # length, the checksum of what follows it, the key's length, the meta's length.
 RECORD = struct.Struct("<4sIIHI")
 RECORD_HEADER = RECORD.size

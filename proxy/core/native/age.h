@@ -1,5 +1,5 @@
 /* The age and freshness of a stored response, as the Python core computes them: one definition
- * for the compiled hit paths (proxy/hitpath/: memory and disk) and the compiled simulator.
+ * for the compiled hit paths (proxy/handler/hitpath/: memory and disk) and the compiled simulator.
  *
  * - stored_age is Entry.age (RFC 9111 section 4.2.3): the age it arrived with, plus the time
  *   it has been stored, never negative whatever the clock did.

@@ -1,0 +1,551 @@
+"""The proxy's settings: defaults < TOML file < ``ONEHIT_*`` environment < command-line flags.
+
+Every key lives in one section dataclass below; its metadata holds the parser that checks it.
+Any bad value stops start-up with a ``ConfigError`` of one line that names the key, where the
+value came from, the bad value and what is expected, with the closest known key for a typo.
+Every key ``[section] key`` also reads from the environment as ``ONEHIT_SECTION_KEY``; routes
+read from ``ONEHIT_ROUTES`` as ``host=origin,host=origin``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxy.config import values
+from proxy.core.admission import AdmissionConfig, parse_policy
+from proxy.core.disk import DISK_POLICIES
+
+# The smallest ``[cache] slice_size``: every slice costs an origin request.
+MIN_SLICE = 64 << 10
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message is one line a person can act on."""
+
+
+@dataclass(frozen=True)
+class ServerSection:
+    listen: tuple[str, int] = values.setting(
+        ("127.0.0.1", 8080), values.address, "address clients connect to"
+    )
+    access_log: bool = values.setting(True, values.boolean, "log one line per request")
+    access_log_format: str = values.setting("combined", values.log_format, "combined or json")
+    drain_timeout: float = values.setting(
+        10.0, values.duration, "on SIGTERM, how long requests may finish"
+    )
+    event_loop: str = values.setting(
+        "auto", values.event_loop, "auto (uvloop where installed, else asyncio), uvloop or asyncio"
+    )
+    idle_timeout: float = values.setting(
+        15.0, values.duration, "longest wait for a whole request head"
+    )
+    send_timeout: float = values.setting(
+        60.0, values.duration, "longest a client may take none of its answer's bytes (then closed)"
+    )
+    fast_hits: bool = values.setting(
+        True,
+        values.boolean,
+        "answer plain hits as parsed and plain misses outside aiohttp's handler loop",
+    )
+    max_url_length: int = values.setting(
+        8192, values.positive_int, "longest request target (else 414)"
+    )
+    max_header_size: int = values.setting(
+        32768, values.positive_int, "most bytes of header fields (else 431)"
+    )
+    forward_headers: tuple[str, ...] = values.setting(
+        ("*",),
+        values.forward_names,
+        '"*" or an allow-list of fields a GET/HEAD passes to the origin',
+    )
+    deny_headers: tuple[str, ...] = values.setting(
+        values.DENIED_BY_DEFAULT,
+        values.header_names,
+        "fields a cacheable GET/HEAD never passes to the origin",
+    )
+    body_buffer_size: int = values.setting(
+        64 << 10, values.size, "request body bytes read before an origin connection is taken"
+    )
+    body_timeout: float = values.setting(
+        60.0, values.duration, "longest wait for the next request body bytes"
+    )
+    max_streamed_uploads: int = values.setting(
+        64,
+        values.positive_int,
+        "bodies over body_buffer_size streaming to origins at once (else 503)",
+    )
+
+
+@dataclass(frozen=True)
+class AdminSection:
+    listen: tuple[str, int] = values.setting(("127.0.0.1", 9901), values.address, "admin address")
+    token: str = values.setting(
+        "", values.string, "bearer token; required when listen is not loopback"
+    )
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    size: int = values.setting(256 << 20, values.size, "bytes of response bodies held")
+    eviction: str = values.setting(
+        "lru", values.eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
+    )
+    max_object_size: int = values.setting(
+        16 << 20, values.size, "largest body stored; larger is streamed (default: 16MiB or size)"
+    )
+    store_set_cookie: bool = values.setting(
+        False, values.boolean, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
+    )
+    hit_for_miss: float = values.setting(
+        5.0, values.optional_duration, "how long an uncacheable URL goes straight to the origin"
+    )
+    max_variants: int = values.setting(
+        32, values.positive_int, "variants stored per URL (Vary); more pass"
+    )
+    ignore_cookies: tuple[str, ...] = values.setting(
+        values.IGNORED_COOKIES,
+        values.cookie_names,
+        "cookie names (globs) that do not make a request private",
+    )
+    key_query: tuple[str, tuple[str, ...]] = values.setting(
+        ("all", ()),
+        values.key_query,
+        'query parameters in the cache key: "all", "none", {include = [...]}, {exclude = [...]}',
+    )
+    key_query_sort: bool = values.setting(
+        False, values.boolean, "sort the keyed query parameters by name (?b&a keys as ?a&b)"
+    )
+    strip_surrogate_keys: bool = values.setting(
+        True, values.boolean, "leave Surrogate-Key and Cache-Tag (purge tags) out of answers"
+    )
+    slice_size: int = values.setting(
+        0,
+        values.optional_size,
+        "fetch and store GET misses as byte ranges of this size, each on its own (0: off)",
+    )
+    slice_memory: int = values.setting(
+        256 << 20,
+        values.size,
+        "bytes of slices read from the origin or the disk and not yet written to their "
+        "clients, across all requests; past it, a slice waits for room",
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionSection:
+    policy: str = values.setting(
+        "second-hit",
+        values.policy,
+        "always, second-hit, nth-hit:N, tinylfu, adaptive, probabilistic:P or size-below:BYTES",
+    )
+    window: float | str = values.setting(
+        "auto", values.window, "auto, or how long a first sighting counts"
+    )
+    expected_urls: int = values.setting(
+        1_000_000, values.positive_int, "distinct URLs per fixed window"
+    )
+    fp_rate: float = values.setting(0.01, values.probability, "false-positive rate of the filter")
+    generations: int = values.setting(2, values.positive_int, "filter generations (>= 2)")
+    max_window: float = values.setting(3600.0, values.duration, "longest the auto window remembers")
+    auto_scale: float = values.setting(
+        1.0, values.positive_number, "multiple of the auto generation size"
+    )
+    backend: str = values.setting(
+        "memory", values.backend, "memory (this process) or redis (the fleet)"
+    )
+    redis_url: str = values.setting(
+        "redis://127.0.0.1:6379/0", values.redis_url, "Redis for backend=redis"
+    )
+    redis_cluster: bool = values.setting(
+        False, values.boolean, "redis_url names one node of a Redis Cluster"
+    )
+    redis_budget: float = values.setting(
+        0.005, values.duration, "shortest wait for Redis a miss is given (the budget's floor)"
+    )
+    redis_budget_max: float = values.setting(
+        0.05, values.duration, "longest a miss waits for Redis (never below redis_budget)"
+    )
+    redis_prefix: str = values.setting(
+        "onehit:bf", values.string, "key prefix of the shared filter"
+    )
+
+
+@dataclass(frozen=True)
+class UpstreamSection:
+    origin: str = values.setting(
+        "", values.optional_origin, "default origin for hosts no route names"
+    )
+    connect_timeout: float = values.setting(2.0, values.duration, "time to connect to the origin")
+    read_timeout: float = values.setting(10.0, values.duration, "longest wait for the next bytes")
+    total_timeout: float = values.setting(
+        60.0, values.duration, "longest a whole origin response may take"
+    )
+    single_flight_wait: float = values.setting(
+        10.0, values.duration, "longest a coalesced miss waits"
+    )
+    max_connections: int = values.setting(
+        512,
+        values.positive_int,
+        "origin connections in use at most, per origin client (pool, session)",
+    )
+    idle_timeout: float = values.setting(
+        4.0, values.duration, "longest an unused origin connection is kept"
+    )
+    read_buffer: int = values.setting(
+        128 << 10,
+        values.size,
+        "origin body bytes held per response before reading pauses (at twice)",
+    )
+
+
+@dataclass(frozen=True)
+class DiskSection:
+    path: str = values.setting(
+        "", values.string, "directory of the disk tier's region files; empty: no disk tier"
+    )
+    size: int = values.setting(1 << 30, values.size, "bytes of region files the disk tier keeps")
+    region_size: int = values.setting(
+        16 << 20, values.size, "bytes of one region, written sequentially, evicted whole"
+    )
+    policy: str = values.setting(
+        "second-hit", values.policy, "what the disk takes: always, second-hit, nth-hit:N..."
+    )
+    window: float | str = values.setting(
+        "auto", values.window, "auto, or how long a first sighting counts for the disk"
+    )
+    max_write_rate: int = values.setting(
+        0, values.optional_size, "bytes a second the disk may be written at most (0: no budget)"
+    )
+    checkpoint_interval: float = values.setting(
+        60.0, values.duration, "how often the disk index is saved (and on a clean stop)"
+    )
+
+
+@dataclass(frozen=True)
+class Route:
+    host: str
+    origin: str
+    # The route's own [cache] key_query and key_query_sort; None: the [cache] ones.
+    key_query: tuple[str, tuple[str, ...]] | None = None
+    key_query_sort: bool | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    server: ServerSection = ServerSection()
+    admin: AdminSection = AdminSection()
+    cache: CacheSection = CacheSection()
+    admission: AdmissionSection = AdmissionSection()
+    upstream: UpstreamSection = UpstreamSection()
+    disk: DiskSection = DiskSection()
+    routes: tuple[Route, ...] = ()
+
+    def admission_config(self) -> AdmissionConfig:
+        a = self.admission
+        return AdmissionConfig(
+            policy=a.policy,
+            window=a.window,
+            capacity=a.expected_urls,
+            fp_rate=a.fp_rate,
+            generations=a.generations,
+            max_window=a.max_window,
+            auto_scale=a.auto_scale,
+        )
+
+    def route_table(self) -> dict[str, str]:
+        """Host (lower-case, no port) -> origin; ``""`` maps to the default origin if any."""
+        table = {route.host: route.origin for route in self.routes}
+        if self.upstream.origin:
+            table[""] = self.upstream.origin
+        return table
+
+    def effective(self) -> dict[str, object]:
+        """Every setting in force, by section and key, in the units the file takes (bytes,
+        seconds, host:port); secrets (the admin token, a Redis password) are redacted."""
+        sections: dict[str, dict[str, object]] = {}
+        for name in SECTIONS:
+            section = getattr(self, name)
+            values: dict[str, object] = {}
+            for f in fields(section):
+                value = getattr(section, f.name)
+                values[f.name] = (
+                    _join(value) if f.name == "listen"
+                    else _key_query_setting(value) if f.name == "key_query"
+                    else list(value) if isinstance(value, tuple)
+                    else value
+                )  # fmt: skip
+            sections[name] = values
+        if self.admin.token:
+            sections["admin"]["token"] = _REDACTED
+        redis_url = urlsplit(self.admission.redis_url)
+        if redis_url.password:
+            netloc = redis_url.netloc.replace(f":{redis_url.password}@", f":{_REDACTED}@", 1)
+            sections["admission"]["redis_url"] = redis_url._replace(netloc=netloc).geturl()
+        routes = []
+        for r in self.routes:
+            route: dict[str, object] = {"host": r.host, "origin": r.origin}
+            if r.key_query is not None:
+                route["key_query"] = _key_query_setting(r.key_query)
+            if r.key_query_sort is not None:
+                route["key_query_sort"] = r.key_query_sort
+            routes.append(route)
+        return {**sections, "routes": routes}
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "listen": _join(self.server.listen),
+            "admin": _join(self.admin.listen),
+            "cache_size": self.cache.size,
+            "max_object_size": self.cache.max_object_size,
+            "admission": self.admission_config().label(),
+            "disk_admission": self.disk.policy if self.disk.path else None,
+            "fp_rate": self.admission.fp_rate,
+            "generations": self.admission.generations,
+            "routes": {r.host: r.origin for r in self.routes},
+            "default_origin": self.upstream.origin or None,
+        }
+
+
+SECTIONS: dict[str, type] = {
+    "server": ServerSection,
+    "admin": AdminSection,
+    "cache": CacheSection,
+    "admission": AdmissionSection,
+    "upstream": UpstreamSection,
+    "disk": DiskSection,
+}
+
+
+_REDACTED = "<redacted>"
+
+
+def _join(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the config: defaults, then the TOML file, then ``env``, then ``overrides``
+    (``"section.key" -> value``, from command-line flags; ``"routes"`` -> list of routes)."""
+    env = os.environ if env is None else env
+    raw: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in SECTIONS}
+    routes: list[tuple[dict[str, Any], str]] = []
+    if path is not None:
+        _read_toml(Path(path), raw, routes)
+    _read_env(env, raw, routes)
+    for dotted, value in (overrides or {}).items():
+        if dotted == "routes":
+            routes = [(r, "command line") for r in value]
+            continue
+        section, _, key = dotted.partition(".")
+        _check_key(section, key, "command line")
+        raw[section][key] = (value, "command line")
+    config = Config(
+        **{name: _build(cls, name, raw[name]) for name, cls in SECTIONS.items()},
+        routes=tuple(_route(r, source) for r, source in routes),
+    )
+    if "max_object_size" not in raw["cache"] and config.cache.max_object_size > config.cache.size:
+        # The default (16 MiB) is a ceiling for large caches, not a demand on small ones.
+        config = replace(config, cache=replace(config.cache, max_object_size=config.cache.size))
+    _check_whole(config)
+    return config
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at ``path``; ValueError says in one line why it cannot be read."""
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not valid TOML ({exc})") from None
+
+
+def _read_toml(path: Path, raw: dict, routes: list) -> None:
+    try:
+        data = read_toml(path)
+    except ValueError as exc:
+        raise ConfigError(f"config {exc}") from None
+    source = str(path)
+    for name, table in data.items():
+        if name == "routes":
+            if not isinstance(table, list):
+                raise ConfigError(
+                    f"{source}: routes must be [[routes]] tables with host and origin"
+                )
+            routes.extend((r, source) for r in table)
+            continue
+        _check_key(name, None, source)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: [{name}] must be a table of keys")
+        for key, value in table.items():
+            _check_key(name, key, source)
+            raw[name][key] = (value, source)
+
+
+def _read_env(env: Mapping[str, str], raw: dict, routes: list) -> None:
+    known = {
+        f"ONEHIT_{section.upper()}_{f.name.upper()}": (section, f.name)
+        for section, cls in SECTIONS.items()
+        for f in fields(cls)
+    }
+    for name, value in env.items():
+        if not name.startswith("ONEHIT_"):
+            continue
+        if name == "ONEHIT_ROUTES":
+            routes[:] = [(r, name) for r in _env_routes(value)]
+            continue
+        if name not in known:
+            close = difflib.get_close_matches(name, [*known, "ONEHIT_ROUTES"], n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise ConfigError(f"environment: unknown setting {name}{hint}")
+        section, key = known[name]
+        raw[section][key] = (value, name)
+
+
+def _env_routes(value: str) -> list[dict[str, str]]:
+    out = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        host, eq, origin = item.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"ONEHIT_ROUTES: {item!r} is not host=origin, like cdn.example=http://10.0.0.5:80"
+            )
+        out.append({"host": host.strip(), "origin": origin.strip()})
+    return out
+
+
+def _check_key(section: str, key: str | None, source: str) -> None:
+    if section not in SECTIONS:
+        close = difflib.get_close_matches(section, [*SECTIONS, "routes"], n=1)
+        hint = f" (did you mean [{close[0]}]?)" if close else ""
+        raise ConfigError(
+            f"{source}: unknown section [{section}]{hint}; sections are "
+            f"{', '.join(f'[{s}]' for s in SECTIONS)}, [[routes]]"
+        )
+    if key is None:
+        return
+    names = [f.name for f in fields(SECTIONS[section])]
+    if key not in names:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"{source}: unknown key {key!r} in [{section}]{hint}; keys are {', '.join(names)}"
+        )
+
+
+def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
+    parsed = {}
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        value, source = values[f.name]
+        try:
+            parsed[f.name] = f.metadata["parse"](value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: [{section}] {f.name} = {value!r}: {exc}") from None
+    return replace(cls(), **parsed)
+
+
+_ROUTE_KEYS = {"host", "origin", "key_query", "key_query_sort"}
+
+
+def _key_query_setting(value: tuple[str, tuple[str, ...]]) -> object:
+    """A key_query as a file writes it: "all", "none", or {include = [...]}."""
+    mode, names = value
+    return {mode: list(names)} if names else mode
+
+
+def _route(table: Any, source: str) -> Route:
+    if not isinstance(table, dict) or not {"host", "origin"} <= set(table) <= _ROUTE_KEYS:
+        raise ConfigError(
+            f"{source}: each route needs host and origin (and may set key_query, "
+            f"key_query_sort), got {table!r}"
+        )
+    host = table["host"]
+    if not isinstance(host, str) or not host or "/" in host or ":" in host:
+        raise ConfigError(
+            f"{source}: route host {host!r}: expected a host name without port, like cdn.example"
+        )
+    try:
+        origin = values.origin(table["origin"])
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
+    try:
+        key_query = values.key_query(table["key_query"]) if "key_query" in table else None
+        key_sort = values.boolean(table["key_query_sort"]) if "key_query_sort" in table else None
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host}: key_query: {exc}") from None
+    return Route(host.lower(), origin, key_query, key_sort)
+
+
+def _check_whole(config: Config) -> None:
+    disk = config.disk
+    if disk.path and disk.size < 2 * disk.region_size:
+        raise ConfigError(
+            f"[disk] size = {disk.size}: expected at least two regions of [disk] region_size "
+            f"({2 * disk.region_size} bytes)"
+        )
+    if disk.path and parse_policy(disk.policy)[0] not in DISK_POLICIES:
+        raise ConfigError(
+            f"[disk] policy = {disk.policy!r}: expected one of {', '.join(DISK_POLICIES)} "
+            "(a ring of regions has no victim by key to compare with)"
+        )
+    if config.admission.generations < 2:
+        raise ConfigError(
+            f"[admission] generations = {config.admission.generations}: expected 2 or more"
+        )
+    if config.cache.max_object_size > config.cache.size:
+        raise ConfigError(
+            f"[cache] max_object_size = {config.cache.max_object_size}: expected at most "
+            f"[cache] size ({config.cache.size}); lower it, or leave it out (it then defaults "
+            f"to the smaller of 16MiB and size)"
+        )
+    slice_size = config.cache.slice_size
+    if slice_size and not MIN_SLICE <= slice_size <= config.cache.max_object_size:
+        raise ConfigError(
+            f"[cache] slice_size = {slice_size}: expected 0 (off), or from {MIN_SLICE} up to "
+            f"[cache] max_object_size "
+            f"({config.cache.max_object_size}), so that a slice can be stored; 1MiB is usual"
+        )
+    if slice_size and config.cache.slice_memory < 2 * slice_size:
+        raise ConfigError(
+            f"[cache] slice_memory = {config.cache.slice_memory}: expected at least two slices "
+            f"({2 * slice_size} bytes), the room one slice in flight takes"
+        )
+    if not config.routes and not config.upstream.origin:
+        raise ConfigError(
+            "no origin: set [upstream] origin (or --origin, or ONEHIT_UPSTREAM_ORIGIN), "
+            "or add [[routes]]"
+        )
+    if config.admission.backend == "redis" and config.admission.policy != "second-hit":
+        raise ConfigError(
+            f"[admission] backend = 'redis' shares the second-hit filter: expected policy = "
+            f"'second-hit', got {config.admission.policy!r}"
+        )
+    if not is_loopback(config.admin.listen[0]) and not config.admin.token:
+        raise ConfigError(
+            f"[admin] listen = {_join(config.admin.listen)} is not loopback: "
+            "expected [admin] token to be set (ONEHIT_ADMIN_TOKEN)"
+        )

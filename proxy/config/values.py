@@ -1,0 +1,253 @@
+"""The values a setting may take, each read by one parser: a parser returns the value or raises
+ValueError saying what it expected, which ``proxy.config.settings`` turns into a one-line error
+naming the key and where the value came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any
+from urllib.parse import urlsplit
+
+from proxy.core.admission import parse_policy
+from proxy.core.store import EVICTIONS
+from proxy.core.units import parse_duration, parse_size
+
+Parser = Callable[[Any], Any]
+
+
+def setting(default: Any, parse: Parser, doc: str) -> Any:
+    return field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+def string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected a string")
+    return value
+
+
+def boolean(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in (
+        "true",
+        "1",
+        "yes",
+        "on",
+        "false",
+        "0",
+        "no",
+        "off",
+    ):
+        return value.lower() in ("true", "1", "yes", "on")
+    raise ValueError("expected true or false")
+
+
+def positive_int(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def probability(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number between 0 and 1, like 0.01") from None
+    if not 0.0 < number < 1.0:
+        raise ValueError("expected a number between 0 and 1 (exclusive), like 0.01")
+    return number
+
+
+def positive_number(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a number above zero, like 2 or 0.5") from None
+    if not number > 0 or number == float("inf"):
+        raise ValueError("expected a number above zero, like 2 or 0.5")
+    return number
+
+
+def size(value: Any) -> int:
+    size = parse_size(value)
+    if size < 1:
+        raise ValueError("expected a size of at least 1 byte")
+    return size
+
+
+def optional_size(value: Any) -> int:
+    size = parse_size(value)
+    if size < 0:
+        raise ValueError("expected a size, or 0 for none")
+    return size
+
+
+def duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("expected a duration above zero, like 250ms, 10s or 10m")
+    return seconds
+
+
+def window(value: Any) -> float | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return duration(value)
+    except ValueError:
+        raise ValueError("expected 'auto' or a duration like 10m") from None
+
+
+# Fields that rewrite the target, the method or the host an origin believes it serves: on a
+# cacheable GET/HEAD they could make the origin build an answer that is then stored for every
+# client under a key that does not name them (cache poisoning), so they never pass.
+DENIED_BY_DEFAULT = (
+    "x-original-url", "x-rewrite-url", "x-override-url", "x-http-method-override",
+    "x-http-method", "x-method-override", "x-forwarded-host", "x-forwarded-server",
+    "x-forwarded-scheme", "x-forwarded-port", "x-forwarded-prefix", "x-host", "forwarded",
+)  # fmt: skip
+
+
+def header_names(value: Any) -> tuple[str, ...]:
+    """A TOML list of field names, or one comma-separated string (from the environment);
+    never empty: a list that forwards or denies nothing by accident is an error."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError('expected a list of header names, like ["accept", "user-agent"]')
+    cleaned = tuple(n.strip().lower() for n in names)
+    if not cleaned or any(not n for n in cleaned):
+        raise ValueError('expected a non-empty list of header names, like ["x-original-url"]')
+    if any(not n.replace("-", "").isalnum() for n in cleaned):
+        raise ValueError("expected header names made of letters, digits and '-'")
+    return cleaned
+
+
+def forward_names(value: Any) -> tuple[str, ...]:
+    """``["*"]`` (every end-to-end field but the denied ones) or an allow-list of names."""
+    if value == "*" or value == ["*"] or value == ("*",):
+        return ("*",)
+    try:
+        return header_names(value)
+    except ValueError:
+        raise ValueError(
+            'expected ["*"] (forward every field but deny_headers) or a non-empty list of '
+            'header names, like ["accept", "user-agent"]'
+        ) from None
+
+
+# Analytics cookies: set by page scripts on every page, read by no origin.
+IGNORED_COOKIES = ("_ga", "_ga_*", "_gid", "_gat*", "_gcl_*", "_fbp", "__utm*", "_hj*")
+
+
+def cookie_names(value: Any) -> tuple[str, ...]:
+    """Cookie names or glob patterns, as a list or one comma-separated string; [] for none."""
+    names = value.split(",") if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(isinstance(n, str) for n in names):
+        raise ValueError('expected a list of cookie names, like ["_ga", "_gid*"]')
+    cleaned = tuple(n.strip() for n in names)
+    if isinstance(value, str) and value.strip() == "":
+        return ()
+    if any(not n or any(c in n for c in ";=, \t") for n in cleaned):
+        raise ValueError('expected cookie names or globs without ";", "=" or spaces, like "_ga*"')
+    return cleaned
+
+
+def key_query(value: Any) -> tuple[str, tuple[str, ...]]:
+    """``"all"``, ``"none"``, ``{include = [...]}`` or ``{exclude = [...]}`` (as a string:
+    ``include:a,b`` or ``exclude:utm_source,utm_medium``): (mode, names)."""
+    expected = ValueError(
+        'expected "all", "none", {include = ["id"]} or {exclude = ["utm_source"]} '
+        '(as a string: "include:id" or "exclude:utm_source,utm_medium")'
+    )
+    if isinstance(value, str):
+        mode, colon, rest = value.strip().partition(":")
+        if mode in ("all", "none") and not colon:
+            return mode, ()
+        if mode not in ("include", "exclude") or not colon:
+            raise expected
+        value = {mode: [n.strip() for n in rest.split(",") if n.strip()]}
+    if not isinstance(value, dict) or len(value) != 1:
+        raise expected
+    ((mode, names),) = value.items()
+    if mode not in ("include", "exclude") or not isinstance(names, list | tuple):
+        raise expected
+    if not names or not all(isinstance(n, str) and n and "&" not in n for n in names):
+        raise ValueError(f'key_query {mode}: expected parameter names, like ["id", "page"]')
+    return mode, tuple(names)
+
+
+def optional_duration(value: Any) -> float:
+    if value in (0, "0"):
+        return 0.0
+    seconds = parse_duration(value)
+    if seconds < 0:
+        raise ValueError("expected a duration like 5s, or 0 for off")
+    return seconds
+
+
+def backend(value: Any) -> str:
+    if value not in ("memory", "redis"):
+        raise ValueError("expected 'memory' or 'redis'")
+    return value
+
+
+def redis_url(value: Any) -> str:
+    text = string(value)
+    if urlsplit(text).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("expected a Redis URL like redis://127.0.0.1:6379/0")
+    return text
+
+
+def policy(value: Any) -> str:
+    parse_policy(value)
+    return value
+
+
+def eviction(value: Any) -> str:
+    if value not in EVICTIONS:
+        raise ValueError(f"expected one of {', '.join(EVICTIONS)}")
+    return value
+
+
+def event_loop(value: Any) -> str:
+    if value not in ("auto", "uvloop", "asyncio"):
+        raise ValueError("expected 'auto' (uvloop where installed), 'uvloop' or 'asyncio'")
+    return value
+
+
+def log_format(value: Any) -> str:
+    if value not in ("combined", "json"):
+        raise ValueError("expected 'combined' or 'json'")
+    return value
+
+
+def address(value: Any) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` for IPv6)."""
+    text = string(value)
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("expected host:port, like 127.0.0.1:8080")
+    return host, int(port)
+
+
+def origin(value: Any) -> str:
+    text = string(value).rstrip("/")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("expected an origin URL like http://127.0.0.1:9000")
+    if parts.path or parts.query or parts.fragment:
+        raise ValueError("expected an origin URL without a path, like http://127.0.0.1:9000")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port out of range
+    except ValueError:
+        raise ValueError("expected an origin URL with a valid port") from None
+    return text
+
+
+def optional_origin(value: Any) -> str:
+    return "" if value == "" else origin(value)

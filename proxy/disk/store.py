@@ -1,0 +1,576 @@
+"""The live disk tier: the core's ``DiskTier`` over region files (``RegionLog``), behind the
+memory tier, keeping what it took across restarts.
+
+* A response reaches the disk only when the tier's own admission says so at its head
+  (``wants``), and only once its body ended whole (``write``): a record of its key, its body
+  and its meta (``proxy.disk.record_meta``: times, the head its plain hits write, fields,
+  directives) appended at the end of the open region.
+* On a memory miss, ``lookup`` reads the key's record back, verified (a torn, damaged or
+  misplaced record is a miss, dropped from the index, never a wrong body), as an entry the
+  engine judges by its own freshness rules.
+* The index is checkpointed (``checkpoint``: every ``[disk] checkpoint_interval`` and on a
+  clean stop): its slots, 20 bytes each, and where the open region ended, written to a new
+  file that then replaces the last (so a crash leaves the old one whole), after the region's
+  bytes reached the device. At start-up the checkpoint's slots go back into the index, and
+  only the records written after it are scanned (``RegionLog.recover``); without a checkpoint,
+  or with one that does not describe the files (a checksum that fails, an open region shorter
+  than it says), every region is scanned.
+* Writes are counted as the store appends them (``bytes_written``) and as the kernel counts
+  the process's writes to storage (``write_bytes`` of ``/proc/self/io``, where it exists),
+  in total and per second over the last checkpoint interval.
+* Slices of large objects (``proxy.handler.slicing``) are records of their own under their slice
+  keys, written after an anchor record of their object (``write_slice``): a purge of the URL,
+  or a change of the object's version, drops or replaces the anchor, and no slice written
+  before the anchor on disk is found again (``anchored``).
+* A response that varies (``Vary``) is a record under its variant key, written after an
+  anchor record naming the fields its URL's variants are selected on (``write_variant``); a
+  lookup reads the anchor to know which variant a request selects (``lookup_request``). A
+  purge of the URL drops the anchor, other fields write a new one, and no variant written
+  before the anchor on disk is found again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from proxy.config.settings import DiskSection
+from proxy.core import rfc9111, slices, variants
+from proxy.core._native import hash64
+from proxy.core.admission import AdmissionConfig
+from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, Slot, WriteBudget
+from proxy.core.events import RequestMeta, ResponseMeta
+from proxy.core.regions import Regions
+from proxy.core.rfc9110 import Headers
+from proxy.core.store import Entry
+from proxy.core.tags import response_tags, storable_tags
+from proxy.core.tiers import forgotten_keys
+from proxy.disk.directory import claim, open_file, read_file, release, replace_file, sync_directory
+from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
+from proxy.disk.region_log import DISK_ERRORS, RegionLog
+
+CHECKPOINT = "index.checkpoint"
+BANS = "bans.json"
+# Records invalidated since the last checkpoint, which a start after a crash drops again.
+DROPS = "drops.log"
+_DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
+# A record up to this long is read on the event loop when the page cache holds all of it
+# (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
+# device must be asked for, is read on a worker thread by the request handler, so that neither
+# a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
+# meta (a slice of the usual size) is within it.
+READ_INLINE = (1 << 20) + (16 << 10)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+_MAGIC = b"OHC1"
+# magic, the open region, where it ended, slots, crc32 of the slots
+_CHECKPOINT = struct.Struct("<4sQQQI")
+
+
+class DiskStore:
+    """One disk tier under ``section.path``."""
+
+    def __init__(self, section: DiskSection, hidden: frozenset[str] = frozenset()) -> None:
+        # Stored heads are rendered hiding these fields, under this stamp (``record_meta``).
+        self.hidden = hidden
+        self.stamp = record_stamp(hidden)
+        regions = Regions(section.region_size, section.size // section.region_size)
+        admission = AdmissionConfig(policy=section.policy, window=section.window)
+        self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
+        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, on every hit.
+        self.answered = self.tier.answered
+        self._lock: int | None = claim(Path(section.path))
+        try:
+            self._recover(section)
+        except BaseException:
+            release(self._lock)  # a start that fails leaves the directory to the next
+            raise
+        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
+        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
+        self._bans_saved = True
+        self._kept = True  # False once a removal the device refused lost regions instead
+        # (when, the store's bytes written, the process's write_bytes) at the last two
+        # checkpoints: the rates /stats gives.
+        self._samples = [self._sample(), self._sample()]
+
+    def _recover(self, section: DiskSection) -> None:
+        """Take up what the directory holds: the checkpoint's index, the records written
+        after it, the bans, the journal of drops."""
+        self.log = RegionLog(section.path, self.tier.regions)
+        self.checkpoint_path = Path(section.path) / CHECKPOINT
+        saved = self._saved()
+        after = None if saved is None else (saved[0], saved[1])
+        scanned = self.log.recover(after)
+        self.from_checkpoint = 0 if saved is None else self.tier.restore_slots(saved[2])
+        for key, location in scanned:
+            self.tier.restore(_text(key), location.region, location.offset, location.length)
+        self.scanned = len(scanned)
+        self.bans_path = Path(section.path) / BANS
+        self.tier.bans[:] = self._saved_bans()
+        self.tier.expire_bans()
+        self.drops_path = Path(section.path) / DROPS
+        self.dropped_again = self._drop_again()
+
+    def checkpoint(self) -> None:
+        """Write the index and where the open region ends, replacing the last checkpoint;
+        and the bans still outstanding."""
+        self._samples = [self._samples[-1], self._sample()]
+        self._save_bans()
+        regions = self.tier.regions
+        if not regions.live:
+            return
+        self.log.sync()
+        slots = self.tier.index.dump()
+        head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
+                                zlib.crc32(slots))  # fmt: skip
+        if _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
+            self._journal_done()
+
+    def _saved(self) -> tuple[int, int, bytes] | None:
+        """(open region, where it ended, slots) of a checkpoint that describes the files."""
+        try:
+            data = read_file(self.checkpoint_path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            DISK_ERRORS.warning("reading the disk index's checkpoint failed: %r", exc)
+            return None
+        if len(data) < _CHECKPOINT.size:
+            return None
+        magic, region, fill, count, crc = _CHECKPOINT.unpack_from(data)
+        slots = data[_CHECKPOINT.size :]
+        if magic != _MAGIC or len(slots) != 20 * count or zlib.crc32(slots) != crc:
+            DISK_ERRORS.warning("the disk index's checkpoint is not whole: every region is scanned")
+            return None
+        if os.path.lexists(self.log.path(region)) and self.log.size(region) < fill:
+            DISK_ERRORS.warning("the disk index's checkpoint is past its region's end: scanning")
+            return None
+        return region, fill, slots
+
+    def wants(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        whole: bool,
+        now: float,
+        *,
+        part: bool = False,
+    ) -> bool:
+        """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
+        asked once at its head: a whole 200 GET (a variant is written by ``write_variant``),
+        or (``part``) a slice's 206 under its slice key (``write_slice``), with no more tags
+        than the store takes, and then the tier's admission, which counts the sighting of
+        what would be written: the URL, or the variant the request selects (so each variant
+        is asked for as often as a URL is before the device takes it, and a client cycling a
+        varied field's values writes nothing)."""
+        if response.vary:
+            self.invalidate(request.key)  # what was stored without variants is superseded
+        if (
+            not whole
+            or request.method != "GET"
+            or response.status != (206 if part else 200)
+            or (part and response.vary)
+            or not response.cacheable
+            or storable_tags(response.headers) is None  # as the store: no purge could reach it
+        ):
+            return False
+        size = length or 0
+        key = request.key
+        if response.vary:
+            key = variants.variant_key(key, response.vary, request.headers)
+        return self.tier.admit(key, size, self.record_length(key, response, size), now)
+
+    def record_length(self, key: str, response: ResponseMeta, size: int) -> int:
+        """The bytes of the record ``write`` appends for ``response`` (``size`` body bytes)
+        under ``key``: the encoder's own count, which the simulator can be given too."""
+        meta = encode_meta(response, 0.0, size, self.hidden, self.stamp)
+        return RECORD_HEADER + len(_raw(key)) + len(meta) + size
+
+    def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
+        """Append the record of a response ``wants`` took, now that its body is whole."""
+        meta = encode_meta(response, stored_at, len(body), self.hidden, self.stamp)
+        location = self.log.append(_raw(key), meta, body)
+        if location is not None:
+            self.tier.recorded(key, location.region, location.offset, location.length)
+
+    def write_slice(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
+        """``write`` slice record ``key`` after an anchor of its object's length and version
+        (``_after_anchor``): the slices before a new one are never found again
+        (``anchored``)."""
+        self._after_anchor(
+            slices.anchor_key(slices.url_of(key)),
+            lambda fields: _same_object(fields, response.headers),
+            response._replace(status=204),
+            key, response, body, stored_at,
+        )  # fmt: skip
+
+    def write_variant(
+        self,
+        url: str,
+        response: ResponseMeta,
+        request_headers: Headers,
+        body: bytes,
+        stored_at: float,
+    ) -> None:
+        """``write`` the record of ``url``'s variant that ``request_headers`` select, after an
+        anchor naming the fields its variants are selected on (``_after_anchor``): the
+        variants before a new one are never found again (``lookup_request``)."""
+        self._after_anchor(
+            variants.anchor_key(url),
+            lambda fields: rfc9111.vary_names(fields) == response.vary,
+            ResponseMeta(status=204, headers=(("Vary", ", ".join(response.vary)),)),
+            variants.variant_key(url, response.vary, request_headers),
+            response, body, stored_at,
+        )  # fmt: skip
+
+    def _after_anchor(
+        self,
+        anchor_key: str,
+        holds: Callable[[Headers], bool],
+        anchor: ResponseMeta,
+        key: str,
+        response: ResponseMeta,
+        body: bytes,
+        stored_at: float,
+    ) -> None:
+        """``write`` ``key``'s record after the anchor under ``anchor_key``: the one on disk
+        when ``holds`` says its fields still describe the record, else ``anchor``, written
+        first. An anchor the page cache does not hold is not waited for: a new one is
+        written (what lay before it is fetched again, never served wrong)."""
+        found = self.lookup(anchor_key, Entry, warm_only=True)
+        if found is None or not holds(found.headers):
+            self.write(anchor_key, anchor, b"", stored_at)
+        self.write(key, response, body, stored_at)
+
+    async def lookup_request(
+        self, request: RequestMeta, entry_type: type[Entry]
+    ) -> tuple[Entry, tuple[str, ...]] | None:
+        """The entry the disk holds for ``request`` (``lookup_off_loop``): the URL's own
+        record, or, when the anchor of its variants lies after that, the variant the request
+        selects, written after the anchor; with the names it was selected on (none for the
+        URL's own)."""
+        url = request.key
+        anchor = self.tier.find(variants.anchor_key(url))
+        own = self.tier.find(url)
+        if anchor is None or (own is not None and _after(own, anchor)):
+            entry = await self.lookup_off_loop(url, entry_type)
+            return None if entry is None else (entry, ())
+        names = await self.lookup_off_loop(variants.anchor_key(url), Entry)
+        if names is None:
+            return None
+        vary = rfc9111.vary_names(names.headers)
+        key = variants.variant_key(url, vary, request.headers)
+        slot = self.tier.find(key)
+        if slot is None or not _after(slot, anchor):
+            return None
+        entry = await self.lookup_off_loop(key, entry_type)
+        return None if entry is None else (entry, vary)
+
+    def anchored(self, url: str, key: str) -> bool:
+        """Whether the slice record ``key`` of ``url``'s object lies after the anchor of its
+        slices: of the object as it stands since its last purge or change of version."""
+        anchor = self.tier.find(slices.anchor_key(url))
+        slot = None if anchor is None else self.tier.find(key)
+        return slot is not None and _after(slot, anchor)
+
+    def forget(self, key: str, why: str) -> bool:
+        """``proxy.core.tiers.Tier.forget``: each record it names dropped and journaled
+        (``invalidate``); whether the tier held ``key`` itself."""
+        own, *parts = forgotten_keys(key)
+        for part in parts:
+            self.invalidate(part)
+        return self.invalidate(own)
+
+    def refreshed(self, entry: Entry) -> None:
+        """``proxy.core.tiers.Tier.refreshed``: a record of ``entry``'s key is replaced by one of
+        the refreshed entry, written at the ring's head within the write budget; when the
+        budget refuses, or the body is not in hand, the old record is only dropped. The drop
+        is journaled first, so a crash between the two loses the record, never revives it."""
+        if self.tier.find(entry.key) is None:
+            return
+        self.invalidate(entry.key)
+        body = entry.payload
+        if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
+            return
+        response = ResponseMeta(lifetime=entry.lifetime, initial_age=entry.initial_age,
+                                headers=entry.headers, status=entry.status,
+                                directives=entry.directives)  # fmt: skip
+        self.write(entry.key, response, body, entry.stored_at)
+
+    def ban(self, value: str, *, by_tag: bool) -> None:
+        """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
+        by ``durable`` (with the drop journal)."""
+        self.tier.ban(value, by_tag=by_tag)
+        self._bans_saved = False
+
+    def durable(self) -> bool:
+        """Put the bans and the journal of dropped records on the device. When it refuses,
+        drop what the lost removals could reach instead (the regions that held the dropped
+        records; every region, for a ban, which may reach any record written before it):
+        False. A restart then finds none of it either way."""
+        if not self._bans_saved:
+            if not self._save_bans():
+                self._lose(list(self.tier.regions.live), "a purge's ban")
+            self._bans_saved = True
+        if self._unsynced:
+            try:
+                if self._drops is not None:
+                    os.fsync(self._drops)
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
+                self._lose(sorted(self._unsynced), "dropped records")
+            self._unsynced.clear()
+        kept, self._kept = self._kept, True
+        return kept
+
+    def _save_bans(self) -> bool:
+        return _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
+
+    def _saved_bans(self) -> list[Ban]:
+        try:
+            saved = json.loads(read_file(self.bans_path))
+            return [(str(value), int(region), int(offset), bool(by_tag))
+                    for value, region, offset, by_tag in saved]  # fmt: skip
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            # Unreadable bans may hide purged records: every record written so far is purged.
+            DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
+            return self._everything()
+
+    def _everything(self) -> list[Ban]:
+        """A ban of every record written so far (none where nothing was)."""
+        live = self.tier.regions.live
+        return [("", live[-1], self.tier.regions.fill, False)] if live else []
+
+    def invalidate(self, key: str) -> bool:
+        """Forget ``key``'s record; whether there was one. The drop is journaled until the
+        next checkpoint, so that a start after a crash does not bring the record back
+        (``durable`` puts the journal on the device; until then a process crash keeps it, a
+        power cut may not). A drop the journal cannot take loses the record's region."""
+        slot = self.tier.drop(key)
+        if slot is None:
+            return False
+        entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
+        try:
+            if self._drops is None:
+                self._drops = self._open_journal()
+            if os.write(self._drops, entry) != len(entry):
+                raise OSError("the journal took part of a drop")
+        except OSError as exc:
+            DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
+            self._lose([slot.region], "a dropped record")
+            self._close_journal()  # reopened whole: a torn entry would shift every later one
+            return True
+        self._unsynced.add(slot.region)
+        return True
+
+    def _open_journal(self) -> int:
+        """The journal, opened for appending, cut back to whole entries: the part of an
+        entry that a crash or a failed write left would shift every entry after it."""
+        fd = open_file(self.drops_path, _CREATE)
+        try:
+            size = os.fstat(fd).st_size
+            if size % _DROP.size:
+                os.ftruncate(fd, size - size % _DROP.size)
+            sync_directory(self.drops_path.parent)  # syncing its drops keeps a file that is there
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _close_journal(self) -> None:
+        if self._drops is not None:
+            fd, self._drops = self._drops, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                DISK_ERRORS.warning("closing the journal of dropped records failed: %r", exc)
+
+    def _lose(self, regions: list[int], what: str) -> None:
+        """Remove ``regions``' files, whose records a removal the device could not keep
+        (``what``) may reach: their records are misses from now on, and after any restart
+        (a record is read only from its region's file)."""
+        DISK_ERRORS.warning("the device could not keep %s: %d regions dropped", what,
+                            len(regions))  # fmt: skip
+        self._kept = False
+        regions_ = self.tier.regions
+        for region in regions:
+            self.log.remove(region)
+            if regions_.live and region == regions_.live[-1]:
+                regions_.fill = regions_.region_size  # the next record opens a new region
+
+    def _drop_again(self) -> int:
+        """Drop the records the journal names that the index still holds where they were
+        dropped (a record written after the drop, elsewhere, stays); how many."""
+        try:
+            data = read_file(self.drops_path)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            # Drops it cannot read may be purges: every record written so far is purged.
+            DISK_ERRORS.warning("reading the journal of dropped records failed, purging all: %r",
+                                exc)  # fmt: skip
+            self.tier.bans.extend(self._everything())
+            self._save_bans()
+            return 0
+        whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
+        return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
+
+    def _journal_done(self) -> None:
+        """The checkpoint just written holds every drop: the journal starts again."""
+        try:
+            if self._drops is not None:
+                os.ftruncate(self._drops, 0)
+            elif self.drops_path.exists():
+                self.drops_path.unlink()
+        except OSError as exc:
+            DISK_ERRORS.warning("emptying the journal of dropped records failed: %r", exc)
+
+    def lookup(
+        self,
+        key: str,
+        entry_type: type[Entry],
+        longest: float = math.inf,
+        *,
+        warm_only: bool = False,
+    ) -> Entry | None:
+        """The entry ``key``'s record holds, read back whole on the event loop, or None: no
+        record, one longer than ``longest`` bytes or (``warm_only``) one the page cache does
+        not hold all of (left unread), or one not whole (dropped). The caller counts whether
+        it answered (``DiskTier.answered``)."""
+        slot = self.tier.find(key)
+        if slot is None or slot.length > longest:
+            return None
+        try:
+            found = self.log.read(slot, _raw(key), warm_only=warm_only)
+        except BlockingIOError:
+            return None
+        return self._entry(key, slot, found, entry_type)
+
+    async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
+        """``lookup``, read on the event loop only when the record is no longer than
+        ``READ_INLINE`` and the page cache holds it, else on a worker thread; one moved,
+        purged or evicted while the thread read it is a miss."""
+        slot = self.tier.find(key)
+        if slot is None:
+            return None
+        if slot.length <= READ_INLINE:
+            try:
+                return self._entry(key, slot, self.log.read(slot, _raw(key), warm_only=True),
+                                   entry_type)  # fmt: skip
+            except BlockingIOError:
+                pass
+        loop = asyncio.get_running_loop()
+        found = await loop.run_in_executor(None, self.log.read_apart, slot, _raw(key))
+        if self.tier.find(key) != slot:
+            return None
+        return self._entry(key, slot, found, entry_type)
+
+    def _entry(
+        self, key: str, slot: Slot, found: tuple[bytes, bytes] | None, entry_type: type[Entry]
+    ) -> Entry | None:
+        """The entry of a record read at ``slot``, or None: not whole (dropped), or purged by
+        a ban by tag (dropped, counted ``purged``)."""
+        if found is None:
+            self.tier.drop(key)
+            return None
+        meta, body = found
+        m = decode_meta(meta, self.stamp)
+        if self.tier.bans and self.tier.tag_banned(response_tags(m.headers), slot):
+            self.tier.drop(key, purged=True)
+            return None
+        return record_entry(key, m, body, entry_type)
+
+    def _sample(self) -> tuple[float, int, int | None]:
+        return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()
+
+    def stats(self) -> dict[str, int | float | None]:
+        regions = self.tier.regions
+        (t0, b0, w0), (t1, b1, w1) = self._samples
+        span = t1 - t0
+        device = process_write_bytes()
+        return {
+            **asdict(self.tier.counters),
+            "objects": len(self.tier),
+            "index_bytes": self.tier.index.memory_bytes,
+            "regions": len(regions.live),
+            "capacity_bytes": regions.capacity_bytes,
+            "restored_from_checkpoint": self.from_checkpoint,
+            "restored_by_scan": self.scanned,
+            "bans": len(self.tier.bans),
+            "dropped_again": self.dropped_again,
+            "bytes_written_per_second": round((b1 - b0) / span, 1) if span > 0 else None,
+            "process_write_bytes": device,
+            "process_write_bytes_per_second": (
+                round((w1 - w0) / span, 1)
+                if span > 0 and w0 is not None and w1 is not None
+                else None
+            ),
+        }
+
+    def close(self) -> None:
+        """Checkpoint, then close the open region and the journal, and give the directory
+        up."""
+        self.checkpoint()
+        self.log.close()
+        self._close_journal()
+        if self._lock is not None:
+            release(self._lock)
+            self._lock = None
+
+
+def _replace(path: Path, data: bytes, what: str) -> bool:
+    """``directory.replace_file``, or (with one log line, False) ``path`` holds what it held
+    before."""
+    try:
+        replace_file(path, data)
+    except OSError as exc:
+        DISK_ERRORS.warning("writing %s failed: %r", what, exc)
+        return False
+    return True
+
+
+def process_write_bytes() -> int | None:
+    """Bytes this process caused to be written to storage (Linux's ``/proc/self/io``), or None
+    where that is not kept."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"write_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _after(slot: Slot, anchor: Slot) -> bool:
+    """Whether the record at ``slot`` was written after the one at ``anchor``."""
+    return (slot.region, slot.offset) > (anchor.region, anchor.offset)
+
+
+def _same_object(anchor: Headers, part: Headers) -> bool:
+    """Whether a slice's fields (``part``) are of the length and version an anchor's are."""
+    span, other = slices.content_range(anchor), slices.content_range(part)
+    return (
+        span is not None
+        and other is not None
+        and span[2] == other[2]
+        and slices.validator(anchor) == slices.validator(part)
+    )
+
+
+def _raw(key: str) -> bytes:
+    return key.encode("utf-8", "surrogateescape")
+
+
+def _text(key: bytes) -> str:
+    return key.decode("utf-8", "surrogateescape")

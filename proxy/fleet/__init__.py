@@ -1,0 +1,1 @@
+"""What instances of a fleet share through Redis: the admission filter and purges."""

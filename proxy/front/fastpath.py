@@ -1,0 +1,492 @@
+"""The proxy's own connection protocol (``Front``): plain requests answered before aiohttp sees
+them, and the connection handed to aiohttp's request handler at the first one it cannot take.
+
+* One parser judges: a request is read from its bytes (``PlainHits.answer_bytes``) only when
+  they hold one whole plain request, a strict subset of what aiohttp's request parser (llhttp,
+  strict) takes, read as it reads it; any other head is parsed by that parser, with aiohttp's
+  limits, exactly its bytes.
+* A plain fresh hit is answered at once by the answerers (``Proxy.plain_hits``, then
+  ``Proxy.answer_hit``); another plain request goes to the connection's lane (``proxy.front.lane``),
+  answered by ``Proxy.handle`` or left ``Pending`` by ``Proxy.start``.
+* Anything else (a body, HTTP/1.0, ``Connection: close``, an upgrade, what the parser refuses,
+  a client that stops reading) hands the connection over, from that request's first byte, to
+  aiohttp's protocol (``web.Server``'s, through the transport's ``set_protocol``), which
+  serves it to its end. The front answers one request at a time and hands over only between
+  answers, so requests keep their order; each gets the handler's answer, counters and log line.
+* While the lane answers, the bytes after its request are held up to ``HOLD_LIMIT``, then
+  reading stops. A hit's body past ``PIECE`` bytes goes to the transport a piece at a time as
+  it drains. A connection with nothing to answer closes after ``[server] idle_timeout``; a
+  graceful shutdown waits for the lane's request. A bug answering a hit here is logged, and
+  the lane answers the request.
+
+It takes from aiohttp only what every protocol its writers and streams run on has
+(``BaseProtocol``'s flow control), its exported request parser, and ``web.Server`` as the
+factory of a handed-over connection's protocol: none of its request handler's fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Sequence
+from typing import Any
+
+from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.http import HttpRequestParser, RawRequestMessage
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.streams import EMPTY_PAYLOAD
+from aiohttp.web_log import AccessLogger
+
+from proxy.config.logs import HTTP_ERRORS
+from proxy.front.lane import (
+    AnswerBytes,
+    AnswerHit,
+    LaneRequest,
+    LoggedRequest,
+    LoggedResponse,
+    Pending,
+    ReadRequest,
+    StartLane,
+    Written,
+    lane_may_answer,
+)
+from proxy.front.writer import PIECE, ProxyServer, SendWatch
+
+
+def require_strict_parser() -> None:
+    """RuntimeError unless aiohttp reads requests with llhttp, its compiled strict parser: the
+    front's reader is a strict subset of it, and its pure-Python parser (a build without C
+    extensions, or ``AIOHTTP_NO_EXTENSIONS``) reads otherwise (it takes a lower-case ``get``
+    as ``GET``, which llhttp refuses), so requests would mean one thing to the front and
+    another to the handler."""
+    if HttpRequestParser.__module__ != "aiohttp._http_parser":
+        raise RuntimeError(
+            "aiohttp reads requests with its pure-Python parser here (AIOHTTP_NO_EXTENSIONS "
+            "is set, or its compiled extension is missing): onehit needs its strict compiled "
+            "parser; unset AIOHTTP_NO_EXTENSIONS or reinstall aiohttp from a wheel"
+        )
+
+
+# Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
+# of a request in part): past it, reading stops until the lane's request ends.
+HOLD_LIMIT = 256 << 10
+
+
+class HitServer(ProxyServer):
+    """``ProxyServer`` whose connections begin with a ``Front`` that tries ``answers``, in
+    order, and runs the other plain requests in its lane (started by ``start``: by default
+    the work of ``handler``), before aiohttp's request handler."""
+
+    def __init__(
+        self,
+        handler: Any,
+        answers: Sequence[AnswerHit],
+        start: StartLane | None = None,
+        answer_bytes: AnswerBytes | None = None,
+        *,
+        keepalive_timeout: float = 3630,
+        max_line_size: int = 8190,
+        max_field_size: int = 8190,
+        max_headers: int = 128,
+        access_log: Any = None,
+        access_log_class: type = AccessLogger,
+        access_log_format: str = AccessLogger.LOG_FORMAT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            handler, keepalive_timeout=keepalive_timeout, max_line_size=max_line_size,
+            max_field_size=max_field_size, max_headers=max_headers, access_log=access_log,
+            access_log_class=access_log_class, access_log_format=access_log_format, **kwargs,
+        )  # fmt: skip
+        self.answers = tuple(answers)
+        self.start: StartLane = start if start is not None else handler
+        self.answer_bytes = answer_bytes
+        self.keepalive_timeout = keepalive_timeout
+        self.limits = (max_line_size, max_field_size, max_headers)
+        # The head a front waits for: past this without its end, the parser judges it.
+        self.head_limit = max_line_size + max_field_size + 4
+        self.access_logger = access_log_class(access_log, access_log_format) if access_log else None
+        self.fronts: set[Front] = set()
+        self.draining = False
+
+    def __call__(self) -> Front:  # type: ignore[override]
+        return Front(self)
+
+    def handler(self) -> asyncio.Protocol:
+        """aiohttp's protocol, for a connection a front hands over."""
+        return super().__call__()
+
+    @property
+    def connections(self) -> list[Any]:
+        return [*self.fronts, *super().connections]
+
+    def pre_shutdown(self) -> None:
+        self.draining = True
+        for front in list(self.fronts):
+            front.drain()
+        super().pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        fronts = [front.shutdown(timeout) for front in list(self.fronts)]
+        await asyncio.gather(*fronts, super().shutdown(timeout))
+
+
+class Front(SendWatch, BaseProtocol):
+    """A connection's first protocol: plain fresh hits answered as they are read, other plain
+    requests in its lane, and the rest handed to aiohttp's handler."""
+
+    __slots__ = (
+        "_access_logger", "_answer_bytes", "_answers", "_buffer", "_closing", "_drained",
+        "_ended", "_idle", "_lane", "_last", "_parser", "_remote", "_scheme", "_send_timeout",
+        "_sending", "_server", "_start", "_unsent", "handed_over",
+    )  # fmt: skip
+
+    def __init__(self, server: HitServer) -> None:
+        super().__init__(asyncio.get_running_loop())
+        self._init_watch(server.send_timeout)
+        self._server = server
+        self._answers = server.answers
+        self._start = server.start
+        self._answer_bytes = server.answer_bytes
+        # As aiohttp's handler: whether to log is decided per connection, when it opens.
+        logger = server.access_logger
+        self._access_logger = logger if logger is not None and logger.enabled else None
+        self._parser: HttpRequestParser | None = None
+        self._buffer = b""  # bytes received and not yet answered or handed over
+        self._lane: asyncio.Task[None] | Pending | None = None
+        self._remote = ""
+        self._scheme = "http"
+        self._closing = False  # no request after the one in the lane
+        self._last = 0.0  # when the connection last answered, or opened
+        self._idle: asyncio.TimerHandle | None = None
+        self._ended: asyncio.Future[None] | None = None  # a graceful shutdown's wait
+        self.handed_over = False
+
+    @property
+    def held(self) -> bytes:
+        """The request bytes held behind the lane's request."""
+        return self._buffer
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._buffer_paused
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        peer = transport.get_extra_info("peername")
+        # As ``BaseRequest.remote``: the address of a TCP peer, else the peer as given.
+        self._remote = peer[0] if isinstance(peer, (list, tuple)) else str(peer or "")
+        if transport.get_extra_info("sslcontext") is not None:
+            self._scheme = "https"
+        self._server.fronts.add(self)
+        self._last = self._loop.time()
+        self._watch_idle()
+        if self._server.draining:
+            self.drain()
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        if self._lane is not None:
+            if len(self._buffer) > HOLD_LIMIT and not self._buffer_paused:
+                self._pause_reading_for_buffer()
+            return
+        self._go_on()
+
+    def eof_received(self) -> bool | None:
+        return None  # the transport closes, as under aiohttp's handler
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._server.fronts.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        # The lane's request goes on (its fetch may still be stored); its writes find the
+        # transport closed.
+        super().connection_lost(exc)
+
+    def _go_on(self) -> None:
+        """Answer what the buffer holds, in order, until it is empty or the lane is busy."""
+        data = self._buffer
+        start = 0
+        transport = self.transport
+        while start < len(data) and self._lane is None:
+            if transport is None or transport.is_closing() or self._closing:
+                break
+            if self._paused:
+                self._hand_over(data[start:])  # a client that does not read: aiohttp waits
+                return
+            end = self._answer_at(data, start)
+            if end < 0:
+                if self.handed_over:
+                    return
+                break  # a request in part: more bytes first
+            start = end
+        self._buffer = data[start:] if start else data
+
+    def _answer_at(self, data: bytes, start: int) -> int:
+        """Answer the request at ``data[start:]``, or hand the connection over: where the next
+        request begins; -1 when more bytes must come first, or the connection was handed
+        over."""
+        started = self._loop.time()
+        found = None
+        if self._answer_bytes is not None:
+            try:
+                found = self._answer_bytes(data, start)
+            except Exception:
+                # A bug here costs speed, never the answer: the parser reads the request.
+                HTTP_ERRORS.exception("answering a request as its bytes came failed")
+        if found is not None and len(found) == 4:
+            end = found[0]
+            self._last = started
+            self._write(found[1], found[2])
+            if self._access_logger is not None:
+                self._log(ReadRequest(data[start:end], self._remote),
+                          LoggedResponse(*found[1:]), started)  # fmt: skip
+            return end
+        if found is None:
+            end = data.find(b"\r\n\r\n", start) + 4
+            if end < 4:
+                rest = data[start:]
+                if len(rest) > self._server.head_limit or b"\n" in rest.replace(b"\r\n", b""):
+                    self._hand_over(rest)  # too long, or a bare LF: the parser refuses it
+                return -1
+        else:
+            end = found[0]
+        message = self._parse(data[start:end])
+        if message is None or not lane_may_answer(message):
+            self._hand_over(data[start:])
+            return -1
+        answered = None
+        # False: nothing stored for its URL, in memory or on disk, which ends the search.
+        if found is None or found[1] is not False:
+            try:
+                for answer in self._answers:
+                    answered = answer(message, self._remote, self._scheme)
+                    if answered is not None:
+                        break
+            except Exception:
+                HTTP_ERRORS.exception(
+                    "answering %s %s as parsed failed", message.method, message.path
+                )
+                answered = None
+        self._last = started
+        if answered:
+            self._write(answered[0], answered[1])
+            if self._access_logger is not None:
+                self._log(LoggedRequest(message, self._remote), LoggedResponse(*answered),
+                          started)  # fmt: skip
+            return end
+        self._run_lane(message)
+        return end
+
+    def _parse(self, head: bytes) -> RawRequestMessage | None:
+        """``head``, one request's head, as aiohttp's handler would parse it; None when the
+        parser refuses it, reads a body or more than one request into it."""
+        parser = self._parser
+        if parser is None:
+            line, field, headers = self._server.limits
+            parser = self._parser = HttpRequestParser(
+                self, self._loop, 2**16, max_line_size=line, max_field_size=field,
+                max_headers=headers,
+            )  # fmt: skip
+        try:
+            messages, upgraded, _ = parser.feed_data(head)
+        except HttpProcessingError:
+            self._parser = None
+            return None
+        if upgraded or len(messages) != 1 or messages[0][1] is not EMPTY_PAYLOAD:
+            self._parser = None  # it may stand inside a body: a new one reads the next head
+            return None
+        parser.message_consumed()
+        return messages[0][0]
+
+    def _write(self, head: bytes, body: bytes | memoryview) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._server.requests_count += 1
+        if not body:
+            transport.write(head)
+        elif len(body) <= PIECE:
+            transport.writelines((head, body))
+        else:
+            self._send_large(head, body)
+
+    def _log(self, request: Any, response: Any, started: float) -> None:
+        """The access log line of an answer written here, as aiohttp's handler logs one."""
+        assert self._access_logger is not None
+        self._access_logger.log(request, response, self._loop.time() - started)
+
+    def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
+        """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes
+        writes; what is left is written as it drains (``resume_writing``), and the requests
+        after it wait in the lane's place."""
+        view = memoryview(body)
+        assert self.transport is not None
+        self.transport.writelines((head, view[:PIECE]))
+        rest = self._write_while_taken(view[PIECE:])
+        if rest is not None:
+            self._lane = _Unsent(rest)
+
+    def _write_while_taken(self, rest: memoryview) -> memoryview | None:
+        """Write pieces of ``rest`` until writing pauses; what is left of it, if anything."""
+        transport = self.transport
+        while rest:
+            if transport is None or transport.is_closing():
+                return None
+            if self._paused:
+                return rest
+            transport.write(rest[:PIECE])
+            rest = rest[PIECE:]
+        return None
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        unsent = self._lane
+        if type(unsent) is not _Unsent:
+            return
+        # Nothing else writes on the connection while the body's rest is unsent: the
+        # requests after it are held in the lane's place.
+        rest = self._write_while_taken(unsent.rest)
+        if rest is not None:
+            unsent.rest = rest
+            return
+        self._lane_free()
+        self._go_on()
+
+    def _run_lane(self, message: RawRequestMessage) -> None:
+        """Answer ``message`` in the lane."""
+        self._server.requests_count += 1
+        request = LaneRequest(message, self._remote, self._scheme, self, self._loop)
+        work = self._start(request)
+        if isinstance(work, Pending):
+            self._lane = work
+        else:
+            self._lane = self._loop.create_task(self._lane_request(request, work))
+
+    async def _lane_request(
+        self, request: LaneRequest, work: Awaitable[web.StreamResponse]
+    ) -> None:
+        response = None
+        written = False
+        try:
+            response = await work
+            if type(response) is not Written:
+                await response.prepare(request)  # type: ignore[arg-type]
+                await response.write_eof()
+            written = True
+        except ConnectionError:
+            pass  # the client left: its connection closes below
+        except Exception:
+            HTTP_ERRORS.exception(
+                "answering %s %s in the lane failed", request.method, request.raw_path
+            )
+        finally:
+            self._lane_free()
+        self._lane_done(request, response, written)
+
+    def lane_answered(self, request: LaneRequest, response: Written) -> None:
+        self._lane_free()
+        self._lane_done(request, response, True)
+
+    def lane_go_on(self, request: LaneRequest, work: Awaitable[web.StreamResponse]) -> None:
+        self._lane = self._loop.create_task(self._lane_request(request, work))
+
+    def _lane_free(self) -> None:
+        """The lane's request is no longer in progress."""
+        self._lane = None
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        ended = self._ended
+        if ended is not None and not ended.done():
+            ended.set_result(None)
+
+    def _lane_done(
+        self, request: LaneRequest, response: web.StreamResponse | None, written: bool
+    ) -> None:
+        """After the lane's answer (``written``: whole): its log line, then the requests
+        held behind it, or the connection's end."""
+        self._last = self._loop.time()
+        if response is not None and self._access_logger is not None:
+            self._log(request, response, request.started)
+        if not written or not response.keep_alive or self._closing:  # type: ignore[union-attr]
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self._go_on()
+
+    def _hand_over(self, data: bytes) -> None:
+        """Give the connection to aiohttp's handler, which reads ``data`` first."""
+        transport = self.transport
+        assert transport is not None and self._lane is None
+        self.handed_over = True
+        self._server.fronts.discard(self)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self.stop_watching()
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        self._buffer = b""
+        handler = self._server.handler()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if self._paused:
+            handler.pause_writing()
+        handler.data_received(data)
+
+    def _watch_idle(self) -> None:
+        timeout = self._server.keepalive_timeout
+        if timeout > 0:
+            self._idle = self._loop.call_at(self._last + timeout, self._check_idle)
+
+    def _check_idle(self) -> None:
+        """Close a connection that answered nothing for the idle timeout and has nothing in
+        progress (a request in part counts as nothing, as under aiohttp's handler)."""
+        self._idle = None
+        if self.transport is None:
+            return
+        if self._lane is not None:
+            self._last = self._loop.time()  # not idle: look again an idle timeout from now
+        elif self._loop.time() >= self._last + self._server.keepalive_timeout:
+            self.transport.close()
+            return
+        self._watch_idle()
+
+    def drain(self) -> None:
+        """Answer no request after the one in progress (a graceful shutdown)."""
+        self._closing = True
+        if self._lane is None and self.transport is not None:
+            self.transport.close()
+
+    async def shutdown(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` for the lane's request, then close; one still running is
+        cancelled, as the handler's would be."""
+        self.drain()
+        if self._lane is not None:
+            self._ended = self._loop.create_future()
+            try:
+                await asyncio.wait_for(self._ended, timeout)
+            except TimeoutError:
+                lane = self._lane
+                if lane is not None:
+                    lane.cancel()
+                    if not isinstance(lane, asyncio.Task):
+                        self._lane_free()
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Unsent(Pending):
+    """The rest of a large body answered as read, written as the transport drains."""
+
+    __slots__ = ("rest",)
+
+    def __init__(self, rest: memoryview) -> None:
+        self.rest = rest
+
+    def cancel(self) -> None:
+        self.rest = memoryview(b"")

@@ -1,0 +1,394 @@
+"""Fetching from the origin for the cache: misses, collapsed onto one fetch, relayed as they
+arrive and stored when they end whole.
+
+* A GET miss fetches the whole object without the client's conditionals and Range and answers
+  them from it (304, 206, 416). A response that will not be stored and was fetched without
+  fields the client sent is asked for again with them.
+* Bodies stream: the first bytes go to the client as they arrive, and a copy is kept only of a
+  body that will be stored (or that collapsed requests wait for), up to ``max_object_size``.
+  It is stored when it ends whole; a body cut short is never stored, and the client's
+  connection is closed so it cannot mistake it for a whole one.
+* Concurrent GET misses of one URL share one origin fetch (single flight). When the leader's
+  fetch fails, one follower leads the next try; a response that may not be shared (not
+  cacheable, too large) sends the followers to the origin at once, and the URL goes straight
+  there for ``[cache] hit_for_miss`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from aiohttp import web
+
+from proxy.config.settings import Config
+from proxy.core import rfc9111
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
+    CLIENT_ASKS,
+    FETCH_WHOLE,
+    Answer,
+    Fetch,
+    Keep,
+    NotStored,
+    RequestMeta,
+    ResponseMeta,
+)
+from proxy.core.responses import response_meta
+from proxy.core.store import Entry
+from proxy.disk.store import DiskStore
+from proxy.fleet.shared import SharedSecondHit
+from proxy.front.lane import LaneRequest, Written
+from proxy.handler.answers import at_once, interim, mark, plain, relay_head, whole
+from proxy.handler.coalesce import Flight, SingleFlight
+from proxy.handler.routing import Router
+from proxy.handler.streaming import stream
+from proxy.origin.body import fields_of, in_hand
+from proxy.origin.pool import OriginResponse, Sent
+from proxy.origin.upstream import Upstream, UpstreamError, UpstreamResponse
+
+log = logging.getLogger("onehit.proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A whole origin response, kept for the requests collapsed onto its fetch."""
+
+    meta: ResponseMeta
+    body: bytes
+    request_headers: rfc9111.Headers
+
+
+# A flight's result that sends its followers to the origin at once: the response may not be
+# shared (not cacheable, or too large to keep).
+GO_DIRECT = Shared(ResponseMeta(cacheable=False), b"", ())
+
+
+class Fetcher:
+    """The origin side of the cache: fetches, their single flights, and the engine's
+    decisions on what comes back."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: CacheEngine,
+        upstream: Upstream,
+        router: Router,
+        clock: Callable[[], float],
+        shared: SharedSecondHit | None,
+        disk: DiskStore | None = None,
+    ) -> None:
+        self.engine = engine
+        self.upstream = upstream
+        self.router = router
+        self.clock = clock
+        self.shared = shared
+        self.disk = disk
+        self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
+        self.max_object = engine.store.max_object_bytes
+        self.allow_set_cookie = config.cache.store_set_cookie
+        # Misses a ``PendingMiss`` answered as their origin response arrived (also counted
+        # among the engine's misses).
+        self.fast_misses = 0
+
+    async def collapsed_fetch(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
+    ) -> web.StreamResponse:
+        """Lead the URL's flight, or follow it and answer from what its leader fetched."""
+        deadline: float | None = None  # set when first following (few requests do)
+        while True:
+            flight = self.flights.lead(meta.key)
+            if flight is not None:
+                return await self.led_fetch(request, meta, url, action, flight)
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
+            shared = await self.flights.follow(meta.key, deadline)
+            if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
+                return await self._collapsed(meta, shared)
+            if shared is not None or asyncio.get_running_loop().time() >= deadline:
+                return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
+            # The leader failed: the key is free, and the first follower awake leads next.
+
+    async def led_fetch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Fetch,
+        flight: Flight[Shared],
+        sent: Sent | None = None,
+        request_time: float = 0.0,
+    ) -> web.StreamResponse:
+        """``fetch`` by the leader of ``flight``, which it lands with what it fetched."""
+        result: Shared | None = None
+        try:
+            response, result = await self.fetch(request, meta, url, action, flight, sent,
+                                                request_time)  # fmt: skip
+            return response
+        finally:
+            self.flights.end(meta.key, flight, result)
+
+    async def _collapsed(self, meta: RequestMeta, shared: Shared) -> web.StreamResponse:
+        """Answer from the response another request fetched; it counts as this request's
+        sighting of the URL too, so a burst of misses can store it."""
+        size = len(shared.body)
+        admitted = await self.ask_fleet(meta, shared.meta, size)
+        outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
+                                        payload=shared.body, admitted=admitted)  # fmt: skip
+        status = forwarded("uri-miss", outcome=outcome, collapsed=True)
+        age = shared.meta.initial_age
+        return self.cached(meta, shared.meta.status, shared.meta.headers, shared.body, status,
+                           "MISS", age)  # fmt: skip
+
+    def cached(
+        self,
+        meta: RequestMeta,
+        status: int,
+        headers: tuple[tuple[str, str], ...],
+        body: bytes,
+        cache_status: str,
+        x_cache: str,
+        age: float,
+    ) -> web.Response:
+        """A body in hand answered whole, to the client's conditionals and Range too."""
+        answer = self.engine.answer(meta, status, headers, len(body))
+        return whole(answer, status, headers, body, cache_status, x_cache, age,
+                     self.router.hidden)  # fmt: skip
+
+    def from_cache(
+        self, meta: RequestMeta, entry: Entry, age: float, cache_status: str, x_cache: str
+    ) -> web.Response:
+        """A stored response answered."""
+        return self.cached(meta, entry.status, entry.headers, entry.payload, cache_status,
+                           x_cache, age)  # fmt: skip
+
+    async def fetch(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Fetch,
+        flight: Flight[Shared] | None = None,
+        sent: Sent | None = None,
+        request_time: float = 0.0,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Fetch ``url`` as ``action`` says (``sent``: the request ``start`` already wrote,
+        at ``request_time``), and what collapsed requests may share of it."""
+        headers = []
+        if sent is None:
+            request_time = self.clock()
+            headers = self.router.upstream_headers(meta, whole=action.whole)
+        try:
+            upstream = await self.upstream.request(
+                meta.method, url, headers, sent=sent, interim=interim(request)
+            )
+        except UpstreamError as exc:
+            status = forwarded(action.reason, detail=ORIGIN_ERROR)
+            return plain(exc.status, exc.public, status), None
+        async with upstream:
+            return await self.receive(request, meta, url, upstream, request_time, action, flight)
+
+    async def receive(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        upstream: UpstreamResponse,
+        request_time: float,
+        action: Fetch,
+        flight: Flight[Shared] | None,
+    ) -> tuple[web.StreamResponse, Shared | None]:
+        """Relay an origin response, keeping a copy of its body when it will be stored or when
+        collapsed requests wait for it, and answering the client's own conditionals and Range
+        when it was fetched whole."""
+        headers = fields_of(upstream)
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
+        decision = (
+            self.engine.on_response_head(meta, rmeta, length, self.clock())
+            if self.shared is None
+            else await self.decide(meta, rmeta, length)
+        )
+        if action.whole and not (rmeta.cacheable and fits) and _asks(request):
+            # Not stored, so the client's own conditionals and Range are the origin's to answer.
+            upstream.close()
+            again = replace(action, whole=False, collapse=False)
+            return (await self.fetch(request, meta, url, again))[0], GO_DIRECT
+        to_disk = self._to_disk(meta, rmeta, length, fits, action)
+        answer, cache_status, arrived, parts, out = self._relay(
+            request, meta, upstream, action, flight, headers, rmeta, decision, fits, to_disk
+        )
+        if out is not None:
+            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
+                                      to_disk)  # fmt: skip
+        out = relay_head(answer, upstream, headers, length, self.router.hidden)
+        mark(out, cache_status, "MISS")
+        total, parts, too_large, ended = await stream(
+            request, meta, url, upstream, answer, out, arrived, parts, self.max_object
+        )
+        if not ended:
+            self.engine.finish(meta, decision, total, self.clock(), complete=False)
+            return out, None
+        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits, to_disk)
+
+    def receive_now(
+        self,
+        request: LaneRequest,
+        meta: RequestMeta,
+        upstream: OriginResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+        flight: Flight[Shared],
+    ) -> tuple[Written, Shared | None]:
+        """``receive`` of a plain GET miss's whole response (``headers``: its end-to-end
+        fields), to be written at once: ``PendingMiss`` asks only for such a response."""
+        rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
+        decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE)
+        _, _, arrived, parts, out = self._relay(
+            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits, to_disk
+        )
+        assert out is not None, "PendingMiss offered an answer that cannot be written at once"
+        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
+                                  to_disk)  # fmt: skip
+
+    def _judge(
+        self,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        headers: rfc9111.Fields,
+        request_time: float,
+    ) -> tuple[ResponseMeta, int | None, bool]:
+        """The engine's view of an origin response, its length if known, and whether that
+        length fits the store."""
+        rmeta = self.response_meta(meta, upstream.status, headers, request_time)
+        length = upstream.content_length
+        return rmeta, length, length is None or length <= self.max_object
+
+    def _relay(
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        action: Fetch,
+        flight: Flight[Shared] | None,
+        headers: rfc9111.Fields,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        fits: bool,
+        to_disk: bool,
+    ) -> tuple[Answer, str, bytes, list[bytes] | None, Written | None]:
+        """How the client is answered from a decided origin response: the answer, its
+        Cache-Status, the body bytes that came with the head, the copy of the body to keep
+        (None: none), and the answer itself when it was written at once (``at_once``)."""
+        share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
+        keep = type(decision) is Keep or share or to_disk
+        length = upstream.content_length
+        answer = (
+            self.engine.answer(meta, upstream.status, headers, length)
+            if action.whole
+            else Answer(upstream.status)
+        )
+        cache_status = forwarded(action.reason, outcome=decision)
+        arrived = in_hand(upstream)
+        parts: list[bytes] | None = [] if keep else None
+        out = at_once(request, upstream, answer, headers, cache_status, arrived, length,
+                      self.router.hidden)  # fmt: skip
+        if out is not None and parts is not None:
+            parts.append(arrived)
+        return answer, cache_status, arrived, parts, out
+
+    def _settled(
+        self,
+        meta: RequestMeta,
+        rmeta: ResponseMeta,
+        decision: Keep | NotStored,
+        total: int,
+        parts: list[bytes] | None,
+        too_large: bool,
+        fits: bool,
+        to_disk: bool,
+    ) -> Shared | None:
+        """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
+        kept of it), write it to the disk tier when it took it, and what collapsed requests
+        may share of it."""
+        body = b"".join(parts) if parts is not None else b""
+        # A copy dropped past the max object size leaves a size the store refuses: too large.
+        self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        # Written after the store took it: what the store forgets as it does (the URL's old
+        # variants, or its record when it starts varying) is forgotten on disk too, and must
+        # not take this record with it.
+        disk = self.disk
+        if to_disk and parts is not None and not too_large and disk is not None:
+            if rmeta.vary:
+                disk.write_variant(meta.key, rmeta, meta.headers, body, self.clock())
+            elif rmeta.status == 206:  # a slice (``proxy.handler.slicing``), under its slice key
+                disk.write_slice(meta.key, rmeta, body, self.clock())
+            else:
+                disk.write(meta.key, rmeta, body, self.clock())
+        if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
+            return GO_DIRECT
+        if parts is None or rmeta.status >= 500:
+            return None  # nothing to share: one follower fetches next
+        return Shared(rmeta, body, meta.headers)
+
+    def settle_in_hand(
+        self, meta: RequestMeta, rmeta: ResponseMeta, decision: Keep | NotStored, body: bytes
+    ) -> None:
+        """``_settled`` for a whole body in hand, fetched whole, that no ``receive`` relayed
+        (a slice, or an object one slice held): stored, or counted, in memory and on the
+        disk tier when it takes it."""
+        size = len(body)
+        to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE)
+        self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
+
+    def _to_disk(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, fits: bool, action: Fetch
+    ) -> bool:
+        """Whether the disk tier takes this response: asked once, at its head."""
+        disk = self.disk
+        if disk is None or not fits:
+            return False
+        # A cacheable 206 is a slice (``proxy.handler.slicing``): the cache stores no other.
+        part = rmeta.status == 206
+        return disk.wants(meta, rmeta, length, action.whole, self.clock(), part=part)
+
+    def response_meta(
+        self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float
+    ) -> ResponseMeta:
+        """The engine's view of an origin response, under this proxy's cookie settings."""
+        return response_meta(
+            meta, status, fields, request_time, self.clock(),
+            allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
+        )  # fmt: skip
+
+    async def decide(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
+    ) -> Keep | NotStored:
+        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
+        admitted = await self.ask_fleet(meta, rmeta, length)
+        return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
+
+    async def ask_fleet(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
+    ) -> bool | None:
+        """The fleet's admission answer when the engine would consult its policy (the one
+        place a response awaits the admission backend); None without a fleet."""
+        if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
+            return await self.shared.admit(meta.key, length or 0, self.clock())
+        return None
+
+
+def _asks(request: web.BaseRequest) -> bool:
+    """Whether the client sent fields a whole-object fetch left out."""
+    return any(k.lower() in CLIENT_ASKS for k in request.headers)
+
+
+def same_variant(shared: Shared, meta: RequestMeta) -> bool:
+    """Whether ``meta`` selects the variant ``shared`` is (any, when it does not vary)."""
+    names = shared.meta.vary
+    return not names or rfc9111.vary_key(names, meta.headers) == rfc9111.vary_key(
+        names, shared.request_headers
+    )

@@ -1,0 +1,140 @@
+/* The compiled plain hit's shared types: the PlainHits object, attributes read in their slots,
+ * and what the request reader finds of a request. */
+#ifndef ONEHIT_HITS_H
+#define ONEHIT_HITS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <math.h>
+
+#include "../../core/native/age.h"
+#include <strings.h>
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *entries;  /* dict: hash64(key)[0] -> Entry */
+    PyObject *vary;     /* dict: URL -> its variants */
+    PyObject *index;    /* StoreIndex */
+    PyObject *counters; /* the engine's Counters */
+    PyObject *observe;  /* the admission's observe, or None */
+    PyObject *hash;     /* hash64 */
+    PyObject *clock;    /* seconds since the epoch, as the proxy reads them */
+    PyObject *date;     /* the current IMF-fixdate, as aiohttp writes Date */
+    PyObject *hosts;    /* dict: a Host field's bytes -> the cache key up to its path */
+    PyObject *declined; /* tuple of lower-case field names (bytes) */
+    PyObject *per_hit;  /* bytes: Cache-Status up to its ttl value */
+    Py_ssize_t max_url;
+    Py_ssize_t max_headers;
+    Py_ssize_t join_below;
+    unsigned long long answered;
+    char query_as_sent; /* 0: a target with a query is the proxy's to key ([cache] key_query) */
+    /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
+    PyObject *disk_index;  /* DiskIndex */
+    PyObject *disk_index_get; /* its get: hash64(key)[0] -> (region, offset, length) */
+    PyObject *record_meta; /* the RecordMeta type (a tuple's) */
+    PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
+    PyObject *disk_bans;   /* list: DiskTier.bans, (prefix or tag, region, offset, by_tag) */
+    PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
+    PyObject *checksum;    /* region_log.checksum */
+    PyObject *disk_kept;   /* kept(key, body, RecordMeta): counts a disk hit, keeps it */
+    unsigned long stamp;   /* the record stamp a stored head must carry */
+    Py_ssize_t read_inline;
+    char *scratch; /* the buffer disk records are read into */
+    Py_ssize_t scratch_size;
+} PlainHits;
+
+/* An attribute, read and written straight in its slot when the object's type keeps it in one
+ * (a __slots__ member, a Cython object field), else through getattr and setattr. Looking
+ * attributes up by name was most of this path's time. */
+typedef struct {
+    const char *text;
+    PyObject *name;
+    PyTypeObject *type; /* the type last seen, or NULL */
+    Py_ssize_t offset;  /* where that type keeps the attribute, or -1: not in a slot */
+    int writable;
+} Attr;
+
+enum {
+    A_METHOD, A_VERSION, A_SHOULD_CLOSE, A_UPGRADE, A_CHUNKED, A_PATH, A_RAW_HEADERS,
+    A_KEY, A_INITIAL_AGE, A_STORED_AT, A_LIFETIME, A_DIRECTIVES, A_RENDERED, A_HEADERS,
+    A_STATUS, A_PAYLOAD, A_SIZE, A_REQUESTS, A_HITS, A_HIT_BYTES, A_BYTES_SERVED, A_COUNT
+};
+
+extern Attr attrs[A_COUNT];
+extern PyObject *s_touch, *s_record_hit, *s_no_cache;
+
+/* The slot of a's member in obj, or NULL when obj's type keeps a elsewhere. */
+static inline PyObject **slot(PyObject *obj, Attr *a) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type != a->type) {
+        /* Held, so that no other type can take its address while it is remembered. */
+        Py_XSETREF(a->type, (PyTypeObject *)Py_NewRef(type));
+        a->offset = -1;
+        PyObject *descr = PyObject_GetAttr((PyObject *)type, a->name);
+        if (descr == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if ((member->type == T_OBJECT_EX || member->type == T_OBJECT) &&
+                !(member->flags & READ_RESTRICTED)) {
+                a->offset = member->offset;
+                a->writable = !(member->flags & READONLY);
+            }
+        }
+        Py_DECREF(descr);
+    }
+    return a->offset < 0 ? NULL : (PyObject **)((char *)obj + a->offset);
+}
+
+/* obj.a, a new reference; NULL with an exception set when it has none. */
+static inline PyObject *get(PyObject *obj, Attr *a) {
+    PyObject **at = slot(obj, a);
+    if (at != NULL && *at != NULL)
+        return Py_NewRef(*at);
+    return PyObject_GetAttr(obj, a->name);
+}
+
+/* obj.a = value; -1 with an exception set when it cannot be. */
+static inline int set(PyObject *obj, Attr *a, PyObject *value) {
+    PyObject **at = slot(obj, a);
+    if (at == NULL || !a->writable)
+        return PyObject_SetAttr(obj, a->name, value);
+    Py_XSETREF(*at, Py_NewRef(value));
+    return 0;
+}
+
+/* What parse_plain found of one request. */
+typedef struct {
+    Py_ssize_t end;       /* offset just past its blank line */
+    int head;             /* HEAD, not GET */
+    int declined;         /* it carries a field of PlainHits.declined */
+    const char *path, *host;
+    Py_ssize_t path_len, host_len;
+} RawRequest;
+
+/* attrs.c */
+int attrs_init(void);
+int attr_true(PyObject *obj, Attr *a);
+int attr_double(PyObject *obj, Attr *a, double *out);
+int attr_add(PyObject *obj, Attr *a, PyObject *delta);
+
+/* read.c */
+void init_tables(void);
+int parse_plain(PlainHits *self, const char *data, Py_ssize_t size, Py_ssize_t start,
+                RawRequest *r);
+int scan_fields(PlainHits *self, PyObject *raw, PyObject **host);
+int plain_request(PlainHits *self, PyObject *msg, int *head, PyObject **path);
+
+/* answer.c */
+PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head);
+PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
+                 const char *detail, PyObject *body, int head, long long ttl, long long age,
+                 PyObject *status);
+
+/* disk.c */
+PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head);
+
+#endif

@@ -1,0 +1,240 @@
+"""Plain fresh hits answered as soon as they are parsed: the Python answerer and its compiled
+common case, which give the same bytes and counts as the request handler.
+
+* Plain: GET or HEAD, HTTP/1.1 keep-alive, an origin-form target and fields within the limits,
+  a routed Host, no body, no precondition (a validator or a Range is answered from the stored
+  response: 304, 206, 416), and a stored response whose status has a body. Anything else is
+  declined, with nothing counted, and the request handler answers it.
+* The head every hit on an entry writes the same is rendered once per stored response
+  (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
+  ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
+  the origin sent none, ``Date``.
+* A URL memory holds nothing for is answered from its disk record when it has one, whole,
+  fresh, and short enough and in the page cache to read on the event loop (``from_disk``),
+  with the head rendered when the record was written; counted as the handler counts it (a
+  hit from disk, ``CacheEngine.hit_behind``), and kept in memory too.
+* The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a hit, in
+  memory as ``CacheEngine.fresh_plain`` and ``served`` do and on disk as ``answer`` does, and
+  writes the bytes ``answer`` would; what it declines ``answer`` decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import HttpVersion11
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http_parser import RawRequestMessage
+
+from proxy.core._native import hash64
+from proxy.core.cache_status import DISK, HIT_TTL
+from proxy.core.cached import VIA, cached_head, hit_head, render
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
+    ANSWERED_FIELDS,
+    NOT_FAST,
+    RULE_FIELDS,
+    Answer,
+    Hit,
+    RequestMeta,
+    fast_path_may_take,
+)
+from proxy.core.store import Entry
+from proxy.disk.record_meta import RecordMeta, record_entry
+from proxy.disk.region_log import checksum
+from proxy.disk.store import READ_INLINE, DiskStore
+from proxy.front.lane import JOIN_BELOW
+from proxy.handler._hits import PlainHits
+from proxy.handler.answers import span
+from proxy.handler.routing import Router, fields_size, hosts, key_origin
+
+# The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
+_HIT_STATUS = f"Cache-Status: {HIT_TTL}".encode()
+_PER_HIT = _HIT_STATUS + b"%d\r\nAge: %d\r\n"
+_PER_DISK_HIT = _HIT_STATUS + f"%d; detail={DISK}\r\nAge: %d\r\n".encode()
+# Valid routed Host values the compiled plain hit knows; any other Host goes through
+# ``hosts``, which is cached as widely.
+ROUTED_HOSTS_MAX = 1024
+
+
+@dataclass(slots=True, eq=False)
+class ServedEntry(Entry):
+    """A stored response, with the head its hits write (``rendered``): (the head without its
+    per-answer fields, or None when the handler answers its hits; whether it holds a Date; the
+    ``headers`` it was rendered from). A refresh gives the entry new headers, and so a new
+    head at its next hit."""
+
+    rendered: Any = None
+
+
+class HitAnswers:
+    """The answerers of plain fresh hits over one engine and one router."""
+
+    def __init__(
+        self,
+        engine: CacheEngine,
+        router: Router,
+        clock: Callable[[], float],
+        disk: DiskStore | None = None,
+    ) -> None:
+        self.engine = engine
+        self.router = router
+        self.clock = clock
+        self.disk = disk
+        self.answered = 0  # hits ``answer`` answered (also counted among the engine's)
+        self.routed_hosts: dict[bytes, str] = {}
+        engine.entry_type = ServedEntry
+        state = engine.hit_state()
+        self.plain_hits = PlainHits(
+            entries=state.entries,
+            vary=state.vary,
+            index=state.index,
+            counters=state.counters,
+            observe=state.observe,
+            hash=hash64,
+            clock=clock,
+            date=rfc822_formatted_time,
+            hosts=self.routed_hosts,
+            declined=tuple(sorted(name.encode() for name in NOT_FAST | RULE_FIELDS)),
+            per_hit=_HIT_STATUS,
+            max_url=router.max_url,
+            max_headers=router.max_headers,
+            join_below=JOIN_BELOW,
+        )
+        # A query the cache keys otherwise than as sent is keyed by ``answer`` alone.
+        self.plain_hits.query_as_sent = router.queries_as_sent
+        if disk is not None:
+            self.plain_hits.attach_disk(
+                index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
+                uncacheable=state.uncacheable,
+                checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=disk.stamp,
+                read_inline=READ_INLINE,
+            )  # fmt: skip
+
+    @property
+    def fast_hits(self) -> int:
+        """Hits answered as soon as they were parsed (also counted among the engine's hits)."""
+        return self.answered + self.plain_hits.answered
+
+    def answer(
+        self, message: RawRequestMessage, remote: str, scheme: str
+    ) -> tuple[bytes, bytes, int] | None:
+        """The whole answer to a plain fresh hit, in memory or on disk (bytes to write, then
+        a large body to write apart or b"", and the status), counted as the handler counts
+        one; None, with nothing counted, for any other request."""
+        fields = message.headers
+        names = set(map(str.lower, fields))
+        kept_alive = message.version == HttpVersion11 and not message.should_close
+        if (
+            message.upgrade
+            or message.chunked
+            or not fast_path_may_take(message.method, kept_alive, names)
+        ):
+            return None
+        method = message.method
+        path = message.path
+        router = self.router
+        if (
+            not path.startswith("/")
+            or len(path) > router.max_url
+            or fields_size(message.raw_headers) > router.max_headers
+        ):
+            return None
+        host = fields.get("Host")
+        host_pair = None if host is None else hosts(host)
+        if host_pair is None or not router.routed(host_pair[0]):
+            return None
+        if len(self.routed_hosts) < ROUTED_HOSTS_MAX:
+            self.routed_hosts[host.encode("utf-8", "surrogateescape")] = key_origin(host_pair[1])
+        now = self.clock()
+        meta = None
+        key = router.key(host_pair, path)
+        engine = self.engine
+        if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
+            hit = engine.fresh_plain(key, now)
+        else:
+            meta = router.meta(method, host_pair, path, fields, remote, scheme)
+            hit = engine.fresh(meta, now)
+        on_disk = False
+        if hit is None:
+            if meta is not None or self.disk is None:
+                return None
+            if not engine.plain_miss(key):
+                return None
+            meta = router.meta(method, host_pair, path, fields, remote, scheme)
+            hit = self.from_disk(meta, now)
+            if hit is None:
+                return None
+            on_disk = True
+        entry = hit.entry
+        rendered = getattr(entry, "rendered", None)
+        if rendered is None or rendered[2] is not entry.headers:
+            rendered = _render(entry, router.hidden)
+            if type(entry) is ServedEntry:
+                entry.rendered = rendered
+        head, dated, _ = rendered
+        if head is None:
+            return None
+        if on_disk:
+            assert self.disk is not None
+            engine.hit_behind(self.disk, key, entry, now, counted=False)
+        else:
+            engine.served(key, hit, now)
+        self.answered += 1
+        age = int(hit.age)
+        ttl = int(entry.lifetime - hit.age)
+        per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
+        if not dated:
+            per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+        body = entry.payload
+        status = entry.status
+        if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):
+            answer = engine.answer(meta, entry.status, entry.headers, len(entry.payload))
+            if answer.status != entry.status:
+                head, body = _render_part(entry, answer, router.hidden)
+                status = answer.status
+        if method == "HEAD":
+            return b"".join((head, per_hit, b"\r\n")), b"", status
+        if len(body) < JOIN_BELOW:
+            return b"".join((head, per_hit, b"\r\n", body)), b"", status
+        return b"".join((head, per_hit, b"\r\n")), body, status
+
+    def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
+        """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
+        read on the event loop, or None (a damaged record is dropped; one over
+        ``READ_INLINE``, or that the page cache does not hold, is left to the handler, which
+        reads it off the loop); nothing counted."""
+        assert self.disk is not None
+        entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
+        return None if entry is None else self.engine.answers_from(meta, entry, now)
+
+    def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
+        """Count a plain hit the compiled answerer read from ``key``'s disk record (its
+        ``body`` and its ``meta``, decoded) as ``answer`` counts one it read itself."""
+        assert self.disk is not None
+        entry = record_entry(key, meta, body, self.engine.entry_type)
+        self.engine.hit_behind(self.disk, key, entry, self.clock(), counted=False)
+
+
+def _render(
+    entry: Entry, hidden: frozenset[str]
+) -> tuple[bytes | None, bool, tuple[tuple[str, str], ...]]:
+    """What every hit on ``entry`` writes the same (``ServedEntry.rendered``): ``hit_head``,
+    and the fields it was rendered from."""
+    headers = entry.headers
+    if not isinstance(entry.payload, bytes):
+        return None, False, headers
+    return (*hit_head(entry.status, headers, len(entry.payload), hidden), headers)
+
+
+def _render_part(
+    entry: Entry, answer: Answer, hidden: frozenset[str]
+) -> tuple[bytes, bytes | memoryview]:
+    """The head (without its per-answer fields) and body of a 304, 206 or 416 from
+    ``entry``: a part of the stored body, never a copy."""
+    size = len(entry.payload)
+    head = cached_head(entry.status, entry.headers, answer.status, answer.first, answer.last,
+                       size, x_cache="HIT", via=VIA, hidden=hidden)  # fmt: skip
+    return render(head), span(entry.payload, head)

@@ -1,0 +1,138 @@
+"""Stored responses the origin is asked about: revalidation before use, stale-if-error, and
+the background refresh of stale-while-revalidate.
+
+* A 304 refreshes the stored response (RFC 9111 section 4.3.4) and the client gets it; any
+  other answer is decided and relayed as a miss's is.
+* With ``stale-if-error``, an origin that fails or answers 5xx leaves the stale response
+  served (section 4.2.4 and RFC 5861).
+* A background refresh runs once per URL at a time, with no client waiting; what comes back is
+  decided as any response is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from proxy.core import rfc9111
+from proxy.core.cache_status import ORIGIN_ERROR, STALE_IF_ERROR, forwarded, hit
+from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
+from proxy.core.store import Entry
+from proxy.handler.answers import interim, plain
+from proxy.handler.fetch import Fetcher
+from proxy.origin.body import BODY_ERRORS, fields_of, in_hand
+from proxy.origin.upstream import UpstreamError, UpstreamResponse
+
+log = logging.getLogger("onehit.proxy")
+
+
+class Revalidation:
+    """Revalidations, in the foreground and in the background, through one fetcher."""
+
+    def __init__(self, fetcher: Fetcher) -> None:
+        self.fetcher = fetcher
+        self.background: set[asyncio.Task[None]] = set()
+
+    async def revalidate(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Revalidate
+    ) -> web.StreamResponse:
+        """Ask the origin whether ``action.entry`` may still be used, and answer."""
+        fetcher = self.fetcher
+        entry = action.entry
+        request_time = fetcher.clock()
+        headers = fetcher.router.upstream_headers(meta, whole=True, extra=action.conditions,
+                                                  keep=_vary_of(entry))  # fmt: skip
+        try:
+            upstream = await fetcher.upstream.request("GET", url, headers, interim=interim(request))
+        except UpstreamError as exc:
+            return self._origin_failed(meta, action, exc.status, exc.public)
+        async with upstream:
+            if upstream.status == 304:
+                now = fetcher.clock()
+                fetcher.engine.on_not_modified(entry, fields_of(upstream), request_time, now)
+                status = forwarded("stale", fwd_status=304)
+                age = entry.age(fetcher.clock())
+                return fetcher.from_cache(meta, entry, age, status, "REVALIDATED")
+            if upstream.status >= 500 and action.stale_if_error:
+                return self._origin_failed(meta, action, upstream.status, "origin error")
+            fetch = Fetch("stale", whole=True, collapse=False)
+            received = await fetcher.receive(request, meta, url, upstream, request_time, fetch,
+                                             None)  # fmt: skip
+            return received[0]
+
+    def _origin_failed(
+        self, meta: RequestMeta, action: Revalidate, code: int, detail: str
+    ) -> web.StreamResponse:
+        if action.stale_if_error:
+            self.fetcher.engine.served_stale(action.entry)
+            status = hit(detail=STALE_IF_ERROR)
+            return self.fetcher.from_cache(meta, action.entry, action.age, status, "STALE")
+        return plain(code, detail, forwarded("stale", detail=ORIGIN_ERROR))
+
+    def refresh_in_background(self, meta: RequestMeta, url: str, entry: Entry) -> None:
+        """Revalidate ``entry`` with no client waiting (stale-while-revalidate)."""
+        flights = self.fetcher.flights
+        flight = flights.lead(("refresh", meta.key))
+        if flight is None:
+            return
+        conditions = tuple(rfc9111.conditional_headers(entry.headers))
+        headers = self.fetcher.router.upstream_headers(meta, whole=True, extra=conditions,
+                                                       keep=_vary_of(entry))  # fmt: skip
+
+        async def refresh() -> None:
+            try:
+                await self._refresh(meta, url, entry, headers)
+            except (UpstreamError, *BODY_ERRORS) as exc:
+                log.warning("background refresh of %s failed: %r", meta.key, exc)
+            finally:
+                flights.end(("refresh", meta.key), flight, None)
+
+        task = asyncio.get_running_loop().create_task(refresh())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+    async def _refresh(
+        self, meta: RequestMeta, url: str, entry: Entry, headers: list[tuple[str, str]]
+    ) -> None:
+        fetcher = self.fetcher
+        engine = fetcher.engine
+        request_time = fetcher.clock()
+        async with await fetcher.upstream.request("GET", url, headers) as upstream:
+            fields = fields_of(upstream)
+            if upstream.status == 304:
+                engine.on_not_modified(entry, fields, request_time, fetcher.clock(), served=False)
+                return
+            rmeta = fetcher.response_meta(meta, upstream.status, fields, request_time)
+            length = upstream.content_length
+            decision = await fetcher.decide(meta, rmeta, length)
+            body = b""
+            if type(decision) is Keep:
+                body = await _read_up_to(upstream, fetcher.max_object)
+            engine.finish(meta, decision, len(body) or length or 0, fetcher.clock(),
+                          payload=body, served=False)  # fmt: skip
+
+    async def close(self) -> None:
+        """Cancel the refreshes still running."""
+        for task in list(self.background):
+            task.cancel()
+        await asyncio.gather(*self.background, return_exceptions=True)
+
+
+def _vary_of(entry: Entry) -> frozenset[str]:
+    return frozenset(rfc9111.vary_names(entry.headers))
+
+
+async def _read_up_to(upstream: UpstreamResponse, limit: int) -> bytes:
+    """The body, or its first bytes past ``limit`` (then the stream is not at EOF)."""
+    first = in_hand(upstream)
+    parts = [first]
+    size = len(first)
+    while size <= limit:
+        chunk = await upstream.content.readany()
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)

@@ -1,0 +1,254 @@
+"""The request handler: each request routed, the engine's plan for it made and carried out by
+the part that holds that concern.
+
+The parts, each in its own module, and the way a request goes through them:
+
+* ``routing``: the origin a request goes to, the limits it must keep, the fields the origin
+  gets, and the cache key.
+* ``hits``: plain fresh hits answered as soon as they are parsed, before this handler (see
+  ``proxy.front.fastpath``), compiled in their commonest case.
+* ``fetch``: misses fetched, collapsed onto one fetch, relayed as they arrive, stored when they
+  end whole; ``slicing``: GET misses fetched and stored as slices of one size, when
+  ``[cache] slice_size`` is set; ``pending``: a plain GET miss answered in the callback that
+  brings its origin response, outside any task.
+* ``revalidation``: stored responses the origin is asked about, in the foreground and in the
+  background.
+* ``uploads``: requests that pass the cache by, with their bodies.
+* ``answers``: what every path writes to the client.
+
+What to do with a request is the engine's decision (``CacheEngine.plan``); this module
+carries it out, and a bug in here costs the request a 500, never the listener.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import assert_never
+
+from aiohttp import web
+
+from proxy.config.logs import HTTP_ERRORS
+from proxy.config.settings import Config
+from proxy.core.cache_status import DISK, forwarded, refused
+from proxy.core.cache_status import hit as hit_status
+from proxy.core.engine import CacheEngine
+from proxy.core.events import (
+    CLIENT_ASKS,
+    FETCH_WHOLE,
+    Action,
+    Fetch,
+    FromCache,
+    Refuse,
+    RequestMeta,
+    Revalidate,
+)
+from proxy.disk.store import DiskStore
+from proxy.fleet.purges import FleetPurges
+from proxy.fleet.shared import SharedSecondHit
+from proxy.front.lane import LaneRequest
+from proxy.handler.answers import plain
+from proxy.handler.fetch import Fetcher
+from proxy.handler.hits import HitAnswers
+from proxy.handler.pending import PendingMiss, raising
+from proxy.handler.revalidation import Revalidation
+from proxy.handler.routing import Router
+from proxy.handler.slicing import Slicer
+from proxy.handler.uploads import Uploads
+from proxy.origin.upstream import Upstream
+
+log = logging.getLogger("onehit.proxy")
+
+
+class Proxy:
+    """The request handler: one instance per listener, sharing one engine and one upstream."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: CacheEngine,
+        upstream: Upstream,
+        clock: Callable[[], float] = time.time,
+        shared: SharedSecondHit | None = None,
+        disk: DiskStore | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.upstream = upstream
+        self.clock = clock
+        self.shared = shared
+        self.disk = disk
+        self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
+        self.router = Router(config)
+        self.routes = self.router.routes
+        self.hits = HitAnswers(engine, self.router, clock, disk)
+        # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
+        # common case: the same answer, counted the same.
+        self.answer_hit = self.hits.answer
+        self.plain_hits = self.hits.plain_hits
+        self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
+        self.flights = self.fetcher.flights
+        self.revalidation = Revalidation(self.fetcher)
+        size = config.cache.slice_size
+        self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
+        self.uploads = Uploads(config, engine, upstream, self.router)
+        if disk is not None:
+            engine.behind = (disk,)
+
+    @property
+    def fast_hits(self) -> int:
+        """Hits answered as soon as they were parsed (also counted among the engine's hits)."""
+        return self.hits.fast_hits
+
+    @property
+    def fast_misses(self) -> int:
+        """Misses answered in the callback that brought their origin response (also counted
+        among the engine's misses)."""
+        return self.fetcher.fast_misses
+
+    async def handle(
+        self, request: web.BaseRequest, work: Awaitable[web.StreamResponse] | None = None
+    ) -> web.StreamResponse:
+        """Answer one request (``work``: what ``start`` left of answering it); a bug in here
+        costs that request a 500, never the listener."""
+        try:
+            return await (self._handle(request) if work is None else work)
+        except ConnectionResetError:
+            # The client closed its connection before its answer's head went out: nothing to
+            # write to, and no fault of the proxy's (nginx logs these as 499).
+            log.info("%s %s: the client left before its answer", request.method, request.raw_path)
+            return plain(499, "client closed request", refused("client-left"))
+        except Exception:
+            version = request.version
+            HTTP_ERRORS.exception(
+                "unexpected error on %s %s HTTP/%d.%d from %s",
+                request.method, request.raw_path, version.major, version.minor, request.remote,
+            )  # fmt: skip
+            return plain(500, "internal error", forwarded("request", detail="error"))
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        routed = self.router.route(request)
+        if type(routed) is not tuple:
+            return routed
+        meta, url = routed
+        if request.body_exists and request.method in ("GET", "HEAD"):
+            # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
+            # keys on none: the request goes to the origin whole, past the cache. Sent without
+            # its body, its length would have the origin read the next request as the body.
+            self.engine.pass_by()
+            return await self.uploads.pass_through(request, meta, url, "bypass")
+        return await self._act(request, meta, url, self.engine.plan(meta, self.clock()))
+
+    def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
+        """Begin a request of a connection's lane (``proxy.front.fastpath``). A plain GET miss
+        (no client conditional or Range, no fleet filter to ask) is sent at once on an idle
+        pooled origin connection, and answered in the callback that brings its whole
+        response (``PendingMiss``): no task, and no wait for the loop's next turn. Any other
+        request gets the work that answers it as ``handle`` does, the engine's plan made."""
+        if self.shared is not None or self.disk is not None or self.slicer is not None:
+            return self.handle(request)
+        try:
+            return self._start(request)
+        except Exception as exc:
+            return self.handle(request, raising(exc))  # logged and answered as ``handle`` does
+
+    def _start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
+        routed = self.router.route(request)
+        if type(routed) is not tuple:
+            return self.handle(request, _given(routed))
+        meta, url = routed
+        action = self.engine.plan(meta, self.clock())
+        if action is not FETCH_WHOLE or not CLIENT_ASKS.isdisjoint(meta.headers.by_name):
+            return self.handle(request, self._act(request, meta, url, action))
+        fetcher = self.fetcher
+        flight = fetcher.flights.lead(meta.key)
+        if flight is None:  # another request fetches it: follow
+            return self.handle(request, self._act(request, meta, url, action))
+        request_time = self.clock()
+        try:
+            sent = self.upstream.send_now(
+                meta.method, url, self.router.upstream_headers(meta, whole=True)
+            )
+        except BaseException:
+            fetcher.flights.end(meta.key, flight, None)
+            raise
+        if sent is None:
+            work = fetcher.led_fetch(request, meta, url, action, flight)
+            return self.handle(request, work)
+        return PendingMiss(fetcher, self.handle, request, meta, url, flight, sent, request_time)
+
+    async def _act(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Action
+    ) -> web.StreamResponse:
+        """Carry out the engine's ``action`` for ``request``."""
+        match action:
+            case FromCache():
+                if action.refresh:
+                    self.revalidation.refresh_in_background(meta, url, action.entry)
+                x_cache = "HIT" if action.fresh else "STALE"
+                ttl = int(action.entry.lifetime - action.age)
+                status = hit_status(ttl)
+                return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
+            case Revalidate():
+                return await self.revalidation.revalidate(request, meta, url, action)
+            case Fetch(reason="method"):
+                return await self.uploads.pass_through(request, meta, url)
+            case Fetch(reason="uri-miss") if self.disk is not None and (
+                disk_hit := await self._from_disk(request, meta, url)
+            ):
+                return disk_hit
+            case Fetch(reason="uri-miss", whole=True) if self.slicer is not None:
+                return await self.slicer.answer(request, meta, url, action)
+            case Fetch(reason="uri-miss") if (
+                self.slicer is not None
+                and meta.method == "HEAD"
+                and (head := await self.slicer.head(request, meta, url)) is not None
+            ):
+                return head
+            case Fetch(collapse=True):
+                return await self.fetcher.collapsed_fetch(request, meta, url, action)
+            case Fetch():
+                return (await self.fetcher.fetch(request, meta, url, action))[0]
+            case Refuse(reason="uri-miss") if self.disk is not None and (
+                disk_hit := await self._from_disk(request, meta, url)
+            ):
+                return disk_hit  # only-if-cached: the disk may hold it
+            case Refuse():
+                return plain(action.status, action.text, forwarded(action.reason))
+            case _:
+                assert_never(action)
+
+    async def _from_disk(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str
+    ) -> web.StreamResponse | None:
+        """The answer from the disk tier to a memory miss, when it holds a whole record (the
+        URL's, or the variant ``meta`` selects): a fresh one answers; a stale one, kept in
+        memory too, is a stored response like any other (served stale where the rules
+        allow, else revalidated: ``CacheEngine.stale_behind``). None, and the origin is
+        asked. A large record is read off the event loop."""
+        assert self.disk is not None
+        engine = self.engine
+        found = await self.disk.lookup_request(meta, engine.entry_type)
+        now = self.clock()
+        if found is None:
+            engine.missed_behind(self.disk)
+            return None
+        hit = engine.answers_from(meta, found[0], now)
+        if hit is None:
+            action = engine.stale_behind(self.disk, meta, found[0], now, vary=found[1])
+            if action is None:
+                engine.missed_behind(self.disk)
+                return None
+            return await self._act(request, meta, url, action)
+        engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
+        status = hit_status(int(hit.entry.lifetime - hit.age), DISK)
+        return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
+
+    async def close(self) -> None:
+        """Cancel the background work still running."""
+        await self.revalidation.close()
+
+
+async def _given(response: web.StreamResponse) -> web.StreamResponse:
+    return response

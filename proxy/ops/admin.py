@@ -1,0 +1,297 @@
+"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, POST /purge and
+POST /filter/reset.
+
+/healthz is always open. When a token is configured every other endpoint requires
+``Authorization: Bearer TOKEN`` (the config refuses a non-loopback admin listener without one);
+without one, the request's Host must name the listener. POSTs must be JSON.
+"""
+
+from __future__ import annotations
+
+import gc
+import hmac
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from aiohttp import web
+
+from proxy.config.settings import AdminSection
+from proxy.core.stats import GAUGES, METRICS
+from proxy.handler.routing import Router, cache_key
+from proxy.handler.server import Proxy
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+# Host names under which a loopback admin listener may be addressed without a token.
+_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+
+
+def guard_middleware(
+    token: str, listen_host: str
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """What every admin request but /healthz must show:
+
+    * with a token, ``Authorization: Bearer TOKEN``;
+    * without one, a ``Host`` naming the admin listener (its address, or a loopback name): a
+      page whose own domain resolves to 127.0.0.1 cannot reach the API (DNS rebinding);
+    * on POST, ``Content-Type: application/json``, which a cross-site form cannot send.
+    """
+    bracketed = f"[{listen_host}]" if ":" in listen_host else listen_host
+    allowed_hosts = _LOOPBACK_NAMES | {bracketed.lower()}
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/healthz":
+            return await handler(request)
+        if token:
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), f"Bearer {token}".encode()
+            ):
+                return web.json_response({"error": "missing or wrong bearer token"}, status=401)
+        elif _host_name(request.headers.get("Host", "")) not in allowed_hosts:
+            return web.json_response(
+                {"error": "Host must name the admin listener (or set [admin] token)"}, status=403
+            )
+        if request.method == "POST" and request.content_type != "application/json":
+            return web.json_response(
+                {"error": "POST bodies must be Content-Type: application/json"}, status=415
+            )
+        return await handler(request)
+
+    return guard
+
+
+def _host_name(host: str) -> str:
+    """The name part of a Host value, lower-cased (an IPv6 literal keeps its brackets)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.partition(":")[0]
+
+
+def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
+    started = time.time() if started is None else started
+
+    async def stats(request: web.Request) -> web.Response:
+        engine = proxy.engine
+        body = {
+            "metrics": engine.stats(),
+            "filter": _filter_health(proxy),
+            "store": {
+                "entries": len(engine.store),
+                "bytes_used": engine.store.bytes_used,
+                "capacity_bytes": engine.store.capacity_bytes,
+                "max_object_bytes": engine.store.max_object_bytes,
+            },
+            "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
+            "disk": None if proxy.disk is None else proxy.disk.stats(),
+            "in_flight_fetches": len(proxy.flights),
+            "fast_hits": proxy.fast_hits,
+            "fast_misses": proxy.fast_misses,
+            "uptime_s": round(time.time() - started, 3),
+            "pid": os.getpid(),
+            "collector": {
+                "threshold": gc.get_threshold(),
+                "frozen_objects": gc.get_freeze_count(),
+                "generations": gc.get_stats(),
+            },
+            "config": proxy.config.summary(),
+        }
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = prometheus_text(proxy.engine.stats())
+        text += prometheus_text(
+            {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
+        )
+        if proxy.disk is not None:
+            disk = {f"disk_{name}": value for name, value in proxy.disk.stats().items()}
+            metrics = DISK_METRICS
+            if disk["disk_process_write_bytes"] is not None:
+                metrics = {**DISK_METRICS, "disk_process_write_bytes": PROCESS_WRITES}
+            text += prometheus_text(disk, metrics, DISK_GAUGES)
+        if proxy.shared is not None:
+            shared = proxy.shared
+            text += prometheus_text(
+                {"filter_fallbacks": shared.fallbacks,
+                 "filter_remote_decisions": shared.remote_decisions,
+                 "filter_late_replies": shared.late_replies,
+                 "filter_breaker_trips": shared.trips,
+                 "filter_redis_budget_seconds": shared.budget},
+                SHARED_METRICS, SHARED_GAUGES,
+            )  # fmt: skip
+        return metrics_response(text)
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def purge(request: web.Request) -> web.Response:
+        params = dict(request.query)
+        if request.can_read_body:
+            try:
+                params.update(await request.json())
+            except (ValueError, TypeError, RecursionError):
+                return web.json_response({"error": "body must be JSON"}, status=400)
+        try:
+            selector = _purged(params, proxy.router)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        if selector is None:
+            return web.json_response(
+                {
+                    "error": 'give {"url": "http://host/path"}, {"prefix": "http://host/dir/"} '
+                    'or {"tags": ["product-42"]}, and "soft": true to mark them stale'
+                },
+                status=400,
+            )
+        kind, value = selector
+        soft = params.get("soft") in (True, "true", "1")
+        answer: dict[str, object] = apply_purge(proxy, kind, value, soft)
+        if proxy.fleet is not None:
+            purge = {"kind": kind, "value": value, "soft": soft}
+            answer["fleet"] = await proxy.fleet.publish(purge)
+        return web.json_response(answer)
+
+    async def filter_reset(request: web.Request) -> web.Response:
+        proxy.engine.admission.reset(time.time())
+        return web.json_response({"reset": True})
+
+    return admin_application(
+        proxy.config.admin,
+        stats=stats,
+        metrics=metrics,
+        healthz=healthz,
+        purge=purge,
+        filter_reset=filter_reset,
+    )
+
+
+def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:
+    """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, in
+    memory and on disk, marking it stale (``soft``) where that is kept; the admin's answer."""
+    purged = proxy.engine.purge(kind, value, proxy.clock(), soft=soft)
+    answer: dict[str, object] = {"stale" if soft else "removed": purged.count}
+    if not purged.durable:
+        answer["durable"] = False
+        answer["detail"] = ("the disk could not keep the purge on the device: it dropped every "
+                            "region the purge could reach instead")  # fmt: skip
+    return answer
+
+
+def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
+    """A purge another instance published (``apply_purge``'s arguments), if well formed."""
+    kind, value = purge.get("kind"), purge.get("value")
+    valid = (kind in ("url", "prefix") and isinstance(value, str)) or (
+        kind == "tags" and isinstance(value, list) and all(isinstance(t, str) for t in value)
+    )
+    if valid:
+        apply_purge(proxy, kind, value, purge.get("soft") is True)
+
+
+def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
+    """What a purge names: ("url", its cache key), ("prefix", a key prefix) or ("tags", the
+    tags); None when it names none; ValueError for a host the proxy would refuse."""
+    if isinstance(params.get("url"), str):
+        return "url", router.url_key(params["url"])
+    tags = params.get("tags")
+    if isinstance(tags, list) and tags and all(isinstance(t, str) and t.strip() for t in tags):
+        return "tags", [t.strip() for t in tags]
+    if isinstance(params.get("prefix"), str):
+        return "prefix", cache_key(params["prefix"])
+    return None
+
+
+def admin_application(
+    config: AdminSection,
+    *,
+    stats: Handler,
+    metrics: Handler,
+    healthz: Handler,
+    purge: Handler,
+    filter_reset: Handler,
+) -> web.Application:
+    """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
+    of workers answer the same endpoints."""
+    app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
+    app.on_response_prepare.append(_name_the_server)
+    app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_post("/purge", purge)
+    app.router.add_post("/filter/reset", filter_reset)
+    return app
+
+
+async def _name_the_server(request: web.Request, response: web.StreamResponse) -> None:
+    """``Server: onehit``, in place of aiohttp's, which names the Python and library versions
+    to whoever asks (errors and unknown paths included)."""
+    response.headers["Server"] = "onehit"
+
+
+def metrics_response(text: str) -> web.Response:
+    """A Prometheus text exposition as an HTTP answer."""
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+def _filter_health(proxy: Proxy) -> dict[str, object] | None:
+    health = proxy.engine.admission.filter_stats()
+    return None if health is None else asdict(health)
+
+
+PROXY_METRICS = {
+    "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
+    "fast_misses": "misses answered in the callback that brought the origin's whole response",
+}
+DISK_METRICS = {
+    "disk_hits": "memory misses the disk tier answered",
+    "disk_misses": "memory misses the disk tier did not answer",
+    "disk_admissions": "responses the disk tier took (records written)",
+    "disk_rejected": "responses the disk tier's admission turned away",
+    "disk_throttled": "responses the disk's admission took that its write budget turned away",
+    "disk_bytes_written": "bytes of records appended to the disk tier",
+    "disk_bytes_not_written": "bytes of records the disk tier's admission spared the device",
+    "disk_evicted_objects": "records gone with the regions evicted whole",
+    "disk_dropped": "records found torn, damaged or unwritable, or invalidated, forgotten",
+    "disk_purged": "records a purge by prefix reached (when next looked up), forgotten",
+    "disk_bans": "purges by prefix outstanding on the disk tier",
+    "disk_objects": "records the disk tier holds",
+    "disk_index_bytes": "bytes of RAM of the disk tier's index",
+}
+PROCESS_WRITES = "bytes the process caused to be written to storage (/proc/self/io write_bytes)"
+DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes", "disk_bans"})
+SHARED_METRICS = {
+    "filter_fallbacks": "admission decisions taken locally because Redis failed or was slow",
+    "filter_remote_decisions": "admission decisions the shared Redis filter gave",
+    "filter_late_replies": "admission decisions whose wait for Redis ran out (among fallbacks)",
+    "filter_breaker_trips": "times Redis was given up on for a while (refused, or unanswered)",
+    "filter_redis_budget_seconds": "how long a miss now waits for Redis (follows its latency)",
+}
+SHARED_GAUGES = frozenset({"filter_redis_budget_seconds"})
+
+
+def prometheus_text(
+    stats: dict[str, int | float],
+    metrics: dict[str, str] = METRICS,
+    gauges: frozenset[str] = GAUGES,
+) -> str:
+    """The Prometheus text exposition (format 0.0.4) of ``metrics``, prefixed ``onehit_``;
+    counters get the ``_total`` suffix."""
+    lines = []
+    for name, help_text in metrics.items():
+        kind = "gauge" if name in gauges else "counter"
+        metric = f"onehit_{name}" if kind == "gauge" else f"onehit_{name}_total"
+        lines.append(f"# HELP {metric} {help_text}")
+        lines.append(f"# TYPE {metric} {kind}")
+        lines.append(f"{metric} {float(stats[name])!r}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,237 @@
+"""One running onehit: the proxy listener, the admin listener, their engine and upstream.
+
+``Service.start`` binds both listeners (port 0 picks a free port; ``addresses`` says which) and
+``Service.stop`` stops accepting, lets requests in flight finish for up to ``drain_timeout``
+seconds, then closes the origin connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import mmap
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from redis.asyncio.cluster import RedisCluster
+
+from proxy.config.logs import HTTP_ERRORS
+from proxy.config.settings import Config
+from proxy.core.admission import CompiledPolicy, make_policy
+from proxy.core.engine import CacheEngine
+from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.disk.store import DiskStore
+from proxy.fleet.purges import FleetPurges
+from proxy.fleet.shared import RedisWindow, SharedSecondHit
+from proxy.front.fastpath import HitServer, require_strict_parser
+from proxy.front.writer import ProxyServer
+from proxy.handler.routing import hidden_fields
+from proxy.handler.server import Proxy
+from proxy.ops.admin import admin_app, apply_fleet_purge
+from proxy.origin.upstream import Upstream
+
+COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
+
+
+class JsonAccessLogger(AbstractAccessLogger):
+    """One JSON object per request."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            json.dumps(
+                {
+                    "remote": request.remote,
+                    "method": request.method,
+                    "target": request.raw_path,
+                    "host": request.host,
+                    "status": response.status,
+                    "bytes": response.body_length,
+                    "seconds": round(time, 6),
+                    "cache_status": response.headers.get("Cache-Status"),
+                }
+            )
+        )
+
+
+def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
+    """The fleet's admission window when ``[admission] backend = "redis"``, else None."""
+    a = config.admission
+    if a.backend != "redis":
+        return None
+    assert isinstance(engine.admission, CompiledPolicy) and engine.admission.window is not None
+    timeouts = {"socket_connect_timeout": 1.0, "socket_timeout": 1.0}
+    if a.redis_cluster:  # the node named discovers the others, as RedisCluster.from_url does
+        client = RedisCluster.from_url(a.redis_url, **timeouts)
+    else:
+        client = aioredis.from_url(a.redis_url, **timeouts)
+    local = engine.admission.window
+    # In auto mode the fleet rotates after the share this instance's own sizer last chose:
+    # one sizer, smoothed per rotation as in memory.
+    auto_share = (lambda: local.generation_share) if a.window == "auto" else None
+    window = a.max_window if a.window == "auto" else float(a.window)
+    remote = RedisWindow(client, a.expected_urls, a.fp_rate, window, a.generations,
+                         prefix=a.redis_prefix, auto_share=auto_share)  # fmt: skip
+    return SharedSecondHit(engine.admission, remote, a.redis_budget, max_budget=a.redis_budget_max)
+
+
+def build_engine(config: Config, shared_window: mmap.mmap | None = None) -> CacheEngine:
+    """The cache engine ``config`` describes; ``shared_window``: the memory of an admission
+    window this process shares with the other workers of the machine."""
+    store = CacheStore(
+        config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.cache.eviction
+    )
+    c = config.cache
+    return CacheEngine(
+        store,
+        make_policy(config.admission_config(), store, shared=shared_window),
+        hit_for_miss=c.hit_for_miss,
+        max_variants=c.max_variants,
+        ignore_cookies=c.ignore_cookies,
+    )
+
+
+@dataclass
+class Service:
+    config: Config
+    proxy: Proxy
+    proxy_runner: web.BaseRunner
+    admin_runner: web.BaseRunner
+    checkpoints: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        config: Config,
+        *,
+        reuse_port: bool = False,
+        clock: Callable[[], float] = time.time,
+        shared_window: mmap.mmap | None = None,
+    ) -> Service:
+        """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
+        and ``shared_window`` their admission window (``proxy.ops.machine``). ``clock``: the
+        cache's time (seconds since the epoch), read wherever the proxy asks the time of a
+        request or response (a trace's, to replay it as the simulator does)."""
+        require_strict_parser()
+        # Whatever a failed or cancelled start opened is closed again, the disk's directory
+        # given up: the caller may start again in the same process.
+        async with contextlib.AsyncExitStack() as undo:
+            # The disk first: a directory it refuses stops the start before anything is opened.
+            disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
+            if disk is not None:
+                undo.callback(disk.close)
+            upstream = Upstream(config.upstream)
+            undo.push_async_callback(upstream.close)
+            await upstream.start()
+            engine = build_engine(config, shared_window)
+            shared = shared_admission(config, engine)
+            if shared is not None:
+                undo.push_async_callback(shared.remote.client.aclose)
+                undo.push_async_callback(shared.close)
+                await shared.connect()
+            proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
+            undo.push_async_callback(proxy.close)
+            if shared is not None and not config.admission.redis_cluster:
+                # A Redis Cluster client has no pub/sub here: its fleet purges stay local.
+                channel = f"{config.admission.redis_prefix}purge"
+                proxy.fleet = FleetPurges(
+                    shared.remote.client, channel, lambda purge: apply_fleet_purge(proxy, purge)
+                )
+                undo.push_async_callback(proxy.fleet.close)
+                proxy.fleet.start()
+            proxy_runner = web.ServerRunner(
+                _proxy_server(config, proxy), shutdown_timeout=config.server.drain_timeout
+            )
+            admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
+            undo.push_async_callback(proxy_runner.cleanup)
+            await proxy_runner.setup()
+            undo.push_async_callback(admin_runner.cleanup)
+            await admin_runner.setup()
+            service = cls(config, proxy, proxy_runner, admin_runner)
+            if disk is not None:
+                service.checkpoints = asyncio.get_running_loop().create_task(
+                    _checkpoints(disk, config.disk.checkpoint_interval)
+                )
+                undo.callback(service.checkpoints.cancel)
+            await web.TCPSite(
+                proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port
+            ).start()
+            await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
+            undo.pop_all()  # started: ``stop`` closes it all
+        return service
+
+    @property
+    def proxy_address(self) -> tuple[str, int]:
+        return self.proxy_runner.addresses[0][:2]
+
+    @property
+    def admin_address(self) -> tuple[str, int]:
+        return self.admin_runner.addresses[0][:2]
+
+    async def stop(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.cancel()
+        await self.proxy_runner.cleanup()
+        await self.admin_runner.cleanup()
+        await self.proxy.close()
+        await self.proxy.upstream.close()
+        if self.proxy.disk is not None:
+            self.proxy.disk.close()
+        if self.proxy.fleet is not None:
+            await self.proxy.fleet.close()
+        if self.proxy.shared is not None:
+            await self.proxy.shared.close()
+            await self.proxy.shared.remote.client.aclose()
+
+
+def _proxy_server(config: Config, proxy: Proxy) -> web.Server:
+    """The data port's server: aiohttp's limits and access log as configured, and the
+    compiled hit path in front of the handler unless ``[server] fast_hits`` is off."""
+    server_kwargs: dict[str, object] = {
+        # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
+        # configured limits itself, with the statuses RFC 9110 names (414, 431).
+        "max_line_size": 4 * config.server.max_url_length + 64,
+        "max_field_size": 4 * config.server.max_header_size,
+        # aiohttp closes a connection whose request head is not complete this long after it
+        # opened or after its last response: idle keep-alives and slow-header clients.
+        "keepalive_timeout": config.server.idle_timeout,
+        "logger": HTTP_ERRORS,
+        "send_timeout": config.server.send_timeout,
+    }
+    if config.server.access_log:
+        server_kwargs["access_log"] = logging.getLogger("onehit.access")
+        if config.server.access_log_format == "json":
+            server_kwargs["access_log_class"] = JsonAccessLogger
+        else:
+            server_kwargs["access_log_format"] = COMBINED
+    else:
+        server_kwargs["access_log"] = None
+    if config.server.fast_hits:
+        answers = (proxy.plain_hits.answer, proxy.answer_hit)
+        return HitServer(
+            proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
+        )
+    return ProxyServer(proxy.handle, **server_kwargs)
+
+
+async def _checkpoints(disk: DiskStore, interval: float) -> None:
+    """Checkpoint the disk tier's index every ``interval`` seconds."""
+    while True:
+        await asyncio.sleep(interval)
+        disk.checkpoint()
+
+
+async def until_signalled() -> None:
+    """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
+    while the caller drains)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

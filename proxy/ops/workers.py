@@ -1,0 +1,202 @@
+"""``onehit-proxy --workers N``: N processes serving one port, one admin listener for all.
+
+Each worker is a whole onehit bound to the proxy port with SO_REUSEPORT; the kernel spreads
+connections across them. They share one admission window: second hit's generations are in
+memory the parent creates (``proxy.ops.machine``) and every worker maps, so a URL seen once through
+each of two workers is a second sighting (Redis, ``backend = "redis"``, is what joins machines).
+Each keeps its own memory store. Workers run their own admin on an ephemeral loopback port; the
+parent serves the configured admin address: ``/stats`` lists every worker and their sum,
+``/metrics`` is the sum, ``/purge`` and ``/filter/reset`` reach every worker. A worker that
+exits is replaced at once, sharing the same window. SIGTERM/SIGINT to the parent drains every
+worker, then it exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from proxy.config.settings import Config
+from proxy.core.admission import shared_window_size
+from proxy.core.stats import combine
+from proxy.ops import machine
+from proxy.ops.admin import admin_application, metrics_response, prometheus_text
+from proxy.ops.service import until_signalled
+
+log = logging.getLogger("onehit.workers")
+READY = "onehit-worker-admin "
+
+
+async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
+    """Run ``count`` workers with ``argv`` (the parent's own flags) until a signal, replacing
+    any that dies; the exit status is 0 when every worker drained cleanly."""
+    if config.server.listen[1] == 0:
+        raise ValueError("--workers needs a fixed [server] listen port, not 0")
+    if config.disk.path:
+        # Each worker would claim the directory for its own disk tier: only one can.
+        raise ValueError(
+            f"--workers {count} with [disk] path: a disk directory serves one process, and "
+            "workers share no disk tier yet; run one process, or one per [disk] path"
+        )
+    size = shared_window_size(config.admission_config())
+    # Held open while the parent runs: a worker started to replace one that died maps it too.
+    window = machine.create(size) if size else None
+    try:
+        workers = Workers(list(argv), window)
+        await workers.start(count)
+        runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
+        log.info("%d workers on %s:%d", count, *config.server.listen)
+        supervising = asyncio.ensure_future(workers.supervise())
+        await until_signalled()
+        supervising.cancel()
+        codes = await workers.stop()
+        await runner.cleanup()
+    finally:
+        if window is not None:
+            os.close(window)
+    return 0 if all(code == 0 for code in codes) else 1
+
+
+class Workers:
+    """The worker processes and where each one's admin listens (``admins``, kept in step: the
+    parent's admin reads it at each call). A worker that exits while the parent serves is
+    replaced at once, in its place, sharing what the others share."""
+
+    def __init__(self, argv: list[str], window: int | None) -> None:
+        self.argv = [*argv, "--worker"]
+        self.fds: tuple[int, ...] = ()
+        if window is not None:
+            self.argv += ["--shared-window-fd", str(window)]
+            self.fds = (window,)
+        self.processes: list[asyncio.subprocess.Process] = []
+        self.admins: list[str] = []
+        self.replaced = 0
+
+    async def start(self, count: int) -> None:
+        """Start ``count`` workers and wait until each listens; RuntimeError (every one
+        stopped) when one cannot start."""
+        started = await asyncio.gather(
+            *(self._spawn() for _ in range(count)), return_exceptions=True
+        )
+        for outcome in started:
+            if isinstance(outcome, tuple):
+                process, admin = outcome
+                self.processes.append(process)
+                self.admins.append(admin)
+        failed = [o for o in started if isinstance(o, BaseException)]
+        if failed:
+            for process in self.processes:
+                process.kill()
+                await process.wait()
+            raise failed[0]
+
+    async def _spawn(self) -> tuple[asyncio.subprocess.Process, str]:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "proxy", *self.argv, "--set", "admin.listen=127.0.0.1:0",
+            stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
+        )  # fmt: skip
+        assert process.stdout is not None
+        try:
+            line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
+        except TimeoutError:
+            line = ""
+        if not line.startswith(READY):
+            process.kill()
+            await process.wait()
+            raise RuntimeError(f"a worker did not start (it said {line!r})")
+        return process, line[len(READY) :].strip()
+
+    async def supervise(self) -> None:
+        """Replace each worker that exits, until cancelled."""
+        while True:
+            waits = {asyncio.ensure_future(p.wait()): i for i, p in enumerate(self.processes)}
+            try:
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+            for ended in done:
+                i = waits[ended]
+                old = self.processes[i]
+                log.warning("worker %d (pid %d) exited with %s: starting another", i, old.pid,
+                            old.returncode)  # fmt: skip
+                while True:
+                    try:
+                        self.processes[i], self.admins[i] = await self._spawn()
+                        break
+                    except RuntimeError as exc:
+                        log.error("replacing worker %d failed (%s): trying again", i, exc)
+                        await asyncio.sleep(1)
+                self.replaced += 1
+
+    async def stop(self) -> list[int]:
+        """Drain every worker (SIGTERM) and their exit statuses."""
+        for process in self.processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        return list(await asyncio.gather(*(p.wait() for p in self.processes)))
+
+
+def fleet_admin(config: Config, workers: Workers) -> web.Application:
+    """The parent's admin app: every call is fanned out to the workers' own admin listeners."""
+    admins = workers.admins
+    headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
+
+    async def each(method: str, path: str, body: Any = None) -> list[Any]:
+        async with aiohttp.ClientSession(headers=headers) as session:
+
+            async def one(admin: str) -> Any:
+                json_body = body if body is not None or method != "POST" else {}
+                async with session.request(method, f"{admin}{path}", json=json_body) as r:
+                    r.raise_for_status()
+                    return await (r.json() if r.content_type == "application/json" else r.text())
+
+            return await asyncio.gather(*(one(a) for a in admins))
+
+    async def stats(request: web.Request) -> web.Response:
+        per_worker = await each("GET", "/stats")
+        body = {
+            "workers": per_worker,
+            "sum": combine([w["metrics"] for w in per_worker]),
+            "worker_count": len(per_worker),
+            "workers_replaced": workers.replaced,
+        }
+        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
+
+    async def metrics(request: web.Request) -> web.Response:
+        per_worker = await each("GET", "/stats")
+        return metrics_response(prometheus_text(combine([w["metrics"] for w in per_worker])))
+
+    async def healthz(request: web.Request) -> web.Response:
+        try:
+            await each("GET", "/healthz")
+        except (aiohttp.ClientError, ValueError):
+            return web.Response(status=503, text="a worker is not answering\n")
+        return web.Response(text="ok\n")
+
+    async def fan_out(request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        query = f"?{request.query_string}" if request.query_string else ""
+        answers = await each("POST", request.path + query, body)
+        removed = sum(a.get("removed", 0) for a in answers)
+        return web.json_response({"workers": answers, "removed": removed})
+
+    return admin_application(
+        config.admin,
+        stats=stats,
+        metrics=metrics,
+        healthz=healthz,
+        purge=fan_out,
+        filter_reset=fan_out,
+    )

@@ -1,0 +1,149 @@
+"""The origin client: requests to plain-HTTP origins whose body, if any, is in hand go through
+the proxy's own pool (``proxy.origin.pool``: aiohttp's response parser without its session), the
+rest (a body still arriving, an HTTPS origin) through one aiohttp session; bodies pass through
+untouched either way.
+
+It never decompresses (bodies go to clients byte for byte, with their Content-Encoding), never
+follows redirects, and maps failures to what the client must get: an origin that cannot be
+reached is a 502, one that does not answer in time a 504. Every failure is logged with its cause.
+
+Pooled connections are dropped after ``idle_timeout`` seconds unused, below the keep-alive
+timeouts origins commonly use (Node's 5 s), so the proxy rarely sends on a connection the origin
+has already closed. When it does, and the request failed before any byte of a response, it is
+sent once more on a new connection, if it can be: it has no body, or its body is in hand
+(bytes), not a stream already partly consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
+
+from proxy.config.settings import UpstreamSection
+from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
+
+log = logging.getLogger("onehit.upstream")
+
+# What ``Upstream.request`` returns: the pool's response or the session's, read the same way.
+UpstreamResponse = aiohttp.ClientResponse | OriginResponse
+
+# Failures of a connection the origin closed or reset before answering.
+_STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class UpstreamError(Exception):
+    """The origin failed before a response began; ``status`` and ``public`` are what the
+    client gets, ``detail`` (with the origin's address) is for the log only."""
+
+    def __init__(self, status: int, public: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.public = public
+        self.detail = detail
+
+
+class Upstream:
+    def __init__(self, config: UpstreamSection) -> None:
+        self._config = config
+        self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None
+        self._pool = OriginPool(config)
+
+    async def start(self) -> None:
+        c = self._config
+        common = {
+            "timeout": aiohttp.ClientTimeout(
+                total=c.total_timeout, connect=c.connect_timeout, sock_read=c.read_timeout
+            ),
+            "auto_decompress": False,
+            # A field the client did not send is not made up for it: aiohttp's client adds
+            # these four otherwise (Content-Type only to a request with a body).
+            "skip_auto_headers": ("User-Agent", "Accept-Encoding", "Accept", "Content-Type"),
+            "cookie_jar": aiohttp.DummyCookieJar(),
+            "read_bufsize": c.read_buffer,
+        }
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=c.max_connections, ttl_dns_cache=60, keepalive_timeout=c.idle_timeout
+            ),
+            **common,
+        )
+        # Retries go out on a connection of their own, never on another pooled one that may
+        # have gone stale at the same moment.
+        self._fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=c.max_connections, force_close=True), **common
+        )
+
+    async def close(self) -> None:
+        self._pool.close()
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: AsyncIterator[bytes] | bytes | None = None,
+        *,
+        sent: Sent | None = None,
+        interim: Interim | None = None,
+    ) -> UpstreamResponse:
+        """Send the request (``sent``: ``send_now`` already wrote it, and its answer did not
+        come whole); the response's headers have arrived, its body is still to read.
+        ``interim`` is given the interim (1xx) responses before it, from a plain-HTTP origin
+        (aiohttp's session, for the others, reads them past)."""
+        assert self._session is not None and self._fresh is not None, "start() was not awaited"
+        replayable = body is None or isinstance(body, bytes)
+        try:
+            if sent is not None:
+                return await self._pool.resume(sent, interim)
+            if (body is None or isinstance(body, bytes)) and self._pool.serves(url):
+                return await self._pool.request(method, url, headers, body, interim)
+            try:
+                return await self._session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
+                )
+            except _STALE_CONNECTION as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError) or not replayable:
+                    raise
+                log.info(
+                    "%s %s: %r on a pooled connection; retrying on a new one", method, url, exc
+                )
+                return await self._fresh.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
+                )
+        except Exception as exc:
+            error = _failure(method, url, exc)
+            if error is None:
+                raise
+        try:
+            raise error
+        finally:
+            # The traceback holds this frame: without this, each error would be a reference
+            # cycle, freed only by the cyclic collector, and with it the request's body.
+            del error
+
+    def send_now(self, method: str, url: str, headers: list[tuple[str, str]]) -> Sent | None:
+        """``request`` for a bodiless request, written at once on an idle pooled connection;
+        None, having done nothing, when it cannot be (then ``request`` it)."""
+        return self._pool.send_now(method, url, headers) if self._pool.serves(url) else None
+
+
+def _failure(method: str, url: str, exc: Exception) -> UpstreamError | None:
+    """What the client gets for a failure of the origin, logged with its cause; None for any
+    other exception."""
+    if isinstance(exc, TimeoutError):
+        error = UpstreamError(504, "origin timed out", f"timed out ({type(exc).__name__})")
+    elif isinstance(exc, (aiohttp.ClientConnectorError, Unreachable)):
+        error = UpstreamError(502, "origin unreachable", f"unreachable ({exc.os_error})")
+    elif isinstance(exc, (aiohttp.ClientError, HttpProcessingError)):
+        error = UpstreamError(502, "origin failed", f"failed ({type(exc).__name__}: {exc})")
+    else:
+        return None
+    log.warning("%s %s: origin %s", method, url, error.detail)
+    return error
