@@ -9,7 +9,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Every compiled module's source: an edited one is built again by the next make test or demo.
-$(STAMP): pyproject.toml setup.py $(wildcard proxy/*.c proxy/core/*.c proxy/core/native/* proxy/handler/hitpath/*) | $(BIN)/python
+$(STAMP): pyproject.toml setup.py $(wildcard proxy/*/*.c proxy/core/native/* proxy/handler/hitpath/*) | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
