@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from proxy.config.settings import Config, ConfigError, load
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
-from proxy.ops.workers import READY, serve_workers
+from proxy.ops.workers import READY, die_with_parent, serve_workers
 
 T = TypeVar("T")
 
@@ -60,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 serve_workers(config, _without_workers(own), args.workers),
                 config.server.event_loop,
             )
+        if args.parent is not None:
+            die_with_parent(args.parent)
         shared = None if args.shared_window_fd is None else attach(args.shared_window_fd)
         _run(_serve(config, worker=args.worker, shared_window=shared), config.server.event_loop)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -123,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
     return p
 
 

@@ -1,7 +1,9 @@
 """The admin listener: /stats, /metrics, /healthz, purge by prefix, filter reset, the token."""
 
+import json
 import re
 
+import pytest
 from conftest import admin, base
 
 from proxy.core.stats import METRICS
@@ -64,6 +66,27 @@ async def test_token_is_required_when_configured(start_proxy, client):
     headers = {"Authorization": "Bearer s3cret"}
     async with client.get(admin(proxy) + "/stats", headers=headers) as r:
         assert r.status == 200
+
+
+@pytest.mark.parametrize("field", ["url", "prefix", "tags"])
+async def test_a_purge_of_text_no_key_can_hold_is_a_400_not_a_500(start_proxy, client, field):
+    proxy = await start_proxy()
+    value = "http://example.test/\ud800"  # JSON may carry a lone surrogate; a key may not
+    body = json.dumps({field: [value] if field == "tags" else value})
+    async with client.post(admin(proxy) + "/purge", data=body,
+                           headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+        assert r.status == 400 and "not text a cache key can hold" in (await r.json())["error"]
+
+
+async def test_a_tag_named_twice_in_one_purge_is_banned_once(start_proxy, client, tmp_path):
+    proxy = await start_proxy(disk__path=str(tmp_path), disk__size="8MiB",
+                              disk__region_size="1MiB", disk__policy="always")  # fmt: skip
+    async with client.get(base(proxy) + "/x") as r:  # a record for the ban to reach
+        await r.read()
+    assert len(proxy.proxy.disk.tier) == 1
+    async with client.post(admin(proxy) + "/purge", json={"tags": ["a"] * 5000}) as r:
+        assert r.status == 200
+    assert len(proxy.proxy.disk.tier.bans) == 1
 
 
 async def test_a_purge_body_nested_past_the_parsers_depth_is_a_400_not_a_500(start_proxy, client):

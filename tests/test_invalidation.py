@@ -4,10 +4,12 @@ restart, clean or kill -9, the removal holds."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import admin_purge, base
 
 from loadgen.simulate import build_engine
@@ -209,3 +211,66 @@ def test_rfc9111_4_a_newer_response_the_store_cannot_keep_takes_its_older_copy_a
     engine, _ = two_tiers()
     assert engine.on_response(RequestMeta(URL), TAGGED, 2 << 20, 1.0).reason == "too-large"
     assert engine.store.peek(URL) is None  # never answered with the older copy again
+
+
+def test_a_newer_response_that_outgrows_the_store_takes_the_old_copy_with_it():
+    """Of unknown length at its head it was to be kept; it ended too large: the stored copy
+    it superseded goes (from every tier), never served again as a hit."""
+    engine, tier = two_tiers()
+    decision = engine.on_response_head(RequestMeta(URL), TAGGED, None, 1.0)
+    engine.finish(RequestMeta(URL), decision, 2 << 20, 1.0, payload=b"")
+    assert engine.store.peek(URL) is None and tier.find(URL) is None
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["not admitted", "kept"])
+def test_a_response_that_starts_to_vary_takes_the_unvaried_copy_with_it(kept):
+    engine, tier = two_tiers()
+    if not kept:
+        engine.admission = build_engine(1 << 20, AdmissionConfig(policy="nth-hit:3")).admission
+    varied = ResponseMeta(lifetime=60.0, vary=("accept-language",))
+    engine.on_response(RequestMeta(URL, headers=(("Accept-Language", "fr"),)), varied, 10, 1.0)
+    assert engine.store.peek(URL) is None and tier.find(URL) is None
+    assert (engine.varies(URL)) is kept
+
+
+def test_a_304_for_an_entry_purged_meanwhile_refreshes_nothing_and_indexes_no_tag():
+    """The purge reached every tier while the revalidation was in flight: its 304 must not
+    write the purged record back, nor leave the entry's tags indexed for nothing."""
+    engine, tier = two_tiers()
+    entry = engine.store.peek(URL)
+    engine.purge("tags", ["t1"], 1.0)
+    engine.on_not_modified(entry, (("Cache-Control", "max-age=60"),), 2.0, 2.0)
+    assert tier.find(URL) is None and len(engine.tags) == 0
+    assert engine.purge("tags", ["t1"], 3.0).count == 0
+
+
+async def test_a_purge_by_tag_during_a_revalidation_stays_purged_after_a_restart(
+    origin, start_proxy, tmp_path
+):
+    clock = Clock()
+    fields = {"Cache-Control": "max-age=60", "ETag": '"v1"', "Surrogate-Key": "t1"}
+    origin.set("/t", body=b"purged", headers=fields)
+    settings = {"disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(clock=clock, **settings)
+    assert (await get(proxy, "/t"))[2] == b"purged"  # in memory and on disk
+    clock.now += 61
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def revalidated_after_the_purge(request: web.Request) -> web.StreamResponse:
+        asked.set()
+        await answer.wait()
+        return web.Response(status=304, headers={"ETag": '"v1"'})
+
+    origin.responder = revalidated_after_the_purge
+    revalidating = asyncio.ensure_future(get(proxy, "/t"))
+    await asyncio.wait_for(asked.wait(), 5)
+    assert (await admin_purge(proxy, {"tags": ["t1"]}))["removed"] == 1
+    answer.set()
+    await revalidating
+    origin.responder = None
+    origin.set("/t", body=b"new", headers={"Cache-Control": "max-age=60"})
+    assert (await get(proxy, "/t"))[2] == b"new"
+    await proxy.stop()
+    again = await start_proxy(clock=clock, **settings)
+    _, headers, body = await get(again, "/t")
+    assert body == b"new", headers["Cache-Status"]

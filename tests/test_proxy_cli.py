@@ -197,6 +197,30 @@ async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
+async def test_workers_stop_when_their_parent_is_killed(origin):
+    """A worker left behind a dead parent would hold the port and serve alone: it drains."""
+    args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
+    async with served(*args) as (process, _, admin):
+        async with aiohttp.ClientSession() as client, client.get(admin + "/stats") as r:
+            pids = [w["pid"] for w in (await r.json())["workers"]]
+        process.kill()
+        await process.wait()
+        for _ in range(100):
+            alive = [pid for pid in pids if _running(pid)]
+            if not alive:
+                break
+            await asyncio.sleep(0.1)
+        assert not alive, f"workers {alive} outlived their parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
 def test_errors_logged_while_serving_do_not_carry_the_uvloop_import_error():
     from proxy.__main__ import _run
 

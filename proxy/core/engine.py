@@ -430,7 +430,8 @@ class CacheEngine(ResponseDecisions):
         stale = Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req,
                                                           entry.directives))  # fmt: skip
         action = self._on_stale(request, stale, rfc9111.only_if_cached(request.headers))
-        tier.answered(True)
+        # The tier answered when its record did, stale; a revalidation is the origin's answer.
+        tier.answered(type(action) is FromCache)
         c = self.counters
         if type(action) is FromCache:
             c.stale_from_disk += 1

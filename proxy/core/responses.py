@@ -32,11 +32,13 @@ from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import (
     CHANGED,
     PURGE,
+    REFRESHED,
     SUPERSEDED,
     UNSAFE,
     UNSTORABLE,
     VARIES,
     Tier,
+    own_record,
 )
 from proxy.core.variants import Variants, variant_key
 
@@ -199,6 +201,8 @@ class ResponseDecisions:
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
+        if known:
+            self._varies_now(request.key, response.vary)
         key, stored = self._storage_key(request, response)
         if known:
             for tier in self.behind:
@@ -229,6 +233,21 @@ class ResponseDecisions:
             return FIRST_SIGHTING
         return Keep(key, response, tags)
 
+    def _varies_now(self, url: str, vary: tuple[str, ...]) -> None:
+        """A response fetched for ``url`` varies on ``vary`` (none: it does not vary): what is
+        stored of the URL under other selecting fields, or unvaried, is unreachable now,
+        whether or not this response is kept (every tier)."""
+        if vary:
+            if self.variants.selected_on(url, vary):
+                return
+            if url in self.variants or self.store.peek(url) is not None:
+                self.invalidate(url, VARIES)
+            else:  # a tier's variants are selected on names it checks as it writes one
+                for tier in self.behind:
+                    tier.forget(own_record(url), VARIES)
+        elif url in self.variants:
+            self.invalidate(url, VARIES)  # a tier's anchor goes with the URL's own record
+
     def _superseded(self, key: str, known: bool, why: NotStored) -> NotStored:
         """``why`` a response fetched (``known``) for ``key`` is not kept: the store's older
         copy of ``key`` goes too."""
@@ -254,6 +273,7 @@ class ResponseDecisions:
         if not self.store.fits(size):
             c.too_large += 1
             self._pass_for_a_while(request, now)
+            self._delete(decision.key)  # superseded by this response, which is not kept
             return TOO_LARGE
         response = decision.response
         url = request.key
@@ -280,6 +300,7 @@ class ResponseDecisions:
             evicted = self._put(entry)
         except ValueError:  # the body fits, but with headers past the overhead estimate it does not
             c.too_large += 1
+            self._delete(decision.key)
             return TOO_LARGE
         c.admissions += 1
         c.bytes_written += size
@@ -321,6 +342,12 @@ class ResponseDecisions:
         if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
             self.forget(entry.key, UNSTORABLE)
+        elif self.store.peek(entry.key) is not entry:
+            # Purged or evicted while it was revalidated: a tier's copy has the old fields, and
+            # may be one a purge reached since; it goes rather than being refreshed.
+            entry.tags = tags
+            for tier in self.behind:
+                tier.forget(entry.key, REFRESHED)
         else:
             entry.tags = tags
             self.tags.add(entry)

@@ -11,8 +11,9 @@ Rules it keeps:
   tier behind it (``Tier``) the same removal with its reason (``why``). A tier added later
   inherits every removal by implementing ``Tier``.
 * ``forget(key, why)`` names either a URL, and then the URL goes with every variant and slice
-  of it, or one stored part of it (a variant's key, a slice's, an anchor's: they hold ``\\0``,
-  which no URL does; ``whole_url`` tells them apart).
+  of it, or one stored part of it (a variant's key, a slice's, an anchor's, or the URL's own
+  record alone, ``own_record``: they hold ``\\0``, which no URL does; ``whole_url`` tells
+  them apart).
 * ``ban(value, by_tag)`` removes every record of a key starting with ``value`` (a purge by
   prefix) or whose response carries the tag ``value``, written before the ban.
 * A tier that persists journals each removal before ``forget`` or ``ban`` returns, and
@@ -39,9 +40,19 @@ if TYPE_CHECKING:
 UNSAFE = "unsafe"  # a successful unsafe method on the URL
 SUPERSEDED = "superseded"  # a newer response that may not be stored replaced it
 UNSTORABLE = "unstorable"  # a 304 refreshed it into a response that may not be stored
+REFRESHED = "refreshed"  # a 304 refreshed an entry the store no longer holds
 VARIES = "varies"  # the URL's response started, stopped or changed what it varies on
 CHANGED = "changed"  # a slice of another version: the object changed under its slices
 PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothing is stale)
+
+
+# Marks a URL's own record alone (``own_record``), without its variants and slices.
+_OWN = "\0own"
+
+
+def own_record(url: str) -> str:
+    """The key that names to ``forget`` only ``url``'s own, unvaried record."""
+    return url + _OWN
 
 
 def whole_url(key: str) -> bool:
@@ -52,6 +63,8 @@ def whole_url(key: str) -> bool:
 def forgotten_keys(key: str) -> tuple[str, ...]:
     """The keys a tier forgets for ``key``: a URL's own and the anchors its variants and its
     slices are found after (so none of them is found again), or the one part ``key`` names."""
+    if key.endswith(_OWN):
+        return (key[: -len(_OWN)],)
     if whole_url(key):
         return key, variants.anchor_key(key), slices.anchor_key(key)
     return (key,)

@@ -294,9 +294,12 @@ class DiskStore:
         the refreshed entry, written at the ring's head within the write budget; when the
         budget refuses, or the body is not in hand, the old record is only dropped. The drop
         is journaled first, so a crash between the two loses the record, never revives it."""
-        if self.tier.find(entry.key) is None:
+        slot = self.tier.find(entry.key)
+        if slot is None:
             return
         self.invalidate(entry.key)
+        if self.tier.bans and self.tier.tag_banned(response_tags(entry.headers), slot):
+            return  # a purge by one of its tags reached the old record: nothing to refresh
         body = entry.payload
         if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
             return

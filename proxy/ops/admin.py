@@ -196,12 +196,23 @@ def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
 
 def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
     """What a purge names: ("url", its cache key), ("prefix", a key prefix) or ("tags", the
-    tags); None when it names none; ValueError for a host the proxy would refuse."""
+    tags, each once); None when it names none; ValueError for a host the proxy would refuse,
+    or text that is not Unicode a key can hold (a lone surrogate)."""
+    tags = params.get("tags")
+    for value in (
+        params.get("url"),
+        params.get("prefix"),
+        *(tags if isinstance(tags, list) else ()),
+    ):
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"{value!r} is not text a cache key can hold") from None
     if isinstance(params.get("url"), str):
         return "url", router.url_key(params["url"])
-    tags = params.get("tags")
     if isinstance(tags, list) and tags and all(isinstance(t, str) and t.strip() for t in tags):
-        return "tags", [t.strip() for t in tags]
+        return "tags", list(dict.fromkeys(t.strip() for t in tags))
     if isinstance(params.get("prefix"), str):
         return "prefix", cache_key(params["prefix"])
     return None

@@ -14,6 +14,7 @@ worker, then it exits 0.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from proxy.ops.admin import admin_application, metrics_response, prometheus_text
 from proxy.ops.service import until_signalled
 
 log = logging.getLogger("onehit.workers")
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 READY = "onehit-worker-admin "
 
 
@@ -74,7 +76,7 @@ class Workers:
     replaced at once, in its place, sharing what the others share."""
 
     def __init__(self, argv: list[str], window: int | None) -> None:
-        self.argv = [*argv, "--worker"]
+        self.argv = [*argv, "--worker", "--parent", str(os.getpid())]
         self.fds: tuple[int, ...] = ()
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
@@ -146,6 +148,16 @@ class Workers:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send this worker SIGTERM (a drain) when the parent ``parent`` dies,
+    however it dies: a worker left behind would hold the port and serve on its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def fleet_admin(config: Config, workers: Workers) -> web.Application:
