@@ -103,7 +103,6 @@ class TwoTiers(RuleBasedStateMachine):
         self.origin_runner = self.run(self._start_origin())
         self.service = self.run(self._start_proxy())
         self.session = aiohttp.ClientSession(loop=self.loop, auto_decompress=False)
-        self.checked = 0
 
     def run(self, work):
         return self.loop.run_until_complete(work)
@@ -241,7 +240,6 @@ class TwoTiers(RuleBasedStateMachine):
         if "; hit" not in cache_status:
             assert version == self.behaviour[url].version, (url, version, cache_status)
             return
-        self.checked += 1
         found = self.confirmed.get((url, version, variant))
         assert found is not None, (
             f"{url} v{version}/{variant}: never stored, served ({cache_status})"

@@ -45,6 +45,7 @@ from proxy.core._native import DiskIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Regions
 from proxy.core.store import Entry
+from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
 
 # A record's header (``proxy.disk.region_log`` writes and reads records): magic, the whole record's
@@ -133,8 +134,8 @@ class DiskTier:
     bytes_held: int = 0
     region_bytes: dict[int, int] = field(default_factory=dict)  # bytes placed, by live region
     budget: WriteBudget = field(default_factory=lambda: WriteBudget(0.0))
-    # Outstanding purges by prefix, oldest first; changed in place only (a compiled reader
-    # holds this list).
+    # Outstanding purges by prefix or tag, oldest first; changed in place only (a compiled
+    # reader holds this list).
     bans: list[Ban] = field(default_factory=list)
     index: DiskIndex = field(init=False, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
@@ -291,12 +292,26 @@ class DiskTier:
             self.drop(part)
         return self.drop(own) is not None
 
-    def refreshed(self, entry: Entry) -> None:
-        """``proxy.core.tiers.Tier.refreshed`` in the simulator: a record of ``entry``'s key is
-        written again at the ring's head, as long as it was, as the live tier rewrites it."""
-        slot = self.drop(entry.key)
+    def refreshable(self, entry: Entry) -> bool:
+        """Whether the tier holds a record of ``entry``'s key that a 304 refreshes: one no
+        purge reached (by prefix, ``find``; by a tag of the entry, ``tag_banned``). One a
+        purge reached is dropped, as a read of it would."""
+        slot = self.find(entry.key)
         if slot is None:
+            return False
+        if self.bans and self.tag_banned(response_tags(entry.headers), slot):
+            self.drop(entry.key, purged=True)
+            return False
+        return True
+
+    def refreshed(self, entry: Entry) -> None:
+        """``proxy.core.tiers.Tier.refreshed`` in the simulator: a record of ``entry``'s key that
+        is ``refreshable`` is written again at the ring's head, as long as it was (the live
+        tier also needs the body in hand and the write budget's leave)."""
+        if not self.refreshable(entry):
             return
+        slot = self.drop(entry.key)
+        assert slot is not None, "refreshable: the tier holds it"
         placement = self.regions.place(slot.length)
         if placement is not None:
             self.recorded(entry.key, placement.region, placement.offset, slot.length)

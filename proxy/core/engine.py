@@ -33,9 +33,10 @@ Rules this module keeps:
   in every tier (section 4.3.4); a full response that may be stored is the newest for its
   key, so no tier answers with an older copy again (section 4): the store's is replaced or
   dropped, a tier behind it forgets its own (and writes the new one if it takes it). A 304
-  refreshes the stored one, keeping its status, and re-charges its size; the tiers behind
-  forget their copies, which hold the fields it replaced; refreshed into a response that may
-  not be stored (``private``, ``no-store``), it goes from every tier. Every removal goes
+  refreshes the stored one, keeping its status, and re-charges its size; each tier behind
+  takes the refreshed fields and times for its copy (``Tier.refreshed``); refreshed into a
+  response that may not be stored (``private``, ``no-store``), or no longer stored itself
+  (purged or evicted meanwhile), it goes from every tier. Every removal goes
   through ``proxy.core.tiers``.
 * Variants (``Vary``) are stored under the URL plus the selecting request header values; the
   admission policy sees only the URL. The index of a URL's variants holds only stored variants:

@@ -342,18 +342,20 @@ class ResponseDecisions:
         if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
             self.forget(entry.key, UNSTORABLE)
-        elif self.store.peek(entry.key) is not entry:
-            # Purged or evicted while it was revalidated: a tier's copy has the old fields, and
-            # may be one a purge reached since; it goes rather than being refreshed.
-            entry.tags = tags
-            for tier in self.behind:
-                tier.forget(entry.key, REFRESHED)
         else:
             entry.tags = tags
-            self.tags.add(entry)
-            self._gone(self.store.recharge(entry))
-            for tier in self.behind:
-                tier.refreshed(entry)
+            if self.store.peek(entry.key) is entry:
+                self.tags.add(entry)
+                self._gone(self.store.recharge(entry))
+            if self.store.peek(entry.key) is entry:
+                for tier in self.behind:
+                    tier.refreshed(entry)
+            else:
+                # Purged or evicted while it was revalidated (or now past what an entry may be
+                # charged): a tier's copy has the old fields, and may be one a purge reached
+                # since; it goes rather than being refreshed.
+                for tier in self.behind:
+                    tier.forget(entry.key, REFRESHED)
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1

@@ -205,8 +205,9 @@ class CacheStore:
 
     def recharge(self, entry: Entry) -> list[Entry]:
         """Charge a stored ``entry`` again after its headers changed (it stays most recently
-        used, its hits kept); returns the entries evicted for room. An entry no longer
-        resident is left out."""
+        used, its hits kept); returns the entries that left the store: those evicted for
+        room, or ``entry`` itself when its new charge is past what an entry may be charged.
+        An entry no longer resident is left out."""
         h = entry.key_hash
         if self._entries.get(h) is not entry:
             return []
@@ -216,7 +217,7 @@ class CacheStore:
             return []
         if charge > self.index.max_charge:
             self.delete(entry.key)
-            return []
+            return [entry]
         return self._put(entry, self.index.hits(h))
 
     def delete(self, key: str) -> Entry | None:

@@ -84,7 +84,7 @@ class DiskStore:
         regions = Regions(section.region_size, section.size // section.region_size)
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
-        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, on every hit.
+        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
         self.answered = self.tier.answered
         self._lock: int | None = claim(Path(section.path))
         try:
@@ -171,8 +171,6 @@ class DiskStore:
         what would be written: the URL, or the variant the request selects (so each variant
         is asked for as often as a URL is before the device takes it, and a client cycling a
         varied field's values writes nothing)."""
-        if response.vary:
-            self.invalidate(request.key)  # what was stored without variants is superseded
         if (
             not whole
             or request.method != "GET"
@@ -294,12 +292,9 @@ class DiskStore:
         the refreshed entry, written at the ring's head within the write budget; when the
         budget refuses, or the body is not in hand, the old record is only dropped. The drop
         is journaled first, so a crash between the two loses the record, never revives it."""
-        slot = self.tier.find(entry.key)
-        if slot is None:
+        if not self.tier.refreshable(entry):
             return
         self.invalidate(entry.key)
-        if self.tier.bans and self.tier.tag_banned(response_tags(entry.headers), slot):
-            return  # a purge by one of its tags reached the old record: nothing to refresh
         body = entry.payload
         if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
             return

@@ -317,9 +317,9 @@ class Fetcher:
         body = b"".join(parts) if parts is not None else b""
         # A copy dropped past the max object size leaves a size the store refuses: too large.
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
-        # Written after the store took it: what the store forgets as it does (the URL's old
-        # variants, or its record when it starts varying) is forgotten on disk too, and must
-        # not take this record with it.
+        # Written after the store took it: what the engine forgets as it does (the URL's old
+        # variants when the selecting fields change) is forgotten on disk too, and must not
+        # take this record with it.
         disk = self.disk
         if to_disk and parts is not None and not too_large and disk is not None:
             if rmeta.vary:

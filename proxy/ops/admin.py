@@ -274,8 +274,8 @@ DISK_METRICS = {
     "disk_bytes_not_written": "bytes of records the disk tier's admission spared the device",
     "disk_evicted_objects": "records gone with the regions evicted whole",
     "disk_dropped": "records found torn, damaged or unwritable, or invalidated, forgotten",
-    "disk_purged": "records a purge by prefix reached (when next looked up), forgotten",
-    "disk_bans": "purges by prefix outstanding on the disk tier",
+    "disk_purged": "records a purge by prefix or tag reached (when next looked up), forgotten",
+    "disk_bans": "purges by prefix or tag outstanding on the disk tier",
     "disk_objects": "records the disk tier holds",
     "disk_index_bytes": "bytes of RAM of the disk tier's index",
 }
