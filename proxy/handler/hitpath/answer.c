@@ -40,7 +40,7 @@ static PyObject *fresh_entry(PlainHits *self, PyObject *key, double now, double 
         attr_double(entry, &attrs[A_LIFETIME], lifetime) < 0)
         goto decline;
     *age = stored_age(initial_age, stored_at, now);
-    if (!fresh_for_plain(*age, *lifetime) || !isfinite(*lifetime - *age))
+    if (!answers_plain(*age, *lifetime))
         goto decline;
     PyObject *directives = get(entry, &attrs[A_DIRECTIVES]);
     if (directives == NULL)

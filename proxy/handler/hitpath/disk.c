@@ -252,7 +252,7 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
         META_SIZE + head_len > meta_len)
         goto done;
     double age = stored_age(initial_age, stored_at, now);
-    if (!fresh_for_plain(age, lifetime) || !isfinite(lifetime - age))
+    if (!answers_plain(age, lifetime))
         goto done;
     Py_ssize_t at = META_SIZE + head_len;
     fields = pairs_at(m, meta_len, &at, 0);
