@@ -307,9 +307,21 @@ def drive(steps: list[tuple[str, dict]]) -> None:
     machine = TwoTiers()
     try:
         for name, arguments in steps:
+            if name == "held":
+                held(machine, **arguments)
+                continue
             getattr(machine, name)(**{"url": "/a/1", **arguments} if name in _ON_URL else arguments)
     finally:
         machine.teardown()
+
+
+def held(machine: TwoTiers, *, memory: bool, disk: bool, url: str = "/a/1") -> None:
+    """A scenario's setup step did what it is there for: ``url`` is held by memory or not,
+    by the disk or not (the test would prove nothing otherwise)."""
+    proxy = machine.service.proxy
+    key = proxy.router.url_key(f"http://{HOST}{url}")
+    assert (proxy.engine.store.peek(key) is not None) is memory, f"{url} in memory: {not memory}"
+    assert (proxy.disk.tier.find(key) is not None) is disk, f"{url} on disk: {not disk}"
 
 
 _ON_URL = {"request", "origin_changes", "unsafe_method"}
@@ -327,6 +339,7 @@ FILL_MEMORY = [
 def test_rfc9111_4_3_4_a_response_made_uncacheable_is_not_served_from_the_disk_copy(directive):
     drive([
         ("request", GET),  # stored in memory and on disk
+        ("held", {"memory": True, "disk": True}),
         ("origin_changes", {**CHANGE, "directive": directive, "answers_304": False}),
         ("request", {**GET, "kind": "no-cache"}),  # the origin's new answer: not storable
         ("clock_steps", {"seconds": 2}),  # past hit_for_miss, the disk's copy still fresh
@@ -341,6 +354,7 @@ def test_rfc9111_4_3_4_a_304_that_makes_it_uncacheable_reaches_the_disk_copy(dir
         ("origin_changes", {**CHANGE, "directive": directive, "answers_304": True}),
         ("request", {**GET, "kind": "no-cache"}),  # a 304 with the new directive
         *FILL_MEMORY,  # memory evicts the refreshed entry
+        ("held", {"memory": False, "disk": False}),
         ("request", GET),
     ])  # fmt: skip
 
@@ -351,6 +365,7 @@ def test_rfc9111_4_3_4_a_304_that_shortens_the_lifetime_reaches_the_disk_copy():
         ("origin_changes", {**CHANGE, "directive": "public", "max_age": 0, "answers_304": True}),
         ("request", {**GET, "kind": "no-cache"}),  # a 304: max-age=0 from now
         *FILL_MEMORY,
+        ("held", {"memory": False, "disk": True}),  # rewritten with the 304's times
         ("clock_steps", {"seconds": 1}),
         ("request", GET),
     ])  # fmt: skip
@@ -363,7 +378,8 @@ def test_rfc9111_4_a_newer_response_is_never_answered_with_an_older_copy_from_di
                             "new_version": True}),
         ("request", {**GET, "kind": "no-cache"}),  # version 2 now, in memory
         *FILL_MEMORY,
-        ("request", GET),  # the disk's version 1 is fresh by its own times, and older
+        ("held", {"memory": False, "disk": True}),  # version 1 forgotten, 2 written
+        ("request", GET),  # the disk's version 1 would be fresh by its own times, and older
     ])  # fmt: skip
 
 
@@ -372,6 +388,7 @@ def test_rfc9111_4_a_newer_response_is_never_answered_with_an_older_copy_from_di
 def test_a_purge_holds_across_a_restart(kind, crash):
     drive([
         ("request", GET),
+        ("held", {"memory": True, "disk": True}),
         ("purge", {"kind": kind, "url": "/a/1", "soft": False}),
         ("restart", {"crash": crash}),
         ("request", GET),
