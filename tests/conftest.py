@@ -308,3 +308,26 @@ async def admin_purge(service: Service, body: dict) -> dict:
     ):
         assert r.status == 200
         return await r.json()
+
+
+class Clock:
+    """The cache's time for a test that steps it (``start_proxy(clock=...)``)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def fetch_as_client(
+    service: Service, path: str, **headers: str
+) -> tuple[int, dict[str, str], bytes]:
+    """A GET of ``path`` through ``service`` for the Host ``example.test`` (one key across
+    restarts), with ``headers``: status, fields and body."""
+    url = base(service) + path
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers={"Host": "example.test", **headers}) as r,
+    ):
+        return r.status, dict(r.headers), await r.read()

@@ -6,30 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
-from conftest import base
+from conftest import Clock
+from conftest import fetch_as_client as get
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB", "disk__policy": "always",
         "admission__policy": "always"}  # fmt: skip
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def get(service, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    url = base(service) + path
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url, headers={"Host": "example.test", **headers}) as r,
-    ):
-        return r.status, dict(r.headers), await r.read()
 
 
 FOR_10S = {"Cache-Control": "max-age=10"}

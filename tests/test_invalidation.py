@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin_purge, base
+from conftest import Clock, admin_purge
+from conftest import fetch_as_client as get
 
 from loadgen.simulate import build_engine
 from loadgen.tiers import DiskSpec
@@ -120,23 +120,6 @@ def test_slices_of_a_changed_object_leave_every_tier():
     engine, tier = two_tiers()
     engine.remove_slices(URL)
     assert tier.find(slices.anchor_key(URL)) is None and tier.find(URL) is not None
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def get(service, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    url = base(service) + path
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(url, headers={"Host": "example.test", **headers}) as r,
-    ):
-        return r.status, dict(r.headers), await r.read()
 
 
 @pytest.mark.parametrize("directive", ["private", "no-store"])

@@ -108,3 +108,17 @@ def test_a_process_killed_at_any_moment_leaves_a_window_the_others_use():
         assert mine.contains(key, 2.0) and mine.seen_before(key, 2.0)
         assert time.monotonic() - started < 1.0  # nothing held by the dead process
     assert mine.rotations > 20  # the children rotated it, and it went on rotating
+
+
+def test_with_a_sizer_each_rotation_sets_the_share_for_every_process_within_the_layout():
+    memory = shared(capacity=1000)
+    asked = [50]
+    a = WindowedBloomFilter(1000, 0.01, 60.0, 2, sizer=lambda: asked[0], shared=memory)
+    b = WindowedBloomFilter(1000, 0.01, 60.0, 2, shared=memory)
+    assert a.generation_share == 1000  # laid out for the capacity, until a rotation asks
+    a.seen_before("x", 1.0)
+    a.seen_before("x", 62.0)  # a span later: rotated, and the sizer asked
+    assert a.generation_share == b.generation_share == 50
+    asked[0] = 10**9
+    a.seen_before("x", 123.0)
+    assert b.generation_share == 1000  # never past the bits laid out

@@ -158,6 +158,8 @@ void shared_clear(WindowObject *w, double now);
 /* A copy of generation i (newest first), as a Bloom of this process. */
 BloomObject *shared_generation(WindowObject *w, int i);
 int window_now(PyObject *arg, double *now);
+/* The sizer's share for the next generation (at least 1); -1 on its error. */
+int window_sizer_share(WindowObject *w, long long *share);
 
 /* sketch.c: a count-min sketch of 4 rows of 8-bit counters saturating at a ceiling, halved
  * after a period of counts. */

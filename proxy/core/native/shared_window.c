@@ -133,14 +133,10 @@ static int rotate_from(WindowObject *w, uint64_t epoch, int forced) {
         return 0;
     __atomic_fetch_add(&h->rotations, 1, __ATOMIC_RELAXED);
     if (forced) __atomic_fetch_add(&h->forced, 1, __ATOMIC_RELAXED);
+    long long asked;
     if (w->sizer != NULL) {
-        PyObject *r = PyObject_CallNoArgs(w->sizer);
-        if (r == NULL) return -1;
-        long long asked = PyLong_AsLongLong(r);
-        Py_DECREF(r);
-        if (asked == -1 && PyErr_Occurred()) return -1;
-        int64_t limit = asked < 1 ? 1 : (asked > h->share ? h->share : asked);
-        __atomic_store_n(&h->limit, limit, __ATOMIC_RELAXED);
+        if (window_sizer_share(w, &asked) < 0) return -1;
+        __atomic_store_n(&h->limit, asked > h->share ? h->share : asked, __ATOMIC_RELAXED);
     }
     return 1;
 }

@@ -18,17 +18,20 @@ static double py_floor_div(double vx, double wx) {
     return floordiv;
 }
 
+int window_sizer_share(WindowObject *w, long long *share) {
+    PyObject *r = PyObject_CallNoArgs(w->sizer);
+    if (r == NULL) return -1;
+    long long asked = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (asked == -1 && PyErr_Occurred()) return -1;
+    *share = asked < 1 ? 1 : asked;
+    return 0;
+}
+
 static int window_rotate(WindowObject *w, double now) {
     BloomObject *oldest = w->gens[w->g - 1];
     long long share = oldest->capacity;
-    if (w->sizer != NULL) {
-        PyObject *r = PyObject_CallNoArgs(w->sizer);
-        if (r == NULL) return -1;
-        long long asked = PyLong_AsLongLong(r);
-        Py_DECREF(r);
-        if (asked == -1 && PyErr_Occurred()) return -1;
-        share = asked < 1 ? 1 : asked;
-    }
+    if (w->sizer != NULL && window_sizer_share(w, &share) < 0) return -1;
     if (share == oldest->capacity) {
         bloom_clear(oldest);
     } else {
