@@ -33,11 +33,18 @@ import logging
 from typing import Any
 
 from aiohttp import hdrs, web
+from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 from aiohttp.http_writer import StreamWriter
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
 from proxy.core._native import field_lines
+
+# aiohttp's own parts that the layers above use, named here: only front/ and origin/ reach past
+# aiohttp's public API (tests/test_imports.py), so an aiohttp upgrade is read in two folders.
+BODILESS_STATUSES = EMPTY_BODY_STATUS_CODES  # answers without a body (RFC 9110 section 6.4.1)
+http_date = rfc822_formatted_time  # now, as a Date field writes it (aiohttp's, once a second)
+
 
 log = logging.getLogger("onehit.proxy")
 

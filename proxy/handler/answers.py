@@ -13,7 +13,6 @@ response, a stored or shared body answered whole, and the marks every answer car
 from __future__ import annotations
 
 from aiohttp import HttpVersion11, web
-from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
@@ -28,7 +27,7 @@ from proxy.core.cached import (
 )
 from proxy.core.events import Answer
 from proxy.front.lane import LaneRequest, Written
-from proxy.front.writer import Relayed, RelayedWhole
+from proxy.front.writer import BODILESS_STATUSES, Relayed, RelayedWhole, http_date
 from proxy.origin.pool import Fields, Interim
 from proxy.origin.upstream import UpstreamResponse
 
@@ -95,7 +94,7 @@ def whole(
     416) says: the head ``cached_head`` renders, as every path writes it."""
     head = cached_head(status, headers, answer.status, answer.first, answer.last, len(body),
                        x_cache=x_cache, via=VIA, hidden=hidden)  # fmt: skip
-    date = None if head.dated else rfc822_formatted_time()
+    date = None if head.dated else http_date()
     fields = (*head.fields, *per_answer(cache_status, age, date))
     return RelayedWhole(status=answer.status, headers=fields, body=span(body, head))
 
@@ -157,7 +156,7 @@ def at_once(
         or request.method != "GET"
         or answer.status != upstream.status
         or length != len(arrived)
-        or upstream.status in EMPTY_BODY_STATUS_CODES
+        or upstream.status in BODILESS_STATUSES
     ):
         return None
     names = headers.by_name
@@ -167,7 +166,7 @@ def at_once(
     if fields is None:
         return None  # a line break in a field: the origin's parser never passes one
     # A Date where the origin sent none, as a relayed response adds it.
-    dated = "" if "date" in names else f"Date: {rfc822_formatted_time()}\r\n"
+    dated = "" if "date" in names else f"Date: {http_date()}\r\n"
     head = (
         f"HTTP/1.1 {upstream.status} {upstream.reason}\r\n{fields}Cache-Status: {cache_status}"
         f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{dated}\r\n"

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import HttpVersion11
-from aiohttp.helpers import rfc822_formatted_time
-from aiohttp.http_parser import RawRequestMessage
 
 from proxy.core._native import hash64
 from proxy.core.cache_status import DISK, HIT_TTL
@@ -45,7 +43,8 @@ from proxy.core.store import Entry
 from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
 from proxy.disk.store import READ_INLINE, DiskStore
-from proxy.front.lane import JOIN_BELOW
+from proxy.front.lane import JOIN_BELOW, RawRequestMessage
+from proxy.front.writer import http_date
 from proxy.handler._hits import PlainHits
 from proxy.handler.answers import span
 from proxy.handler.routing import Router, fields_size, hosts, key_origin
@@ -95,7 +94,7 @@ class HitAnswers:
             observe=state.observe,
             hash=hash64,
             clock=clock,
-            date=rfc822_formatted_time,
+            date=http_date,
             hosts=self.routed_hosts,
             declined=tuple(sorted(name.encode() for name in NOT_FAST | RULE_FIELDS)),
             per_hit=_HIT_STATUS,
@@ -187,7 +186,7 @@ class HitAnswers:
         ttl = int(entry.lifetime - hit.age)
         per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
         if not dated:
-            per_hit += b"Date: %s\r\n" % rfc822_formatted_time().encode()
+            per_hit += b"Date: %s\r\n" % http_date().encode()
         body = entry.payload
         status = entry.status
         if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):

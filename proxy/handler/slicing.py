@@ -53,14 +53,13 @@ from itertools import islice
 from typing import Literal
 
 from aiohttp import web
-from aiohttp.helpers import rfc822_formatted_time
 
 from proxy.core import slices
 from proxy.core.cache_status import ORIGIN_ERROR, SLICES, forwarded, hit
 from proxy.core.cached import VIA, cached_head, per_answer
 from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
-from proxy.front.writer import Relayed
+from proxy.front.writer import Relayed, http_date
 from proxy.handler.answers import abort, plain
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
@@ -270,7 +269,7 @@ class Slicer:
             cache_status, x_cache = forwarded(fwd, detail=SLICES), "MISS"
         head = cached_head(200, first.fields, status, low, high, length, x_cache=x_cache,
                            via=VIA, hidden=self.router.hidden)  # fmt: skip
-        date = None if head.dated else rfc822_formatted_time()
+        date = None if head.dated else http_date()
         fields = (*head.fields, *per_answer(cache_status, first.age, date))
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
