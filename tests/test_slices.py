@@ -486,15 +486,34 @@ async def test_an_object_of_billions_of_slices_is_answered_without_a_walk_over_t
     assert len(huge.asked) <= 8  # what the client read, and what was in flight as it left
 
 
+class Overlap:
+    """Holds the origin's answers until the proxy has taken in every client's request
+    (``clients``, counted by the engine as each is planned): the test then proves what it
+    claims of concurrent misses, since they were all in flight at once."""
+
+    def __init__(self) -> None:
+        self.service = None
+        self.clients = 0
+
+    async def meet(self) -> None:
+        async def all_in() -> None:
+            while self.service.proxy.engine.counters.requests < self.clients:
+                await asyncio.sleep(0.005)
+
+        await asyncio.wait_for(all_in(), 5)
+
+
 async def test_rfc9111_4_1_a_concurrent_miss_is_never_given_another_variants_slice(
     origin, start_proxy
 ):
     """Requests for one object that select different variants share no slice's fetch: each
     gets the body of its own Accept-Encoding, small (one slice) or large."""
 
+    overlap = Overlap()
+
     async def negotiated(request: web.Request) -> web.Response:
-        await asyncio.sleep(0.05)
         gzip = "gzip" in request.headers.get("Accept-Encoding", "")
+        await overlap.meet()
         length = 1000 if request.path == "/small" else 3 * 64 * KIB
         first_text, _, last_text = request.headers["Range"][6:].partition("-")
         first, last = int(first_text), min(int(last_text), length - 1)
@@ -504,9 +523,11 @@ async def test_rfc9111_4_1_a_concurrent_miss_is_never_given_another_variants_sli
                             headers=fields)  # fmt: skip
 
     origin.responder = negotiated
-    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    service = overlap.service = await start_proxy(cache__slice_size="64KiB",
+                                                  admission__policy="always")  # fmt: skip
     for path, length in (("/small", 1000), ("/large", 3 * 64 * KIB)):
         asks = [{"Accept-Encoding": "gzip" if i % 2 else "identity"} for i in range(6)]
+        overlap.clients += len(asks)
         answers = await asyncio.gather(*(get(service, path, **ask) for ask in asks))
         for ask, (status, _, body) in zip(asks, answers, strict=True):
             version = 2 if ask["Accept-Encoding"] == "gzip" else 1
@@ -519,9 +540,11 @@ async def test_a_slice_that_may_not_be_shared_is_never_given_to_a_concurrent_cli
     """A private answer (here to a request with Authorization) is each client's own: the
     concurrent misses of one object do not share its slices' fetches."""
 
+    overlap = Overlap()
+
     async def personal(request: web.Request) -> web.Response:
-        await asyncio.sleep(0.05)
         user = 2 if request.headers.get("Authorization") == "Bearer two" else 1
+        await overlap.meet()
         first_text, _, last_text = request.headers["Range"][6:].partition("-")
         first, last = int(first_text), min(int(last_text), 3 * 64 * KIB - 1)
         fields = {"Cache-Control": "private", "ETag": '"v1"',
@@ -529,8 +552,10 @@ async def test_a_slice_that_may_not_be_shared_is_never_given_to_a_concurrent_cli
         return web.Response(status=206, body=content(user, first, last), headers=fields)
 
     origin.responder = personal
-    service = await start_proxy(cache__slice_size="64KiB", admission__policy="always")
+    service = overlap.service = await start_proxy(cache__slice_size="64KiB",
+                                                  admission__policy="always")  # fmt: skip
     asks = [{"Authorization": "Bearer two" if i % 2 else "Bearer one"} for i in range(6)]
+    overlap.clients = len(asks)
     answers = await asyncio.gather(*(get(service, "/mine", **ask) for ask in asks))
     for ask, (status, _, body) in zip(asks, answers, strict=True):
         user = 2 if ask["Authorization"] == "Bearer two" else 1
