@@ -503,6 +503,32 @@ class Overlap:
         await asyncio.wait_for(all_in(), 5)
 
 
+async def test_a_slice_whose_fetch_failed_is_fetched_again_by_one_follower_not_by_all(
+    origin, start_proxy
+):
+    """The rule of every flight (``SingleFlight.join``): a failed leader frees the slice, the
+    first follower to wake leads the next fetch, the others follow it."""
+    size = 64 * KIB
+    video = Large(2 * size)
+    overlap = Overlap()
+
+    async def failing_once(request: web.Request) -> web.Response:
+        if not video.asked:  # the first fetch of slice 0 fails, once every client is in
+            video.asked.append(request.headers.get("Range"))
+            await overlap.meet()
+            return web.Response(status=503)
+        return await video.respond(request)
+
+    origin.responder = failing_once
+    service = overlap.service = await start_proxy(cache__slice_size="64KiB")
+    overlap.clients = 5
+    answers = await asyncio.gather(*(get(service, "/video") for _ in range(5)))
+    statuses = sorted(status for status, _, _ in answers)
+    assert statuses.count(200) >= 4, statuses  # the leader's own client got the 503's answer
+    # Slice 0: the failed fetch and one more; slice 1: once. Not five fetches of slice 0.
+    assert sorted(video.asked) == sorted([ranges_of(0, size)] * 2 + [ranges_of(1, size)])
+
+
 async def test_rfc9111_4_1_a_concurrent_miss_is_never_given_another_variants_slice(
     origin, start_proxy
 ):

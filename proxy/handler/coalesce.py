@@ -43,6 +43,21 @@ class SingleFlight(Generic[T]):
         self.wait_limit = wait_limit
         self._flights: dict[Hashable, Flight[T]] = {}
 
+    async def join(self, key: Hashable) -> tuple[Flight[T] | None, T | None]:
+        r"""Take ``key``'s turn, by the one rule every flight follows: lead a new flight when
+        none is under way (``(flight, None)``: the caller fetches and ``end``\ s it), else
+        follow it for up to ``wait_limit`` seconds and get its result (``(None, result)``).
+        A leader that failed frees the key: the first follower to wake leads the next try,
+        the others follow it. ``(None, None)``: the wait passed; the caller goes alone."""
+        deadline = asyncio.get_running_loop().time() + self.wait_limit
+        while True:
+            flight = self.lead(key)
+            if flight is not None:
+                return flight, None
+            result = await self.follow(key, deadline)
+            if result is not None or asyncio.get_running_loop().time() >= deadline:
+                return None, result
+
     def lead(self, key: Hashable) -> Flight[T] | None:
         """A new flight for ``key`` if none is under way (the caller leads it and must ``end`` it),
         else None (the caller follows with ``follow``)."""

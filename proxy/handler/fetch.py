@@ -16,7 +16,6 @@ arrive and stored when they end whole.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -97,20 +96,14 @@ class Fetcher:
     async def collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
-        """Lead the URL's flight, or follow it and answer from what its leader fetched."""
-        deadline: float | None = None  # set when first following (few requests do)
-        while True:
-            flight = self.flights.lead(meta.key)
-            if flight is not None:
-                return await self.led_fetch(request, meta, url, action, flight)
-            if deadline is None:
-                deadline = asyncio.get_running_loop().time() + self.flights.wait_limit
-            shared = await self.flights.follow(meta.key, deadline)
-            if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
-                return await self._collapsed(meta, shared)
-            if shared is not None or asyncio.get_running_loop().time() >= deadline:
-                return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
-            # The leader failed: the key is free, and the first follower awake leads next.
+        """Lead the URL's flight, or follow it and answer from what its leader fetched
+        (``SingleFlight.join``)."""
+        flight, shared = await self.flights.join(meta.key)
+        if flight is not None:
+            return await self.led_fetch(request, meta, url, action, flight)
+        if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
+            return await self._collapsed(meta, shared)
+        return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
 
     async def led_fetch(
         self,

@@ -61,6 +61,7 @@ from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
 from proxy.front.writer import Relayed, http_date
 from proxy.handler.answers import abort, plain
+from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand
@@ -183,9 +184,8 @@ class Slicer:
         if first is not None:
             return await self._stitch(request, meta, url, n, first, 0)
         key = slices.slice_key(meta.key, n)
-        flight = self.flights.lead(key)
+        flight, shared = await self._join(meta, key)
         if flight is None:
-            shared = await self._follow(meta, key)
             first = None if shared is None else self._shared(shared, n, None)
             if first is not None:
                 assert shared is not None
@@ -388,15 +388,13 @@ class Slicer:
         fetch of it brings it), kept when admitted; "failed" when the origin failed,
         "changed" when it answered with anything but that slice of that object."""
         key = slices.slice_key(meta.key, n)
-        flight = self.flights.lead(key)
-        if flight is None:
-            shared = await self._follow(meta, key)
-            if shared is not None:
-                part = self._shared(shared, n, like)
-                if part is None:
-                    return "changed"
-                await self._settle(meta, n, part, shared.meta, led=False)
-                return part
+        flight, shared = await self._join(meta, key)
+        if flight is None and shared is not None:
+            part = self._shared(shared, n, like)
+            if part is None:
+                return "changed"
+            await self._settle(meta, n, part, shared.meta, led=False)
+            return part
         result = None
         try:
             try:
@@ -422,16 +420,17 @@ class Slicer:
             if flight is not None:
                 self.flights.end(key, flight, result)
 
-    async def _follow(self, meta: RequestMeta, key: str) -> Shared | None:
-        """What the fetch of slice ``key`` under way for another request brings, when it is
-        the variant ``meta`` selects; None when none is under way, it failed, the wait
-        passed, or it is another variant (then this request fetches it)."""
-        flights = self.flights
-        deadline = asyncio.get_running_loop().time() + flights.wait_limit
-        shared = await flights.follow(key, deadline)
+    async def _join(
+        self, meta: RequestMeta, key: str
+    ) -> tuple[Flight[Shared] | None, Shared | None]:
+        """The turn of slice ``key`` (``SingleFlight.join``): a flight this request leads, or
+        what another request's fetch brought when it is the variant ``meta`` selects; (None,
+        None) when the wait passed, or it is another variant or may not be shared (then this
+        request fetches it alone)."""
+        flight, shared = await self.flights.join(key)
         if shared is None or shared is GO_DIRECT or not same_variant(shared, meta):
-            return None
-        return shared
+            return flight, None
+        return None, shared
 
     def _sharable(self, rmeta: ResponseMeta, body: bytes, meta: RequestMeta) -> Shared:
         """What the requests following a slice's fetch get of it: the slice, unless the
