@@ -82,12 +82,12 @@ def _layer(module: str) -> tuple[str, int]:
     return part, LAYERS[part]
 
 
-def test_the_proxy_imports_down_its_layers_only():
-    """core <- config <- front, origin, disk, fleet (side by side, none importing another) <-
-    handler <- ops: each layer can be read and tested over those below it."""
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that go up the proxy's layers, or across its side-by-side
+    ones."""
     wrong = []
-    for module, deps in _graph().items():
-        if not module.startswith("proxy.") or module.count(".") < 1:
+    for module, deps in graph.items():
+        if not module.startswith("proxy."):
             continue
         part, level = _layer(module)
         for dep in deps:
@@ -96,7 +96,23 @@ def test_the_proxy_imports_down_its_layers_only():
             dep_part, dep_level = _layer(dep)
             if dep_level > level or (dep_level == level == 2 and dep_part != part):
                 wrong.append(f"{module} -> {dep}")
-    assert not wrong, wrong
+    return wrong
+
+
+def test_the_proxy_imports_down_its_layers_only():
+    """core <- config <- front, origin, disk, fleet (side by side, none importing another) <-
+    handler <- ops: each layer can be read and tested over those below it."""
+    assert not _layer_violations(_graph())
+
+
+def test_a_planted_back_edge_is_caught():
+    graph = _graph()
+    for planted in (("proxy.core.store", "proxy.config.settings"),
+                    ("proxy.disk.store", "proxy.fleet.shared"),
+                    ("proxy.handler.server", "proxy.ops.admin")):  # fmt: skip
+        graph[planted[0]] = graph[planted[0]] | {planted[1]}
+        assert _layer_violations(graph) == [" -> ".join(planted)]
+        graph[planted[0]] = graph[planted[0]] - {planted[1]}
 
 
 def test_every_module_of_the_proxy_is_in_a_layer():
