@@ -12,7 +12,7 @@ import time
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin, answers_on_every_way, base, raw
+from conftest import Clock, admin, answers_on_every_way, base, raw
 from multidict import CIMultiDict
 
 
@@ -26,11 +26,12 @@ async def fetch(
 async def test_first_request_is_a_first_sighting_second_stored_third_hit_with_age(
     origin, start_proxy, client
 ):
-    proxy = await start_proxy()
+    clock = Clock()
+    proxy = await start_proxy(clock=clock)
     url = base(proxy) + "/a"
     s1, h1, b1 = await fetch(client, url)
     s2, h2, _ = await fetch(client, url)
-    await asyncio.sleep(1.05)
+    clock.now += 1.05
     s3, h3, b3 = await fetch(client, url)
     assert (s1, s2, s3) == (200, 200, 200) and b1 == b3 == b"hello from the origin"
     assert h1["Cache-Status"] == "onehit; fwd=uri-miss; detail=first-sighting"
@@ -641,19 +642,16 @@ async def test_reset_mid_stream_closes_the_client_connection(origin, start_proxy
 async def test_rfc5861_stale_while_revalidate_answers_at_once_and_refreshes_behind(
     origin, start_proxy, client
 ):
-    # max-age=2: Date has one-second resolution, so a response can arrive up to 1 s old
-    # (RFC 9111 4.2.3 apparent age); the refreshed copy must still be fresh when asked again.
     origin.set("/swr", headers={"Cache-Control": "max-age=2, stale-while-revalidate=30"})
-    proxy = await start_proxy(admission__policy="always")
+    clock = Clock()
+    proxy = await start_proxy(admission__policy="always", clock=clock)
     url = base(proxy) + "/swr"
     await fetch(client, url)
-    await asyncio.sleep(2.05)
+    clock.now += 2.05
     _, stale, _ = await fetch(client, url)
     assert stale["X-Cache"] == "STALE" and stale["X-Origin-Count"] == "1"
-    for _ in range(250):  # the background refresh lands (within 5 s, usually at once)
-        if origin.hits["/swr"] == 2:
-            break
-        await asyncio.sleep(0.02)
+    await asyncio.gather(*proxy.proxy.revalidation.background)  # the refresh lands
+    assert origin.hits["/swr"] == 2
     _, fresh, _ = await fetch(client, url)
     assert fresh["X-Cache"] == "HIT" and fresh["X-Origin-Count"] == "2"
     assert proxy.proxy.engine.stats()["stale_served"] == 1
