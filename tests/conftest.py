@@ -331,3 +331,25 @@ async def fetch_as_client(
         session.get(url, headers={"Host": "example.test", **headers}) as r,
     ):
         return r.status, dict(r.headers), await r.read()
+
+
+# Fixtures that start a server: a test using one is live.
+LIVE_FIXTURES = {"origin", "start_proxy", "client", "raw_origin", "redis_server"}
+# What a test module does that makes its tests live: servers, sockets, processes.
+LIVE_SOURCE = ("aiohttp", "asyncio.start_server", "socket", "subprocess", "os.fork")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test ``live`` (it starts servers or processes on 127.0.0.1) or ``unit``, and
+    ``redis`` where it needs redis-server: ``pytest -m unit`` runs the rules alone."""
+    live_modules: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in live_modules:
+            source = item.path.read_text()
+            live_modules[path] = any(word in source for word in LIVE_SOURCE)
+        names = set(getattr(item, "fixturenames", ()))
+        if "redis_server" in names or "redis_cluster" in names:
+            item.add_marker(pytest.mark.redis)
+        live = bool(names & LIVE_FIXTURES) or live_modules[path]
+        item.add_marker(pytest.mark.live if live else pytest.mark.unit)

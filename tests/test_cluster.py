@@ -81,6 +81,7 @@ def test_no_scheduler_at_the_address_is_a_clear_error(trace_path):
                       entry_overhead=64, connect_timeout=1.0)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, tmp_path):
     (tmp_path / "e.toml").write_text(
         'title = "t"\nmode = "simulate"\ncache_sizes = ["1%", "10%"]\n'

@@ -94,6 +94,7 @@ async def test_the_disk_counters_are_on_the_metrics_page(origin, start_proxy, tm
     assert "onehit_disk_bytes_written_total 0.0" in text and "onehit_disk_objects 0.0" in text
 
 
+@pytest.mark.perf
 async def test_the_device_writes_are_counted_as_the_kernel_sees_them(origin, start_proxy, tmp_path):
     origin.set("/big", body=b"w" * 200_000)
     service = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)

@@ -72,6 +72,7 @@ def test_bad_experiment_files_name_the_key(tmp_path, text, message):
     assert message in str(info.value) and str(path) in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_small_matrix_runs_live_and_simulated_into_one_report(tmp_path):
     path = tmp_path / "small.toml"
     path.write_text(
@@ -123,6 +124,8 @@ def test_workload_can_replay_a_recorded_trace(tmp_path):
     assert cell["stats"]["hits"] == 2
 
 
+@pytest.mark.slow
+@pytest.mark.redis
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server")
 def test_a_fleet_with_a_shared_filter_admits_what_local_filters_miss(tmp_path):
     path = tmp_path / "fleet.toml"
@@ -173,6 +176,7 @@ async def test_a_live_cell_proxy_that_cannot_start_is_reported_with_what_it_said
                 pass
 
 
+@pytest.mark.slow
 def test_live_cells_with_a_disk_tier_show_what_each_disk_was_written_and_spared(tmp_path):
     path = tmp_path / "disk.toml"
     path.write_text(

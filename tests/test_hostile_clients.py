@@ -333,6 +333,7 @@ async def test_rfc9111_4_1_a_latin1_value_under_vary_gets_its_variant_and_breaks
 # Memory is bounded by configuration
 
 
+@pytest.mark.slow
 def test_long_keys_and_many_variants_stay_within_the_cache_size():
     settings = {"upstream.origin": "http://127.0.0.1:1", "cache.size": "4MiB",
                 "cache.max_object_size": "1MiB", "admission.policy": "always"}  # fmt: skip

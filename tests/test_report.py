@@ -73,6 +73,7 @@ def test_headline_and_space_saved_from_the_size_curves(results):
     assert live[8] == "n/a" and live[9] == "3.00"
 
 
+@pytest.mark.slow
 def test_report_command_rerenders_from_results_json_alone(tmp_path, results):
     (tmp_path / "results.json").write_text(json.dumps(results))
     out = subprocess.run(

@@ -208,6 +208,8 @@ def collector_as_served() -> Iterator[None]:
     gc.set_threshold(*threshold)
 
 
+@pytest.mark.slow
+@pytest.mark.perf
 async def test_16_clients_of_6000_first_sightings_fall_back_for_under_5_percent(
     redis_server, origin, start_proxy, client, collector_as_served
 ):
@@ -283,6 +285,7 @@ async def test_redis_slower_than_the_budget_falls_back_then_returns(
     await pauser.aclose()
 
 
+@pytest.mark.slow
 async def test_a_cluster_failover_keeps_every_request_served_and_the_filter_returns(
     origin, start_proxy, client
 ):

@@ -401,4 +401,4 @@ TwoTiers.TestCase.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-test_a_proxy_with_a_disk_never_serves_what_the_rules_forbid = TwoTiers.TestCase
+test_a_proxy_with_a_disk_never_serves_what_the_rules_forbid = pytest.mark.slow(TwoTiers.TestCase)
