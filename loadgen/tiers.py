@@ -14,7 +14,7 @@ The rules, which the live disk tier will keep:
   as a record of ``DiskSpec.record_length`` bytes (given the live encoder's, as the parity
   test gives it, regions end where the live proxy's end; else its key, its body and
   ``meta_bytes`` of status, fields and times), at the end of the open region (``Regions``).
-* Responses never expire here: the disk index keeps no times yet, so a ``ttl`` is refused.
+* With a ``ttl`` responses expire, in memory and on disk alike (see ``simulate_tiers``).
 
 Each request runs through the engine's Python rules, not the compiled loop ``simulate``
 uses: a few hundred thousand requests a second, where one tier runs at millions.
@@ -33,7 +33,7 @@ from loadgen.simulate import SimResult, build_engine, policy_label
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
-from proxy.core.events import Hit, RequestMeta, ResponseMeta
+from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.units import format_size
@@ -83,10 +83,15 @@ def simulate_tiers(
     """Replay ``trace`` through a fresh memory tier of ``memory_bytes`` and the disk tier
     ``disk`` describes. The stats are the engine's, counted as the live proxy counts them
     (``hits`` of either tier, ``hits_from_memory`` and ``hits_from_disk`` among them), and
-    the disk tier's own (``disk_*``: its lookups, writes and evictions)."""
-    if not math.isinf(ttl):
-        raise ValueError("a disk tier keeps no times yet: simulate it without a ttl")
+    the disk tier's own (``disk_*``: its lookups, writes and evictions).
+
+    With a finite ``ttl`` every response lives that long, memory's copy and the disk's record
+    alike (each from when it was written), and has no validator, as the live proxy meets it:
+    a stale entry in memory is fetched again (the disk is not asked), a stale record on disk
+    answers nothing and the response is fetched again, and what is fetched replaces both."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
+    stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
+    written: dict[str, float] = {}  # key -> when its record was written
     tier = disk.tier()
     engine.behind = (tier,)
     keys = trace.key_strings()
@@ -103,14 +108,18 @@ def simulate_tiers(
     for name, size, now in zip(keys, sizes, times, strict=True):
         key = key_prefix + name
         request = RequestMeta(key)
-        if type(lookup(request, now)) is Hit:
+        found = lookup(request, now)
+        if type(found) is Hit:
             continue
-        if find(key) is not None:
-            hit_behind(tier, key, entry_type(key, size, now, math.inf, 0.0, (), {}, None), now)
-            continue
-        missed_behind(tier)
-        on_response(request, _STORED, size, now)
-        offer(key, size, record_length(key, size), now)
+        if type(found) is not Stale:  # memory holds nothing: the disk is asked
+            if find(key) is not None and now - written[key] < ttl:
+                record = entry_type(key, size, written[key], ttl, 0.0, (), {}, None)
+                hit_behind(tier, key, record, now)
+                continue
+            missed_behind(tier)
+        on_response(request, stored, size, now)
+        if offer(key, size, record_length(key, size), now) is not None:
+            written[key] = now
     elapsed = time.perf_counter() - started
     stats = engine.stats()
     c = tier.counters

@@ -164,3 +164,47 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
     assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
     assert disk["hits"] > 0 and live["evictions"] > 0 and disk["evicted_objects"] > 0
     assert disk["evicted_objects"] == sim["disk_evicted_objects"]
+
+
+@pytest.mark.parametrize("admission", ["always", "second-hit"])
+async def test_live_and_simulated_two_tiers_agree_with_ttls(
+    origin, start_proxy, client, tmp_path, admission
+):
+    """Responses that expire, in memory and on disk: what the live proxy does with a stale
+    copy in either tier (fetched again, both tiers replaced) is what ``simulate_tiers``
+    counts, with the disk evicting regions as it goes."""
+    ttl = 2.0
+    sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
+    spec = WorkloadSpec(objects=200, requests=1500, one_hit_share=0.3, sizes=sizes, rate=60.0,
+                        seed=7)  # fmt: skip
+    trace = generate(spec)  # 25 s of requests: each object outlives its ttl many times
+    serve_trace(origin, trace, max_age=ttl)
+    now = [0.0]
+    capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
+    proxy = await start_proxy(
+        clock=lambda: now[0],
+        cache__size=str(capacity),
+        cache__max_object_size=str(capacity),
+        admission__policy=admission,
+        disk__path=str(tmp_path),
+        disk__size="256KiB",
+        disk__region_size="64KiB",
+        disk__policy="second-hit",
+    )
+    record_length = await live_record_length(proxy)
+    prefix = await replay(client, proxy, trace, clock=now)
+    live, disk = proxy.proxy.engine.stats(), proxy.proxy.disk.stats()
+    section = proxy.config.disk
+    spec = DiskSpec(section.size, section.region_size,
+                    AdmissionConfig(policy=section.policy, window=section.window),
+                    record_length=record_length)  # fmt: skip
+    sim = simulate_tiers(
+        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix, ttl=ttl
+    ).stats
+    assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
+    assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
+    assert disk["hits"] > 0 and disk["dropped"] > 0  # records answered, and replaced once stale
+    forever = simulate_tiers(
+        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix
+    ).stats
+    assert live["hits"] < forever["hits"], "responses expired, and cost hits"

@@ -73,8 +73,6 @@ def test_a_full_disk_evicts_whole_regions_and_its_index_stays_small(trace):
     assert s["disk_index_bytes"] <= 64 * max(s["disk_objects"], 1024)
 
 
-def test_a_ttl_or_a_disk_of_fewer_than_two_regions_is_refused(trace):
-    with pytest.raises(ValueError, match="without a ttl"):
-        simulate_tiers(trace, 1 << 20, ALWAYS, DiskSpec(32 << 20), ttl=60.0)
+def test_a_disk_of_fewer_than_two_regions_is_refused():
     with pytest.raises(ValueError, match="fewer than 2 regions"):
         DiskSpec(16 << 20)

@@ -416,28 +416,39 @@ class CacheEngine(ResponseDecisions):
         vary: tuple[str, ...] = (),
     ) -> Action | None:
         """What is done with ``entry``, which ``tier`` behind the store holds for ``request``
-        and which does not answer it fresh (``answers_from``): kept in the store (``promote``),
-        it is a stored response like any other (RFC 9111 section 4: served stale where the
-        rules allow, else revalidated), counted as the tier's (``stale_from_disk``,
-        ``revalidated_from_disk``). None when the store cannot keep it, or it answers no one
-        (private to another user): then the request is fetched as a miss."""
+        and which does not answer it fresh (``answers_from``), when it is of use: served stale
+        where the rules allow, revalidated with its validators, or kept to answer if the
+        origin fails (RFC 9111 section 4, 5861). It is then kept in the store (``promote``),
+        a stored response like any other, and counted as the tier's (``stale_from_disk``,
+        ``revalidated_from_disk``). None, and the request is fetched as a miss (the tier
+        answered nothing), when it is of no use so (no validator, no stale answer allowed),
+        the store cannot keep it, or it answers no one (private to another user)."""
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
-            return None
-        self.promote(entry, vary)
-        if self.store.peek(entry.key) is not entry:
             return None
         age = entry.age(now)
         req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
         stale = Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req,
                                                           entry.directives))  # fmt: skip
-        action = self._on_stale(request, stale, rfc9111.only_if_cached(request.headers))
+        offline = rfc9111.only_if_cached(request.headers)
+        if not stale.serve_stale:
+            if offline:  # a 504, as for a stale response in memory: nothing to keep
+                tier.answered(False)
+                return self._on_stale(request, stale, offline)
+            if request.method == "HEAD" or not (
+                any(True for _ in rfc9111.conditional_headers(entry.headers))
+                or self._may_serve_on_error(stale, request)
+            ):
+                return None
+        self.promote(entry, vary)
+        if self.store.peek(entry.key) is not entry:
+            return None
+        action = self._on_stale(request, stale, offline)
         # The tier answered when its record did, stale; a revalidation is the origin's answer.
         tier.answered(type(action) is FromCache)
         c = self.counters
         if type(action) is FromCache:
             c.stale_from_disk += 1
-        elif type(action) is Revalidate and (action.conditions or action.stale_if_error):
-            # Its validators went to the origin, or it answers if the origin fails.
+        elif type(action) is Revalidate:
             c.revalidated_from_disk += 1
         return action
 
