@@ -86,3 +86,30 @@ async def test_rfc9111_4_3_4_a_304_freshens_the_disk_record_for_the_next_restart
     status, headers, body = await get(again, "/x")
     assert (status, body) == (200, b"stored")
     assert "detail=disk" in headers["Cache-Status"] and "hit" in headers["Cache-Status"]
+
+
+@pytest.mark.parametrize("memory", ["64KiB", "8MiB"])
+async def test_whatever_memory_evicted_every_stale_response_is_revalidated_alike(
+    origin, start_proxy, tmp_path, memory
+):
+    """Eight responses of 20 KiB: a memory tier of 64 KiB evicts most of them to the disk,
+    one of 8 MiB holds them all. Stale, each is revalidated with its validator and answered
+    from what was stored, whichever tier held it."""
+    clock = Clock()
+    fields = {"Cache-Control": "max-age=10", "ETag": '"v1"'}
+    for i in range(8):
+        origin.set(f"/o{i}", body=bytes([65 + i]) * 20_000, headers=fields,
+                   not_modified_etag='"v1"')  # fmt: skip
+    settings = {**DISK, "cache__size": memory, "cache__max_object_size": "32KiB"}
+    proxy = await start_proxy(clock=clock, disk__path=str(tmp_path), **settings)
+    for i in range(8):
+        assert (await get(proxy, f"/o{i}"))[0] == 200
+    clock.now += 20
+    for i in range(8):
+        origin.set(f"/o{i}", body=b"new", headers=fields, not_modified_etag='"v1"')
+        status, headers, body = await get(proxy, f"/o{i}")
+        assert (status, body) == (200, bytes([65 + i]) * 20_000), (i, headers["Cache-Status"])
+        assert origin.seen_headers[f"/o{i}"].get("If-None-Match") == '"v1"'
+    counters = proxy.proxy.engine.counters
+    assert counters.revalidated == 8
+    assert (counters.revalidated_from_disk > 0) is (memory == "64KiB")
