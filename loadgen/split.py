@@ -8,9 +8,10 @@ Rules this module keeps:
 * Each worker has its own store, of the cache size divided by N (``memory="divided"``, one
   machine's RAM) or of the whole size each (``memory="each"``, N times the RAM).
 * ``window="private"``: each worker has its own admission policy, as ``--workers`` had before
-  the workers shared a window. ``window="shared"``: second hit's window is one for all, in
-  the order the requests arrive (as ``proxy.ops.machine`` shares it live); a policy without a
-  window (or one whose state is its store's, like tinylfu) stays per worker either way.
+  the workers shared a window. ``window="shared"``: second hit's window is the live one, in
+  memory all the workers' policies map (``make_policy(shared=...)``, as ``proxy.ops.machine``
+  shares it), recorded in the order the requests arrive; a policy without a window (or one
+  whose state is its store's, like tinylfu) stays per worker either way.
 * The loop is the compiled one of ``loadgen.simulate``, driven over each run of consecutive
   requests that go to one worker; the counters are the workers' summed.
 """
@@ -18,22 +19,18 @@ Rules this module keeps:
 from __future__ import annotations
 
 import math
+import mmap
 import time
 
 import numpy as np
 
-from loadgen.simulate import (
-    SimResult,
-    build_engine,
-    compiled_admission,
-    key_arrays,
-    policy_label,
-)
+from loadgen.simulate import SimResult, compiled_admission, key_arrays, policy_label
 from loadgen.trace import Trace
 from proxy.core._native import simulate_chunk
-from proxy.core.admission import AdmissionConfig, parse_policy
+from proxy.core.admission import AdmissionConfig, make_policy, shared_window_size
+from proxy.core.engine import CacheEngine
 from proxy.core.stats import combine
-from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 
 WINDOWS = ("private", "shared")
 MEMORIES = ("divided", "each")
@@ -56,13 +53,13 @@ def simulate_split(
     if window not in WINDOWS or memory not in MEMORIES:
         raise ValueError(f"window is one of {WINDOWS} and memory one of {MEMORIES}")
     each = cache_bytes // workers if memory == "divided" else cache_bytes
-    engines = [
-        build_engine(each, admission, max_object_bytes, entry_overhead, eviction)
-        for _ in range(workers)
-    ]
+    size = shared_window_size(admission) if window == "shared" else 0
+    machine = mmap.mmap(-1, size) if size else None
+    engines = []
+    for _ in range(workers):
+        store = CacheStore(each, max_object_bytes, entry_overhead, eviction)
+        engines.append(CacheEngine(store, make_policy(admission, store, shared=machine)))
     cores = [compiled_admission(e.admission) for e in engines]
-    if window == "shared" and parse_policy(admission.policy)[0] == "second-hit":
-        cores = [cores[0]] * workers
     route = np.random.default_rng(seed).integers(0, workers, len(trace))
     keys = key_arrays(trace, "")
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
@@ -92,7 +89,7 @@ def split_table(
 ) -> str:
     """One cache against ``workers`` caches (private and shared windows, memory divided and
     each): hit ratio and bytes written, the latter as a share of one cache's."""
-    rows = [("one cache", simulate_split(trace, cache_bytes, admission, 1))]
+    rows = [("one cache", simulate_split(trace, cache_bytes, admission, 1, window="private"))]
     for memory in MEMORIES:
         for window in WINDOWS:
             result = simulate_split(

@@ -99,6 +99,7 @@ def simulate_tiers(
     times = trace.times.tolist()
     lookup, on_response = engine.lookup, engine.on_response
     hit_behind, missed_behind = engine.hit_behind, engine.missed_behind
+    answers_from = engine.answers_from
     entry_type = engine.entry_type
     find, offer = tier.find, tier.offer
     record_length = disk.record_length or (
@@ -112,10 +113,11 @@ def simulate_tiers(
         if type(found) is Hit:
             continue
         if type(found) is not Stale:  # memory holds nothing: the disk is asked
-            if find(key) is not None and now - written[key] < ttl:
+            if find(key) is not None:
                 record = entry_type(key, size, written[key], ttl, 0.0, (), {}, None)
-                hit_behind(tier, key, record, now)
-                continue
+                if answers_from(request, record, now) is not None:  # fresh, as the proxy rules
+                    hit_behind(tier, key, record, now)
+                    continue
             missed_behind(tier)
         on_response(request, stored, size, now)
         if offer(key, size, record_length(key, size), now) is not None:

@@ -115,10 +115,36 @@ def test_with_a_sizer_each_rotation_sets_the_share_for_every_process_within_the_
     asked = [50]
     a = WindowedBloomFilter(1000, 0.01, 60.0, 2, sizer=lambda: asked[0], shared=memory)
     b = WindowedBloomFilter(1000, 0.01, 60.0, 2, shared=memory)
-    assert a.generation_share == 1000  # laid out for the capacity, until a rotation asks
+    assert a.generation_share == b.generation_share == 50  # as a window of its own starts
+    asked[0] = 70
     a.seen_before("x", 1.0)
     a.seen_before("x", 62.0)  # a span later: rotated, and the sizer asked
-    assert a.generation_share == b.generation_share == 50
+    assert a.generation_share == b.generation_share == 70
     asked[0] = 10**9
     a.seen_before("x", 123.0)
     assert b.generation_share == 1000  # never past the bits laid out
+
+
+def test_processes_rotating_at_once_never_lose_a_key_recorded_inside_the_window():
+    """Three processes record keys as fast as they can, rotating the window every 200 new
+    keys between them, and each tests every key right after recording it: it is found unless
+    seven rotations (with 8 generations, what a key outlives) came between the two calls. A
+    key not found otherwise is one a rotation cleared while its generation was in use."""
+    g, share = 8, 200
+    memory = shared(capacity=share * (g - 1), g=g)
+    children = []
+    for n in range(3):
+        pid = os.fork()
+        if pid == 0:
+            window = WindowedBloomFilter(share * (g - 1), 0.01, 3600.0, g, shared=memory)
+            lost = 0
+            for i in range(20_000):
+                key, before = f"{n}-{i}", window.rotations
+                if not (window.seen_before(key, 1.0) or window.contains(key, 1.0)):
+                    lost += window.rotations - before < g - 1
+            os._exit(min(lost, 255))
+        children.append(pid)
+    lost = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children]
+    window = WindowedBloomFilter(share * (g - 1), 0.01, 3600.0, g, shared=memory)
+    assert window.rotations > 100  # they did rotate it, concurrently, many times
+    assert lost == [0, 0, 0]

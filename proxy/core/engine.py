@@ -171,12 +171,11 @@ class CacheEngine(ResponseDecisions):
             c.misses += 1
             return PRIVATE_MISS
         age = entry.age(now)
-        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+        req = _directives(request)
         if _fresh(entry, age, req):
             return self._count_hit(request.key, Hit(entry, age), now)
         c.misses += 1
-        serve = rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives)
-        return Stale(entry, age, serve)
+        return _stale(entry, age, req)
 
     def fresh(self, request: RequestMeta, now: float) -> Hit | None:
         """The stored response that answers ``request`` as a hit, or None; nothing is counted
@@ -216,8 +215,7 @@ class CacheEngine(ResponseDecisions):
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
         age = entry.age(now)
-        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
-        return Hit(entry, age) if _fresh(entry, age, req) else None
+        return Hit(entry, age) if _fresh(entry, age, _directives(request)) else None
 
     def hit_behind(
         self,
@@ -426,9 +424,7 @@ class CacheEngine(ResponseDecisions):
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
         age = entry.age(now)
-        req = rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
-        stale = Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req,
-                                                          entry.directives))  # fmt: skip
+        stale = _stale(entry, age, _directives(request))
         offline = rfc9111.only_if_cached(request.headers)
         if not stale.serve_stale:
             if offline:  # a 504, as for a stale response in memory: nothing to keep
@@ -535,6 +531,17 @@ class CacheEngine(ResponseDecisions):
             entry.directives,
             origin_failed=True,
         )
+
+
+def _directives(request: RequestMeta) -> rfc9111.Directives:
+    """The cache directives of ``request``."""
+    return rfc9111.request_directives(request.headers) if request.headers else _NO_DIRECTIVES
+
+
+def _stale(entry: Entry, age: float, req: rfc9111.Directives) -> Stale:
+    """``entry``, not fresh at ``age`` for a request of directives ``req``, and whether it may
+    be served stale (RFC 9111 section 4.2.4, RFC 5861): for the store's and a tier's alike."""
+    return Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives))
 
 
 def _none_of(headers: rfc9111.Headers, names: frozenset[str]) -> bool:

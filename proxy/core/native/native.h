@@ -113,10 +113,12 @@ typedef struct {
     int64_t limit;     /* first sightings after which the newest generation rotates (<= share) */
     double window;
     uint64_t origin;   /* the rotation grid's start (a double's bits; 0: not set yet) */
-    uint64_t epoch;    /* rotations so far: the newest generation is slot epoch % g */
+    uint64_t epoch;    /* rotations so far: the newest generation is slot epoch % (g + 1) */
+    uint64_t ready;    /* the last epoch whose spare slot is known cleared */
+    int64_t clearer;   /* the pid of the process clearing a spare (0: none) */
     int64_t period;    /* the grid period of the last timed rotation */
     uint64_t rotations, forced;
-    int64_t counts[SHARED_MAX_G];
+    int64_t counts[SHARED_MAX_G + 1];
 } SharedHead;
 
 typedef struct {

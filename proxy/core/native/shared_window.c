@@ -3,24 +3,31 @@
  *
  * Rules this file keeps (proxy/core/window.py says what they give a caller):
  *
- * - Layout: a SharedHead padded to HEAD_BYTES, then g generations of slot_bytes each (a
- *   generation's bits rounded up to 64 bytes). The newest generation is slot epoch % g, the
- *   i-th newest slot (epoch - i) % g.
+ * - Layout: a SharedHead padded to HEAD_BYTES, then g + 1 slots of slot_bytes each (a
+ *   generation's bits rounded up to 64 bytes): the g generations, newest in slot epoch %
+ *   (g + 1) and the i-th newest in (epoch - i) % (g + 1), and a spare, (epoch + 1) % (g + 1),
+ *   cleared, which the next rotation makes the newest.
  * - No locks: a bit is set with an atomic OR, a count with an atomic add, and a rotation is
- *   claimed with a compare-and-swap, so a process killed at any instant blocks nobody.
- * - A rotation clears the slot that becomes the newest (the oldest, whose keys the window no
- *   longer promises), then publishes it by moving epoch on with a compare-and-swap: of two
- *   processes rotating at once, one wins and the other tries again from the new epoch.
- *   A process killed mid-rotation leaves the oldest generation partly cleared (keys past the
- *   window forgotten sooner) or a rotation not made (remembered one span longer): never a
- *   key lost inside the window because of it, never a stall.
+ *   one compare-and-swap of epoch, so a process killed at any instant blocks nobody.
+ * - A rotation publishes the spare as the newest generation (the compare-and-swap: of two
+ *   processes rotating from one epoch, one wins and the other does nothing), and only then
+ *   clears the generation it retired, the new spare, which no process reads or writes any
+ *   longer, and marks it ready. One process clears at a time (its pid in `clearer`); a spare
+ *   not ready is never published: the next process to rotate clears it first when its
+ *   clearer died, and otherwise rotates later. So a slot in use is never cleared, and no key
+ *   recorded inside the window is lost to a rotation.
  * - Timed rotations fall on a grid: period k starts at origin + k * span, origin being the
- *   first time any process asked. The process that moves `period` on (a compare-and-swap) makes
- *   the rotations due, at most g. A forced rotation (the newest generation reached its share)
- *   does not move the grid.
- * - Races cost only what a Bloom filter's answer may already be: a key recorded during a
- *   rotation may be reported seen once too early or need one sighting more. */
+ *   first time any process asked (unset: NaN). The process that moves `period` on (a
+ *   compare-and-swap) makes the rotations due, at most g. A forced rotation (the newest
+ *   generation reached its share) does not move the grid.
+ * - A process that read epoch before a rotation may test the generation being retired (its
+ *   keys are past the window) or record into the one that became second newest: a key is
+ *   then reported unseen once too often at most. */
 #include "native.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <unistd.h>
 
 #define SHARED_MAGIC 0x31574853544948ULL /* "HITSHW1" */
 #define HEAD_BYTES 4096
@@ -40,7 +47,7 @@ static inline double double_of(uint64_t u) {
 static int64_t slot_bytes_for(int64_t size_bits) { return ((size_bits + 511) / 512) * 64; }
 
 int64_t shared_window_bytes(int64_t size_bits, int g) {
-    return HEAD_BYTES + (int64_t)g * slot_bytes_for(size_bits);
+    return HEAD_BYTES + (int64_t)(g + 1) * slot_bytes_for(size_bits);
 }
 
 static inline uint8_t *slot_bits(const SharedWindow *s, int64_t slot) {
@@ -48,7 +55,8 @@ static inline uint8_t *slot_bits(const SharedWindow *s, int64_t slot) {
 }
 
 static inline int64_t gen_slot(const SharedHead *h, uint64_t epoch, int i) {
-    return (int64_t)((epoch + (uint64_t)h->g * 64 - (uint64_t)i) % (uint64_t)h->g);
+    const uint64_t slots = (uint64_t)h->g + 1;
+    return (int64_t)((epoch + slots * 64 - (uint64_t)i) % slots);
 }
 
 int shared_attach(WindowObject *w, PyObject *buffer, long long share) {
@@ -85,7 +93,18 @@ int shared_attach(WindowObject *w, PyObject *buffer, long long share) {
         h->num_hashes = model->num_hashes;
         h->share = share;
         h->limit = share;
+        long long first;
+        if (w->sizer != NULL) {  /* the first generation's share, as a window of its own has */
+            if (window_sizer_share(w, &first) < 0) {
+                __atomic_store_n(&h->magic, 0, __ATOMIC_RELEASE);
+                PyBuffer_Release(&s->view);
+                PyMem_Free(s);
+                return -1;
+            }
+            h->limit = first < share ? first : share;
+        }
         h->window = w->window;
+        h->origin = bits_of(NAN);
         __atomic_store_n(&h->magic, SHARED_MAGIC, __ATOMIC_RELEASE);
     } else {
         for (long spins = 0; expected == 1 && spins < 100000000; spins++)
@@ -112,11 +131,29 @@ void shared_detach(WindowObject *w) {
     w->shared = NULL;
 }
 
-static void clear_slot(SharedWindow *s, int64_t slot) {
-    uint64_t *words = (uint64_t *)slot_bits(s, slot);
-    for (int64_t i = 0; i < s->slot_bytes / 8; i++)
-        __atomic_store_n(&words[i], 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&s->head->counts[slot], 0, __ATOMIC_RELAXED);
+static int alive(int64_t pid) { return kill((pid_t)pid, 0) == 0 || errno != ESRCH; }
+
+/* Make the spare slot of `epoch` ready (cleared, marked in `ready`) if this process may: the
+ * clearing is held by one process at a time (`clearer`, its pid), taken when free or when its
+ * holder died. Whether the spare is ready. */
+static int clear_spare(SharedWindow *s, uint64_t epoch) {
+    SharedHead *h = s->head;
+    const int64_t me = (int64_t)getpid();
+    int64_t holder = 0;
+    while (!__atomic_compare_exchange_n(&h->clearer, &holder, me, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+        if (alive(holder)) return __atomic_load_n(&h->ready, __ATOMIC_ACQUIRE) >= epoch;
+    }
+    if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE) < epoch) {
+        int64_t slot = gen_slot(h, epoch + 1, 0);
+        uint64_t *words = (uint64_t *)slot_bits(s, slot);
+        for (int64_t i = 0; i < s->slot_bytes / 8; i++)
+            __atomic_store_n(&words[i], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->counts[slot], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->ready, epoch, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&h->clearer, 0, __ATOMIC_RELEASE);
+    return 1;
 }
 
 /* Rotate once from `epoch` if no other process did first: 1 if this one did (and then, with
@@ -125,12 +162,12 @@ static void clear_slot(SharedWindow *s, int64_t slot) {
 static int rotate_from(WindowObject *w, uint64_t epoch, int forced) {
     SharedWindow *s = w->shared;
     SharedHead *h = s->head;
-    /* Another process rotated since: the slot after `epoch` may now hold a live generation. */
-    if (__atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE) != epoch) return 0;
-    clear_slot(s, gen_slot(h, epoch + 1, 0));
+    /* The spare is published only once ready; one whose clearer died is cleared here. */
+    if (__atomic_load_n(&h->ready, __ATOMIC_ACQUIRE) < epoch && !clear_spare(s, epoch)) return 0;
     if (!__atomic_compare_exchange_n(&h->epoch, &epoch, epoch + 1, 0, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE))
         return 0;
+    clear_spare(s, epoch + 1); /* the generation just retired: the next spare */
     __atomic_fetch_add(&h->rotations, 1, __ATOMIC_RELAXED);
     if (forced) __atomic_fetch_add(&h->forced, 1, __ATOMIC_RELAXED);
     long long asked;
@@ -152,7 +189,7 @@ static int rotate(WindowObject *w) {
 static int shared_advance(WindowObject *w, double now) {
     SharedHead *h = w->shared->head;
     uint64_t origin = __atomic_load_n(&h->origin, __ATOMIC_ACQUIRE);
-    if (origin == 0) {
+    if (isnan(double_of(origin))) {
         uint64_t mine = bits_of(now);
         if (__atomic_compare_exchange_n(&h->origin, &origin, mine, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE))
@@ -229,9 +266,15 @@ int shared_contains(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
 
 void shared_clear(WindowObject *w, double now) {
     SharedWindow *s = w->shared;
-    for (int64_t slot = 0; slot < w->g; slot++) clear_slot(s, slot);
-    __atomic_store_n(&s->head->period, 0, __ATOMIC_RELEASE);
-    __atomic_store_n(&s->head->origin, isnan(now) ? 0 : bits_of(now), __ATOMIC_RELEASE);
+    SharedHead *h = s->head;
+    for (int64_t slot = 0; slot <= w->g; slot++) {
+        uint64_t *words = (uint64_t *)slot_bits(s, slot);
+        for (int64_t i = 0; i < s->slot_bytes / 8; i++)
+            __atomic_store_n(&words[i], 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&h->counts[slot], 0, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&h->period, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->origin, bits_of(now), __ATOMIC_RELEASE); /* NaN: set at the next call */
 }
 
 BloomObject *shared_generation(WindowObject *w, int i) {
