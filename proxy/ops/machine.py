@@ -18,7 +18,7 @@ import os
 
 def create(size: int, name: str = "onehit-window") -> int:
     """A descriptor of a new zeroed memory file of ``size`` bytes, inherited by children."""
-    fd = os.memfd_create(name, 0)  # no MFD_CLOEXEC: the workers inherit it
+    fd = os.memfd_create(name, 0)  # inheritable: a worker is given it by its pass_fds
     try:
         os.ftruncate(fd, size)
     except OSError:

@@ -52,19 +52,24 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
+    workers = Workers(list(argv), window)
+    runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
+    supervising: asyncio.Future[None] | None = None
     try:
-        workers = Workers(list(argv), window)
         await workers.start(count)
-        runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
         log.info("%d workers on %s:%d", count, *config.server.listen)
         supervising = asyncio.ensure_future(workers.supervise())
         await until_signalled()
-        supervising.cancel()
+    finally:
+        # However the parent leaves (a signal, an admin address it cannot bind), its workers
+        # drain first; one being started as it leaves is killed by its start.
+        if supervising is not None:
+            supervising.cancel()
+            await asyncio.gather(supervising, return_exceptions=True)
         codes = await workers.stop()
         await runner.cleanup()
-    finally:
         if window is not None:
             os.close(window)
     return 0 if all(code == 0 for code in codes) else 1
@@ -113,6 +118,10 @@ class Workers:
             line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
         except TimeoutError:
             line = ""
+        except asyncio.CancelledError:  # the parent is leaving: no worker left behind
+            process.kill()
+            await process.wait()
+            raise
         if not line.startswith(READY):
             process.kill()
             await process.wait()
