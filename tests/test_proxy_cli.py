@@ -147,19 +147,25 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
+async def twice_on_new_connections(url: str, admin: str, paths: list[str]) -> dict:
+    """Ask each of ``paths`` twice, each request on a new connection (the kernel hands each
+    to either worker); the parent's /stats after."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as client:
+        for _ in range(2):
+            for path in paths:
+                async with client.get(url + path) as r:
+                    assert r.status == 200
+        async with client.get(admin + "/stats") as r:
+            return await r.json()
+
+
 async def test_workers_share_one_admission_window_so_a_second_request_is_stored(origin):
     """Each request on a new connection lands on either worker: with one window per worker
     a URL's second request went to the other worker half the time and was not stored."""
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
     async with served(*args) as (process, url, admin):
-        connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as client:
-            for _ in range(2):
-                for i in range(100):
-                    async with client.get(f"{url}/u{i}") as r:
-                        assert r.status == 200
-            async with client.get(admin + "/stats") as r:
-                stats = await r.json()
+        stats = await twice_on_new_connections(url, admin, [f"/u{i}" for i in range(100)])
         per_worker = [w["metrics"]["requests"] for w in stats["workers"]]
         assert min(per_worker) > 0  # both workers answered
         assert stats["sum"]["admissions"] >= 98  # false positives of the filter aside
@@ -184,14 +190,7 @@ async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others
                     break
                 await asyncio.sleep(0.1)
             assert stats["workers_replaced"] == 1 and stats["worker_count"] == 2
-        connector = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=connector) as client:
-            for _ in range(2):
-                for i in range(50):
-                    async with client.get(f"{url}/k{i}") as r:
-                        assert r.status == 200
-            async with client.get(admin + "/stats") as r:
-                stats = await r.json()
+        stats = await twice_on_new_connections(url, admin, [f"/k{i}" for i in range(50)])
         assert stats["sum"]["admissions"] >= 49
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
