@@ -1,13 +1,14 @@
 """What becomes of an origin response: decided from its head (kept, or not stored and why),
-stored when its body ends whole, refreshed by a 304, and what it removes. The half of
-``CacheEngine`` that its module docstring's rules on responses describe.
+stored when its body ends whole, refreshed by a 304, and what that removes (through
+``proxy.core.invalidation``). The part of ``CacheEngine`` that its module docstring's rules on
+responses describe.
 """
 
 from __future__ import annotations
 
 from cachetools import LRUCache
 
-from proxy.core import rfc9111, slices
+from proxy.core import rfc9111
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.events import (
     COLLAPSED,
@@ -19,22 +20,19 @@ from proxy.core.events import (
     Keep,
     NotStored,
     Outcome,
-    Purged,
     RequestMeta,
     ResponseMeta,
     Store,
 )
+from proxy.core.invalidation import Removals
 from proxy.core.rfc9110 import Headers, get_first
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import (
-    CHANGED,
-    PURGE,
     REFRESHED,
     SUPERSEDED,
-    UNSAFE,
     UNSTORABLE,
     VARIES,
     Tier,
@@ -94,8 +92,9 @@ def _directives(response: ResponseMeta) -> rfc9111.Directives:
     return rfc9111.response_directives(response.headers) if response.headers else {}
 
 
-class ResponseDecisions:
-    """``CacheEngine``'s decisions on responses, over the state the engine holds."""
+class ResponseDecisions(Removals):
+    """``CacheEngine``'s decisions on responses, over the state the engine holds; what they
+    remove goes through its removals (``Removals``)."""
 
     store: CacheStore
     admission: AdmissionPolicy
@@ -365,29 +364,6 @@ class ResponseDecisions:
             self.store.record_hit(entry)
         return entry
 
-    def invalidate(self, url: str, why: str = UNSAFE) -> int:
-        """Remove ``url`` and every stored variant and slice of it, from the store and from
-        every tier behind it (``proxy.core.tiers``); how many entries went (a tier's record
-        of the URL counted as one)."""
-        removed = self._delete_url(url)
-        for tier in self.behind:
-            removed += tier.forget(url, why)
-        return removed
-
-    def _delete_url(self, url: str) -> int:
-        """Remove ``url`` and its variants and slices from the store alone; how many went."""
-        return sum(
-            self._delete(key) for key in (url, *self.variants.pop(url), *self.slices.pop(url))
-        )
-
-    def forget(self, key: str, why: str) -> bool:
-        """Remove the entry stored under ``key`` (a URL's own, a variant's or a slice's) from
-        the store and from every tier behind it; whether the store held one."""
-        gone = self._delete(key)
-        for tier in self.behind:
-            tier.forget(key, why)
-        return gone
-
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
         stored for its URL, in every tier, unless it is a server error (section 4.3.3 lets the cache
@@ -428,100 +404,6 @@ class ResponseDecisions:
         self.slices.add(entry.key)
         self._gone(evicted)
         return evicted
-
-    def _gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
-        """``entries`` left the store: they leave the variant, tag and slice indexes too."""
-        self.variants.forget(entries)
-        self.tags.forget(entries)
-        self.slices.forget(entries)
-
-    def _delete(self, key: str) -> bool:
-        """Remove the entry stored under ``key`` from the store (and it from the indexes),
-        and from no other tier; whether one was."""
-        gone = self.store.delete(key)
-        if gone is None:
-            return False
-        self._gone((gone,))
-        return True
-
-    def remove_slices(self, url: str) -> int:
-        """Remove the stored slices of ``url`` (its version changed under them), from every
-        tier; how many the store held."""
-        removed = sum(self._delete(key) for key in self.slices.pop(url))
-        for tier in self.behind:
-            tier.forget(slices.anchor_key(url), CHANGED)
-        return removed
-
-    def purge_tags(self, tags: list[str]) -> int:
-        """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
-        every tier; how many the store held."""
-        removed = sum(self._delete(key) for key in self.tags.tagged(tags))
-        for tier in self.behind:
-            for tag in tags:
-                tier.ban(tag, by_tag=True)
-        return removed
-
-    def purge_prefix(self, prefix: str) -> int:
-        """Remove every stored URL starting with ``prefix`` (with its variants and slices),
-        from every tier; how many entries the store held."""
-        urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
-        removed = sum(self._delete_url(url) for url in urls)
-        for tier in self.behind:
-            tier.ban(prefix, by_tag=False)
-        return removed
-
-    def purge(self, kind: str, value: str | list[str], now: float, *, soft: bool = False) -> Purged:
-        """An operator's purge of what ``kind`` ("url": a cache key, "prefix" or "tags") and
-        ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier can
-        mark it (``soft_purge``); a tier that cannot removes it. Answers
-        once every tier made it durable (``Tier.durable``)."""
-        if soft:
-            count = self.soft_purge(self.stored_keys(**{kind: value}), now)
-            for tier in self.behind:
-                if kind == "url":
-                    tier.forget(value, PURGE)  # type: ignore[arg-type]
-                elif kind == "prefix":
-                    tier.ban(value, by_tag=False)  # type: ignore[arg-type]
-                else:
-                    for tag in value:
-                        tier.ban(tag, by_tag=True)
-        elif kind == "url":
-            count = self.invalidate(value, PURGE)  # type: ignore[arg-type]
-        elif kind == "prefix":
-            count = self.purge_prefix(value)  # type: ignore[arg-type]
-        else:
-            count = self.purge_tags(value)  # type: ignore[arg-type]
-        durable = all([tier.durable() for tier in self.behind])
-        return Purged(count, soft, durable)
-
-    def stored_keys(
-        self,
-        *,
-        url: str | None = None,
-        prefix: str | None = None,
-        tags: list[str] | None = None,
-    ) -> set[str]:
-        """The store keys of what a purge of ``url`` (with its variants and slices), of
-        ``prefix`` or of ``tags`` would remove."""
-        if url is not None:
-            known = self.variants.urls.get(url)
-            return {url, *(known[1] if known is not None else ()), *self.slices.keys(url)}
-        if prefix is not None:
-            return {key for key in self.store if key.startswith(prefix)}
-        return self.tags.tagged(tags or ())
-
-    def soft_purge(self, keys: set[str], now: float) -> int:
-        """Mark the fresh entries of ``keys`` stale at ``now`` (soft purge): the next request
-        revalidates one, or is answered with it stale where ``stale-while-revalidate`` or
-        ``stale-if-error`` allow; how many were marked."""
-        marked = 0
-        for key in keys:
-            entry = self.store.peek(key)
-            if entry is not None and entry.age(now) < entry.lifetime:
-                entry.lifetime = entry.age(now)
-                marked += 1
-        self.counters.soft_purged += marked
-        return marked
 
     def part_refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """A part of ``request``'s object (a slice, ``response``) may not be stored: unless
