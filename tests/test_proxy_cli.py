@@ -196,6 +196,33 @@ async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
+async def test_the_parent_admin_answers_while_a_worker_is_replaced_and_refuses_bad_purges(
+    origin,
+):
+    args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
+    async with served(*args) as (process, _, admin), aiohttp.ClientSession() as client:
+        for body in ('{"url": "http://example.test/\\ud800"}', "{not json"):
+            async with client.post(admin + "/purge", data=body,
+                                   headers={"Content-Type": "application/json"}) as r:  # fmt: skip
+                assert r.status == 400, await r.text()
+        async with client.get(admin + "/stats") as r:
+            pid = (await r.json())["workers"][0]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        statuses = set()
+        for _ in range(300):  # while the parent replaces it
+            async with client.get(admin + "/stats") as r:
+                statuses.add(r.status)
+                stats = await r.json()
+            async with client.post(admin + "/purge", json={"prefix": "http://a/"}) as r:
+                statuses.add(r.status)
+            if stats["workers_replaced"] == 1 and stats["missing"] == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert statuses == {200} and stats["worker_count"] == 2
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
 async def test_workers_stop_when_their_parent_is_killed(origin):
     """A worker left behind a dead parent would hold the port and serve alone: it drains."""
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")

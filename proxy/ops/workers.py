@@ -87,7 +87,7 @@ class Workers:
             self.argv += ["--shared-window-fd", str(window)]
             self.fds = (window,)
         self.processes: list[asyncio.subprocess.Process] = []
-        self.admins: list[str] = []
+        self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
 
     async def start(self, count: int) -> None:
@@ -142,6 +142,7 @@ class Workers:
                 old = self.processes[i]
                 log.warning("worker %d (pid %d) exited with %s: starting another", i, old.pid,
                             old.returncode)  # fmt: skip
+                self.admins[i] = None  # being replaced: the admin asks the others meanwhile
                 while True:
                     try:
                         self.processes[i], self.admins[i] = await self._spawn()
@@ -159,6 +160,15 @@ class Workers:
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
 
 
+class Refused(Exception):
+    """A worker's admin refused a call (``status``, a 4xx, with its ``answer``)."""
+
+    def __init__(self, status: int, answer: Any) -> None:
+        super().__init__(status)
+        self.status = status
+        self.answer = answer
+
+
 def die_with_parent(parent: int) -> None:
     """Have the kernel send this worker SIGTERM (a drain) when the parent ``parent`` dies,
     however it dies: a worker left behind would hold the port and serve on its own."""
@@ -170,48 +180,70 @@ def die_with_parent(parent: int) -> None:
 
 
 def fleet_admin(config: Config, workers: Workers) -> web.Application:
-    """The parent's admin app: every call is fanned out to the workers' own admin listeners."""
-    admins = workers.admins
+    """The parent's admin app: every call is fanned out to the workers' own admin listeners.
+    A worker being replaced, or not answering, is left out and said so (``missing``): its
+    memory is empty or gone, so a purge has nothing to remove there. A worker's refusal (a
+    4xx, the same from every worker) is the answer."""
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
 
-    async def each(method: str, path: str, body: Any = None) -> list[Any]:
+    async def each(method: str, path: str, body: Any = None) -> tuple[list[Any], int]:
+        """The answers of the workers that gave one, and how many did not; ``Refused`` when
+        one refused the call (a 4xx: the same from every worker)."""
         async with aiohttp.ClientSession(headers=headers) as session:
 
             async def one(admin: str) -> Any:
                 json_body = body if body is not None or method != "POST" else {}
                 async with session.request(method, f"{admin}{path}", json=json_body) as r:
+                    answer = await (r.json() if r.content_type == "application/json"
+                                    else r.text())  # fmt: skip
+                    if 400 <= r.status < 500:
+                        raise Refused(r.status, answer)
                     r.raise_for_status()
-                    return await (r.json() if r.content_type == "application/json" else r.text())
+                    return answer
 
-            return await asyncio.gather(*(one(a) for a in admins))
+            admins = [a for a in workers.admins if a is not None]
+            answers = await asyncio.gather(*(one(a) for a in admins), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, Refused):
+                raise answer
+        given = [a for a in answers if not isinstance(a, BaseException)]
+        return given, len(workers.admins) - len(given)
 
     async def stats(request: web.Request) -> web.Response:
-        per_worker = await each("GET", "/stats")
+        per_worker, missing = await each("GET", "/stats")
         body = {
             "workers": per_worker,
             "sum": combine([w["metrics"] for w in per_worker]),
-            "worker_count": len(per_worker),
+            "worker_count": len(workers.admins),
+            "missing": missing,
             "workers_replaced": workers.replaced,
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
-        per_worker = await each("GET", "/stats")
+        per_worker, _ = await each("GET", "/stats")
         return metrics_response(prometheus_text(combine([w["metrics"] for w in per_worker])))
 
     async def healthz(request: web.Request) -> web.Response:
-        try:
-            await each("GET", "/healthz")
-        except (aiohttp.ClientError, ValueError):
-            return web.Response(status=503, text="a worker is not answering\n")
+        _, missing = await each("GET", "/healthz")
+        if missing:
+            return web.Response(status=503, text=f"{missing} worker(s) not answering\n")
         return web.Response(text="ok\n")
 
     async def fan_out(request: web.Request) -> web.Response:
-        body = await request.json() if request.can_read_body else None
+        body = None
+        if request.can_read_body:
+            try:
+                body = await request.json()
+            except (ValueError, TypeError, RecursionError):
+                return web.json_response({"error": "body must be JSON"}, status=400)
         query = f"?{request.query_string}" if request.query_string else ""
-        answers = await each("POST", request.path + query, body)
+        try:
+            answers, missing = await each("POST", request.path + query, body)
+        except Refused as refused:
+            return web.json_response(refused.answer, status=refused.status)
         removed = sum(a.get("removed", 0) for a in answers)
-        return web.json_response({"workers": answers, "removed": removed})
+        return web.json_response({"workers": answers, "removed": removed, "missing": missing})
 
     return admin_application(
         config.admin,
