@@ -142,3 +142,18 @@ def test_bad_parameters_are_refused(kwargs, message):
     args = {"capacity": 100, "fp_rate": 0.01, "window": 10.0, "generations": 2} | kwargs
     with pytest.raises(ValueError, match=message):
         WindowedBloomFilter(**args)
+
+
+@pytest.mark.parametrize("now", [float("nan"), float("inf"), -float("inf")])
+def test_a_time_that_is_no_number_of_seconds_is_refused(now):
+    window = WindowedBloomFilter(1000, 0.01, 60.0, 2)
+    window.seen_before("a", 1.0)
+    with pytest.raises(ValueError, match="finite time"):
+        window.seen_before("a", now)
+
+
+def test_a_clock_leap_past_what_an_integer_holds_forgets_everything_at_once():
+    window = WindowedBloomFilter(1000, 0.01, 60.0, 2)
+    window.seen_before("a", 100.0)
+    assert not window.seen_before("a", 1e300)  # rotated every generation, once each
+    assert window.rotations == 2

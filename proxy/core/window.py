@@ -23,7 +23,9 @@ Rules this module keeps (each is pinned by a test):
   once by each of two processes is seen before. The first process lays the memory out; one
   whose settings differ is refused. Nothing locks: bits are set with an atomic OR, and a
   rotation is claimed with a compare-and-swap, so a process killed at any instant blocks no
-  other (the rules are in ``proxy/core/native/shared_window.c``). Timed rotations fall on a
+  other (the rules are in ``proxy/core/native/shared_window.c``). One promise is weaker than
+  a process's own window: a key recorded while another process rotates may be forgotten up
+  to one span early (it then needs one sighting more). Timed rotations fall on a
   grid from the first call of any process; a forced one does not move it. Each generation
   holds ``capacity / (g - 1)`` keys' bits; with a ``sizer`` its share is the sizer's answer at
   each rotation, never above that.

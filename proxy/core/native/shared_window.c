@@ -21,8 +21,10 @@
  *   compare-and-swap) makes the rotations due, at most g. A forced rotation (the newest
  *   generation reached its share) does not move the grid.
  * - A process that read epoch before a rotation may test the generation being retired (its
- *   keys are past the window) or record into the one that became second newest: a key is
- *   then reported unseen once too often at most. */
+ *   keys are past the window) or record into the one that became second newest; it records
+ *   into the newest too when it sees epoch moved by the time it is done. A key recorded as a
+ *   timed rotation falls due (its period claimed, epoch not yet moved) may still be
+ *   forgotten up to one span early: a URL then needs one sighting more. */
 #include "native.h"
 
 #include <errno.h>
@@ -188,6 +190,7 @@ static int rotate(WindowObject *w) {
 
 static int shared_advance(WindowObject *w, double now) {
     SharedHead *h = w->shared->head;
+    if (!isfinite(now)) return 0; /* never the grid's origin, never a rotation */
     uint64_t origin = __atomic_load_n(&h->origin, __ATOMIC_ACQUIRE);
     if (isnan(double_of(origin))) {
         uint64_t mine = bits_of(now);
@@ -197,7 +200,8 @@ static int shared_advance(WindowObject *w, double now) {
     }
     double start = double_of(origin);
     if (!(now - start >= w->span)) return 0; /* a clock behind the grid never rotates */
-    int64_t current = (int64_t)floor((now - start) / w->span);
+    double periods = floor((now - start) / w->span);
+    int64_t current = periods < 4e18 ? (int64_t)periods : (int64_t)4e18;
     int64_t period = __atomic_load_n(&h->period, __ATOMIC_ACQUIRE);
     while (current > period) {
         if (__atomic_compare_exchange_n(&h->period, &period, current, 0, __ATOMIC_ACQ_REL,
@@ -251,6 +255,10 @@ int shared_seen_before(WindowObject *w, uint64_t h1, uint64_t h2, double now) {
             __atomic_load_n(&h->limit, __ATOMIC_RELAXED) &&
         rotate_from(w, epoch, 1) < 0)
         return -1;
+    /* Rotated meanwhile (by this call or another process): the key goes into the newest
+     * generation too, or it would be forgotten a span early. */
+    uint64_t now_epoch = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+    if (now_epoch != epoch) probe_add(slot_bits(s, gen_slot(h, now_epoch, 0)), h, h1, h2);
     return seen;
 }
 

@@ -57,15 +57,17 @@ static int window_advance(WindowObject *w, double now) {
     }
     double started = w->started;
     if (now - started < w->span) return 0;
-    long long elapsed = (long long)py_floor_div(now - started, w->span);
-    long long due = elapsed < w->g ? elapsed : w->g;
+    /* In floating point until clamped: a clock leap past what a long long holds rotates
+     * every generation, as any leap past the window does. */
+    double elapsed = py_floor_div(now - started, w->span);
+    long long due = elapsed < (double)w->g ? (long long)elapsed : w->g;
     /* The oldest generation goes only once its last write is out of the window: in exact
      * arithmetic that always holds here, and it keeps the guarantee when floats round. */
     while (due && w->written[w->g - 1] + w->window < now) {
         if (window_rotate(w, now) < 0) return -1;
         due--;
     }
-    if (!due) w->started = started + (double)elapsed * w->span;
+    if (!due) w->started = started + elapsed * w->span;
     return 0;
 }
 
@@ -165,7 +167,12 @@ static void Window_dealloc(WindowObject *self) {
 
 int window_now(PyObject *arg, double *now) {
     *now = PyFloat_AsDouble(arg);
-    return (*now == -1.0 && PyErr_Occurred()) ? -1 : 0;
+    if (*now == -1.0 && PyErr_Occurred()) return -1;
+    if (!isfinite(*now)) {
+        PyErr_Format(PyExc_ValueError, "now must be a finite time in seconds, got %R", arg);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *Window_seen_before(WindowObject *self, PyObject *const *args, Py_ssize_t n) {
