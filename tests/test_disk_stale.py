@@ -113,3 +113,27 @@ async def test_whatever_memory_evicted_every_stale_response_is_revalidated_alike
     counters = proxy.proxy.engine.counters
     assert counters.revalidated == 8
     assert (counters.revalidated_from_disk > 0) is (memory == "64KiB")
+
+
+@pytest.mark.parametrize("holder", ["memory", "disk"])
+async def test_rfc9111_4_1_storing_one_variant_leaves_the_others_in_every_tier(
+    origin, start_proxy, tmp_path, holder
+):
+    """Two variants of a URL stored; with memory or only the disk holding them, a new answer
+    for one leaves the other answerable (here stale, with max-stale and only-if-cached)."""
+    clock = Clock()
+    fields = {"Cache-Control": "max-age=10", "Vary": "Accept-Language"}
+    settings = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**settings)
+    for lang in ("fr", "en"):
+        origin.set("/x", body=f"{lang}-1".encode(), headers=fields)
+        assert (await get(proxy, "/x", **{"Accept-Language": lang}))[2] == f"{lang}-1".encode()
+    if holder == "disk":
+        await proxy.stop()
+        proxy = await start_proxy(**settings)
+    clock.now += 20
+    origin.set("/x", body=b"en-2", headers=fields)
+    assert (await get(proxy, "/x", **{"Accept-Language": "en"}))[2] == b"en-2"
+    offline = {"Accept-Language": "fr", "Cache-Control": "max-stale=1000, only-if-cached"}
+    status, _, body = await get(proxy, "/x", **offline)
+    assert (status, body) == (200, b"fr-1")

@@ -276,13 +276,11 @@ class ResponseDecisions(Removals):
             return TOO_LARGE
         response = decision.response
         url = request.key
+        # What was stored under other selecting fields (or none) is unreachable now; a tier's
+        # variants under the same ones stay (it checks the names as it writes one).
+        self._varies_now(url, response.vary)
         if response.vary:
-            if not self.variants.selected_on(url, response.vary):
-                # What was stored under other selecting fields (or none) is unreachable now.
-                self.invalidate(url, VARIES)
             self.variants.add(url, response.vary, decision.key)
-        elif url in self.variants:
-            self.invalidate(url, VARIES)  # the origin stopped varying: its variants are unreachable
         entry = self.entry_type(
             decision.key,
             size,
