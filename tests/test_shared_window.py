@@ -85,11 +85,7 @@ def test_a_process_killed_at_any_moment_leaves_a_window_the_others_use():
     rotation or an add), and are killed at random moments; after each kill this process
     still records a key and finds it at once."""
     config = AdmissionConfig(policy="second-hit", capacity=50, window=3600)
-    fd = machine.create(shared_window_size(config))
-    try:
-        memory = machine.attach(fd)
-    finally:
-        os.close(fd)
+    memory = machine.attach(machine.create(shared_window_size(config)))
     mine = WindowedBloomFilter(50, 0.01, 3600.0, 2, shared=memory)
     for round_ in range(20):
         pid = os.fork()

@@ -28,5 +28,11 @@ def create(size: int, name: str = "onehit-window") -> int:
 
 
 def attach(fd: int) -> mmap.mmap:
-    """The memory file ``fd``, mapped shared and writable (the descriptor may be closed after)."""
-    return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    """The memory file ``fd``, mapped shared and writable; ``fd`` is closed (the mapping keeps
+    the memory, and a process this one starts inherits neither)."""
+    try:
+        return mmap.mmap(
+            fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+        )
+    finally:
+        os.close(fd)
