@@ -144,23 +144,30 @@ async def start_proxy(origin: Origin) -> AsyncIterator[StartProxy]:
     services: list[Service] = []
 
     async def start(clock: Callable[[], float] = time.time, **overrides: object) -> Service:
-        settings = {
-            "upstream.origin": origin.url,
-            "server.listen": "127.0.0.1:0",
-            "admin.listen": "127.0.0.1:0",
-            "server.access_log": False,
-            "upstream.connect_timeout": "2s",
-            "upstream.read_timeout": "2s",
-        }
-        settings.update({k.replace("__", "."): v for k, v in overrides.items()})
-        config = load(env={}, overrides=settings)
-        service = await Service.start(config, clock=clock)
+        service = await proxy_in_front(origin.url, clock, **overrides)
         services.append(service)
         return service
 
     yield start
     for service in services:
         await service.stop()
+
+
+async def proxy_in_front(
+    origin_url: str, clock: Callable[[], float] = time.time, **overrides: object
+) -> Service:
+    """onehit started in front of ``origin_url`` (``start_proxy``'s, for a test that runs its
+    own event loop); the caller stops it."""
+    settings = {
+        "upstream.origin": origin_url,
+        "server.listen": "127.0.0.1:0",
+        "admin.listen": "127.0.0.1:0",
+        "server.access_log": False,
+        "upstream.connect_timeout": "2s",
+        "upstream.read_timeout": "2s",
+    }
+    settings.update({k.replace("__", "."): v for k, v in overrides.items()})
+    return await Service.start(load(env={}, overrides=settings), clock=clock)
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import Clock
+from conftest import Clock, Origin, proxy_in_front
 from conftest import fetch_as_client as get
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB", "disk__policy": "always",
@@ -34,12 +36,12 @@ async def answer_when_stale(origin, start_proxy, tmp_path, case: str, holder: st
     fields, then, request = CASES[case]
     clock = Clock()
     origin.set("/x", body=b"stored", headers=fields)
-    settings = {"clock": clock, "disk__path": str(tmp_path / holder), **DISK}
-    proxy = await start_proxy(**settings)
+    setup = {"clock": clock, "disk__path": str(tmp_path / holder), **DISK}
+    proxy = await start_proxy(**setup)
     assert (await get(proxy, "/x"))[2] == b"stored"
     if holder == "disk":
         await proxy.stop()
-        proxy = await start_proxy(**settings)
+        proxy = await start_proxy(**setup)
     if then == "304":
         origin.set("/x", body=b"new", headers=fields, not_modified_etag='"v1"')
     else:
@@ -88,31 +90,38 @@ async def test_rfc9111_4_3_4_a_304_freshens_the_disk_record_for_the_next_restart
     assert "detail=disk" in headers["Cache-Status"] and "hit" in headers["Cache-Status"]
 
 
-@pytest.mark.parametrize("memory", ["64KiB", "8MiB"])
-async def test_whatever_memory_evicted_every_stale_response_is_revalidated_alike(
-    origin, start_proxy, tmp_path, memory
+@settings(max_examples=6, deadline=None)
+@given(memory=st.integers(24 << 10, 4 << 20))
+def test_whatever_memory_evicted_every_stale_response_is_revalidated_alike(
+    tmp_path_factory, memory
 ):
-    """Eight responses of 20 KiB: a memory tier of 64 KiB evicts most of them to the disk,
-    one of 8 MiB holds them all. Stale, each is revalidated with its validator and answered
-    from what was stored, whichever tier held it."""
-    clock = Clock()
+    """Eight responses of 20 KiB behind a memory tier of any size, from one that evicts all
+    but one to the disk to one that holds them all: stale, each is revalidated with its
+    validator and answered from what was stored, whichever tier held it."""
+    asyncio.run(revalidate_eight(memory, tmp_path_factory.mktemp("disk")))
+
+
+async def revalidate_eight(memory: int, directory) -> None:
+    clock, origin = Clock(), Origin()
+    await origin.start()
     fields = {"Cache-Control": "max-age=10", "ETag": '"v1"'}
-    for i in range(8):
-        origin.set(f"/o{i}", body=bytes([65 + i]) * 20_000, headers=fields,
-                   not_modified_etag='"v1"')  # fmt: skip
-    settings = {**DISK, "cache__size": memory, "cache__max_object_size": "32KiB"}
-    proxy = await start_proxy(clock=clock, disk__path=str(tmp_path), **settings)
-    for i in range(8):
-        assert (await get(proxy, f"/o{i}"))[0] == 200
-    clock.now += 20
-    for i in range(8):
-        origin.set(f"/o{i}", body=b"new", headers=fields, not_modified_etag='"v1"')
-        status, headers, body = await get(proxy, f"/o{i}")
-        assert (status, body) == (200, bytes([65 + i]) * 20_000), (i, headers["Cache-Status"])
-        assert origin.seen_headers[f"/o{i}"].get("If-None-Match") == '"v1"'
-    counters = proxy.proxy.engine.counters
-    assert counters.revalidated == 8
-    assert (counters.revalidated_from_disk > 0) is (memory == "64KiB")
+    sizes = {**DISK, "cache__size": str(memory), "cache__max_object_size": "20KiB"}
+    proxy = await proxy_in_front(origin.url, clock, disk__path=str(directory), **sizes)
+    try:
+        for i in range(8):
+            origin.set(f"/o{i}", body=bytes([65 + i]) * 20_000, headers=fields,
+                       not_modified_etag='"v1"')  # fmt: skip
+            assert (await get(proxy, f"/o{i}"))[0] == 200
+        clock.now += 20
+        for i in range(8):
+            origin.set(f"/o{i}", body=b"new", headers=fields, not_modified_etag='"v1"')
+            status, headers, body = await get(proxy, f"/o{i}")
+            assert (status, body) == (200, bytes([65 + i]) * 20_000), headers["Cache-Status"]
+            assert origin.seen_headers[f"/o{i}"].get("If-None-Match") == '"v1"'
+        assert proxy.proxy.engine.counters.revalidated == 8
+    finally:
+        await proxy.stop()
+        await origin.stop()
 
 
 @pytest.mark.parametrize("holder", ["memory", "disk"])
@@ -123,14 +132,14 @@ async def test_rfc9111_4_1_storing_one_variant_leaves_the_others_in_every_tier(
     for one leaves the other answerable (here stale, with max-stale and only-if-cached)."""
     clock = Clock()
     fields = {"Cache-Control": "max-age=10", "Vary": "Accept-Language"}
-    settings = {"clock": clock, "disk__path": str(tmp_path), **DISK}
-    proxy = await start_proxy(**settings)
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
     for lang in ("fr", "en"):
         origin.set("/x", body=f"{lang}-1".encode(), headers=fields)
         assert (await get(proxy, "/x", **{"Accept-Language": lang}))[2] == f"{lang}-1".encode()
     if holder == "disk":
         await proxy.stop()
-        proxy = await start_proxy(**settings)
+        proxy = await start_proxy(**setup)
     clock.now += 20
     origin.set("/x", body=b"en-2", headers=fields)
     assert (await get(proxy, "/x", **{"Accept-Language": "en"}))[2] == b"en-2"
