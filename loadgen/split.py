@@ -79,7 +79,7 @@ def simulate_split(
         for name, value in deltas.items():
             setattr(counters, name, getattr(counters, name) + value)
     elapsed = time.perf_counter() - started
-    stats = combine([e.stats() for e in engines])
+    stats = combine([e.stats() for e in engines], shared_filter=machine is not None)
     label = f"{policy_label(admission, eviction)} x{workers} {window} window, memory {memory}"
     return SimResult(label, cache_bytes, admission, len(trace), stats, elapsed, eviction=eviction)
 

@@ -169,6 +169,8 @@ async def test_workers_share_one_admission_window_so_a_second_request_is_stored(
         per_worker = [w["metrics"]["requests"] for w in stats["workers"]]
         assert min(per_worker) > 0  # both workers answered
         assert stats["sum"]["admissions"] >= 98  # false positives of the filter aside
+        one = stats["workers"][0]["metrics"]
+        assert stats["sum"]["filter_bytes"] == one["filter_bytes"] > 0  # one window, counted once
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
 

@@ -41,3 +41,12 @@ def test_a_shared_window_stores_every_second_request_and_private_ones_one_in_n(w
 def test_the_table_compares_one_cache_with_n():
     table = split_table(twice_each(200), 10 << 20, SECOND_HIT, 2)
     assert "one cache" in table and "2 workers, shared window, memory divided" in table
+
+
+def test_workers_count_a_shared_window_once_and_their_own_windows_each():
+    trace = twice_each(100)
+    alone = simulate_split(trace, 10 << 20, SECOND_HIT, 1).stats["filter_bytes"]
+    shared = simulate_split(trace, 10 << 20, SECOND_HIT, 4, window="shared")
+    private = simulate_split(trace, 10 << 20, SECOND_HIT, 4, window="private")
+    assert shared.stats["filter_bytes"] == alone > 0
+    assert private.stats["filter_bytes"] == 4 * alone

@@ -159,13 +159,22 @@ def snapshot(
     return {name: out[name] for name in METRICS}
 
 
-def combine(snapshots: list[dict[str, int | float]]) -> dict[str, int | float]:
+# What a filter the caches share reports alike in each of them: counted once.
+SHARED_FILTER = frozenset({"rotations", "forced_rotations", "filter_bytes"})
+
+
+def combine(
+    snapshots: list[dict[str, int | float]], *, shared_filter: bool = False
+) -> dict[str, int | float]:
     """One snapshot for several caches (the workers of one proxy): counters and sizes add up,
-    ratios are recomputed from the sums, filter fill and false-positive rate are the worst."""
+    ratios are recomputed from the sums, filter fill and false-positive rate are the worst;
+    with ``shared_filter`` (one admission window for all) its rotations and bytes count once."""
     out: dict[str, int | float] = {}
+    once = SHARED_FILTER if shared_filter else frozenset()
     for name in METRICS:
         values = [s[name] for s in snapshots]
-        out[name] = max(values) if name in ("filter_fill", "filter_fp_estimate") else sum(values)
+        worst = name in ("filter_fill", "filter_fp_estimate") or name in once
+        out[name] = max(values, default=0) if worst else sum(values)
     out["hit_ratio"] = ratio(out["hits"], out["requests"])
     out["byte_hit_ratio"] = ratio(out["hit_bytes"], out["bytes_served"])
     out["writes_saved"] = ratio(

@@ -185,6 +185,7 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
     memory is empty or gone, so a purge has nothing to remove there. A worker's refusal (a
     4xx, the same from every worker) is the answer."""
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
+    shared = workers.fds != ()  # the workers map one admission window
 
     async def each(method: str, path: str, body: Any = None) -> tuple[list[Any], int]:
         """The answers of the workers that gave one, and how many did not; ``Refused`` when
@@ -213,7 +214,7 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         per_worker, missing = await each("GET", "/stats")
         body = {
             "workers": per_worker,
-            "sum": combine([w["metrics"] for w in per_worker]),
+            "sum": combine([w["metrics"] for w in per_worker], shared_filter=shared),
             "worker_count": len(workers.admins),
             "missing": missing,
             "workers_replaced": workers.replaced,
@@ -222,7 +223,9 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         per_worker, _ = await each("GET", "/stats")
-        return metrics_response(prometheus_text(combine([w["metrics"] for w in per_worker])))
+        return metrics_response(
+            prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
+        )
 
     async def healthz(request: web.Request) -> web.Response:
         _, missing = await each("GET", "/healthz")
