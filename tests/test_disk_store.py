@@ -21,7 +21,8 @@ from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.core.tiers import PURGE
 from proxy.disk.directory import DiskDirectoryError, release
-from proxy.disk.store import CHECKPOINT, DROPS, READ_INLINE, DiskStore
+from proxy.disk.journal import DROPS
+from proxy.disk.store import CHECKPOINT, READ_INLINE, DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
 

@@ -179,8 +179,7 @@ class TwoTiers(RuleBasedStateMachine):
         await service.proxy.upstream.close()
         disk = service.proxy.disk
         disk.log.close()
-        if disk._drops is not None:
-            os.close(disk._drops)
+        disk.journal.close()
         release(disk._lock)
 
     # Rules

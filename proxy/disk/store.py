@@ -32,7 +32,6 @@ memory tier, keeping what it took across restarts.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import struct
@@ -44,31 +43,26 @@ from pathlib import Path
 
 from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
-from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, Ban, DiskTier, Slot, WriteBudget
+from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags, storable_tags
 from proxy.core.tiers import forgotten_keys
-from proxy.disk.directory import claim, open_file, read_file, release, replace_file, sync_directory
+from proxy.disk.directory import claim, read_file, release, replace_file
+from proxy.disk.journal import Journal
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.disk.region_log import DISK_ERRORS, RegionLog
 
 CHECKPOINT = "index.checkpoint"
-BANS = "bans.json"
-# Records invalidated since the last checkpoint, which a start after a crash drops again.
-DROPS = "drops.log"
-_DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 # A record up to this long is read on the event loop when the page cache holds all of it
 # (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
 # device must be asked for, is read on a worker thread by the request handler, so that neither
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
@@ -92,10 +86,6 @@ class DiskStore:
         except BaseException:
             release(self._lock)  # a start that fails leaves the directory to the next
             raise
-        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
-        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
-        self._bans_saved = True
-        self._kept = True  # False once a removal the device refused lost regions instead
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
@@ -112,17 +102,14 @@ class DiskStore:
         for key, location in scanned:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
         self.scanned = len(scanned)
-        self.bans_path = Path(section.path) / BANS
-        self.tier.bans[:] = self._saved_bans()
-        self.tier.expire_bans()
-        self.drops_path = Path(section.path) / DROPS
-        self.dropped_again = self._drop_again()
+        self.journal = Journal(Path(section.path), self.tier, self.log)
+        self.dropped_again = self.journal.restore()
 
     def checkpoint(self) -> None:
         """Write the index and where the open region ends, replacing the last checkpoint;
         and the bans still outstanding."""
         self._samples = [self._samples[-1], self._sample()]
-        self._save_bans()
+        self.journal.save_bans()
         regions = self.tier.regions
         if not regions.live:
             return
@@ -131,7 +118,7 @@ class DiskStore:
         head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
                                 zlib.crc32(slots))  # fmt: skip
         if _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
-            self._journal_done()
+            self.journal.checkpointed()
 
     def _saved(self) -> tuple[int, int, bytes] | None:
         """(open region, where it ended, slots) of a checkpoint that describes the files."""
@@ -307,131 +294,20 @@ class DiskStore:
         """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
         by ``durable`` (with the drop journal)."""
         self.tier.ban(value, by_tag=by_tag)
-        self._bans_saved = False
+        self.journal.banned()
 
     def durable(self) -> bool:
-        """Put the bans and the journal of dropped records on the device. When it refuses,
-        drop what the lost removals could reach instead (the regions that held the dropped
-        records; every region, for a ban, which may reach any record written before it):
-        False. A restart then finds none of it either way."""
-        if not self._bans_saved:
-            if not self._save_bans():
-                self._lose(list(self.tier.regions.live), "a purge's ban")
-            self._bans_saved = True
-        if self._unsynced:
-            try:
-                if self._drops is not None:
-                    os.fsync(self._drops)
-            except OSError as exc:
-                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
-                self._lose(sorted(self._unsynced), "dropped records")
-            self._unsynced.clear()
-        kept, self._kept = self._kept, True
-        return kept
-
-    def _save_bans(self) -> bool:
-        return _replace(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
-
-    def _saved_bans(self) -> list[Ban]:
-        try:
-            saved = json.loads(read_file(self.bans_path))
-            return [(str(value), int(region), int(offset), bool(by_tag))
-                    for value, region, offset, by_tag in saved]  # fmt: skip
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError, TypeError, OverflowError, RecursionError) as exc:
-            # Unreadable bans may hide purged records: every record written so far is purged.
-            DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
-            return self._everything()
-
-    def _everything(self) -> list[Ban]:
-        """A ban of every record written so far (none where nothing was)."""
-        live = self.tier.regions.live
-        return [("", live[-1], self.tier.regions.fill, False)] if live else []
+        """``proxy.core.tiers.Tier.durable``: the journal and the bans on the device, or
+        (False) the regions their lost removals could reach removed (``Journal.durable``)."""
+        return self.journal.durable()
 
     def invalidate(self, key: str) -> bool:
-        """Forget ``key``'s record; whether there was one. The drop is journaled until the
-        next checkpoint, so that a start after a crash does not bring the record back
-        (``durable`` puts the journal on the device; until then a process crash keeps it, a
-        power cut may not). A drop the journal cannot take loses the record's region."""
+        """Forget ``key``'s record, journaled (``Journal.dropped``); whether there was one."""
         slot = self.tier.drop(key)
         if slot is None:
             return False
-        entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
-        try:
-            if self._drops is None:
-                self._drops = self._open_journal()
-            if os.write(self._drops, entry) != len(entry):
-                raise OSError("the journal took part of a drop")
-        except OSError as exc:
-            DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
-            self._lose([slot.region], "a dropped record")
-            self._close_journal()  # reopened whole: a torn entry would shift every later one
-            return True
-        self._unsynced.add(slot.region)
+        self.journal.dropped(key, slot)
         return True
-
-    def _open_journal(self) -> int:
-        """The journal, opened for appending, cut back to whole entries: the part of an
-        entry that a crash or a failed write left would shift every entry after it."""
-        fd = open_file(self.drops_path, _CREATE)
-        try:
-            size = os.fstat(fd).st_size
-            if size % _DROP.size:
-                os.ftruncate(fd, size - size % _DROP.size)
-            sync_directory(self.drops_path.parent)  # syncing its drops keeps a file that is there
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
-
-    def _close_journal(self) -> None:
-        if self._drops is not None:
-            fd, self._drops = self._drops, None
-            try:
-                os.close(fd)
-            except OSError as exc:
-                DISK_ERRORS.warning("closing the journal of dropped records failed: %r", exc)
-
-    def _lose(self, regions: list[int], what: str) -> None:
-        """Remove ``regions``' files, whose records a removal the device could not keep
-        (``what``) may reach: their records are misses from now on, and after any restart
-        (a record is read only from its region's file)."""
-        DISK_ERRORS.warning("the device could not keep %s: %d regions dropped", what,
-                            len(regions))  # fmt: skip
-        self._kept = False
-        regions_ = self.tier.regions
-        for region in regions:
-            self.log.remove(region)
-            if regions_.live and region == regions_.live[-1]:
-                regions_.fill = regions_.region_size  # the next record opens a new region
-
-    def _drop_again(self) -> int:
-        """Drop the records the journal names that the index still holds where they were
-        dropped (a record written after the drop, elsewhere, stays); how many."""
-        try:
-            data = read_file(self.drops_path)
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            # Drops it cannot read may be purges: every record written so far is purged.
-            DISK_ERRORS.warning("reading the journal of dropped records failed, purging all: %r",
-                                exc)  # fmt: skip
-            self.tier.bans.extend(self._everything())
-            self._save_bans()
-            return 0
-        whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
-        return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
-
-    def _journal_done(self) -> None:
-        """The checkpoint just written holds every drop: the journal starts again."""
-        try:
-            if self._drops is not None:
-                os.ftruncate(self._drops, 0)
-            elif self.drops_path.exists():
-                self.drops_path.unlink()
-        except OSError as exc:
-            DISK_ERRORS.warning("emptying the journal of dropped records failed: %r", exc)
 
     def lookup(
         self,
@@ -520,7 +396,7 @@ class DiskStore:
         up."""
         self.checkpoint()
         self.log.close()
-        self._close_journal()
+        self.journal.close()
         if self._lock is not None:
             release(self._lock)
             self._lock = None

@@ -1,0 +1,178 @@
+"""The disk tier's removals, kept on the device: the journal of records dropped since the last
+checkpoint (``drops.log``) and the bans of purges by prefix or tag (``bans.json``).
+
+What it guarantees:
+
+* A record dropped (invalidated, superseded, purged by URL) is journaled before the drop
+  returns, as its key's hash and where it lay; a start after a crash drops it again where the
+  index still holds it there (a record written after the drop, elsewhere, stays). The journal
+  is emptied once a checkpoint holds every drop.
+* The journal is appended to whole entries only: opened, it is cut back to whole entries (a
+  crash or a failed write may leave part of one, which would shift every entry after it).
+* ``durable`` puts the journal and the bans on the device; when the device refuses, the
+  regions the lost removals could reach are removed instead (a record is read only from its
+  region's file), and ``durable`` says so. A restart then finds none of it either way.
+* A journal or bans file that cannot be read may hide purges: every record written so far is
+  purged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from proxy.core._native import hash64
+from proxy.core.disk import Ban, DiskTier, Slot
+from proxy.disk.directory import open_file, read_file, replace_file, sync_directory
+from proxy.disk.region_log import DISK_ERRORS, RegionLog
+
+BANS = "bans.json"
+# Records invalidated since the last checkpoint, which a start after a crash drops again.
+DROPS = "drops.log"
+_DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+
+class Journal:
+    """The removals of the disk tier under ``directory`` (its index ``tier``, its files
+    ``log``), kept on the device."""
+
+    def __init__(self, directory: Path, tier: DiskTier, log: RegionLog) -> None:
+        self.tier = tier
+        self.log = log
+        self.drops_path = directory / DROPS
+        self.bans_path = directory / BANS
+        self._drops: int | None = None  # the journal's descriptor, opened at its first drop
+        self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
+        self._bans_saved = True
+        self._kept = True  # False once a removal the device refused lost regions instead
+
+    def restore(self) -> int:
+        """At start-up: the bans back in the tier, and the drops made again; how many."""
+        self.tier.bans[:] = self._saved_bans()
+        self.tier.expire_bans()
+        return self._drop_again()
+
+    def dropped(self, key: str, slot: Slot) -> None:
+        """Journal the drop of ``key``'s record, which lay at ``slot``; one the journal cannot
+        take loses the record's region."""
+        entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
+        try:
+            if self._drops is None:
+                self._drops = self._open()
+            if os.write(self._drops, entry) != len(entry):
+                raise OSError("the journal took part of a drop")
+        except OSError as exc:
+            DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
+            self.lose([slot.region], "a dropped record")
+            self.close()  # reopened whole: a torn entry would shift every later one
+            return
+        self._unsynced.add(slot.region)
+
+    def banned(self) -> None:
+        """The tier took a ban: saved by the next ``durable`` or checkpoint."""
+        self._bans_saved = False
+
+    def durable(self) -> bool:
+        """Put the bans and the journal on the device. When it refuses, drop what the lost
+        removals could reach instead (the regions that held the dropped records; every
+        region, for a ban, which may reach any record written before it): False."""
+        if not self._bans_saved:
+            if not self.save_bans():
+                self.lose(list(self.tier.regions.live), "a purge's ban")
+            self._bans_saved = True
+        if self._unsynced:
+            try:
+                if self._drops is not None:
+                    os.fsync(self._drops)
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing the journal of dropped records failed: %r", exc)
+                self.lose(sorted(self._unsynced), "dropped records")
+            self._unsynced.clear()
+        kept, self._kept = self._kept, True
+        return kept
+
+    def save_bans(self) -> bool:
+        """Replace the bans file with the tier's bans; whether the device took it."""
+        try:
+            replace_file(self.bans_path, json.dumps(self.tier.bans).encode())
+        except OSError as exc:
+            DISK_ERRORS.warning("writing the disk tier's bans failed: %r", exc)
+            return False
+        return True
+
+    def checkpointed(self) -> None:
+        """The checkpoint just written holds every drop: the journal starts again."""
+        try:
+            if self._drops is not None:
+                os.ftruncate(self._drops, 0)
+            elif self.drops_path.exists():
+                self.drops_path.unlink()
+        except OSError as exc:
+            DISK_ERRORS.warning("emptying the journal of dropped records failed: %r", exc)
+
+    def lose(self, regions: list[int], what: str) -> None:
+        """Remove ``regions``' files, whose records a removal the device could not keep
+        (``what``) may reach: their records are misses from now on, and after any restart."""
+        DISK_ERRORS.warning("the device could not keep %s: %d regions dropped", what,
+                            len(regions))  # fmt: skip
+        self._kept = False
+        live = self.tier.regions
+        for region in regions:
+            self.log.remove(region)
+            if live.live and region == live.live[-1]:
+                live.fill = live.region_size  # the next record opens a new region
+
+    def close(self) -> None:
+        """Close the journal's descriptor (the next drop opens it again)."""
+        if self._drops is not None:
+            fd, self._drops = self._drops, None
+            try:
+                os.close(fd)
+            except OSError as exc:
+                DISK_ERRORS.warning("closing the journal of dropped records failed: %r", exc)
+
+    def _open(self) -> int:
+        """The journal, opened for appending, cut back to whole entries."""
+        fd = open_file(self.drops_path, _CREATE)
+        try:
+            size = os.fstat(fd).st_size
+            if size % _DROP.size:
+                os.ftruncate(fd, size - size % _DROP.size)
+            sync_directory(self.drops_path.parent)  # syncing its drops keeps a file that is there
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
+
+    def _saved_bans(self) -> list[Ban]:
+        try:
+            saved = json.loads(read_file(self.bans_path))
+            return [(str(value), int(region), int(offset), bool(by_tag))
+                    for value, region, offset, by_tag in saved]  # fmt: skip
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError, TypeError, OverflowError, RecursionError) as exc:
+            DISK_ERRORS.warning("reading the disk tier's bans failed, purging all: %r", exc)
+            return self._everything()
+
+    def _everything(self) -> list[Ban]:
+        """A ban of every record written so far (none where nothing was)."""
+        live = self.tier.regions.live
+        return [("", live[-1], self.tier.regions.fill, False)] if live else []
+
+    def _drop_again(self) -> int:
+        try:
+            data = read_file(self.drops_path)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            DISK_ERRORS.warning("reading the journal of dropped records failed, purging all: %r",
+                                exc)  # fmt: skip
+            self.tier.bans.extend(self._everything())
+            self.save_bans()
+            return 0
+        whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
+        return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
