@@ -608,7 +608,7 @@ async def test_origin_refusing_connections_gives_502_and_the_proxy_keeps_serving
 
 
 async def test_slow_origin_gives_504(origin, start_proxy, client):
-    origin.set("/slow", delay=3.0)
+    origin.set("/slow", delay=1.0)  # past the read timeout, and over soon after the test
     proxy = await start_proxy(upstream__read_timeout="300ms")
     status, _, body = await fetch(client, base(proxy) + "/slow")
     assert status == 504 and b"timed out" in body
