@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import mmap
 import multiprocessing
 import os
 import sys
@@ -84,11 +85,14 @@ def build_engine(
     max_object_bytes: int | None = None,
     entry_overhead: int = ENTRY_OVERHEAD,
     eviction: str = "lru",
+    *,
+    shared: mmap.mmap | None = None,
 ) -> CacheEngine:
     """The engine the proxy would build: same store (charging the same per-entry overhead,
-    unless told otherwise, evicting the same way) and the same admission policy."""
+    unless told otherwise, evicting the same way) and the same admission policy (its window
+    in ``shared`` memory, as ``--workers`` shares it, when given)."""
     store = CacheStore(cache_bytes, max_object_bytes, entry_overhead, eviction)
-    return CacheEngine(store, make_policy(admission, store))
+    return CacheEngine(store, make_policy(admission, store, shared=shared))
 
 
 @dataclass(frozen=True)
@@ -147,12 +151,10 @@ def simulate(
         )
     else:
         engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
-    store = engine.store
     admission_core = compiled_admission(engine.admission)
     keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
-    counters = engine.counters
     total = len(trace)
     every = max(1, total // max(1, timeline_points))
     step = min(CHUNK, every)  # a short trace still gets its timeline points
@@ -160,21 +162,7 @@ def simulate(
     started = time.perf_counter()
     for start in range(0, total, step):
         stop = min(total, start + step)
-        deltas = simulate_chunk(
-            store.index,
-            admission_core,
-            times[start:stop],
-            keys.ids[start:stop],
-            sizes[start:stop],
-            keys.prefix,
-            keys.prefix_chars,
-            ttl,
-            store.entry_overhead,
-            store.max_object_bytes,
-            *keys.names,
-        )
-        for name, value in deltas.items():
-            setattr(counters, name, getattr(counters, name) + value)
+        run_chunk(engine, admission_core, keys, times, sizes, start, stop, ttl)
         if stop == total or stop // every != start // every:
             timeline.append(_timeline_point(engine, stop, float(times[stop - 1])))
         if progress is not None:
@@ -269,6 +257,30 @@ def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, flo
         "filter_fill": fs.fill if fs else 0.0,
         "filter_fp_estimate": fs.estimated_fp_rate if fs else 0.0,
     }
+
+
+def run_chunk(
+    engine: CacheEngine,
+    core: Admission,
+    keys: KeyArrays,
+    times: np.ndarray,
+    sizes: np.ndarray,
+    start: int,
+    stop: int,
+    ttl: float = math.inf,
+) -> None:
+    """Requests ``start:stop`` of a trace (its ``keys``, ``times`` and ``sizes``) through the
+    compiled loop, over ``engine``'s store and the compiled policy ``core``, counted in
+    ``engine``'s counters."""
+    store = engine.store
+    deltas = simulate_chunk(
+        store.index, core, times[start:stop], keys.ids[start:stop], sizes[start:stop],
+        keys.prefix, keys.prefix_chars, ttl, store.entry_overhead, store.max_object_bytes,
+        *keys.names,
+    )  # fmt: skip
+    counters = engine.counters
+    for name, value in deltas.items():
+        setattr(counters, name, getattr(counters, name) + value)
 
 
 @dataclass(frozen=True)

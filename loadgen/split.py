@@ -18,19 +18,23 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import math
 import mmap
 import time
 
 import numpy as np
 
-from loadgen.simulate import SimResult, compiled_admission, key_arrays, policy_label
+from loadgen.simulate import (
+    SimResult,
+    build_engine,
+    compiled_admission,
+    key_arrays,
+    policy_label,
+    run_chunk,
+)
 from loadgen.trace import Trace
-from proxy.core._native import simulate_chunk
-from proxy.core.admission import AdmissionConfig, make_policy, shared_window_size
-from proxy.core.engine import CacheEngine
+from proxy.core.admission import AdmissionConfig, shared_window_size
 from proxy.core.stats import combine
-from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.store import ENTRY_OVERHEAD
 
 WINDOWS = ("private", "shared")
 MEMORIES = ("divided", "each")
@@ -55,10 +59,10 @@ def simulate_split(
     each = cache_bytes // workers if memory == "divided" else cache_bytes
     size = shared_window_size(admission) if window == "shared" else 0
     machine = mmap.mmap(-1, size) if size else None
-    engines = []
-    for _ in range(workers):
-        store = CacheStore(each, max_object_bytes, entry_overhead, eviction)
-        engines.append(CacheEngine(store, make_policy(admission, store, shared=machine)))
+    engines = [
+        build_engine(each, admission, max_object_bytes, entry_overhead, eviction, shared=machine)
+        for _ in range(workers)
+    ]
     cores = [compiled_admission(e.admission) for e in engines]
     route = np.random.default_rng(seed).integers(0, workers, len(trace))
     keys = key_arrays(trace, "")
@@ -69,15 +73,7 @@ def simulate_split(
     started = time.perf_counter()
     for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
         w = int(route[start])
-        store = engines[w].store
-        deltas = simulate_chunk(
-            store.index, cores[w], times[start:stop], keys.ids[start:stop], sizes[start:stop],
-            keys.prefix, keys.prefix_chars, math.inf, store.entry_overhead,
-            store.max_object_bytes, *keys.names,
-        )  # fmt: skip
-        counters = engines[w].counters
-        for name, value in deltas.items():
-            setattr(counters, name, getattr(counters, name) + value)
+        run_chunk(engines[w], cores[w], keys, times, sizes, start, stop)
     elapsed = time.perf_counter() - started
     stats = combine([e.stats() for e in engines], shared_filter=machine is not None)
     label = f"{policy_label(admission, eviction)} x{workers} {window} window, memory {memory}"

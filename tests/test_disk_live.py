@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from conftest import admin_purge, base
+from conftest import fetch_as_client as get
 
 from proxy.disk import store as disk_store
 from proxy.disk.record_meta import record_stamp as stamp
@@ -19,12 +20,6 @@ from proxy.disk.store import READ_INLINE
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB"}  # fmt: skip
-
-
-async def get(service, path: str) -> tuple[int, dict[str, str], bytes]:
-    url, host = base(service) + path, {"Host": "example.test"}  # one key across restarts
-    async with aiohttp.ClientSession() as session, session.get(url, headers=host) as r:
-        return r.status, dict(r.headers), await r.read()
 
 
 async def admin_stats(service) -> dict:

@@ -1,6 +1,7 @@
 """One implementation, two drivers: a trace through the live proxy at concurrency 1 and
 through the simulator gives the same counters."""
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -48,6 +49,25 @@ async def live_record_length(proxy) -> Callable[[str, int], int]:
         return disk.record_length(key, rmeta, size)
 
     return length
+
+
+def two_tiers(capacity: int, directory) -> dict[str, str]:
+    """A memory tier of ``capacity`` bytes in front of a small disk tier that evicts."""
+    return {"cache__size": str(capacity), "cache__max_object_size": str(capacity),
+            "disk__path": str(directory), "disk__size": "256KiB",
+            "disk__region_size": "64KiB"}  # fmt: skip
+
+
+def simulated_like(proxy, trace: Trace, capacity: int, prefix: str, record_length,
+                   ttl: float = math.inf) -> dict:  # fmt: skip
+    """``simulate_tiers``' stats for ``trace`` with ``proxy``'s two tiers, as configured."""
+    section = proxy.config.disk
+    spec = DiskSpec(section.size, section.region_size,
+                    AdmissionConfig(policy=section.policy, window=section.window),
+                    record_length=record_length)  # fmt: skip
+    return simulate_tiers(
+        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix, ttl=ttl
+    ).stats
 
 
 async def replay(client, proxy, trace: Trace, clock: list[float] | None = None) -> str:
@@ -138,28 +158,12 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
     serve_trace(origin, trace)
     capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
     proxy = await start_proxy(
-        cache__size=str(capacity),
-        cache__max_object_size=str(capacity),
-        admission__policy=admission,
-        disk__path=str(tmp_path),
-        disk__size="256KiB",
-        disk__region_size="64KiB",
-        disk__policy=disk_admission,
+        **two_tiers(capacity, tmp_path), admission__policy=admission, disk__policy=disk_admission
     )
     record_length = await live_record_length(proxy)
     prefix = await replay(client, proxy, trace)
-    live = proxy.proxy.engine.stats()
-    disk = proxy.proxy.disk.stats()
-    section = proxy.config.disk
-    spec = DiskSpec(
-        section.size,
-        section.region_size,
-        AdmissionConfig(policy=section.policy, window=section.window),
-        record_length=record_length,
-    )
-    sim = simulate_tiers(
-        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix
-    ).stats
+    live, disk = proxy.proxy.engine.stats(), proxy.proxy.disk.stats()
+    sim = simulated_like(proxy, trace, capacity, prefix, record_length)
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
     assert disk["hits"] > 0 and live["evictions"] > 0 and disk["evicted_objects"] > 0
@@ -182,29 +186,15 @@ async def test_live_and_simulated_two_tiers_agree_with_ttls(
     now = [0.0]
     capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
     proxy = await start_proxy(
-        clock=lambda: now[0],
-        cache__size=str(capacity),
-        cache__max_object_size=str(capacity),
-        admission__policy=admission,
-        disk__path=str(tmp_path),
-        disk__size="256KiB",
-        disk__region_size="64KiB",
+        clock=lambda: now[0], **two_tiers(capacity, tmp_path), admission__policy=admission,
         disk__policy="second-hit",
-    )
+    )  # fmt: skip
     record_length = await live_record_length(proxy)
     prefix = await replay(client, proxy, trace, clock=now)
     live, disk = proxy.proxy.engine.stats(), proxy.proxy.disk.stats()
-    section = proxy.config.disk
-    spec = DiskSpec(section.size, section.region_size,
-                    AdmissionConfig(policy=section.policy, window=section.window),
-                    record_length=record_length)  # fmt: skip
-    sim = simulate_tiers(
-        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix, ttl=ttl
-    ).stats
+    sim = simulated_like(proxy, trace, capacity, prefix, record_length, ttl=ttl)
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
     assert disk["hits"] > 0 and disk["dropped"] > 0  # records answered, and replaced once stale
-    forever = simulate_tiers(
-        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix
-    ).stats
+    forever = simulated_like(proxy, trace, capacity, prefix, record_length)
     assert live["hits"] < forever["hits"], "responses expired, and cost hits"

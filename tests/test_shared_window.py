@@ -18,7 +18,7 @@ from proxy.core.window import WindowedBloomFilter, shared_window_bytes
 from proxy.ops import machine
 
 
-def shared(capacity: int = 1000, window: float = 60.0, g: int = 2) -> mmap.mmap:
+def shared(capacity: int = 1000, g: int = 2) -> mmap.mmap:
     return mmap.mmap(-1, shared_window_bytes(capacity, 0.01, g))
 
 

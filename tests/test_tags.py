@@ -8,6 +8,7 @@ import tracemalloc
 
 import aiohttp
 from conftest import admin_purge, base
+from conftest import fetch_as_client as get
 
 from loadgen.simulate import build_engine
 from proxy.core.admission import AdmissionConfig
@@ -78,12 +79,6 @@ def test_100000_tags_keep_the_engine_within_its_cache_size():
     assert engine.store.evictions > 0  # the tags' charge made room
     assert held <= size, f"{held:,} bytes held for a cache of {size:,}"
     assert sum(len(keys) for keys in engine.tags.keys.values()) == 50 * len(engine.store)
-
-
-async def get(service, path: str) -> tuple[int, dict[str, str], bytes]:
-    url, host = base(service) + path, {"Host": "example.test"}
-    async with aiohttp.ClientSession() as session, session.get(url, headers=host) as r:
-        return r.status, dict(r.headers), await r.read()
 
 
 async def test_a_purge_by_tag_reaches_memory_and_the_disk_and_outlives_a_restart(

@@ -375,7 +375,10 @@ class CacheEngine(ResponseDecisions):
             return self._plain_fetch(request, now)
         offline = rfc9111.only_if_cached(headers)
         if type(found) is Stale:
-            return self._on_stale(request, found, offline)
+            action = self._on_stale(request, found, offline)
+            if type(action) is FromCache:
+                self.served_stale(found.entry)
+            return action
         if offline:
             return Refuse(504, "only-if-cached: not in cache", "uri-miss")
         if found is PRIVATE_MISS or self.carries_cookie(request):
@@ -390,12 +393,11 @@ class CacheEngine(ResponseDecisions):
         return self._plain_fetch(request, now, whole=whole)
 
     def _on_stale(self, request: RequestMeta, found: Stale, offline: bool) -> Action:
-        """What is done with a stored response that is not fresh for ``request``: served
-        stale where the rules allow, revalidated with its validators, or (``offline``:
-        only-if-cached) a 504."""
+        """What is done with a response that is not fresh for ``request``: served stale where
+        the rules allow, revalidated with its validators, or (``offline``: only-if-cached) a
+        504. Nothing is counted: the caller counts a stale answer (``served_stale``)."""
         entry = found.entry
         if found.serve_stale:
-            self.served_stale(entry)
             return FromCache(entry, found.age, fresh=False, refresh=not offline)
         if offline:
             return Refuse(504, "only-if-cached: the stored response is stale", "stale")
@@ -423,29 +425,26 @@ class CacheEngine(ResponseDecisions):
         the store cannot keep it, or it answers no one (private to another user)."""
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
-        age = entry.age(now)
-        stale = _stale(entry, age, _directives(request))
-        offline = rfc9111.only_if_cached(request.headers)
-        if not stale.serve_stale:
-            if offline:  # a 504, as for a stale response in memory: nothing to keep
-                tier.answered(False)
-                return self._on_stale(request, stale, offline)
-            if request.method == "HEAD" or not (
-                any(True for _ in rfc9111.conditional_headers(entry.headers))
-                or self._may_serve_on_error(stale, request)
-            ):
-                return None
+        stale = _stale(entry, entry.age(now), _directives(request))
+        action = self._on_stale(request, stale, rfc9111.only_if_cached(request.headers))
+        if type(action) is Refuse:  # a 504, as for a stale response in memory: nothing kept
+            tier.answered(False)
+            return action
+        stale_answer = type(action) is FromCache
+        if not stale_answer and not (
+            type(action) is Revalidate and (action.conditions or action.stale_if_error)
+        ):
+            return None  # a plain refetch (a HEAD's, or one with no validator)
         self.promote(entry, vary)
         if self.store.peek(entry.key) is not entry:
             return None
-        action = self._on_stale(request, stale, offline)
         # The tier answered when its record did, stale; a revalidation is the origin's answer.
-        tier.answered(type(action) is FromCache)
-        c = self.counters
-        if type(action) is FromCache:
-            c.stale_from_disk += 1
-        elif type(action) is Revalidate:
-            c.revalidated_from_disk += 1
+        tier.answered(stale_answer)
+        if stale_answer:
+            self.served_stale(entry)
+            self.counters.stale_from_disk += 1
+        else:
+            self.counters.revalidated_from_disk += 1
         return action
 
     def _plain_fetch(self, request: RequestMeta, now: float, *, whole: bool = True) -> Fetch:

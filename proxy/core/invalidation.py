@@ -76,9 +76,7 @@ class Removals:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
         every tier; how many the store held."""
         removed = sum(self._delete(key) for key in self.tags.tagged(tags))
-        for tier in self.behind:
-            for tag in tags:
-                tier.ban(tag, by_tag=True)
+        self._purge_behind("tags", tags)
         return removed
 
     def purge_prefix(self, prefix: str) -> int:
@@ -86,8 +84,7 @@ class Removals:
         from every tier; how many entries the store held."""
         urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
         removed = sum(self._delete_url(url) for url in urls)
-        for tier in self.behind:
-            tier.ban(prefix, by_tag=False)
+        self._purge_behind("prefix", prefix)
         return removed
 
     def purge(self, kind: str, value: str | list[str], now: float, *, soft: bool = False) -> Purged:
@@ -97,14 +94,7 @@ class Removals:
         once every tier made it durable (``Tier.durable``)."""
         if soft:
             count = self.soft_purge(self.stored_keys(**{kind: value}), now)
-            for tier in self.behind:
-                if kind == "url":
-                    tier.forget(value, PURGE)  # type: ignore[arg-type]
-                elif kind == "prefix":
-                    tier.ban(value, by_tag=False)  # type: ignore[arg-type]
-                else:
-                    for tag in value:
-                        tier.ban(tag, by_tag=True)
+            self._purge_behind(kind, value)
         elif kind == "url":
             count = self.invalidate(value, PURGE)  # type: ignore[arg-type]
         elif kind == "prefix":
@@ -113,6 +103,18 @@ class Removals:
             count = self.purge_tags(value)  # type: ignore[arg-type]
         durable = all([tier.durable() for tier in self.behind])
         return Purged(count, soft, durable)
+
+    def _purge_behind(self, kind: str, value: str | list[str]) -> None:
+        """Hand a purge (see ``purge``) to every tier behind the store: a URL is forgotten,
+        a prefix or each tag banned."""
+        for tier in self.behind:
+            if kind == "url":
+                tier.forget(value, PURGE)  # type: ignore[arg-type]
+            elif kind == "prefix":
+                tier.ban(value, by_tag=False)  # type: ignore[arg-type]
+            else:
+                for tag in value:
+                    tier.ban(tag, by_tag=True)
 
     def stored_keys(
         self,

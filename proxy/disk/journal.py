@@ -35,6 +35,17 @@ _DROP = struct.Struct("<QII")  # the key's hash, the record's region and offset
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_APPEND
 
 
+def replaced(path: Path, data: bytes, what: str) -> bool:
+    """``directory.replace_file``, or (with one log line, False) ``path`` holds what it held
+    before: a file of the tier (``what``) written whole or not at all."""
+    try:
+        replace_file(path, data)
+    except OSError as exc:
+        DISK_ERRORS.warning("writing %s failed: %r", what, exc)
+        return False
+    return True
+
+
 class Journal:
     """The removals of the disk tier under ``directory`` (its index ``tier``, its files
     ``log``), kept on the device."""
@@ -96,12 +107,7 @@ class Journal:
 
     def save_bans(self) -> bool:
         """Replace the bans file with the tier's bans; whether the device took it."""
-        try:
-            replace_file(self.bans_path, json.dumps(self.tier.bans).encode())
-        except OSError as exc:
-            DISK_ERRORS.warning("writing the disk tier's bans failed: %r", exc)
-            return False
-        return True
+        return replaced(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
 
     def checkpointed(self) -> None:
         """The checkpoint just written holds every drop: the journal starts again."""

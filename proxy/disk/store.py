@@ -49,10 +49,10 @@ from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
-from proxy.core.tags import response_tags, storable_tags
+from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
-from proxy.disk.directory import claim, read_file, release, replace_file
-from proxy.disk.journal import Journal
+from proxy.disk.directory import claim, read_file, release
+from proxy.disk.journal import Journal, replaced
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.disk.region_log import DISK_ERRORS, RegionLog
 
@@ -117,7 +117,7 @@ class DiskStore:
         slots = self.tier.index.dump()
         head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
                                 zlib.crc32(slots))  # fmt: skip
-        if _replace(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
+        if replaced(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
             self.journal.checkpointed()
 
     def _saved(self) -> tuple[int, int, bytes] | None:
@@ -153,18 +153,17 @@ class DiskStore:
     ) -> bool:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
         asked once at its head: a whole 200 GET (a variant is written by ``write_variant``),
-        or (``part``) a slice's 206 under its slice key (``write_slice``), with no more tags
-        than the store takes, and then the tier's admission, which counts the sighting of
-        what would be written: the URL, or the variant the request selects (so each variant
-        is asked for as often as a URL is before the device takes it, and a client cycling a
-        varied field's values writes nothing)."""
+        or (``part``) a slice's 206 under its slice key (``write_slice``), and then the tier's
+        admission, which counts the sighting of what would be written: the URL, or the
+        variant the request selects (so each variant is asked for as often as a URL is before
+        the device takes it, and a client cycling a varied field's values writes nothing).
+        One with more tags than the store takes is never asked about (``Fetcher._to_disk``)."""
         if (
             not whole
             or request.method != "GET"
             or response.status != (206 if part else 200)
             or (part and response.vary)
             or not response.cacheable
-            or storable_tags(response.headers) is None  # as the store: no purge could reach it
         ):
             return False
         size = length or 0
@@ -400,17 +399,6 @@ class DiskStore:
         if self._lock is not None:
             release(self._lock)
             self._lock = None
-
-
-def _replace(path: Path, data: bytes, what: str) -> bool:
-    """``directory.replace_file``, or (with one log line, False) ``path`` holds what it held
-    before."""
-    try:
-        replace_file(path, data)
-    except OSError as exc:
-        DISK_ERRORS.warning("writing %s failed: %r", what, exc)
-        return False
-    return True
 
 
 def process_write_bytes() -> int | None:

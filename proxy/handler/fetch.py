@@ -29,6 +29,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
+    TOO_MANY_TAGS,
     Answer,
     Fetch,
     Keep,
@@ -209,7 +210,7 @@ class Fetcher:
             upstream.close()
             again = replace(action, whole=False, collapse=False)
             return (await self.fetch(request, meta, url, again))[0], GO_DIRECT
-        to_disk = self._to_disk(meta, rmeta, length, fits, action)
+        to_disk = self._to_disk(meta, rmeta, length, fits, action, decision)
         answer, cache_status, arrived, parts, out = self._relay(
             request, meta, upstream, action, flight, headers, rmeta, decision, fits, to_disk
         )
@@ -239,7 +240,7 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
-        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE)
+        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE, decision)
         _, _, arrived, parts, out = self._relay(
             request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits, to_disk
         )
@@ -334,15 +335,22 @@ class Fetcher:
         (a slice, or an object one slice held): stored, or counted, in memory and on the
         disk tier when it takes it."""
         size = len(body)
-        to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE)
+        to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE, decision)
         self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
 
     def _to_disk(
-        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, fits: bool, action: Fetch
+        self,
+        meta: RequestMeta,
+        rmeta: ResponseMeta,
+        length: int | None,
+        fits: bool,
+        action: Fetch,
+        decision: Keep | NotStored,
     ) -> bool:
-        """Whether the disk tier takes this response: asked once, at its head."""
+        """Whether the disk tier takes this response: asked once, at its head. Not one with
+        more tags than the store takes (the engine's ``decision``): no purge could reach it."""
         disk = self.disk
-        if disk is None or not fits:
+        if disk is None or not fits or decision is TOO_MANY_TAGS:
             return False
         # A cacheable 206 is a slice (``proxy.handler.slicing``): the cache stores no other.
         part = rmeta.status == 206

@@ -114,17 +114,16 @@ class Workers:
             stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
         )  # fmt: skip
         assert process.stdout is not None
+        line = ""
         try:
             line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
         except TimeoutError:
-            line = ""
-        except asyncio.CancelledError:  # the parent is leaving: no worker left behind
-            process.kill()
-            await process.wait()
-            raise
+            pass
+        finally:
+            if not line.startswith(READY):  # silent, or the parent is leaving: none left behind
+                process.kill()
+                await process.wait()
         if not line.startswith(READY):
-            process.kill()
-            await process.wait()
             raise RuntimeError(f"a worker did not start (it said {line!r})")
         return process, line[len(READY) :].strip()
 
