@@ -24,6 +24,14 @@ Rules it keeps:
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
   three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
   Two keys of one hash share a slot; the record holds its whole key, which every read checks.
+  It counts the records and bytes it holds, per region, so an evicted region's leave at once.
+* The workers of one machine share one tier (``--workers``): its index and its ring's head
+  in shared memory (``proxy.core._native.SharedIndex`` and ``proxy.core.regions.SharedRegions``,
+  the same calls), changed without locks. A fixed table, 8 records a bucket and one a 2 KiB
+  of the ring: where records are smaller than that on average, a full bucket gives up its
+  oldest region's record (a miss, counted ``pushed_out``), as the ring would first. A
+  reader may meet a slot being taken over; the record's key, checked on every read, makes
+  that a miss. The disk admission's window is shared too (``admission_memory``).
 * A write budget (``WriteBudget``, bytes a second; none by default) tightens admission when
   the tier writes faster: what the admission takes is then written with a probability set
   each second from the last second's rate, as CacheLib's dynamic random admission keeps flash
@@ -38,22 +46,22 @@ from __future__ import annotations
 import random
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from proxy.core._native import DiskIndex, hash64
+from proxy.core._native import DiskIndex, SharedIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
-from proxy.core.regions import Regions
+from proxy.core.regions import Regions, SharedRegions
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
+
+if TYPE_CHECKING:
+    from proxy.core.window import SharedMemory
 
 # A record's header (``proxy.disk.region_log`` writes and reads records): magic, the whole record's
 # length, the checksum of what follows it, the key's length, the meta's length.
 RECORD = struct.Struct("<4sIIHI")
 RECORD_HEADER = RECORD.size
-# A slot as ``DiskIndex.dump`` writes it, in the machine's byte order.
-SLOT = np.dtype([("key", "u8"), ("region", "u4"), ("offset", "u4"), ("length", "u4")])
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
 # Bans kept at most (a few hundred bytes each): past this, one ban of everything replaces them.
@@ -128,16 +136,17 @@ class DiskTier:
     """The index and counters of a disk tier writing into ``regions``, admitting by
     ``admission``."""
 
-    regions: Regions
+    regions: Regions | SharedRegions
     admission_config: AdmissionConfig = field(default_factory=AdmissionConfig)
     counters: DiskCounters = field(default_factory=DiskCounters)
-    bytes_held: int = 0
-    region_bytes: dict[int, int] = field(default_factory=dict)  # bytes placed, by live region
     budget: WriteBudget = field(default_factory=lambda: WriteBudget(0.0))
     # Outstanding purges by prefix or tag, oldest first; changed in place only (a compiled
     # reader holds this list).
     bans: list[Ban] = field(default_factory=list)
-    index: DiskIndex = field(init=False, repr=False)
+    # The index a machine's workers share (``regions`` then shares its ring), and the memory
+    # of the admission window they share; None: the process's own.
+    index: DiskIndex | SharedIndex | None = field(default=None, repr=False)
+    admission_memory: SharedMemory | None = field(default=None, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -148,11 +157,21 @@ class DiskTier:
                 f"victim by key, which a ring of regions has not; use one of "
                 f"{', '.join(DISK_POLICIES)}"
             )
-        self.index = DiskIndex(self.regions.regions)
-        self.admission = make_policy(self.admission_config, self)  # type: ignore[arg-type]
+        if self.index is None:
+            self.index = DiskIndex(self.regions.regions)
+        self.admission = make_policy(
+            self.admission_config,
+            self,  # type: ignore[arg-type]
+            shared=self.admission_memory,
+        )
 
     def __len__(self) -> int:
         return len(self.index)
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the records the index holds."""
+        return self.index.bytes
 
     def estimated_capacity_objects(self) -> int:
         """Records of the mean length held that the ring holds when full (0 when empty):
@@ -243,7 +262,6 @@ class DiskTier:
         self._follow_evictions()
         slot = Slot(region, offset, length)
         self.index.put(hash64(key)[0], region, offset, length)
-        self._held(region, length)
         self.counters.admissions += 1
         self.counters.bytes_written += length
         self.budget.wrote(length)
@@ -253,20 +271,12 @@ class DiskTier:
         """Index a record found on disk at start-up (``RegionLog.recover``): no write counted."""
         self._from_ring()
         self.index.put(hash64(key)[0], region, offset, length)
-        self._held(region, length)
 
     def restore_slots(self, slots: bytes) -> int:
         """Put back the slots a checkpoint holds (``DiskIndex.dump``): those of regions no
         longer live are left out. How many were put."""
         self._from_ring()
-        put = self.index.load(slots)
-        table = np.frombuffer(slots, dtype=SLOT)
-        table = table[table["region"] >= self.index.first]
-        regions, where = np.unique(table["region"], return_inverse=True)
-        totals = np.bincount(where, weights=table["length"], minlength=len(regions))
-        for region, total in zip(regions.tolist(), totals.tolist(), strict=True):
-            self._held(region, int(total))
-        return put
+        return self.index.load(slots)
 
     def drop(self, key: str, *, purged: bool = False) -> Slot | None:
         """Forget ``key``: its record could not be written or read whole, its URL was
@@ -274,10 +284,9 @@ class DiskTier:
         tier held none."""
         h1 = hash64(key)[0]
         found = self.index.get(h1)
-        if found is None or not self.index.delete(h1):
+        if found is None or not self.index.delete_at(h1, found[0], found[1]):
             return None
         region, offset, length = found
-        self._held(region, -length)
         if purged:
             self.counters.purged += 1
         else:
@@ -323,17 +332,10 @@ class DiskTier:
     def forget_at(self, key_hash: int, region: int, offset: int) -> bool:
         """Drop the record of ``key_hash`` if the index holds it at ``region`` and ``offset``
         (a drop journaled before a crash, made again); whether it did."""
-        found = self.index.get(key_hash)
-        if found is None or found[:2] != (region, offset) or not self.index.delete(key_hash):
+        if not self.index.delete_at(key_hash, region, offset):
             return False
-        self._held(region, -found[2])
         self.counters.dropped += 1
         return True
-
-    def _held(self, region: int, length: int) -> None:
-        """``length`` bytes more (or fewer) held in ``region``."""
-        self.region_bytes[region] = self.region_bytes.get(region, 0) + length
-        self.bytes_held += length
 
     def _from_ring(self) -> None:
         """An empty index starts at the ring's oldest live region: nothing older to drop one
@@ -341,17 +343,13 @@ class DiskTier:
         live = self.regions.live
         if live and len(self.index) == 0 and self.index.first < live[0]:
             self.index.resume(live[0])
-            self.region_bytes.clear()
-            self.bytes_held = 0
 
     def _follow_evictions(self) -> None:
         """Drop from the index the regions ``regions`` evicted, oldest first."""
         live = self.regions.live
         self._from_ring()
         while live and self.index.first < live[0]:
-            region = self.index.first
-            self.counters.evicted_objects += self.index.evict_region(region)
-            self.bytes_held -= self.region_bytes.pop(region, 0)
+            self.counters.evicted_objects += self.index.evict_region(self.index.first)
         self.expire_bans()
 
     def expire_bans(self) -> None:

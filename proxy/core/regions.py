@@ -11,12 +11,18 @@ alike, so the simulator's bytes written are the device's):
   record in it is gone at once (FIFO eviction, as CacheLib's region-based BlockCache does),
   so no region is ever rewritten in place.
 * A record larger than a region is refused (``None``): it would not be stored whole.
+* ``SharedRegions`` keeps the same rules for every process of one machine at once: the ring's
+  head is a word of shared memory (``proxy.core._native.SharedIndex``), each record's place
+  reserved with one compare-and-swap, so two workers appending to one region never overlap,
+  and the worker whose record opens a region is the one told which region it evicted.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+from proxy.core._native import SharedIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +32,7 @@ class Placement:
 
     region: int
     offset: int
-    evicted: int | None = None
+    evicted: tuple[int, ...] = ()
 
 
 class Regions:
@@ -50,7 +56,7 @@ class Regions:
         """Place a record of ``length`` bytes; None when it is larger than a region."""
         if length > self.region_size:
             return None
-        evicted = None
+        evicted: tuple[int, ...] = ()
         if self.fill + length > self.region_size:
             evicted = self._open()
         offset = self.fill
@@ -58,10 +64,10 @@ class Regions:
         self.bytes_written += length
         return Placement(self.live[-1], offset, evicted)
 
-    def _open(self) -> int | None:
-        evicted = None
+    def _open(self) -> tuple[int, ...]:
+        evicted: tuple[int, ...] = ()
         if len(self.live) >= self.regions:
-            evicted = self.live.popleft()
+            evicted = (self.live.popleft(),)
             self.evictions += 1
         self.live.append(self.next)
         self.next += 1
@@ -76,9 +82,67 @@ class Regions:
         self.next = (kept[-1] + 1) if kept else self.next
         self.fill = fill if kept else self.region_size
 
+    def close(self) -> None:
+        """The open region takes no more records (one could not be written whole): the next
+        record opens a new region."""
+        self.fill = self.region_size
+
     def holds(self, region: int) -> bool:
         """Whether ``region`` is live (its records may still be read)."""
         return bool(self.live) and self.live[0] <= region <= self.live[-1]
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.region_size * self.regions
+
+
+class SharedRegions:
+    """``Regions`` whose ring every process of one machine writes into: its head in ``index``,
+    the shared memory of the tier's index. ``bytes_written`` and ``evictions`` are this
+    process's own."""
+
+    def __init__(self, index: SharedIndex, region_size: int, regions: int) -> None:
+        self.index = index
+        self.region_size = region_size
+        self.regions = regions
+        self.bytes_written = 0
+        self.evictions = 0
+
+    @property
+    def live(self) -> range:
+        """The live regions, oldest first; the last is open."""
+        open_region = self.index.open_region
+        return range(self.index.oldest, open_region + 1) if open_region >= 0 else range(0)
+
+    @property
+    def fill(self) -> int:
+        return self.index.fill
+
+    def place(self, length: int) -> Placement | None:
+        """``Regions.place``, reserved in the shared ring."""
+        reserved = self.index.reserve(length)
+        if reserved is None:
+            return None
+        region, offset, evicted = reserved
+        self.bytes_written += length
+        self.evictions += len(evicted or ())
+        return Placement(region, offset, tuple(evicted or ()))
+
+    def resume(self, live: list[int], fill: int) -> None:
+        """``Regions.resume``: the ring every process shares takes up these regions."""
+        kept = live[-self.regions :]
+        if kept:
+            self.index.restart(kept[0], kept[-1], fill)
+        else:
+            self.index.restart(self.index.oldest, None, 0)
+
+    def close(self) -> None:
+        """``Regions.close``, for every process."""
+        self.index.close_open()
+
+    def holds(self, region: int) -> bool:
+        """Whether ``region`` is live (its records may still be read)."""
+        return self.index.oldest <= region <= self.index.open_region
 
     @property
     def capacity_bytes(self) -> int:

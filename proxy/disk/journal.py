@@ -14,6 +14,10 @@ What it guarantees:
   region's file), and ``durable`` says so. A restart then finds none of it either way.
 * A journal or bans file that cannot be read may hide purges: every record written so far is
   purged.
+* The workers of one machine share one tier (``--workers``): each journals its own drops and
+  keeps its bans in files of its own (``name``: ``drops-1.log``, ``bans-1.json``), and empties
+  its journal once a checkpoint begun after its last drop is written (``covered``). The
+  process that loads the tier at start-up (``restore_all``) takes up every worker's files.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 from proxy.core._native import hash64
-from proxy.core.disk import Ban, DiskTier, Slot
+from proxy.core.disk import MAX_BANS, Ban, DiskTier, Slot
 from proxy.disk.directory import open_file, read_file, replace_file, sync_directory
 from proxy.disk.region_log import DISK_ERRORS, RegionLog
 
@@ -50,11 +55,22 @@ class Journal:
     """The removals of the disk tier under ``directory`` (its index ``tier``, its files
     ``log``), kept on the device."""
 
-    def __init__(self, directory: Path, tier: DiskTier, log: RegionLog) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        tier: DiskTier,
+        log: RegionLog,
+        name: str = "",
+        begun: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.tier = tier
         self.log = log
-        self.drops_path = directory / DROPS
-        self.bans_path = directory / BANS
+        self.directory = directory
+        self.drops_path = directory / DROPS.replace(".", f"{name}.")
+        self.bans_path = directory / BANS.replace(".", f"{name}.")
+        # The checkpoints begun when the last drop was journaled (``covered``).
+        self._begun = begun
+        self._mark = 0
         self._drops: int | None = None  # the journal's descriptor, opened at its first drop
         self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
         self._bans_saved = True
@@ -62,9 +78,49 @@ class Journal:
 
     def restore(self) -> int:
         """At start-up: the bans back in the tier, and the drops made again; how many."""
-        self.tier.bans[:] = self._saved_bans()
+        self.tier.bans[:] = self._saved_bans(self.bans_path)
         self.tier.expire_bans()
-        return self._drop_again()
+        return self._drop_again(self.drops_path)
+
+    def restore_all(self) -> int:
+        """``restore`` from every worker's files and this journal's own: the bans of all (a
+        ban is kept once), the drops of all made again; how many."""
+        bans: list[Ban] = []
+        for path in self._files(BANS):
+            bans += [ban for ban in self._saved_bans(path) if ban not in bans]
+        self.tier.bans[:] = bans if len(bans) <= MAX_BANS else self._everything()
+        self.tier.expire_bans()
+        return sum(self._drop_again(path) for path in self._files(DROPS))
+
+    def take_over(self) -> None:
+        """After ``restore_all`` and a checkpoint that holds its drops: the bans in this
+        journal's file alone, every other worker's files removed."""
+        if not self.save_bans():
+            return
+        for path in [*self._files(DROPS), *self._files(BANS)]:
+            if path not in (self.drops_path, self.bans_path):
+                path.unlink(missing_ok=True)
+        self.checkpointed()
+
+    def bans_of_all(self) -> None:
+        """A worker's start: the bans every worker and the loader saved, in the tier."""
+        bans = self.tier.bans
+        for path in self._files(BANS):
+            bans.extend(ban for ban in self._saved_bans(path) if ban not in bans)
+        if len(bans) > MAX_BANS:
+            bans[:] = self._everything()
+        self.tier.expire_bans()
+
+    def _files(self, name: str) -> list[Path]:
+        """This tier's files of kind ``name`` (``drops.log``, ``bans.json``): the loader's and
+        every worker's."""
+        stem, suffix = name.split(".")
+        return sorted(
+            p
+            for p in self.directory.iterdir()
+            if p.name == name or (p.name.startswith(f"{stem}-") and p.name.endswith(f".{suffix}")
+                                  and p.name[len(stem) + 1 : -len(suffix) - 1].isdigit())
+        )  # fmt: skip
 
     def dropped(self, key: str, slot: Slot) -> None:
         """Journal the drop of ``key``'s record, which lay at ``slot``; one the journal cannot
@@ -75,6 +131,7 @@ class Journal:
                 self._drops = self._open()
             if os.write(self._drops, entry) != len(entry):
                 raise OSError("the journal took part of a drop")
+            self._mark = self._begun()
         except OSError as exc:
             DISK_ERRORS.warning("journaling a dropped record failed: %r", exc)
             self.lose([slot.region], "a dropped record")
@@ -109,6 +166,12 @@ class Journal:
         """Replace the bans file with the tier's bans; whether the device took it."""
         return replaced(self.bans_path, json.dumps(self.tier.bans).encode(), "the disk tier's bans")
 
+    def covered(self, done: int) -> None:
+        """Checkpoint ``done`` is written: the journal starts again when it began after the
+        last drop was journaled (so it holds every drop)."""
+        if done > self._mark:
+            self.checkpointed()
+
     def checkpointed(self) -> None:
         """The checkpoint just written holds every drop: the journal starts again."""
         try:
@@ -129,7 +192,7 @@ class Journal:
         for region in regions:
             self.log.remove(region)
             if live.live and region == live.live[-1]:
-                live.fill = live.region_size  # the next record opens a new region
+                live.close()
 
     def close(self) -> None:
         """Close the journal's descriptor (the next drop opens it again)."""
@@ -153,9 +216,9 @@ class Journal:
             raise
         return fd
 
-    def _saved_bans(self) -> list[Ban]:
+    def _saved_bans(self, path: Path) -> list[Ban]:
         try:
-            saved = json.loads(read_file(self.bans_path))
+            saved = json.loads(read_file(path))
             return [(str(value), int(region), int(offset), bool(by_tag))
                     for value, region, offset, by_tag in saved]  # fmt: skip
         except FileNotFoundError:
@@ -169,9 +232,9 @@ class Journal:
         live = self.tier.regions.live
         return [("", live[-1], self.tier.regions.fill, False)] if live else []
 
-    def _drop_again(self) -> int:
+    def _drop_again(self, path: Path) -> int:
         try:
-            data = read_file(self.drops_path)
+            data = read_file(path)
         except FileNotFoundError:
             return 0
         except OSError as exc:

@@ -25,14 +25,14 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from xxhash import xxh3_64_intdigest
 
 from proxy.config.logs import OneLineEvery
 from proxy.core.disk import RECORD, Slot
-from proxy.core.regions import Regions
+from proxy.core.regions import Regions, SharedRegions
 from proxy.disk.directory import open_file
 
 DISK_ERRORS = logging.getLogger("onehit.disk")
@@ -97,7 +97,7 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[bytes, bytes, bytes] |
 class RegionLog:
     """The region files of one disk tier under ``directory``, placed by ``regions``."""
 
-    def __init__(self, directory: str | Path, regions: Regions) -> None:
+    def __init__(self, directory: str | Path, regions: Regions | SharedRegions) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.regions = regions
@@ -122,17 +122,19 @@ class RegionLog:
         placement = self.regions.place(len(record))
         if placement is None:
             return None
-        if placement.evicted is not None:
-            self.remove(placement.evicted)
+        for region in placement.evicted:
+            self.remove(region)
         try:
             fd = self._fd_for(placement.region)
-            written = os.write(fd, record)
+            # At its place, not appended: the workers of a machine reserve places in one
+            # region (``SharedRegions``) and write them in whatever order they get to.
+            written = os.pwrite(fd, record, placement.offset)
             if written != len(record):
                 raise OSError(f"wrote {written} of {len(record)} bytes")
         except OSError as exc:
             DISK_ERRORS.warning("writing region %d failed: %r", placement.region, exc)
             self._close_writing()
-            self.regions.fill = self.regions.region_size  # the next record opens a new region
+            self.regions.close()
             return None
         return Slot(placement.region, placement.offset, len(record))
 
@@ -256,13 +258,23 @@ class RegionLog:
         except OSError:
             return 0
 
-    def sync(self) -> None:
-        """The open region's bytes to the device (before a checkpoint claims them)."""
-        if self._writing is not None:
+    def sync(self, regions: Iterable[int]) -> None:
+        """The bytes of ``regions``' files to the device (before a checkpoint claims them),
+        whichever process wrote them."""
+        for region in regions:
             try:
-                os.fsync(self._writing[1])
+                fd = open_file(self.path(region), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # none was written there: nothing to sync
             except OSError as exc:
-                DISK_ERRORS.warning("syncing region %d failed: %r", self._writing[0], exc)
+                DISK_ERRORS.warning("syncing region %d failed: %r", region, exc)
+                continue
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                DISK_ERRORS.warning("syncing region %d failed: %r", region, exc)
+            finally:
+                os.close(fd)
 
     def _cut(self, region: int, end: int) -> None:
         """Drop what follows the last whole record of ``region`` (a write the crash tore)."""
@@ -281,7 +293,7 @@ class RegionLog:
         if writing is not None and writing[0] == region:
             return writing[1]
         self._close_writing()
-        fd = open_file(self.path(region), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = open_file(self.path(region), os.O_WRONLY | os.O_CREAT)
         self._writing = (region, fd)
         return fd
 

@@ -27,6 +27,11 @@ memory tier, keeping what it took across restarts.
   lookup reads the anchor to know which variant a request selects (``lookup_request``). A
   purge of the URL drops the anchor, other fields write a new one, and no variant written
   before the anchor on disk is found again.
+* The workers of one machine share one tier (``Sharing``): its index, its ring and its
+  admission window in memory the parent maps too. The parent is the tier's loader and keeper
+  (``Sharing.worker`` None): it claims the directory, takes up what it holds (every worker's
+  journal and bans too), and writes the checkpoints; each worker reads, writes and forgets
+  records itself, journaling its own drops, and writes no checkpoint.
 """
 
 from __future__ import annotations
@@ -38,15 +43,17 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
-from proxy.core.admission import AdmissionConfig
+from proxy.core._native import SharedIndex, shared_index_bytes
+from proxy.core.admission import AdmissionConfig, shared_window_size
 from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget
 from proxy.core.events import RequestMeta, ResponseMeta
-from proxy.core.regions import Regions
+from proxy.core.regions import Regions, SharedRegions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
@@ -55,6 +62,9 @@ from proxy.disk.directory import claim, read_file, release
 from proxy.disk.journal import Journal, replaced
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.disk.region_log import DISK_ERRORS, RegionLog
+
+if TYPE_CHECKING:
+    from proxy.core.window import SharedMemory
 
 CHECKPOINT = "index.checkpoint"
 # A record up to this long is read on the event loop when the page cache holds all of it
@@ -68,27 +78,74 @@ _MAGIC = b"OHC1"
 _CHECKPOINT = struct.Struct("<4sQQQI")
 
 
-class DiskStore:
-    """One disk tier under ``section.path``."""
+@dataclass(frozen=True)
+class Sharing:
+    """How one process of a machine takes part in the tier every worker shares: ``index``,
+    memory of ``shared_bytes(section)[0]`` bytes (``SharedIndex``), and ``window``, of
+    ``shared_bytes(section)[1]`` (the disk admission's window; None when it keeps none).
+    ``worker``: the worker's place (its journal's name), None for the parent, which loads the
+    tier and writes its checkpoints. ``follows_memory``: the tier takes what the memory tier
+    keeps, and nothing else (the tier in shared memory that stands for the memory tier when
+    there is no ``[disk] path``)."""
 
-    def __init__(self, section: DiskSection, hidden: frozenset[str] = frozenset()) -> None:
+    index: SharedMemory
+    window: SharedMemory | None
+    worker: int | None
+    follows_memory: bool = False
+
+
+def shared_bytes(section: DiskSection) -> tuple[int, int]:
+    """The bytes of shared memory a tier of ``section`` takes: its index and ring, and its
+    admission window (0: a policy that keeps none)."""
+    regions = section.size // section.region_size
+    window = shared_window_size(AdmissionConfig(policy=section.policy, window=section.window))
+    return shared_index_bytes(regions, section.region_size), window
+
+
+class DiskStore:
+    """One disk tier under ``section.path``; ``sharing``: the part this process takes in a
+    tier the workers of its machine share."""
+
+    def __init__(
+        self,
+        section: DiskSection,
+        hidden: frozenset[str] = frozenset(),
+        sharing: Sharing | None = None,
+    ) -> None:
         # Stored heads are rendered hiding these fields, under this stamp (``record_meta``).
         self.hidden = hidden
         self.stamp = record_stamp(hidden)
-        regions = Regions(section.region_size, section.size // section.region_size)
+        self.sharing = sharing
+        count = section.size // section.region_size
         admission = AdmissionConfig(policy=section.policy, window=section.window)
-        self.tier = DiskTier(regions, admission, budget=WriteBudget(section.max_write_rate))
+        budget = WriteBudget(section.max_write_rate)
+        if sharing is None:
+            self.tier = DiskTier(Regions(section.region_size, count), admission, budget=budget)
+        else:
+            index = SharedIndex(sharing.index, count, section.region_size)
+            ring = SharedRegions(index, section.region_size, count)
+            self.tier = DiskTier(ring, admission, budget=budget, index=index,
+                                 admission_memory=sharing.window)  # fmt: skip
         # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
         self.answered = self.tier.answered
-        self._lock: int | None = claim(Path(section.path))
-        try:
-            self._recover(section)
-        except BaseException:
-            release(self._lock)  # a start that fails leaves the directory to the next
-            raise
+        self.follows_memory = sharing is not None and sharing.follows_memory
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
+        # The open region at the last checkpoint: it and those after it are synced at the next.
+        self._synced_from = 0
+        loader = sharing is None or sharing.worker is None
+        # A worker's parent holds the directory for the machine.
+        self._lock: int | None = claim(Path(section.path)) if loader else None
+        try:
+            if loader:
+                self._recover(section)
+            else:
+                self._join(section, sharing.worker)  # type: ignore[union-attr]
+        except BaseException:
+            if self._lock is not None:
+                release(self._lock)  # a start that fails leaves the directory to the next
+            raise
 
     def _recover(self, section: DiskSection) -> None:
         """Take up what the directory holds: the checkpoint's index, the records written
@@ -103,22 +160,55 @@ class DiskStore:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
         self.scanned = len(scanned)
         self.journal = Journal(Path(section.path), self.tier, self.log)
-        self.dropped_again = self.journal.restore()
+        if self.sharing is None:
+            self.dropped_again = self.journal.restore()
+            return
+        # The machine's loader: every worker's drops and bans taken up, then held by a
+        # checkpoint and this journal's bans alone.
+        self.dropped_again = self.journal.restore_all()
+        if self.checkpoint():
+            self.journal.take_over()
 
-    def checkpoint(self) -> None:
+    def _join(self, section: DiskSection, worker: int) -> None:
+        """A worker's start: the tier its parent loaded, with every worker's bans."""
+        index = self.tier.index
+        assert isinstance(index, SharedIndex)
+        self.log = RegionLog(section.path, self.tier.regions)
+        self.checkpoint_path = Path(section.path) / CHECKPOINT
+        self.from_checkpoint = self.scanned = self.dropped_again = 0
+        self.journal = Journal(Path(section.path), self.tier, self.log, name=f"-{worker}",
+                               begun=lambda: index.checkpoints_begun)  # fmt: skip
+        self.journal.bans_of_all()
+
+    def checkpoint(self) -> bool:
         """Write the index and where the open region ends, replacing the last checkpoint;
-        and the bans still outstanding."""
+        and the bans still outstanding. Whether a checkpoint was written. A worker of a
+        shared tier writes its bans only, and empties its journal once a checkpoint its
+        parent wrote holds its drops."""
         self._samples = [self._samples[-1], self._sample()]
         self.journal.save_bans()
+        index = self.tier.index
+        if self.sharing is not None and self.sharing.worker is not None:
+            assert isinstance(index, SharedIndex)
+            self.journal.covered(index.checkpoints_done)
+            return False
         regions = self.tier.regions
         if not regions.live:
-            return
-        self.log.sync()
-        slots = self.tier.index.dump()
-        head = _CHECKPOINT.pack(_MAGIC, regions.live[-1], regions.fill, len(slots) // 20,
+            return False
+        begun = index.checkpoint_begin() if isinstance(index, SharedIndex) else 0
+        # Read before the records are synced: records placed after it are scanned at a start.
+        open_region, fill = regions.live[-1], regions.fill
+        self.log.sync(range(max(self._synced_from, regions.live[0]), open_region + 1))
+        slots = index.dump()
+        head = _CHECKPOINT.pack(_MAGIC, open_region, fill, len(slots) // 20,
                                 zlib.crc32(slots))  # fmt: skip
-        if replaced(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
-            self.journal.checkpointed()
+        if not replaced(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
+            return False
+        self._synced_from = open_region
+        self.journal.checkpointed()
+        if isinstance(index, SharedIndex):
+            index.checkpoint_end(begun)
+        return True
 
     def _saved(self) -> tuple[int, int, bytes] | None:
         """(open region, where it ended, slots) of a checkpoint that describes the files."""
@@ -391,8 +481,8 @@ class DiskStore:
         }
 
     def close(self) -> None:
-        """Checkpoint, then close the open region and the journal, and give the directory
-        up."""
+        """Checkpoint (a worker of a shared tier: its bans), then close the open region and
+        the journal, and give the directory up."""
         self.checkpoint()
         self.log.close()
         self.journal.close()

@@ -26,6 +26,8 @@ typedef struct {
     uint32_t first;  /* the oldest live region */
     long long ring;  /* regions the tier holds at most */
     long long *counts; /* slots per live region, by region % ring */
+    long long *bytes;  /* their records' bytes, by region % ring */
+    long long held;    /* bytes of the live slots' records */
 } DiskIndexObject;
 
 static inline uint64_t slot_key(const DiskSlot *s) {
@@ -79,6 +81,14 @@ static inline long long *region_count(DiskIndexObject *x, uint32_t region) {
     return &x->counts[region % (uint64_t)x->ring];
 }
 
+/* A live slot (its region's count and bytes) counted in (sign 1) or out (-1). */
+static inline void counted(DiskIndexObject *x, const DiskSlot *s, int sign) {
+    *region_count(x, s->region) += sign;
+    x->bytes[s->region % (uint64_t)x->ring] += sign * (long long)s->length;
+    x->live += sign;
+    x->held += sign * (long long)s->length;
+}
+
 static int DiskIndex_init(DiskIndexObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"regions", NULL};
     long long ring;
@@ -91,11 +101,12 @@ static int DiskIndex_init(DiskIndexObject *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "a DiskIndex is initialised once");
         return -1;
     }
-    self->counts = PyMem_Calloc((size_t)ring, sizeof(long long));
+    self->counts = PyMem_Calloc((size_t)ring * 2, sizeof(long long));
     if (self->counts == NULL) {
         PyErr_NoMemory();
         return -1;
     }
+    self->bytes = self->counts + ring;
     self->ring = ring;
     self->mask = 0;
     return rebuild(self, 1024);
@@ -133,8 +144,7 @@ static int put_slot(DiskIndexObject *self, uint64_t key, uint32_t region, uint32
     DiskSlot *slot = find_slot(self, key);
     if (slot_key(slot) != 0) {
         if (slot_live(self, slot)) {
-            (*region_count(self, slot->region))--;
-            self->live--;
+            counted(self, slot, -1);
         } else {
             self->dead--;
         }
@@ -144,8 +154,7 @@ static int put_slot(DiskIndexObject *self, uint64_t key, uint32_t region, uint32
     slot->region = region;
     slot->offset = offset;
     slot->length = length;
-    (*region_count(self, region))++;
-    self->live++;
+    counted(self, slot, 1);
     return 0;
 }
 
@@ -199,17 +208,40 @@ static PyObject *DiskIndex_load(DiskIndexObject *self, PyObject *arg) {
     return PyLong_FromLongLong(put);
 }
 
+/* Forgets key's slot when it is live and (only_region not DELETED) lies at only_region and
+ * only_offset: 1 when it did, 0 when not, -1 with an exception set. */
+static int delete_slot(DiskIndexObject *self, uint64_t key, uint32_t only_region,
+                       uint32_t only_offset) {
+    DiskSlot *slot = find_slot(self, stored_key(key));
+    if (slot_key(slot) == 0 || !slot_live(self, slot)) return 0;
+    if (only_region != DELETED && (slot->region != only_region || slot->offset != only_offset))
+        return 0;
+    counted(self, slot, -1);
+    slot->region = DELETED;  /* kept, so that probing past it still finds what follows */
+    self->dead++;
+    if (self->dead > self->live && rebuild(self, self->mask + 1) < 0) return -1;
+    return 1;
+}
+
 static PyObject *DiskIndex_delete(DiskIndexObject *self, PyObject *arg) {
     uint64_t key;
     if (parse_u64(arg, &key) < 0) return NULL;
-    DiskSlot *slot = find_slot(self, stored_key(key));
-    if (slot_key(slot) == 0 || !slot_live(self, slot)) Py_RETURN_FALSE;
-    (*region_count(self, slot->region))--;
-    self->live--;
-    slot->region = DELETED;  /* kept, so that probing past it still finds what follows */
-    self->dead++;
-    if (self->dead > self->live && rebuild(self, self->mask + 1) < 0) return NULL;
-    Py_RETURN_TRUE;
+    int done = delete_slot(self, key, DELETED, 0);
+    return done < 0 ? NULL : PyBool_FromLong(done);
+}
+
+static PyObject *DiskIndex_delete_at(DiskIndexObject *self, PyObject *const *args, Py_ssize_t n) {
+    uint64_t key, region, offset;
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "delete_at(key, region, offset)");
+        return NULL;
+    }
+    if (parse_u64(args[0], &key) < 0 || parse_u64(args[1], &region) < 0 ||
+        parse_u64(args[2], &offset) < 0)
+        return NULL;
+    if (region >= DELETED || offset > UINT32_MAX) Py_RETURN_FALSE;
+    int done = delete_slot(self, key, (uint32_t)region, (uint32_t)offset);
+    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 static PyObject *DiskIndex_evict_region(DiskIndexObject *self, PyObject *arg) {
@@ -223,6 +255,8 @@ static PyObject *DiskIndex_evict_region(DiskIndexObject *self, PyObject *arg) {
     long long *count = region_count(self, (uint32_t)region);
     long long gone = *count;
     *count = 0;
+    self->held -= self->bytes[region % (uint64_t)self->ring];
+    self->bytes[region % (uint64_t)self->ring] = 0;
     self->live -= gone;
     self->dead += gone;
     self->first = (uint32_t)region + 1;
@@ -264,7 +298,11 @@ static Py_ssize_t DiskIndex_len(DiskIndexObject *self) { return (Py_ssize_t)self
 
 static PyObject *DiskIndex_memory_bytes(DiskIndexObject *self, void *closure) {
     return PyLong_FromLongLong((long long)((self->mask + 1) * sizeof(DiskSlot) +
-                                           (uint64_t)self->ring * sizeof(long long)));
+                                           (uint64_t)self->ring * 2 * sizeof(long long)));
+}
+
+static PyObject *DiskIndex_bytes(DiskIndexObject *self, void *closure) {
+    return PyLong_FromLongLong(self->held);
 }
 
 static PyObject *DiskIndex_first(DiskIndexObject *self, void *closure) {
@@ -277,6 +315,8 @@ static PyMethodDef DiskIndex_methods[] = {
     {"put", (PyCFunction)(void (*)(void))DiskIndex_put, METH_FASTCALL,
      "put(key, region, offset, length): key's record lies there (replacing where it lay)."},
     {"delete", (PyCFunction)DiskIndex_delete, METH_O, "Forget key; False if it was not held."},
+    {"delete_at", (PyCFunction)(void (*)(void))DiskIndex_delete_at, METH_FASTCALL,
+     "delete_at(key, region, offset): forget key if its record lies there; whether it did."},
     {"evict_region", (PyCFunction)DiskIndex_evict_region, METH_O,
      "evict_region(region): the oldest live region is gone; returns the keys it held."},
     {"load", (PyCFunction)DiskIndex_load, METH_O,
@@ -291,6 +331,7 @@ static PyMethodDef DiskIndex_methods[] = {
 static PyGetSetDef DiskIndex_getset[] = {
     {"memory_bytes", (getter)DiskIndex_memory_bytes, NULL, "bytes of RAM the index holds", NULL},
     {"first", (getter)DiskIndex_first, NULL, "the oldest live region", NULL},
+    {"bytes", (getter)DiskIndex_bytes, NULL, "bytes of the records indexed", NULL},
     {NULL},
 };
 

@@ -37,6 +37,8 @@ static PyMethodDef module_methods[] = {
      "Keep an object that can never be in a reference cycle out of the cyclic collector's view."},
     {"footprint", (PyCFunction)py_footprint, METH_VARARGS,
      "footprint(ids, sizes): (distinct objects, their bytes at each one's largest size)."},
+    {"shared_index_bytes", (PyCFunction)py_shared_index_bytes, METH_VARARGS,
+     "shared_index_bytes(regions, region_size): the memory a SharedIndex of them lays out."},
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
      METH_VARARGS | METH_KEYWORDS,
      "Replay requests through a StoreIndex and an Admission; returns counter deltas."},
@@ -50,7 +52,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&BloomType) < 0 || PyType_Ready(&WindowType) < 0 ||
         PyType_Ready(&IndexType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
-        PyType_Ready(&DiskIndexType) < 0)
+        PyType_Ready(&DiskIndexType) < 0 || PyType_Ready(&SharedIndexType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
@@ -58,7 +60,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(m, "Window", (PyObject *)&WindowType) < 0 ||
         PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0 ||
         PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0 ||
-        PyModule_AddObjectRef(m, "DiskIndex", (PyObject *)&DiskIndexType) < 0) {
+        PyModule_AddObjectRef(m, "DiskIndex", (PyObject *)&DiskIndexType) < 0 ||
+        PyModule_AddObjectRef(m, "SharedIndex", (PyObject *)&SharedIndexType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

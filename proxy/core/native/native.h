@@ -399,6 +399,11 @@ static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2
 
 extern PyTypeObject DiskIndexType;
 
+/* shared_index.c */
+
+extern PyTypeObject SharedIndexType;
+PyObject *py_shared_index_bytes(PyObject *module, PyObject *args);
+
 /* simulate.c */
 
 PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds);
