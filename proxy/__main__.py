@@ -14,9 +14,11 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from proxy.config.settings import Config, ConfigError, load
+from proxy.disk.store import Sharing
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
-from proxy.ops.workers import READY, die_with_parent, serve_workers
+from proxy.ops.shared_tier import worker_sharing
+from proxy.ops.workers import READY, MachineForgets, die_with_parent, serve_workers
 
 T = TypeVar("T")
 
@@ -63,7 +65,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.parent is not None:
             die_with_parent(args.parent)
         shared = None if args.shared_window_fd is None else attach(args.shared_window_fd)
-        _run(_serve(config, worker=args.worker, shared_window=shared), config.server.event_loop)
+        sharing = None
+        if args.shared_tier_fds is not None:
+            sharing = worker_sharing(
+                args.shared_tier_fds, args.worker_place, args.shared_tier == "memory"
+            )
+        forgets = None
+        if sharing is not None and args.parent_admin:
+            forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
+        _run(
+            _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
+                   forgets=forgets),
+            config.server.event_loop,
+        )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
@@ -126,6 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--shared-tier", choices=("disk", "memory"), help=argparse.SUPPRESS)
+    p.add_argument("--shared-tier-fds", help=argparse.SUPPRESS)
+    p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--parent-admin", help=argparse.SUPPRESS)
     return p
 
 
@@ -167,9 +185,17 @@ def collect_for_serving() -> None:
 
 
 async def _serve(
-    config: Config, worker: bool = False, shared_window: mmap.mmap | None = None
+    config: Config,
+    worker: bool = False,
+    shared_window: mmap.mmap | None = None,
+    sharing: Sharing | None = None,
+    forgets: MachineForgets | None = None,
 ) -> None:
-    service = await Service.start(config, reuse_port=worker, shared_window=shared_window)
+    service = await Service.start(
+        config, reuse_port=worker, shared_window=shared_window, sharing=sharing
+    )
+    if forgets is not None and service.proxy.disk is not None:
+        service.proxy.disk.forgotten = forgets
     collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
@@ -183,6 +209,8 @@ async def _serve(
     await until_signalled()
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
+    if forgets is not None:
+        await forgets.close()
     log.info("stopped")
 
 

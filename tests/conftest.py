@@ -6,10 +6,12 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -18,6 +20,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
+from loadgen.processes import free_port
 from proxy.config.settings import load
 from proxy.ops.service import Service
 
@@ -360,3 +363,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.redis)
         live = bool(names & LIVE_FIXTURES) or live_modules[path]
         item.add_marker(pytest.mark.live if live else pytest.mark.unit)
+
+
+@asynccontextmanager
+async def served(
+    *args: str, port: int | None = None
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
+    """``onehit-proxy`` run with ``args`` on ports picked here, as ``--workers`` needs (a single
+    process is started on port 0 by ``onehit_process``): the process, its proxy URL and its
+    admin URL, once healthy (``port``: the proxy's, for a restart that keeps its cache keys,
+    which hold the Host). Killed at the end unless it has exited."""
+    port, admin_port = port or free_port(), free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", *args,
+        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    admin = f"http://127.0.0.1:{admin_port}"
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, admin + "/healthz")
+        yield process, f"http://127.0.0.1:{port}", admin
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

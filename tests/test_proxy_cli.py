@@ -6,14 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
-from conftest import wait_healthy
+from conftest import served, wait_healthy
 
-from loadgen.processes import free_port, onehit_process
+from loadgen.processes import onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore
@@ -63,28 +61,6 @@ def test_check_config_prints_the_settings_in_force_with_secrets_redacted(tmp_pat
     assert settings["server"]["listen"] == "127.0.0.1:8080"  # a default
     assert "s3cret" not in out.stdout and ":pw@" not in out.stdout
     assert settings["admin"]["token"] == "<redacted>"
-
-
-@asynccontextmanager
-async def served(*args: str) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
-    """``onehit-proxy`` run with ``args`` on ports picked here, as ``--workers`` needs (a single
-    process is started on port 0 by ``onehit_process``): the process, its proxy URL and its
-    admin URL, once healthy. Killed at the end unless it has exited."""
-    port, admin_port = free_port(), free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", *args,
-        "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
-        stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    admin = f"http://127.0.0.1:{admin_port}"
-    try:
-        async with aiohttp.ClientSession() as client:
-            await wait_healthy(client, admin + "/healthz")
-        yield process, f"http://127.0.0.1:{port}", admin
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["new connection", "sent at once"])
@@ -271,20 +247,19 @@ def test_a_disk_directory_in_use_or_open_to_every_user_stops_start_up_with_one_l
 
     held = DiskStore(DiskSection(path=str(tmp_path / "held")))
     try:
-        out = start("--set", f"disk.path={tmp_path / 'held'}")
+        one = start("--set", f"disk.path={tmp_path / 'held'}")
+        many = start("--set", f"disk.path={tmp_path / 'held'}", "--workers", "2", "--listen",
+                     "127.0.0.1:8999")  # fmt: skip
     finally:
         held.close()
-    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "[disk] path" in out.stderr and "in use by another onehit process" in out.stderr
+    for out in (one, many):
+        assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "[disk] path" in out.stderr and "in use by another onehit process" in out.stderr
     (tmp_path / "open").mkdir(mode=0o777)
     (tmp_path / "open").chmod(0o777)
     out = start("--set", f"disk.path={tmp_path / 'open'}")
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "every user may write to it" in out.stderr
-    out = start("--set", f"disk.path={tmp_path / 'w'}", "--workers", "2", "--listen",
-                "127.0.0.1:8999")  # fmt: skip
-    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "--workers 2 with [disk] path" in out.stderr
 
 
 def test_aiohttps_pure_python_parser_stops_start_up_with_one_line():

@@ -12,7 +12,7 @@ from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex
-from proxy.core.tiers import CHANGED, PURGE, UNSAFE, Tier
+from proxy.core.tiers import CHANGED, PURGE, UNSAFE, Tier, forgotten_keys, whole_url
 from proxy.core.variants import Variants
 
 
@@ -34,6 +34,13 @@ class Removals:
         for tier in self.behind:
             removed += tier.forget(url, why)
         return removed
+
+    def forgotten_elsewhere(self, key: str) -> int:
+        """Another process that shares the tiers behind the store (a worker of the same
+        machine) forgot ``key`` (as ``forget`` or ``invalidate`` name one) in them: remove it
+        from this store alone; how many entries went."""
+        own = forgotten_keys(key)[0]
+        return self._delete_url(own) if whole_url(key) else int(self._delete(own))
 
     def _delete_url(self, url: str) -> int:
         """Remove ``url`` and its variants and slices from the store alone; how many went."""

@@ -4,11 +4,13 @@ to it, and every file in it opened without following a link.
 What it guarantees:
 
 * ``claim`` takes an exclusive lock (``flock`` on ``lock`` in the directory) for the process's
-  life: a second process on the same ``[disk] path`` (another unit, or ``--workers``) is
-  refused with one line naming the key and the holder's pid, before it reads or writes
-  anything. Two processes appending to one region file by their own counters would each
-  index the other's records and bring back each other's purged versions. The lock goes with
-  the process, however it ends (the kernel drops it at kill -9 too).
+  life: a second onehit on the same ``[disk] path`` is refused with one line naming the key
+  and the holder's pid, before it reads or writes anything. Two processes appending to one
+  region file by their own counters would each index the other's records and bring back
+  each other's purged versions; the workers of one ``--workers`` parent share the directory
+  through the index their parent holds (``proxy.ops.shared_tier``), and only the parent
+  claims it. The lock goes with the process, however it ends (the kernel drops it at kill -9
+  too).
 * A directory another user may write to (o+w, sticky or not: a sticky directory still lets
   them create the next region file first; g+w for a group other than the process's own; or
   owned by a user that is neither this process's nor root) is refused: a record planted
@@ -58,8 +60,8 @@ def claim(directory: Path) -> int:
         os.close(fd)
         raise DiskDirectoryError(
             f"[disk] path {str(directory)!r} is in use by another onehit process (pid "
-            f"{holder}): each process needs a disk directory of its own (--workers shares "
-            "none yet: run one process per [disk] path)"
+            f"{holder}): give this one a directory of its own, or stop that one (the workers "
+            "of one --workers parent share its directory)"
         ) from None
     except OSError as exc:
         os.close(fd)

@@ -57,7 +57,7 @@ from proxy.core.regions import Regions, SharedRegions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
-from proxy.core.tiers import forgotten_keys
+from proxy.core.tiers import PURGE, forgotten_keys
 from proxy.disk.directory import claim, read_file, release
 from proxy.disk.journal import Journal, replaced
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
@@ -129,6 +129,9 @@ class DiskStore:
         # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
         self.answered = self.tier.answered
         self.follows_memory = sharing is not None and sharing.follows_memory
+        # Called with each key a worker of a shared tier forgets (``forget``): set by the
+        # service, which tells the other workers.
+        self.forgotten: Callable[[str], None] | None = None
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
@@ -357,7 +360,11 @@ class DiskStore:
 
     def forget(self, key: str, why: str) -> bool:
         """``proxy.core.tiers.Tier.forget``: each record it names dropped and journaled
-        (``invalidate``); whether the tier held ``key`` itself."""
+        (``invalidate``); whether the tier held ``key`` itself. A worker of a shared tier
+        tells the others (``forgotten``), whose memory tiers may hold ``key`` too; not of a
+        purge, which reaches every worker itself."""
+        if self.forgotten is not None and why != PURGE:
+            self.forgotten(key)
         own, *parts = forgotten_keys(key)
         for part in parts:
             self.invalidate(part)
@@ -461,10 +468,12 @@ class DiskStore:
         (t0, b0, w0), (t1, b1, w1) = self._samples
         span = t1 - t0
         device = process_write_bytes()
+        index = self.tier.index
         return {
             **asdict(self.tier.counters),
             "objects": len(self.tier),
-            "index_bytes": self.tier.index.memory_bytes,
+            "index_bytes": index.memory_bytes,
+            "pushed_out": index.pushed_out if isinstance(index, SharedIndex) else 0,
             "regions": len(regions.live),
             "capacity_bytes": regions.capacity_bytes,
             "restored_from_checkpoint": self.from_checkpoint,
@@ -489,6 +498,28 @@ class DiskStore:
         if self._lock is not None:
             release(self._lock)
             self._lock = None
+
+
+# What ``stats`` says of a tier the workers share, the same from each: counted once.
+MACHINE_WIDE = frozenset({
+    "objects", "index_bytes", "pushed_out", "regions", "capacity_bytes", "bans",
+    "restored_from_checkpoint", "restored_by_scan", "dropped_again",
+})  # fmt: skip
+
+
+def combine_stats(workers: list[dict[str, int | float | None]]) -> dict[str, int | float | None]:
+    """One ``stats`` for the workers of a shared tier: their own counts summed, what the tier
+    holds once (``MACHINE_WIDE``); a rate or count some worker cannot give is None."""
+    out: dict[str, int | float | None] = {}
+    for name in workers[0] if workers else ():
+        values = [w.get(name) for w in workers]
+        if any(v is None for v in values):
+            out[name] = None
+        elif name in MACHINE_WIDE:
+            out[name] = max(v for v in values if v is not None)
+        else:
+            out[name] = sum(v for v in values if v is not None)
+    return out
 
 
 def process_write_bytes() -> int | None:

@@ -348,9 +348,13 @@ class Fetcher:
         decision: Keep | NotStored,
     ) -> bool:
         """Whether the disk tier takes this response: asked once, at its head. Not one with
-        more tags than the store takes (the engine's ``decision``): no purge could reach it."""
+        more tags than the store takes (the engine's ``decision``): no purge could reach it;
+        and, for a tier that stands for the memory tier (``follows_memory``), only what the
+        memory admission keeps."""
         disk = self.disk
         if disk is None or not fits or decision is TOO_MANY_TAGS:
+            return False
+        if disk.follows_memory and type(decision) is not Keep:
             return False
         # A cacheable 206 is a slice (``proxy.handler.slicing``): the cache stores no other.
         part = rmeta.status == 206

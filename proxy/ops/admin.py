@@ -111,11 +111,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
             {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
         )
         if proxy.disk is not None:
-            disk = {f"disk_{name}": value for name, value in proxy.disk.stats().items()}
-            metrics = DISK_METRICS
-            if disk["disk_process_write_bytes"] is not None:
-                metrics = {**DISK_METRICS, "disk_process_write_bytes": PROCESS_WRITES}
-            text += prometheus_text(disk, metrics, DISK_GAUGES)
+            text += disk_prometheus_text(proxy.disk.stats())
         if proxy.shared is not None:
             shared = proxy.shared
             text += prometheus_text(
@@ -162,6 +158,14 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         proxy.engine.admission.reset(time.time())
         return web.json_response({"reset": True})
 
+    async def forget(request: web.Request) -> web.Response:
+        keys = await forgotten_keys_of(request)
+        if keys is None:
+            return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
+        removed = sum(proxy.engine.forgotten_elsewhere(key) for key in keys)
+        return web.json_response({"removed": removed})
+
+    shares_tier = proxy.disk is not None and proxy.disk.sharing is not None
     return admin_application(
         proxy.config.admin,
         stats=stats,
@@ -169,7 +173,20 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         healthz=healthz,
         purge=purge,
         filter_reset=filter_reset,
+        forget=forget if shares_tier else None,
     )
+
+
+async def forgotten_keys_of(request: web.Request) -> list[str] | None:
+    """The keys a ``POST /forget`` names (``{"keys": [...]}``), or None when it names none."""
+    try:
+        body = await request.json()
+    except (ValueError, TypeError, RecursionError):
+        return None
+    keys = body.get("keys") if isinstance(body, dict) else None
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return None
+    return keys
 
 
 def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:
@@ -226,9 +243,11 @@ def admin_application(
     healthz: Handler,
     purge: Handler,
     filter_reset: Handler,
+    forget: Handler | None = None,
 ) -> web.Application:
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
-    of workers answer the same endpoints."""
+    of workers answer the same endpoints; ``forget`` (``POST /forget``), where workers share
+    a tier: keys one worker forgot there, which the others forget in memory."""
     app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
     app.on_response_prepare.append(_name_the_server)
     app.router.add_get("/stats", stats)
@@ -236,6 +255,8 @@ def admin_application(
     app.router.add_get("/healthz", healthz)
     app.router.add_post("/purge", purge)
     app.router.add_post("/filter/reset", filter_reset)
+    if forget is not None:
+        app.router.add_post("/forget", forget)
     return app
 
 
@@ -278,6 +299,7 @@ DISK_METRICS = {
     "disk_bans": "purges by prefix or tag outstanding on the disk tier",
     "disk_objects": "records the disk tier holds",
     "disk_index_bytes": "bytes of RAM of the disk tier's index",
+    "disk_pushed_out": "records a shared tier's index gave up for a newer one (a full bucket)",
 }
 PROCESS_WRITES = "bytes the process caused to be written to storage (/proc/self/io write_bytes)"
 DISK_GAUGES = frozenset({"disk_objects", "disk_index_bytes", "disk_bans"})
@@ -289,6 +311,15 @@ SHARED_METRICS = {
     "filter_redis_budget_seconds": "how long a miss now waits for Redis (follows its latency)",
 }
 SHARED_GAUGES = frozenset({"filter_redis_budget_seconds"})
+
+
+def disk_prometheus_text(stats: dict[str, int | float | None]) -> str:
+    """The disk tier's metrics (``DiskStore.stats``, or the workers' ``combine_stats``)."""
+    disk = {f"disk_{name}": value for name, value in stats.items()}
+    metrics = DISK_METRICS
+    if disk.get("disk_process_write_bytes") is not None:
+        metrics = {**DISK_METRICS, "disk_process_write_bytes": PROCESS_WRITES}
+    return prometheus_text(disk, metrics, DISK_GAUGES)  # type: ignore[arg-type]
 
 
 def prometheus_text(

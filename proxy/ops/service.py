@@ -27,7 +27,7 @@ from proxy.config.settings import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.disk.store import DiskStore
+from proxy.disk.store import DiskStore, Sharing
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
@@ -113,9 +113,11 @@ class Service:
         reuse_port: bool = False,
         clock: Callable[[], float] = time.time,
         shared_window: mmap.mmap | None = None,
+        sharing: Sharing | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
-        and ``shared_window`` their admission window (``proxy.ops.machine``). ``clock``: the
+        ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
+        cache tier (``proxy.ops.shared_tier``). ``clock``: the
         cache's time (seconds since the epoch), read wherever the proxy asks the time of a
         request or response (a trace's, to replay it as the simulator does)."""
         require_strict_parser()
@@ -123,7 +125,9 @@ class Service:
         # given up: the caller may start again in the same process.
         async with contextlib.AsyncExitStack() as undo:
             # The disk first: a directory it refuses stops the start before anything is opened.
-            disk = DiskStore(config.disk, hidden_fields(config)) if config.disk.path else None
+            disk = None
+            if config.disk.path:
+                disk = DiskStore(config.disk, hidden_fields(config), sharing)
             if disk is not None:
                 undo.callback(disk.close)
             upstream = Upstream(config.upstream)
@@ -156,7 +160,7 @@ class Service:
             service = cls(config, proxy, proxy_runner, admin_runner)
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
-                    _checkpoints(disk, config.disk.checkpoint_interval)
+                    checkpoint_every(disk, config.disk.checkpoint_interval)
                 )
                 undo.callback(service.checkpoints.cancel)
             await web.TCPSite(
@@ -220,7 +224,7 @@ def _proxy_server(config: Config, proxy: Proxy) -> web.Server:
     return ProxyServer(proxy.handle, **server_kwargs)
 
 
-async def _checkpoints(disk: DiskStore, interval: float) -> None:
+async def checkpoint_every(disk: DiskStore, interval: float) -> None:
     """Checkpoint the disk tier's index every ``interval`` seconds."""
     while True:
         await asyncio.sleep(interval)

@@ -4,11 +4,16 @@ Each worker is a whole onehit bound to the proxy port with SO_REUSEPORT; the ker
 connections across them. They share one admission window: second hit's generations are in
 memory the parent creates (``proxy.ops.machine``) and every worker maps, so a URL seen once through
 each of two workers is a second sighting (Redis, ``backend = "redis"``, is what joins machines).
-Each keeps its own memory store. Workers run their own admin on an ephemeral loopback port; the
-parent serves the configured admin address: ``/stats`` lists every worker and their sum,
-``/metrics`` is the sum, ``/purge`` and ``/filter/reset`` reach every worker. A worker that
-exits is replaced at once, sharing the same window. SIGTERM/SIGINT to the parent drains every
-worker, then it exits 0.
+They share one cache (``proxy.ops.shared_tier``): the disk tier, or a tier in shared memory in
+its place, whose index every worker maps, so what one stored is a hit through every other; each
+keeps a small private memory tier of hot entries in front of it. A removal a worker decides
+(an unsafe method, a response turned private) reaches the shared tier at once and the other
+workers' memory tiers through the parent (``/forget``). Workers run their own admin on an
+ephemeral loopback port; the parent serves the configured admin address: ``/stats`` lists every
+worker and their sum (the shared tier's own counts once), ``/metrics`` is the sum, ``/purge``
+and ``/filter/reset`` reach every worker. A worker that exits is replaced at once, in its place,
+sharing the same window and tier. SIGTERM/SIGINT to the parent drains every worker, then it
+writes the shared tier's checkpoint and exits 0.
 """
 
 from __future__ import annotations
@@ -29,9 +34,17 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
+from proxy.disk.store import combine_stats
 from proxy.ops import machine
-from proxy.ops.admin import admin_application, metrics_response, prometheus_text
-from proxy.ops.service import until_signalled
+from proxy.ops.admin import (
+    admin_application,
+    disk_prometheus_text,
+    forgotten_keys_of,
+    metrics_response,
+    prometheus_text,
+)
+from proxy.ops.service import checkpoint_every, until_signalled
+from proxy.ops.shared_tier import SharedTier, open_shared_tier
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -43,35 +56,39 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
     any that dies; the exit status is 0 when every worker drained cleanly."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
-    if config.disk.path:
-        # Each worker would claim the directory for its own disk tier: only one can.
-        raise ValueError(
-            f"--workers {count} with [disk] path: a disk directory serves one process, and "
-            "workers share no disk tier yet; run one process, or one per [disk] path"
-        )
+    # The tier first: a disk directory it refuses stops the start before a worker runs.
+    tier = open_shared_tier(config, count)
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
-    workers = Workers(list(argv), window)
+    workers = Workers([*argv, "--parent-admin", _reachable(config.admin.listen)], window, tier)
     runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
     supervising: asyncio.Future[None] | None = None
+    checkpoints: asyncio.Future[None] | None = None
+    codes: list[int] = []
     try:
         await workers.start(count)
         await runner.setup()
         await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
         log.info("%d workers on %s:%d", count, *config.server.listen)
         supervising = asyncio.ensure_future(workers.supervise())
+        if tier.scratch is None:
+            checkpoints = asyncio.ensure_future(
+                checkpoint_every(tier.store, config.disk.checkpoint_interval)
+            )
         await until_signalled()
     finally:
         # However the parent leaves (a signal, an admin address it cannot bind), its workers
         # drain first; one being started as it leaves is killed by its start.
-        if supervising is not None:
-            supervising.cancel()
-            await asyncio.gather(supervising, return_exceptions=True)
+        for task in (supervising, checkpoints):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         codes = await workers.stop()
         await runner.cleanup()
         if window is not None:
             os.close(window)
+        tier.close()
     return 0 if all(code == 0 for code in codes) else 1
 
 
@@ -80,12 +97,13 @@ class Workers:
     parent's admin reads it at each call). A worker that exits while the parent serves is
     replaced at once, in its place, sharing what the others share."""
 
-    def __init__(self, argv: list[str], window: int | None) -> None:
-        self.argv = [*argv, "--worker", "--parent", str(os.getpid())]
-        self.fds: tuple[int, ...] = ()
+    def __init__(self, argv: list[str], window: int | None, tier: SharedTier) -> None:
+        self.argv = [*argv, "--worker", "--parent", str(os.getpid()), *tier.argv]
+        self.fds: tuple[int, ...] = tier.fds
+        self.tier = tier
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
-            self.fds = (window,)
+            self.fds += (window,)
         self.processes: list[asyncio.subprocess.Process] = []
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
@@ -94,7 +112,7 @@ class Workers:
         """Start ``count`` workers and wait until each listens; RuntimeError (every one
         stopped) when one cannot start."""
         started = await asyncio.gather(
-            *(self._spawn() for _ in range(count)), return_exceptions=True
+            *(self._spawn(place) for place in range(count)), return_exceptions=True
         )
         for outcome in started:
             if isinstance(outcome, tuple):
@@ -108,10 +126,10 @@ class Workers:
                 await process.wait()
             raise failed[0]
 
-    async def _spawn(self) -> tuple[asyncio.subprocess.Process, str]:
+    async def _spawn(self, place: int) -> tuple[asyncio.subprocess.Process, str]:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", *self.argv, "--set", "admin.listen=127.0.0.1:0",
-            stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
+            "--worker-place", str(place), stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
         )  # fmt: skip
         assert process.stdout is not None
         line = ""
@@ -144,7 +162,7 @@ class Workers:
                 self.admins[i] = None  # being replaced: the admin asks the others meanwhile
                 while True:
                     try:
-                        self.processes[i], self.admins[i] = await self._spawn()
+                        self.processes[i], self.admins[i] = await self._spawn(i)
                         break
                     except RuntimeError as exc:
                         log.error("replacing worker %d failed (%s): trying again", i, exc)
@@ -157,6 +175,63 @@ class Workers:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
+
+
+def _reachable(listen: tuple[str, int]) -> str:
+    """The parent's admin as its workers reach it: on loopback when it listens everywhere."""
+    host, port = listen
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class MachineForgets:
+    """A worker's removals from the tier the workers share (``DiskStore.forgotten``), sent to
+    the parent in batches (``POST /forget``), which hands them to the other workers: their
+    memory tiers may hold what this one removed. Sent as soon as the loop is free, so another
+    worker serves its copy a few milliseconds at most; a parent that does not answer is
+    logged, once a minute."""
+
+    def __init__(self, parent_admin: str, place: int, token: str) -> None:
+        self.url = f"{parent_admin}/forget"
+        self.place = place
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.pending: list[str] = []
+        self.sending: asyncio.Task[None] | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self._warned = 0.0
+
+    def __call__(self, key: str) -> None:
+        self.pending.append(key)
+        if self.sending is None or self.sending.done():
+            self.sending = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        while self.pending:
+            keys, self.pending = self.pending, []
+            if self.session is None:
+                self.session = aiohttp.ClientSession(
+                    headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
+                )
+            try:
+                async with self.session.post(
+                    self.url, json={"keys": keys, "from": self.place}
+                ) as r:
+                    r.raise_for_status()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                now = asyncio.get_running_loop().time()
+                if now - self._warned > 60:
+                    self._warned = now
+                    log.warning("telling the other workers of %d removals failed: %r",
+                                len(keys), exc)  # fmt: skip
+
+    async def close(self) -> None:
+        if self.sending is not None:
+            await asyncio.gather(self.sending, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
 
 
 class Refused(Exception):
@@ -186,9 +261,12 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.fds != ()  # the workers map one admission window
 
-    async def each(method: str, path: str, body: Any = None) -> tuple[list[Any], int]:
-        """The answers of the workers that gave one, and how many did not; ``Refused`` when
-        one refused the call (a 4xx: the same from every worker)."""
+    async def each(
+        method: str, path: str, body: Any = None, *, but: int | None = None
+    ) -> tuple[list[Any], int]:
+        """The answers of the workers (``but`` the one in that place) that gave one, and how
+        many did not; ``Refused`` when one refused the call (a 4xx: the same from every
+        worker)."""
         async with aiohttp.ClientSession(headers=headers) as session:
 
             async def one(admin: str) -> Any:
@@ -201,19 +279,20 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
                     r.raise_for_status()
                     return answer
 
-            admins = [a for a in workers.admins if a is not None]
+            admins = [a for i, a in enumerate(workers.admins) if a is not None and i != but]
             answers = await asyncio.gather(*(one(a) for a in admins), return_exceptions=True)
         for answer in answers:
             if isinstance(answer, Refused):
                 raise answer
         given = [a for a in answers if not isinstance(a, BaseException)]
-        return given, len(workers.admins) - len(given)
+        return given, len(workers.admins) - (but is not None) - len(given)
 
     async def stats(request: web.Request) -> web.Response:
         per_worker, missing = await each("GET", "/stats")
         body = {
             "workers": per_worker,
             "sum": combine([w["metrics"] for w in per_worker], shared_filter=shared),
+            "disk": combine_stats([w["disk"] for w in per_worker if w.get("disk")]),
             "worker_count": len(workers.admins),
             "missing": missing,
             "workers_replaced": workers.replaced,
@@ -222,9 +301,11 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
 
     async def metrics(request: web.Request) -> web.Response:
         per_worker, _ = await each("GET", "/stats")
-        return metrics_response(
-            prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
-        )
+        text = prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
+        disks = [w["disk"] for w in per_worker if w.get("disk")]
+        if disks:
+            text += disk_prometheus_text(combine_stats(disks))
+        return metrics_response(text)
 
     async def healthz(request: web.Request) -> web.Response:
         _, missing = await each("GET", "/healthz")
@@ -247,6 +328,18 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         removed = sum(a.get("removed", 0) for a in answers)
         return web.json_response({"workers": answers, "removed": removed, "missing": missing})
 
+    async def forget(request: web.Request) -> web.Response:
+        keys = await forgotten_keys_of(request)
+        if keys is None:
+            return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
+        sender = (await request.json()).get("from")
+        answers, missing = await each(
+            "POST", "/forget", {"keys": keys}, but=sender if isinstance(sender, int) else None
+        )
+        return web.json_response(
+            {"removed": sum(a.get("removed", 0) for a in answers), "missing": missing}
+        )
+
     return admin_application(
         config.admin,
         stats=stats,
@@ -254,4 +347,5 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         healthz=healthz,
         purge=fan_out,
         filter_reset=fan_out,
+        forget=forget,
     )

@@ -12,9 +12,12 @@
  *   pair a key with a place that is not its record (a slot taken over as it reads): the
  *   record's own key, which every read checks, makes that a miss, never a wrong body.
  * - A place only ever becomes a slot's by a put of a record just written, or a load from a
- *   checkpoint at start-up. A slot given to another key is emptied (EMPTY) before its key
- *   changes, and a forgotten record's place is emptied, so no slot comes to point at a record
- *   its key had before a removal.
+ *   checkpoint at start-up. A put takes a slot for a new key by one compare-and-swap of its
+ *   place to BUSY (only one writer can), then writes its key, length and place, the place
+ *   last: a reader skips a BUSY slot, so it never pairs a key with a place being written. A
+ *   forgotten record's place is emptied (EMPTY), so no slot comes to point at a record its key
+ *   had before a removal. A writer killed while it holds a slot leaves it BUSY, one slot of
+ *   its bucket lost until the memory is made again.
  * - A bucket holds WAYS records; a put into a full one takes the slot of the oldest region
  *   (the ring would evict it first), counted in `pushed_out`.
  * - The ring head is one word, (open region + 1) << 32 | bytes used (0: none open yet): a
@@ -33,6 +36,7 @@
 #define HEAD_BYTES 4096
 #define WAYS 8
 #define EMPTY UINT64_MAX
+#define BUSY (UINT64_MAX - 1)
 
 typedef struct {
     uint64_t magic;
@@ -90,7 +94,7 @@ static uint64_t buckets_for(uint64_t ring, uint64_t region_size) {
 
 /* Whether a place is a record of a live region. */
 static inline int live_loc(const SharedIndexObject *x, uint64_t loc) {
-    return loc != EMPTY && loc_region(loc) >= load(&x->head->first);
+    return loc < BUSY && loc_region(loc) >= load(&x->head->first);
 }
 
 static inline SharedSlot *bucket(const SharedIndexObject *x, uint64_t key) {
@@ -98,7 +102,7 @@ static inline SharedSlot *bucket(const SharedIndexObject *x, uint64_t key) {
 }
 
 static void counted(SharedIndexObject *x, uint64_t loc, uint64_t length, int sign) {
-    if (loc == EMPTY) return;
+    if (loc >= BUSY) return;
     uint64_t r = loc_region(loc) % (2 * x->head->ring);
     add(&x->counts[r], sign);
     add(&x->rbytes[r], sign * (int64_t)length);
@@ -192,43 +196,54 @@ static PyObject *SharedIndex_get(SharedIndexObject *self, PyObject *arg) {
 }
 
 /* key's record lies at loc: the slot holding key takes it (its duplicates, left by two puts
- * racing for one new key, are emptied), else a free slot, else the oldest region's. */
+ * racing for one new key, are emptied), else a free slot, else the oldest region's; none when
+ * every slot of the bucket is BUSY (the record is then a miss). */
 static void put_loc(SharedIndexObject *self, uint64_t key, uint64_t loc, uint64_t length) {
     SharedSlot *b = bucket(self, key);
     for (;;) {
         SharedSlot *match = NULL, *free_slot = NULL, *oldest = NULL;
+        uint64_t match_loc = 0, free_loc = 0, oldest_loc = 0;
         for (int w = 0; w < WAYS; w++) {
-            uint64_t k = load(&b[w].key), l = load(&b[w].loc);
-            if (k == key) {
-                if (match == NULL) {
-                    match = &b[w];
-                } else if (l != EMPTY && cas(&b[w].loc, &l, EMPTY) && live_loc(self, l)) {
-                    counted(self, l, load(&b[w].length), -1);
+            uint64_t l = load(&b[w].loc);
+            if (l == BUSY) continue;
+            uint64_t k = load(&b[w].key);
+            if (k == key && match == NULL) {
+                match = &b[w];
+                match_loc = l;
+            } else if (k == key) {
+                uint64_t length_w = load(&b[w].length);
+                if (live_loc(self, l) && cas(&b[w].loc, &l, EMPTY))
+                    counted(self, l, length_w, -1);
+            } else if (k == 0 || !live_loc(self, l)) {
+                if (free_slot == NULL) {
+                    free_slot = &b[w];
+                    free_loc = l;
                 }
-            } else if (free_slot == NULL && (k == 0 || !live_loc(self, l))) {
-                free_slot = &b[w];
-            } else if (free_slot == NULL &&
-                       (oldest == NULL || loc_region(l) < loc_region(load(&oldest->loc)))) {
+            } else if (oldest == NULL || loc_region(l) < loc_region(oldest_loc)) {
                 oldest = &b[w];
+                oldest_loc = l;
             }
         }
         if (match != NULL) {
             uint64_t old_length = load(&match->length);
+            uint64_t held = BUSY;
+            if (!cas(&match->loc, &match_loc, held)) continue;
             store(&match->length, length);
-            uint64_t old = __atomic_exchange_n(&match->loc, loc, __ATOMIC_ACQ_REL);
-            if (live_loc(self, old)) counted(self, old, old_length, -1);
+            store(&match->loc, loc);
+            if (live_loc(self, match_loc)) counted(self, match_loc, old_length, -1);
             counted(self, loc, length, 1);
             return;
         }
         SharedSlot *target = free_slot != NULL ? free_slot : oldest;
-        uint64_t old_key = load(&target->key), old = load(&target->loc);
-        uint64_t old_length = load(&target->length);
-        if (old != EMPTY && !cas(&target->loc, &old, EMPTY)) continue;
+        if (target == NULL) return;
+        uint64_t old = target == free_slot ? free_loc : oldest_loc;
+        uint64_t old_key = load(&target->key), old_length = load(&target->length);
+        if (!cas(&target->loc, &old, BUSY)) continue;
         if (old_key != 0 && live_loc(self, old)) {  /* a slot never used holds zeros */
             counted(self, old, old_length, -1);
             add(&self->head->pushed_out, 1);
         }
-        if (!cas(&target->key, &old_key, key)) continue;
+        store(&target->key, key);
         store(&target->length, length);
         store(&target->loc, loc);
         counted(self, loc, length, 1);

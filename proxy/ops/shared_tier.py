@@ -1,0 +1,147 @@
+"""``--workers``: the one cache tier every worker of a machine shares, opened by the parent.
+
+What it guarantees:
+
+* With ``[disk] path``, the disk tier is the machine's: the parent claims the directory (a
+  second onehit on it is refused with one line), loads it (checkpoint, scan, every worker's
+  journal and bans), and maps its index and ring into memory (``machine.create``) that every
+  worker maps too. Each worker keeps a private memory tier of ``[cache] size / N``, so the
+  machine holds ``[cache] size`` of memory tiers, as one process does.
+* Without one, the shared tier stands in for the memory tier: region files of ``[cache]
+  size`` in a scratch directory on the machine's shared memory file system (``/dev/shm``,
+  which is RAM), taking exactly what the memory admission keeps. Each worker keeps a private
+  memory tier of hot entries, ``[cache] size / (4 N)``: the machine holds at most 1.25 x
+  ``[cache] size``. The scratch directory goes when the parent stops; one left by a parent
+  that was killed is removed by the next start (its lock is no longer held).
+* The parent writes the checkpoints of a tier on disk (every ``[disk] checkpoint_interval``
+  and once every worker has drained); the workers never do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from proxy.config.settings import Config, DiskSection
+from proxy.disk.directory import LOCK
+from proxy.disk.store import DiskStore, Sharing, shared_bytes
+from proxy.handler.routing import hidden_fields
+from proxy.ops import machine
+
+SCRATCH_PREFIX = "onehit-tier-"
+# The shared memory tier's regions: small enough that evicting one costs little of the cache.
+MEMORY_REGIONS = 16
+MIN_REGION = 64 << 10
+
+
+@dataclass
+class SharedTier:
+    """The machine's shared tier as the parent holds it: the store (the loader and keeper),
+    the descriptors every worker inherits, and the flags that tell a worker its part."""
+
+    store: DiskStore
+    fds: tuple[int, ...]
+    argv: list[str]
+    scratch: Path | None = None
+
+    def close(self) -> None:
+        """Once every worker has stopped: the last checkpoint, and the scratch tier removed."""
+        self.store.close()
+        for fd in self.fds:
+            os.close(fd)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def open_shared_tier(config: Config, workers: int) -> SharedTier:
+    """Load the tier ``workers`` workers of ``config`` share (see the module's rules)."""
+    scratch = None
+    if config.disk.path:
+        section = config.disk
+        private = config.cache.size // workers
+        overrides = {"cache.size": private}
+    else:
+        scratch = _scratch_directory()
+        region = max(MIN_REGION, config.cache.size // MEMORY_REGIONS)
+        section = replace(
+            DiskSection(),
+            path=str(scratch),
+            size=max(2 * region, config.cache.size // region * region),
+            region_size=region,
+            policy="always",
+            max_write_rate=0,
+        )
+        private = max(MIN_REGION, config.cache.size // (4 * workers))
+        overrides = {
+            "cache.size": private,
+            "disk.path": section.path,
+            "disk.size": section.size,
+            "disk.region_size": section.region_size,
+            "disk.policy": "always",
+            "disk.max_write_rate": 0,
+        }
+    index_bytes, window_bytes = shared_bytes(section)
+    fds = [machine.create(index_bytes, "onehit-tier-index")]
+    try:
+        if window_bytes:
+            fds.append(machine.create(window_bytes, "onehit-tier-window"))
+        sharing = Sharing(
+            machine.attach(os.dup(fds[0])),
+            machine.attach(os.dup(fds[1])) if window_bytes else None,
+            worker=None,
+            follows_memory=scratch is not None,
+        )
+        store = DiskStore(section, hidden_fields(config), sharing)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    argv = ["--shared-tier", "memory" if scratch is not None else "disk"]
+    argv += ["--shared-tier-fds", ",".join(map(str, fds))]
+    for key, value in overrides.items():
+        argv += ["--set", f"{key}={value}"]
+    return SharedTier(store, tuple(fds), argv, scratch)
+
+
+def worker_sharing(fds: str, worker: int, memory: bool) -> Sharing:
+    """What a worker is given (``--shared-tier-fds``, its place): the tier's memory, mapped."""
+    numbers = [int(n) for n in fds.split(",")]
+    return Sharing(
+        machine.attach(numbers[0]),
+        machine.attach(numbers[1]) if len(numbers) > 1 else None,
+        worker=worker,
+        follows_memory=memory,
+    )
+
+
+def _scratch_directory() -> Path:
+    """A new directory for the shared memory tier, on ``/dev/shm`` where there is one; the
+    ones a killed parent left behind removed first."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    root = Path(base or tempfile.gettempdir())
+    for left in root.glob(f"{SCRATCH_PREFIX}*"):
+        _remove_if_abandoned(left)
+    return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=root))
+
+
+def _remove_if_abandoned(directory: Path) -> None:
+    """Remove a scratch tier of this user whose parent is gone (no process holds its lock)."""
+    try:
+        if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
+            return
+        fd = os.open(directory / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        os.close(fd)
