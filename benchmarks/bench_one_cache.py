@@ -15,9 +15,13 @@ four workers, and what a hit costs, each against one process (and nginx) in the 
    ``wrk`` (URLs at random): hits from memory (100 URLs of 1 KiB), and hits from the tier
    behind memory (2,000 URLs of 16 KiB, a memory tier of 1 MiB in all, a disk tier holding
    them all), for one process, two workers, and nginx ``proxy_cache`` (one worker, its cache
-   on disk, warm) where installed.
+   on disk, warm) where installed; ``--baseline DIR``: two workers of another checkout (an
+   earlier commit, whose workers shared no tier) from memory too. On two cores, two workers
+   and wrk share the cores, one process and wrk do not: the baseline's two workers are the
+   like-for-like reference for what sharing the tier costs a memory hit.
 
     .venv/bin/python benchmarks/bench_one_cache.py [--part kills,replay,cost] [--rounds 20]
+        [--baseline /tmp/onehit-before]
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ async def kills(origin_url: str, rounds: int) -> dict[str, object]:
                             longest_gap = max(longest_gap, now - last_good[0])
                             last_good[0] = now
 
+            last_good[0] = time.monotonic()
             clients = [asyncio.ensure_future(client()) for _ in range(4)]
             async with aiohttp.ClientSession() as session:
                 for n in range(rounds):
@@ -195,15 +200,18 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def wrk_random(url: str, prefix: str, urls: int, seconds: float) -> int:
-    """Requests ``wrk`` made to ``url`` in ``seconds``, each to one of ``urls`` URLs."""
+async def wrk_random(url: str, prefix: str, urls: int, seconds: float) -> int:
+    """Requests ``wrk`` made to ``url`` in ``seconds``, each to one of ``urls`` URLs; the
+    origin (on this loop) answers the misses meanwhile."""
     script = Path(tempfile.mkstemp(suffix=".lua")[1])
     script.write_text(f'request = function() return wrk.format(nil, "{prefix}" .. '
                       f"math.random(0, {urls - 1})) end\n")  # fmt: skip
     try:
-        out = subprocess.run(["wrk", "-t1", "-c32", f"-d{seconds:g}s", "-s", str(script), url],
-                             check=True, capture_output=True, text=True,
-                             timeout=seconds + 30).stdout  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            "wrk", "-t1", "-c32", f"-d{seconds:g}s", "-s", str(script), url,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        out = (await asyncio.wait_for(process.communicate(), seconds + 30))[0].decode()
     finally:
         script.unlink()
     return int(out.split(" requests in ")[0].split()[-1])
@@ -218,7 +226,9 @@ async def warm(url: str, prefix: str, urls: int) -> None:
                     await r.read()
 
 
-async def cost(origin_url: str, seconds: float) -> list[tuple[str, float, float]]:
+async def cost(
+    origin_url: str, seconds: float, baseline: str | None
+) -> list[tuple[str, float, float]]:
     """(case, CPU-seconds per 100,000 hits, hits a second) for each server and hit source."""
     rows = []
     for source, prefix, urls, settings in (
@@ -226,12 +236,15 @@ async def cost(origin_url: str, seconds: float) -> list[tuple[str, float, float]
         ("behind memory", "/b", 2000, ("cache.size=1MiB", "disk.size=256MiB",
                                        "disk.region_size=4MiB", "disk.policy=always")),
     ):  # fmt: skip
-        for workers in (1, 2):
+        runs = [(1, None), (2, None)]
+        if baseline and not settings:
+            runs.append((2, baseline))
+        for workers, cwd in runs:
             directory = tempfile.mkdtemp(prefix="onehit-bench-cost-")
             extra = (*settings, f"disk.path={directory}") if settings else ()
             try:
                 async with (
-                    proxy(origin_url, workers, None, *extra) as (process, url, admin),
+                    proxy(origin_url, workers, cwd, *extra) as (process, url, admin),
                     aiohttp.ClientSession() as session,
                 ):
                     await warm(url, prefix, urls)
@@ -239,13 +252,14 @@ async def cost(origin_url: str, seconds: float) -> list[tuple[str, float, float]
                     pids = [process.pid] + [w["pid"] for w in stats.get("workers", [])]
                     hits0 = (stats["sum"] if workers > 1 else stats["metrics"])["hits"]
                     cpu0, t0 = cpu_seconds(pids), time.monotonic()
-                    wrk_random(url, prefix, urls, seconds)
+                    await wrk_random(url, prefix, urls, seconds)
                     cpu1, t1 = cpu_seconds(pids), time.monotonic()
                     stats = await admin_stats(session, admin)
                     hits = (stats["sum"] if workers > 1 else stats["metrics"])["hits"] - hits0
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
             name = f"{source}, " + ("one process" if workers == 1 else f"{workers} workers")
+            name += ", baseline" if cwd else ""
             rows.append((name, (cpu1 - cpu0) / hits * 1e5, hits / (t1 - t0)))
         nginx = nginx_binary()
         if nginx is not None:
@@ -270,7 +284,7 @@ async def nginx_cost(
         await warm(url, prefix, urls)
         pids = [process.pid, *child_pids(process.pid)]
         cpu0, t0 = cpu_seconds(pids), time.monotonic()
-        requests = wrk_random(url, prefix, urls, seconds)
+        requests = await wrk_random(url, prefix, urls, seconds)
         cpu1, t1 = cpu_seconds(pids), time.monotonic()
         return (cpu1 - cpu0) / requests * 1e5, requests / (t1 - t0)
     finally:
@@ -293,6 +307,7 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--baseline", help="another checkout: its two workers, from memory")
     args = parser.parse_args()
     parts = set(args.part.split(","))
     async with origin() as origin_url:
@@ -311,7 +326,7 @@ async def main() -> None:
                       f"disk bytes written {written:,} (x{share:.3f})")  # fmt: skip
         if "cost" in parts and shutil.which("wrk"):
             print(f"CPU-seconds of the servers per 100,000 hits, wrk -c32 for {args.seconds:g} s:")
-            rows = await cost(origin_url, args.seconds)
+            rows = await cost(origin_url, args.seconds, args.baseline)
             for name, per, rate in rows:
                 print(f"  {name:36} {per:7.3f} CPU-s   {rate:9,.0f} hits/s")
 
