@@ -278,12 +278,13 @@ class DiskTier:
         self._from_ring()
         return self.index.load(slots)
 
-    def drop(self, key: str, *, purged: bool = False) -> Slot | None:
-        """Forget ``key``: its record could not be written or read whole, its URL was
-        invalidated, or (``purged``) a ban purges it. Where its record lay, or None when the
-        tier held none."""
+    def drop(self, key: str, *, purged: bool = False, at: Slot | None = None) -> Slot | None:
+        """Forget ``key`` (``at``: only while its record lies there, as a reader found it: a
+        newer one another worker of the machine wrote stays): its record could not be written
+        or read whole, its URL was invalidated, or (``purged``) a ban purges it. Where its
+        record lay, or None when the tier held none."""
         h1 = hash64(key)[0]
-        found = self.index.get(h1)
+        found = self.index.get(h1) if at is None else (at.region, at.offset, at.length)
         if found is None or not self.index.delete_at(h1, found[0], found[1]):
             return None
         region, offset, length = found

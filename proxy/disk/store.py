@@ -451,12 +451,12 @@ class DiskStore:
         """The entry of a record read at ``slot``, or None: not whole (dropped), or purged by
         a ban by tag (dropped, counted ``purged``)."""
         if found is None:
-            self.tier.drop(key)
+            self.tier.drop(key, at=slot)
             return None
         meta, body = found
         m = decode_meta(meta, self.stamp)
         if self.tier.bans and self.tier.tag_banned(response_tags(m.headers), slot):
-            self.tier.drop(key, purged=True)
+            self.tier.drop(key, purged=True, at=slot)
             return None
         return record_entry(key, m, body, entry_type)
 
