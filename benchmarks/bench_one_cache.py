@@ -19,8 +19,11 @@ four workers, and what a hit costs, each against one process (and nginx) in the 
    earlier commit, whose workers shared no tier) from memory too. On two cores, two workers
    and wrk share the cores, one process and wrk do not: the baseline's two workers are the
    like-for-like reference for what sharing the tier costs a memory hit.
+4. ``memory``: ``[cache] size`` 128 MiB, 3,000 URLs of 64 KiB each asked twice in a row (each
+   stored; more than the cache holds): the resident memory (RSS) of one process, and of the parent and each of two
+   workers, with the bytes the shared tier keeps in ``/dev/shm``.
 
-    .venv/bin/python benchmarks/bench_one_cache.py [--part kills,replay,cost] [--rounds 20]
+    .venv/bin/python benchmarks/bench_one_cache.py [--part kills,replay,cost,memory] [--rounds 20]
         [--baseline /tmp/onehit-before]
 """
 
@@ -301,9 +304,48 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+def rss(pid: int) -> int:
+    """Resident bytes of ``pid`` (``/proc/PID/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+async def memory(origin_url: str) -> list[tuple[str, int]]:
+    """(process, resident bytes) after 3,000 URLs of 64 KiB asked twice through a cache of
+    128 MiB: one process, then the parent, each worker and the shared tier of two workers."""
+    rows = []
+    paths = [f"/m{i}" for i in range(3000)]
+    for workers in (1, 2):
+        before = set(Path("/dev/shm").glob("onehit-tier-*"))
+        async with (
+            proxy(origin_url, workers, None, "cache.size=128MiB") as (process, url, admin),
+            aiohttp.ClientSession() as session,
+        ):
+            connector = aiohttp.TCPConnector(force_close=True)
+            async with aiohttp.ClientSession(connector=connector) as client:
+                for path in paths:
+                    for _ in range(2):  # the second sighting at once: each is stored
+                        async with client.get(url + path) as r:
+                            await r.read()
+            stats = await admin_stats(session, admin)
+            if workers == 1:
+                rows.append(("one process", rss(process.pid)))
+                continue
+            rows.append(("parent", rss(process.pid)))
+            for n, worker in enumerate(stats["workers"]):
+                rows.append((f"worker {n} (memory tier {worker['store']['bytes_used']:,} B)",
+                             rss(worker["pid"])))  # fmt: skip
+            tier = set(Path("/dev/shm").glob("onehit-tier-*")) - before
+            held = sum(f.stat().st_size for d in tier for f in d.glob("region-*.log"))
+            rows.append(("shared tier in /dev/shm", held))
+    return rows
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", default="kills,replay,cost")
+    parser.add_argument("--part", default="kills,replay,cost,memory")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -324,6 +366,10 @@ async def main() -> None:
                 delta = row["hit_ratio"] - one["hit_ratio"]
                 print(f"  {name:14} hit ratio {row['hit_ratio']:.4f} ({delta:+.4f})  "
                       f"disk bytes written {written:,} (x{share:.3f})")  # fmt: skip
+        if "memory" in parts:
+            print("Resident memory, [cache] size 128 MiB, 3,000 URLs of 64 KiB stored:")
+            for name, held in await memory(origin_url):
+                print(f"  {name:44} {held / 2**20:8.1f} MiB")
         if "cost" in parts and shutil.which("wrk"):
             print(f"CPU-seconds of the servers per 100,000 hits, wrk -c32 for {args.seconds:g} s:")
             rows = await cost(origin_url, args.seconds, args.baseline)

@@ -38,7 +38,8 @@ from loadgen.processes import free_port
 @contextlib.asynccontextmanager
 async def origin() -> AsyncIterator[str]:
     async def handle(request: web.Request) -> web.Response:
-        size = 16384 if request.path.startswith("/b") else 1000  # /b...: 16 KiB bodies
+        # /b...: 16 KiB bodies, /m...: 64 KiB, the others 1,000 bytes
+        size = {"b": 16384, "m": 65536}.get(request.path[1:2], 1000)
         return web.Response(
             body=body_of(request.path, size), headers={"Cache-Control": "max-age=600"}
         )

@@ -68,8 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sharing = None
         if args.shared_tier_fds is not None:
             sharing = worker_sharing(
-                args.shared_tier_fds, args.worker_place, args.shared_tier == "memory"
-            )
+                args.shared_tier_fds, args.worker_place, args.shared_tier == "memory",
+                args.shared_tier_workers,
+            )  # fmt: skip
         forgets = None
         if sharing is not None and args.parent_admin:
             forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
@@ -142,6 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shared-tier", choices=("disk", "memory"), help=argparse.SUPPRESS)
     p.add_argument("--shared-tier-fds", help=argparse.SUPPRESS)
+    p.add_argument("--shared-tier-workers", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--parent-admin", help=argparse.SUPPRESS)
     return p

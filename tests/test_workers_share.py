@@ -223,3 +223,26 @@ def scanned_records(directory: Path, size: int, region_size: int) -> dict:
             found[(slot.region, slot.offset)] = (hash64(key.decode())[0] or 1, slot.length)
     log.close()
     return found
+
+
+async def test_the_tier_in_shared_memory_stays_within_the_cache_size(origin):
+    """What the machine keeps in /dev/shm is bounded by ``[cache] size`` (the ring evicts
+    whole regions), and each worker's own memory tier by a quarter of it over the workers."""
+    paths = [f"/s{i}" for i in range(120)]
+    for path in paths:
+        origin.set(path, body=path.encode() * 3000, headers={"Cache-Control": "max-age=300"})
+    size = 1 << 20
+    before = set(Path("/dev/shm").glob("onehit-tier-*"))
+    args = ("--workers", "2", "--origin", origin.url, "--cache-size", str(size), *QUIET)
+    async with served(*args) as (process, url, admin):
+        (scratch,) = set(Path("/dev/shm").glob("onehit-tier-*")) - before
+        await ask(url, paths)
+        await ask(url, paths)
+        held = sum(f.stat().st_size for f in scratch.glob("region-*.log"))
+        machine = await stats(admin)
+        assert machine["disk"]["bytes_written"] > size, "more was written than it holds"
+        assert held <= size, f"{held} bytes in shared memory for a cache of {size}"
+        for worker in machine["workers"]:
+            assert worker["store"]["capacity_bytes"] == size // 8
+            assert worker["store"]["bytes_used"] <= size // 8
+        await stop(process)

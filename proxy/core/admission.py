@@ -254,11 +254,14 @@ def _always(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
 
 
 def _second_hit(
-    config: AdmissionConfig, store: CacheStore, shared: SharedMemory | None = None
+    config: AdmissionConfig,
+    store: CacheStore,
+    shared: SharedMemory | None = None,
+    objects: Callable[[], int] | None = None,
 ) -> AdmissionPolicy:
     g = config.generations
     if config.window == "auto":
-        sizer = _turnover(config, store)
+        sizer = _turnover(config, objects or store.estimated_capacity_objects)
         # Shared, the memory is laid out once: ``capacity`` keys' bits, the share within it.
         keys = config.capacity if shared is not None else sizer.initial() * (g - 1)
         window = WindowedBloomFilter(
@@ -286,9 +289,9 @@ def shared_window_size(config: AdmissionConfig) -> int:
     return shared_window_bytes(config.capacity, config.fp_rate, config.generations)
 
 
-def _turnover(config: AdmissionConfig, store: CacheStore) -> TurnoverSizer:
+def _turnover(config: AdmissionConfig, objects: Callable[[], int]) -> TurnoverSizer:
     return TurnoverSizer(
-        store.estimated_capacity_objects,
+        objects,
         scale=config.auto_scale,
         min_keys=config.min_keys,
         max_keys=config.max_keys,
@@ -299,7 +302,7 @@ def _sketch_keys(config: AdmissionConfig, store: CacheStore) -> tuple[int, Turno
     """Columns of a sketch, and what re-sizes it: the cache's objects when the window is
     ``auto``, else the configured key capacity."""
     if config.window == "auto":
-        sizer = _turnover(config, store)
+        sizer = _turnover(config, store.estimated_capacity_objects)
         return sizer.initial(), sizer
     return config.capacity, None
 
@@ -417,12 +420,18 @@ def parse_policy(text: object) -> tuple[str, float | None]:
 
 
 def make_policy(
-    config: AdmissionConfig, store: CacheStore, *, shared: SharedMemory | None = None
+    config: AdmissionConfig,
+    store: CacheStore,
+    *,
+    shared: SharedMemory | None = None,
+    objects: Callable[[], int] | None = None,
 ) -> AdmissionPolicy:
     """The policy ``config.policy`` names, wired to ``store``; ValueError names the known ones.
     ``shared``: memory (``shared_window_size`` of it) that the processes of one machine share:
-    second hit's window is theirs together (other policies keep their own state)."""
+    second hit's window is theirs together (other policies keep their own state), sized by
+    ``window = "auto"`` for ``objects``, the objects the machine's cache holds (default: the
+    store's)."""
     name, _ = parse_policy(config.policy)
     if shared is not None and name == "second-hit":
-        return _second_hit(config, store, shared)
+        return _second_hit(config, store, shared, objects)
     return POLICIES[name][0](config, store)

@@ -86,12 +86,13 @@ class Sharing:
     ``worker``: the worker's place (its journal's name), None for the parent, which loads the
     tier and writes its checkpoints. ``follows_memory``: the tier takes what the memory tier
     keeps, and nothing else (the tier in shared memory that stands for the memory tier when
-    there is no ``[disk] path``)."""
+    there is no ``[disk] path``). ``workers``: how many share it."""
 
     index: SharedMemory
     window: SharedMemory | None
     worker: int | None
     follows_memory: bool = False
+    workers: int = 1
 
 
 def shared_bytes(section: DiskSection) -> tuple[int, int]:

@@ -81,16 +81,26 @@ def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | N
     return SharedSecondHit(engine.admission, remote, a.redis_budget, max_budget=a.redis_budget_max)
 
 
-def build_engine(config: Config, shared_window: mmap.mmap | None = None) -> CacheEngine:
+def build_engine(
+    config: Config, shared_window: mmap.mmap | None = None, disk: DiskStore | None = None
+) -> CacheEngine:
     """The cache engine ``config`` describes; ``shared_window``: the memory of an admission
-    window this process shares with the other workers of the machine."""
+    window this process shares with the other workers of the machine, sized (``window =
+    "auto"``) by the objects the machine's cache holds: the shared tier's, where it stands for
+    the memory tier, else every worker's memory tier's (``disk``: the shared tier)."""
     store = CacheStore(
         config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.cache.eviction
     )
+    objects = None
+    sharing = None if disk is None else disk.sharing
+    if disk is not None and sharing is not None:
+        workers = sharing.workers
+        objects = (disk.tier.estimated_capacity_objects if disk.follows_memory
+                   else lambda: workers * store.estimated_capacity_objects())  # fmt: skip
     c = config.cache
     return CacheEngine(
         store,
-        make_policy(config.admission_config(), store, shared=shared_window),
+        make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
         hit_for_miss=c.hit_for_miss,
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
@@ -133,7 +143,7 @@ class Service:
             upstream = Upstream(config.upstream)
             undo.push_async_callback(upstream.close)
             await upstream.start()
-            engine = build_engine(config, shared_window)
+            engine = build_engine(config, shared_window, disk)
             shared = shared_admission(config, engine)
             if shared is not None:
                 undo.push_async_callback(shared.remote.client.aclose)

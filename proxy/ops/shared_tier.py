@@ -95,6 +95,7 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
             machine.attach(os.dup(fds[1])) if window_bytes else None,
             worker=None,
             follows_memory=scratch is not None,
+            workers=workers,
         )
         store = DiskStore(section, hidden_fields(config), sharing)
     except BaseException:
@@ -104,20 +105,22 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
     argv = ["--shared-tier", "memory" if scratch is not None else "disk"]
-    argv += ["--shared-tier-fds", ",".join(map(str, fds))]
+    argv += ["--shared-tier-fds", ",".join(map(str, fds)), "--shared-tier-workers", str(workers)]
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
     return SharedTier(store, tuple(fds), argv, scratch)
 
 
-def worker_sharing(fds: str, worker: int, memory: bool) -> Sharing:
-    """What a worker is given (``--shared-tier-fds``, its place): the tier's memory, mapped."""
+def worker_sharing(fds: str, worker: int, memory: bool, workers: int) -> Sharing:
+    """What a worker is given (``--shared-tier-fds``, its place, whether the tier stands for
+    the memory tier, how many workers share it): the tier's memory, mapped."""
     numbers = [int(n) for n in fds.split(",")]
     return Sharing(
         machine.attach(numbers[0]),
         machine.attach(numbers[1]) if len(numbers) > 1 else None,
         worker=worker,
         follows_memory=memory,
+        workers=workers,
     )
 
 
