@@ -50,9 +50,6 @@ from bench_workers import body_of, origin, proxy
 from loadgen.nginx import nginx_binary, nginx_config
 from loadgen.processes import free_port
 from proxy.config.settings import DiskSection
-from proxy.core._native import hash64
-from proxy.core.regions import Regions
-from proxy.disk.region_log import RegionLog
 from proxy.disk.store import DiskStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,24 +125,12 @@ async def kills(origin_url: str, rounds: int) -> dict[str, object]:
 def index_agrees(directory: Path, size: int, region: int) -> tuple[bool, int]:
     """Whether every slot of the tier's index (its checkpoint, after a clean stop) is a whole
     record of its key in the region files; and how many slots."""
-    log = RegionLog(directory, Regions(region, size // region))
-    records = {}
-    for number in log.regions_found():
-        for key, slot in log.scan(number):
-            records[(slot.region, slot.offset)] = (hash64(key.decode())[0] or 1, slot.length)
-    log.close()
     store = DiskStore(DiskSection(path=str(directory), size=size, region_size=region))
     try:
-        dump = store.tier.index.dump()
-        slots = [dump[i : i + 20] for i in range(0, len(dump), 20)]
-        agrees = store.scanned == 0 and all(
-            records.get((int.from_bytes(s[8:12], "little"), int.from_bytes(s[12:16], "little")))
-            == (int.from_bytes(s[:8], "little"), int.from_bytes(s[16:20], "little"))
-            for s in slots
-        )
+        agrees, held = store.agrees_with_files()
+        return agrees and store.scanned == 0, held
     finally:
         store.close()
-    return agrees, len(slots)
 
 
 async def replay(requests: int) -> list[tuple[str, dict[str, float]]]:

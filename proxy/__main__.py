@@ -66,11 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             die_with_parent(args.parent)
         shared = None if args.shared_window_fd is None else attach(args.shared_window_fd)
         sharing = None
-        if args.shared_tier_fds is not None:
-            sharing = worker_sharing(
-                args.shared_tier_fds, args.worker_place, args.shared_tier == "memory",
-                args.shared_tier_workers,
-            )  # fmt: skip
+        if args.shared_tier is not None:
+            sharing = worker_sharing(args.shared_tier, args.worker_place)
         forgets = None
         if sharing is not None and args.parent_admin:
             forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
@@ -141,9 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--shared-tier", choices=("disk", "memory"), help=argparse.SUPPRESS)
-    p.add_argument("--shared-tier-fds", help=argparse.SUPPRESS)
-    p.add_argument("--shared-tier-workers", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--shared-tier", help=argparse.SUPPRESS)
     p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--parent-admin", help=argparse.SUPPRESS)
     return p
@@ -194,10 +189,8 @@ async def _serve(
     forgets: MachineForgets | None = None,
 ) -> None:
     service = await Service.start(
-        config, reuse_port=worker, shared_window=shared_window, sharing=sharing
+        config, reuse_port=worker, shared_window=shared_window, sharing=sharing, forgotten=forgets
     )
-    if forgets is not None and service.proxy.disk is not None:
-        service.proxy.disk.forgotten = forgets
     collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address

@@ -146,7 +146,9 @@ def test_the_compiled_index_answers_as_a_dict_of_live_regions_does(ops):
             if key % 7 == 0 and newest - first < ring - 1:
                 newest += 1  # a new region opens now and then
         elif op == "delete":
-            assert index.delete(key) == (model.pop(key, None) is not None)
+            place = model.get(key, (newest, key * 10, 0))
+            assert not index.delete_at(key, place[0], place[1] + 1), "only where it lies"
+            assert index.delete_at(key, *place[:2]) == (model.pop(key, None) is not None)
         elif op == "evict" and first < newest:
             gone = [k for k, slot in model.items() if slot[0] == first]
             assert index.evict_region(first) == len(gone)
@@ -155,6 +157,7 @@ def test_the_compiled_index_answers_as_a_dict_of_live_regions_does(ops):
             first += 1
         assert index.get(key) == model.get(key)
         assert len(index) == len(model)
+        assert index.bytes == sum(length for _, _, length in model.values())
     assert all(index.get(k) == slot for k, slot in model.items())
 
 

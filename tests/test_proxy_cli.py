@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ import aiohttp
 import pytest
 from conftest import served, wait_healthy
 
-from loadgen.processes import onehit_process
+from loadgen.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore
@@ -284,3 +285,20 @@ async def test_a_lower_case_method_is_refused(origin):
         writer.close()
     assert answer[9:12] == b"400", answer[:100]
     assert origin.hits["/x"] == 0
+
+
+def test_workers_on_a_port_in_use_stop_start_up_with_the_reason():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "proxy", "--origin", "http://127.0.0.1:1", "--workers", "2",
+             "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{free_port()}"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert out.returncode == 1
+    assert "address already in use" in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        "onehit-proxy: cannot start: a worker did not start (its own line above says why)"
+    )

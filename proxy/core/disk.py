@@ -24,14 +24,16 @@ Rules it keeps:
 * The index is compiled (``proxy.core._native.DiskIndex``): 20-byte slots, three eighths to
   three quarters full, so 27 to 54 bytes of RAM an object, by the 64-bit hash of its key.
   Two keys of one hash share a slot; the record holds its whole key, which every read checks.
-  It counts the records and bytes it holds, per region, so an evicted region's leave at once.
+  It counts its records and their bytes per region, so those of an evicted region leave the
+  counts at once.
 * The workers of one machine share one tier (``--workers``): its index and its ring's head
   in shared memory (``proxy.core._native.SharedIndex`` and ``proxy.core.regions.SharedRegions``,
-  the same calls), changed without locks. A fixed table, 8 records a bucket and one a 2 KiB
-  of the ring: where records are smaller than that on average, a full bucket gives up its
-  oldest region's record (a miss, counted ``pushed_out``), as the ring would first. A
-  reader may meet a slot being taken over; the record's key, checked on every read, makes
-  that a miss. The disk admission's window is shared too (``admission_memory``).
+  the same calls), changed without locks. The table is fixed: 8 records a bucket, one slot
+  for every 2 KiB of the ring. Where records are smaller than that on average, a full bucket
+  gives up the record of its oldest region (a miss, counted ``pushed_out``), the one the ring
+  would evict first. A reader may meet a slot being taken over; the record's key, checked on
+  every read, makes that a miss. The disk admission's window is shared too
+  (``admission_memory``).
 * A write budget (``WriteBudget``, bytes a second; none by default) tightens admission when
   the tier writes faster: what the admission takes is then written with a probability set
   each second from the last second's rate, as CacheLib's dynamic random admission keeps flash
@@ -45,12 +47,13 @@ from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from proxy.core._native import DiskIndex, SharedIndex, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
-from proxy.core.regions import Regions, SharedRegions
+from proxy.core.regions import Ring
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
@@ -61,6 +64,8 @@ if TYPE_CHECKING:
 # A record's header (``proxy.disk.region_log`` writes and reads records): magic, the whole record's
 # length, the checksum of what follows it, the key's length, the meta's length.
 RECORD = struct.Struct("<4sIIHI")
+# A slot as the index's ``dump`` gives it: the key's hash, region, offset, length.
+SLOT = struct.Struct("=QIII")
 RECORD_HEADER = RECORD.size
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
@@ -71,6 +76,18 @@ MAX_BANS = 1024
 # last item true) whose response carries the tag, written before ``region`` and ``offset``
 # (the ring's next write at the purge) are purged.
 Ban = tuple[str, int, int, bool]
+
+
+def slots(dump: bytes) -> list[tuple[int, Slot]]:
+    """The (key hash, place) of each slot of an index's ``dump``; a key whose hash is 0 is
+    kept as 1 (the index's empty key is 0: both indexes keep that rule)."""
+    return [(key, Slot(region, offset, length))
+            for key, region, offset, length in SLOT.iter_unpack(dump)]  # fmt: skip
+
+
+def index_key(key: str) -> int:
+    """The hash the index keeps for ``key`` (``slots``)."""
+    return hash64(key)[0] or 1
 
 
 class WriteBudget:
@@ -136,7 +153,7 @@ class DiskTier:
     """The index and counters of a disk tier writing into ``regions``, admitting by
     ``admission``."""
 
-    regions: Regions | SharedRegions
+    regions: Ring
     admission_config: AdmissionConfig = field(default_factory=AdmissionConfig)
     counters: DiskCounters = field(default_factory=DiskCounters)
     budget: WriteBudget = field(default_factory=lambda: WriteBudget(0.0))
@@ -147,6 +164,9 @@ class DiskTier:
     # of the admission window they share; None: the process's own.
     index: DiskIndex | SharedIndex | None = field(default=None, repr=False)
     admission_memory: SharedMemory | None = field(default=None, repr=False)
+    # Called before each ``find``: brings in the bans the other workers of the machine took
+    # (``proxy.disk.store``); None for a tier of one process.
+    follow_bans: Callable[[], None] | None = field(default=None, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,6 +203,8 @@ class DiskTier:
     def find(self, key: str) -> Slot | None:
         """Where ``key``'s record lies, or None; nothing counted (see ``answered``) but a
         record a ban purges, which is dropped."""
+        if self.follow_bans is not None:
+            self.follow_bans()
         found = self.index.get(hash64(key)[0])
         if found is None:
             return None

@@ -27,8 +27,8 @@ from proxy.core._native import SharedIndex
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a record goes: ``region`` (a sequence number) at ``offset``; ``evicted`` is the
-    region evicted to open it, if one was."""
+    """Where a record goes: ``region`` (a sequence number) at ``offset``; ``evicted``: the
+    regions evicted to open it (none, or the one ``Regions`` evicts)."""
 
     region: int
     offset: int
@@ -147,3 +147,7 @@ class SharedRegions:
     @property
     def capacity_bytes(self) -> int:
         return self.region_size * self.regions
+
+
+# The ring a disk tier writes into: its process's own, or the one the workers of a machine share.
+Ring = Regions | SharedRegions

@@ -9,8 +9,9 @@ What it guarantees:
   region file by their own counters would each index the other's records and bring back
   each other's purged versions; the workers of one ``--workers`` parent share the directory
   through the index their parent holds (``proxy.ops.shared_tier``), and only the parent
-  claims it. The lock goes with the process, however it ends (the kernel drops it at kill -9
-  too).
+  claims it, handing the lock's descriptor to each worker. The lock goes with the last process
+  holding it, however it ends (the kernel drops it at kill -9 too): a parent killed leaves it
+  to its workers until they have drained.
 * A directory another user may write to (o+w, sticky or not: a sticky directory still lets
   them create the next region file first; g+w for a group other than the process's own; or
   owned by a user that is neither this process's nor root) is refused: a record planted
@@ -60,8 +61,8 @@ def claim(directory: Path) -> int:
         os.close(fd)
         raise DiskDirectoryError(
             f"[disk] path {str(directory)!r} is in use by another onehit process (pid "
-            f"{holder}): give this one a directory of its own, or stop that one (the workers "
-            "of one --workers parent share its directory)"
+            f"{holder}, or the workers it started): give this one a directory of its own, or "
+            "stop that one (the workers of one --workers parent share its directory)"
         ) from None
     except OSError as exc:
         os.close(fd)
@@ -77,6 +78,22 @@ def claim(directory: Path) -> int:
             f"[disk] path {str(directory)!r}: its lock file cannot be written: {exc.strerror}"
         ) from exc
     return fd
+
+
+def claimed(directory: Path) -> bool:
+    """Whether a live process holds ``directory``'s claim (False where it has no lock file,
+    or one this process cannot open)."""
+    try:
+        fd = os.open(directory / LOCK, os.O_RDWR | NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # the probe's own lock goes with its descriptor
+    return False
 
 
 def release(fd: int) -> None:

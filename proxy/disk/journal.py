@@ -15,9 +15,12 @@ What it guarantees:
 * A journal or bans file that cannot be read may hide purges: every record written so far is
   purged.
 * The workers of one machine share one tier (``--workers``): each journals its own drops and
-  keeps its bans in files of its own (``name``: ``drops-1.log``, ``bans-1.json``), and empties
-  its journal once a checkpoint begun after its last drop is written (``covered``). The
-  process that loads the tier at start-up (``restore_all``) takes up every worker's files.
+  keeps its bans in files of its own (``worker``: ``drops-1.log``, ``bans-1.json``), and
+  empties its journal once a checkpoint begun after its last drop is written (``covered``).
+  Whatever process opens the directory next, one process or a parent of workers, takes up
+  every worker's files (``restore``), and gives them up once a checkpoint holds them
+  (``take_over``). A tier that lives no longer than its processes (in ``/dev/shm``) journals
+  no drops (``keeps_drops``), and keeps its bans, which a worker started later must know.
 """
 
 from __future__ import annotations
@@ -60,14 +63,16 @@ class Journal:
         directory: Path,
         tier: DiskTier,
         log: RegionLog,
-        name: str = "",
+        worker: int | None = None,
         begun: Callable[[], int] = lambda: 0,
+        keeps_drops: bool = True,
     ) -> None:
         self.tier = tier
         self.log = log
         self.directory = directory
-        self.drops_path = directory / DROPS.replace(".", f"{name}.")
-        self.bans_path = directory / BANS.replace(".", f"{name}.")
+        self.drops_path = directory / _named(DROPS, worker)
+        self.bans_path = directory / _named(BANS, worker)
+        self.keeps_drops = keeps_drops
         # The checkpoints begun when the last drop was journaled (``covered``).
         self._begun = begun
         self._mark = 0
@@ -77,14 +82,8 @@ class Journal:
         self._kept = True  # False once a removal the device refused lost regions instead
 
     def restore(self) -> int:
-        """At start-up: the bans back in the tier, and the drops made again; how many."""
-        self.tier.bans[:] = self._saved_bans(self.bans_path)
-        self.tier.expire_bans()
-        return self._drop_again(self.drops_path)
-
-    def restore_all(self) -> int:
-        """``restore`` from every worker's files and this journal's own: the bans of all (a
-        ban is kept once), the drops of all made again; how many."""
+        """At start-up, from this journal's files and every worker's: the bans back in the
+        tier (each once), the drops made again; how many."""
         bans: list[Ban] = []
         for path in self._files(BANS):
             bans += [ban for ban in self._saved_bans(path) if ban not in bans]
@@ -92,23 +91,33 @@ class Journal:
         self.tier.expire_bans()
         return sum(self._drop_again(path) for path in self._files(DROPS))
 
+    def others(self) -> list[Path]:
+        """The files of the other processes that journaled here (workers of a parent)."""
+        return [path for path in [*self._files(DROPS), *self._files(BANS)]
+                if path not in (self.drops_path, self.bans_path)]  # fmt: skip
+
     def take_over(self) -> None:
-        """After ``restore_all`` and a checkpoint that holds its drops: the bans in this
-        journal's file alone, every other worker's files removed."""
+        """After ``restore``, and a checkpoint that holds every drop, with no worker running:
+        every file's bans in this journal's file alone, every other file removed."""
+        self.bans_of_all()
         if not self.save_bans():
             return
-        for path in [*self._files(DROPS), *self._files(BANS)]:
-            if path not in (self.drops_path, self.bans_path):
-                path.unlink(missing_ok=True)
+        for path in self.others():
+            path.unlink(missing_ok=True)
         self.checkpointed()
 
     def bans_of_all(self) -> None:
-        """A worker's start: the bans every worker and the loader saved, in the tier."""
-        bans = self.tier.bans
-        for path in self._files(BANS):
-            bans.extend(ban for ban in self._saved_bans(path) if ban not in bans)
-        if len(bans) > MAX_BANS:
-            bans[:] = self._everything()
+        """The bans every worker and the loader saved, with the tier's own, in the tier: of
+        a purge each worker kept, the one that reaches furthest (the last place)."""
+        furthest: dict[tuple[str, bool], Ban] = {}
+        for saved in [self.tier.bans, *(self._saved_bans(p) for p in self._files(BANS))]:
+            for ban in saved:
+                value, region, offset, by_tag = ban
+                kept = furthest.get((value, by_tag))
+                if kept is None or (kept[1], kept[2]) < (region, offset):
+                    furthest[(value, by_tag)] = ban
+        bans = sorted(furthest.values(), key=lambda ban: (ban[1], ban[2]))
+        self.tier.bans[:] = bans if len(bans) <= MAX_BANS else self._everything()
         self.tier.expire_bans()
 
     def _files(self, name: str) -> list[Path]:
@@ -125,6 +134,8 @@ class Journal:
     def dropped(self, key: str, slot: Slot) -> None:
         """Journal the drop of ``key``'s record, which lay at ``slot``; one the journal cannot
         take loses the record's region."""
+        if not self.keeps_drops:
+            return
         entry = _DROP.pack(hash64(key)[0], slot.region, slot.offset)
         try:
             if self._drops is None:
@@ -245,3 +256,11 @@ class Journal:
             return 0
         whole = len(data) - len(data) % _DROP.size  # a write torn by the crash is no drop
         return sum(self.tier.forget_at(*entry) for entry in _DROP.iter_unpack(data[:whole]))
+
+
+def _named(name: str, worker: int | None) -> str:
+    """A journal file's name (``drops.log``), a worker's (``drops-1.log``)."""
+    if worker is None:
+        return name
+    stem, suffix = name.split(".")
+    return f"{stem}-{worker}.{suffix}"

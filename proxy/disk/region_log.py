@@ -1,18 +1,21 @@
-"""The disk tier's files: append-only region files of records, each record carrying its key and
-a checksum, read back verified and scanned again after a crash.
+"""The disk tier's files: region files of records written once each, every record carrying its
+key and a checksum, read back verified and scanned again after a crash.
 
 What it guarantees:
 
-* Writes are sequential: a record is appended at the end of the open region's file, where
-  ``Regions`` placed it; an evicted region's file is removed whole. Nothing is rewritten in
-  place.
+* A record is written at the place ``Regions`` reserved for it in the open region, so the
+  device sees the ring filled front to back (the workers of a machine, reserving places in
+  one region, ``SharedRegions``, write them in whatever order they get to); an evicted
+  region's file is removed whole. Nothing is rewritten in place.
 * A record is ``magic, length, checksum, key length, meta length, key, meta, body``; the
   checksum (``checksum``: xxh3's low 32 bits, fast enough to check on every read) covers
   everything after it. ``read`` returns a record's meta and body only when its magic,
   length and checksum hold and its key is the one asked for: a torn, corrupt or misplaced
   record is a miss, never a wrong body.
-* After a crash, ``recover`` scans the region files oldest first and yields every whole record;
-  a region's file is cut back to its last whole record, and appends go on from there.
+* After a crash, ``recover`` scans the region files oldest first and yields every whole record
+  up to the first gap or torn record of each; a region's file is cut back there, and records
+  go on from there. (A worker killed between reserving a place and writing it leaves such a
+  gap: the records after it in that region are lost to the scan, never misread.)
 * A full disk, a read error or a region file removed by hand make the record concerned a miss,
   with one log line (at most one a second); nothing raises to the caller.
 """
@@ -32,7 +35,7 @@ from xxhash import xxh3_64_intdigest
 
 from proxy.config.logs import OneLineEvery
 from proxy.core.disk import RECORD, Slot
-from proxy.core.regions import Regions, SharedRegions
+from proxy.core.regions import Ring
 from proxy.disk.directory import open_file
 
 DISK_ERRORS = logging.getLogger("onehit.disk")
@@ -97,7 +100,7 @@ def decode(data: bytes | bytearray | memoryview) -> tuple[bytes, bytes, bytes] |
 class RegionLog:
     """The region files of one disk tier under ``directory``, placed by ``regions``."""
 
-    def __init__(self, directory: str | Path, regions: Regions | SharedRegions) -> None:
+    def __init__(self, directory: str | Path, regions: Ring) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.regions = regions

@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING
 
 from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
-from proxy.core._native import SharedIndex, shared_index_bytes
+from proxy.core._native import DiskIndex, SharedIndex, shared_index_bytes
 from proxy.core.admission import AdmissionConfig, shared_window_size
-from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget
+from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget, index_key, slots
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions, SharedRegions
 from proxy.core.rfc9110 import Headers
@@ -130,8 +130,8 @@ class DiskStore:
         # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
         self.answered = self.tier.answered
         self.follows_memory = sharing is not None and sharing.follows_memory
-        # Called with each key a worker of a shared tier forgets (``forget``): set by the
-        # service, which tells the other workers.
+        # Called with each key a worker of a shared tier forgets (``forget``), to tell the
+        # other workers: set by the service as it starts (``Service.start``).
         self.forgotten: Callable[[str], None] | None = None
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
@@ -151,6 +151,13 @@ class DiskStore:
                 release(self._lock)  # a start that fails leaves the directory to the next
             raise
 
+    @property
+    def claim(self) -> int | None:
+        """The descriptor of this process's claim on the directory (``directory.claim``; None:
+        a worker's, its parent claims it). A parent hands it to its workers: the directory
+        stays claimed until the last of them exits, however the parent ended."""
+        return self._lock
+
     def _recover(self, section: DiskSection) -> None:
         """Take up what the directory holds: the checkpoint's index, the records written
         after it, the bans, the journal of drops."""
@@ -163,14 +170,12 @@ class DiskStore:
         for key, location in scanned:
             self.tier.restore(_text(key), location.region, location.offset, location.length)
         self.scanned = len(scanned)
-        self.journal = Journal(Path(section.path), self.tier, self.log)
-        if self.sharing is None:
-            self.dropped_again = self.journal.restore()
-            return
-        # The machine's loader: every worker's drops and bans taken up, then held by a
-        # checkpoint and this journal's bans alone.
-        self.dropped_again = self.journal.restore_all()
-        if self.checkpoint():
+        self.journal = Journal(Path(section.path), self.tier, self.log,
+                               keeps_drops=not self.follows_memory)  # fmt: skip
+        self.dropped_again = self.journal.restore()
+        # Workers journaled here (this start's or the last's): their drops and bans are
+        # held by a checkpoint and this journal's bans alone before any worker starts.
+        if self.journal.others() and self.checkpoint():
             self.journal.take_over()
 
     def _join(self, section: DiskSection, worker: int) -> None:
@@ -180,9 +185,31 @@ class DiskStore:
         self.log = RegionLog(section.path, self.tier.regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
         self.from_checkpoint = self.scanned = self.dropped_again = 0
-        self.journal = Journal(Path(section.path), self.tier, self.log, name=f"-{worker}",
-                               begun=lambda: index.checkpoints_begun)  # fmt: skip
+        self.journal = Journal(Path(section.path), self.tier, self.log, worker,
+                               begun=lambda: index.checkpoints_begun,
+                               keeps_drops=not self.follows_memory)  # fmt: skip
+        # Read before the files: a ban saved meanwhile moves it, and is read at the next find.
+        self._bans_seen = index.bans_saved
         self.journal.bans_of_all()
+        self.tier.follow_bans = self._follow_bans
+
+    def _follow_bans(self) -> None:
+        """The bans another worker saved since this one last read them (a purge that went
+        round while this worker was starting, say), read from their files."""
+        index = self.tier.index
+        assert isinstance(index, SharedIndex)
+        saved = index.bans_saved
+        if saved != self._bans_seen:
+            self._bans_seen = saved
+            self.journal.bans_of_all()
+
+    @property
+    def reader_index(self) -> DiskIndex | SharedIndex | _FollowingIndex:
+        """The index the compiled disk reader asks (``get``): a worker's first brings in the
+        bans the others saved, as ``DiskTier.find`` does."""
+        if self.tier.follow_bans is None:
+            return self.tier.index
+        return _FollowingIndex(self.tier.index, self.tier.follow_bans)
 
     def checkpoint(self) -> bool:
         """Write the index and where the open region ends, replacing the last checkpoint;
@@ -389,9 +416,14 @@ class DiskStore:
 
     def ban(self, value: str, *, by_tag: bool) -> None:
         """``proxy.core.tiers.Tier.ban``: kept as ``DiskTier.ban`` keeps it, put on the device
-        by ``durable`` (with the drop journal)."""
+        by ``durable`` (with the drop journal). A worker of a shared tier saves it at once and
+        says so to the others (``_follow_bans``)."""
         self.tier.ban(value, by_tag=by_tag)
         self.journal.banned()
+        index = self.tier.index
+        if self.tier.follow_bans is not None and isinstance(index, SharedIndex):
+            self.journal.save_bans()
+            index.banned()
 
     def durable(self) -> bool:
         """``proxy.core.tiers.Tier.durable``: the journal and the bans on the device, or
@@ -461,6 +493,17 @@ class DiskStore:
             return None
         return record_entry(key, m, body, entry_type)
 
+    def agrees_with_files(self) -> tuple[bool, int]:
+        """Whether every record the index holds is a whole record of its key where the index
+        says (a scan of the live region files finds it there), and how many it holds: what a
+        start after a crash or a worker's kill must leave."""
+        found = {}
+        for region in self.tier.regions.live:
+            for key, slot in self.log.scan(region):
+                found[slot] = index_key(_text(key))
+        held = slots(self.tier.index.dump())
+        return all(found.get(slot) == key for key, slot in held), len(held)
+
     def _sample(self) -> tuple[float, int, int | None]:
         return time.monotonic(), self.tier.counters.bytes_written, process_write_bytes()
 
@@ -492,8 +535,10 @@ class DiskStore:
 
     def close(self) -> None:
         """Checkpoint (a worker of a shared tier: its bans), then close the open region and
-        the journal, and give the directory up."""
-        self.checkpoint()
+        the journal, and give the directory up. The parent of workers, closing once they
+        all stopped, takes their journals over: its checkpoint holds what they dropped."""
+        if self.checkpoint() and self._lock is not None:
+            self.journal.take_over()
         self.log.close()
         self.journal.close()
         if self._lock is not None:
@@ -502,10 +547,10 @@ class DiskStore:
 
 
 # What ``stats`` says of a tier the workers share, the same from each: counted once.
-MACHINE_WIDE = frozenset({
-    "objects", "index_bytes", "pushed_out", "regions", "capacity_bytes", "bans",
-    "restored_from_checkpoint", "restored_by_scan", "dropped_again",
-})  # fmt: skip
+MACHINE_WIDE = frozenset({"objects", "index_bytes", "pushed_out", "regions", "capacity_bytes",
+                          "bans"})  # fmt: skip
+# What the tier's loading found: the loader's (a worker's are 0).
+LOADED = ("restored_from_checkpoint", "restored_by_scan", "dropped_again")
 
 
 def combine_stats(workers: list[dict[str, int | float | None]]) -> dict[str, int | float | None]:
@@ -521,6 +566,20 @@ def combine_stats(workers: list[dict[str, int | float | None]]) -> dict[str, int
         else:
             out[name] = sum(v for v in values if v is not None)
     return out
+
+
+class _FollowingIndex:
+    """A shared index whose ``get`` first brings in the bans the other workers saved."""
+
+    __slots__ = ("_follow", "_get")
+
+    def __init__(self, index: SharedIndex, follow: Callable[[], None]) -> None:
+        self._get = index.get
+        self._follow = follow
+
+    def get(self, key: int) -> tuple[int, int, int] | None:
+        self._follow()
+        return self._get(key)
 
 
 def process_write_bytes() -> int | None:

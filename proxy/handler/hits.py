@@ -106,7 +106,7 @@ class HitAnswers:
         self.plain_hits.query_as_sent = router.queries_as_sent
         if disk is not None:
             self.plain_hits.attach_disk(
-                index=disk.tier.index, fds=disk.log.read_fds, bans=disk.tier.bans,
+                index=disk.reader_index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
                 checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=disk.stamp,
                 read_inline=READ_INLINE,

@@ -159,10 +159,10 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         return web.json_response({"reset": True})
 
     async def forget(request: web.Request) -> web.Response:
-        keys = await forgotten_keys_of(request)
-        if keys is None:
+        named = await forgotten_keys_of(request)
+        if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        removed = sum(proxy.engine.forgotten_elsewhere(key) for key in keys)
+        removed = sum(proxy.engine.forgotten_elsewhere(key) for key in named[0])
         return web.json_response({"removed": removed})
 
     shares_tier = proxy.disk is not None and proxy.disk.sharing is not None
@@ -177,8 +177,9 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
     )
 
 
-async def forgotten_keys_of(request: web.Request) -> list[str] | None:
-    """The keys a ``POST /forget`` names (``{"keys": [...]}``), or None when it names none."""
+async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None] | None:
+    """The keys a ``POST /forget`` names (``{"keys": [...], "from": place}``) and the place of
+    the worker that sends them, if it says; None when it names no keys."""
     try:
         body = await request.json()
     except (ValueError, TypeError, RecursionError):
@@ -186,7 +187,8 @@ async def forgotten_keys_of(request: web.Request) -> list[str] | None:
     keys = body.get("keys") if isinstance(body, dict) else None
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         return None
-    return keys
+    sender = body.get("from")
+    return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
 
 
 def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:

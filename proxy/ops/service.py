@@ -124,10 +124,12 @@ class Service:
         clock: Callable[[], float] = time.time,
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
+        forgotten: Callable[[str], None] | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
-        cache tier (``proxy.ops.shared_tier``). ``clock``: the
+        cache tier (``proxy.ops.shared_tier``), each removal this worker makes from it told
+        to ``forgotten`` (``DiskStore.forgotten``). ``clock``: the
         cache's time (seconds since the epoch), read wherever the proxy asks the time of a
         request or response (a trace's, to replay it as the simulator does)."""
         require_strict_parser()
@@ -138,6 +140,7 @@ class Service:
             disk = None
             if config.disk.path:
                 disk = DiskStore(config.disk, hidden_fields(config), sharing)
+                disk.forgotten = forgotten
             if disk is not None:
                 undo.callback(disk.close)
             upstream = Upstream(config.upstream)

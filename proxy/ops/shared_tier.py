@@ -19,8 +19,6 @@ What it guarantees:
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import tempfile
@@ -28,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from proxy.config.settings import Config, DiskSection
-from proxy.disk.directory import LOCK
+from proxy.disk.directory import LOCK, claimed
 from proxy.disk.store import DiskStore, Sharing, shared_bytes
 from proxy.handler.routing import hidden_fields
 from proxy.ops import machine
@@ -104,23 +102,25 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
-    argv = ["--shared-tier", "memory" if scratch is not None else "disk"]
-    argv += ["--shared-tier-fds", ",".join(map(str, fds)), "--shared-tier-workers", str(workers)]
+    kind = "memory" if scratch is not None else "disk"
+    argv = ["--shared-tier", f"{kind}:{workers}:{','.join(map(str, fds))}"]
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
     return SharedTier(store, tuple(fds), argv, scratch)
 
 
-def worker_sharing(fds: str, worker: int, memory: bool, workers: int) -> Sharing:
-    """What a worker is given (``--shared-tier-fds``, its place, whether the tier stands for
-    the memory tier, how many workers share it): the tier's memory, mapped."""
+def worker_sharing(given: str, worker: int) -> Sharing:
+    """What the worker in place ``worker`` is given (``--shared-tier KIND:WORKERS:FDS``: the
+    tier on disk or standing for memory, how many workers share it, its memory's
+    descriptors): that memory, mapped."""
+    kind, workers, fds = given.split(":")
     numbers = [int(n) for n in fds.split(",")]
     return Sharing(
         machine.attach(numbers[0]),
         machine.attach(numbers[1]) if len(numbers) > 1 else None,
         worker=worker,
-        follows_memory=memory,
-        workers=workers,
+        follows_memory=kind == "memory",
+        workers=int(workers),
     )
 
 
@@ -135,16 +135,12 @@ def _scratch_directory() -> Path:
 
 
 def _remove_if_abandoned(directory: Path) -> None:
-    """Remove a scratch tier of this user whose parent is gone (no process holds its lock)."""
+    """Remove a scratch tier of this user whose parent and workers are gone (none holds its
+    claim)."""
     try:
         if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
             return
-        fd = os.open(directory / LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return
-    try:
-        with contextlib.suppress(BlockingIOError):
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(directory, ignore_errors=True)
-    finally:
-        os.close(fd)
+    if (directory / LOCK).exists() and not claimed(directory):
+        shutil.rmtree(directory, ignore_errors=True)

@@ -19,6 +19,7 @@ writes the shared tier's checkpoint and exits 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import logging
@@ -34,7 +35,7 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
-from proxy.disk.store import combine_stats
+from proxy.disk.store import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
     admin_application,
@@ -48,6 +49,9 @@ from proxy.ops.shared_tier import SharedTier, open_shared_tier
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Keys a worker sends the parent in one POST /forget at most, in bytes: within the admin's body
+# limit (1 MiB) with room for JSON's escapes.
+BATCH_BYTES = 256 << 10
 READY = "onehit-worker-admin "
 
 
@@ -99,8 +103,12 @@ class Workers:
 
     def __init__(self, argv: list[str], window: int | None, tier: SharedTier) -> None:
         self.argv = [*argv, "--worker", "--parent", str(os.getpid()), *tier.argv]
-        self.fds: tuple[int, ...] = tier.fds
+        # The tier's claim too: held while any worker lives, so a parent started after a crash
+        # is refused while the last one's workers still drain and write into the tier.
+        claim = tier.store.claim
+        self.fds: tuple[int, ...] = (*tier.fds, *(() if claim is None else (claim,)))
         self.tier = tier
+        self.window = window
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
             self.fds += (window,)
@@ -122,7 +130,8 @@ class Workers:
         failed = [o for o in started if isinstance(o, BaseException)]
         if failed:
             for process in self.processes:
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):  # it exited on its own
+                    process.kill()
                 await process.wait()
             raise failed[0]
 
@@ -139,10 +148,12 @@ class Workers:
             pass
         finally:
             if not line.startswith(READY):  # silent, or the parent is leaving: none left behind
-                process.kill()
+                with contextlib.suppress(ProcessLookupError):  # it exited on its own
+                    process.kill()
                 await process.wait()
         if not line.startswith(READY):
-            raise RuntimeError(f"a worker did not start (it said {line!r})")
+            said = f"it said {line.strip()!r}" if line else "its own line above says why"
+            raise RuntimeError(f"a worker did not start ({said})")
         return process, line[len(READY) :].strip()
 
     async def supervise(self) -> None:
@@ -210,7 +221,7 @@ class MachineForgets:
 
     async def _send(self) -> None:
         while self.pending:
-            keys, self.pending = self.pending, []
+            keys = self._batch()
             if self.session is None:
                 self.session = aiohttp.ClientSession(
                     headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
@@ -226,6 +237,18 @@ class MachineForgets:
                     self._warned = now
                     log.warning("telling the other workers of %d removals failed: %r",
                                 len(keys), exc)  # fmt: skip
+
+    def _batch(self) -> list[str]:
+        """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
+        bounded, and one refused would lose every key in it)."""
+        size = 0
+        for n, key in enumerate(self.pending):
+            size += len(key) + 4
+            if size > BATCH_BYTES and n:
+                batch, self.pending = self.pending[:n], self.pending[n:]
+                return batch
+        batch, self.pending = self.pending, []
+        return batch
 
     async def close(self) -> None:
         if self.sending is not None:
@@ -259,7 +282,7 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
     memory is empty or gone, so a purge has nothing to remove there. A worker's refusal (a
     4xx, the same from every worker) is the answer."""
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
-    shared = workers.fds != ()  # the workers map one admission window
+    shared = workers.window is not None  # the workers map one admission window
 
     async def each(
         method: str, path: str, body: Any = None, *, but: int | None = None
@@ -292,7 +315,7 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         body = {
             "workers": per_worker,
             "sum": combine([w["metrics"] for w in per_worker], shared_filter=shared),
-            "disk": combine_stats([w["disk"] for w in per_worker if w.get("disk")]),
+            "disk": machine_disk(per_worker),
             "worker_count": len(workers.admins),
             "missing": missing,
             "workers_replaced": workers.replaced,
@@ -302,10 +325,19 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         per_worker, _ = await each("GET", "/stats")
         text = prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
-        disks = [w["disk"] for w in per_worker if w.get("disk")]
-        if disks:
-            text += disk_prometheus_text(combine_stats(disks))
+        disk = machine_disk(per_worker)
+        if disk:
+            text += disk_prometheus_text(disk)
         return metrics_response(text)
+
+    def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
+        """The shared tier's stats: the workers' own counts summed, what it holds once, and
+        what its loading found, which only the parent knows."""
+        disks = [w["disk"] for w in per_worker if w.get("disk")]
+        if not disks:
+            return {}
+        loaded = workers.tier.store.stats()
+        return {**combine_stats(disks), **{key: loaded[key] for key in LOADED}}
 
     async def healthz(request: web.Request) -> web.Response:
         _, missing = await each("GET", "/healthz")
@@ -329,13 +361,11 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         return web.json_response({"workers": answers, "removed": removed, "missing": missing})
 
     async def forget(request: web.Request) -> web.Response:
-        keys = await forgotten_keys_of(request)
-        if keys is None:
+        named = await forgotten_keys_of(request)
+        if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        sender = (await request.json()).get("from")
-        answers, missing = await each(
-            "POST", "/forget", {"keys": keys}, but=sender if isinstance(sender, int) else None
-        )
+        keys, sender = named
+        answers, missing = await each("POST", "/forget", {"keys": keys}, but=sender)
         return web.json_response(
             {"removed": sum(a.get("removed", 0) for a in answers), "missing": missing}
         )

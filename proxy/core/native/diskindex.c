@@ -208,26 +208,18 @@ static PyObject *DiskIndex_load(DiskIndexObject *self, PyObject *arg) {
     return PyLong_FromLongLong(put);
 }
 
-/* Forgets key's slot when it is live and (only_region not DELETED) lies at only_region and
- * only_offset: 1 when it did, 0 when not, -1 with an exception set. */
+/* Forgets key's slot when it is live and lies at only_region and only_offset: 1 when it did,
+ * 0 when not, -1 with an exception set. */
 static int delete_slot(DiskIndexObject *self, uint64_t key, uint32_t only_region,
                        uint32_t only_offset) {
     DiskSlot *slot = find_slot(self, stored_key(key));
     if (slot_key(slot) == 0 || !slot_live(self, slot)) return 0;
-    if (only_region != DELETED && (slot->region != only_region || slot->offset != only_offset))
-        return 0;
+    if (slot->region != only_region || slot->offset != only_offset) return 0;
     counted(self, slot, -1);
     slot->region = DELETED;  /* kept, so that probing past it still finds what follows */
     self->dead++;
     if (self->dead > self->live && rebuild(self, self->mask + 1) < 0) return -1;
     return 1;
-}
-
-static PyObject *DiskIndex_delete(DiskIndexObject *self, PyObject *arg) {
-    uint64_t key;
-    if (parse_u64(arg, &key) < 0) return NULL;
-    int done = delete_slot(self, key, DELETED, 0);
-    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 static PyObject *DiskIndex_delete_at(DiskIndexObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -314,7 +306,6 @@ static PyMethodDef DiskIndex_methods[] = {
      "get(key) -> (region, offset, length) of key's record, or None."},
     {"put", (PyCFunction)(void (*)(void))DiskIndex_put, METH_FASTCALL,
      "put(key, region, offset, length): key's record lies there (replacing where it lay)."},
-    {"delete", (PyCFunction)DiskIndex_delete, METH_O, "Forget key; False if it was not held."},
     {"delete_at", (PyCFunction)(void (*)(void))DiskIndex_delete_at, METH_FASTCALL,
      "delete_at(key, region, offset): forget key if its record lies there; whether it did."},
     {"evict_region", (PyCFunction)DiskIndex_evict_region, METH_O,

@@ -3,8 +3,8 @@
  *
  * Rules this file keeps (proxy/core/disk.py says what they give a caller):
  *
- * - Layout: a SharedIndexHead padded to HEAD_BYTES; per region of the ring (by region % ring)
- *   its count of records and of bytes; then `buckets` buckets of WAYS slots, each slot three
+ * - Layout: a SharedIndexHead padded to HEAD_BYTES; per region (by region % (2 * ring)) its
+ *   count of records and of bytes; then `buckets` buckets of WAYS slots, each slot three
  *   words: the key's hash (0: never used; a hash of 0 is kept as 1), where its record lies
  *   (region << 32 | offset, or EMPTY) and the record's length.
  * - No locks: every change is one atomic store, exchange or compare-and-swap of a word, so a
@@ -29,7 +29,9 @@
  *   exchange), so each is subtracted once. They are for /stats: a put racing with the
  *   eviction of its region may leave them off by a record.
  * - Checkpoints: `begun` and `done` count them, so a process can tell that a checkpoint begun
- *   after its last drop has been written (and empty its journal of drops). */
+ *   after its last drop has been written (and empty its journal of drops).
+ * - `bans` counts the purges by prefix or tag any process saved: one that sees it move reads
+ *   the bans again, so a worker started while a purge went round learns it at its next read. */
 #include "native.h"
 
 #define SI_MAGIC 0x3158444953484fULL /* "OHSIDX1" */
@@ -50,6 +52,7 @@ typedef struct {
     int64_t bytes;     /* their bytes */
     int64_t pushed_out;
     uint64_t begun, done; /* checkpoints */
+    uint64_t bans;        /* purges by prefix or tag saved */
 } SharedIndexHead;
 
 typedef struct {
@@ -60,8 +63,8 @@ typedef struct {
     PyObject_HEAD
     Py_buffer view;
     SharedIndexHead *head;
-    int64_t *counts;  /* records per region % ring */
-    int64_t *rbytes;  /* bytes per region % ring */
+    int64_t *counts;  /* records per region % (2 * ring) */
+    int64_t *rbytes;  /* bytes per region % (2 * ring) */
     SharedSlot *slots;
     uint64_t mask;    /* buckets - 1 */
     uint32_t followed; /* the oldest region this process has seen evicted: DiskTier's `first` */
@@ -226,8 +229,7 @@ static void put_loc(SharedIndexObject *self, uint64_t key, uint64_t loc, uint64_
         }
         if (match != NULL) {
             uint64_t old_length = load(&match->length);
-            uint64_t held = BUSY;
-            if (!cas(&match->loc, &match_loc, held)) continue;
+            if (!cas(&match->loc, &match_loc, BUSY)) continue;
             store(&match->length, length);
             store(&match->loc, loc);
             if (live_loc(self, match_loc)) counted(self, match_loc, old_length, -1);
@@ -272,7 +274,7 @@ static PyObject *SharedIndex_put(SharedIndexObject *self, PyObject *const *args,
     Py_RETURN_NONE;
 }
 
-/* Empties key's slot when it holds `only` (EMPTY: whatever it holds); whether one did. */
+/* Empties key's slot when it holds the place `only`; whether one did. */
 static int forget(SharedIndexObject *self, uint64_t key, uint64_t only) {
     key = stored(key);
     SharedSlot *b = bucket(self, key);
@@ -280,20 +282,13 @@ static int forget(SharedIndexObject *self, uint64_t key, uint64_t only) {
     for (int w = 0; w < WAYS; w++) {
         if (load(&b[w].key) != key) continue;
         uint64_t l = load(&b[w].loc), length = load(&b[w].length);
-        if (!live_loc(self, l) || (only != EMPTY && l != only)) continue;
+        if (!live_loc(self, l) || l != only) continue;
         if (cas(&b[w].loc, &l, EMPTY)) {
             counted(self, l, length, -1);
             forgot = 1;
         }
     }
     return forgot;
-}
-
-static PyObject *SharedIndex_delete(SharedIndexObject *self, PyObject *arg) {
-    uint64_t key;
-    NEED_HEAD(self);
-    if (parse_u64(arg, &key) < 0) return NULL;
-    return PyBool_FromLong(forget(self, key, EMPTY));
 }
 
 static PyObject *SharedIndex_delete_at(SharedIndexObject *self, PyObject *const *args,
@@ -361,8 +356,9 @@ static PyObject *SharedIndex_dump(SharedIndexObject *self, PyObject *unused) {
     return out;
 }
 
-/* The oldest live region, as this process has followed it (DiskTier drops regions up to the
- * ring's first one by one): the records of the regions this process evicted, once. */
+/* This process follows the eviction of `region`, the oldest it had seen live (DiskTier drops
+ * regions up to the ring's first one by one): returned, the records of the regions this
+ * process's reservations evicted since its last call, which it alone counted. */
 static PyObject *SharedIndex_evict_region(SharedIndexObject *self, PyObject *arg) {
     uint64_t region;
     NEED_HEAD(self);
@@ -487,6 +483,12 @@ static PyObject *SharedIndex_checkpoint_end(SharedIndexObject *self, PyObject *a
     Py_RETURN_NONE;
 }
 
+static PyObject *SharedIndex_banned(SharedIndexObject *self, PyObject *unused) {
+    NEED_HEAD(self);
+    __atomic_add_fetch(&self->head->bans, 1, __ATOMIC_ACQ_REL);
+    Py_RETURN_NONE;
+}
+
 static Py_ssize_t SharedIndex_len(SharedIndexObject *self) {
     if (self->head == NULL) return 0;
     int64_t live = __atomic_load_n(&self->head->live, __ATOMIC_RELAXED);
@@ -510,6 +512,7 @@ GETTER(memory_bytes, index_bytes(self->head->ring, self->mask + 1))
 GETTER(slots, (self->mask + 1) * WAYS)
 GETTER(begun, load(&self->head->begun))
 GETTER(done, load(&self->head->done))
+GETTER(bans, load(&self->head->bans))
 
 PyObject *py_shared_index_bytes(PyObject *module, PyObject *args) {
     unsigned long long ring, region_size;
@@ -522,12 +525,11 @@ static PyMethodDef SharedIndex_methods[] = {
      "get(key) -> (region, offset, length) of key's record, or None."},
     {"put", (PyCFunction)(void (*)(void))SharedIndex_put, METH_FASTCALL,
      "put(key, region, offset, length): key's record lies there (replacing where it lay)."},
-    {"delete", (PyCFunction)SharedIndex_delete, METH_O, "Forget key; False if it was not held."},
     {"delete_at", (PyCFunction)(void (*)(void))SharedIndex_delete_at, METH_FASTCALL,
      "delete_at(key, region, offset): forget key if its record lies there; whether it did."},
     {"evict_region", (PyCFunction)SharedIndex_evict_region, METH_O,
-     "evict_region(region): follow the eviction of the oldest region; the keys it held, "
-     "counted by the first process to follow it."},
+     "evict_region(region): follow the eviction of the oldest region; the records of the "
+     "regions this process's reservations evicted since the last call."},
     {"load", (PyCFunction)SharedIndex_load, METH_O,
      "load(slots): put back what dump gave (regions older than the ring's first left out)."},
     {"dump", (PyCFunction)SharedIndex_dump, METH_NOARGS,
@@ -545,6 +547,8 @@ static PyMethodDef SharedIndex_methods[] = {
      "A checkpoint begins: its number."},
     {"checkpoint_end", (PyCFunction)SharedIndex_checkpoint_end, METH_O,
      "checkpoint_end(n): checkpoint n is on the device."},
+    {"banned", (PyCFunction)SharedIndex_banned, METH_NOARGS,
+     "A process saved a purge by prefix or tag: the others read the bans again."},
     {NULL},
 };
 
@@ -561,6 +565,8 @@ static PyGetSetDef SharedIndex_getset[] = {
     {"slots", (getter)SharedIndex_slots, NULL, "records the index can hold", NULL},
     {"checkpoints_begun", (getter)SharedIndex_begun, NULL, "checkpoints begun", NULL},
     {"checkpoints_done", (getter)SharedIndex_done, NULL, "the last checkpoint written", NULL},
+    {"bans_saved", (getter)SharedIndex_bans, NULL, "purges by prefix or tag saved so far",
+     NULL},
     {NULL},
 };
 

@@ -135,7 +135,7 @@ static int find_record(PlainHits *self, PyObject *hash, PyObject **region, long 
     }
     if (!PyTuple_Check(found) || PyTuple_GET_SIZE(found) != 3) {
         Py_DECREF(found);
-        PyErr_SetString(PyExc_TypeError, "DiskIndex.get returns (region, offset, length)");
+        PyErr_SetString(PyExc_TypeError, "the disk index's get returns (region, offset, length)");
         return -1;
     }
     *offset = PyLong_AsLongLong(PyTuple_GET_ITEM(found, 1));
