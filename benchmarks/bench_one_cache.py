@@ -20,8 +20,8 @@ four workers, and what a hit costs, each against one process (and nginx) in the 
    and wrk share the cores, one process and wrk do not: the baseline's two workers are the
    like-for-like reference for what sharing the tier costs a memory hit.
 4. ``memory``: ``[cache] size`` 128 MiB, 3,000 URLs of 64 KiB each asked twice in a row (each
-   stored; more than the cache holds): the resident memory (RSS) of one process, and of the parent and each of two
-   workers, with the bytes the shared tier keeps in ``/dev/shm``.
+   stored; more than the cache holds): the resident memory (RSS) of one process, and of the
+   parent and each of two workers, with the bytes the shared tier keeps in ``/dev/shm``.
 
     .venv/bin/python benchmarks/bench_one_cache.py [--part kills,replay,cost,memory] [--rounds 20]
         [--baseline /tmp/onehit-before]

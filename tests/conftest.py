@@ -21,6 +21,7 @@ from aiohttp import web
 from redis.exceptions import RedisError
 
 from loadgen.processes import free_port
+from loadgen.trace import Trace
 from proxy.config.settings import load
 from proxy.ops.service import Service
 
@@ -388,3 +389,15 @@ async def served(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+def serve_trace(origin, trace: Trace, max_age: float = 3600) -> None:
+    """Have ``origin`` answer every ``/obj/KEY`` with a body of the trace's size for KEY."""
+    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
+    size_of["sample"] = 1
+
+    async def serve(request: web.Request) -> web.Response:
+        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
+        return web.Response(body=body, headers={"Cache-Control": f"max-age={max_age:g}"})
+
+    origin.responder = serve

@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from aiohttp import web
-from conftest import base
+from conftest import base, serve_trace
 
 from loadgen.simulate import simulate
 from loadgen.tiers import DiskSpec, simulate_tiers
@@ -19,18 +18,6 @@ from proxy.origin.body import fields_of
 
 COUNTERS = ("requests", "hits", "misses", "admissions", "rejected_first_sighting", "evictions")
 DISK_COUNTERS = ("hits", "misses", "admissions", "rejected", "objects")
-
-
-def serve_trace(origin, trace: Trace, max_age: float = 3600) -> None:
-    """Have ``origin`` answer every ``/obj/KEY`` with a body of the trace's size for KEY."""
-    size_of = dict(zip(trace.key_strings(), trace.sizes.tolist(), strict=True))
-    size_of["sample"] = 1
-
-    async def serve(request: web.Request) -> web.Response:
-        body = b"b" * size_of[request.match_info["tail"].removeprefix("obj/")]
-        return web.Response(body=body, headers={"Cache-Control": f"max-age={max_age:g}"})
-
-    origin.responder = serve
 
 
 async def live_record_length(proxy) -> Callable[[str, int], int]:
