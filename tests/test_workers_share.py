@@ -247,7 +247,7 @@ async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_ha
     """The old workers finish what is in flight after their parent's kill -9, and may write
     it into the tier: a new parent on the directory meanwhile would reserve the same places
     and index what they overwrite. It is refused until the last of them has exited."""
-    origin.set("/slow", body=b"version-1", delay=2.0, headers={"Cache-Control": "max-age=300"})
+    origin.set("/slow", body=b"version-1", delay=1.0, headers={"Cache-Control": "max-age=300"})
     args = ("--workers", "2", "--origin", origin.url, "--set", f"disk.path={tmp_path}",
             "--set", "disk.policy=always", *QUIET)  # fmt: skip
     async with served(*args) as (process, url, _admin):
@@ -279,14 +279,14 @@ async def test_a_trace_through_two_workers_hits_as_through_one_process(origin, t
     """The same [cache] size and disk, a Zipf trace replayed on four connections (spread over
     the workers by the kernel): the hit ratio within a point of one process's, and the disk
     written within 5%."""
-    trace = generate(WorkloadSpec(objects=1500, requests=6000, sizes=SizeSpec("fixed", fixed=2048),
+    trace = generate(WorkloadSpec(objects=800, requests=3000, sizes=SizeSpec("fixed", fixed=2048),
                                   seed=5))  # fmt: skip
     serve_trace(origin, trace)
     ratios, written = [], []
     for workers in ("1", "2"):
-        args = ("--workers", workers, "--origin", origin.url, "--cache-size", "1MiB",
-                "--set", f"disk.path={tmp_path / workers}", "--set", "disk.size=2MiB",
-                "--set", "disk.region_size=256KiB", *QUIET)  # fmt: skip
+        args = ("--workers", workers, "--origin", origin.url, "--cache-size", "512KiB",
+                "--set", f"disk.path={tmp_path / workers}", "--set", "disk.size=1MiB",
+                "--set", "disk.region_size=128KiB", *QUIET)  # fmt: skip
         async with served(*args) as (process, url, admin):
             await replay(trace, ReplayConfig(target=url, concurrency=4))
             machine = await stats(admin)
