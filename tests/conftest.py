@@ -78,6 +78,16 @@ class Origin:
         self.url = ""
         # Replaces the per-path behaviours when set: a test's own handler.
         self.responder: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
+        self._arrived = asyncio.Condition()
+
+    async def arrived(self, path: str, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until ``count`` requests for ``path`` (with its query) reached the origin: a
+        miss is at the origin now, whatever its delay. Orders a test by the event, not by a
+        sleep long enough on this machine."""
+        async with self._arrived:
+            await asyncio.wait_for(
+                self._arrived.wait_for(lambda: self.hits[path] >= count), timeout
+            )
 
     def set(self, path: str, **kwargs: object) -> Behaviour:
         self.paths[path] = Behaviour(**kwargs)  # type: ignore[arg-type]
@@ -87,6 +97,8 @@ class Origin:
         path = request.path_qs
         self.hits[path] += 1
         self.seen_headers[path] = dict(request.headers)
+        async with self._arrived:
+            self._arrived.notify_all()
         if self.responder is not None:
             return await self.responder(request)
         b = self.paths.get(request.path) or self.paths.get(path) or Behaviour()
@@ -224,6 +236,18 @@ async def raw_origin() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     """The request head a raw origin received (up to the blank line)."""
     return await reader.readuntil(b"\r\n\r\n")
+
+
+async def until(holds: Callable[[], object], timeout: float = 10.0) -> None:
+    """Wait until ``holds()`` is true (checked every loop turn, then every few ms): a test
+    ordered by the state it waits for, not by a sleep long enough on this machine."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    turns = 0
+    while not holds():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not so within {timeout}s")
+        turns += 1
+        await asyncio.sleep(0 if turns < 100 else 0.005)
 
 
 async def wait_healthy(client: aiohttp.ClientSession, url: str, timeout: float = 10.0) -> None:

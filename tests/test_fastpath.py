@@ -11,7 +11,7 @@ import socket
 import tracemalloc
 
 import pytest
-from conftest import base
+from conftest import base, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 from proxy.front.fastpath import HOLD_LIMIT, HitServer
@@ -361,9 +361,11 @@ async def test_requests_held_behind_the_lane_stop_reading_at_the_queue_limit(ori
     padded = HIT[:-2] + b"X-Pad: " + b"p" * 1024 + b"\r\n\r\n"
     reader, writer = await connect(service)
     writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n" + padded * count)
-    await asyncio.sleep(0.3)  # the miss is still at the origin
     server = service.proxy_runner.server
     assert server is not None
+    await origin.arrived("/slow")  # the miss is at the origin: every hit waits behind it
+    await until(lambda: next(iter(server.connections)).reading_paused)
+    assert not service.proxy.fast_hits
     [front] = server.connections
     # Reading stopped once the bytes held passed the limit: one read past it at most.
     assert front.reading_paused and HOLD_LIMIT < len(front.held) <= HOLD_LIMIT + (256 << 10)
@@ -380,7 +382,7 @@ async def test_a_request_the_parser_refuses_behind_the_lane_gets_its_400_after_t
     service = await start_proxy()
     reader, writer = await connect(service)
     writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
-    await asyncio.sleep(0.1)  # the miss is in the lane, at the origin
+    await origin.arrived("/slow")  # the miss is in the lane, at the origin
     writer.write(b"GET /next HTTP/1.1\r\nHost: example.test\r\nNo colon here\r\n\r\n")
     first = await read_response(reader)
     second = await read_response(reader)
@@ -407,7 +409,7 @@ async def test_an_answer_as_parsed_or_in_the_lane_writes_the_handlers_access_log
                 service,
                 f"GET {path} HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\n\r\n".encode(),
             )
-            await asyncio.sleep(0.05)
+            await until(lambda: any(r.name == "onehit.access" for r in caplog.records))
         [line] = [r.getMessage() for r in caplog.records if r.name == "onehit.access"]
         lines.append(re.sub(r"\[.*?\]|\d+\.\d+(?= \")|ttl=\d+|(?<=\"seconds\": )[^,]+", "*", line))
     assert fast.proxy.fast_hits == (1 if path.startswith("/hit") else 0)
@@ -613,9 +615,9 @@ async def test_a_client_that_leaves_before_its_miss_is_answered_leaves_the_proxy
     _, writer = await connect(service)
     writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
     await writer.drain()
-    await asyncio.sleep(0.05)
+    await origin.arrived("/slow")
     writer.close()
-    await asyncio.sleep(0.5)  # the origin answered a client that is gone
+    await until(lambda: not service.proxy.flights)  # the origin answered a client that is gone
     for path in (b"/slow", b"/warm"):
         [(status, _, body)] = await exchange(
             service, b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path
