@@ -122,7 +122,22 @@ class HitAnswers:
     ) -> tuple[bytes, bytes, int] | None:
         """The whole answer to a plain fresh hit, in memory or on disk (bytes to write, then
         a large body to write apart or b"", and the status), counted as the handler counts
-        one; None, with nothing counted, for any other request."""
+        one; None, with nothing counted, for any other request. Three steps: the request is
+        one a plain hit may answer (``_plain``), a fresh response is found for it in memory or
+        on disk (``_found``), and it is delivered (``_deliver``), from either source alike."""
+        plain = self._plain(message)
+        if plain is None:
+            return None
+        host_pair, names = plain
+        found = self._found(message, host_pair, names, remote, scheme)
+        if found is None:
+            return None
+        return self._deliver(message.method, names, *found)
+
+    def _plain(self, message: RawRequestMessage) -> tuple[tuple[str, str], set[str]] | None:
+        """The routed host (name, as sent) and the lower-cased field names of a request a
+        plain hit may answer: no upgrade nor body, a method and fields the fast path takes, a
+        path and fields within the limits, a routed host; None for any other."""
         fields = message.headers
         names = set(map(str.lower, fields))
         kept_alive = message.version == HttpVersion11 and not message.should_close
@@ -132,7 +147,6 @@ class HitAnswers:
             or not fast_path_may_take(message.method, kept_alive, names)
         ):
             return None
-        method = message.method
         path = message.path
         router = self.router
         if (
@@ -147,26 +161,51 @@ class HitAnswers:
             return None
         if len(self.routed_hosts) < ROUTED_HOSTS_MAX:
             self.routed_hosts[host.encode("utf-8", "surrogateescape")] = key_origin(host_pair[1])
+        return host_pair, names
+
+    def _found(
+        self,
+        message: RawRequestMessage,
+        host_pair: tuple[str, str],
+        names: set[str],
+        remote: str,
+        scheme: str,
+    ) -> tuple[str, Hit, RequestMeta | None, bool, float] | None:
+        """The fresh stored response to a plain request: (its key, the hit, the request's
+        meta where one was made, whether the disk answered, now); None when neither memory
+        nor (read on the loop) the disk holds one. Nothing counted."""
+        router, engine = self.router, self.engine
         now = self.clock()
         meta = None
-        key = router.key(host_pair, path)
-        engine = self.engine
+        key = router.key(host_pair, message.path)
         if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
             hit = engine.fresh_plain(key, now)
         else:
-            meta = router.meta(method, host_pair, path, fields, remote, scheme)
+            meta = router.meta(message.method, host_pair, message.path, message.headers, remote,
+                               scheme)  # fmt: skip
             hit = engine.fresh(meta, now)
-        on_disk = False
-        if hit is None:
-            if meta is not None or self.disk is None:
-                return None
-            if not engine.plain_miss(key):
-                return None
-            meta = router.meta(method, host_pair, path, fields, remote, scheme)
-            hit = self.from_disk(meta, now)
-            if hit is None:
-                return None
-            on_disk = True
+        if hit is not None:
+            return key, hit, meta, False, now
+        if meta is not None or self.disk is None or not engine.plain_miss(key):
+            return None
+        meta = router.meta(message.method, host_pair, message.path, message.headers, remote,
+                           scheme)  # fmt: skip
+        hit = self.from_disk(meta, now)
+        return None if hit is None else (key, hit, meta, True, now)
+
+    def _deliver(
+        self,
+        method: str,
+        names: set[str],
+        key: str,
+        hit: Hit,
+        meta: RequestMeta | None,
+        on_disk: bool,
+        now: float,
+    ) -> tuple[bytes, bytes, int] | None:
+        """The answer from ``hit``, wherever it was found, counted as the handler counts one
+        (a disk hit kept in memory too); None when its head cannot be rendered here."""
+        router, engine = self.router, self.engine
         entry = hit.entry
         rendered = getattr(entry, "rendered", None)
         if rendered is None or rendered[2] is not entry.headers:
