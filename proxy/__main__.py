@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from proxy.config.settings import Config, ConfigError, load
-from proxy.disk.store import Sharing
+from proxy.disk.sharing import Sharing
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
 from proxy.ops.shared_tier import worker_sharing

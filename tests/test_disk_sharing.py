@@ -13,7 +13,8 @@ from proxy.core._native import hash64
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.disk.directory import release
-from proxy.disk.store import DiskStore, Sharing, combine_stats, shared_bytes
+from proxy.disk.sharing import Sharing, combine_stats, shared_bytes
+from proxy.disk.store import DiskStore
 
 pytestmark = pytest.mark.unit
 

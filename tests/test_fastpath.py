@@ -720,8 +720,8 @@ async def test_streams_of_plain_and_odd_requests_get_the_handlers_answers_in_ord
         # drops those, through the handler as before.
         requests.append(rng.choice(REFUSED_REQUESTS))
         chunks.append(requests[-1])
-    fast = await start_proxy(server__idle_timeout="1s")
-    slow = await start_proxy(server__idle_timeout="1s", server__fast_hits=False)
+    fast = await start_proxy(server__idle_timeout="0.5s")
+    slow = await start_proxy(server__idle_timeout="0.5s", server__fast_hits=False)
     await stored(fast)
     await stored(slow)
     # The reference: the handler's answers to the same requests, each in a read of its own.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from conftest import Origin, serve_trace, served
+from conftest import Origin, serve_trace, served, until
 
 from loadgen.processes import free_port
 from loadgen.replay import ReplayConfig, replay
@@ -59,10 +59,11 @@ async def test_two_workers_store_a_second_request_and_hit_the_third_whichever_an
     each worker is stored, and its third request is a hit on either."""
     paths = [f"/u{i}" for i in range(100)]
     distinct_bodies(origin, paths)
-    before = set(Path("/dev/shm").glob("onehit-tier-*"))
     async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, url, admin):
-        scratch = set(Path("/dev/shm").glob("onehit-tier-*")) - before
-        assert len(scratch) == 1, "the shared tier's files, in shared memory"
+        tier = (await stats(admin))["shared_tier"]
+        scratch = Path(tier["path"])
+        assert tier["in_memory"] and scratch.is_dir()
+        assert scratch.parent == Path("/dev/shm") or not Path("/dev/shm").is_dir(), "in RAM"
         await ask(url, paths)
         await ask(url, paths)
         third = await ask(url, paths)
@@ -75,23 +76,18 @@ async def test_two_workers_store_a_second_request_and_hit_the_third_whichever_an
         assert machine["disk"]["objects"] >= 97, "the shared tier's records, counted once"
         assert machine["sum"]["hits_from_disk"] > 0, "some hits came through the other worker"
         await stop(process)
-    assert not scratch & set(Path("/dev/shm").glob("onehit-tier-*")), "removed at the stop"
+    assert not scratch.exists(), "removed at the stop"
 
 
 async def test_a_scratch_tier_a_killed_parent_left_is_removed_by_the_next_start(origin):
-    before = set(Path("/dev/shm").glob("onehit-tier-*"))
-    async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, _, _admin):
-        left = set(Path("/dev/shm").glob("onehit-tier-*")) - before
-        assert len(left) == 1
+    async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, _, admin):
+        left = Path((await stats(admin))["shared_tier"]["path"])
         process.kill()
         await process.wait()
-    assert left <= set(Path("/dev/shm").glob("onehit-tier-*"))
-    for _ in range(200):  # its workers drain (PDEATHSIG), and the claim goes with the last
-        if not any(claimed(directory) for directory in left):
-            break
-        await asyncio.sleep(0.05)
+    assert left.is_dir(), "a parent killed removes nothing"
+    await until(lambda: not claimed(left))  # its workers drain (PDEATHSIG), the claim with them
     async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, _, _admin):
-        assert not left & set(Path("/dev/shm").glob("onehit-tier-*"))
+        assert not left.exists()
         await stop(process)
 
 
@@ -225,10 +221,9 @@ async def test_the_tier_in_shared_memory_stays_within_the_cache_size(origin):
     for path in paths:
         origin.set(path, body=path.encode() * 3000, headers={"Cache-Control": "max-age=300"})
     size = 1 << 20
-    before = set(Path("/dev/shm").glob("onehit-tier-*"))
     args = ("--workers", "2", "--origin", origin.url, "--cache-size", str(size), *QUIET)
     async with served(*args) as (process, url, admin):
-        (scratch,) = set(Path("/dev/shm").glob("onehit-tier-*")) - before
+        scratch = Path((await stats(admin))["shared_tier"]["path"])
         await ask(url, paths)
         await ask(url, paths)
         held = sum(f.stat().st_size for f in scratch.glob("region-*.log"))
@@ -264,11 +259,7 @@ async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_ha
         assert again.returncode == 1 and "in use by another onehit process" in err.decode()
         [(status, _, body)] = await in_flight
         assert (status, body) == (200, b"version-1"), "the old worker drained its request"
-    for _ in range(200):  # the drained workers exit, and the claim with them
-        if not claimed(tmp_path):
-            break
-        await asyncio.sleep(0.05)
-    assert not claimed(tmp_path)
+    await until(lambda: not claimed(tmp_path))  # the drained workers exit, the claim with them
     async with served(*args) as (process, url, _admin):
         [(status, cache, body)] = await ask(url, ["/slow"])
         assert body == b"version-1" and "hit" in cache

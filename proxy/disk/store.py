@@ -43,14 +43,13 @@ import struct
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
-from proxy.core._native import DiskIndex, SharedIndex, shared_index_bytes
-from proxy.core.admission import AdmissionConfig, shared_window_size
+from proxy.core._native import DiskIndex, SharedIndex
+from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget, index_key, slots
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions, SharedRegions
@@ -62,9 +61,7 @@ from proxy.disk.directory import claim, read_file, release
 from proxy.disk.journal import Journal, replaced
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
 from proxy.disk.region_log import DISK_ERRORS, RegionLog
-
-if TYPE_CHECKING:
-    from proxy.core.window import SharedMemory
+from proxy.disk.sharing import FollowingIndex, Sharing
 
 CHECKPOINT = "index.checkpoint"
 # A record up to this long is read on the event loop when the page cache holds all of it
@@ -76,31 +73,6 @@ READ_INLINE = (1 << 20) + (16 << 10)
 _MAGIC = b"OHC1"
 # magic, the open region, where it ended, slots, crc32 of the slots
 _CHECKPOINT = struct.Struct("<4sQQQI")
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How one process of a machine takes part in the tier every worker shares: ``index``,
-    memory of ``shared_bytes(section)[0]`` bytes (``SharedIndex``), and ``window``, of
-    ``shared_bytes(section)[1]`` (the disk admission's window; None when it keeps none).
-    ``worker``: the worker's place (its journal's name), None for the parent, which loads the
-    tier and writes its checkpoints. ``follows_memory``: the tier takes what the memory tier
-    keeps, and nothing else (the tier in shared memory that stands for the memory tier when
-    there is no ``[disk] path``). ``workers``: how many share it."""
-
-    index: SharedMemory
-    window: SharedMemory | None
-    worker: int | None
-    follows_memory: bool = False
-    workers: int = 1
-
-
-def shared_bytes(section: DiskSection) -> tuple[int, int]:
-    """The bytes of shared memory a tier of ``section`` takes: its index and ring, and its
-    admission window (0: a policy that keeps none)."""
-    regions = section.size // section.region_size
-    window = shared_window_size(AdmissionConfig(policy=section.policy, window=section.window))
-    return shared_index_bytes(regions, section.region_size), window
 
 
 class DiskStore:
@@ -204,12 +176,12 @@ class DiskStore:
             self.journal.bans_of_all()
 
     @property
-    def reader_index(self) -> DiskIndex | SharedIndex | _FollowingIndex:
+    def reader_index(self) -> DiskIndex | SharedIndex | FollowingIndex:
         """The index the compiled disk reader asks (``get``): a worker's first brings in the
         bans the others saved, as ``DiskTier.find`` does."""
         if self.tier.follow_bans is None:
             return self.tier.index
-        return _FollowingIndex(self.tier.index, self.tier.follow_bans)
+        return FollowingIndex(self.tier.index, self.tier.follow_bans)
 
     def checkpoint(self) -> bool:
         """Write the index and where the open region ends, replacing the last checkpoint;
@@ -544,42 +516,6 @@ class DiskStore:
         if self._lock is not None:
             release(self._lock)
             self._lock = None
-
-
-# What ``stats`` says of a tier the workers share, the same from each: counted once.
-MACHINE_WIDE = frozenset({"objects", "index_bytes", "pushed_out", "regions", "capacity_bytes",
-                          "bans"})  # fmt: skip
-# What the tier's loading found: the loader's (a worker's are 0).
-LOADED = ("restored_from_checkpoint", "restored_by_scan", "dropped_again")
-
-
-def combine_stats(workers: list[dict[str, int | float | None]]) -> dict[str, int | float | None]:
-    """One ``stats`` for the workers of a shared tier: their own counts summed, what the tier
-    holds once (``MACHINE_WIDE``); a rate or count some worker cannot give is None."""
-    out: dict[str, int | float | None] = {}
-    for name in workers[0] if workers else ():
-        values = [w.get(name) for w in workers]
-        if any(v is None for v in values):
-            out[name] = None
-        elif name in MACHINE_WIDE:
-            out[name] = max(v for v in values if v is not None)
-        else:
-            out[name] = sum(v for v in values if v is not None)
-    return out
-
-
-class _FollowingIndex:
-    """A shared index whose ``get`` first brings in the bans the other workers saved."""
-
-    __slots__ = ("_follow", "_get")
-
-    def __init__(self, index: SharedIndex, follow: Callable[[], None]) -> None:
-        self._get = index.get
-        self._follow = follow
-
-    def get(self, key: int) -> tuple[int, int, int] | None:
-        self._follow()
-        return self._get(key)
 
 
 def process_write_bytes() -> int | None:

@@ -27,7 +27,8 @@ from proxy.config.settings import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.disk.store import DiskStore, Sharing
+from proxy.disk.sharing import Sharing
+from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from proxy.config.settings import Config, DiskSection
 from proxy.disk.directory import LOCK, claimed
-from proxy.disk.store import DiskStore, Sharing, shared_bytes
+from proxy.disk.sharing import Sharing, shared_bytes
+from proxy.disk.store import DiskStore
 from proxy.handler.routing import hidden_fields
 from proxy.ops import machine
 

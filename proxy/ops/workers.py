@@ -35,7 +35,7 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
-from proxy.disk.store import LOADED, combine_stats
+from proxy.disk.sharing import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
     admin_application,
@@ -319,6 +319,10 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
             "worker_count": len(workers.admins),
             "missing": missing,
             "workers_replaced": workers.replaced,
+            "shared_tier": {
+                "path": workers.tier.store.log.directory.as_posix(),
+                "in_memory": workers.tier.scratch is not None,
+            },
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
