@@ -11,7 +11,7 @@ import tracemalloc
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin, answers_on_every_way, base, raw
+from conftest import admin, answers_on_every_way, base, raw, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 from proxy.config.settings import load
@@ -455,7 +455,7 @@ async def test_large_uploads_that_stall_cannot_take_every_origin_connection(
         writer.write(b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100000\r\n\r\n"
                      + b"x" * 4096)  # fmt: skip
         writers.append(writer)
-    await asyncio.sleep(0.3)
+    await until(lambda: proxy.proxy.uploads.streamed_uploads == 2)  # both hold a connection
     third = b"POST /up HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100000\r\n\r\n" + b"x" * 4096
     assert (await raw(proxy, third)).startswith(b"HTTP/1.1 503")
     results = await asyncio.gather(*(fetch(client, base(proxy) + f"/m{i}") for i in range(10)))

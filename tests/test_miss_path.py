@@ -10,7 +10,7 @@ import contextlib
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import base, raw, read_request
+from conftest import base, raw, read_request, until
 
 BODY = bytes(range(256)) * 40  # 10,240 bytes
 
@@ -177,14 +177,16 @@ async def test_single_flight_elects_one_new_leader_when_the_leader_fails(
     origin, start_proxy, client
 ):
     async def first_fails(request):
-        await asyncio.sleep(0.3)
         if origin.hits[request.path_qs] == 1:
-            return web.Response(status=503, body=b"busy")  # the leader's fetch fails
+            # Every other request follows the leader before its fetch fails.
+            await until(lambda: proxy.proxy.flights.waiting(key) == 19)
+            return web.Response(status=503, body=b"busy")
         return web.Response(body=BODY, headers={"Cache-Control": "max-age=60"})
 
     origin.responder = first_fails
     proxy = await start_proxy()
     url = base(proxy) + "/flaky"
+    key = "http://{}:{}/flaky".format(*proxy.proxy_address)
     results = await asyncio.gather(*(fetch(client, url) for _ in range(20)))
     statuses = sorted(status for status, _, _ in results)
     assert statuses == [200] * 19 + [503]

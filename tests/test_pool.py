@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from conftest import read_request
+from conftest import read_request, until
 
 from proxy.config.settings import load
 from proxy.core._native import field_lines
@@ -107,8 +107,8 @@ async def test_a_waiter_cancelled_as_it_is_woken_passes_the_connection_on(raw_or
     holder = await p.request("GET", f"{url}/a", [])
     second = asyncio.create_task(get(p, f"{url}/b"))
     third = asyncio.create_task(get(p, f"{url}/c"))
-    await asyncio.sleep(0.05)
-    assert p._in_use == 1 and len(p._waiting) == 2  # both wait for the one connection
+    await until(lambda: len(p._waiting) == 2)  # both wait for the one connection
+    assert p._in_use == 1
     release.set()
     assert await holder.content.read() == b"ok"  # released: the second is woken...
     second.cancel()  # ...and cancelled before it runs

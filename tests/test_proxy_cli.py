@@ -74,7 +74,7 @@ async def test_sigterm_lets_requests_in_flight_finish_then_exits_0(origin, warm)
                 async with client.get(url + "/warm") as r:
                     assert r.status == 200
             in_flight = asyncio.ensure_future(client.get(url + "/slow"))
-            await asyncio.sleep(0.3)
+            await origin.arrived("/slow")  # in flight at the origin
             process.send_signal(signal.SIGTERM)
             response = await in_flight
             assert response.status == 200 and await response.read() == b"finished"
