@@ -28,6 +28,8 @@ Directives = dict[str, str | None]
 HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "te", "trailer", "transfer-encoding", "upgrade"}
 )
+# Answers that never carry content (sections 15.2, 15.3.5 and 15.4.5): 1xx, 204 and 304.
+BODILESS_STATUSES = frozenset((*range(100, 200), 204, 304))
 
 
 class Fields(Sequence[tuple[str, str]]):

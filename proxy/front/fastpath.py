@@ -31,12 +31,9 @@ import socket
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from aiohttp import web
+from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http import HttpRequestParser, RawRequestMessage
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import EMPTY_PAYLOAD
-from aiohttp.web_log import AccessLogger
+from aiohttp.http import HttpProcessingError, HttpRequestParser, RawRequestMessage
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.front.lane import (
@@ -90,8 +87,8 @@ class HitServer(ProxyServer):
         max_field_size: int = 8190,
         max_headers: int = 128,
         access_log: Any = None,
-        access_log_class: type = AccessLogger,
-        access_log_format: str = AccessLogger.LOG_FORMAT,
+        access_log_class: type = web.AccessLogger,
+        access_log_format: str = web.AccessLogger.LOG_FORMAT,
         **kwargs: Any,
     ) -> None:
         super().__init__(

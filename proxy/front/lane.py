@@ -22,9 +22,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.http import HttpVersion11, RawRequestMessage
-from aiohttp.streams import EMPTY_PAYLOAD
 from multidict import CIMultiDict
 
 from proxy.front.writer import FieldWriter

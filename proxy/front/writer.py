@@ -30,20 +30,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import hdrs, web
-from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, rfc822_formatted_time
-from aiohttp.http_writer import StreamWriter
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http import StreamWriter
 from multidict import CIMultiDict
 
 from proxy.core._native import field_lines
 
 # aiohttp's own parts that the layers above use, named here: only front/ and origin/ reach past
 # aiohttp's public API (tests/test_imports.py), so an aiohttp upgrade is read in two folders.
-BODILESS_STATUSES = EMPTY_BODY_STATUS_CODES  # answers without a body (RFC 9110 section 6.4.1)
-http_date = rfc822_formatted_time  # now, as a Date field writes it (aiohttp's, once a second)
+_dated = [-1, ""]  # the second of the Date last written, and the Date
+
+
+def http_date() -> str:
+    """Now, as a Date field writes it (RFC 9110 section 5.6.7), formatted once a second."""
+    now = int(time.time())
+    if now != _dated[0]:
+        _dated[0], _dated[1] = now, formatdate(now, usegmt=True)
+    return _dated[1]
 
 
 log = logging.getLogger("onehit.proxy")
@@ -139,7 +146,7 @@ class SendWatch:
         super().connection_lost(exc)  # type: ignore[misc]
 
 
-class ClientProtocol(SendWatch, RequestHandler):
+class ClientProtocol(SendWatch, web.RequestHandler):
     """aiohttp's connection protocol, watched for clients that take no bytes (``SendWatch``),
     and answering what it cannot parse or handle without a ``Server`` field."""
 
@@ -173,7 +180,7 @@ class ProxyServer(web.Server):
         super().__init__(handler, **kwargs)
         self.send_timeout = send_timeout
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> web.RequestHandler:
         return ClientProtocol(self, loop=self._loop, **self._kwargs)
 
     def _make_request(

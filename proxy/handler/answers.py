@@ -26,8 +26,9 @@ from proxy.core.cached import (
     per_answer,
 )
 from proxy.core.events import Answer
+from proxy.core.rfc9110 import BODILESS_STATUSES
 from proxy.front.lane import LaneRequest, Written
-from proxy.front.writer import BODILESS_STATUSES, Relayed, RelayedWhole, http_date
+from proxy.front.writer import Relayed, RelayedWhole, http_date
 from proxy.origin.pool import Fields, Interim
 from proxy.origin.upstream import UpstreamResponse
 

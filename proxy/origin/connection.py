@@ -27,14 +27,18 @@ import select
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from aiohttp import ClientOSError, ClientPayloadError, ServerDisconnectedError, SocketTimeoutError
+from aiohttp import (
+    EMPTY_PAYLOAD,
+    ClientOSError,
+    ClientPayloadError,
+    ServerDisconnectedError,
+    SocketTimeoutError,
+    StreamReader,
+)
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.helpers import EMPTY_BODY_STATUS_CODES, set_exception
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.http import HttpProcessingError, HttpResponseParser, RawResponseMessage
 
-from proxy.core.rfc9110 import digits
+from proxy.core.rfc9110 import BODILESS_STATUSES, digits
 from proxy.origin._origin import parse_response
 
 Address = tuple[str, int]
@@ -168,9 +172,9 @@ class OriginConnection(BaseProtocol):
         if payload is None or payload.is_eof():
             return
         if body_exc is None:
-            set_exception(payload, exc)
+            payload.set_exception(exc)
         else:
-            set_exception(payload, body_exc, exc)
+            payload.set_exception(body_exc, exc)
 
     def check_read_timeout(self, now: float) -> None:
         """Fail the response being read when no byte came for the read timeout."""
@@ -286,7 +290,7 @@ class OriginConnection(BaseProtocol):
         if message.should_close:
             self._should_close = True
         self._payload = payload
-        if self._skip_payload or code in EMPTY_BODY_STATUS_CODES:
+        if self._skip_payload or code in BODILESS_STATUSES:
             payload = EMPTY_PAYLOAD
             self._left = _HEAD if 100 <= code < 200 and code != 101 else 0
         elif message.chunked:
@@ -324,7 +328,7 @@ class OriginConnection(BaseProtocol):
                     detail = f"Response payload is not completed: {underlying!r}"
                     if exc is not None:
                         detail += f". {exc!r}"
-                    set_exception(payload, ClientPayloadError(detail), underlying)
+                    payload.set_exception(ClientPayloadError(detail), underlying)
         if isinstance(exc, OSError):
             self._set_error(ClientOSError(*exc.args))
         else:

@@ -32,9 +32,8 @@ import logging
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from aiohttp import ClientOSError, ServerDisconnectedError
+from aiohttp import EMPTY_PAYLOAD, ClientOSError, ServerDisconnectedError, StreamReader
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 
 from proxy.config.settings import UpstreamSection
 from proxy.core._native import field_lines

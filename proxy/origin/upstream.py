@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http import HttpProcessingError
 
 from proxy.config.settings import UpstreamSection
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
