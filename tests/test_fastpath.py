@@ -528,7 +528,7 @@ async def test_a_miss_in_the_lane_has_the_handlers_head_field_for_field(
     for service in (fast, slow):
         # A first miss leaves an idle pooled connection, which the measured one is sent on.
         await exchange(service, b"GET /warm HTTP/1.1\r\nHost: example.test\r\n\r\n")
-        await asyncio.sleep(0.3)
+        await until(lambda s=service: pool_idle(s))
         reader, writer = await connect(service)
         try:
             writer.write(b"GET /miss HTTP/1.1\r\nHost: example.test\r\n\r\n")
@@ -556,7 +556,7 @@ async def test_a_miss_answered_as_its_response_arrives_is_stored_and_then_hit(or
         for path in (b"/warm", b"/new", b"/new"):
             writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
             status, fields, body = await read_response(reader)
-            await asyncio.sleep(0.05)  # the first miss's connection goes back to the pool
+            await until(lambda: pool_idle(service))  # the miss's connection is back in the pool
     finally:
         writer.close()
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
@@ -599,7 +599,7 @@ async def test_a_miss_sent_at_once_that_the_origin_never_answers_is_a_504(raw_or
             writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
             status, _, body = await read_response(reader)
             answers.append((status, body))
-            await asyncio.sleep(0.05)
+            await until(lambda: pool_idle(service))  # the request's connection left the pool's use
     finally:
         writer.close()
     assert answers == [(200, b"ok"), (504, b"origin timed out\n"), (200, b"ok")]
@@ -727,3 +727,9 @@ async def test_streams_of_plain_and_odd_requests_get_the_handlers_answers_in_ord
     # The reference: the handler's answers to the same requests, each in a read of its own.
     seen = [await answers_to(fast, chunks), await answers_to(slow, requests, pause=0.1)]
     assert seen[0] == seen[1] and seen[0]
+
+
+def pool_idle(service) -> bool:
+    """Whether no origin connection of ``service``'s pool is in use: the last response was
+    read whole and its connection went back (or was closed)."""
+    return service.proxy.upstream._pool._in_use == 0
