@@ -146,3 +146,54 @@ def test_the_machine_counts_each_worker_and_what_the_tier_holds_once():
     assert combine_stats([one, two]) == {
         "hits": 7, "objects": 10, "bytes_written": 150, "process_write_bytes": None,
     }  # fmt: skip
+
+
+def test_a_replacement_keeps_the_drops_of_the_worker_it_replaces_until_a_checkpoint_holds_them(
+    tmp_path,
+):
+    """A worker killed after a purge by URL, replaced in its place, then the parent killed:
+    the replacement's drain must not empty the journal it took up."""
+    machine = Machine(str(tmp_path))
+    one = machine.worker(0)
+    write(one, "http://a/x", b"old body")
+    assert machine.parent.checkpoint()
+    assert one.forget("http://a/x", "purge") and one.durable()
+    one.journal.close()  # killed: its file stays, with the drop
+    machine.workers.remove(one)
+    again = machine.worker(0)
+    again.close()  # drains as the parent dies: its checkpoint is its bans, and its journal
+    machine.workers.remove(again)
+    assert (tmp_path / "drops-0.log").stat().st_size > 0, "no checkpoint holds the drop yet"
+    for store in (machine.parent,):
+        store.log.close()
+        store.journal.close()
+    claim = machine.parent.claim
+    assert claim is not None
+    release(claim)
+    alone = DiskStore(machine.section)
+    assert alone.lookup("http://a/x", Entry) is None
+    alone.close()
+
+
+def test_after_a_crash_each_purge_is_kept_once_whatever_number_of_workers_kept_it(tmp_path):
+    """Every worker saves its own copy of a purge by prefix, at its own place in the ring:
+    taken up together they are one ban each, well within the bound that would purge all."""
+    machine = Machine(str(tmp_path))
+    one, two = machine.worker(0), machine.worker(1)
+    for n in range(600):
+        write(one, f"http://p{n}/x")
+        one.ban(f"http://p{n}/", by_tag=False)
+        write(two, f"http://q{n}/x")
+        two.ban(f"http://p{n}/", by_tag=False)
+    write(one, "http://kept/after")
+    for store in (*machine.workers, machine.parent):
+        store.log.close()
+        store.journal.close()
+    claim = machine.parent.claim
+    assert claim is not None
+    release(claim)
+    alone = DiskStore(machine.section)
+    assert len(alone.tier.bans) == 600
+    assert alone.lookup("http://kept/after", Entry) is not None, "not purged with everything"
+    assert alone.lookup("http://p7/x", Entry) is None
+    alone.close()

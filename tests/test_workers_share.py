@@ -290,3 +290,22 @@ async def test_a_trace_through_two_workers_hits_as_through_one_process(origin, t
     assert ratios[0] > 0.2
     assert abs(ratios[1] - ratios[0]) <= 0.01, ratios
     assert abs(written[1] / written[0] - 1) <= 0.05, written
+
+
+async def test_a_purge_no_worker_can_take_is_refused_to_be_asked_again(origin):
+    """Both workers killed: a purge kept by none would never reach the shared tier."""
+    async with (
+        served("--workers", "2", "--origin", origin.url, *QUIET) as (process, url, admin),
+        aiohttp.ClientSession() as client,
+    ):
+        for worker in (await stats(admin))["workers"]:
+            os.kill(worker["pid"], signal.SIGKILL)
+        async with client.post(admin + "/purge", json={"prefix": url + "/"}) as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "1"
+        for _ in range(200):  # the parent replaces them
+            if (await stats(admin))["missing"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        async with client.post(admin + "/purge", json={"prefix": url + "/"}) as r:
+            assert r.status == 200
+        await stop(process)

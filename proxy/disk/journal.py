@@ -73,9 +73,11 @@ class Journal:
         self.drops_path = directory / _named(DROPS, worker)
         self.bans_path = directory / _named(BANS, worker)
         self.keeps_drops = keeps_drops
-        # The checkpoints begun when the last drop was journaled (``covered``).
+        # The checkpoints begun when the last drop was journaled (``covered``); at first, when
+        # this journal opened: a worker that replaces one takes up its file, whose drops only
+        # a checkpoint begun from now on holds.
         self._begun = begun
-        self._mark = 0
+        self._mark = begun()
         self._drops: int | None = None  # the journal's descriptor, opened at its first drop
         self._unsynced: set[int] = set()  # regions of drops journaled since the last sync
         self._bans_saved = True
@@ -83,12 +85,10 @@ class Journal:
 
     def restore(self) -> int:
         """At start-up, from this journal's files and every worker's: the bans back in the
-        tier (each once), the drops made again; how many."""
-        bans: list[Ban] = []
-        for path in self._files(BANS):
-            bans += [ban for ban in self._saved_bans(path) if ban not in bans]
-        self.tier.bans[:] = bans if len(bans) <= MAX_BANS else self._everything()
-        self.tier.expire_bans()
+        tier (a purge each worker kept, once: ``bans_of_all``), the drops made again; how
+        many."""
+        self.tier.bans.clear()
+        self.bans_of_all()
         return sum(self._drop_again(path) for path in self._files(DROPS))
 
     def others(self) -> list[Path]:

@@ -12,7 +12,8 @@ What it guarantees:
   which is RAM), taking exactly what the memory admission keeps. Each worker keeps a private
   memory tier of hot entries, ``[cache] size / (4 N)``: the machine holds at most 1.25 x
   ``[cache] size``. The scratch directory goes when the parent stops; one left by a parent
-  that was killed is removed by the next start (its lock is no longer held).
+  that was killed is removed by the next start or stop after its workers drained (its lock
+  is no longer held).
 * The parent writes the checkpoints of a tier on disk (every ``[disk] checkpoint_interval``
   and once every worker has drained); the workers never do.
 """
@@ -49,12 +50,15 @@ class SharedTier:
     scratch: Path | None = None
 
     def close(self) -> None:
-        """Once every worker has stopped: the last checkpoint, and the scratch tier removed."""
+        """Once every worker has stopped: the last checkpoint, and the scratch tier removed,
+        with any a killed parent left whose workers have drained since this one started."""
         self.store.close()
         for fd in self.fds:
             os.close(fd)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
+            for left in self.scratch.parent.glob(f"{SCRATCH_PREFIX}*"):
+                _remove_if_abandoned(left)
 
 
 def open_shared_tier(config: Config, workers: int) -> SharedTier:

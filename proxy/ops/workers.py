@@ -279,8 +279,9 @@ def die_with_parent(parent: int) -> None:
 def fleet_admin(config: Config, workers: Workers) -> web.Application:
     """The parent's admin app: every call is fanned out to the workers' own admin listeners.
     A worker being replaced, or not answering, is left out and said so (``missing``): its
-    memory is empty or gone, so a purge has nothing to remove there. A worker's refusal (a
-    4xx, the same from every worker) is the answer."""
+    memory is empty or gone, so a purge has nothing to remove there, and the bans the others
+    took reach it through the shared tier. When no worker takes a purge, it is refused (503,
+    try again). A worker's refusal (a 4xx, the same from every worker) is the answer."""
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.window is not None  # the workers map one admission window
 
@@ -361,6 +362,14 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
             answers, missing = await each("POST", request.path + query, body)
         except Refused as refused:
             return web.json_response(refused.answer, status=refused.status)
+        if not answers:
+            # Every worker is being replaced: none took it, and a ban kept by none would not
+            # reach the shared tier. Asked again in a second, they will.
+            return web.json_response(
+                {"error": "no worker is running to take it (each is being replaced): try "
+                          "again", "missing": missing},
+                status=503, headers={"Retry-After": "1"},
+            )  # fmt: skip
         removed = sum(a.get("removed", 0) for a in answers)
         return web.json_response({"workers": answers, "removed": removed, "missing": missing})
 
