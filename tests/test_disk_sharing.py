@@ -48,6 +48,15 @@ class Machine:
             store.close()
         self.parent.close()
 
+    def crash(self) -> None:
+        """Every process killed at once: files left as they are, the claim given up."""
+        for store in (*self.workers, self.parent):
+            store.log.close()
+            store.journal.close()
+        claim = self.parent.claim
+        assert claim is not None
+        release(claim)
+
 
 def write(store: DiskStore, key: str, body: bytes = b"body") -> None:
     assert store.wants(RequestMeta(key), STORED, len(body), True, 0.0)
@@ -114,12 +123,7 @@ def test_what_workers_journaled_a_single_process_takes_up_after_them(tmp_path):
             machine.close()
             assert not list(directory.glob("drops-*.log")), "the parent took them over"
         else:
-            for store in (*machine.workers, machine.parent):
-                store.log.close()
-                store.journal.close()
-            claim = machine.parent.claim
-            assert claim is not None
-            release(claim)  # as kill -9 of every process leaves it
+            machine.crash()
         alone = DiskStore(machine.section)
         assert alone.lookup("http://a/x", Entry) is None, "purged by prefix"
         assert alone.lookup("http://b/y", Entry) is None, "forgotten"
@@ -164,12 +168,7 @@ def test_a_replacement_keeps_the_drops_of_the_worker_it_replaces_until_a_checkpo
     again.close()  # drains as the parent dies: its checkpoint is its bans, and its journal
     machine.workers.remove(again)
     assert (tmp_path / "drops-0.log").stat().st_size > 0, "no checkpoint holds the drop yet"
-    for store in (machine.parent,):
-        store.log.close()
-        store.journal.close()
-    claim = machine.parent.claim
-    assert claim is not None
-    release(claim)
+    machine.crash()
     alone = DiskStore(machine.section)
     assert alone.lookup("http://a/x", Entry) is None
     alone.close()
@@ -186,12 +185,7 @@ def test_after_a_crash_each_purge_is_kept_once_whatever_number_of_workers_kept_i
         write(two, f"http://q{n}/x")
         two.ban(f"http://p{n}/", by_tag=False)
     write(one, "http://kept/after")
-    for store in (*machine.workers, machine.parent):
-        store.log.close()
-        store.journal.close()
-    claim = machine.parent.claim
-    assert claim is not None
-    release(claim)
+    machine.crash()
     alone = DiskStore(machine.section)
     assert len(alone.tier.bans) == 600
     assert alone.lookup("http://kept/after", Entry) is not None, "not purged with everything"

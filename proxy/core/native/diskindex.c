@@ -118,11 +118,6 @@ static void DiskIndex_dealloc(DiskIndexObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int parse_u64(PyObject *arg, uint64_t *out) {
-    *out = PyLong_AsUnsignedLongLong(arg);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 static PyObject *DiskIndex_get(DiskIndexObject *self, PyObject *arg) {
     uint64_t key;
     if (parse_u64(arg, &key) < 0) return NULL;
@@ -223,16 +218,11 @@ static int delete_slot(DiskIndexObject *self, uint64_t key, uint32_t only_region
 }
 
 static PyObject *DiskIndex_delete_at(DiskIndexObject *self, PyObject *const *args, Py_ssize_t n) {
-    uint64_t key, region, offset;
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "delete_at(key, region, offset)");
-        return NULL;
-    }
-    if (parse_u64(args[0], &key) < 0 || parse_u64(args[1], &region) < 0 ||
-        parse_u64(args[2], &offset) < 0)
-        return NULL;
-    if (region >= DELETED || offset > UINT32_MAX) Py_RETURN_FALSE;
-    int done = delete_slot(self, key, (uint32_t)region, (uint32_t)offset);
+    uint64_t key;
+    uint32_t region, offset;
+    int place = parse_place(args, n, &key, &region, &offset);
+    if (place <= 0) return place < 0 ? NULL : Py_NewRef(Py_False);
+    int done = delete_slot(self, key, region, offset);
     return done < 0 ? NULL : PyBool_FromLong(done);
 }
 

@@ -395,7 +395,30 @@ static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2
     return 0;
 }
 
-/* diskindex.c */
+/* diskindex.c, shared_index.c */
+
+static inline int parse_u64(PyObject *arg, uint64_t *out) {
+    *out = PyLong_AsUnsignedLongLong(arg);
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+/* The key and place of a call (key, region, offset) to a disk index: 1 when the place is one
+ * an index holds (region and offset within 32 bits, the region not UINT32_MAX), 0 when no
+ * record can lie there, -1 with an exception set. */
+static inline int parse_place(PyObject *const *args, Py_ssize_t n, uint64_t *key,
+                              uint32_t *region, uint32_t *offset) {
+    uint64_t r, o;
+    if (n != 3) {
+        PyErr_SetString(PyExc_TypeError, "delete_at(key, region, offset)");
+        return -1;
+    }
+    if (parse_u64(args[0], key) < 0 || parse_u64(args[1], &r) < 0 || parse_u64(args[2], &o) < 0)
+        return -1;
+    if (r >= UINT32_MAX || o > UINT32_MAX) return 0;
+    *region = (uint32_t)r;
+    *offset = (uint32_t)o;
+    return 1;
+}
 
 extern PyTypeObject DiskIndexType;
 

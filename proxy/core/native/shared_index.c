@@ -113,11 +113,6 @@ static void counted(SharedIndexObject *x, uint64_t loc, uint64_t length, int sig
     add(&x->head->bytes, sign * (int64_t)length);
 }
 
-static int parse_u64(PyObject *arg, uint64_t *out) {
-    *out = PyLong_AsUnsignedLongLong(arg);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 static int SharedIndex_init(SharedIndexObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"memory", "regions", "region_size", NULL};
     PyObject *memory;
@@ -293,17 +288,12 @@ static int forget(SharedIndexObject *self, uint64_t key, uint64_t only) {
 
 static PyObject *SharedIndex_delete_at(SharedIndexObject *self, PyObject *const *args,
                                        Py_ssize_t n) {
-    uint64_t key, region, offset;
+    uint64_t key;
+    uint32_t region, offset;
     NEED_HEAD(self);
-    if (n != 3) {
-        PyErr_SetString(PyExc_TypeError, "delete_at(key, region, offset)");
-        return NULL;
-    }
-    if (parse_u64(args[0], &key) < 0 || parse_u64(args[1], &region) < 0 ||
-        parse_u64(args[2], &offset) < 0)
-        return NULL;
-    if (region >= UINT32_MAX || offset > UINT32_MAX) Py_RETURN_FALSE;
-    return PyBool_FromLong(forget(self, key, region << 32 | offset));
+    int place = parse_place(args, n, &key, &region, &offset);
+    if (place <= 0) return place < 0 ? NULL : Py_NewRef(Py_False);
+    return PyBool_FromLong(forget(self, key, (uint64_t)region << 32 | offset));
 }
 
 static PyObject *SharedIndex_load(SharedIndexObject *self, PyObject *arg) {
