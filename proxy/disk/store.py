@@ -92,12 +92,16 @@ class DiskStore:
         count = section.size // section.region_size
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         budget = WriteBudget(section.max_write_rate)
+        # The index the workers of a machine share (None: the process's own), and whether
+        # this process is one of them (else it loads the tier, and writes its checkpoints).
+        self.shared: SharedIndex | None = None
+        self.worker = sharing is not None and sharing.worker is not None
         if sharing is None:
             self.tier = DiskTier(Regions(section.region_size, count), admission, budget=budget)
         else:
-            index = SharedIndex(sharing.index, count, section.region_size)
-            ring = SharedRegions(index, section.region_size, count)
-            self.tier = DiskTier(ring, admission, budget=budget, index=index,
+            self.shared = SharedIndex(sharing.index, count, section.region_size)
+            ring = SharedRegions(self.shared, section.region_size, count)
+            self.tier = DiskTier(ring, admission, budget=budget, index=self.shared,
                                  admission_memory=sharing.window)  # fmt: skip
         # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
         self.answered = self.tier.answered
@@ -110,14 +114,13 @@ class DiskStore:
         self._samples = [self._sample(), self._sample()]
         # The open region at the last checkpoint: it and those after it are synced at the next.
         self._synced_from = 0
-        loader = sharing is None or sharing.worker is None
         # A worker's parent holds the directory for the machine.
-        self._lock: int | None = claim(Path(section.path)) if loader else None
+        self._lock: int | None = None if self.worker else claim(Path(section.path))
         try:
-            if loader:
-                self._recover(section)
-            else:
+            if self.worker:
                 self._join(section, sharing.worker)  # type: ignore[union-attr]
+            else:
+                self._recover(section)
         except BaseException:
             if self._lock is not None:
                 release(self._lock)  # a start that fails leaves the directory to the next
@@ -152,8 +155,8 @@ class DiskStore:
 
     def _join(self, section: DiskSection, worker: int) -> None:
         """A worker's start: the tier its parent loaded, with every worker's bans."""
-        index = self.tier.index
-        assert isinstance(index, SharedIndex)
+        index = self.shared
+        assert index is not None
         self.log = RegionLog(section.path, self.tier.regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
         self.from_checkpoint = self.scanned = self.dropped_again = 0
@@ -168,9 +171,8 @@ class DiskStore:
     def _follow_bans(self) -> None:
         """The bans another worker saved since this one last read them (a purge that went
         round while this worker was starting, say), read from their files."""
-        index = self.tier.index
-        assert isinstance(index, SharedIndex)
-        saved = index.bans_saved
+        assert self.shared is not None
+        saved = self.shared.bans_saved
         if saved != self._bans_seen:
             self._bans_seen = saved
             self.journal.bans_of_all()
@@ -190,15 +192,15 @@ class DiskStore:
         parent wrote holds its drops."""
         self._samples = [self._samples[-1], self._sample()]
         self.journal.save_bans()
-        index = self.tier.index
-        if self.sharing is not None and self.sharing.worker is not None:
-            assert isinstance(index, SharedIndex)
-            self.journal.covered(index.checkpoints_done)
+        if self.worker:
+            assert self.shared is not None
+            self.journal.covered(self.shared.checkpoints_done)
             return False
+        index, shared = self.tier.index, self.shared
         regions = self.tier.regions
         if not regions.live:
             return False
-        begun = index.checkpoint_begin() if isinstance(index, SharedIndex) else 0
+        begun = 0 if shared is None else shared.checkpoint_begin()
         # Read before the records are synced: records placed after it are scanned at a start.
         open_region, fill = regions.live[-1], regions.fill
         self.log.sync(range(max(self._synced_from, regions.live[0]), open_region + 1))
@@ -209,8 +211,8 @@ class DiskStore:
             return False
         self._synced_from = open_region
         self.journal.checkpointed()
-        if isinstance(index, SharedIndex):
-            index.checkpoint_end(begun)
+        if shared is not None:
+            shared.checkpoint_end(begun)
         return True
 
     def _saved(self) -> tuple[int, int, bytes] | None:
@@ -392,10 +394,10 @@ class DiskStore:
         says so to the others (``_follow_bans``)."""
         self.tier.ban(value, by_tag=by_tag)
         self.journal.banned()
-        index = self.tier.index
-        if self.tier.follow_bans is not None and isinstance(index, SharedIndex):
+        if self.worker:
+            assert self.shared is not None
             self.journal.save_bans()
-            index.banned()
+            self.shared.banned()
 
     def durable(self) -> bool:
         """``proxy.core.tiers.Tier.durable``: the journal and the bans on the device, or
@@ -489,7 +491,7 @@ class DiskStore:
             **asdict(self.tier.counters),
             "objects": len(self.tier),
             "index_bytes": index.memory_bytes,
-            "pushed_out": index.pushed_out if isinstance(index, SharedIndex) else 0,
+            "pushed_out": 0 if self.shared is None else self.shared.pushed_out,
             "regions": len(regions.live),
             "capacity_bytes": regions.capacity_bytes,
             "restored_from_checkpoint": self.from_checkpoint,
