@@ -9,12 +9,10 @@ memory tier, keeping what it took across restarts.
   misplaced record is a miss, dropped from the index, never a wrong body), as an entry the
   engine judges by its own freshness rules.
 * The index is checkpointed (``checkpoint``: every ``[disk] checkpoint_interval`` and on a
-  clean stop): its slots, 20 bytes each, and where the open region ended, written to a new
-  file that then replaces the last (so a crash leaves the old one whole), after the region's
-  bytes reached the device. At start-up the checkpoint's slots go back into the index, and
+  clean stop) after the regions' bytes reached the device (the file's rules are in
+  ``proxy.disk.checkpoint``). At start-up the checkpoint's slots go back into the index, and
   only the records written after it are scanned (``RegionLog.recover``); without a checkpoint,
-  or with one that does not describe the files (a checksum that fails, an open region shorter
-  than it says), every region is scanned.
+  or with one that does not describe the files, every region is scanned.
 * Writes are counted as the store appends them (``bytes_written``) and as the kernel counts
   the process's writes to storage (``write_bytes`` of ``/proc/self/io``, where it exists),
   in total and per second over the last checkpoint interval.
@@ -38,10 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import struct
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -57,22 +52,19 @@ from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import PURGE, forgotten_keys
-from proxy.disk.directory import claim, read_file, release
-from proxy.disk.journal import Journal, replaced
+from proxy.disk.checkpoint import CHECKPOINT, read_checkpoint, write_checkpoint
+from proxy.disk.directory import claim, release
+from proxy.disk.journal import Journal
 from proxy.disk.record_meta import decode_meta, encode_meta, record_entry, record_stamp
-from proxy.disk.region_log import DISK_ERRORS, RegionLog
+from proxy.disk.region_log import RegionLog
 from proxy.disk.sharing import FollowingIndex, Sharing
 
-CHECKPOINT = "index.checkpoint"
 # A record up to this long is read on the event loop when the page cache holds all of it
 # (``RegionLog.read(warm_only=True)``): a copy of at most ~100 us. A longer one, or one the
 # device must be asked for, is read on a worker thread by the request handler, so that neither
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
-_MAGIC = b"OHC1"
-# magic, the open region, where it ended, slots, crc32 of the slots
-_CHECKPOINT = struct.Struct("<4sQQQI")
 
 
 class DiskStore:
@@ -138,7 +130,7 @@ class DiskStore:
         after it, the bans, the journal of drops."""
         self.log = RegionLog(section.path, self.tier.regions)
         self.checkpoint_path = Path(section.path) / CHECKPOINT
-        saved = self._saved()
+        saved = read_checkpoint(self.checkpoint_path, self.log)
         after = None if saved is None else (saved[0], saved[1])
         scanned = self.log.recover(after)
         self.from_checkpoint = 0 if saved is None else self.tier.restore_slots(saved[2])
@@ -204,37 +196,13 @@ class DiskStore:
         # Read before the records are synced: records placed after it are scanned at a start.
         open_region, fill = regions.live[-1], regions.fill
         self.log.sync(range(max(self._synced_from, regions.live[0]), open_region + 1))
-        slots = index.dump()
-        head = _CHECKPOINT.pack(_MAGIC, open_region, fill, len(slots) // 20,
-                                zlib.crc32(slots))  # fmt: skip
-        if not replaced(self.checkpoint_path, head + slots, "the disk index's checkpoint"):
+        if not write_checkpoint(self.checkpoint_path, open_region, fill, index.dump()):
             return False
         self._synced_from = open_region
         self.journal.checkpointed()
         if shared is not None:
             shared.checkpoint_end(begun)
         return True
-
-    def _saved(self) -> tuple[int, int, bytes] | None:
-        """(open region, where it ended, slots) of a checkpoint that describes the files."""
-        try:
-            data = read_file(self.checkpoint_path)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            DISK_ERRORS.warning("reading the disk index's checkpoint failed: %r", exc)
-            return None
-        if len(data) < _CHECKPOINT.size:
-            return None
-        magic, region, fill, count, crc = _CHECKPOINT.unpack_from(data)
-        slots = data[_CHECKPOINT.size :]
-        if magic != _MAGIC or len(slots) != 20 * count or zlib.crc32(slots) != crc:
-            DISK_ERRORS.warning("the disk index's checkpoint is not whole: every region is scanned")
-            return None
-        if os.path.lexists(self.log.path(region)) and self.log.size(region) < fill:
-            DISK_ERRORS.warning("the disk index's checkpoint is past its region's end: scanning")
-            return None
-        return region, fill, slots
 
     def wants(
         self,
