@@ -143,7 +143,7 @@ async def test_a_client_that_leaves_during_a_miss_is_logged_as_gone_not_as_an_er
         await writer.drain()
         writer.close()
         await asyncio.wait_for(answered.wait(), 5)
-        await asyncio.sleep(0.2)
+        await until(lambda: not proxy.proxy.flights)  # the proxy is done with the miss
     ours = [r for r in caplog.records if r.name.startswith("onehit")]
     assert not [r for r in ours if r.levelno >= logging.WARNING], caplog.text
     if not body_with_head:
