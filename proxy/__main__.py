@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=worker_count,
         default=1,
-        help="processes sharing the port (SO_REUSEPORT), or auto: one per core this may use",
+        help="processes serving the port as one cache (one admission window, one shared tier), "
+        "or auto: one per core this may use",
     )
     p.add_argument(
         "--check-config",
