@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 from conftest import Origin, serve_trace, served, until
 
 from loadgen.processes import free_port
@@ -242,13 +243,18 @@ async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_ha
     """The old workers finish what is in flight after their parent's kill -9, and may write
     it into the tier: a new parent on the directory meanwhile would reserve the same places
     and index what they overwrite. It is refused until the last of them has exited."""
-    origin.set("/slow", body=b"version-1", delay=1.0, headers={"Cache-Control": "max-age=300"})
+    released = asyncio.Event()
+
+    async def held(request: web.Request) -> web.Response:
+        await released.wait()  # until the test has tried a new parent
+        return web.Response(body=b"version-1", headers={"Cache-Control": "max-age=300"})
+
+    origin.responder = held
     args = ("--workers", "2", "--origin", origin.url, "--set", f"disk.path={tmp_path}",
             "--set", "disk.policy=always", *QUIET)  # fmt: skip
     async with served(*args) as (process, url, _admin):
         in_flight = asyncio.ensure_future(ask(url, ["/slow"]))
-        while origin.hits["/slow"] == 0:
-            await asyncio.sleep(0.01)
+        await origin.arrived("/slow")
         process.kill()
         await process.wait()
         again = await asyncio.create_subprocess_exec(
@@ -257,6 +263,7 @@ async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_ha
         )  # fmt: skip
         _, err = await asyncio.wait_for(again.communicate(), 30)
         assert again.returncode == 1 and "in use by another onehit process" in err.decode()
+        released.set()
         [(status, _, body)] = await in_flight
         assert (status, body) == (200, b"version-1"), "the old worker drained its request"
     await until(lambda: not claimed(tmp_path))  # the drained workers exit, the claim with them
