@@ -52,8 +52,6 @@ from loadgen.processes import free_port
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 async def admin_stats(session: aiohttp.ClientSession, admin: str) -> dict:
     async with session.get(admin + "/stats") as r:

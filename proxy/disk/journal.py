@@ -150,9 +150,11 @@ class Journal:
             return
         self._unsynced.add(slot.region)
 
-    def banned(self) -> None:
-        """The tier took a ban: saved by the next ``durable`` or checkpoint."""
-        self._bans_saved = False
+    def banned(self, *, now: bool = False) -> None:
+        """The tier took a ban: saved by the next ``durable`` or checkpoint, or (``now``: a
+        worker's, which the others read) at once, and again by ``durable`` only if the device
+        refused it."""
+        self._bans_saved = now and self.save_bans()
 
     def durable(self) -> bool:
         """Put the bans and the journal on the device. When it refuses, drop what the lost

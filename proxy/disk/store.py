@@ -361,11 +361,14 @@ class DiskStore:
         by ``durable`` (with the drop journal). A worker of a shared tier saves it at once and
         says so to the others (``_follow_bans``)."""
         self.tier.ban(value, by_tag=by_tag)
-        self.journal.banned()
+        self.journal.banned(now=self.worker)
         if self.worker:
             assert self.shared is not None
-            self.journal.save_bans()
-            self.shared.banned()
+            saved = self.shared.banned()
+            # Its own ban is no news to this worker: it reads the files again only for a ban
+            # another saved (``_follow_bans``), not at every purge that goes round.
+            if saved == self._bans_seen + 1:
+                self._bans_seen = saved
 
     def durable(self) -> bool:
         """``proxy.core.tiers.Tier.durable``: the journal and the bans on the device, or

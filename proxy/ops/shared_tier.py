@@ -57,8 +57,7 @@ class SharedTier:
             os.close(fd)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
-            for left in self.scratch.parent.glob(f"{SCRATCH_PREFIX}*"):
-                _remove_if_abandoned(left)
+            _sweep(self.scratch.parent)
 
 
 def open_shared_tier(config: Config, workers: int) -> SharedTier:
@@ -134,18 +133,18 @@ def _scratch_directory() -> Path:
     ones a killed parent left behind removed first."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
     root = Path(base or tempfile.gettempdir())
-    for left in root.glob(f"{SCRATCH_PREFIX}*"):
-        _remove_if_abandoned(left)
+    _sweep(root)
     return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=root))
 
 
-def _remove_if_abandoned(directory: Path) -> None:
-    """Remove a scratch tier of this user whose parent and workers are gone (none holds its
-    claim)."""
-    try:
-        if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
-            return
-    except OSError:
-        return
-    if (directory / LOCK).exists() and not claimed(directory):
-        shutil.rmtree(directory, ignore_errors=True)
+def _sweep(root: Path) -> None:
+    """Remove the scratch tiers under ``root`` of this user whose parent and workers are gone
+    (none holds the claim)."""
+    for directory in root.glob(f"{SCRATCH_PREFIX}*"):
+        try:
+            if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        if (directory / LOCK).exists() and not claimed(directory):
+            shutil.rmtree(directory, ignore_errors=True)

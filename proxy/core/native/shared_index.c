@@ -475,8 +475,8 @@ static PyObject *SharedIndex_checkpoint_end(SharedIndexObject *self, PyObject *a
 
 static PyObject *SharedIndex_banned(SharedIndexObject *self, PyObject *unused) {
     NEED_HEAD(self);
-    __atomic_add_fetch(&self->head->bans, 1, __ATOMIC_ACQ_REL);
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(
+        __atomic_add_fetch(&self->head->bans, 1, __ATOMIC_ACQ_REL));
 }
 
 static Py_ssize_t SharedIndex_len(SharedIndexObject *self) {
@@ -538,7 +538,8 @@ static PyMethodDef SharedIndex_methods[] = {
     {"checkpoint_end", (PyCFunction)SharedIndex_checkpoint_end, METH_O,
      "checkpoint_end(n): checkpoint n is on the device."},
     {"banned", (PyCFunction)SharedIndex_banned, METH_NOARGS,
-     "A process saved a purge by prefix or tag: the others read the bans again."},
+     "A process saved a purge by prefix or tag: the others read the bans again. Returns the "
+     "count of purges saved, this one included."},
     {NULL},
 };
 
