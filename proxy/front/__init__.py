@@ -1,2 +1,2 @@
-"""The client connection: the first protocol (``fastpath``), the lane of answers written whole
-(``lane``) and aiohttp's writer made transparent (``writer``)."""
+"""The client connection: the first protocol (``fastpath``) and the lane of answers written
+whole (``lane``), over the flow control and writer of ``proxy.wire.seam``."""

@@ -19,9 +19,9 @@ them, and the connection handed to aiohttp's request handler at the first one it
   graceful shutdown waits for the lane's request. A bug answering a hit here is logged, and
   the lane answers the request.
 
-It takes from aiohttp only what every protocol its writers and streams run on has
-(``BaseProtocol``'s flow control), its exported request parser, and ``web.Server`` as the
-factory of a handed-over connection's protocol: none of its request handler's fields.
+It takes from aiohttp its exported request parser and ``web.Server`` as the factory of a
+handed-over connection's protocol; its flow control is the proxy's own (``FlowControl``), in
+the shape aiohttp's writer drives: none of aiohttp's request handler's fields.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from collections.abc import Awaitable, Sequence
 from typing import Any
 
 from aiohttp import EMPTY_PAYLOAD, web
-from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpProcessingError, HttpRequestParser, RawRequestMessage
 
 from proxy.config.logs import HTTP_ERRORS
@@ -48,7 +47,7 @@ from proxy.front.lane import (
     Written,
     lane_may_answer,
 )
-from proxy.front.writer import PIECE, ProxyServer, SendWatch
+from proxy.wire.seam import PIECE, FlowControl, ProxyServer, SendWatch
 
 
 def require_strict_parser() -> None:
@@ -129,7 +128,7 @@ class HitServer(ProxyServer):
         await asyncio.gather(*fronts, super().shutdown(timeout))
 
 
-class Front(SendWatch, BaseProtocol):
+class Front(SendWatch, FlowControl):
     """A connection's first protocol: plain fresh hits answered as they are read, other plain
     requests in its lane, and the rest handed to aiohttp's handler."""
 
@@ -165,10 +164,6 @@ class Front(SendWatch, BaseProtocol):
         """The request bytes held behind the lane's request."""
         return self._buffer
 
-    @property
-    def reading_paused(self) -> bool:
-        return self._buffer_paused
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
@@ -188,8 +183,8 @@ class Front(SendWatch, BaseProtocol):
     def data_received(self, data: bytes) -> None:
         self._buffer += data
         if self._lane is not None:
-            if len(self._buffer) > HOLD_LIMIT and not self._buffer_paused:
-                self._pause_reading_for_buffer()
+            if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
+                self.hold_reading()
             return
         self._go_on()
 
@@ -213,7 +208,7 @@ class Front(SendWatch, BaseProtocol):
         while start < len(data) and self._lane is None:
             if transport is None or transport.is_closing() or self._closing:
                 break
-            if self._paused:
+            if self.writing_paused:
                 self._hand_over(data[start:])  # a client that does not read: aiohttp waits
                 return
             end = self._answer_at(data, start)
@@ -334,7 +329,7 @@ class Front(SendWatch, BaseProtocol):
         while rest:
             if transport is None or transport.is_closing():
                 return None
-            if self._paused:
+            if self.writing_paused:
                 return rest
             transport.write(rest[:PIECE])
             rest = rest[PIECE:]
@@ -395,8 +390,8 @@ class Front(SendWatch, BaseProtocol):
     def _lane_free(self) -> None:
         """The lane's request is no longer in progress."""
         self._lane = None
-        if self._buffer_paused:
-            self._resume_reading_for_buffer()
+        if self.reading_paused:
+            self.release_reading()
         ended = self._ended
         if ended is not None and not ended.done():
             ended.set_result(None)
@@ -425,13 +420,13 @@ class Front(SendWatch, BaseProtocol):
             self._idle.cancel()
             self._idle = None
         self.stop_watching()
-        if self._buffer_paused:
-            self._resume_reading_for_buffer()
+        if self.reading_paused:
+            self.release_reading()
         self._buffer = b""
         handler = self._server.handler()
         transport.set_protocol(handler)
         handler.connection_made(transport)
-        if self._paused:
+        if self.writing_paused:
             handler.pause_writing()
         handler.data_received(data)
 

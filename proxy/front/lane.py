@@ -26,7 +26,7 @@ from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.http import HttpVersion11, RawRequestMessage
 from multidict import CIMultiDict
 
-from proxy.front.writer import FieldWriter
+from proxy.wire.seam import AnsweredRequest, FieldWriter
 
 # A body below this is joined to its head in one bytes object (copying it costs less than a
 # second send); a larger one goes beside it in one ``writelines``: one system call on uvloop
@@ -65,8 +65,8 @@ class Pending:
 
 
 class Lane(Protocol):
-    """The connection a lane's request came on: aiohttp's flow control (``BaseProtocol``) for
-    its writer, and what ends or goes on with a ``Pending`` request."""
+    """The connection a lane's request came on: its flow control (``FlowControl``) for its
+    writer, and what ends or goes on with a ``Pending`` request."""
 
     transport: asyncio.Transport | None
 
@@ -161,7 +161,7 @@ class Written(LoggedResponse):
     keep_alive = True
 
 
-class LaneRequest(LoggedRequest):
+class LaneRequest(AnsweredRequest, LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
@@ -190,14 +190,12 @@ class LaneRequest(LoggedRequest):
         self.started = loop.time()
 
     @property
-    def _payload_writer(self) -> FieldWriter:
+    def writer(self) -> FieldWriter:  # type: ignore[override]
         """The writer of a response to this request, made when one is first written
         through it (an answer written at once needs none)."""
         if self._writer is None:
             self._writer = FieldWriter(self._lane, self._loop)  # type: ignore[arg-type]
         return self._writer
-
-    writer = property(lambda self: self._payload_writer)
 
     def write_at_once(self, head: bytes, body: bytes, status: int) -> Written | None:
         """Write a whole answer (its head, ending in a blank line, and body) now, as aiohttp's
@@ -220,6 +218,3 @@ class LaneRequest(LoggedRequest):
     def go_on(self, work: Awaitable[web.StreamResponse]) -> None:
         """A ``Pending`` request goes on as the lane's task, answered by ``work``."""
         self._lane.lane_go_on(self, work)
-
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        """As ``web.BaseRequest``'s: no application signals to send."""

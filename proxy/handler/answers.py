@@ -28,9 +28,10 @@ from proxy.core.cached import (
 from proxy.core.events import Answer
 from proxy.core.rfc9110 import BODILESS_STATUSES
 from proxy.front.lane import LaneRequest, Written
-from proxy.front.writer import Relayed, RelayedWhole, http_date
 from proxy.origin.pool import Fields, Interim
 from proxy.origin.upstream import UpstreamResponse
+from proxy.wire.dates import http_date
+from proxy.wire.seam import Relayed, RelayedWhole
 
 # The origin's length field, left out where the proxy frames the body it writes itself.
 LENGTH = frozenset({"content-length"})

@@ -44,10 +44,10 @@ from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
 from proxy.disk.store import READ_INLINE, DiskStore
 from proxy.front.lane import JOIN_BELOW, RawRequestMessage
-from proxy.front.writer import http_date
 from proxy.handler._hits import PlainHits
 from proxy.handler.answers import span
 from proxy.handler.routing import Router, fields_size, hosts, key_origin
+from proxy.wire.dates import http_date
 
 # The fields ``answer`` writes per hit (its ttl and Age): ``per_answer``'s, as bytes.
 _HIT_STATUS = f"Cache-Status: {HIT_TTL}".encode()

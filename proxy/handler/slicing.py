@@ -59,13 +59,14 @@ from proxy.core.cache_status import ORIGIN_ERROR, SLICES, forwarded, hit
 from proxy.core.cached import VIA, cached_head, per_answer
 from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
-from proxy.front.writer import Relayed, http_date
 from proxy.handler.answers import abort, plain
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.origin.upstream import UpstreamError, UpstreamResponse
+from proxy.wire.dates import http_date
+from proxy.wire.seam import Relayed
 
 log = logging.getLogger("onehit.proxy")
 

@@ -23,11 +23,11 @@ from proxy.config.settings import Config
 from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
-from proxy.front.writer import Relayed, RelayedWhole
 from proxy.handler.answers import LENGTH, abort, interim, mark, plain
 from proxy.handler.routing import Router
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.origin.upstream import Upstream, UpstreamError
+from proxy.wire.seam import Relayed, RelayedWhole
 
 log = logging.getLogger("onehit.proxy")
 

@@ -32,11 +32,11 @@ from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
-from proxy.front.writer import ProxyServer
 from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.origin.upstream import Upstream
+from proxy.wire.seam import ProxyServer
 
 COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
 

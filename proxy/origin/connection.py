@@ -35,11 +35,11 @@ from aiohttp import (
     SocketTimeoutError,
     StreamReader,
 )
-from aiohttp.base_protocol import BaseProtocol
 from aiohttp.http import HttpProcessingError, HttpResponseParser, RawResponseMessage
 
 from proxy.core.rfc9110 import BODILESS_STATUSES, digits
 from proxy.origin._origin import parse_response
+from proxy.wire.seam import FlowControl
 
 Address = tuple[str, int]
 Fields = Iterable[tuple[str, str]]
@@ -56,7 +56,7 @@ _HEAD = -1
 _BLANK_LINE = re.compile(rb"\n\r?\n")
 
 
-class OriginConnection(BaseProtocol):
+class OriginConnection(FlowControl):
     """A keep-alive connection to an origin, one request at a time. A request gets aiohttp's
     C response parser in its start state: a fresh one, or (a GET after a GET) the one that
     parsed the previous response to its end, where it stands ready for the next message with
@@ -67,6 +67,8 @@ class OriginConnection(BaseProtocol):
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_buffer: int) -> None:
         super().__init__(loop)
+        self._parser: HttpResponseParser | None = None  # the response in flight's
+        self._upgraded = False
         self._read_buffer = read_buffer
         self._skip_payload = False
         self._first = False  # whether nothing of the answer to the request in flight came yet
@@ -183,14 +185,20 @@ class OriginConnection(BaseProtocol):
             self.fail(SocketTimeoutError("Timeout on reading data from socket"))
 
     def pause_reading(self) -> None:
+        if self._parser is not None and not self._upgraded:
+            self._parser.pause_reading()
         super().pause_reading()
         self.reading_since = None  # the read timeout measures the origin, not this pause
 
+    def parse_held(self) -> None:
+        if not self._upgraded:
+            self.data_received(b"")
+
     def resume_reading(self, resume_parser: bool = True) -> None:
-        if not self._reading_paused:
+        if not self.reading_paused:
             return  # a body's stream calls this on every read, paused or not
         super().resume_reading(resume_parser)
-        if not self._reading_paused and self._read_timeout and self._parser is not None:
+        if not self.reading_paused and self._read_timeout and self._parser is not None:
             self.reading_since = self._loop.time()
 
     def data_received(self, data: bytes) -> None:
@@ -355,7 +363,7 @@ class OriginConnection(BaseProtocol):
 
 
 def response_parser(
-    protocol: BaseProtocol,
+    protocol: FlowControl,
     loop: asyncio.AbstractEventLoop,
     *,
     with_body: bool,

@@ -33,12 +33,12 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from aiohttp import EMPTY_PAYLOAD, ClientOSError, ServerDisconnectedError, StreamReader
-from aiohttp.base_protocol import BaseProtocol
 
 from proxy.config.settings import UpstreamSection
 from proxy.core._native import field_lines
 from proxy.core.rfc9110 import digits
 from proxy.origin.connection import Address, Fields, Interim, OriginConnection
+from proxy.wire.seam import FlowControl
 
 log = logging.getLogger("onehit.upstream")
 
@@ -138,7 +138,7 @@ class OriginResponse:
         """The body's stream, without what ``in_hand`` took."""
         whole, self._whole = self._whole, None
         if whole:
-            self._content = StreamReader(BaseProtocol(self._pool._loop), len(whole),
+            self._content = StreamReader(FlowControl(self._pool._loop), len(whole),
                                          loop=self._pool._loop)  # fmt: skip
             self._content.feed_data(whole)
             self._content.feed_eof()

@@ -1,13 +1,33 @@
-"""How the proxy's answers carry what they relay: the writer of every answer to a client, the
-server that gives it to each request, and the responses that relay an origin's.
+"""Every use the proxy makes of aiohttp past its public API, in one module: an aiohttp
+upgrade that moves one of them fails ``tests/test_aiohttp_seam.py``, which names each, before
+it fails a request. Nothing else in the proxy imports a private name of aiohttp or reads or
+sets a private attribute of its objects.
 
-aiohttp's parsers decode a field value's bytes with ``surrogateescape``, so a byte that is not
-UTF-8 comes through as a lone surrogate; aiohttp's header serializer drops lone surrogates,
-and refuses (an error, so a 500) any control character but HTAB. An origin's
-``X-Name: caf\\xe9`` would reach the client as ``caf``, and ``a\\x01b`` not at all. A proxy
-passes what it relays as it came, so ``FieldWriter`` writes a head's fields back as the bytes
-that were parsed. It still refuses a CR or LF in the status line or a field: those would
-split the head (RFC 9110 section 5.5; a NUL never gets past aiohttp's parsers).
+What it relies on, by name:
+
+* aiohttp's writer (``aiohttp.http.StreamWriter``) and body streams (``StreamReader``) drive
+  the protocol they are given through ``transport``, ``connected``, ``_paused`` and
+  ``_drain_helper`` (the writer waits while writing is paused), and ``_reading_paused``,
+  ``pause_reading`` and ``resume_reading(resume_parser=)`` (a stream past its limit pauses
+  reading). ``FlowControl`` is our own protocol base in that shape; the front and the origin
+  connections stand on it.
+* ``FieldWriter`` sets the writer's held head (``_headers_buf``, ``_headers_written``).
+* ``ProxyServer`` overrides ``web.Server._make_request`` and reads its ``_kwargs`` and
+  ``_loop``; ``ClientProtocol`` reads ``web.RequestHandler``'s ``_paused`` and ``_loop``
+  (``SendWatch``).
+* ``Relayed`` overrides ``web.StreamResponse._prepare_headers``; ``RelayedWhole`` sets
+  ``web.Response._body``.
+* A request answered outside aiohttp's handler gives its responses ``_payload_writer`` and
+  ``_prepare_hook`` (``AnsweredRequest``).
+
+How the proxy's answers carry what they relay. aiohttp's parsers decode a field value's bytes
+with ``surrogateescape``, so a byte that is not UTF-8 comes through as a lone surrogate;
+aiohttp's header serializer drops lone surrogates, and refuses (an error, so a 500) any control
+character but HTAB. An origin's ``X-Name: caf\\xe9`` would reach the client as ``caf``, and
+``a\\x01b`` not at all. A proxy passes what it relays as it came, so ``FieldWriter`` writes a
+head's fields back as the bytes that were parsed. It still refuses a CR or LF in the status
+line or a field: those would split the head (RFC 9110 section 5.5; a NUL never gets past
+aiohttp's parsers).
 
 aiohttp, as an origin server, also gives a body sent without a Content-Type one of
 ``application/octet-stream`` (RFC 9110 section 8.3 lets a recipient assume that type). A
@@ -23,41 +43,142 @@ is written as it is stored (never joined to its head past ``PIECE`` bytes), and 
 ``PIECE`` bytes of it are handed to the transport at a time, the next once the last has
 drained (asyncio's transport copies what the socket does not take; uvloop holds what it is
 given). A connection whose client takes no byte for ``[server] send_timeout`` while the
-transport holds bytes for it is closed, dropping what it held (``ClientProtocol``).
+transport holds bytes for it is closed, dropping what it held (``SendWatch``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import time
-from email.utils import formatdate
+import socket
 from typing import Any
 
-from aiohttp import hdrs, web
+from aiohttp import ClientConnectionResetError, hdrs, web
 from aiohttp.http import StreamWriter
 from multidict import CIMultiDict
 
 from proxy.core._native import field_lines
-
-# aiohttp's own parts that the layers above use, named here: only front/ and origin/ reach past
-# aiohttp's public API (tests/test_imports.py), so an aiohttp upgrade is read in two folders.
-_dated = [-1, ""]  # the second of the Date last written, and the Date
-
-
-def http_date() -> str:
-    """Now, as a Date field writes it (RFC 9110 section 5.6.7), formatted once a second."""
-    now = int(time.time())
-    if now != _dated[0]:
-        _dated[0], _dated[1] = now, formatdate(now, usegmt=True)
-    return _dated[1]
-
 
 log = logging.getLogger("onehit.proxy")
 
 # The most of a body handed to a transport in one write: a 256 KiB body still goes out beside
 # its head in one write, and a client that reads nothing pins at most this much of a copy.
 PIECE = 256 << 10
+
+
+class FlowControl(asyncio.Protocol):
+    """A connection's flow control, in the shape aiohttp's writer and streams drive: writing
+    pauses while the transport's buffer is over its high-water mark (``drain`` waits for it);
+    reading pauses for a body's stream (``pause_reading``) or for a buffer the protocol holds
+    itself (``hold_reading``), and the transport reads again only once neither holds it.
+    Subclasses declare ``__slots__`` of their own or none (then they have a ``__dict__``)."""
+
+    __slots__ = ("_buffer_paused", "_drain_waiter", "_loop", "_paused", "_reading_paused",
+                 "transport")  # fmt: skip
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+        self._buffer_paused = False
+        self.transport: asyncio.Transport | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._paused
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the transport is kept from reading, for a stream or a held buffer."""
+        return self._reading_paused or self._buffer_paused
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):  # closed already: the transport will say so
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.transport = None
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is None or waiter.done():
+            return
+        if exc is None:
+            waiter.set_result(None)
+        else:
+            lost = ConnectionError("Connection lost")
+            lost.__cause__ = exc
+            waiter.set_exception(lost)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def drain(self) -> None:
+        """Return once the transport takes writes; ``ClientConnectionResetError`` (a
+        ``ConnectionResetError``) when it is gone, as aiohttp's own protocols raise."""
+        if self.transport is None:
+            raise ClientConnectionResetError("Connection lost")
+        if not self._paused:
+            return
+        waiter = self._drain_waiter
+        if waiter is None:
+            waiter = self._drain_waiter = self._loop.create_future()
+        await waiter
+
+    _drain_helper = drain  # the name aiohttp's writer waits on
+
+    def pause_reading(self) -> None:
+        self._reading_paused = True
+        self._pause_transport()
+
+    def resume_reading(self, resume_parser: bool = True) -> None:
+        self._reading_paused = False
+        if resume_parser:
+            self.parse_held()
+        if not self._reading_paused and not self._buffer_paused:
+            self._resume_transport()
+
+    def parse_held(self) -> None:
+        """Go on parsing what a paused parser held back (none here)."""
+
+    def hold_reading(self) -> None:
+        """Stop reading for a buffer of the protocol's own, until ``release_reading``."""
+        self._buffer_paused = True
+        self._pause_transport()
+
+    def release_reading(self) -> None:
+        self._buffer_paused = False
+        if not self._reading_paused:
+            self._resume_transport()
+
+    # try/except, not contextlib.suppress: a body's stream pauses and resumes per read, and
+    # suppress costs several times as much.
+    def _pause_transport(self) -> None:
+        if self.transport is not None:
+            try:  # noqa: SIM105
+                self.transport.pause_reading()
+            except (AttributeError, NotImplementedError, RuntimeError):
+                pass  # a transport without flow control, or closing
+
+    def _resume_transport(self) -> None:
+        if self.transport is not None:
+            try:  # noqa: SIM105
+                self.transport.resume_reading()
+            except (AttributeError, NotImplementedError, RuntimeError):
+                pass
 
 
 class FieldWriter(StreamWriter):
@@ -90,9 +211,9 @@ class FieldWriter(StreamWriter):
 class SendWatch:
     """Closes a client that takes no byte of what is written to it for ``send_timeout``
     seconds (as nginx's ``send_timeout``): checked while writing is paused, and a client that
-    takes some bytes in that time goes on. A mixin before aiohttp's ``BaseProtocol`` (whose
-    flow control it watches); the class declares the slots ``_drained``, ``_send_timeout``,
-    ``_sending`` and ``_unsent``."""
+    takes some bytes in that time goes on. A mixin before ``FlowControl`` or aiohttp's
+    ``web.RequestHandler`` (whose flow control it watches); the class declares the slots
+    ``_drained``, ``_send_timeout``, ``_sending`` and ``_unsent``."""
 
     __slots__ = ()
 
@@ -208,3 +329,20 @@ class RelayedWhole(Relayed, web.Response):
     def __init__(self, *, body: bytes | memoryview = b"", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._body = body
+
+
+class AnsweredRequest:
+    """What aiohttp's responses read of a request past its public API, for a request the
+    proxy answers outside aiohttp's handler: its writer (the subclass's ``writer``) and the
+    hook ``prepare`` awaits (no application signals to send)."""
+
+    __slots__ = ()
+
+    writer: FieldWriter
+
+    @property
+    def _payload_writer(self) -> FieldWriter:
+        return self.writer
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        """Nothing: as ``web.BaseRequest``'s without signals."""
