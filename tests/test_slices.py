@@ -15,7 +15,7 @@ from email.utils import formatdate
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin_purge, base
+from conftest import admin_purge, base, until
 from multidict import CIMultiDict
 
 from proxy.config.settings import ConfigError, load
@@ -640,11 +640,8 @@ async def test_slices_held_for_clients_that_do_not_read_stay_within_slice_memory
             request = f"GET /v{i} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
             await asyncio.get_running_loop().sock_sendall(sock, request)
             sockets.append(sock)
-        for _ in range(100):  # until the room is taken: every socket's buffers are full
-            await asyncio.sleep(0.05)
-            if room.held == room.limit:
-                break
-        await asyncio.sleep(0.3)
+        await until(lambda: room.held == room.limit)  # every socket's buffers are full
+        await asyncio.sleep(0.3)  # time in which nothing may grow: the others wait
         held = _proxy_bytes() - before
     finally:
         tracemalloc.stop()
