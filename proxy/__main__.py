@@ -9,12 +9,15 @@ import json
 import logging
 import mmap
 import os
+import signal
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.sharing import Sharing
+from proxy.ops import preflight
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
 from proxy.ops.shared_tier import worker_sharing
@@ -47,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides[key.strip()] = value
     try:
         config = load(args.config, os.environ, overrides)
+        preflight.check(config)
     except ConfigError as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
         return 2
@@ -54,7 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(config.effective(), indent=2))
         print("onehit-proxy: configuration ok", file=sys.stderr)
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # Until the logs' files are open (the service's start), SIGUSR1 asks for nothing: its
+    # default would end the process.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    errors = logging.StreamHandler(sys.stderr)
+    errors.setFormatter(OneLine())
+    logging.basicConfig(level=logging.INFO, handlers=[errors])
     try:
         if args.workers > 1:
             own = list(argv if argv is not None else sys.argv[1:])
@@ -202,7 +211,7 @@ async def _serve(
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
-    await until_signalled()
+    await until_signalled(service.reopen_logs)
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     if forgets is not None:

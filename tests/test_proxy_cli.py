@@ -259,7 +259,8 @@ def test_a_disk_directory_in_use_or_open_to_every_user_stops_start_up_with_one_l
     (tmp_path / "open").mkdir(mode=0o777)
     (tmp_path / "open").chmod(0o777)
     out = start("--set", f"disk.path={tmp_path / 'open'}")
-    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    # A configuration problem, found before the start (as --check-config finds it): status 2.
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "every user may write to it" in out.stderr
 
 
@@ -302,3 +303,27 @@ def test_workers_on_a_port_in_use_stop_start_up_with_the_reason():
     assert out.stderr.strip().splitlines()[-1] == (
         "onehit-proxy: cannot start: a worker did not start (its own line above says why)"
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "disk.path=/proc/onehit-cache",
+            "[disk] path '/proc/onehit-cache' does not exist and cannot be created",
+        ),
+        ("server.access_log_file=/proc/access.log", "[server] access_log_file '/proc/access.log'"),
+    ],
+)
+@pytest.mark.parametrize("check", [True, False], ids=["--check-config", "start"])
+def test_an_unusable_path_is_refused_by_check_config_and_at_start_with_one_line(
+    setting, message, check
+):
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", *(["--check-config"] if check else []),
+         "--origin", "http://127.0.0.1:1", "--set", setting,
+         "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

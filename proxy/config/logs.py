@@ -1,9 +1,11 @@
-"""The proxy's throttled log of faults: what a client can provoke is logged one line at a time."""
+"""The proxy's logs, one line per record (``OneLine``), and its throttled log of faults: what
+a client can provoke is logged one line at a time (``OneLineEvery``)."""
 
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable
 
 
@@ -49,3 +51,22 @@ def _raised_at(exc: BaseException) -> str:
     while tb.tb_next is not None:
         tb = tb.tb_next
     return f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+
+
+class OneLine(logging.Formatter):
+    """A record as one line, as log shippers and ``grep`` take it: the time (RFC 3339, UTC,
+    milliseconds), the logger, the level and the message; an exception on the same line, with
+    the frames it passed through, from where it was raised outwards (joined by ``<-``); a
+    line break inside a message written as ``\\n``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = time.gmtime(record.created)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", when) + f".{int(record.msecs):03d}Z"
+        message = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = " <- ".join(f"{f.filename}:{f.lineno} {f.name}" for f in reversed(frames))
+            message = f"{message}: {exc!r}" + (f" at {where}" if where else "")
+        line = f"{stamp} {record.name} {record.levelname} {message}"
+        return line.replace("\r", "\\r").replace("\n", "\\n")

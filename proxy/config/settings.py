@@ -37,7 +37,12 @@ class ServerSection:
         ("127.0.0.1", 8080), values.address, "address clients connect to"
     )
     access_log: bool = values.setting(True, values.boolean, "log one line per request")
-    access_log_format: str = values.setting("combined", values.log_format, "combined or json")
+    access_log_format: str = values.setting(
+        "combined", values.log_format, "combined (Apache's, exactly) or json (one object a line)"
+    )
+    access_log_file: str = values.setting(
+        "", values.string, "file the access log is appended to (reopened on SIGUSR1); empty: stderr"
+    )
     drain_timeout: float = values.setting(
         10.0, values.duration, "on SIGTERM, how long requests may finish"
     )

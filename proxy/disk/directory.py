@@ -27,6 +27,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 LOCK = "lock"
@@ -78,6 +79,40 @@ def claim(directory: Path) -> int:
             f"[disk] path {str(directory)!r}: its lock file cannot be written: {exc.strerror}"
         ) from exc
     return fd
+
+
+def usable(directory: Path) -> None:
+    """Check that ``claim`` could take ``directory``, leaving nothing behind: an existing one
+    is a trusted directory this process can create a file in; for a missing one, its nearest
+    existing ancestor is a directory this process can create a directory in (each tried,
+    and removed again: permission bits do not tell, for root or on a read-only or virtual
+    file system). ``DiskDirectoryError`` naming the key otherwise."""
+    try:
+        info = os.stat(directory)
+    except FileNotFoundError:
+        parent = directory.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".onehit-probe-", dir=parent))
+        except OSError as exc:
+            raise DiskDirectoryError(
+                f"[disk] path {str(directory)!r} does not exist and cannot be created in "
+                f"{str(parent)!r} ({exc.strerror}): create it for the proxy's user, or give "
+                "another"
+            ) from None
+        return
+    except OSError as exc:
+        raise DiskDirectoryError(f"[disk] path {str(directory)!r}: {exc.strerror}") from exc
+    _trusted(directory, info)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".onehit-probe-", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise DiskDirectoryError(
+            f"[disk] path {str(directory)!r}: no file can be written in it ({exc.strerror})"
+        ) from None
 
 
 def claimed(directory: Path) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import mmap
 import signal
@@ -19,7 +18,6 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.config.logs import HTTP_ERRORS
@@ -34,31 +32,10 @@ from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
 from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy
+from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyServer
-
-COMBINED = '%a - - %t "%r" %s %b "%{Referer}i" "%{User-Agent}i" %Tf "%{Cache-Status}o"'
-
-
-class JsonAccessLogger(AbstractAccessLogger):
-    """One JSON object per request."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.info(
-            json.dumps(
-                {
-                    "remote": request.remote,
-                    "method": request.method,
-                    "target": request.raw_path,
-                    "host": request.host,
-                    "status": response.status,
-                    "bytes": response.body_length,
-                    "seconds": round(time, 6),
-                    "cache_status": response.headers.get("Cache-Status"),
-                }
-            )
-        )
 
 
 def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
@@ -115,6 +92,7 @@ class Service:
     proxy_runner: web.BaseRunner
     admin_runner: web.BaseRunner
     checkpoints: asyncio.Task[None] | None = None
+    access_file: AccessLogFile | None = None
 
     @classmethod
     async def start(
@@ -163,8 +141,13 @@ class Service:
                 )
                 undo.push_async_callback(proxy.fleet.close)
                 proxy.fleet.start()
+            access = None
+            if config.server.access_log:
+                access = access_logger(config.server.access_log_file)
+                undo.callback(access[1].close)
             proxy_runner = web.ServerRunner(
-                _proxy_server(config, proxy), shutdown_timeout=config.server.drain_timeout
+                _proxy_server(config, proxy, None if access is None else access[0]),
+                shutdown_timeout=config.server.drain_timeout,
             )
             admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
             undo.push_async_callback(proxy_runner.cleanup)
@@ -172,6 +155,7 @@ class Service:
             undo.push_async_callback(admin_runner.cleanup)
             await admin_runner.setup()
             service = cls(config, proxy, proxy_runner, admin_runner)
+            service.access_file = None if access is None else access[1]
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
                     checkpoint_every(disk, config.disk.checkpoint_interval)
@@ -206,9 +190,16 @@ class Service:
         if self.proxy.shared is not None:
             await self.proxy.shared.close()
             await self.proxy.shared.remote.client.aclose()
+        if self.access_file is not None:
+            self.access_file.close()
+
+    def reopen_logs(self) -> None:
+        """Open the access log's file again, where logrotate left a new one (SIGUSR1)."""
+        if self.access_file is not None:
+            self.access_file.reopen()
 
 
-def _proxy_server(config: Config, proxy: Proxy) -> web.Server:
+def _proxy_server(config: Config, proxy: Proxy, access: logging.Logger | None) -> web.Server:
     """The data port's server: aiohttp's limits and access log as configured, and the
     compiled hit path in front of the handler unless ``[server] fast_hits`` is off."""
     server_kwargs: dict[str, object] = {
@@ -222,14 +213,10 @@ def _proxy_server(config: Config, proxy: Proxy) -> web.Server:
         "logger": HTTP_ERRORS,
         "send_timeout": config.server.send_timeout,
     }
-    if config.server.access_log:
-        server_kwargs["access_log"] = logging.getLogger("onehit.access")
-        if config.server.access_log_format == "json":
-            server_kwargs["access_log_class"] = JsonAccessLogger
-        else:
-            server_kwargs["access_log_format"] = COMBINED
-    else:
-        server_kwargs["access_log"] = None
+    server_kwargs["access_log"] = access
+    if access is not None:
+        server_kwargs["access_log_class"] = AccessLog
+        server_kwargs["access_log_format"] = config.server.access_log_format
     if config.server.fast_hits:
         answers = (proxy.plain_hits.answer, proxy.answer_hit)
         return HitServer(
@@ -245,11 +232,14 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
         disk.checkpoint()
 
 
-async def until_signalled() -> None:
+async def until_signalled(reopen: Callable[[], None] | None = None) -> None:
     """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
-    while the caller drains)."""
+    while the caller drains); until then SIGUSR1 calls ``reopen`` (the logs' files opened
+    again)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if reopen is not None:
+        loop.add_signal_handler(signal.SIGUSR1, reopen)
     await stop.wait()

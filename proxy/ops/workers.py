@@ -80,7 +80,7 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
             checkpoints = asyncio.ensure_future(
                 checkpoint_every(tier.store, config.disk.checkpoint_interval)
             )
-        await until_signalled()
+        await until_signalled(workers.reopen_logs)
     finally:
         # However the parent leaves (a signal, an admin address it cannot bind), its workers
         # drain first; one being started as it leaves is killed by its start.
@@ -179,6 +179,12 @@ class Workers:
                         log.error("replacing worker %d failed (%s): trying again", i, exc)
                         await asyncio.sleep(1)
                 self.replaced += 1
+
+    def reopen_logs(self) -> None:
+        """Have every worker open its logs' files again (SIGUSR1, passed on)."""
+        for process in self.processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGUSR1)
 
     async def stop(self) -> list[int]:
         """Drain every worker (SIGTERM) and their exit statuses."""

@@ -1,0 +1,136 @@
+"""The access log as tools ingest it: every line JSON (``json.loads``) or Apache combined (a
+strict pattern), whichever path answered; a file reopened on SIGUSR1, as logrotate needs."""
+
+import asyncio
+import json
+import re
+import signal
+from datetime import datetime
+
+import aiohttp
+import pytest
+from conftest import base, until
+
+from loadgen.processes import onehit_process
+
+# Apache's combined format exactly: host, ident, user, time, request line, status, bytes,
+# referer, user agent; a quoted part holds no bare quote, and escapes only \", \\ and \xhh.
+QUOTED = r'"((?:[^"\\\x00-\x1f\x7f-\xff]|\\["\\]|\\x[0-9a-f]{2})*)"'
+COMBINED = re.compile(
+    r"^(\S+) - - \[(\d{2}/(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)/\d{4}"
+    r":\d{2}:\d{2}:\d{2} \+0000)\] " + QUOTED + r" (\d{3}) (\d+|-) " + QUOTED + " " + QUOTED + "$"
+)
+
+# Each way a request is answered: a miss, a hit (the fast path's compiled answer and the
+# lane's), a HEAD, a POST (aiohttp's handler), an error; one with hostile fields.
+REQUESTS = [
+    ("GET", "/a?x=1", {}),
+    ("GET", "/a?x=1", {}),
+    ("GET", "/a?x=1", {"User-Agent": "curl/8.5"}),
+    ("HEAD", "/a?x=1", {"Referer": "http://r.example/"}),
+    ("POST", "/form", {"Content-Type": "text/plain"}),
+    ("GET", "/missing", {"X-Request-ID": "req-42"}),
+    ("GET", '/q"uote', {"User-Agent": 'evil" 200 9 "x\\y caf\u00e9'}),
+]
+
+
+async def _send(service, client: aiohttp.ClientSession) -> None:
+    for method, path, headers in REQUESTS:
+        async with client.request(
+            method, base(service) + path, headers={"Host": "example.test", **headers},
+            data=b"body" if method == "POST" else None,
+        ) as r:  # fmt: skip
+            await r.read()
+
+
+def _lines(path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_json_lines_each_load_with_every_field(origin, start_proxy, client, tmp_path):
+    origin.set("/missing", status=404)
+    log = tmp_path / "access.json"
+    service = await start_proxy(server__access_log=True, server__access_log_format="json",
+                                server__access_log_file=str(log))  # fmt: skip
+    await _send(service, client)
+    await until(lambda: len(_lines(log)) == len(REQUESTS))
+    records = [json.loads(line) for line in _lines(log)]
+    sent = [(m, p.replace('"', "%22")) for m, p, _ in REQUESTS]  # the client quotes a '"'
+    assert [(r["method"], r["target"]) for r in records] == sent
+    for record in records:
+        assert set(record) == {"time", "client", "method", "target", "host", "protocol",
+                               "status", "bytes", "duration_us", "cache_status", "user_agent",
+                               "referer", "request_id"}  # fmt: skip
+        assert record["time"].endswith("Z") and datetime.fromisoformat(record["time"])
+        assert record["client"] == "127.0.0.1" and record["host"] == "example.test"
+        assert record["protocol"] == "HTTP/1.1" and record["bytes"] > 0
+        assert isinstance(record["duration_us"], int) and record["duration_us"] >= 0
+    assert [r["status"] for r in records] == [200, 200, 200, 200, 200, 404, 200]
+    assert records[2]["user_agent"] == "curl/8.5" and records[3]["referer"] == "http://r.example/"
+    assert records[2]["cache_status"].startswith("onehit; hit")  # stored by the second
+    assert records[5]["request_id"] == "req-42"
+    made = [r["request_id"] for i, r in enumerate(records) if i != 5]
+    assert len(set(made)) == len(made)  # unique where the proxy made them
+    assert records[6]["user_agent"] == 'evil" 200 9 "x\\y caf\u00e9'
+
+
+async def test_combined_lines_match_apaches_format_even_with_hostile_fields(
+    origin, start_proxy, client, tmp_path
+):
+    origin.set("/missing", status=404)
+    log = tmp_path / "access.log"
+    service = await start_proxy(server__access_log=True, server__access_log_format="combined",
+                                server__access_log_file=str(log))  # fmt: skip
+    await _send(service, client)
+    await until(lambda: len(_lines(log)) == len(REQUESTS))
+    matches = [COMBINED.match(line) for line in _lines(log)]
+    assert all(matches), [line for line, m in zip(_lines(log), matches, strict=True) if not m]
+    requests = [m[3] for m in matches]
+    assert requests[:2] == ["GET /a?x=1 HTTP/1.1"] * 2 and requests[4] == "POST /form HTTP/1.1"
+    assert [m[4] for m in matches] == ["200"] * 5 + ["404", "200"]
+    assert matches[3][6] == "http://r.example/" and matches[0][6] == "-"
+    hostile = matches[6]
+    assert hostile[3] == "GET /q%22uote HTTP/1.1"  # as the client sent it
+    assert hostile[7] == 'evil\\" 200 9 \\"x\\\\y caf\\xc3\\xa9'
+
+
+async def test_a_log_file_moved_away_is_written_again_after_sigusr1(origin, tmp_path):
+    log = tmp_path / "access.log"
+    settings = {"server.access_log": "true", "server.access_log_format": "json",
+                "server.access_log_file": str(log)}  # fmt: skip
+    async with onehit_process(origin.url, settings) as proxy, aiohttp.ClientSession() as client:
+
+        async def get(path: str) -> None:
+            async with client.get(proxy.url + path) as r:
+                assert r.status == 200
+
+        await get("/before")
+        await until(lambda: len(_lines(log)) == 1)
+        rotated = tmp_path / "access.log.1"
+        log.rename(rotated)  # as logrotate does
+        await get("/moved")  # still written to the moved file, until the signal
+        await until(lambda: len(_lines(rotated)) == 2)
+        proxy.process.send_signal(signal.SIGUSR1)
+        await until(lambda: log.exists())
+        await get("/after")
+        await until(lambda: len(_lines(log)) == 1)
+        assert [json.loads(line)["target"] for line in _lines(rotated)] == ["/before", "/moved"]
+        assert json.loads(_lines(log)[0])["target"] == "/after"
+        proxy.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proxy.process.wait(), 15) == 0
+
+
+@pytest.mark.parametrize("where", ["a/missing/dir/access.log", ""])
+def test_an_access_log_file_that_cannot_be_opened_is_named_at_start(tmp_path, where):
+    import subprocess
+    import sys
+
+    path = str(tmp_path / where) if where else str(tmp_path)  # a directory cannot be appended to
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "--origin", "http://127.0.0.1:1",
+         "--set", f"server.access_log_file={path}", "--listen", "127.0.0.1:0",
+         "--admin-listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "[server] access_log_file" in out.stderr and len(out.stderr.strip().splitlines()) == 1
