@@ -12,8 +12,10 @@ import os
 import signal
 import sys
 from collections.abc import Coroutine, Sequence
+from importlib import metadata
 from typing import Any, TypeVar
 
+from proxy.config import values
 from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.sharing import Sharing
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("cache_size", "cache.size"),
         ("admission", "admission.policy"),
         ("window", "admission.window"),
+        ("workers", "server.workers"),
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -65,10 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])
     try:
-        if args.workers > 1:
+        if config.server.workers > 1 and not args.worker:
             own = list(argv if argv is not None else sys.argv[1:])
             return _run(
-                serve_workers(config, _without_workers(own), args.workers),
+                serve_workers(config, _without_workers(own), config.server.workers),
                 config.server.event_loop,
             )
         if args.parent is not None:
@@ -104,18 +107,11 @@ def _without_workers(argv: list[str]) -> list[str]:
 
 
 def worker_count(value: str) -> int:
-    """``--workers``: a positive count, or ``auto`` for one per core the process may run on
-    (its CPU affinity, as nginx's ``worker_processes auto``)."""
-    if value == "auto":
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        return len(cores) if cores else os.cpu_count() or 1
+    """``--workers``: as ``[server] workers``."""
     try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive count or auto, not {value!r}")
-    return count
+        return values.workers(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, not {value!r}") from None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -123,12 +119,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="onehit-proxy",
         description="A caching reverse proxy that stores a URL on its second request.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     p.add_argument("--config", help="TOML file (see config/proxy.toml for every key)")
     p.add_argument("--origin", help="default origin, e.g. http://127.0.0.1:9000")
     p.add_argument("--listen", help="host:port for clients (default 127.0.0.1:8080)")
-    p.add_argument("--admin-listen", help="host:port for /stats, /metrics (default :9901)")
+    p.add_argument(
+        "--admin-listen",
+        help="host:port for /stats, /metrics, /healthz, /readyz, /purge (default 127.0.0.1:9901)",
+    )
     p.add_argument("--cache-size", help="e.g. 512MiB")
-    p.add_argument("--admission", help="second-hit or always")
+    p.add_argument(
+        "--admission",
+        help="second-hit (default), always, nth-hit:N, probabilistic:P, size-below:BYTES, "
+        "tinylfu or adaptive",
+    )
     p.add_argument("--window", help="auto or a duration such as 10m")
     p.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="any config key"
@@ -136,9 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--workers",
         type=worker_count,
-        default=1,
-        help="processes serving the port as one cache (one admission window, one shared tier), "
-        "or auto: one per core this may use",
+        help="([server] workers) processes serving the port as one cache (one admission "
+        "window, one shared tier), or auto: one per core this may use",
     )
     p.add_argument(
         "--check-config",
@@ -152,6 +155,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--parent-admin", help=argparse.SUPPRESS)
     return p
+
+
+def _version() -> str:
+    """The installed package's version (the checkout's, for an editable install)."""
+    try:
+        return metadata.version("onehit")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _run(coroutine: Coroutine[Any, Any, T], event_loop: str = "auto") -> T:

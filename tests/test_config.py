@@ -1,5 +1,6 @@
 """Config: defaults < TOML < ONEHIT_* env < flags, and one clear line for every bad value."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,7 @@ def test_routes_from_the_environment():
         ('[cache]\neviction = "fifo"\n', "[cache] eviction = 'fifo': expected one of lru, s3fifo"),
         ('[server]\nevent_loop = "fast"\n', "[server] event_loop = 'fast': expected 'auto'"),
         ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
+        ('[server]\nworkers = "two"\n', "[server] workers = 'two': expected a positive count"),
         ('[server]\nlisten = "8080"\n', "expected host:port"),
         ("[cache]\nsize = [\n", "not valid TOML"),
         ('[[routes]]\nhost = "a"\n', "each route needs host and origin"),
@@ -80,6 +82,15 @@ def test_bad_file_value_is_one_line_naming_key_value_and_expectation(tmp_path, t
         assert str(path) in str(info.value)
 
 
+def test_workers_come_from_the_file_the_environment_or_auto(tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text("[server]\nworkers = 3\n")
+    assert load(path, env={}, overrides=ORIGIN).server.workers == 3
+    assert load(env={"ONEHIT_SERVER_WORKERS": "2"}, overrides=ORIGIN).server.workers == 2
+    auto = load(env={}, overrides={**ORIGIN, "server.workers": "auto"}).server.workers
+    assert auto == len(os.sched_getaffinity(0))
+
+
 def test_bad_env_value_names_the_variable():
     with pytest.raises(
         ConfigError, match=r"ONEHIT_UPSTREAM_READ_TIMEOUT: \[upstream\] read_timeout"
@@ -90,6 +101,13 @@ def test_bad_env_value_names_the_variable():
 
 
 def test_whole_config_checks():
+    disk = {"disk.path": "/tmp/d", "disk.size": "1MiB", "disk.region_size": "1MiB"}
+    with pytest.raises(
+        ConfigError,
+        match=r"\[disk\] size = 1048576: too small for \[disk\] "
+        r"region_size = 1048576 .*set \[disk\] size to 2097152 bytes or more",
+    ):
+        load(env={}, overrides={**ORIGIN, **disk})
     with pytest.raises(ConfigError, match="no origin"):
         load(env={})
     with pytest.raises(ConfigError, match="not loopback: expected \\[admin\\] token"):

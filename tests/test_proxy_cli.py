@@ -116,7 +116,11 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
                 stats = await r.json()
             async with client.get(admin + "/metrics") as r:
                 metrics = await r.text()
+            async with client.get(admin + "/readyz") as r:
+                ready = (r.status, await r.json())
         assert stats["worker_count"] == 2
+        assert ready[0] == 200 and [w["worker"] for w in ready[1]["workers"]] == [0, 1]
+        assert all(c["ok"] for w in ready[1]["workers"] for c in w["checks"])
         per_worker = [w["metrics"]["requests"] for w in stats["workers"]]
         assert sum(per_worker) == stats["sum"]["requests"] == 30
         assert "onehit_requests_total 30.0" in metrics

@@ -43,6 +43,9 @@ class ServerSection:
     access_log_file: str = values.setting(
         "", values.string, "file the access log is appended to (reopened on SIGUSR1); empty: stderr"
     )
+    workers: int = values.setting(
+        1, values.workers, "processes serving the port as one cache, or auto: one per core"
+    )
     drain_timeout: float = values.setting(
         10.0, values.duration, "on SIGTERM, how long requests may finish"
     )
@@ -509,8 +512,9 @@ def _check_whole(config: Config) -> None:
     disk = config.disk
     if disk.path and disk.size < 2 * disk.region_size:
         raise ConfigError(
-            f"[disk] size = {disk.size}: expected at least two regions of [disk] region_size "
-            f"({2 * disk.region_size} bytes)"
+            f"[disk] size = {disk.size}: too small for [disk] region_size = "
+            f"{disk.region_size} (the tier writes whole regions, and needs two): set [disk] "
+            f"size to {2 * disk.region_size} bytes or more, or a smaller region_size"
         )
     if disk.path and parse_policy(disk.policy)[0] not in DISK_POLICIES:
         raise ConfigError(

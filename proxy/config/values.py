@@ -5,6 +5,7 @@ naming the key and where the value came from.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any
@@ -49,6 +50,19 @@ def positive_int(value: Any) -> int:
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError("expected a whole number >= 1")
+    return value
+
+
+def workers(value: Any) -> int:
+    """A positive count of worker processes, or ``auto``: one per core the process may run on
+    (its CPU affinity, as nginx's ``worker_processes auto``)."""
+    if value == "auto":
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        return len(cores) if cores else os.cpu_count() or 1
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("expected a positive count or auto")
     return value
 
 

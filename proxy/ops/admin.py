@@ -1,7 +1,8 @@
-"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, POST /purge and
+"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, POST /purge and
 POST /filter/reset.
 
-/healthz is always open. When a token is configured every other endpoint requires
+/healthz (the process answers) and /readyz (its origins, Redis and disk can be used, each with
+a reason) are always open. When a token is configured every other endpoint requires
 ``Authorization: Bearer TOKEN`` (the config refuses a non-loopback admin listener without one);
 without one, the request's Host must name the listener. POSTs must be JSON.
 """
@@ -23,9 +24,14 @@ from proxy.config.settings import AdminSection
 from proxy.core.stats import GAUGES, METRICS
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
+from proxy.ops import readiness
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+
+# What a load balancer or an orchestrator probes, without a token: whether the process
+# answers, and whether it can do its whole job (``proxy.ops.readiness``).
+OPEN = frozenset({"/healthz", "/readyz"})
 
 # Host names under which a loopback admin listener may be addressed without a token.
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
@@ -34,7 +40,7 @@ _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 def guard_middleware(
     token: str, listen_host: str
 ) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """What every admin request but /healthz must show:
+    """What every admin request but /healthz and /readyz must show:
 
     * with a token, ``Authorization: Bearer TOKEN``;
     * without one, a ``Host`` naming the admin listener (its address, or a loopback name): a
@@ -46,7 +52,7 @@ def guard_middleware(
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/healthz":
+        if request.path in OPEN:
             return await handler(request)
         if token:
             given = request.headers.get("Authorization", "")
@@ -127,6 +133,14 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def readyz(request: web.Request) -> web.Response:
+        found = await readiness.checks(proxy)
+        ready = all(check.ok for check in found)
+        return web.json_response(
+            {"ready": ready, "checks": [check.as_json() for check in found]},
+            status=200 if ready else 503,
+        )
+
     async def purge(request: web.Request) -> web.Response:
         params = dict(request.query)
         if request.can_read_body:
@@ -171,6 +185,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         stats=stats,
         metrics=metrics,
         healthz=healthz,
+        readyz=readyz,
         purge=purge,
         filter_reset=filter_reset,
         forget=forget if shares_tier else None,
@@ -243,6 +258,7 @@ def admin_application(
     stats: Handler,
     metrics: Handler,
     healthz: Handler,
+    readyz: Handler,
     purge: Handler,
     filter_reset: Handler,
     forget: Handler | None = None,
@@ -255,6 +271,7 @@ def admin_application(
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_post("/purge", purge)
     app.router.add_post("/filter/reset", filter_reset)
     if forget is not None:

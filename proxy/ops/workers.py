@@ -356,6 +356,25 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
             return web.Response(status=503, text=f"{missing} worker(s) not answering\n")
         return web.Response(text="ok\n")
 
+    async def readyz(request: web.Request) -> web.Response:
+        """Ready when every worker is: each one's checks, a worker not answering as one."""
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+
+            async def one(place: int, admin: str | None) -> dict[str, Any]:
+                if admin is not None:
+                    try:
+                        async with session.get(f"{admin}/readyz") as r:
+                            return {"worker": place, **(await r.json())}
+                    except (aiohttp.ClientError, TimeoutError, ValueError):
+                        pass
+                silent = {"name": "worker", "ok": False, "reason": "not answering"}
+                return {"worker": place, "ready": False, "checks": [silent]}
+
+            answers = await asyncio.gather(*(one(i, a) for i, a in enumerate(workers.admins)))
+        ready = all(a["ready"] for a in answers)
+        return web.json_response({"ready": ready, "workers": answers}, status=200 if ready else 503)
+
     async def fan_out(request: web.Request) -> web.Response:
         body = None
         if request.can_read_body:
@@ -394,6 +413,7 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         stats=stats,
         metrics=metrics,
         healthz=healthz,
+        readyz=readyz,
         purge=fan_out,
         filter_reset=fan_out,
         forget=forget,

@@ -1,0 +1,54 @@
+"""/healthz says the process answers; /readyz says whether it can do its whole job now, each
+check with its reason: its origins accept connections, Redis answers, its disk takes files."""
+
+import shutil
+
+from conftest import admin, base
+
+from loadgen.processes import free_port
+from proxy.config.settings import load
+from proxy.ops.service import Service
+
+
+async def _ready(client, service) -> tuple[int, dict]:
+    async with client.get(admin(service) + "/readyz") as r:
+        return r.status, await r.json()
+
+
+async def test_not_ready_while_an_origin_refuses_connections(origin, client):
+    gone = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    settings = {"server.listen": "127.0.0.1:0", "admin.listen": "127.0.0.1:0",
+                "server.access_log": False, "upstream.origin": origin.url}  # fmt: skip
+    service = await Service.start(
+        load(env={"ONEHIT_ROUTES": f"down.test={gone}"}, overrides=settings)
+    )
+    try:
+        status, answer = await _ready(client, service)
+        async with client.get(admin(service) + "/healthz") as r:
+            alive = r.status
+    finally:
+        await service.stop()
+    assert status == 503 and answer["ready"] is False
+    checks = {c["name"]: c for c in answer["checks"]}
+    assert checks["origin default"] == {"name": "origin default", "ok": True,
+                                        "reason": "accepts connections"}  # fmt: skip
+    assert not checks["origin down.test"]["ok"]
+    assert "cannot connect" in checks["origin down.test"]["reason"]
+    assert "127.0.0.1" not in str(answer)  # no address to whoever asks, without a token
+    assert alive == 200  # the process answers all the same
+
+
+async def test_ready_with_every_origin_up_and_its_disk_writable_then_not(
+    origin, start_proxy, client, tmp_path
+):
+    service = await start_proxy(disk__path=str(tmp_path / "disk"))
+    async with client.get(base(service) + "/x", headers={"Host": "example.test"}) as r:
+        assert r.status == 200
+    status, answer = await _ready(client, service)
+    assert status == 200 and answer["ready"] is True
+    assert {c["name"] for c in answer["checks"]} == {"origin default", "disk"}
+    shutil.rmtree(tmp_path / "disk")
+    status, answer = await _ready(client, service)
+    [disk] = [c for c in answer["checks"] if c["name"] == "disk"]
+    assert status == 503 and not disk["ok"] and "no file can be written" in disk["reason"]
+    assert not list(tmp_path.rglob(".onehit-ready-*"))  # the probe leaves nothing
