@@ -11,7 +11,7 @@ import mmap
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
 
@@ -61,17 +61,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(config.effective(), indent=2))
         print("onehit-proxy: configuration ok", file=sys.stderr)
         return 0
-    # Until the logs' files are open (the service's start), SIGUSR1 asks for nothing: its
-    # default would end the process.
+    # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) ask for
+    # nothing: their default would end the process.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])
+
+    def read() -> Config:
+        """The configuration from the same file, environment and flags, read again."""
+        return load(args.config, os.environ, overrides)
+
     try:
         if config.server.workers > 1 and not args.worker:
             own = list(argv if argv is not None else sys.argv[1:])
             return _run(
-                serve_workers(config, _without_workers(own), config.server.workers),
+                serve_workers(config, _without_workers(own), config.server.workers, read),
                 config.server.event_loop,
             )
         if args.parent is not None:
@@ -85,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
-                   forgets=forgets),
+                   forgets=forgets, read_config=read),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:
@@ -208,10 +214,12 @@ async def _serve(
     shared_window: mmap.mmap | None = None,
     sharing: Sharing | None = None,
     forgets: MachineForgets | None = None,
+    read_config: Callable[[], Config] | None = None,
 ) -> None:
     service = await Service.start(
-        config, reuse_port=worker, shared_window=shared_window, sharing=sharing, forgotten=forgets
-    )
+        config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
+        forgotten=forgets, read_config=read_config,
+    )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address
     admin_host, admin_port = service.admin_address
@@ -222,7 +230,7 @@ async def _serve(
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
-    await until_signalled(service.reopen_logs)
+    await until_signalled(service.reopen_logs, service.reload)
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     if forgets is not None:

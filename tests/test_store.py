@@ -126,3 +126,39 @@ def test_entries_leaving_the_store_are_freed_though_the_collector_never_sees_the
         tracemalloc.stop()
     assert len(store) == 0
     assert after < baseline + (256 << 10)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "sieve", "s3fifo", "wtinylfu"])
+def test_a_store_made_smaller_evicts_as_its_policy_does_until_the_rest_fit(eviction):
+    store = CacheStore(10_000, eviction=eviction)
+    for i in range(100):
+        store.put(entry(f"k{i}", 100))
+    before = set(store)
+    evictions = store.evictions
+    gone = store.resize(3_000)
+    assert store.bytes_used <= store.capacity_bytes == 3_000
+    assert {e.key for e in gone} == before - set(store) and len(gone) >= 1
+    assert store.evictions == evictions + len(gone)  # counted as evictions are
+    assert all(store.get(e.key) is None for e in gone)
+    assert store.resize(20_000) == []  # larger: nothing leaves, and more fits
+    for i in range(100, 250):
+        store.put(entry(f"k{i}", 100))
+    assert 3_000 < store.bytes_used <= 20_000
+
+
+def test_a_lru_store_made_smaller_keeps_the_most_recently_used():
+    store = CacheStore(1_000)
+    for k in "abcdefghij":
+        store.put(entry(k, 100))
+    store.get("a")
+    assert [e.key for e in store.resize(300)] == list("bcdefgh")
+    assert set(store) == {"i", "j", "a"}
+
+
+@pytest.mark.parametrize(("cap", "max_obj"), [(0, None), (100, 0)])
+def test_bad_new_sizes_are_refused_and_change_nothing(cap, max_obj):
+    store = CacheStore(1_000)
+    store.put(entry("a", 100))
+    with pytest.raises(ValueError):
+        store.resize(cap, max_obj)
+    assert store.capacity_bytes == 1_000 and "a" in store

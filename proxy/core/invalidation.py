@@ -62,6 +62,13 @@ class Removals:
         self.tags.forget(entries)
         self.slices.forget(entries)
 
+    def resize(self, capacity_bytes: int, max_object_bytes: int | None = None) -> int:
+        """The memory tier takes a new size (``CacheStore.resize``): what it evicts leaves
+        the indexes as every eviction does; how many entries it evicted."""
+        gone = self.store.resize(capacity_bytes, max_object_bytes)
+        self._gone(gone)
+        return len(gone)
+
     def _delete(self, key: str) -> bool:
         """Remove the entry stored under ``key`` from the store (and it from the indexes),
         and from no other tier; whether one was."""

@@ -95,6 +95,22 @@ def entry_charge(entry: Entry, overhead: int) -> int:
 EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu")
 
 
+def _checked(capacity_bytes: int, max_object_bytes: int | None, entry_overhead: int) -> int:
+    """The largest object's size (``capacity_bytes`` when None); ValueError for sizes no
+    store can have."""
+    if not isinstance(capacity_bytes, int) or capacity_bytes < 1:
+        raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
+    if not 0 <= entry_overhead < capacity_bytes:
+        raise ValueError(
+            f"entry_overhead must be >= 0 and below capacity_bytes, got {entry_overhead!r}"
+        )
+    if max_object_bytes is None:
+        max_object_bytes = capacity_bytes
+    if not isinstance(max_object_bytes, int) or max_object_bytes < 1:
+        raise ValueError(f"max_object_bytes must be a positive integer, got {max_object_bytes!r}")
+    return max_object_bytes
+
+
 class CacheStore:
     """Byte-bounded store over ``Entry`` objects with hit and dead-write accounting."""
 
@@ -105,18 +121,7 @@ class CacheStore:
         entry_overhead: int = 0,
         eviction: str = "lru",
     ) -> None:
-        if not isinstance(capacity_bytes, int) or capacity_bytes < 1:
-            raise ValueError(f"capacity_bytes must be a positive integer, got {capacity_bytes!r}")
-        if not 0 <= entry_overhead < capacity_bytes:
-            raise ValueError(
-                f"entry_overhead must be >= 0 and below capacity_bytes, got {entry_overhead!r}"
-            )
-        if max_object_bytes is None:
-            max_object_bytes = capacity_bytes
-        if not isinstance(max_object_bytes, int) or max_object_bytes < 1:
-            raise ValueError(
-                f"max_object_bytes must be a positive integer, got {max_object_bytes!r}"
-            )
+        max_object_bytes = _checked(capacity_bytes, max_object_bytes, entry_overhead)
         if eviction not in EVICTIONS:
             raise ValueError(unknown_name("eviction", eviction, EVICTIONS))
         self.capacity_bytes = capacity_bytes
@@ -127,6 +132,18 @@ class CacheStore:
             0, min(max_object_bytes, self.index.max_charge - entry_overhead)
         )
         self._entries: dict[int, Entry] = {}
+
+    def resize(self, capacity_bytes: int, max_object_bytes: int | None = None) -> list[Entry]:
+        """Take a new capacity (and largest object, as in the constructor): entries are
+        evicted, as the eviction policy evicts them, until the rest fit; returns them. An
+        entry stored under the old largest object stays until it is evicted or replaced."""
+        max_object_bytes = _checked(capacity_bytes, max_object_bytes, self.entry_overhead)
+        gone = self.index.resize(capacity_bytes)
+        self.capacity_bytes = capacity_bytes
+        self.max_object_bytes = max(
+            0, min(max_object_bytes, self.index.max_charge - self.entry_overhead)
+        )
+        return [self._entries.pop(h) for h in gone]
 
     def __len__(self) -> int:
         return len(self.index)

@@ -49,6 +49,11 @@ class Router:
     origin."""
 
     def __init__(self, config: Config) -> None:
+        self.take(config)
+
+    def take(self, config: Config) -> None:
+        """Read the routes and limits of ``config``: at the start, and again at a reload (the
+        same object, so every part holding it routes by the new ones)."""
         self.routes = config.route_table()
         cache = config.cache
         self.hidden = hidden_fields(config)

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config
+from proxy.core.admission import make_policy
 from proxy.core.cache_status import DISK, forwarded, refused
 from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
@@ -81,7 +82,6 @@ class Proxy:
         self.disk = disk
         self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
         self.router = Router(config)
-        self.routes = self.router.routes
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
         # common case: the same answer, counted the same.
@@ -95,6 +95,26 @@ class Proxy:
         self.uploads = Uploads(config, engine, upstream, self.router)
         if disk is not None:
             engine.behind = (disk,)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take ``config`` for the requests from now on: its routes and request limits, the
+        memory tier's size (shrunk by evicting) and rules, and its admission policy. The
+        caller (``proxy.ops.reload``) has checked that nothing else changed."""
+        engine, c, old = self.engine, config.cache, self.config.cache
+        if (c.size, c.max_object_size) != (old.size, old.max_object_size):
+            engine.resize(c.size, c.max_object_size)
+        engine.hit_for_miss = c.hit_for_miss
+        engine.variants.max_per_url = c.max_variants
+        engine.ignore_cookies = c.ignore_cookies
+        self.router.take(config)
+        plain = self.plain_hits
+        plain.max_url, plain.max_headers = self.router.max_url, self.router.max_headers
+        plain.query_as_sent = self.router.queries_as_sent
+        self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
+        if config.admission_config() != self.config.admission_config():
+            engine.admission = make_policy(config.admission_config(), engine.store)
+            plain.observe = engine.hit_state().observe
+        self.config = config
 
     @property
     def fast_hits(self) -> int:

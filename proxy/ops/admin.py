@@ -1,5 +1,5 @@
-"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, POST /purge and
-POST /filter/reset.
+"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, POST /purge,
+POST /filter/reset and POST /reload (the configuration read again, ``proxy.ops.reload``).
 
 /healthz (the process answers) and /readyz (its origins, Redis and disk can be used, each with
 a reason) are always open. When a token is configured every other endpoint requires
@@ -25,6 +25,7 @@ from proxy.core.stats import GAUGES, METRICS
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import readiness
+from proxy.ops.reload import NO_SOURCE, Reloaded
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -81,8 +82,18 @@ def _host_name(host: str) -> str:
     return host.partition(":")[0]
 
 
-def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
+def admin_app(
+    proxy: Proxy,
+    started: float | None = None,
+    reloader: Callable[[], Reloaded] | None = None,
+) -> web.Application:
+    """The admin API of one process; ``reloader`` reads the configuration again (``POST
+    /reload``; without one, a reload is refused)."""
     started = time.time() if started is None else started
+
+    async def reload(request: web.Request) -> web.Response:
+        done = reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)
+        return web.json_response(done.as_json(), status=409 if done.refused else 200)
 
     async def stats(request: web.Request) -> web.Response:
         engine = proxy.engine
@@ -188,6 +199,7 @@ def admin_app(proxy: Proxy, started: float | None = None) -> web.Application:
         readyz=readyz,
         purge=purge,
         filter_reset=filter_reset,
+        reload=reload,
         forget=forget if shares_tier else None,
     )
 
@@ -261,6 +273,7 @@ def admin_application(
     readyz: Handler,
     purge: Handler,
     filter_reset: Handler,
+    reload: Handler,
     forget: Handler | None = None,
 ) -> web.Application:
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
@@ -274,6 +287,7 @@ def admin_application(
     app.router.add_get("/readyz", readyz)
     app.router.add_post("/purge", purge)
     app.router.add_post("/filter/reset", filter_reset)
+    app.router.add_post("/reload", reload)
     if forget is not None:
         app.router.add_post("/forget", forget)
     return app

@@ -34,6 +34,7 @@ from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
+from proxy.ops.reload import NO_SOURCE, Reloaded, reload
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyServer
 
@@ -93,6 +94,8 @@ class Service:
     admin_runner: web.BaseRunner
     checkpoints: asyncio.Task[None] | None = None
     access_file: AccessLogFile | None = None
+    read_config: Callable[[], Config] | None = None
+    shares_admission: bool = False
 
     @classmethod
     async def start(
@@ -104,13 +107,15 @@ class Service:
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
         forgotten: Callable[[str], None] | None = None,
+        read_config: Callable[[], Config] | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
         cache tier (``proxy.ops.shared_tier``), each removal this worker makes from it told
         to ``forgotten`` (``DiskStore.forgotten``). ``clock``: the
         cache's time (seconds since the epoch), read wherever the proxy asks the time of a
-        request or response (a trace's, to replay it as the simulator does)."""
+        request or response (a trace's, to replay it as the simulator does). ``read_config``
+        reads the configuration again for a reload (SIGHUP, ``POST /reload``)."""
         require_strict_parser()
         # Whatever a failed or cancelled start opened is closed again, the disk's directory
         # given up: the caller may start again in the same process.
@@ -149,12 +154,18 @@ class Service:
                 _proxy_server(config, proxy, None if access is None else access[0]),
                 shutdown_timeout=config.server.drain_timeout,
             )
-            admin_runner = web.AppRunner(admin_app(proxy, time.time()), access_log=None)
+            holder: list[Service] = []  # the admin's reloads reach the service once it exists
+            admin_runner = web.AppRunner(
+                admin_app(proxy, time.time(), lambda: holder[0].reload()), access_log=None
+            )
             undo.push_async_callback(proxy_runner.cleanup)
             await proxy_runner.setup()
             undo.push_async_callback(admin_runner.cleanup)
             await admin_runner.setup()
             service = cls(config, proxy, proxy_runner, admin_runner)
+            holder.append(service)
+            service.read_config = read_config
+            service.shares_admission = shared_window is not None
             service.access_file = None if access is None else access[1]
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
@@ -192,6 +203,15 @@ class Service:
             await self.proxy.shared.remote.client.aclose()
         if self.access_file is not None:
             self.access_file.close()
+
+    def reload(self) -> Reloaded:
+        """Read the configuration again and take what changed (``proxy.ops.reload``)."""
+        if self.read_config is None:
+            return Reloaded(refused=NO_SOURCE)
+        done = reload(self.proxy, self.read_config, shares_admission=self.shares_admission)
+        if not done.refused:
+            self.config = self.proxy.config
+        return done
 
     def reopen_logs(self) -> None:
         """Open the access log's file again, where logrotate left a new one (SIGUSR1)."""
@@ -232,14 +252,18 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
         disk.checkpoint()
 
 
-async def until_signalled(reopen: Callable[[], None] | None = None) -> None:
+async def until_signalled(
+    reopen: Callable[[], object] | None = None, reload: Callable[[], object] | None = None
+) -> None:
     """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
     while the caller drains); until then SIGUSR1 calls ``reopen`` (the logs' files opened
-    again)."""
+    again) and SIGHUP ``reload`` (the configuration read again)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if reopen is not None:
         loop.add_signal_handler(signal.SIGUSR1, reopen)
+    if reload is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload)
     await stop.wait()

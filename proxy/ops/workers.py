@@ -26,7 +26,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -44,6 +44,7 @@ from proxy.ops.admin import (
     metrics_response,
     prometheus_text,
 )
+from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier
 
@@ -55,9 +56,16 @@ BATCH_BYTES = 256 << 10
 READY = "onehit-worker-admin "
 
 
-async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
+async def serve_workers(
+    config: Config,
+    argv: Sequence[str],
+    count: int,
+    read_config: Callable[[], Config] | None = None,
+) -> int:
     """Run ``count`` workers with ``argv`` (the parent's own flags) until a signal, replacing
-    any that dies; the exit status is 0 when every worker drained cleanly."""
+    any that dies; the exit status is 0 when every worker drained cleanly. A reload (SIGHUP,
+    ``POST /reload``) reads the configuration again (``read_config``) and, when every worker
+    may take it, has each one reload."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
     # The tier first: a disk directory it refuses stops the start before a worker runs.
@@ -66,7 +74,8 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
     workers = Workers([*argv, "--parent-admin", _reachable(config.admin.listen)], window, tier)
-    runner = web.AppRunner(fleet_admin(config, workers), access_log=None)
+    reloads = Reloads(config, read_config, workers)
+    runner = web.AppRunner(fleet_admin(config, workers, reloads), access_log=None)
     supervising: asyncio.Future[None] | None = None
     checkpoints: asyncio.Future[None] | None = None
     codes: list[int] = []
@@ -80,7 +89,7 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
             checkpoints = asyncio.ensure_future(
                 checkpoint_every(tier.store, config.disk.checkpoint_interval)
             )
-        await until_signalled(workers.reopen_logs)
+        await until_signalled(workers.reopen_logs, reloads.on_signal)
     finally:
         # However the parent leaves (a signal, an admin address it cannot bind), its workers
         # drain first; one being started as it leaves is killed by its start.
@@ -94,6 +103,29 @@ async def serve_workers(config: Config, argv: Sequence[str], count: int) -> int:
             os.close(window)
         tier.close()
     return 0 if all(code == 0 for code in codes) else 1
+
+
+class Reloads:
+    """A --workers parent's reloads: the configuration read again and judged here (a change
+    only a restart can make, sizes included, since the parent divides them among the
+    workers, is refused for all); then each worker reloads."""
+
+    def __init__(self, config: Config, read: Callable[[], Config] | None, workers: Workers) -> None:
+        self.config = config
+        self.read = read
+        self.workers = workers
+
+    def judge(self) -> Reloaded:
+        if self.read is None:
+            return Reloaded(refused=NO_SOURCE)
+        new, done = judge(self.config, self.read, LIVE - SIZES)
+        if new is not None:
+            self.config = new
+        return done
+
+    def on_signal(self) -> None:
+        if not self.judge().refused:
+            self.workers.signal(signal.SIGHUP)
 
 
 class Workers:
@@ -182,9 +214,13 @@ class Workers:
 
     def reopen_logs(self) -> None:
         """Have every worker open its logs' files again (SIGUSR1, passed on)."""
+        self.signal(signal.SIGUSR1)
+
+    def signal(self, number: int) -> None:
+        """Send every live worker the signal ``number``."""
         for process in self.processes:
             if process.returncode is None:
-                process.send_signal(signal.SIGUSR1)
+                process.send_signal(number)
 
     async def stop(self) -> list[int]:
         """Drain every worker (SIGTERM) and their exit statuses."""
@@ -282,7 +318,7 @@ def die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def fleet_admin(config: Config, workers: Workers) -> web.Application:
+def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Application:
     """The parent's admin app: every call is fanned out to the workers' own admin listeners.
     A worker being replaced, or not answering, is left out and said so (``missing``): its
     memory is empty or gone, so a purge has nothing to remove there, and the bans the others
@@ -398,6 +434,16 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         removed = sum(a.get("removed", 0) for a in answers)
         return web.json_response({"workers": answers, "removed": removed, "missing": missing})
 
+    async def reload(request: web.Request) -> web.Response:
+        done = reloads.judge()
+        if done.refused:
+            return web.json_response(done.as_json(), status=409)
+        try:
+            answers, missing = await each("POST", "/reload", {})
+        except Refused as refused:  # a worker refused what the parent took
+            return web.json_response(refused.answer, status=refused.status)
+        return web.json_response({**done.as_json(), "workers": answers, "missing": missing})
+
     async def forget(request: web.Request) -> web.Response:
         named = await forgotten_keys_of(request)
         if named is None:
@@ -416,5 +462,6 @@ def fleet_admin(config: Config, workers: Workers) -> web.Application:
         readyz=readyz,
         purge=fan_out,
         filter_reset=fan_out,
+        reload=reload,
         forget=forget,
     )

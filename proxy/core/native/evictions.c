@@ -73,11 +73,15 @@ static const Eviction SIEVE = {
 
 /* s3fifo */
 
-static int s3fifo_init(IndexObject *x) {
+static void s3fifo_sizes(IndexObject *x) {
     /* libCacheSim's sizing: (int64_t)(size * ratio) */
     x->small_capacity = (long long)((double)x->capacity * 0.1);
     x->ghost_capacity = (long long)((double)x->capacity * 0.9);
     x->max_charge = x->small_capacity;
+}
+
+static int s3fifo_init(IndexObject *x) {
+    s3fifo_sizes(x);
     return 0;
 }
 
@@ -145,6 +149,7 @@ static int32_t s3fifo_victim(const IndexObject *x) {
 static const Eviction S3FIFO = {
     .name = "s3fifo",
     .init = s3fifo_init,
+    .sizes = s3fifo_sizes,
     .entry_queue = Q_SMALL,
     .touch = s3fifo_touch,
     .evict = s3fifo_evict,
@@ -153,9 +158,13 @@ static const Eviction S3FIFO = {
 
 /* wtinylfu */
 
-static int wtinylfu_init(IndexObject *x) {
+static void wtinylfu_sizes(IndexObject *x) {
     x->small_capacity = x->capacity / 100;  /* Caffeine's window: 1% */
     x->protected_capacity = (x->capacity - x->small_capacity) / 5 * 4;
+}
+
+static int wtinylfu_init(IndexObject *x) {
+    wtinylfu_sizes(x);
     return sketch_init(&x->sketch, 1024, 15, 10);
 }
 
@@ -235,6 +244,7 @@ static int32_t wtinylfu_victim(const IndexObject *x) {
 static const Eviction WTINYLFU = {
     .name = "wtinylfu",
     .init = wtinylfu_init,
+    .sizes = wtinylfu_sizes,
     .entry_queue = Q_SMALL,
     .touch = wtinylfu_touch,
     .settle = wtinylfu_settle,

@@ -252,6 +252,40 @@ static PyObject *Index_put(IndexObject *self, PyObject *const *args, Py_ssize_t 
     return evicted;
 }
 
+/* resize(capacity): the capacity changes; entries are evicted, as the policy evicts (counted
+ * as evictions), until what the index holds fits. Returns their keys, in eviction order. */
+static PyObject *Index_resize(IndexObject *self, PyObject *arg) {
+    long long capacity = PyLong_AsLongLong(arg);
+    if (capacity == -1 && PyErr_Occurred()) return NULL;
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity_bytes must be positive, got %lld", capacity);
+        return NULL;
+    }
+    PyObject *evicted = PyList_New(0);
+    if (evicted == NULL) return NULL;
+    const Eviction *ev = self->ev;
+    self->capacity = capacity;
+    self->max_charge = capacity;
+    if (ev->sizes != NULL) ev->sizes(self);
+    while (self->used > self->capacity && self->count > 0) {
+        self->has_evicted = 1;
+        int done;
+        if (ev->evict != NULL) {
+            done = ev->evict(self, evicted);
+        } else {
+            /* A policy that makes room after an insert: its next victim goes now. */
+            int32_t i = ev->victim(self);
+            if (i < 0) break;
+            done = index_evict_node(self, i, evicted);
+        }
+        if (done < 0) {
+            Py_DECREF(evicted);
+            return NULL;
+        }
+    }
+    return evicted;
+}
+
 static PyObject *Index_delete(IndexObject *self, PyObject *arg) {
     uint64_t key;
     if (parse_key(arg, &key) < 0) return NULL;
@@ -288,6 +322,8 @@ static PyMethodDef Index_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Index_put, METH_FASTCALL,
      "put(key, size, charge, hits): store key, replacing it; returns the keys evicted."},
     {"delete", (PyCFunction)Index_delete, METH_O, "Remove key (not an eviction)."},
+    {"resize", (PyCFunction)Index_resize, METH_O,
+     "Change the capacity; evict until the entries fit. The keys evicted."},
     {"estimated_capacity_objects", (PyCFunction)Index_estimated_capacity_objects, METH_NOARGS,
      "Objects of the resident mean charge the index holds when full (0 when empty)."},
     {NULL},

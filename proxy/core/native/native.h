@@ -231,6 +231,9 @@ typedef struct {
     const char *name;
     /* Sets the queue sizes and state the policy keeps; -1 with an exception set. */
     int (*init)(IndexObject *x);
+    /* Sets the queue sizes the policy derives from the capacity, after it changed (NULL:
+     * none). */
+    void (*sizes)(IndexObject *x);
     /* The queue a new key enters. */
     int entry_queue;
     /* A hit's effect on the order of resident node i. */

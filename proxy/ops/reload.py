@@ -1,0 +1,121 @@
+"""A configuration read again while serving (SIGHUP, ``POST /reload``): taken by the requests
+that start after it, with no connection dropped and nothing cached lost but what a smaller
+memory tier evicts.
+
+What a reload may change (``LIVE``): the routes and the default origin, the request limits
+and the fields passed to origins, the memory tier's size (shrunk by evicting, as its policy
+evicts) and largest object, ``hit_for_miss``, ``max_variants``, ``ignore_cookies`` and the
+cache key's query, and the admission policy of one process (its window starts afresh: every
+URL is a first sighting again). Anything else (the listeners, the disk tier, the workers, a
+shared admission filter, the origin client's limits, the logs) takes a restart: a reload
+that changes it is refused, naming the keys, and so is one whose configuration does not load;
+either way the running configuration stays, whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, fields, is_dataclass
+
+from proxy.config.settings import Config, ConfigError
+from proxy.handler.server import Proxy
+from proxy.ops import preflight
+
+log = logging.getLogger("onehit")
+
+# section.key names a reload takes on; "routes" is the whole route table.
+LIVE = frozenset(
+    {
+        "routes",
+        "upstream.origin",
+        "server.max_url_length",
+        "server.max_header_size",
+        "server.forward_headers",
+        "server.deny_headers",
+        "cache.size",
+        "cache.max_object_size",
+        "cache.hit_for_miss",
+        "cache.max_variants",
+        "cache.ignore_cookies",
+        "cache.key_query",
+        "cache.key_query_sort",
+    }
+)
+# What each worker of a --workers parent is given by the parent (its share of the memory
+# tier): they take a restart there.
+SIZES = frozenset({"cache.size", "cache.max_object_size"})
+# The admission policy of one process, whose window is its own.
+LIVE_ADMISSION = frozenset(
+    f"admission.{key}"
+    for key in ("policy", "window", "expected_urls", "fp_rate", "generations", "max_window",
+                "auto_scale")
+)  # fmt: skip
+
+
+# Why a process started from a configuration in hand (a test's, an embedding program's) cannot
+# reload: it has nothing to read again.
+NO_SOURCE = "this process was given its configuration, and has none to read again"
+
+
+@dataclass(frozen=True)
+class Reloaded:
+    """What a reload did: the keys it changed, or why it changed nothing (``refused``)."""
+
+    changed: tuple[str, ...] = ()
+    refused: str = ""
+
+    def as_json(self) -> dict[str, object]:
+        if self.refused:
+            return {"reloaded": False, "error": self.refused}
+        return {"reloaded": True, "changed": list(self.changed)}
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    """The section.key names whose values differ ("routes" for the route table), secrets
+    compared too."""
+    keys = []
+    for section in fields(Config):
+        a, b = getattr(old, section.name), getattr(new, section.name)
+        if not is_dataclass(a):
+            keys += [section.name] if a != b else []
+            continue
+        keys += [f"{section.name}.{f.name}" for f in fields(a)
+                 if getattr(a, f.name) != getattr(b, f.name)]  # fmt: skip
+    return keys
+
+
+def reload(proxy: Proxy, read: Callable[[], Config], *, shares_admission: bool) -> Reloaded:
+    """Read the configuration again (``read``) and give ``proxy`` what changed, or nothing:
+    ``shares_admission``, the admission window is shared with other processes (then it takes
+    a restart too)."""
+    live = LIVE if shares_admission else LIVE | LIVE_ADMISSION
+    new, done = judge(proxy.config, read, live)
+    if new is not None:
+        proxy.reconfigure(new)
+        log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
+    return done
+
+
+def judge(
+    old: Config, read: Callable[[], Config], live: frozenset[str]
+) -> tuple[Config | None, Reloaded]:
+    """The configuration ``read`` gives, when it loads and changes only ``live`` keys of
+    ``old`` (with what changed); else None, and why (logged)."""
+    try:
+        new = read()
+        preflight.check(new)
+    except ConfigError as exc:
+        return None, _refused(str(exc))
+    if new.admission.backend != "memory":
+        live -= LIVE_ADMISSION
+    keys = changed_keys(old, new)
+    restart = [k for k in keys if k not in live]
+    if restart:
+        return None, _refused(f"{', '.join(restart)} changed, which takes a restart")
+    return new, Reloaded(tuple(keys))
+
+
+def _refused(why: str) -> Reloaded:
+    log.error("reload refused, the running configuration stays: %s", why)
+    return Reloaded(refused=why)

@@ -1,0 +1,180 @@
+"""A configuration read again while serving (SIGHUP, POST /reload): what may change takes effect
+for the next requests, with no request failed and no cached object lost but what a smaller
+memory tier evicts; what cannot change, or does not load, changes nothing."""
+
+import asyncio
+import signal
+
+import aiohttp
+import pytest
+from conftest import admin, base, served, until
+
+from proxy.config.settings import load
+from proxy.ops.service import Service
+
+HOST = {"Host": "example.test"}
+
+
+def _write(path, size="1MiB", hit_for_miss="5s", routes="", policy="second-hit", extra=""):
+    path.write_text(
+        f'[cache]\nsize = "{size}"\nhit_for_miss = "{hit_for_miss}"\n'
+        f'[admission]\npolicy = "{policy}"\n{extra}{routes}'
+    )
+
+
+@pytest.fixture
+async def reloadable(origin, tmp_path):
+    """A proxy started from a file it reads again on a reload; (the service, the file)."""
+    path = tmp_path / "proxy.toml"
+    _write(path)
+    flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
+             "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
+
+    def read():
+        return load(path, env={}, overrides=flags)
+
+    service = await Service.start(read(), read_config=read)
+    yield service, path
+    await service.stop()
+
+
+async def _reload(client, service) -> tuple[int, dict]:
+    async with client.post(admin(service) + "/reload", json={}) as r:
+        return r.status, await r.json()
+
+
+async def _get(client, service, path: str, host: str = "example.test") -> tuple[int, str]:
+    async with client.get(base(service) + path, headers={"Host": host}) as r:
+        await r.read()
+        return r.status, r.headers.get("X-Cache", "")
+
+
+async def test_a_smaller_memory_tier_evicts_to_its_new_size_and_keeps_the_rest(
+    origin, reloadable, client
+):
+    service, path = reloadable
+    origin.set("/big", body=b"x" * 20_000)
+    for i in range(40):
+        origin.set(f"/o{i}", body=b"y" * 20_000)
+        for _ in range(2):
+            await _get(client, service, f"/o{i}")
+    store = service.proxy.engine.store
+    assert len(store) == 40 and store.bytes_used > 512 * 1024
+    _write(path, size="256KiB")
+    status, answer = await _reload(client, service)
+    # The largest object follows the size unless set: both change.
+    assert (status, answer) == (
+        200,
+        {"reloaded": True, "changed": ["cache.size", "cache.max_object_size"]},
+    )
+    assert store.capacity_bytes == 256 * 1024 and store.bytes_used <= 256 * 1024
+    kept = [key.rsplit("/", 1)[1] for key in store]
+    assert 0 < len(kept) < 40
+    for name in kept:  # what was not evicted is still answered from memory
+        assert await _get(client, service, f"/{name}") == (200, "HIT")
+    assert service.config.cache.size == 256 * 1024
+
+
+async def test_a_new_route_and_admission_take_effect_for_the_next_request(
+    origin, raw_origin, reloadable, client
+):
+    service, path = reloadable
+
+    async def other(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nother")
+        await writer.drain()
+        writer.close()
+
+    elsewhere = await raw_origin(other)
+
+    async def body(host: str) -> bytes:
+        async with client.get(base(service) + "/r", headers={"Host": host}) as r:
+            return await r.read()
+
+    assert await body("new.example") != b"other"  # the default origin's, before
+    routes = f'[[routes]]\nhost = "new.example"\norigin = "{elsewhere}"\n'
+    _write(path, routes=routes, policy="always")
+    status, answer = await _reload(client, service)
+    assert status == 200 and set(answer["changed"]) >= {"routes", "admission.policy"}
+    assert await body("new.example") == b"other"
+    assert (await _get(client, service, "/once"))[0] == 200  # stored on its first request
+    assert await _get(client, service, "/once") == (200, "HIT")
+
+
+async def test_a_configuration_that_does_not_load_or_needs_a_restart_changes_nothing(
+    origin, reloadable, client, caplog
+):
+    service, path = reloadable
+    for _ in range(2):
+        await _get(client, service, "/kept")
+    path.write_text('[cache]\nsize = "lots"\n')
+    status, answer = await _reload(client, service)
+    assert status == 409 and answer["reloaded"] is False and "[cache] size" in answer["error"]
+    _write(path, extra='[disk]\npath = "/tmp/elsewhere"\n')
+    status, answer = await _reload(client, service)
+    assert status == 409 and answer["error"] == ("disk.path changed, which takes a restart")
+    assert service.proxy.engine.store.capacity_bytes == 1 << 20  # the running one stays
+    assert await _get(client, service, "/kept") == (200, "HIT")
+    refusals = [r for r in caplog.records if "reload refused" in r.getMessage()]
+    assert len(refusals) == 2
+
+
+async def test_a_process_given_its_configuration_refuses_a_reload(start_proxy, client):
+    service = await start_proxy()
+    status, answer = await _reload(client, service)
+    assert status == 409 and "none to read again" in answer["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_reloads_under_load_lose_no_request_and_no_cached_object(origin, tmp_path, workers):
+    """Clients keep asking for stored objects and new ones through three SIGHUPs (each
+    changing what a reload may change); every request is answered 200, and every object
+    stored before is still a hit after."""
+    path = tmp_path / "proxy.toml"
+    _write(path, size="8MiB")
+    for i in range(50):
+        origin.set(f"/s{i}", body=b"s" * 2000)
+    args = ("--config", str(path), "--origin", origin.url, "--set", "server.access_log=false",
+            "--workers", str(workers))  # fmt: skip
+    async with served(*args) as (process, url, admin_url):
+        connector = aiohttp.TCPConnector(force_close=workers > 1)  # spread over workers
+        async with aiohttp.ClientSession(connector=connector) as client:
+
+            async def get(p: str) -> tuple[int, str]:
+                async with client.get(url + p) as r:
+                    await r.read()
+                    return r.status, r.headers.get("X-Cache", "")
+
+            for i in range(50):
+                while (await get(f"/s{i}"))[1] != "HIT":
+                    pass
+            statuses: list[int] = []
+            going = True
+
+            async def load_one(n: int) -> None:
+                i = 0
+                while going:
+                    statuses.append((await get(f"/s{i % 50}"))[0])
+                    statuses.append((await get(f"/new{n}-{i}"))[0])
+                    i += 1
+
+            clients = [asyncio.ensure_future(load_one(n)) for n in range(4)]
+            for hit_for_miss in ("1s", "2s", "3s"):
+                _write(path, size="8MiB", hit_for_miss=hit_for_miss)
+                process.send_signal(signal.SIGHUP)
+                before = len(statuses)
+                await until(lambda before=before: len(statuses) >= before + 100)
+            going = False
+            await asyncio.gather(*clients)
+            assert len(statuses) > 100 and set(statuses) == {200}
+            assert [await get(f"/s{i}") for i in range(50)] == [(200, "HIT")] * 50
+            async with client.post(admin_url + "/reload", json={}) as r:
+                answer = await r.json()
+            # Nothing left to change: every process took the last SIGHUP's hit_for_miss.
+            assert r.status == 200 and answer["reloaded"] is True and answer["changed"] == []
+            if workers > 1:
+                assert [w["changed"] for w in answer["workers"]] == [[]] * workers
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
