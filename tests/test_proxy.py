@@ -602,7 +602,7 @@ async def test_origin_refusing_connections_gives_502_and_the_proxy_keeps_serving
     status, _, body = await fetch(client, url)
     assert status == 502 and b"unreachable" in body
     await origin.start()  # a new port: point the proxy at it
-    proxy.proxy.routes[""] = origin.url
+    proxy.proxy.router.routes[""] = origin.url
     status, _, _ = await fetch(client, url)
     assert status == 200
 
