@@ -46,6 +46,10 @@ class ServerSection:
     workers: int = values.setting(
         1, values.workers, "processes serving the port as one cache, or auto: one per core"
     )
+    tls_cert: str = values.setting(
+        "", values.string, "PEM certificate chain: the listener speaks TLS (with tls_key)"
+    )
+    tls_key: str = values.setting("", values.string, "PEM private key of tls_cert")
     drain_timeout: float = values.setting(
         10.0, values.duration, "on SIGTERM, how long requests may finish"
     )
@@ -509,6 +513,10 @@ def _route(table: Any, source: str) -> Route:
 
 
 def _check_whole(config: Config) -> None:
+    if bool(config.server.tls_cert) != bool(config.server.tls_key):
+        raise ConfigError(
+            "[server] tls_cert and tls_key go together: set both (TLS on the listener), or neither"
+        )
     disk = config.disk
     if disk.path and disk.size < 2 * disk.region_size:
         raise ConfigError(

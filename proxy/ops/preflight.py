@@ -1,5 +1,6 @@
 """What a configuration needs of the machine, checked before anything starts and by
-``--check-config``, changing nothing: the files and directories it names can be used. Each
+``--check-config``, changing nothing: the files and directories it names can be used (the disk
+tier's directory, the access log, the TLS certificate and key). Each
 problem is one line naming its key (``ConfigError``)."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from proxy.config.settings import Config, ConfigError
 from proxy.disk.directory import DiskDirectoryError, usable
+from proxy.ops import tls
 
 
 def check(config: Config) -> None:
@@ -15,6 +17,7 @@ def check(config: Config) -> None:
     log = config.server.access_log_file
     if config.server.access_log and log:
         _appendable(Path(log))
+    tls.server_context(config.server)  # the certificate and key load
     if config.disk.path:
         try:
             usable(Path(config.disk.path))

@@ -35,6 +35,7 @@ from proxy.handler.server import Proxy
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.reload import NO_SOURCE, Reloaded, reload
+from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyServer
 
@@ -173,8 +174,9 @@ class Service:
                 )
                 undo.callback(service.checkpoints.cancel)
             await web.TCPSite(
-                proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port
-            ).start()
+                proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port,
+                ssl_context=server_context(config.server),
+            ).start()  # fmt: skip
             await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service

@@ -1,0 +1,91 @@
+"""TLS on the listener: hits answered on the compiled path over it, HTTP/1.1 by ALPN, and a
+certificate that cannot be used refused before the start, in one line."""
+
+import asyncio
+import ssl
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+import trustme
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def certificate(authority, tmp_path) -> tuple[str, str]:
+    issued = authority.issue_cert("127.0.0.1", "localhost")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    for pem in issued.cert_chain_pems[1:]:
+        pem.write_to_path(str(cert), append=True)
+    issued.private_key_pem.write_to_path(str(key))
+    return str(cert), str(key)
+
+
+def _client_context(authority, alpn=("http/1.1",)) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    authority.configure_trust(context)
+    context.set_alpn_protocols(list(alpn))
+    return context
+
+
+async def test_hits_are_answered_over_tls_on_the_compiled_path(
+    origin, start_proxy, authority, certificate
+):
+    origin.set("/t", body=b"secret" * 100)
+    cert, key = certificate
+    service = await start_proxy(server__tls_cert=cert, server__tls_key=key)
+    host, port = service.proxy_address
+    connector = aiohttp.TCPConnector(ssl=_client_context(authority))
+    async with aiohttp.ClientSession(connector=connector) as client:
+        answers = []
+        for _ in range(4):
+            async with client.get(f"https://{host}:{port}/t",
+                                  headers={"Host": "example.test"}) as r:  # fmt: skip
+                answers.append((r.status, await r.read(), r.headers["X-Cache"]))
+    assert [a[:2] for a in answers] == [(200, b"secret" * 100)] * 4
+    assert [a[2] for a in answers][2:] == ["HIT", "HIT"]
+    assert service.proxy.fast_hits >= 1  # the compiled path answered over TLS
+
+
+async def test_alpn_chooses_http_1_1_and_plain_http_is_not_served(
+    origin, start_proxy, authority, certificate
+):
+    cert, key = certificate
+    service = await start_proxy(server__tls_cert=cert, server__tls_key=key)
+    host, port = service.proxy_address
+    for offered, chosen in ((("h2", "http/1.1"), "http/1.1"), (("h2",), None)):
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=_client_context(authority, offered), server_hostname="127.0.0.1"
+        )
+        assert writer.get_extra_info("ssl_object").selected_alpn_protocol() == chosen
+        writer.close()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /t HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 5)
+    assert not answer.startswith(b"HTTP/1.1 200")  # no plaintext answer on a TLS port
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (("server.tls_cert=/nowhere/cert.pem", "server.tls_key=/nowhere/key.pem"),
+         "[server] tls_cert '/nowhere/cert.pem' and tls_key '/nowhere/key.pem' cannot be used"),
+        (("server.tls_cert=/nowhere/cert.pem",), "[server] tls_cert and tls_key go together"),
+    ],
+)  # fmt: skip
+def test_a_certificate_that_cannot_be_used_is_refused_in_one_line(settings, message):
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    out = subprocess.run(
+        [sys.executable, "-m", "proxy", "--check-config", "--origin", "http://127.0.0.1:1",
+         *sets],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
