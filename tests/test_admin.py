@@ -46,7 +46,7 @@ async def test_purge_by_prefix_and_filter_reset(start_proxy, client, origin):
             async with client.get(base(proxy) + path) as r:
                 await r.read()
     async with client.post(admin(proxy) + "/purge", json={"prefix": base(proxy) + "/img/"}) as r:
-        assert (await r.json()) == {"removed": 2}
+        assert (await r.json()) == {"removed": 2, "prefix": base(proxy) + "/img/"}
     async with client.post(admin(proxy) + "/purge", json={}) as r:
         assert r.status == 400
     async with client.post(admin(proxy) + "/filter/reset", json={}) as r:

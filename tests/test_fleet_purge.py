@@ -32,7 +32,7 @@ async def test_a_purge_asked_of_one_instance_reaches_all_three(redis_server, ori
             seen = [await get(proxy, path) for _ in range(3)]  # stored on its second sighting
             assert seen[-1] == "HIT"
     answer = await admin_purge(proxies[0], {"prefix": "http://cdn.example/a/"})
-    assert answer == {"removed": 2, "fleet": 2}
+    assert answer == {"removed": 2, "prefix": "http://cdn.example/a/", "fleet": 2}
     answer = await admin_purge(proxies[1], {"tags": ["tb"], "soft": True})
     assert answer == {"stale": 1, "fleet": 2}
     for _ in range(50):  # the others apply it as it arrives
@@ -51,7 +51,7 @@ async def test_a_purge_is_answered_when_the_fleet_cannot_be_told(redis_server, s
     await asyncio.wait_for(proxy.proxy.fleet.subscribed.wait(), 5)
     redis_server.stop()
     answer = await admin_purge(proxy, {"url": "http://cdn.example/x"})
-    assert answer == {"removed": 0, "fleet": None}
+    assert answer == {"removed": 0, "key": "http://cdn.example/x", "fleet": None}
 
 
 async def test_hostile_messages_on_the_purge_channel_neither_stop_it_nor_flood_the_log(

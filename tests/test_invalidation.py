@@ -186,7 +186,7 @@ async def test_a_purge_the_device_keeps_answers_durable(origin, start_proxy, tmp
     for _ in range(2):  # the second sighting is stored in memory
         assert (await get(first, "/x"))[0] == 200
     answer = await admin_purge(first, {"prefix": "http://example.test/"})
-    assert answer == {"removed": 1}
+    assert answer == {"removed": 1, "prefix": "http://example.test/"}
     assert (tmp_path / "bans.json").exists()
 
 

@@ -231,7 +231,7 @@ async def test_purge_removes_the_entry(origin, start_proxy, client):
     url = base(proxy) + "/gone"
     await fetch(client, url)
     async with client.post(admin(proxy) + "/purge", json={"url": url}) as r:
-        assert r.status == 200 and (await r.json()) == {"removed": 1}
+        assert r.status == 200 and (await r.json()) == {"removed": 1, "key": url}
     _, headers, _ = await fetch(client, url)
     assert headers["X-Cache"] == "MISS" and origin.hits["/gone"] == 2
 

@@ -50,6 +50,9 @@ class ServerSection:
         "", values.string, "PEM certificate chain: the listener speaks TLS (with tls_key)"
     )
     tls_key: str = values.setting("", values.string, "PEM private key of tls_cert")
+    purge_from: tuple[str, ...] = values.setting(
+        (), values.networks, "addresses a PURGE on the data port is taken from (empty: none)"
+    )
     drain_timeout: float = values.setting(
         10.0, values.duration, "on SIGTERM, how long requests may finish"
     )

@@ -5,6 +5,7 @@ naming the key and where the value came from.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import field
@@ -138,6 +139,18 @@ def header_names(value: Any) -> tuple[str, ...]:
     if any(not n.replace("-", "").isalnum() for n in cleaned):
         raise ValueError("expected header names made of letters, digits and '-'")
     return cleaned
+
+
+def networks(value: Any) -> tuple[str, ...]:
+    """A TOML list of addresses or networks (``127.0.0.1``, ``10.0.0.0/8``, ``::1``), or one
+    comma-separated string; empty: none. Each kept as its network's text."""
+    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+        raise ValueError('expected a list of addresses or networks, like ["127.0.0.1", "::1"]')
+    try:
+        return tuple(str(ipaddress.ip_network(v.strip(), strict=False)) for v in items)
+    except ValueError as exc:
+        raise ValueError(f"expected addresses or networks: {exc}") from None
 
 
 def forward_names(value: Any) -> tuple[str, ...]:

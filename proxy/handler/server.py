@@ -53,6 +53,7 @@ from proxy.handler.answers import plain
 from proxy.handler.fetch import Fetcher
 from proxy.handler.hits import HitAnswers
 from proxy.handler.pending import PendingMiss, raising
+from proxy.handler.purging import Purges
 from proxy.handler.revalidation import Revalidation
 from proxy.handler.routing import Router
 from proxy.handler.slicing import Slicer
@@ -93,6 +94,7 @@ class Proxy:
         size = config.cache.slice_size
         self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
+        self.purges = Purges(config.server.purge_from)
         if disk is not None:
             engine.behind = (disk,)
 
@@ -107,6 +109,7 @@ class Proxy:
         engine.variants.max_per_url = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)
+        self.purges = Purges(config.server.purge_from)
         plain = self.plain_hits
         plain.max_url, plain.max_headers = self.router.max_url, self.router.max_headers
         plain.query_as_sent = self.router.queries_as_sent
@@ -152,6 +155,8 @@ class Proxy:
         if type(routed) is not tuple:
             return routed
         meta, url = routed
+        if self.purges.takes(request.method):
+            return await self.purges.answer(request, meta, self.engine, self.clock, self.fleet)
         if request.body_exists and request.method in ("GET", "HEAD"):
             # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
             # keys on none: the request goes to the origin whole, past the cache. Sent without

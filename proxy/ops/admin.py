@@ -174,6 +174,8 @@ def admin_app(
         kind, value = selector
         soft = params.get("soft") in (True, "true", "1")
         answer: dict[str, object] = apply_purge(proxy, kind, value, soft)
+        if kind != "tags":  # the key it used, as the cache keys it (Host as clients send it)
+            answer[kind if kind == "prefix" else "key"] = value
         if proxy.fleet is not None:
             purge = {"kind": kind, "value": value, "soft": soft}
             answer["fleet"] = await proxy.fleet.publish(purge)

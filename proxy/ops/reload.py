@@ -33,6 +33,7 @@ LIVE = frozenset(
         "server.max_header_size",
         "server.forward_headers",
         "server.deny_headers",
+        "server.purge_from",
         "cache.size",
         "cache.max_object_size",
         "cache.hit_for_miss",

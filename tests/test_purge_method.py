@@ -1,0 +1,57 @@
+"""PURGE on the data port, as Varnish users send it: from the addresses ``[server] purge_from``
+lists, it removes what a GET of the URL is answered from, keyed as that GET is keyed; from any
+other address it is refused and never reaches the origin; while it is off, it passes through."""
+
+from conftest import admin, base
+
+
+async def _send(client, service, method: str, path: str, host: str = "example.test"):
+    async with client.request(method, base(service) + path, headers={"Host": host}) as r:
+        body = await r.read()
+        return r.status, r.headers.get("X-Cache", ""), body
+
+
+async def test_a_purge_from_an_allowed_address_removes_the_stored_response(
+    origin, start_proxy, client
+):
+    service = await start_proxy(server__purge_from=["127.0.0.1"], cache__key_query_sort=True)
+    for _ in range(2):
+        await _send(client, service, "GET", "/a?y=2&x=1")
+    assert (await _send(client, service, "GET", "/a?x=1&y=2"))[1] == "HIT"
+    status, _, body = await _send(client, service, "PURGE", "/a?y=2&x=1", host="EXAMPLE.test")
+    assert status == 200
+    assert body == b'{"removed": 1, "key": "http://example.test/a?x=1&y=2"}'
+    assert (await _send(client, service, "GET", "/a?x=1&y=2"))[1] != "HIT"
+    assert sum(n for p, n in origin.hits.items() if p.startswith("/a")) == 3  # no PURGE
+
+
+async def test_a_purge_from_another_address_is_refused_and_never_reaches_the_origin(
+    origin, start_proxy, client
+):
+    service = await start_proxy(server__purge_from=["10.0.0.0/8"])
+    for _ in range(2):
+        await _send(client, service, "GET", "/b")
+    status, _, _ = await _send(client, service, "PURGE", "/b")
+    assert status == 405
+    assert (await _send(client, service, "GET", "/b"))[1] == "HIT"
+    assert origin.hits["/b"] == 2  # the two GETs that stored it
+
+
+async def test_while_purge_from_is_empty_purge_passes_to_the_origin(origin, start_proxy, client):
+    service = await start_proxy()
+    status, _, _ = await _send(client, service, "PURGE", "/c")
+    assert status == 200 and origin.hits["/c"] == 1
+
+
+async def test_the_admin_purge_answer_names_the_key_it_used(origin, start_proxy, client):
+    service = await start_proxy()
+    port = service.proxy_address[1]
+    for _ in range(2):
+        await _send(client, service, "GET", "/d", host=f"localhost:{port}")
+    async with client.post(admin(service) + "/purge",
+                           json={"url": f"http://127.0.0.1:{port}/d"}) as r:  # fmt: skip
+        answer = await r.json()
+    assert answer == {"removed": 0, "key": f"http://127.0.0.1:{port}/d"}  # not how it was keyed
+    async with client.post(admin(service) + "/purge",
+                           json={"url": f"http://localhost:{port}/d"}) as r:  # fmt: skip
+        assert await r.json() == {"removed": 1, "key": f"http://localhost:{port}/d"}
