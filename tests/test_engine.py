@@ -172,9 +172,9 @@ def test_rfc9111_4_1_vary_stores_one_variant_per_selecting_header_value():
 
 def test_second_hit_counts_a_url_not_its_variants():
     e = engine()
-    vary = ("Vary", "Accept-Language")
-    assert origin(e, get("/v", ("Accept-Language", "en")), 0.0, 200, vary) == FIRST_SIGHTING
-    stored = origin(e, get("/v", ("Accept-Language", "fr")), 1.0, 200, vary)
+    vary, fresh = ("Vary", "Accept-Language"), ("Cache-Control", "max-age=60")
+    assert origin(e, get("/v", ("Accept-Language", "en")), 0.0, 200, fresh, vary) == FIRST_SIGHTING
+    stored = origin(e, get("/v", ("Accept-Language", "fr")), 1.0, 200, fresh, vary)
     assert isinstance(stored, Store)
 
 
@@ -424,3 +424,21 @@ def test_the_vary_index_holds_only_stored_variants():
     assert len(store) == 20 and e.variant_index_size() == 20
     e.invalidate("/v")
     assert len(store) == 0 and e.variant_index_size() == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "kept"),
+    [
+        ((("Content-Type", "text/html"),), False),  # nothing to be fresh for or revalidate
+        ((("Last-Modified", "Mon, 01 Jan 2024 00:00:00 GMT"),), True),  # a heuristic, 4.2.2
+        ((("ETag", '"v1"'),), True),  # stale at once, but revalidated with its tag
+        ((("Cache-Control", "max-age=0"),), True),  # explicit: a client's max-stale may take it
+        ((("Cache-Control", "public, stale-if-error=60"),), True),
+    ],
+)
+def test_rfc9111_4_2_a_response_that_can_never_answer_is_not_written(headers, kept):
+    e = engine("always")
+    request = get("/missing")
+    decision = origin(e, request, 0.0, 404, *headers)  # (a simulator's has no fields at all)
+    assert (decision == NotStored("never-fresh")) is not kept
+    assert ("http://example.test/missing" in e.store or "/missing" in e.store) is kept

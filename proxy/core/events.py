@@ -197,6 +197,8 @@ URI_MISS = Miss("uri-miss")
 METHOD_BYPASS = Bypass("method")
 TOO_LARGE = NotStored("too-large")
 TOO_MANY_TAGS = NotStored("too-many-tags")
+# No freshness, none to guess from and no validator: never a hit, never revalidated.
+NEVER_FRESH = NotStored("never-fresh")
 FIRST_SIGHTING = NotStored("first-sighting")
 COLLAPSED = NotStored("collapsed")
 CUT_SHORT = NotStored("cut-short")

@@ -14,6 +14,7 @@ from proxy.core.events import (
     COLLAPSED,
     CUT_SHORT,
     FIRST_SIGHTING,
+    NEVER_FRESH,
     TOO_LARGE,
     TOO_MANY_TAGS,
     TOO_MANY_VARIANTS,
@@ -206,6 +207,17 @@ class ResponseDecisions(Removals):
         if known:
             for tier in self.behind:
                 tier.forget(key, SUPERSEDED)
+        if (
+            response.headers
+            and response.lifetime <= 0
+            and rfc9111.never_fresh(
+                response.headers,
+                response.directives or rfc9111.response_directives(response.headers),
+            )
+        ):
+            c.uncacheable += 1
+            self._pass_for_a_while(request, now)
+            return self._superseded(key, known, NEVER_FRESH)
         tags = storable_tags(response.headers) if response.headers else ()
         if tags is None:  # a purge could not reach it by every tag it carries
             c.uncacheable += 1

@@ -229,6 +229,24 @@ def storable(
     return True, ""
 
 
+def never_fresh(headers: Headers, cc: Directives) -> bool:
+    """Whether a storable response can never answer a request as stored: it gives no
+    freshness (no ``max-age``, ``s-maxage`` or Expires), none can be guessed (no
+    Last-Modified for section 4.2.2's heuristic), and no validator to revalidate it with (no
+    ETag either), nor any staleness it allows (``stale-while-revalidate``,
+    ``stale-if-error``). Storing one is a write nothing reads (a 404 without fields, each
+    request again)."""
+    return (
+        "max-age" not in cc
+        and "s-maxage" not in cc
+        and "stale-while-revalidate" not in cc
+        and "stale-if-error" not in cc
+        and get_first(headers, "expires") is None
+        and get_first(headers, "last-modified") is None
+        and get_first(headers, "etag") is None
+    )
+
+
 def response_rules(
     method: str,
     status: int,
