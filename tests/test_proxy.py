@@ -127,6 +127,37 @@ async def test_rfc5861_stale_if_error_serves_the_stored_response(origin, start_p
     assert headers["Cache-Status"] == "onehit; hit; detail=stale-if-error"
 
 
+@pytest.mark.parametrize(
+    ("cache_control", "served"),
+    [("max-age=1", True), ("max-age=1, must-revalidate", False)],
+)
+async def test_grace_serves_a_stale_response_while_the_origin_fails_and_says_so(
+    origin, start_proxy, client, cache_control, served
+):
+    """[cache] grace (as Varnish's): past what the response allows, within grace, while the
+    origin fails; never past must-revalidate (RFC 9111 section 5.2.2.2)."""
+    now = [1000.0]
+    origin.set("/g", headers={"Cache-Control": cache_control})
+    proxy = await start_proxy(clock=lambda: now[0], admission__policy="always",
+                              cache__grace="60s")  # fmt: skip
+    url = base(proxy) + "/g"
+    await fetch(client, url)
+    now[0] += 30  # stale for 29 s: within grace
+    origin.set("/g", status=503, body=b"down", headers={})
+    status, headers, body = await fetch(client, url)
+    if not served:
+        assert status == 503 and body == b"down"
+        return
+    assert (status, body) == (200, b"hello from the origin")
+    assert headers["Cache-Status"] == "onehit; hit; detail=grace"
+    await origin.stop()  # unreachable, not only failing
+    assert (await fetch(client, url))[0] == 200
+    counters = proxy.proxy.engine.counters
+    assert counters.served_in_grace == 2 and counters.stale_served == 2
+    now[0] += 60  # 89 s stale: past grace
+    assert (await fetch(client, url))[0] == 502
+
+
 async def test_rfc9111_5_2_1_7_only_if_cached_answers_504_on_a_miss(origin, start_proxy, client):
     proxy = await start_proxy()
     status, _, _ = await fetch(

@@ -119,6 +119,12 @@ class CacheSection:
     store_set_cookie: bool = values.setting(
         False, values.boolean, "store responses that carry Set-Cookie (never the Set-Cookie itself)"
     )
+    grace: float = values.setting(
+        0.0,
+        values.duration,
+        "how long past its allowance a stale response answers while the "
+        "origin fails (as Varnish's grace; 0: only as the response allows)",
+    )
     hit_for_miss: float = values.setting(
         5.0, values.optional_duration, "how long an uncacheable URL goes straight to the origin"
     )

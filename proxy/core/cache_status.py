@@ -3,7 +3,7 @@ response says the cache did has one spelling, whichever path answered it.
 
 * ``hit``: answered from a stored response, with its ``ttl`` (seconds of freshness left,
   negative when served stale) where known, and a ``detail`` naming the tier or the rule
-  (``disk``, ``slices``, ``stale-if-error``).
+  (``disk``, ``slices``, ``stale-if-error``, ``grace``).
 * ``forwarded``: the request went to the origin, ``fwd`` saying why (``uri-miss``, ``stale``,
   ``bypass``, ``method``, ``request``...); then ``fwd-status`` (the origin's status, when it
   differs from the one sent), ``collapsed`` (answered from another request's fetch), and
@@ -23,6 +23,7 @@ HIT_TTL = f"{CACHE}; hit; ttl="  # what a hit with a ttl begins with (the compil
 DISK = "disk"
 SLICES = "slices"
 STALE_IF_ERROR = "stale-if-error"
+GRACE = "grace"  # [cache] grace: stale past what the response allows, every origin failing
 ORIGIN_ERROR = "origin-error"
 
 

@@ -68,6 +68,7 @@ from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core.admission import AdmissionPolicy
+from proxy.core.cache_status import GRACE, STALE_IF_ERROR
 from proxy.core.events import (
     ANSWERED_FIELDS,
     CONDITIONALS,
@@ -125,7 +126,8 @@ class CacheEngine(ResponseDecisions):
     """Drives ``store`` and ``admission`` and keeps the counters of both. ``hit_for_miss``:
     seconds a URL whose response was uncacheable goes straight to the origin (0: never).
     ``max_variants``: variants stored per URL. ``ignore_cookies``: cookie names (globs) that
-    do not make a request private."""
+    do not make a request private. ``grace``: seconds past its allowance a stale response may
+    still answer when the origin fails."""
 
     def __init__(
         self,
@@ -135,10 +137,12 @@ class CacheEngine(ResponseDecisions):
         hit_for_miss: float = 0.0,
         max_variants: int = 32,
         ignore_cookies: tuple[str, ...] = (),
+        grace: float = 0.0,
     ) -> None:
         self.store = store
         self.admission = admission
         self.hit_for_miss = hit_for_miss
+        self.grace = grace
         self.ignore_cookies = ignore_cookies
         self.counters = Counters()
         # The class of the entries stored: a driver's subclass keeps what it derives from an
@@ -490,11 +494,13 @@ class CacheEngine(ResponseDecisions):
 
     # Responses
 
-    def served_stale(self, entry: Entry) -> None:
-        """The driver answered with a stale ``entry`` (allowed by ``Stale.serve_stale``, or by
-        ``stale-if-error`` after an origin failure)."""
+    def served_stale(self, entry: Entry, *, on_error: str = "") -> None:
+        """The driver answered with a stale ``entry`` (allowed by ``Stale.serve_stale``, or,
+        the origin failing, by what ``Revalidate.stale_if_error`` names: ``on_error``)."""
         c = self.counters
         c.stale_served += 1
+        if on_error == GRACE:
+            c.served_in_grace += 1
         c.hit_bytes += entry.size
         c.bytes_served += entry.size
         self.store.record_hit(entry)
@@ -521,15 +527,16 @@ class CacheEngine(ResponseDecisions):
 
     # Internals
 
-    def _may_serve_on_error(self, stale: Stale, request: RequestMeta) -> bool:
+    def _may_serve_on_error(self, stale: Stale, request: RequestMeta) -> str:
+        """What lets ``stale`` answer ``request`` if the origin fails (``Revalidate``)."""
         entry = stale.entry
-        return rfc9111.may_serve_stale(
-            entry.lifetime,
-            stale.age,
-            rfc9111.request_directives(request.headers),
-            entry.directives,
-            origin_failed=True,
-        )
+        req = rfc9111.request_directives(request.headers)
+        rules = (entry.lifetime, stale.age, req, entry.directives)
+        if rfc9111.may_serve_stale(*rules, origin_failed=True):
+            return STALE_IF_ERROR
+        if self.grace and rfc9111.may_serve_stale(*rules, origin_failed=True, grace=self.grace):
+            return GRACE
+        return ""
 
 
 def _directives(request: RequestMeta) -> rfc9111.Directives:

@@ -370,12 +370,15 @@ def may_serve_stale(
     cc: Directives,
     *,
     origin_failed: bool = False,
+    grace: float = 0.0,
 ) -> bool:
     """Whether a stale response may be served: never under must-revalidate/proxy-revalidate
     (section 5.2.2.2, 5.2.2.8), nor under ``no-cache`` on either side, which asks for a
     validation before any use (5.2.2.4, 5.2.1.4; section 4.2.4 forbids a stale answer a
     directive prohibits); else with request ``max-stale`` (5.2.1.2),
-    ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861).
+    ``stale-while-revalidate`` or, when the origin failed, ``stale-if-error`` (RFC 5861) or
+    up to ``grace`` seconds stale (the operator's, as Varnish's grace; section 4.2.4 lets a
+    cache serve stale when disconnected from the origin).
     ``req`` and ``cc`` are the parsed request and stored-response directives."""
     if "must-revalidate" in cc or "proxy-revalidate" in cc or "s-maxage" in cc:
         return False
@@ -392,7 +395,9 @@ def may_serve_stale(
     if swr is not None and not origin_failed and staleness <= swr:
         return True
     sie = delta_seconds(cc.get("stale-if-error")) or delta_seconds(req.get("stale-if-error"))
-    return origin_failed and sie is not None and staleness <= sie
+    if origin_failed and sie is not None and staleness <= sie:
+        return True
+    return origin_failed and staleness <= grace
 
 
 def only_if_cached(request_headers: Headers) -> bool:

@@ -18,6 +18,8 @@ METRICS: dict[str, str] = {
     "hits_from_disk": "hits the disk tier answered, memory holding nothing (among hits)",
     "misses": "requests that went to the origin (absent or stale)",
     "stale_served": "requests answered with a stale stored response",
+    "served_in_grace": "stale answers past what the response allowed, every origin failing "
+    "([cache] grace; among stale_served)",
     "revalidated": "stale responses the origin confirmed with 304",
     "stale_from_disk": "stale records of the disk tier served stale, as the rules allow",
     "revalidated_from_disk": "stale records of the disk tier revalidated with their validators",
@@ -92,6 +94,7 @@ class Counters:
     hits_from_disk: int = 0
     misses: int = 0
     stale_served: int = 0
+    served_in_grace: int = 0
     revalidated: int = 0
     stale_from_disk: int = 0
     revalidated_from_disk: int = 0

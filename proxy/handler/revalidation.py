@@ -17,7 +17,7 @@ import logging
 from aiohttp import web
 
 from proxy.core import rfc9111
-from proxy.core.cache_status import ORIGIN_ERROR, STALE_IF_ERROR, forwarded, hit
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
 from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
 from proxy.handler.answers import interim, plain
@@ -66,8 +66,8 @@ class Revalidation:
         self, meta: RequestMeta, action: Revalidate, code: int, detail: str
     ) -> web.StreamResponse:
         if action.stale_if_error:
-            self.fetcher.engine.served_stale(action.entry)
-            status = hit(detail=STALE_IF_ERROR)
+            self.fetcher.engine.served_stale(action.entry, on_error=action.stale_if_error)
+            status = hit(detail=action.stale_if_error)
             return self.fetcher.from_cache(meta, action.entry, action.age, status, "STALE")
         return plain(code, detail, forwarded("stale", detail=ORIGIN_ERROR))
 

@@ -106,6 +106,7 @@ class Proxy:
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
             engine.resize(c.size, c.max_object_size)
         engine.hit_for_miss = c.hit_for_miss
+        engine.grace = c.grace
         engine.variants.max_per_url = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)

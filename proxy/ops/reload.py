@@ -37,6 +37,7 @@ LIVE = frozenset(
         "cache.size",
         "cache.max_object_size",
         "cache.hit_for_miss",
+        "cache.grace",
         "cache.max_variants",
         "cache.ignore_cookies",
         "cache.key_query",

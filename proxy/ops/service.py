@@ -84,6 +84,7 @@ def build_engine(
         hit_for_miss=c.hit_for_miss,
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
+        grace=c.grace,
     )
 
 
