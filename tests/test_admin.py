@@ -31,9 +31,9 @@ async def test_metrics_are_prometheus_text_with_onehit_prefix(start_proxy, clien
     async with client.get(admin(proxy) + "/metrics") as r:
         assert r.status == 200 and r.content_type == "text/plain"
         text = await r.text()
-    sample = re.compile(r"^onehit_[a-z_]+ -?[0-9.e+-]+$")
+    sample = re.compile(r'^(onehit|process)_[a-z_]+(\{([a-z_]+="[^"]*",?)+\})? -?[0-9.e+-]+$')
     for line in text.strip().splitlines():
-        assert line.startswith(("# HELP onehit_", "# TYPE onehit_")) or sample.match(line), line
+        assert line.startswith(("# HELP ", "# TYPE ")) or sample.match(line), line
     assert "onehit_requests_total 1.0" in text
     assert "# TYPE onehit_hit_ratio gauge" in text
     assert "# TYPE onehit_forced_rotations_total counter" in text

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections import Counter
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
@@ -72,7 +73,8 @@ HOLD_LIMIT = 256 << 10
 class HitServer(ProxyServer):
     """``ProxyServer`` whose connections begin with a ``Front`` that tries ``answers``, in
     order, and runs the other plain requests in its lane (started by ``start``: by default
-    the work of ``handler``), before aiohttp's request handler."""
+    the work of ``handler``), before aiohttp's request handler. ``hit_log`` logs the answers
+    of ``answers`` (None: they are not logged); the access logger, those of the lane."""
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class HitServer(ProxyServer):
         access_log: Any = None,
         access_log_class: type = web.AccessLogger,
         access_log_format: str = web.AccessLogger.LOG_FORMAT,
+        hit_log: Any = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -103,6 +106,10 @@ class HitServer(ProxyServer):
         # The head a front waits for: past this without its end, the parser judges it.
         self.head_limit = max_line_size + max_field_size + 4
         self.access_logger = access_log_class(access_log, access_log_format) if access_log else None
+        # What logs the hits answered as they are read, when they are logged (they are
+        # counted apart: ``fast_hits``); the access logger logs the lane's answers.
+        self.hit_log = hit_log
+        self.answered: Counter[int] = Counter()  # the hits answered as read, by status
         self.fronts: set[Front] = set()
         self.draining = False
 
@@ -134,8 +141,8 @@ class Front(SendWatch, FlowControl):
 
     __slots__ = (
         "_access_logger", "_answer_bytes", "_answers", "_buffer", "_closing", "_drained",
-        "_ended", "_idle", "_lane", "_last", "_parser", "_remote", "_scheme", "_send_timeout",
-        "_sending", "_server", "_start", "_unsent", "handed_over",
+        "_ended", "_hit_log", "_idle", "_lane", "_last", "_parser", "_remote", "_scheme",
+        "_send_timeout", "_sending", "_server", "_start", "_unsent", "handed_over",
     )  # fmt: skip
 
     def __init__(self, server: HitServer) -> None:
@@ -148,6 +155,8 @@ class Front(SendWatch, FlowControl):
         # As aiohttp's handler: whether to log is decided per connection, when it opens.
         logger = server.access_logger
         self._access_logger = logger if logger is not None and logger.enabled else None
+        hit_log = server.hit_log
+        self._hit_log = hit_log if hit_log is not None and hit_log.enabled else None
         self._parser: HttpRequestParser | None = None
         self._buffer = b""  # bytes received and not yet answered or handed over
         self._lane: asyncio.Task[None] | Pending | None = None
@@ -235,8 +244,9 @@ class Front(SendWatch, FlowControl):
             end = found[0]
             self._last = started
             self._write(found[1], found[2])
-            if self._access_logger is not None:
-                self._log(ReadRequest(data[start:end], self._remote),
+            self._server.answered[found[3]] += 1
+            if self._hit_log is not None:
+                self._log(self._hit_log, ReadRequest(data[start:end], self._remote),
                           LoggedResponse(*found[1:]), started)  # fmt: skip
             return end
         if found is None:
@@ -268,9 +278,10 @@ class Front(SendWatch, FlowControl):
         self._last = started
         if answered:
             self._write(answered[0], answered[1])
-            if self._access_logger is not None:
-                self._log(LoggedRequest(message, self._remote), LoggedResponse(*answered),
-                          started)  # fmt: skip
+            self._server.answered[answered[2]] += 1
+            if self._hit_log is not None:
+                self._log(self._hit_log, LoggedRequest(message, self._remote),
+                          LoggedResponse(*answered), started)  # fmt: skip
             return end
         self._run_lane(message)
         return end
@@ -307,10 +318,9 @@ class Front(SendWatch, FlowControl):
         else:
             self._send_large(head, body)
 
-    def _log(self, request: Any, response: Any, started: float) -> None:
+    def _log(self, logger: Any, request: Any, response: Any, started: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one."""
-        assert self._access_logger is not None
-        self._access_logger.log(request, response, self._loop.time() - started)
+        logger.log(request, response, self._loop.time() - started)
 
     def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
         """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes
@@ -403,7 +413,7 @@ class Front(SendWatch, FlowControl):
         held behind it, or the connection's end."""
         self._last = self._loop.time()
         if response is not None and self._access_logger is not None:
-            self._log(request, response, request.started)
+            self._log(self._access_logger, request, response, request.started)
         if not written or not response.keep_alive or self._closing:  # type: ignore[union-attr]
             if self.transport is not None:
                 self.transport.close()

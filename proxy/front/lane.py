@@ -144,6 +144,7 @@ class LoggedResponse:
 
     # As aiohttp counts it: every byte written, head included.
     body_length = property(lambda self: len(self._head) + len(self._body))
+    head_bytes = property(lambda self: self._head)
 
     @property
     def headers(self) -> CIMultiDict[str]:

@@ -81,6 +81,14 @@ class Router:
             False: rfc9110.HOP_BY_HOP | _NEVER_SENT | denied,
         }
 
+    def route_label(self, host: str | None) -> str:
+        """The route a request naming ``host`` took, for a metric's label: its route's host,
+        ``default`` for the default origin, ``none`` when it had none."""
+        pair = None if host is None else hosts(host)
+        if pair is not None and pair[0] in self.routes and pair[0]:
+            return pair[0]
+        return "default" if "" in self.routes else "none"
+
     def route(self, request: web.BaseRequest) -> tuple[RequestMeta, str] | web.StreamResponse:
         """The request as the engine sees it and the origin URL it goes to; or the answer
         refusing it."""

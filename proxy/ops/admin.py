@@ -25,6 +25,8 @@ from proxy.core.stats import GAUGES, METRICS
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import readiness
+from proxy.ops.answer_metrics import process_text, resident_bytes
+from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.reload import NO_SOURCE, Reloaded
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -86,9 +88,11 @@ def admin_app(
     proxy: Proxy,
     started: float | None = None,
     reloader: Callable[[], Reloaded] | None = None,
+    answers: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The admin API of one process; ``reloader`` reads the configuration again (``POST
-    /reload``; without one, a reload is refused)."""
+    /reload``; without one, a reload is refused); ``answers``, the data port's answers
+    (``proxy.ops.answer_metrics``)."""
     started = time.time() if started is None else started
 
     async def reload(request: web.Request) -> web.Response:
@@ -112,7 +116,10 @@ def admin_app(
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
             "uptime_s": round(time.time() - started, 3),
+            "answers": None if answers is None else answers(),
+            "resident_bytes": resident_bytes(),
             "pid": os.getpid(),
+            "worker": _place(proxy),
             "collector": {
                 "threshold": gc.get_threshold(),
                 "frozen_objects": gc.get_freeze_count(),
@@ -123,7 +130,9 @@ def admin_app(
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
-        text = prometheus_text(proxy.engine.stats())
+        text = process_text(started) + prometheus_text(proxy.engine.stats())
+        if answers is not None:
+            text += answer_text(answers())
         text += prometheus_text(
             {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
         )
@@ -309,6 +318,12 @@ def metrics_response(text: str) -> web.Response:
         charset="utf-8",
         headers={"X-Content-Type-Options": "nosniff"},
     )
+
+
+def _place(proxy: Proxy) -> int | None:
+    """This worker's place under ``--workers`` (None for a process of its own)."""
+    sharing = None if proxy.disk is None else proxy.disk.sharing
+    return None if sharing is None else sharing.worker
 
 
 def _filter_health(proxy: Proxy) -> dict[str, object] | None:

@@ -34,6 +34,7 @@ from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
+from proxy.ops.answer_metrics import AnswerMetrics, Recorder
 from proxy.ops.reload import NO_SOURCE, Reloaded, reload
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
@@ -152,13 +153,16 @@ class Service:
             if config.server.access_log:
                 access = access_logger(config.server.access_log_file)
                 undo.callback(access[1].close)
-            proxy_runner = web.ServerRunner(
-                _proxy_server(config, proxy, None if access is None else access[0]),
-                shutdown_timeout=config.server.drain_timeout,
-            )
+            answers = AnswerMetrics()
+            server = _proxy_server(config, proxy, None if access is None else access[0], answers)
+            proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)
+            fast: dict[int, int] = getattr(server, "answered", {})
             holder: list[Service] = []  # the admin's reloads reach the service once it exists
             admin_runner = web.AppRunner(
-                admin_app(proxy, time.time(), lambda: holder[0].reload()), access_log=None
+                admin_app(
+                    proxy, time.time(), lambda: holder[0].reload(), lambda: answers.snapshot(fast)
+                ),
+                access_log=None,
             )
             undo.push_async_callback(proxy_runner.cleanup)
             await proxy_runner.setup()
@@ -222,9 +226,12 @@ class Service:
             self.access_file.reopen()
 
 
-def _proxy_server(config: Config, proxy: Proxy, access: logging.Logger | None) -> web.Server:
-    """The data port's server: aiohttp's limits and access log as configured, and the
-    compiled hit path in front of the handler unless ``[server] fast_hits`` is off."""
+def _proxy_server(
+    config: Config, proxy: Proxy, access: logging.Logger | None, answers: AnswerMetrics
+) -> web.Server:
+    """The data port's server: aiohttp's limits and access log as configured, every answer
+    recorded in ``answers``, and the compiled hit path in front of the handler unless
+    ``[server] fast_hits`` is off."""
     server_kwargs: dict[str, object] = {
         # aiohttp's parser refuses (400) past these ceilings; below them the proxy applies the
         # configured limits itself, with the statuses RFC 9110 names (414, 431).
@@ -236,15 +243,16 @@ def _proxy_server(config: Config, proxy: Proxy, access: logging.Logger | None) -
         "logger": HTTP_ERRORS,
         "send_timeout": config.server.send_timeout,
     }
-    server_kwargs["access_log"] = access
-    if access is not None:
-        server_kwargs["access_log_class"] = AccessLog
-        server_kwargs["access_log_format"] = config.server.access_log_format
+    log = None if access is None else AccessLog(access, config.server.access_log_format)
+    # Every answer the handler and the lane write is recorded, then logged when logging is on.
+    server_kwargs["access_log"] = access or logging.getLogger("onehit.access")
+    server_kwargs["access_log_class"] = Recorder.for_service(answers, proxy.router, log)
     if config.server.fast_hits:
         answers = (proxy.plain_hits.answer, proxy.answer_hit)
         return HitServer(
-            proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, **server_kwargs
-        )
+            proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, hit_log=log,
+            **server_kwargs,
+        )  # fmt: skip
     return ProxyServer(proxy.handle, **server_kwargs)
 
 

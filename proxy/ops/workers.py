@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,8 @@ from proxy.ops.admin import (
     metrics_response,
     prometheus_text,
 )
+from proxy.ops.answer_metrics import combined, process_text
+from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier
@@ -230,6 +233,26 @@ class Workers:
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
 
 
+def _per_worker(per_worker: list[Any], admins: list[str | None]) -> str:
+    """One series per worker place: whether it answered, and its own counts."""
+    lines = [
+        "# HELP onehit_worker_up Whether the worker in this place answered the scrape",
+        "# TYPE onehit_worker_up gauge",
+        *(f'onehit_worker_up{{worker="{i}"}} {int(a is not None)}' for i, a in enumerate(admins)),
+        "# HELP onehit_worker_requests_total GET/HEAD requests each worker took",
+        "# TYPE onehit_worker_requests_total counter",
+        "# HELP onehit_worker_resident_memory_bytes Each worker's resident memory",
+        "# TYPE onehit_worker_resident_memory_bytes gauge",
+    ]
+    for w in sorted(per_worker, key=lambda w: w.get("worker") or 0):
+        worker = w.get("worker")
+        lines.insert(-2, f'onehit_worker_requests_total{{worker="{worker}"}} '
+                         f'{w["metrics"]["requests"]}')  # fmt: skip
+        lines.append(f'onehit_worker_resident_memory_bytes{{worker="{worker}"}} '
+                     f'{w.get("resident_bytes", 0)}')  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def _reachable(listen: tuple[str, int]) -> str:
     """The parent's admin as its workers reach it: on loopback when it listens everywhere."""
     host, port = listen
@@ -326,6 +349,7 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     try again). A worker's refusal (a 4xx, the same from every worker) is the answer."""
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.window is not None  # the workers map one admission window
+    started = time.time()
 
     async def each(
         method: str, path: str, body: Any = None, *, but: int | None = None
@@ -371,11 +395,13 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
 
     async def metrics(request: web.Request) -> web.Response:
         per_worker, _ = await each("GET", "/stats")
-        text = prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
+        text = process_text(started)
+        text += prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
+        text += answer_text(combined([w["answers"] for w in per_worker if w.get("answers")]))
         disk = machine_disk(per_worker)
         if disk:
             text += disk_prometheus_text(disk)
-        return metrics_response(text)
+        return metrics_response(text + _per_worker(per_worker, workers.admins))
 
     def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
         """The shared tier's stats: the workers' own counts summed, what it holds once, and
