@@ -50,6 +50,9 @@ class ServerSection:
         "", values.string, "PEM certificate chain: the listener speaks TLS (with tls_key)"
     )
     tls_key: str = values.setting("", values.string, "PEM private key of tls_cert")
+    proxy_protocol: bool = values.setting(
+        False, values.boolean, "each connection begins with a PROXY protocol header (v1 or v2)"
+    )
     purge_from: tuple[str, ...] = values.setting(
         (), values.networks, "addresses a PURGE on the data port is taken from (empty: none)"
     )
@@ -121,7 +124,7 @@ class CacheSection:
     )
     grace: float = values.setting(
         0.0,
-        values.duration,
+        values.optional_duration,
         "how long past its allowance a stale response answers while the "
         "origin fails (as Varnish's grace; 0: only as the response allows)",
     )
@@ -522,6 +525,11 @@ def _route(table: Any, source: str) -> Route:
 
 
 def _check_whole(config: Config) -> None:
+    if config.server.proxy_protocol and config.server.tls_cert:
+        raise ConfigError(
+            "[server] proxy_protocol with tls_cert: the PROXY header comes before TLS, which "
+            "the terminator in front ends; set one of them"
+        )
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError(
             "[server] tls_cert and tls_key go together: set both (TLS on the listener), or neither"
