@@ -36,6 +36,7 @@ from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.http import HttpProcessingError, HttpRequestParser, RawRequestMessage
 
 from proxy.config.logs import HTTP_ERRORS
+from proxy.front import proxy_protocol
 from proxy.front.lane import (
     AnswerBytes,
     AnswerHit,
@@ -91,6 +92,8 @@ class HitServer(ProxyServer):
         access_log_class: type = web.AccessLogger,
         access_log_format: str = web.AccessLogger.LOG_FORMAT,
         hit_log: Any = None,
+        proxy_protocol: bool = False,
+        lane: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(
@@ -109,6 +112,8 @@ class HitServer(ProxyServer):
         # What logs the hits answered as they are read, when they are logged (they are
         # counted apart: ``fast_hits``); the access logger logs the lane's answers.
         self.hit_log = hit_log
+        self.proxy_protocol = proxy_protocol  # each connection begins with a PROXY header
+        self.lane = lane  # False: the front reads the PROXY header, aiohttp the requests
         self.answered: Counter[int] = Counter()  # the hits answered as read, by status
         self.fronts: set[Front] = set()
         self.draining = False
@@ -141,8 +146,8 @@ class Front(SendWatch, FlowControl):
 
     __slots__ = (
         "_access_logger", "_answer_bytes", "_answers", "_buffer", "_closing", "_drained",
-        "_ended", "_hit_log", "_idle", "_lane", "_last", "_parser", "_remote", "_scheme",
-        "_send_timeout", "_sending", "_server", "_start", "_unsent", "handed_over",
+        "_ended", "_hit_log", "_idle", "_lane", "_last", "_parser", "_proxied", "_remote",
+        "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent", "handed_over",
     )  # fmt: skip
 
     def __init__(self, server: HitServer) -> None:
@@ -167,6 +172,7 @@ class Front(SendWatch, FlowControl):
         self._idle: asyncio.TimerHandle | None = None
         self._ended: asyncio.Future[None] | None = None  # a graceful shutdown's wait
         self.handed_over = False
+        self._proxied = not server.proxy_protocol  # whether its PROXY header was read
 
     @property
     def held(self) -> bytes:
@@ -191,11 +197,36 @@ class Front(SendWatch, FlowControl):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        if not self._proxied and not self._read_proxy_header():
+            return
         if self._lane is not None:
             if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
                 self.hold_reading()
             return
         self._go_on()
+
+    def _read_proxy_header(self) -> bool:
+        """Take the PROXY protocol header the buffer begins with: whether it was whole (the
+        client's address taken); a connection without a valid one is closed."""
+        try:
+            read = proxy_protocol.parse(self._buffer)
+        except ValueError as exc:
+            HTTP_ERRORS.info("closing a connection without a PROXY protocol header: %s", exc)
+            if self.transport is not None:
+                self.transport.abort()
+            self._buffer = b""
+            return False
+        if read is None:
+            return False
+        end, client = read
+        if client is not None:
+            self._remote = client
+        self._buffer = self._buffer[end:]
+        self._proxied = True
+        if not self._server.lane and self.transport is not None:  # all to aiohttp's handler
+            self._hand_over(self._buffer)
+            return False
+        return True
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes, as under aiohttp's handler
@@ -434,6 +465,8 @@ class Front(SendWatch, FlowControl):
             self.release_reading()
         self._buffer = b""
         handler = self._server.handler()
+        if self._server.proxy_protocol:
+            handler.client = self._remote
         transport.set_protocol(handler)
         handler.connection_made(transport)
         if self.writing_paused:

@@ -247,12 +247,15 @@ def _proxy_server(
     # Every answer the handler and the lane write is recorded, then logged when logging is on.
     server_kwargs["access_log"] = access or logging.getLogger("onehit.access")
     server_kwargs["access_log_class"] = Recorder.for_service(answers, proxy.router, log)
+    proxied = config.server.proxy_protocol
     if config.server.fast_hits:
         answers = (proxy.plain_hits.answer, proxy.answer_hit)
         return HitServer(
             proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, hit_log=log,
-            **server_kwargs,
+            proxy_protocol=proxied, **server_kwargs,
         )  # fmt: skip
+    if proxied:  # the front reads the PROXY header, then hands every request to aiohttp
+        return HitServer(proxy.handle, (), proxy_protocol=True, lane=False, **server_kwargs)
     return ProxyServer(proxy.handle, **server_kwargs)
 
 

@@ -271,11 +271,14 @@ class ClientProtocol(SendWatch, web.RequestHandler):
     """aiohttp's connection protocol, watched for clients that take no bytes (``SendWatch``),
     and answering what it cannot parse or handle without a ``Server`` field."""
 
-    __slots__ = ("_drained", "_send_timeout", "_sending", "_unsent")
+    __slots__ = ("_drained", "_send_timeout", "_sending", "_unsent", "client")
 
     def __init__(self, manager: ProxyServer, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._init_watch(manager.send_timeout)
+        # The client's address where the connection's peer is not the client (a PROXY
+        # protocol header named it): its requests' ``remote``.
+        self.client: str | None = None
 
     def handle_error(
         self,
@@ -308,7 +311,9 @@ class ProxyServer(web.Server):
         self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any
     ) -> web.BaseRequest:
         writer = FieldWriter(protocol, self._loop)  # in place of the plain one aiohttp made
-        return web.BaseRequest(message, payload, protocol, writer, task, self._loop)
+        request = web.BaseRequest(message, payload, protocol, writer, task, self._loop)
+        client = getattr(protocol, "client", None)
+        return request if client is None else request.clone(remote=client)
 
 
 class Relayed(web.StreamResponse):
