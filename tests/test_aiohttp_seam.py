@@ -34,13 +34,39 @@ OVERRIDDEN = [
     (web.RequestHandler, "_loop"),
     (web.RequestHandler, "_paused"),
     (web.StreamResponse, "_prepare_headers"),
+    (web.StreamResponse, "_send_headers_immediately"),
     (web.Response, "_body"),
+    (web.RequestHandler, "handle_error"),
 ]
+
+# The parameters of each aiohttp method the seam overrides (all of them, in order) or calls
+# (those it passes, in order among the others): a change in them breaks a request without
+# removing a name. (class, method, parameters' names, whether overridden)
+SIGNATURES = [
+    (web.Server, "_make_request", ("self", "message", "payload", "protocol", "writer", "task"),
+     True),
+    (web.Server, "__call__", ("self",), True),
+    (web.StreamResponse, "_prepare_headers", ("self",), True),
+    (web.RequestHandler, "handle_error", ("self", "request", "status", "exc", "message"), True),
+    (StreamWriter, "write", ("self", "chunk", "drain", "LIMIT"), True),
+    (StreamWriter, "write_eof", ("self", "chunk"), True),
+    (StreamWriter, "write_headers", ("self", "status_line", "headers"), True),
+    (web.RequestHandler, "__init__", ("self", "manager", "loop"), False),
+    (StreamWriter, "__init__", ("self", "protocol", "loop"), False),
+    (web.BaseRequest, "__init__", ("self", "message", "payload", "protocol", "payload_writer",
+                                   "task", "loop"), False),
+    (web.BaseRequest, "clone", ("self", "remote"), False),
+]  # fmt: skip
 
 # Public names, but newer than some aiohttp releases: the front frees the request parser's
 # slot for the next message (3.14's ``message_consumed``; 3.13 has none, so the pin starts at
 # 3.14).
-RECENT = [("aiohttp.http", "HttpRequestParser", "message_consumed")]
+RECENT = [
+    ("aiohttp.http", "HttpRequestParser", "message_consumed"),
+    # The origin connections pause a response's parser with its stream, and feed it b"" to
+    # go on with what it held back (proxy/origin/connection.py).
+    ("aiohttp.http", "HttpResponseParser", "pause_reading"),
+]
 
 # What aiohttp's own code reads of the objects the proxy gives it: (module, the text it must
 # still hold). A protocol the writer and streams drive (``FlowControl``), a request its
@@ -51,7 +77,8 @@ READ_OF_OURS = [
     ("aiohttp.http_writer", "self._protocol.transport"),
     ("aiohttp.streams", "self._protocol._reading_paused"),
     ("aiohttp.streams", "self._protocol.pause_reading()"),
-    ("aiohttp.streams", "self._protocol.resume_reading("),
+    ("aiohttp.streams", "self._protocol.resume_reading(resume_parser=False)"),
+    ("aiohttp.streams", "self._protocol.resume_reading()"),
     ("aiohttp.streams", "self._protocol.connected"),
     ("aiohttp.web_response", "request._payload_writer"),
     ("aiohttp.web_response", "request._prepare_hook(self)"),
@@ -59,7 +86,8 @@ READ_OF_OURS = [
 
 NAMES = {name for _, name in OVERRIDDEN} | {"_drain_helper", "_reading_paused", "_payload_writer",
                                             "_prepare_hook"}  # fmt: skip
-NAMES -= {"_loop", "_body"}  # names the proxy's own classes use for their own attributes too
+# Names the proxy's own classes use for their own attributes too, or public ones.
+NAMES -= {"_loop", "_body", "handle_error"}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -132,6 +160,18 @@ def test_each_internal_the_seam_overrides_or_reads_is_in_the_installed_aiohttp(c
     )
 
 
+@pytest.mark.parametrize(("cls", "name", "parameters", "overridden"), SIGNATURES,
+                         ids=lambda x: getattr(x, "__name__", None))  # fmt: skip
+def test_each_method_the_seam_overrides_or_calls_keeps_its_parameters(
+    cls, name, parameters, overridden
+):
+    found = tuple(inspect.signature(getattr(cls, name)).parameters)
+    kept = found if overridden else tuple(p for p in found if p in parameters)
+    assert kept == parameters, (
+        f"aiohttp {cls.__name__}.{name}{found}: proxy/wire/seam.py relies on {parameters}"
+    )
+
+
 @pytest.mark.parametrize(("module", "cls", "name"), RECENT)
 def test_each_recent_public_name_the_proxy_calls_is_in_the_installed_aiohttp(module, cls, name):
     assert hasattr(getattr(importlib.import_module(module), cls), name), (
@@ -172,6 +212,15 @@ async def test_aiohttps_writer_waits_while_our_flow_control_pauses_writing():
         transport.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_aiohttps_stream_ends_on_our_flow_control_as_a_body_does():
+    """``feed_eof`` resumes reading with aiohttp's own keyword: a body's end, through it."""
+    loop = asyncio.get_running_loop()
+    stream = StreamReader(FlowControl(loop), 1024, loop=loop)
+    stream.feed_data(b"x" * 4096)
+    stream.feed_eof()
+    assert await stream.read() == b"x" * 4096 and stream.is_eof()
 
 
 async def test_aiohttps_stream_pauses_our_flow_control_past_its_limit_and_resumes_it():

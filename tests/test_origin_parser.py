@@ -8,11 +8,11 @@ import asyncio
 import random
 
 import pytest
-from aiohttp.base_protocol import BaseProtocol
 
 from proxy.config.settings import UpstreamSection
 from proxy.origin._origin import parse_response
 from proxy.origin.connection import response_parser
+from proxy.wire.seam import FlowControl
 
 PLAIN = [
     b'HTTP/1.1 200 OK\r\nCache-Control: max-age=3600\r\nETag: "b1"\r\nContent-Length: 5\r\n'
@@ -74,7 +74,7 @@ def aiohttp_parse(data: bytes) -> tuple | None:
     loop = asyncio.new_event_loop()
     try:
         parser = response_parser(
-            BaseProtocol(loop), loop, with_body=True, read_buffer=UpstreamSection().read_buffer
+            FlowControl(loop), loop, with_body=True, read_buffer=UpstreamSection().read_buffer
         )
         try:
             messages, upgraded, tail = parser.feed_data(data)

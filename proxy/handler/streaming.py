@@ -18,6 +18,7 @@ from proxy.core.events import Answer, RequestMeta
 from proxy.handler.answers import abort
 from proxy.origin.body import BODY_ERRORS, body_of
 from proxy.origin.upstream import UpstreamResponse
+from proxy.wire.seam import head_with_body
 
 log = logging.getLogger("onehit.proxy")
 
@@ -43,7 +44,7 @@ async def stream(
     if arrived and sending is not None and sending[0] < len(arrived):
         # The head goes out with the body bytes already in hand, in one write: never
         # later than it would alone, since the first of those bytes is written at once.
-        out._send_headers_immediately = False
+        head_with_body(out)
     await out.prepare(request)
     total = 0
     too_large = abandoned = False

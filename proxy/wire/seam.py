@@ -16,7 +16,9 @@ What it relies on, by name:
   ``_loop``; ``ClientProtocol`` reads ``web.RequestHandler``'s ``_paused`` and ``_loop``
   (``SendWatch``).
 * ``Relayed`` overrides ``web.StreamResponse._prepare_headers``; ``RelayedWhole`` sets
-  ``web.Response._body``.
+  ``web.Response._body``; ``head_with_body`` clears ``_send_headers_immediately``.
+* ``ClientProtocol`` overrides ``web.RequestHandler.handle_error``; ``ProxyServer``,
+  ``web.Server.__call__``.
 * A request answered outside aiohttp's handler gives its responses ``_payload_writer`` and
   ``_prepare_hook`` (``AnsweredRequest``).
 
@@ -69,9 +71,10 @@ PIECE = 256 << 10
 
 class FlowControl(asyncio.Protocol):
     """A connection's flow control, in the shape aiohttp's writer and streams drive: writing
-    pauses while the transport's buffer is over its high-water mark (``drain`` waits for it);
-    reading pauses for a body's stream (``pause_reading``) or for a buffer the protocol holds
-    itself (``hold_reading``), and the transport reads again only once neither holds it.
+    pauses while the transport's buffer is over its high-water mark
+    (``until_writable``); reading pauses for a body's stream (``pause_reading``) or for a
+    buffer the protocol holds itself (``hold_reading``), and the transport reads again only
+    once neither holds it.
     Subclasses declare ``__slots__`` of their own or none (then they have a ``__dict__``)."""
 
     __slots__ = ("_buffer_paused", "_drain_waiter", "_loop", "_paused", "_reading_paused",
@@ -126,9 +129,11 @@ class FlowControl(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def drain(self) -> None:
-        """Return once the transport takes writes; ``ClientConnectionResetError`` (a
-        ``ConnectionResetError``) when it is gone, as aiohttp's own protocols raise."""
+    async def until_writable(self) -> None:
+        """Return once the transport takes writes. A connection gone before the call raises
+        ``ClientConnectionResetError`` (a ``ConnectionResetError``); one lost while waiting
+        raises ``ConnectionError("Connection lost")`` when it was reset, and returns when it
+        was closed: as aiohttp's own protocols do."""
         if self.transport is None:
             raise ClientConnectionResetError("Connection lost")
         if not self._paused:
@@ -138,7 +143,7 @@ class FlowControl(asyncio.Protocol):
             waiter = self._drain_waiter = self._loop.create_future()
         await waiter
 
-    _drain_helper = drain  # the name aiohttp's writer waits on
+    _drain_helper = until_writable  # the name aiohttp's writer waits on
 
     def pause_reading(self) -> None:
         self._reading_paused = True
@@ -351,3 +356,9 @@ class AnsweredRequest:
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         """Nothing: as ``web.BaseRequest``'s without signals."""
+
+
+def head_with_body(response: web.StreamResponse) -> None:
+    """Have ``response`` (not yet prepared) hold its head until its first body bytes, so
+    both go out in one write, as aiohttp does for a response with no streamed body."""
+    response._send_headers_immediately = False
