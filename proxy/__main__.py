@@ -131,7 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", help="host:port for clients (default 127.0.0.1:8080)")
     p.add_argument(
         "--admin-listen",
-        help="host:port for /stats, /metrics, /healthz, /readyz, /purge (default 127.0.0.1:9901)",
+        help="host:port for /stats, /metrics, /healthz, /readyz, /purge, /reload "
+        "(default 127.0.0.1:9901)",
     )
     p.add_argument("--cache-size", help="e.g. 512MiB")
     p.add_argument(

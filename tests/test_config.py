@@ -101,6 +101,8 @@ def test_bad_env_value_names_the_variable():
 
 
 def test_whole_config_checks():
+    with pytest.raises(ConfigError, match=r"\[cache\] size = 1000: too small to hold an entry"):
+        load(env={}, overrides={**ORIGIN, "cache.size": "1000"})
     disk = {"disk.path": "/tmp/d", "disk.size": "1MiB", "disk.region_size": "1MiB"}
     with pytest.raises(
         ConfigError,

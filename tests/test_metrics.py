@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 import aiohttp
@@ -50,7 +51,7 @@ async def test_answers_are_counted_by_class_route_and_time_hits_apart(origin, st
     misses = _sample(text, "onehit_response_seconds_count", cache="miss")
     assert (hits, misses) == (3, 3)  # /a twice (the second stores it), and /b: misses
     assert _sample(text, "onehit_route_responses_total", route="default", **{"class": "4xx"}) == 1
-    assert _sample(text, "onehit_build_info", version="0.1.0",
+    assert _sample(text, "onehit_build_info", version=metadata.version("onehit"),
                    python=__import__("platform").python_version(),
                    aiohttp=aiohttp.__version__) == 1  # fmt: skip
     assert _sample(text, "process_resident_memory_bytes") > 10 << 20

@@ -3,6 +3,8 @@
 import asyncio
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -124,6 +126,14 @@ async def test_workers_share_the_port_and_the_admin_sums_them(origin):
         per_worker = [w["metrics"]["requests"] for w in stats["workers"]]
         assert sum(per_worker) == stats["sum"]["requests"] == 30
         assert "onehit_requests_total 30.0" in metrics
+        assert 'onehit_worker_up{worker="0"} 1' in metrics
+        assert 'onehit_worker_up{worker="1"} 1' in metrics
+        per = re.findall(r'^onehit_worker_requests_total\{worker="\d"\} (\d+)$', metrics, re.M)
+        assert len(per) == 2 and sum(map(int, per)) == 30
+        if shutil.which("promtool"):
+            out = subprocess.run(["promtool", "check", "metrics"], input=metrics, text=True,
+                                 capture_output=True, timeout=30)  # fmt: skip
+            assert out.returncode == 0 and not (out.stdout + out.stderr).strip(), out.stdout
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
@@ -317,6 +327,7 @@ def test_workers_on_a_port_in_use_stop_start_up_with_the_reason():
             "[disk] path '/proc/onehit-cache' does not exist and cannot be created",
         ),
         ("server.access_log_file=/proc/access.log", "[server] access_log_file '/proc/access.log'"),
+        ("server.access_log_file=/tmp", "[server] access_log_file '/tmp' is a directory"),
     ],
 )
 @pytest.mark.parametrize("check", [True, False], ids=["--check-config", "start"])

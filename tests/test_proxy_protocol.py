@@ -34,6 +34,7 @@ def v2(client: str, command: int = 1) -> bytes:
         (v2("198.51.100.4") + b"GET", (len(v2("198.51.100.4")), "198.51.100.4")),
         (v2("2001:db8::9"), (len(v2("2001:db8::9")), "2001:db8::9")),
         (v2("198.51.100.4", command=0), (len(v2("198.51.100.4")), None)),  # LOCAL
+        (b"PROXY TCP6 ::ffff:127.0.0.1 ::1 1 2\r\n", (37, "127.0.0.1")),  # mapped: as IPv4
     ],
 )
 def test_headers_are_read_as_the_protocol_says(data, read):
@@ -48,6 +49,7 @@ def test_headers_are_read_as_the_protocol_says(data, read):
         b"PROXY TCP4 2001:db8::1 192.0.2.1 1 80\r\n",
         b"PROXY TCP4 " + b"1" * 120,
         SIGNATURE + bytes([0x31, 0x11, 0, 0]),  # version 3
+        b"PROXY TCP6 fe80::1%a,6.6.6.6 ::1 1 2\r\n",  # a scope id carrying another address
     ],
 )
 def test_anything_else_is_refused(data):

@@ -2,7 +2,12 @@
 lists, it removes what a GET of the URL is answered from, keyed as that GET is keyed; from any
 other address it is refused and never reaches the origin; while it is off, it passes through."""
 
-from conftest import admin, base
+import asyncio
+import signal
+
+import aiohttp
+import pytest
+from conftest import admin, base, served
 
 
 async def _send(client, service, method: str, path: str, host: str = "example.test"):
@@ -55,3 +60,24 @@ async def test_the_admin_purge_answer_names_the_key_it_used(origin, start_proxy,
     async with client.post(admin(service) + "/purge",
                            json={"url": f"http://localhost:{port}/d"}) as r:  # fmt: skip
         assert await r.json() == {"removed": 1, "key": f"http://localhost:{port}/d"}
+
+
+@pytest.mark.slow
+async def test_a_purge_through_one_worker_reaches_every_workers_memory(origin):
+    args = ("--workers", "2", "--origin", origin.url, "--admission", "always",
+            "--set", "server.access_log=false", "--set", "server.purge_from=127.0.0.1")  # fmt: skip
+    async with served(*args) as (process, url, _):
+        connector = aiohttp.TCPConnector(force_close=True)  # new connections: either worker
+        async with aiohttp.ClientSession(connector=connector) as client:
+
+            async def get() -> str:
+                async with client.get(url + "/w", headers={"Host": "example.test"}) as r:
+                    await r.read()
+                    return r.headers["X-Origin-Count"]
+
+            assert {await get() for _ in range(12)} == {"1"}  # both workers hold it
+            async with client.request("PURGE", url + "/w", headers={"Host": "example.test"}) as r:
+                assert r.status == 200
+            assert {await get() for _ in range(12)} == {"2"}  # fetched again, by one of them
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0

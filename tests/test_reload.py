@@ -15,9 +15,11 @@ from proxy.ops.service import Service
 HOST = {"Host": "example.test"}
 
 
-def _write(path, size="1MiB", hit_for_miss="5s", routes="", policy="second-hit", extra=""):
+def _write(path, size="1MiB", hit_for_miss="5s", routes="", policy="second-hit", extra="",
+           max_object=None):  # fmt: skip
+    largest = f'max_object_size = "{max_object}"\n' if max_object else ""
     path.write_text(
-        f'[cache]\nsize = "{size}"\nhit_for_miss = "{hit_for_miss}"\n'
+        f'[cache]\nsize = "{size}"\nhit_for_miss = "{hit_for_miss}"\n{largest}'
         f'[admission]\npolicy = "{policy}"\n{extra}{routes}'
     )
 
@@ -73,6 +75,22 @@ async def test_a_smaller_memory_tier_evicts_to_its_new_size_and_keeps_the_rest(
     for name in kept:  # what was not evicted is still answered from memory
         assert await _get(client, service, f"/{name}") == (200, "HIT")
     assert service.config.cache.size == 256 * 1024
+
+
+async def test_a_larger_largest_object_is_kept_whole_after_a_reload(origin, reloadable, client):
+    """A body the old max_object_size refused, arriving chunked (no length to judge by):
+    kept whole under the new one, and its hits are the whole body."""
+    service, path = reloadable
+    body = b"z" * 2_000_000
+    origin.set("/large", body=body, chunked=True)
+    assert service.proxy.engine.store.max_object_bytes < len(body)
+    _write(path, size="8MiB", max_object="4MiB")
+    status, _ = await _reload(client, service)
+    assert status == 200
+    for _ in range(3):
+        async with client.get(base(service) + "/large", headers=HOST) as r:
+            got = (await r.read(), r.headers.get("X-Cache"))
+    assert got == (body, "HIT")
 
 
 async def test_a_new_route_and_admission_take_effect_for_the_next_request(
@@ -178,3 +196,18 @@ async def test_reloads_under_load_lose_no_request_and_no_cached_object(origin, t
                 assert [w["changed"] for w in answer["workers"]] == [[]] * workers
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+def test_the_operators_guide_names_every_key_a_reload_takes():
+    import re
+    from pathlib import Path
+
+    from proxy.ops.reload import LIVE
+
+    text = (Path(__file__).resolve().parent.parent / "docs/operations.md").read_text()
+    section = text[text.index("## Reload") : text.index("## Signals")]
+    named = {key.split(".")[-1] for key in LIVE - {"routes"}}
+    # Each as `name` or `[section] name`; the route table in words.
+    missing = [n for n in named if not re.search(rf"(`|\] ){n}`", section)]
+    assert not missing and "the routes" in section, missing
+    assert "`[admission]` policy" in section  # LIVE_ADMISSION, for one process

@@ -129,21 +129,24 @@ def test_entries_leaving_the_store_are_freed_though_the_collector_never_sees_the
 
 
 @pytest.mark.parametrize("eviction", ["lru", "sieve", "s3fifo", "wtinylfu"])
-def test_a_store_made_smaller_evicts_as_its_policy_does_until_the_rest_fit(eviction):
+@pytest.mark.parametrize("smaller", [3_000, 200])
+def test_a_store_made_smaller_evicts_as_its_policy_does_until_the_rest_fit(eviction, smaller):
     store = CacheStore(10_000, eviction=eviction)
     for i in range(100):
         store.put(entry(f"k{i}", 100))
     before = set(store)
     evictions = store.evictions
-    gone = store.resize(3_000)
-    assert store.bytes_used <= store.capacity_bytes == 3_000
+    gone = store.resize(smaller)
+    assert store.bytes_used <= store.capacity_bytes == smaller
+    # The sizes the policy derives from its capacity follow it (S3-FIFO's largest entry).
+    assert store.max_object_bytes == CacheStore(smaller, eviction=eviction).max_object_bytes
     assert {e.key for e in gone} == before - set(store) and len(gone) >= 1
     assert store.evictions == evictions + len(gone)  # counted as evictions are
     assert all(store.get(e.key) is None for e in gone)
     assert store.resize(20_000) == []  # larger: nothing leaves, and more fits
     for i in range(100, 250):
         store.put(entry(f"k{i}", 100))
-    assert 3_000 < store.bytes_used <= 20_000
+    assert smaller < store.bytes_used <= 20_000
 
 
 def test_a_lru_store_made_smaller_keeps_the_most_recently_used():

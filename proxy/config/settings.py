@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
+from proxy.core.store import ENTRY_OVERHEAD
 
 # The smallest ``[cache] slice_size``: every slice costs an origin request.
 MIN_SLICE = 64 << 10
@@ -38,7 +39,9 @@ class ServerSection:
     )
     access_log: bool = values.setting(True, values.boolean, "log one line per request")
     access_log_format: str = values.setting(
-        "combined", values.log_format, "combined (Apache's, exactly) or json (one object a line)"
+        "combined",
+        values.log_format,
+        "combined (Apache's combined format) or json (one object a line)",
     )
     access_log_file: str = values.setting(
         "", values.string, "file the access log is appended to (reopened on SIGUSR1); empty: stderr"
@@ -525,6 +528,11 @@ def _route(table: Any, source: str) -> Route:
 
 
 def _check_whole(config: Config) -> None:
+    if config.cache.size <= ENTRY_OVERHEAD:
+        raise ConfigError(
+            f"[cache] size = {config.cache.size}: too small to hold an entry (each is charged "
+            f"{ENTRY_OVERHEAD} bytes besides its body): give a few MiB or more"
+        )
     if config.server.proxy_protocol and config.server.tls_cert:
         raise ConfigError(
             "[server] proxy_protocol with tls_cert: the PROXY header comes before TLS, which "

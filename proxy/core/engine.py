@@ -436,7 +436,7 @@ class CacheEngine(ResponseDecisions):
             return action
         stale_answer = type(action) is FromCache
         if not stale_answer and not (
-            type(action) is Revalidate and (action.conditions or action.stale_if_error)
+            type(action) is Revalidate and (action.conditions or action.on_error)
         ):
             return None  # a plain refetch (a HEAD's, or one with no validator)
         self.promote(entry, vary)
@@ -496,7 +496,7 @@ class CacheEngine(ResponseDecisions):
 
     def served_stale(self, entry: Entry, *, on_error: str = "") -> None:
         """The driver answered with a stale ``entry`` (allowed by ``Stale.serve_stale``, or,
-        the origin failing, by what ``Revalidate.stale_if_error`` names: ``on_error``)."""
+        the origin failing, by what ``Revalidate.on_error`` names: ``on_error``)."""
         c = self.counters
         c.stale_served += 1
         if on_error == GRACE:

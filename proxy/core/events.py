@@ -114,14 +114,14 @@ class FromCache:
 @dataclass(frozen=True, slots=True)
 class Revalidate:
     """Send the origin a conditional GET with ``conditions`` (the entry's validators).
-    ``stale_if_error``: what lets the entry answer if the origin fails: ``"stale-if-error"``
+    ``on_error``: what lets the entry answer if the origin fails: ``"stale-if-error"``
     (RFC 5861, or a request's ``max-stale``), ``"grace"`` (``[cache] grace``), or ``""``
     (nothing: the failure is the answer)."""
 
     entry: Entry
     age: float
     conditions: tuple[tuple[str, str], ...]
-    stale_if_error: str
+    on_error: str
 
 
 @dataclass(frozen=True, slots=True)

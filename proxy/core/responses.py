@@ -104,6 +104,7 @@ class ResponseDecisions(Removals):
     tags: TagIndex
     slices: SliceIndex
     hit_for_miss: float
+    grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
     behind: tuple[Tier, ...]
@@ -207,13 +208,13 @@ class ResponseDecisions(Removals):
         if known:
             for tier in self.behind:
                 tier.forget(key, SUPERSEDED)
+        # A response without fields is the simulator's (a trace's sizes alone): nothing to
+        # judge. With a grace, one may yet answer while the origin fails: it is written.
         if (
             response.headers
+            and not self.grace
             and response.lifetime <= 0
-            and rfc9111.never_fresh(
-                response.headers,
-                response.directives or rfc9111.response_directives(response.headers),
-            )
+            and rfc9111.never_fresh(response.headers, _directives(response))
         ):
             c.uncacheable += 1
             self._pass_for_a_while(request, now)

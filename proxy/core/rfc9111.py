@@ -230,12 +230,12 @@ def storable(
 
 
 def never_fresh(headers: Headers, cc: Directives) -> bool:
-    """Whether a storable response can never answer a request as stored: it gives no
-    freshness (no ``max-age``, ``s-maxage`` or Expires), none can be guessed (no
-    Last-Modified for section 4.2.2's heuristic), and no validator to revalidate it with (no
-    ETag either), nor any staleness it allows (``stale-while-revalidate``,
-    ``stale-if-error``). Storing one is a write nothing reads (a 404 without fields, each
-    request again)."""
+    """Whether a storable response says nothing that would let it answer a request as stored:
+    no freshness (no ``max-age``, ``s-maxage`` or Expires), none to guess (no Last-Modified
+    for section 4.2.2's heuristic), no validator to revalidate it with (no ETag either), and no
+    staleness it allows (``stale-while-revalidate``, ``stale-if-error``). Only a client's
+    ``max-stale`` or an operator's grace could ever serve one; the cache does not write it for
+    them (a 404 without fields would be written again on every request)."""
     return (
         "max-age" not in cc
         and "s-maxage" not in cc

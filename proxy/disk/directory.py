@@ -106,13 +106,19 @@ def usable(directory: Path) -> None:
         raise DiskDirectoryError(f"[disk] path {str(directory)!r}: {exc.strerror}") from exc
     _trusted(directory, info)
     try:
-        fd, probe = tempfile.mkstemp(prefix=".onehit-probe-", dir=directory)
-        os.close(fd)
-        os.unlink(probe)
+        take_a_file(directory)
     except OSError as exc:
         raise DiskDirectoryError(
             f"[disk] path {str(directory)!r}: no file can be written in it ({exc.strerror})"
         ) from None
+
+
+def take_a_file(directory: Path | str) -> None:
+    """Create a file in ``directory`` and remove it again: OSError when it cannot be done
+    (permission bits do not tell, for root or on a read-only or virtual file system)."""
+    fd, probe = tempfile.mkstemp(prefix=".onehit-probe-", dir=directory)
+    os.close(fd)
+    os.unlink(probe)
 
 
 def claimed(directory: Path) -> bool:

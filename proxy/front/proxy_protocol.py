@@ -51,6 +51,8 @@ def _v1(data: bytes) -> tuple[int, str | None] | None:
         return end + 2, None
     if len(parts) != 6 or parts[1] not in ("TCP4", "TCP6"):
         raise ValueError(f"a malformed PROXY v1 header: {data[:end]!r}")
+    if "%" in parts[2] or "%" in parts[3]:  # a scope id would pass on whatever follows it
+        raise ValueError("a PROXY v1 header with a scoped address")
     source = ipaddress.ip_address(parts[2])
     ipaddress.ip_address(parts[3])
     if source.version != (4 if parts[1] == "TCP4" else 6):
@@ -58,7 +60,14 @@ def _v1(data: bytes) -> tuple[int, str | None] | None:
     for port in parts[4:]:
         if not port.isdigit() or int(port) > 65535 or (len(port) > 1 and port[0] == "0"):
             raise ValueError(f"a PROXY v1 header with port {port!r}")
-    return end + 2, str(source)
+    return end + 2, _client(source)
+
+
+def _client(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """An address as the proxy names a client: an IPv4 one mapped into IPv6 as IPv4, as
+    ``purge_from`` and the logs read a client's address."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped if mapped is not None else address)
 
 
 def _v2(data: bytes) -> tuple[int, str | None] | None:
@@ -77,7 +86,7 @@ def _v2(data: bytes) -> tuple[int, str | None] | None:
     if family == 0x11 and length >= 12:  # TCP over IPv4
         return end, str(ipaddress.IPv4Address(body[:4]))
     if family == 0x21 and length >= 36:  # TCP over IPv6
-        return end, str(ipaddress.IPv6Address(body[:16]))
+        return end, _client(ipaddress.IPv6Address(body[:16]))
     if family in (0x11, 0x21):
         raise ValueError("a PROXY v2 header too short for its addresses")
     return end, None  # UNSPEC, UDP or a Unix socket: no client address to take

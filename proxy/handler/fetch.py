@@ -29,6 +29,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
+    TOO_LARGE,
     TOO_MANY_TAGS,
     Answer,
     Fetch,
@@ -88,11 +89,15 @@ class Fetcher:
         self.shared = shared
         self.disk = disk
         self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
-        self.max_object = engine.store.max_object_bytes
         self.allow_set_cookie = config.cache.store_set_cookie
         # Misses a ``PendingMiss`` answered as their origin response arrived (also counted
         # among the engine's misses).
         self.fast_misses = 0
+
+    @property
+    def max_object(self) -> int:
+        """The largest body kept: the store's as it is now (a reload may change it)."""
+        return self.engine.store.max_object_bytes
 
     async def collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
@@ -309,7 +314,11 @@ class Fetcher:
         kept of it), write it to the disk tier when it took it, and what collapsed requests
         may share of it."""
         body = b"".join(parts) if parts is not None else b""
-        # A copy dropped past the max object size leaves a size the store refuses: too large.
+        if parts is None and type(decision) is Keep and self.engine.store.fits(total):
+            # No copy was kept of a body the store would take: never store it empty. (A
+            # copy dropped past the largest object leaves a size the store refuses, and
+            # counts, as too large.)
+            decision = TOO_LARGE
         self.engine.finish(meta, decision, total, self.clock(), payload=body)
         # Written after the store took it: what the engine forgets as it does (the URL's old
         # variants when the selecting fields change) is forgotten on disk too, and must not

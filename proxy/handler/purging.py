@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -43,16 +44,33 @@ class Purges:
         engine: CacheEngine,
         now: Callable[[], float],
         fleet: FleetPurges | None,
+        others: Callable[[str], None] | None,
     ) -> web.Response:
+        """The answer to a PURGE: ``others`` tells the other workers of the machine (a
+        removal the tiers make reaches their memory through it), ``fleet`` the fleet's."""
         if not self.allows(request.remote):
             return web.json_response(
                 {"error": "PURGE is not allowed from this address ([server] purge_from)"},
                 status=405, headers={"Allow": "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH"},
             )  # fmt: skip
-        purged = engine.purge("url", meta.key, now())
-        answer: dict[str, object] = {"removed": purged.count, "key": meta.key}
-        if not purged.durable:
-            answer["durable"] = False
+        answer = {**apply_purge(engine, "url", meta.key, now(), soft=False), "key": meta.key}
+        if others is not None:  # an admin purge reaches every worker; this one, one
+            others(meta.key)
         if fleet is not None:
             answer["fleet"] = await fleet.publish({"kind": "url", "value": meta.key, "soft": False})
         return web.json_response(answer)
+
+
+def apply_purge(
+    engine: CacheEngine, kind: str, value: Any, now: float, *, soft: bool
+) -> dict[str, object]:
+    """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, from
+    every tier, marking it stale (``soft``) where that is kept; the answer a purge gets,
+    whichever port it came on."""
+    purged = engine.purge(kind, value, now, soft=soft)
+    answer: dict[str, object] = {"stale" if soft else "removed": purged.count}
+    if not purged.durable:
+        answer["durable"] = False
+        answer["detail"] = ("the disk could not keep the purge on the device: it dropped every "
+                            "region the purge could reach instead")  # fmt: skip
+    return answer

@@ -55,7 +55,7 @@ class Revalidation:
                 status = forwarded("stale", fwd_status=304)
                 age = entry.age(fetcher.clock())
                 return fetcher.from_cache(meta, entry, age, status, "REVALIDATED")
-            if upstream.status >= 500 and action.stale_if_error:
+            if upstream.status >= 500 and action.on_error:
                 return self._origin_failed(meta, action, upstream.status, "origin error")
             fetch = Fetch("stale", whole=True, collapse=False)
             received = await fetcher.receive(request, meta, url, upstream, request_time, fetch,
@@ -65,9 +65,9 @@ class Revalidation:
     def _origin_failed(
         self, meta: RequestMeta, action: Revalidate, code: int, detail: str
     ) -> web.StreamResponse:
-        if action.stale_if_error:
-            self.fetcher.engine.served_stale(action.entry, on_error=action.stale_if_error)
-            status = hit(detail=action.stale_if_error)
+        if action.on_error:
+            self.fetcher.engine.served_stale(action.entry, on_error=action.on_error)
+            status = hit(detail=action.on_error)
             return self.fetcher.from_cache(meta, action.entry, action.age, status, "STALE")
         return plain(code, detail, forwarded("stale", detail=ORIGIN_ERROR))
 

@@ -99,9 +99,9 @@ class Proxy:
             engine.behind = (disk,)
 
     def reconfigure(self, config: Config) -> None:
-        """Take ``config`` for the requests from now on: its routes and request limits, the
-        memory tier's size (shrunk by evicting) and rules, and its admission policy. The
-        caller (``proxy.ops.reload``) has checked that nothing else changed."""
+        """Take ``config`` for the requests from now on: what ``proxy.ops.reload.LIVE`` (and
+        ``LIVE_ADMISSION``) name, the memory tier shrunk by evicting. The caller has checked
+        that nothing else changed."""
         engine, c, old = self.engine, config.cache, self.config.cache
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
             engine.resize(c.size, c.max_object_size)
@@ -112,7 +112,6 @@ class Proxy:
         self.router.take(config)
         self.purges = Purges(config.server.purge_from)
         plain = self.plain_hits
-        plain.max_url, plain.max_headers = self.router.max_url, self.router.max_headers
         plain.query_as_sent = self.router.queries_as_sent
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
         if config.admission_config() != self.config.admission_config():
@@ -157,7 +156,10 @@ class Proxy:
             return routed
         meta, url = routed
         if self.purges.takes(request.method):
-            return await self.purges.answer(request, meta, self.engine, self.clock, self.fleet)
+            others = None if self.disk is None else self.disk.forgotten
+            return await self.purges.answer(
+                request, meta, self.engine, self.clock, self.fleet, others
+            )
         if request.body_exists and request.method in ("GET", "HEAD"):
             # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
             # keys on none: the request goes to the origin whole, past the cache. Sent without

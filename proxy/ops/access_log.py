@@ -6,15 +6,18 @@
   included, as Apache's ``%O``), ``duration_us`` (from the request's arrival to its last
   byte handed to the socket), ``cache_status`` (``Cache-Status``), ``user_agent``,
   ``referer`` and ``request_id``. An absent field is ``null``.
-* ``combined``: Apache's combined format exactly (GoAccess, AWStats, any log parser's
+* ``combined``: Apache's combined format (GoAccess, AWStats, any log parser's
   ``COMBINEDAPACHELOG``): ``%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"``, with
   ``-`` for what is absent and Apache's escapes in the quoted parts (``\\"``, ``\\\\``, a
   byte outside printable ASCII as ``\\xhh``), so a hostile target or User-Agent cannot break
-  a line or forge a field. ``%b`` is the bytes written, as in ``json``.
+  a line or forge a field. Its bytes are those of ``json`` (head included: Apache's ``%O``
+  where its ``%b`` counts the body alone).
 
-``request_id`` is the client's ``X-Request-ID`` where it sent one, else one made here, unique
-in the process's run (as nginx's ``$request_id``); it is logged, never added to what passes
-through. Lines go to stderr or to ``[server] access_log_file``; ``AccessLogFile.reopen``
+``request_id`` is the client's ``X-Request-ID`` where it sent one of at most 128 plain
+characters, else one made here, unique in the process's run (as nginx's ``$request_id``); it
+is logged, never added to what passes through. A byte a client sent that is not UTF-8 is
+logged as U+FFFD in ``json`` (strict readers refuse lone surrogates), as ``\\xhh`` in
+``combined``. Lines go to stderr or to ``[server] access_log_file``; ``AccessLogFile.reopen``
 (SIGUSR1, as nginx's ``-s reopen``) starts writing to a file of that name again, for
 logrotate.
 """
@@ -44,6 +47,12 @@ def _escaped(text: str) -> str:
     return _UNSAFE.sub(lambda m: _ESCAPES.get(m[0][0], b"\\x%02x" % m[0][0]), raw).decode("ascii")
 
 
+# The fields of a JSON line, in order (docs/operations.md and config/proxy.toml name them;
+# tests/test_access_log.py holds both to this).
+FIELDS = ("time", "client", "method", "target", "host", "protocol", "status", "bytes",
+          "duration_us", "cache_status", "user_agent", "referer", "request_id")  # fmt: skip
+
+
 class _Ids:
     """Request ids unique in this process's run: a random prefix and a count."""
 
@@ -57,6 +66,23 @@ class _Ids:
 
 
 _ids = _Ids()
+
+
+# A client's own request id is logged when it is one: short, of characters that need no
+# escaping anywhere (else one is made, as when it sent none).
+_CLIENT_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+
+def _request_id(given: str | None) -> str:
+    return given if given is not None and _CLIENT_ID.fullmatch(given) else _ids.next()
+
+
+def _text(value: str | None) -> str | None:
+    """``value`` as valid Unicode: a byte that was not UTF-8 (parsed with surrogateescape)
+    becomes U+FFFD, so a strict JSON reader takes the line."""
+    if value is None or value.isascii():
+        return value
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _protocol(request: Any) -> str:
@@ -108,9 +134,9 @@ class AccessLog(AbstractAccessLogger):
                 "bytes": _bytes(response),
                 "duration_us": round(taken * 1e6),
                 "cache_status": response.headers.get("Cache-Status"),
-                "user_agent": headers.get("User-Agent"),
-                "referer": headers.get("Referer"),
-                "request_id": headers.get("X-Request-ID") or _ids.next(),
+                "user_agent": _text(headers.get("User-Agent")),
+                "referer": _text(headers.get("Referer")),
+                "request_id": _request_id(headers.get("X-Request-ID")),
             },
             ensure_ascii=True,
             separators=(",", ":"),

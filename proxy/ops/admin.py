@@ -22,6 +22,7 @@ from aiohttp import web
 
 from proxy.config.settings import AdminSection
 from proxy.core.stats import GAUGES, METRICS
+from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import readiness
@@ -94,6 +95,7 @@ def admin_app(
     /reload``; without one, a reload is refused); ``answers``, the data port's answers
     (``proxy.ops.answer_metrics``)."""
     started = time.time() if started is None else started
+    readiness_checks = readiness.Readiness(proxy)
 
     async def reload(request: web.Request) -> web.Response:
         done = reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)
@@ -154,7 +156,7 @@ def admin_app(
         return web.Response(text="ok\n")
 
     async def readyz(request: web.Request) -> web.Response:
-        found = await readiness.checks(proxy)
+        found = await readiness_checks.checks()
         ready = all(check.ok for check in found)
         return web.json_response(
             {"ready": ready, "checks": [check.as_json() for check in found]},
@@ -182,7 +184,7 @@ def admin_app(
             )
         kind, value = selector
         soft = params.get("soft") in (True, "true", "1")
-        answer: dict[str, object] = apply_purge(proxy, kind, value, soft)
+        answer: dict[str, object] = apply_purge(proxy.engine, kind, value, proxy.clock(), soft=soft)
         if kind != "tags":  # the key it used, as the cache keys it (Host as clients send it)
             answer[kind if kind == "prefix" else "key"] = value
         if proxy.fleet is not None:
@@ -229,18 +231,6 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
     return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
 
 
-def apply_purge(proxy: Proxy, kind: str, value: Any, soft: bool) -> dict[str, object]:
-    """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, in
-    memory and on disk, marking it stale (``soft``) where that is kept; the admin's answer."""
-    purged = proxy.engine.purge(kind, value, proxy.clock(), soft=soft)
-    answer: dict[str, object] = {"stale" if soft else "removed": purged.count}
-    if not purged.durable:
-        answer["durable"] = False
-        answer["detail"] = ("the disk could not keep the purge on the device: it dropped every "
-                            "region the purge could reach instead")  # fmt: skip
-    return answer
-
-
 def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
     """A purge another instance published (``apply_purge``'s arguments), if well formed."""
     kind, value = purge.get("kind"), purge.get("value")
@@ -248,7 +238,7 @@ def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
         kind == "tags" and isinstance(value, list) and all(isinstance(t, str) for t in value)
     )
     if valid:
-        apply_purge(proxy, kind, value, purge.get("soft") is True)
+        apply_purge(proxy.engine, kind, value, proxy.clock(), soft=purge.get("soft") is True)
 
 
 def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:

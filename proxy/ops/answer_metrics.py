@@ -34,39 +34,49 @@ from proxy.handler.routing import Router
 # Seconds; the histogram's upper bounds (+Inf last).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _HIT = b"\r\nCache-Status: onehit; hit"
+LABELS_KEPT = 1024
+_ROUTES = object()
 
 
 class AnswerMetrics:
-    """The counts ``record`` takes, as plain data (``snapshot``) that sums across workers."""
+    """The counts ``record`` takes, as plain data (``snapshot``) that sums across workers.
+    ``record`` runs for every answer the handler writes: plain lists and dicts, no object
+    made per answer but a key."""
 
     def __init__(self) -> None:
-        self.classes: Counter[str] = Counter()
-        self.routes: Counter[tuple[str, str]] = Counter()
-        self.buckets = {"hit": [0] * (len(BUCKETS) + 1), "miss": [0] * (len(BUCKETS) + 1)}
-        self.sums = {"hit": 0.0, "miss": 0.0}
+        self.classes = [0] * 6  # by status // 100 (0: anything out of range)
+        self.routes: dict[tuple[str, int], int] = {}
+        self.buckets = {True: [0] * (len(BUCKETS) + 1), False: [0] * (len(BUCKETS) + 1)}
+        self.sums = {True: 0.0, False: 0.0}
 
     def record(self, status: int, seconds: float, hit: bool, route: str) -> None:
-        kind = "hit" if hit else "miss"
-        status_class = f"{status // 100}xx"
-        self.classes[status_class] += 1
-        self.routes[(route, status_class)] += 1
-        self.buckets[kind][bisect_left(BUCKETS, seconds)] += 1
-        self.sums[kind] += seconds
+        kind = status // 100
+        if not 0 < kind < 6:
+            kind = 0
+        self.classes[kind] += 1
+        key = (route, kind)
+        routes = self.routes
+        routes[key] = routes.get(key, 0) + 1
+        self.buckets[hit][bisect_left(BUCKETS, seconds)] += 1
+        self.sums[hit] += seconds
 
     def snapshot(self, fast: Mapping[int, int]) -> dict[str, Any]:
         """The counts, with the hits answered as read (``fast``: by status; in the first
         bucket) folded in."""
-        buckets = {kind: list(counts) for kind, counts in self.buckets.items()}
-        buckets["hit"][0] += sum(fast.values())
-        classes = dict(self.classes)
+        classes = list(self.classes)
         for status, n in fast.items():
-            classes[f"{status // 100}xx"] = classes.get(f"{status // 100}xx", 0) + n
+            classes[status // 100 if 0 < status // 100 < 6 else 0] += n
+        hits = list(self.buckets[True])
+        hits[0] += sum(fast.values())
         return {
-            "classes": classes,
-            "routes": [[route, cls, n] for (route, cls), n in sorted(self.routes.items())],
-            "buckets": buckets,
-            "sums": dict(self.sums),
+            "classes": {_CLASS[k]: n for k, n in enumerate(classes) if n},
+            "routes": [[route, _CLASS[k], n] for (route, k), n in sorted(self.routes.items())],
+            "buckets": {"hit": hits, "miss": list(self.buckets[False])},
+            "sums": {"hit": self.sums[True], "miss": self.sums[False]},
         }
+
+
+_CLASS = ("other", "1xx", "2xx", "3xx", "4xx", "5xx")
 
 
 def combined(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
@@ -164,13 +174,16 @@ class Recorder(AbstractAccessLogger):
     metrics: AnswerMetrics
     router: Router
     log_to: AbstractAccessLogger | None
+    # A Host's route label, for the Hosts seen first; under _ROUTES, the table they follow.
+    labels: dict[Any, Any]
 
     @classmethod
     def for_service(
         cls, metrics: AnswerMetrics, router: Router, log_to: AbstractAccessLogger | None
     ) -> type[Recorder]:
         return type("ServiceRecorder", (cls,), {"__slots__": (), "metrics": metrics,
-                                                "router": router, "log_to": log_to})  # fmt: skip
+                                                "router": router, "log_to": log_to,
+                                                "labels": {}})  # fmt: skip
 
     @property
     def enabled(self) -> bool:
@@ -182,6 +195,16 @@ class Recorder(AbstractAccessLogger):
             hit = _HIT in head
         else:
             hit = (response.headers.get("Cache-Status") or "").startswith("onehit; hit")
-        self.metrics.record(response.status, time_taken, hit, self.router.route_label(request.host))
+        host = request.host
+        labels = self.labels
+        if labels.get(_ROUTES) is not self.router.routes:  # a reload changed them
+            labels.clear()
+            labels[_ROUTES] = self.router.routes
+        route = labels.get(host)
+        if route is None:
+            route = self.router.route_label(host)
+            if len(labels) < LABELS_KEPT:  # bounded: a client picks the Hosts it sends
+                labels[host] = route
+        self.metrics.record(response.status, time_taken, hit, route)
         if self.log_to is not None:
             self.log_to.log(request, response, time_taken)

@@ -2,26 +2,28 @@
 now, each check with its reason. (``/healthz`` says only that the process answers.)
 
 * ``origin <route>``: a TCP connection to the route's origin opens within the connect timeout
-  (at most 2 s); the reason says refused, timed out or unresolved, not the origin's address
-  (``/readyz`` needs no token).
+  (at most 2 s); the reason names the error (``ECONNREFUSED``), not the origin's address
+  (``/readyz`` needs no token). It says the origin accepts connections, not that it answers
+  well: the answers' statuses are in ``/metrics``.
 * ``redis``, when the admission filter is shared: Redis answered the last calls within their
   budget. While it does not, misses are judged by this instance's own filter: served, but a
   URL's second request across the fleet may be missed.
 * ``disk``, with a disk tier: a file can be created (and is removed again) in its directory.
 
 Ready only when every check passes: a load balancer reading ``/readyz`` takes an instance
-whose origins are all down out, hits and all; one that should keep serving hits through an
-origin outage reads ``/healthz``.
+out when any one of its routes' origins is down (every instance sees the same origin down:
+the whole fleet, hits and all); one that should keep serving hits through an origin outage
+reads ``/healthz``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
+import errno
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from proxy.disk.directory import take_a_file
 from proxy.handler.server import Proxy
 
 MAX_CONNECT = 2.0
@@ -35,6 +37,24 @@ class Check:
 
     def as_json(self) -> dict[str, object]:
         return {"name": self.name, "ok": self.ok, "reason": self.reason}
+
+
+class Readiness:
+    """``checks`` of one proxy, run at most once a second: the requests of a probe that
+    comes more often, or of many at once, share one run (``/readyz`` needs no token, and each
+    run opens a connection to every origin)."""
+
+    def __init__(self, proxy: Proxy, every: float = 1.0) -> None:
+        self.proxy = proxy
+        self.every = every
+        self._last: tuple[float, asyncio.Future[list[Check]]] | None = None
+
+    def checks(self) -> asyncio.Future[list[Check]]:
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is None or loop.time() - last[0] >= self.every:
+            last = self._last = (loop.time(), asyncio.ensure_future(checks(self.proxy)))
+        return last[1]
 
 
 async def checks(proxy: Proxy) -> list[Check]:
@@ -62,16 +82,16 @@ async def _origin(host: str, url: str, timeout: float) -> Check:
     except TimeoutError:
         return Check(name, False, f"no connection within {timeout:g}s")
     except OSError as exc:
-        return Check(name, False, f"cannot connect: {exc.strerror or type(exc).__name__}")
+        # The error's name alone: asyncio's own message names the address.
+        why = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        return Check(name, False, f"cannot connect ({why})")
     writer.close()
     return Check(name, True, "accepts connections")
 
 
 def _disk(path: str) -> Check:
     try:
-        fd, probe = tempfile.mkstemp(prefix=".onehit-ready-", dir=path)
-        os.close(fd)
-        os.unlink(probe)
+        take_a_file(path)
     except OSError as exc:
         return Check("disk", False, f"no file can be written in its directory: {exc.strerror}")
     return Check("disk", True, "writable")

@@ -2,14 +2,15 @@
 that start after it, with no connection dropped and nothing cached lost but what a smaller
 memory tier evicts.
 
-What a reload may change (``LIVE``): the routes and the default origin, the request limits
-and the fields passed to origins, the memory tier's size (shrunk by evicting, as its policy
-evicts) and largest object, ``hit_for_miss``, ``max_variants``, ``ignore_cookies`` and the
-cache key's query, and the admission policy of one process (its window starts afresh: every
-URL is a first sighting again). Anything else (the listeners, the disk tier, the workers, a
-shared admission filter, the origin client's limits, the logs) takes a restart: a reload
-that changes it is refused, naming the keys, and so is one whose configuration does not load;
-either way the running configuration stays, whole.
+What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the routes and
+the default origin, the fields passed to origins, ``purge_from``, the memory tier's size
+(shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
+``max_variants``, ``ignore_cookies`` and the cache key's query, and the admission policy of
+one process (its window starts afresh: every URL is a first sighting again). Anything else
+(the listeners and their request limits, which aiohttp's parser takes at the start, the
+disk tier, the workers, a shared admission filter, the origin client's limits, the logs)
+takes a restart: a reload that changes it is refused, naming the keys, and so is one whose
+configuration does not load; either way the running configuration stays, whole.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ LIVE = frozenset(
     {
         "routes",
         "upstream.origin",
-        "server.max_url_length",
-        "server.max_header_size",
         "server.forward_headers",
         "server.deny_headers",
         "server.purge_from",

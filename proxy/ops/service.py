@@ -249,9 +249,9 @@ def _proxy_server(
     server_kwargs["access_log_class"] = Recorder.for_service(answers, proxy.router, log)
     proxied = config.server.proxy_protocol
     if config.server.fast_hits:
-        answers = (proxy.plain_hits.answer, proxy.answer_hit)
+        hit_answers = (proxy.plain_hits.answer, proxy.answer_hit)
         return HitServer(
-            proxy.handle, answers, proxy.start, proxy.plain_hits.answer_bytes, hit_log=log,
+            proxy.handle, hit_answers, proxy.start, proxy.plain_hits.answer_bytes, hit_log=log,
             proxy_protocol=proxied, **server_kwargs,
         )  # fmt: skip
     if proxied:  # the front reads the PROXY header, then hands every request to aiohttp
@@ -267,17 +267,17 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
 
 
 async def until_signalled(
-    reopen: Callable[[], object] | None = None, reload: Callable[[], object] | None = None
+    reopen: Callable[[], object] | None = None, reread: Callable[[], object] | None = None
 ) -> None:
     """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
     while the caller drains); until then SIGUSR1 calls ``reopen`` (the logs' files opened
-    again) and SIGHUP ``reload`` (the configuration read again)."""
+    again) and SIGHUP ``reread`` (the configuration read again)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     if reopen is not None:
         loop.add_signal_handler(signal.SIGUSR1, reopen)
-    if reload is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload)
+    if reread is not None:
+        loop.add_signal_handler(signal.SIGHUP, reread)
     await stop.wait()

@@ -235,22 +235,20 @@ class Workers:
 
 def _per_worker(per_worker: list[Any], admins: list[str | None]) -> str:
     """One series per worker place: whether it answered, and its own counts."""
-    lines = [
+    ordered = sorted(per_worker, key=lambda w: w.get("worker") or 0)
+    up = [f'onehit_worker_up{{worker="{i}"}} {int(a is not None)}' for i, a in enumerate(admins)]
+    requests = [f'onehit_worker_requests_total{{worker="{w.get("worker")}"}} '
+                f'{w["metrics"]["requests"]}' for w in ordered]  # fmt: skip
+    memory = [f'onehit_worker_resident_memory_bytes{{worker="{w.get("worker")}"}} '
+              f'{w.get("resident_bytes", 0)}' for w in ordered]  # fmt: skip
+    return "\n".join([
         "# HELP onehit_worker_up Whether the worker in this place answered the scrape",
-        "# TYPE onehit_worker_up gauge",
-        *(f'onehit_worker_up{{worker="{i}"}} {int(a is not None)}' for i, a in enumerate(admins)),
+        "# TYPE onehit_worker_up gauge", *up,
         "# HELP onehit_worker_requests_total GET/HEAD requests each worker took",
-        "# TYPE onehit_worker_requests_total counter",
+        "# TYPE onehit_worker_requests_total counter", *requests,
         "# HELP onehit_worker_resident_memory_bytes Each worker's resident memory",
-        "# TYPE onehit_worker_resident_memory_bytes gauge",
-    ]
-    for w in sorted(per_worker, key=lambda w: w.get("worker") or 0):
-        worker = w.get("worker")
-        lines.insert(-2, f'onehit_worker_requests_total{{worker="{worker}"}} '
-                         f'{w["metrics"]["requests"]}')  # fmt: skip
-        lines.append(f'onehit_worker_resident_memory_bytes{{worker="{worker}"}} '
-                     f'{w.get("resident_bytes", 0)}')  # fmt: skip
-    return "\n".join(lines) + "\n"
+        "# TYPE onehit_worker_resident_memory_bytes gauge", *memory,
+    ]) + "\n"  # fmt: skip
 
 
 def _reachable(listen: tuple[str, int]) -> str:

@@ -273,8 +273,11 @@ static PyObject *Index_resize(IndexObject *self, PyObject *arg) {
         if (ev->evict != NULL) {
             done = ev->evict(self, evicted);
         } else {
-            /* A policy that makes room after an insert: its next victim goes now. */
+            /* A policy that makes room after an insert: its next victim goes now, and once
+             * its main queues are empty, the window's oldest (its own step moves the window
+             * on at an insert, which a resize has not). */
             int32_t i = ev->victim(self);
+            if (i < 0) i = self->tail[Q_SMALL];
             if (i < 0) break;
             done = index_evict_node(self, i, evicted);
         }

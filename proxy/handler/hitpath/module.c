@@ -251,10 +251,6 @@ static PyMemberDef PlainHits_members[] = {
     {"query_as_sent", T_BOOL, offsetof(PlainHits, query_as_sent), 0,
      "whether a target's query keys as sent ([cache] key_query): else a target with a query\n"
      "is declined (the proxy keys it)"},
-    {"max_url", T_PYSSIZET, offsetof(PlainHits, max_url), 0,
-     "the longest target answered here ([server] max_url_length; a reload may change it)"},
-    {"max_headers", T_PYSSIZET, offsetof(PlainHits, max_headers), 0,
-     "the most bytes of header fields answered here ([server] max_header_size)"},
     {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
      "the admission's observe, or None (a reload may change the admission)"},
     {NULL}};
