@@ -46,8 +46,9 @@ class Purges:
         fleet: FleetPurges | None,
         others: Callable[[str], None] | None,
     ) -> web.Response:
-        """The answer to a PURGE: ``others`` tells the other workers of the machine (a
-        removal the tiers make reaches their memory through it), ``fleet`` the fleet's."""
+        """The answer to a PURGE, once every tier and worker has it: ``others`` tells the other
+        workers of the machine (its ``sent`` awaited, where it has one), ``fleet`` the
+        fleet's instances."""
         if not self.allows(request.remote):
             return web.json_response(
                 {"error": "PURGE is not allowed from this address ([server] purge_from)"},
@@ -56,6 +57,9 @@ class Purges:
         answer = {**apply_purge(engine, "url", meta.key, now(), soft=False), "key": meta.key}
         if others is not None:  # an admin purge reaches every worker; this one, one
             others(meta.key)
+            sent = getattr(others, "sent", None)  # the machine's (``MachineForgets``)
+            if sent is not None:
+                await sent()
         if fleet is not None:
             answer["fleet"] = await fleet.publish({"kind": "url", "value": meta.key, "soft": False})
         return web.json_response(answer)

@@ -301,6 +301,12 @@ class MachineForgets:
                     log.warning("telling the other workers of %d removals failed: %r",
                                 len(keys), exc)  # fmt: skip
 
+    async def sent(self) -> None:
+        """Return once every key handed over so far has been sent (or failed): a purge
+        answers when the other workers have forgotten it."""
+        while self.sending is not None and not self.sending.done():
+            await asyncio.gather(self.sending, return_exceptions=True)
+
     def _batch(self) -> list[str]:
         """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
         bounded, and one refused would lose every key in it)."""
