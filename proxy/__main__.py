@@ -11,6 +11,8 @@ import mmap
 import os
 import signal
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
 from typing import Any, TypeVar
@@ -23,7 +25,13 @@ from proxy.ops import preflight
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
 from proxy.ops.shared_tier import worker_sharing
-from proxy.ops.workers import READY, MachineForgets, die_with_parent, serve_workers
+from proxy.ops.workers import (
+    READY,
+    MachineForgets,
+    die_with_parent,
+    reachable,
+    serve_workers,
+)
 
 T = TypeVar("T")
 
@@ -61,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(config.effective(), indent=2))
         print("onehit-proxy: configuration ok", file=sys.stderr)
         return 0
+    if args.reload:
+        return ask_reload(config)
     # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) ask for
     # nothing: their default would end the process.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -98,6 +108,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def ask_reload(config: Config) -> int:
+    """``--reload``: ``POST /reload`` to the admin listener ``config`` names (with its token);
+    0 when the proxy reloaded, 1 when it refused (its reason printed), 2 when none answered."""
+    url = f"{reachable(config.admin.listen)}/reload"
+    headers = {"Content-Type": "application/json"}
+    if config.admin.token:
+        headers["Authorization"] = f"Bearer {config.admin.token}"
+    request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            answer = json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        answer = json.loads(exc.read() or b"{}")
+    except (OSError, ValueError) as exc:
+        print(f"onehit-proxy: no proxy answered at {url}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(answer, indent=2))
+    return 0 if answer.get("reloaded") else 1
 
 
 def _without_workers(argv: list[str]) -> list[str]:
@@ -154,6 +184,12 @@ def _parser() -> argparse.ArgumentParser:
         "--check-config",
         action="store_true",
         help="check the settings (file, environment, flags), print those in force, and exit",
+    )
+    p.add_argument(
+        "--reload",
+        action="store_true",
+        help="have the running proxy these settings name (its admin listener) read its "
+        "configuration again, as SIGHUP does; print what changed, or why nothing did",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)

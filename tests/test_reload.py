@@ -211,3 +211,28 @@ def test_the_operators_guide_names_every_key_a_reload_takes():
     missing = [n for n in named if not re.search(rf"(`|\] ){n}`", section)]
     assert not missing and "the routes" in section, missing
     assert "`[admission]` policy" in section  # LIVE_ADMISSION, for one process
+
+
+@pytest.mark.slow
+async def test_the_reload_flag_asks_the_running_proxy_and_says_what_it_did(origin, tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "proxy.toml"
+    _write(path)
+    args = ("--config", str(path), "--origin", origin.url, "--set", "server.access_log=false")
+    async with served(*args) as (process, _, admin_url):
+        flags = [*args, "--admin-listen", admin_url.removeprefix("http://"), "--reload"]
+
+        def reload() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "proxy", *flags], capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+
+        _write(path, hit_for_miss="9s")
+        done = await asyncio.to_thread(reload)
+        assert done.returncode == 0 and '"cache.hit_for_miss"' in done.stdout, done.stderr
+        _write(path, extra='[disk]\npath = "/tmp/elsewhere"\n')
+        done = await asyncio.to_thread(reload)
+        assert done.returncode == 1 and "disk.path changed, which takes a restart" in done.stdout
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0

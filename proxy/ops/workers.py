@@ -76,7 +76,7 @@ async def serve_workers(
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
-    workers = Workers([*argv, "--parent-admin", _reachable(config.admin.listen)], window, tier)
+    workers = Workers([*argv, "--parent-admin", reachable(config.admin.listen)], window, tier)
     reloads = Reloads(config, read_config, workers)
     runner = web.AppRunner(fleet_admin(config, workers, reloads), access_log=None)
     supervising: asyncio.Future[None] | None = None
@@ -251,8 +251,9 @@ def _per_worker(per_worker: list[Any], admins: list[str | None]) -> str:
     ]) + "\n"  # fmt: skip
 
 
-def _reachable(listen: tuple[str, int]) -> str:
-    """The parent's admin as its workers reach it: on loopback when it listens everywhere."""
+def reachable(listen: tuple[str, int]) -> str:
+    """An admin listener as a process of this machine reaches it (a parent's, by its
+    workers; any, by ``--reload``): on loopback when it listens everywhere."""
     host, port = listen
     if host in ("", "0.0.0.0"):
         host = "127.0.0.1"
