@@ -267,7 +267,7 @@ async def _serve(
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
-    await until_signalled(service.reopen_logs, service.reload)
+    await until_signalled(service.reopen_logs, lambda: asyncio.ensure_future(service.reload()))
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     if forgets is not None:

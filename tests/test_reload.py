@@ -4,6 +4,7 @@ memory tier evicts; what cannot change, or does not load, changes nothing."""
 
 import asyncio
 import signal
+import socket
 
 import aiohttp
 import pytest
@@ -236,3 +237,50 @@ async def test_the_reload_flag_asks_the_running_proxy_and_says_what_it_did(origi
         assert done.returncode == 1 and "disk.path changed, which takes a restart" in done.stdout
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+async def test_new_listen_addresses_are_taken_and_connections_on_the_old_go_on(origin, tmp_path):
+    from loadgen.processes import free_port
+
+    path = tmp_path / "proxy.toml"
+
+    def write(port: int, admin_port: int) -> None:
+        path.write_text(f'[server]\nlisten = "127.0.0.1:{port}"\naccess_log = false\n'
+                        f'[admin]\nlisten = "127.0.0.1:{admin_port}"\n')  # fmt: skip
+
+    def read():
+        return load(path, env={}, overrides={"upstream.origin": origin.url})
+
+    old, old_admin = free_port(), free_port()
+    write(old, old_admin)
+    service = await Service.start(read(), read_config=read)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", old)  # kept alive
+        ask = b"GET /k HTTP/1.1\r\nHost: example.test\r\n\r\n"
+        taken = socket.socket()  # an address another process holds
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        write(taken.getsockname()[1], old_admin)
+        async with aiohttp.ClientSession() as client:
+            async with client.post(f"http://127.0.0.1:{old_admin}/reload", json={}) as r:
+                refused = (r.status, await r.json())
+            assert refused[0] == 409 and "cannot listen" in refused[1]["error"]
+            new, new_admin = free_port(), free_port()
+            write(new, new_admin)
+            async with client.post(f"http://127.0.0.1:{old_admin}/reload", json={}) as r:
+                moved = (r.status, await r.json())
+            assert moved[0] == 200 and set(moved[1]["changed"]) == {"server.listen",
+                                                                    "admin.listen"}  # fmt: skip
+            assert service.proxy_address == ("127.0.0.1", new)
+            async with client.get(f"http://127.0.0.1:{new}/k", headers=HOST) as r:
+                assert r.status == 200
+            async with client.get(f"http://127.0.0.1:{new_admin}/healthz") as r:
+                assert r.status == 200
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", old)
+        writer.write(ask)  # the connection accepted before goes on
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        writer.close()
+        taken.close()
+    finally:
+        await service.stop()

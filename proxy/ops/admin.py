@@ -88,7 +88,7 @@ def _host_name(host: str) -> str:
 def admin_app(
     proxy: Proxy,
     started: float | None = None,
-    reloader: Callable[[], Reloaded] | None = None,
+    reloader: Callable[[], Awaitable[Reloaded]] | None = None,
     answers: Callable[[], dict[str, Any]] | None = None,
 ) -> web.Application:
     """The admin API of one process; ``reloader`` reads the configuration again (``POST
@@ -98,7 +98,7 @@ def admin_app(
     readiness_checks = readiness.Readiness(proxy)
 
     async def reload(request: web.Request) -> web.Response:
-        done = reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)
+        done = await reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)
         return web.json_response(done.as_json(), status=409 if done.refused else 200)
 
     async def stats(request: web.Request) -> web.Response:

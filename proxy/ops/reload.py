@@ -6,17 +6,20 @@ What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the
 the default origin, the fields passed to origins, ``purge_from``, the memory tier's size
 (shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
 ``max_variants``, ``ignore_cookies`` and the cache key's query, and the admission policy of
-one process (its window starts afresh: every URL is a first sighting again). Anything else
-(the listeners and their request limits, which aiohttp's parser takes at the start, the
-disk tier, the workers, a shared admission filter, the origin client's limits, the logs)
+one process (its window starts afresh: every URL is a first sighting again). A process of its
+own also moves its listeners to new addresses (``LISTENERS``): the new ones open first, then
+the old ones close, the connections they accepted going on. Anything else (the request
+limits, which aiohttp's parser takes at the start, the disk tier, the workers, a shared
+admission filter, the origin client's limits, the logs; under ``--workers``, the listeners)
 takes a restart: a reload that changes it is refused, naming the keys, and so is one whose
-configuration does not load; either way the running configuration stays, whole.
+configuration does not load, or whose new address cannot be had; either way the running
+configuration stays, whole.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, is_dataclass
 
 from proxy.config.settings import Config, ConfigError
@@ -43,6 +46,8 @@ LIVE = frozenset(
         "cache.key_query_sort",
     }
 )
+# The listeners' addresses: moved by a process of its own (a worker's port is the machine's).
+LISTENERS = frozenset({"server.listen", "admin.listen"})
 # What each worker of a --workers parent is given by the parent (its share of the memory
 # tier): they take a restart there.
 SIZES = frozenset({"cache.size", "cache.max_object_size"})
@@ -86,15 +91,32 @@ def changed_keys(old: Config, new: Config) -> list[str]:
     return keys
 
 
-def reload(proxy: Proxy, read: Callable[[], Config], *, shares_admission: bool) -> Reloaded:
+async def reload(
+    proxy: Proxy,
+    read: Callable[[], Config],
+    *,
+    shares_admission: bool,
+    rebind: Callable[[Config], Awaitable[None]] | None = None,
+) -> Reloaded:
     """Read the configuration again (``read``) and give ``proxy`` what changed, or nothing:
     ``shares_admission``, the admission window is shared with other processes (then it takes
-    a restart too)."""
+    a restart too); ``rebind`` moves the listeners to the new configuration's addresses
+    (OSError when one cannot listen there: then nothing changes), or, None, they take a
+    restart."""
     live = LIVE if shares_admission else LIVE | LIVE_ADMISSION
+    if rebind is not None:
+        live |= LISTENERS
     new, done = judge(proxy.config, read, live)
-    if new is not None:
-        proxy.reconfigure(new)
-        log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
+    if new is None:
+        return done
+    if LISTENERS & set(done.changed):
+        assert rebind is not None
+        try:
+            await rebind(new)
+        except OSError as exc:
+            return _refused(f"cannot listen where the configuration says: {exc}")
+    proxy.reconfigure(new)
+    log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
     return done
 
 

@@ -99,6 +99,7 @@ class Service:
     access_file: AccessLogFile | None = None
     read_config: Callable[[], Config] | None = None
     shares_admission: bool = False
+    moves_listeners: bool = True  # False for a worker: the port is the machine's
 
     @classmethod
     async def start(
@@ -172,6 +173,7 @@ class Service:
             holder.append(service)
             service.read_config = read_config
             service.shares_admission = shared_window is not None
+            service.moves_listeners = not reuse_port
             service.access_file = None if access is None else access[1]
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
@@ -211,14 +213,44 @@ class Service:
         if self.access_file is not None:
             self.access_file.close()
 
-    def reload(self) -> Reloaded:
+    async def reload(self) -> Reloaded:
         """Read the configuration again and take what changed (``proxy.ops.reload``)."""
         if self.read_config is None:
             return Reloaded(refused=NO_SOURCE)
-        done = reload(self.proxy, self.read_config, shares_admission=self.shares_admission)
+        done = await reload(
+            self.proxy, self.read_config, shares_admission=self.shares_admission,
+            rebind=self._rebind if self.moves_listeners else None,
+        )  # fmt: skip
         if not done.refused:
             self.config = self.proxy.config
         return done
+
+    async def _rebind(self, new: Config) -> None:
+        """Listen where ``new`` says, where it differs: each new listener opened first (an
+        address that cannot be had raises OSError and closes those opened), then the old
+        closed; connections already accepted go on."""
+        moves = [
+            (runner, address, context)
+            for runner, old, address, context in (
+                (self.proxy_runner, self.config.server.listen, new.server.listen,
+                 server_context(new.server)),
+                (self.admin_runner, self.config.admin.listen, new.admin.listen, None),
+            )
+            if old != address
+        ]  # fmt: skip
+        opened: list[tuple[web.BaseRunner, web.TCPSite]] = []
+        try:
+            for runner, address, context in moves:
+                site = web.TCPSite(runner, *address, reuse_address=True, ssl_context=context)
+                await site.start()
+                opened.append((runner, site))
+        except OSError:
+            for _, site in opened:
+                await site.stop()
+            raise
+        for runner, site in opened:
+            for old in [s for s in runner.sites if s is not site]:
+                await old.stop()
 
     def reopen_logs(self) -> None:
         """Open the access log's file again, where logrotate left a new one (SIGUSR1)."""
