@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--disk-size",
-        help="a disk tier of this many bytes behind the memory tier (two tiers; not with --sample)",
+        help="a disk tier of this many bytes (or a share of the trace's distinct bytes, as "
+        "10%%) behind the memory tier (two tiers; not with --sample)",
     )
     sim.add_argument(
         "--disk-admission", default="second-hit", help="comma-separated, as --admission"
@@ -404,7 +405,9 @@ def _simulate_tiers(
 ) -> int:
     """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
     try:
-        disk_size, region = parse_size(args.disk_size), parse_size(args.region_size)
+        # A share of the trace's distinct bytes, as the memory tier's sizes may be.
+        (disk_size,) = resolve_sizes([args.disk_size], trace)
+        region = parse_size(args.region_size)
         rate = parse_size(args.disk_write_rate)
         disks = [DiskSpec(disk_size, region, AdmissionConfig(policy=p), max_write_rate=rate)
                  for p in _split(args.disk_admission)]  # fmt: skip

@@ -110,6 +110,15 @@ def test_two_tiers_print_the_hit_ratio_of_both_and_what_the_disk_was_written(tra
         "--region-size", "1MiB",
     )  # fmt: skip
     assert table.returncode == 0 and "disk written" in table.stdout
+    # A disk as a share of the trace's distinct bytes, as the memory's may be: 50% of its
+    # 247 MiB, more than 8 MiB, so more of it is hit.
+    shared = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--disk-size", "50%",
+        "--region-size", "1MiB", "--admission", "always", "--disk-admission", "always", "--json",
+    )  # fmt: skip
+    assert shared.returncode == 0, shared.stderr
+    (half,) = json.loads(shared.stdout)
+    assert half["stats"]["hits_from_disk"] > always["stats"]["hits_from_disk"]
 
 
 def test_a_sampled_run_says_so_and_estimates_the_whole_trace(trace_file, tmp_path):
