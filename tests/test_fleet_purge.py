@@ -32,9 +32,18 @@ async def test_a_purge_asked_of_one_instance_reaches_all_three(redis_server, ori
             seen = [await get(proxy, path) for _ in range(3)]  # stored on its second sighting
             assert seen[-1] == "HIT"
     answer = await admin_purge(proxies[0], {"prefix": "http://cdn.example/a/"})
-    assert answer == {"removed": 2, "prefix": "http://cdn.example/a/", "fleet": 2}
+    fleet = answer.pop("fleet")
+    assert answer == {"removed": 2, "prefix": "http://cdn.example/a/"}
+    # What each other instance removed, and that none was left to answer.
+    assert (fleet["reached"], fleet["missing"]) == (2, 0)
+    assert sorted(i["removed"] for i in fleet["instances"]) == [2, 2]
+    ids = {p.proxy.fleet.id[:12] for p in proxies[1:]}
+    assert {i["instance"] for i in fleet["instances"]} == ids
+    # The replies' list is gone once read (and would expire unread): Redis keeps nothing.
+    channel = proxies[0].proxy.fleet.channel
+    assert await proxies[0].proxy.fleet.client.keys(f"{channel}:reply:*") == []
     answer = await admin_purge(proxies[1], {"tags": ["tb"], "soft": True})
-    assert answer == {"stale": 1, "fleet": 2}
+    assert answer["stale"] == 1 and answer["fleet"]["reached"] == 2
     for _ in range(50):  # the others apply it as it arrives
         if all(p.proxy.fleet.received == (1 if p is proxies[1] else 2) for p in proxies[1:]):
             break

@@ -6,11 +6,14 @@ What it guarantees:
 * A purge is applied where it was asked before it is published; each other instance that is
   subscribed applies it once, on arrival (a message carries its sender's id, and an instance
   skips its own).
-* Redis keeps nothing for it: pub/sub holds no message, so it costs Redis no memory. An
-  instance cut off from Redis, or down, when a purge is published does not get it; it logs
-  one line when its subscription breaks and resubscribes (0.5 s, then up to 5 s apart). The
-  admin answer says how many instances the message reached (``fleet``), so the operator knows
-  whether to purge again.
+* Redis keeps little for it: pub/sub holds no message; each instance that applies a purge
+  pushes what it removed to the purge's reply list, which expires ``REPLY_TTL`` seconds
+  after (one entry an instance, deleted once read). An instance cut off from Redis, or down,
+  when a purge is published does not get it; it logs one line when its subscription breaks
+  and resubscribes (0.5 s, then up to 5 s apart). The admin answer says how many instances
+  the message reached and what each removed, waiting ``REPLY_WAIT`` at most for their
+  replies, and how many did not reply (``fleet``), so the operator knows whether to purge
+  again.
 """
 
 from __future__ import annotations
@@ -28,12 +31,18 @@ from proxy.config.logs import OneLineEvery
 FLEET_ERRORS = logging.getLogger("onehit.fleet")
 FLEET_ERRORS.addFilter(OneLineEvery())
 
+REPLY_WAIT = 1.0  # seconds the publisher waits for the instances' replies
+REPLY_TTL = 30  # seconds a reply list lives in Redis, read or not
+
 
 class FleetPurges:
     """The purge channel ``channel`` on ``client`` (a ``redis.asyncio`` client); ``apply``
-    carries out a purge another instance published (the admin's own purge, as a dict)."""
+    carries out a purge another instance published (the admin's own purge, as a dict) and
+    returns what it removed (the admin's answer), or None for a purge it would not take."""
 
-    def __init__(self, client: Any, channel: str, apply: Callable[[dict[str, Any]], object]):
+    def __init__(
+        self, client: Any, channel: str, apply: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ):
         self.client = client
         self.channel = channel
         self.apply = apply
@@ -41,21 +50,37 @@ class FleetPurges:
         self.received = 0
         self.subscribed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._replies: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._listen())
 
-    async def publish(self, purge: dict[str, Any]) -> int | None:
-        """Send ``purge`` to the fleet; how many other instances it reached, or None when
-        Redis could not be asked (one log line)."""
+    async def publish(self, purge: dict[str, Any]) -> dict[str, Any] | None:
+        """Send ``purge`` to the fleet: how many other instances it reached (``reached``),
+        what each that replied within ``REPLY_WAIT`` removed (``instances``) and how many did
+        not (``missing``); None when Redis could not be asked (one log line)."""
+        reply = f"{self.channel}:reply:{uuid.uuid4().hex}"
         try:
-            reached = await self.client.publish(
-                self.channel, json.dumps({**purge, "from": self.id})
-            )
+            reached = max(0, int(await self.client.publish(
+                self.channel, json.dumps({**purge, "from": self.id, "reply": reply})
+            )) - 1)  # fmt: skip
+            instances = []
+            deadline = asyncio.get_running_loop().time() + REPLY_WAIT
+            while len(instances) < reached:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                got = await self.client.blpop([reply], timeout=max(left, 0.01))
+                if got is None:
+                    break
+                with contextlib.suppress(ValueError, TypeError):
+                    instances.append(json.loads(got[1]))
+            await self.client.delete(reply)
         except Exception as exc:  # a purge is answered even when the fleet cannot be told
             FLEET_ERRORS.warning("publishing a purge to the fleet failed: %r", exc)
             return None
-        return max(0, int(reached) - 1)  # this instance listens too
+        return {"reached": reached, "instances": instances,
+                "missing": max(0, reached - len(instances))}  # fmt: skip
 
     async def _listen(self) -> None:
         pause = 0.5
@@ -91,12 +116,35 @@ class FleetPurges:
             return
         self.received += 1
         try:
-            self.apply(purge)
+            answer = self.apply(purge)
         except Exception as exc:
             FLEET_ERRORS.warning("applying a purge from the fleet failed: %r: %r",
                                  exc, str(purge)[:200])  # fmt: skip
+            return
+        reply = purge.get("reply")
+        # Only a reply list of this channel's: a message cannot have instances write any key.
+        if (
+            answer is not None
+            and isinstance(reply, str)
+            and reply.startswith(f"{self.channel}:reply:")
+            and len(reply) < 200
+        ):
+            task = asyncio.get_running_loop().create_task(self._reply(reply, answer))
+            self._replies.add(task)
+            task.add_done_callback(self._replies.discard)
+
+    async def _reply(self, key: str, answer: dict[str, Any]) -> None:
+        try:
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.rpush(key, json.dumps({"instance": self.id[:12], **answer}))
+                pipe.expire(key, REPLY_TTL)
+                await pipe.execute()
+        except Exception as exc:
+            FLEET_ERRORS.warning("replying to a fleet purge failed: %r", exc)
 
     async def close(self) -> None:
+        for task in list(self._replies):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

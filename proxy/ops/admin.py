@@ -231,14 +231,16 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
     return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
 
 
-def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> None:
-    """A purge another instance published (``apply_purge``'s arguments), if well formed."""
+def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> dict[str, object] | None:
+    """A purge another instance published (``apply_purge``'s arguments), if well formed:
+    what it removed here; None for one that is not."""
     kind, value = purge.get("kind"), purge.get("value")
     valid = (kind in ("url", "prefix") and isinstance(value, str)) or (
         kind == "tags" and isinstance(value, list) and all(isinstance(t, str) for t in value)
     )
-    if valid:
-        apply_purge(proxy.engine, kind, value, proxy.clock(), soft=purge.get("soft") is True)
+    if not valid:
+        return None
+    return apply_purge(proxy.engine, kind, value, proxy.clock(), soft=purge.get("soft") is True)
 
 
 def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
