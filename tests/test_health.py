@@ -77,3 +77,17 @@ async def test_probes_at_once_share_one_run_of_the_checks(raw_origin, client):
         await service.stop()
     assert {status for status, _ in answers} == {200}
     assert len(accepted) == 1
+
+
+async def test_an_origin_that_accepts_connections_and_answers_errors_is_not_ready(
+    origin, start_proxy, client
+):
+    origin.set("/bad", status=503, body=b"down", headers={})  # not stored: each one fetched
+    service = await start_proxy()
+    for _ in range(25):
+        async with client.get(base(service) + "/bad", headers={"Host": "example.test"}) as r:
+            assert r.status == 503
+    status, answer = await _ready(client, service)
+    [check] = answer["checks"]
+    assert status == 503 and check == {"name": "origin default", "ok": False,
+                                       "reason": "25 of its last 25 answers were 5xx"}  # fmt: skip

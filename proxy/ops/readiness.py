@@ -3,8 +3,9 @@ now, each check with its reason. (``/healthz`` says only that the process answer
 
 * ``origin <route>``: a TCP connection to the route's origin opens within the connect timeout
   (at most 2 s); the reason names the error (``ECONNREFUSED``), not the origin's address
-  (``/readyz`` needs no token). It says the origin accepts connections, not that it answers
-  well: the answers' statuses are in ``/metrics``.
+  (``/readyz`` needs no token); and, once the route has had ``FAILING_AFTER`` answers, no
+  more than half of its last ``RECENT`` (100) were 5xx (passive health: an origin that
+  accepts connections and answers errors, and the proxy's own 502 and 504 for it).
 * ``redis``, when the admission filter is shared: Redis answered the last calls within their
   budget. While it does not, misses are judged by this instance's own filter: served, but a
   URL's second request across the fleet may be missed.
@@ -25,8 +26,11 @@ from urllib.parse import urlsplit
 
 from proxy.disk.directory import take_a_file
 from proxy.handler.server import Proxy
+from proxy.ops.answer_metrics import AnswerMetrics
 
 MAX_CONNECT = 2.0
+# Answers a route must have had before its share of 5xx judges it.
+FAILING_AFTER = 20
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,11 @@ class Readiness:
     comes more often, or of many at once, share one run (``/readyz`` needs no token, and each
     run opens a connection to every origin)."""
 
-    def __init__(self, proxy: Proxy, every: float = 1.0) -> None:
+    def __init__(
+        self, proxy: Proxy, answers: AnswerMetrics | None = None, every: float = 1.0
+    ) -> None:
         self.proxy = proxy
+        self.answers = answers
         self.every = every
         self._last: tuple[float, asyncio.Future[list[Check]]] | None = None
 
@@ -53,15 +60,18 @@ class Readiness:
         loop = asyncio.get_running_loop()
         last = self._last
         if last is None or loop.time() - last[0] >= self.every:
-            last = self._last = (loop.time(), asyncio.ensure_future(checks(self.proxy)))
+            run = asyncio.ensure_future(checks(self.proxy, self.answers))
+            last = self._last = (loop.time(), run)
         return last[1]
 
 
-async def checks(proxy: Proxy) -> list[Check]:
-    """Every check of ``proxy``, run at once."""
+async def checks(proxy: Proxy, answers: AnswerMetrics | None = None) -> list[Check]:
+    """Every check of ``proxy``, run at once; ``answers``, the answers it wrote lately."""
     timeout = min(proxy.config.upstream.connect_timeout, MAX_CONNECT)
     routes = sorted(proxy.router.routes.items())
     found = list(await asyncio.gather(*(_origin(host, url, timeout) for host, url in routes)))
+    if answers is not None:
+        found = [_recent(check, answers) for check in found]
     shared = proxy.shared
     if shared is not None:
         reason = "answering within its budget"
@@ -87,6 +97,16 @@ async def _origin(host: str, url: str, timeout: float) -> Check:
         return Check(name, False, f"cannot connect ({why})")
     writer.close()
     return Check(name, True, "accepts connections")
+
+
+def _recent(check: Check, answers: AnswerMetrics) -> Check:
+    """``check`` of an origin, failed too when most of its route's last answers were 5xx
+    (passive health: an origin that accepts connections and answers errors)."""
+    route = check.name.removeprefix("origin ")
+    failed, of = answers.failing(route)
+    if not check.ok or of < FAILING_AFTER or failed * 2 <= of:
+        return check
+    return Check(check.name, False, f"{failed} of its last {of} answers were 5xx")
 
 
 def _disk(path: str) -> Check:

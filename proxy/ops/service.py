@@ -161,7 +161,11 @@ class Service:
             holder: list[Service] = []  # the admin's reloads reach the service once it exists
             admin_runner = web.AppRunner(
                 admin_app(
-                    proxy, time.time(), lambda: holder[0].reload(), lambda: answers.snapshot(fast)
+                    proxy,
+                    time.time(),
+                    lambda: holder[0].reload(),
+                    lambda: answers.snapshot(fast),
+                    answers,
                 ),
                 access_log=None,
             )
