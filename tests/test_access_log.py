@@ -48,14 +48,20 @@ def _lines(path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def test_json_lines_each_load_with_every_field(origin, start_proxy, client, tmp_path):
+async def _logged(origin, start_proxy, client, tmp_path, log_format: str) -> list[str]:
+    """The log lines of every request of ``REQUESTS``, in ``log_format``."""
     origin.set("/missing", status=404)
-    log = tmp_path / "access.json"
-    service = await start_proxy(server__access_log=True, server__access_log_format="json",
+    log = tmp_path / "access.log"
+    service = await start_proxy(server__access_log=True, server__access_log_format=log_format,
                                 server__access_log_file=str(log))  # fmt: skip
     await _send(service, client)
     await until(lambda: len(_lines(log)) == len(REQUESTS))
-    records = [json.loads(line) for line in _lines(log)]
+    return _lines(log)
+
+
+async def test_json_lines_each_load_with_every_field(origin, start_proxy, client, tmp_path):
+    lines = await _logged(origin, start_proxy, client, tmp_path, "json")
+    records = [json.loads(line) for line in lines]
     sent = [(m, p.replace('"', "%22")) for m, p, _ in REQUESTS]  # the client quotes a '"'
     assert [(r["method"], r["target"]) for r in records] == sent
     for record in records:
@@ -77,14 +83,9 @@ async def test_json_lines_each_load_with_every_field(origin, start_proxy, client
 async def test_combined_lines_match_apaches_format_even_with_hostile_fields(
     origin, start_proxy, client, tmp_path
 ):
-    origin.set("/missing", status=404)
-    log = tmp_path / "access.log"
-    service = await start_proxy(server__access_log=True, server__access_log_format="combined",
-                                server__access_log_file=str(log))  # fmt: skip
-    await _send(service, client)
-    await until(lambda: len(_lines(log)) == len(REQUESTS))
-    matches = [COMBINED.match(line) for line in _lines(log)]
-    assert all(matches), [line for line, m in zip(_lines(log), matches, strict=True) if not m]
+    lines = await _logged(origin, start_proxy, client, tmp_path, "combined")
+    matches = [COMBINED.match(line) for line in lines]
+    assert all(matches), [line for line, m in zip(lines, matches, strict=True) if not m]
     requests = [m[3] for m in matches]
     assert requests[:2] == ["GET /a?x=1 HTTP/1.1"] * 2 and requests[4] == "POST /form HTTP/1.1"
     assert [m[4] for m in matches] == ["200"] * 5 + ["404", "200", "200"]
