@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,14 +29,23 @@ from loadgen.experiment_file import LiveSettings, PolicySpec
 from loadgen.nginx import BALANCER_PROBE, nginx_balancer_config, nginx_binary, nginx_config
 from loadgen.trace import Trace, write_trace
 
+# The ports ``free_port`` handed out lately: the kernel may give a port just released again at
+# once, and two picked in a row (a proxy's and its admin's) must differ.
+_HANDED: deque[int] = deque(maxlen=64)
+
 
 def free_port() -> int:
-    """A loopback port free now, for servers that cannot say which port the kernel gave them
-    (nginx, Redis). Another socket may take it before the server binds it: onehit and the
-    embedded origin listen on port 0 and say where instead."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, and none of the last 64 this process was given, for servers
+    that cannot say which port the kernel gave them (nginx, Redis). Another socket may take it
+    before the server binds it: onehit and the embedded origin listen on port 0 and say where
+    instead."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED:
+            _HANDED.append(port)
+            return port
 
 
 async def _wait_healthy(
