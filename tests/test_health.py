@@ -89,5 +89,22 @@ async def test_an_origin_that_accepts_connections_and_answers_errors_is_not_read
             assert r.status == 503
     status, answer = await _ready(client, service)
     [check] = answer["checks"]
-    assert status == 503 and check == {"name": "origin default", "ok": False,
-                                       "reason": "25 of its last 25 answers were 5xx"}  # fmt: skip
+    assert status == 503 and check == {
+        "name": "origin default", "ok": False,
+        "reason": "25 of the last 25 requests to it failed or got 5xx",
+    }  # fmt: skip
+
+
+async def test_what_the_proxy_answers_itself_never_counts_against_the_origin(
+    origin, start_proxy, client
+):
+    """A client cannot take an instance out of its load balancer: 504s for only-if-cached
+    misses never reached the origin."""
+    service = await start_proxy()
+    for i in range(40):
+        async with client.get(base(service) + f"/nothing{i}",
+                              headers={"Host": "example.test",
+                                       "Cache-Control": "only-if-cached"}) as r:  # fmt: skip
+            assert r.status == 504
+    status, answer = await _ready(client, service)
+    assert status == 200 and answer["ready"] is True

@@ -26,7 +26,7 @@ from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import readiness
-from proxy.ops.answer_metrics import AnswerMetrics, process_text, resident_bytes
+from proxy.ops.answer_metrics import process_text, resident_bytes
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.reload import NO_SOURCE, Reloaded
 
@@ -90,14 +90,12 @@ def admin_app(
     started: float | None = None,
     reloader: Callable[[], Awaitable[Reloaded]] | None = None,
     answers: Callable[[], dict[str, Any]] | None = None,
-    recorded: AnswerMetrics | None = None,
 ) -> web.Application:
     """The admin API of one process; ``reloader`` reads the configuration again (``POST
     /reload``; without one, a reload is refused); ``answers``, the data port's answers
-    (``proxy.ops.answer_metrics``) as ``/metrics`` gives them, ``recorded`` where they are
-    counted (``/readyz`` reads each route's last ones)."""
+    (``proxy.ops.answer_metrics``) as ``/metrics`` gives them."""
     started = time.time() if started is None else started
-    readiness_checks = readiness.Readiness(proxy, recorded)
+    readiness_checks = readiness.Readiness(proxy)
 
     async def reload(request: web.Request) -> web.Response:
         done = await reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)

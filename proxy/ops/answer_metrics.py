@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import platform
 from bisect import bisect_left
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
@@ -35,7 +35,6 @@ from proxy.handler.routing import Router
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _HIT = b"\r\nCache-Status: onehit; hit"
 LABELS_KEPT = 1024
-RECENT = 100  # the answers a route's passive health looks back on
 _ROUTES = object()
 
 
@@ -47,8 +46,6 @@ class AnswerMetrics:
     def __init__(self) -> None:
         self.classes = [0] * 6  # by status // 100 (0: anything out of range)
         self.routes: dict[tuple[str, int], int] = {}
-        # Whether each of a route's last ``RECENT`` answers was a 5xx (``failing``).
-        self.recent: dict[str, deque[bool]] = {}
         self.buckets = {True: [0] * (len(BUCKETS) + 1), False: [0] * (len(BUCKETS) + 1)}
         self.sums = {True: 0.0, False: 0.0}
 
@@ -60,18 +57,8 @@ class AnswerMetrics:
         key = (route, kind)
         routes = self.routes
         routes[key] = routes.get(key, 0) + 1
-        recent = self.recent.get(route)
-        if recent is None:
-            recent = self.recent[route] = deque(maxlen=RECENT)
-        recent.append(kind == 5)
         self.buckets[hit][bisect_left(BUCKETS, seconds)] += 1
         self.sums[hit] += seconds
-
-    def failing(self, route: str) -> tuple[int, int]:
-        """Of ``route``'s last answers through the handler, how many were 5xx, and of how
-        many: the origin's errors relayed and the proxy's own 502 and 504 for it."""
-        recent = self.recent.get(route, ())
-        return sum(recent), len(recent)
 
     def snapshot(self, fast: Mapping[int, int]) -> dict[str, Any]:
         """The counts, with the hits answered as read (``fast``: by status; in the first

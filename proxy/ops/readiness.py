@@ -3,9 +3,10 @@ now, each check with its reason. (``/healthz`` says only that the process answer
 
 * ``origin <route>``: a TCP connection to the route's origin opens within the connect timeout
   (at most 2 s); the reason names the error (``ECONNREFUSED``), not the origin's address
-  (``/readyz`` needs no token); and, once the route has had ``FAILING_AFTER`` answers, no
-  more than half of its last ``RECENT`` (100) were 5xx (passive health: an origin that
-  accepts connections and answers errors, and the proxy's own 502 and 504 for it).
+  (``/readyz`` needs no token); and, once the proxy has sent it ``FAILING_AFTER`` requests,
+  no more than half of the last 100 failed or were answered 5xx (passive health,
+  ``proxy.origin.health``: an origin that accepts connections and answers errors; what the
+  proxy answers itself, as a 504 for ``only-if-cached``, never counts).
 * ``redis``, when the admission filter is shared: Redis answered the last calls within their
   budget. While it does not, misses are judged by this instance's own filter: served, but a
   URL's second request across the fleet may be missed.
@@ -26,10 +27,10 @@ from urllib.parse import urlsplit
 
 from proxy.disk.directory import take_a_file
 from proxy.handler.server import Proxy
-from proxy.ops.answer_metrics import AnswerMetrics
+from proxy.origin.health import OriginHealth, origin_of
 
 MAX_CONNECT = 2.0
-# Answers a route must have had before its share of 5xx judges it.
+# Requests an origin must have had before its share of failures judges it.
 FAILING_AFTER = 20
 
 
@@ -48,11 +49,8 @@ class Readiness:
     comes more often, or of many at once, share one run (``/readyz`` needs no token, and each
     run opens a connection to every origin)."""
 
-    def __init__(
-        self, proxy: Proxy, answers: AnswerMetrics | None = None, every: float = 1.0
-    ) -> None:
+    def __init__(self, proxy: Proxy, every: float = 1.0) -> None:
         self.proxy = proxy
-        self.answers = answers
         self.every = every
         self._last: tuple[float, asyncio.Future[list[Check]]] | None = None
 
@@ -60,18 +58,18 @@ class Readiness:
         loop = asyncio.get_running_loop()
         last = self._last
         if last is None or loop.time() - last[0] >= self.every:
-            run = asyncio.ensure_future(checks(self.proxy, self.answers))
+            run = asyncio.ensure_future(checks(self.proxy))
             last = self._last = (loop.time(), run)
         return last[1]
 
 
-async def checks(proxy: Proxy, answers: AnswerMetrics | None = None) -> list[Check]:
-    """Every check of ``proxy``, run at once; ``answers``, the answers it wrote lately."""
+async def checks(proxy: Proxy) -> list[Check]:
+    """Every check of ``proxy``, run at once."""
     timeout = min(proxy.config.upstream.connect_timeout, MAX_CONNECT)
     routes = sorted(proxy.router.routes.items())
     found = list(await asyncio.gather(*(_origin(host, url, timeout) for host, url in routes)))
-    if answers is not None:
-        found = [_recent(check, answers) for check in found]
+    health = proxy.upstream.health
+    found = [_recent(check, health, url) for check, (_, url) in zip(found, routes, strict=True)]
     shared = proxy.shared
     if shared is not None:
         reason = "answering within its budget"
@@ -99,14 +97,14 @@ async def _origin(host: str, url: str, timeout: float) -> Check:
     return Check(name, True, "accepts connections")
 
 
-def _recent(check: Check, answers: AnswerMetrics) -> Check:
-    """``check`` of an origin, failed too when most of its route's last answers were 5xx
-    (passive health: an origin that accepts connections and answers errors)."""
-    route = check.name.removeprefix("origin ")
-    failed, of = answers.failing(route)
+def _recent(check: Check, health: OriginHealth, url: str) -> Check:
+    """``check`` of an origin, failed too when most of the proxy's last requests to it failed
+    or were answered 5xx (passive health: an origin that accepts connections and answers
+    errors)."""
+    failed, of = health.failing(origin_of(url))
     if not check.ok or of < FAILING_AFTER or failed * 2 <= of:
         return check
-    return Check(check.name, False, f"{failed} of its last {of} answers were 5xx")
+    return Check(check.name, False, f"{failed} of the last {of} requests to it failed or got 5xx")
 
 
 def _disk(path: str) -> Check:

@@ -165,7 +165,6 @@ class Service:
                     time.time(),
                     lambda: holder[0].reload(),
                     lambda: answers.snapshot(fast),
-                    answers,
                 ),
                 access_log=None,
             )

@@ -38,6 +38,7 @@ from proxy.config.settings import UpstreamSection
 from proxy.core._native import field_lines
 from proxy.core.rfc9110 import digits
 from proxy.origin.connection import Address, Fields, Interim, OriginConnection
+from proxy.origin.health import OriginHealth
 from proxy.wire.seam import FlowControl
 
 log = logging.getLogger("onehit.upstream")
@@ -77,6 +78,7 @@ class Sent:
 
     def whole(self, status: int, reason: str, fields: Fields, body: bytes) -> OriginResponse:
         """The answer its connection offered whole."""
+        self.pool.health.record(self.address, status >= 500)
         return OriginResponse(self.pool, self.address, self.exchange, status, reason, fields,
                               EMPTY_PAYLOAD, body)  # fmt: skip
 
@@ -175,8 +177,9 @@ class OriginResponse:
 class OriginPool:
     """Keep-alive connections to plain-HTTP origins, shared by every request of the proxy."""
 
-    def __init__(self, config: UpstreamSection) -> None:
+    def __init__(self, config: UpstreamSection, health: OriginHealth | None = None) -> None:
         self._config = config
+        self.health = health if health is not None else OriginHealth()
         self._idle: dict[Address, list[tuple[OriginConnection, float]]] = {}
         self._exchanges: set[_Exchange] = set()
         self._tick = min(1.0, config.read_timeout / 8, config.total_timeout / 8)

@@ -23,6 +23,7 @@ import aiohttp
 from aiohttp.http import HttpProcessingError
 
 from proxy.config.settings import UpstreamSection
+from proxy.origin.health import OriginHealth, origin_of
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
 
 log = logging.getLogger("onehit.upstream")
@@ -50,7 +51,10 @@ class Upstream:
         self._config = config
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None
-        self._pool = OriginPool(config)
+        # Each origin's recent outcomes (``proxy.origin.health``): the pool's answers taken
+        # whole are recorded where they are taken, the rest here.
+        self.health = OriginHealth()
+        self._pool = OriginPool(config, self.health)
 
     async def start(self) -> None:
         c = self._config
@@ -98,6 +102,20 @@ class Upstream:
         ``interim`` is given the interim (1xx) responses before it, from a plain-HTTP origin
         (aiohttp's session, for the others, reads them past)."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
+        response = await self._request(method, url, headers, body, sent, interim)
+        self.health.record(origin_of(url), response.status >= 500)
+        return response
+
+    async def _request(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: AsyncIterator[bytes] | bytes | None,
+        sent: Sent | None,
+        interim: Interim | None,
+    ) -> UpstreamResponse:
+        assert self._session is not None and self._fresh is not None
         replayable = body is None or isinstance(body, bytes)
         try:
             if sent is not None:
@@ -121,6 +139,7 @@ class Upstream:
             error = _failure(method, url, exc)
             if error is None:
                 raise
+            self.health.record(origin_of(url), True)
         try:
             raise error
         finally:
