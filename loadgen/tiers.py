@@ -14,10 +14,13 @@ The rules, which the live disk tier will keep:
   as a record of ``DiskSpec.record_length`` bytes (given the live encoder's, as the parity
   test gives it, regions end where the live proxy's end; else its key, its body and
   ``meta_bytes`` of status, fields and times), at the end of the open region (``Regions``).
-* With a ``ttl`` responses expire, in memory and on disk alike (see ``simulate_tiers``).
+* With a ``ttl`` responses expire, in memory and on disk alike (see ``model_tiers``).
 
-Each request runs through the engine's Python rules, not the compiled loop ``simulate``
-uses: a few hundred thousand requests a second, where one tier runs at millions.
+``simulate_tiers`` runs the compiled loop (``proxy.core._native.simulate_tiers``: millions of
+requests a second) over the engine's own store, admission, disk index and write budget;
+``model_tiers`` runs each request through the engine's and the disk tier's Python rules, a few
+hundred thousand a second: the model the compiled loop is held equal to, count for count
+(``tests/test_tiers.py``), and the one ``tests/test_parity.py`` holds equal to the live proxy.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from loadgen.report import aligned
-from loadgen.simulate import SimResult, build_engine, policy_label
+from loadgen.simulate import SimResult, build_engine, compiled_admission, key_arrays, policy_label
 from loadgen.trace import Trace
+from proxy.core._native import simulate_tiers as compiled_tiers
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.engine import CacheEngine
 from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD
@@ -81,14 +88,99 @@ def simulate_tiers(
     eviction: str = "lru",
 ) -> SimResult:
     """Replay ``trace`` through a fresh memory tier of ``memory_bytes`` and the disk tier
-    ``disk`` describes. The stats are the engine's, counted as the live proxy counts them
-    (``hits`` of either tier, ``hits_from_memory`` and ``hits_from_disk`` among them), and
-    the disk tier's own (``disk_*``: its lookups, writes and evictions).
+    ``disk`` describes, in the compiled loop. The stats are the engine's, counted as the live
+    proxy counts them (``hits`` of either tier, ``hits_from_memory`` and ``hits_from_disk``
+    among them), and the disk tier's own (``disk_*``: its lookups, writes and evictions).
 
     With a finite ``ttl`` every response lives that long, memory's copy and the disk's record
     alike (each from when it was written), and has no validator, as the live proxy meets it:
     a stale entry in memory is fetched again (the disk is not asked), a stale record on disk
     answers nothing and the response is fetched again, and what is fetched replaces both."""
+    engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
+    tier = disk.tier()
+    engine.behind = (tier,)
+    keys = key_arrays(trace, key_prefix)
+    sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
+    regions = tier.regions
+    assert isinstance(regions, Regions), "a simulated tier has a ring of its own"
+    started = time.perf_counter()
+    deltas = compiled_tiers(
+        engine.store.index, compiled_admission(engine.admission), tier.index,
+        compiled_admission(tier.admission), tier.budget,
+        (regions.region_size, regions.regions, *regions.span()),
+        np.ascontiguousarray(trace.times, dtype=np.float64), keys.ids, sizes, keys.prefix,
+        keys.prefix_chars, ttl, entry_overhead, engine.store.max_object_bytes,
+        RECORD_HEADER + disk.meta_bytes, _record_lengths(trace, key_prefix, disk, sizes),
+        *keys.names,
+    )  # fmt: skip
+    regions.moved(
+        (deltas.pop("ring_oldest"), deltas.pop("ring_next"), deltas.pop("ring_fill")),
+        deltas.pop("ring_bytes_written"),
+        deltas.pop("ring_evictions"),
+    )
+    for counters, prefix in ((tier.counters, "disk_"), (engine.counters, "")):
+        for name in [n for n in deltas if n.startswith(prefix)]:
+            attribute = name.removeprefix(prefix)
+            setattr(counters, attribute, getattr(counters, attribute) + deltas.pop(name))
+    return _result(engine, tier, trace, disk, admission, eviction, started)
+
+
+def _record_lengths(
+    trace: Trace, key_prefix: str, disk: DiskSpec, sizes: np.ndarray
+) -> np.ndarray | None:
+    """Each request's record length where the compiled loop cannot count it from the key it
+    formats (a numeric id, after the prefix): the ``record_length`` given, or the key's UTF-8
+    bytes of a named trace."""
+    if disk.record_length is not None:
+        return np.fromiter(
+            (disk.record_length(key_prefix + k, s)
+             for k, s in zip(trace.key_strings(), sizes.tolist(), strict=True)),
+            dtype=np.int64, count=len(trace),
+        )  # fmt: skip
+    if trace.names is None:
+        return None
+    key_bytes = np.fromiter(
+        (len((key_prefix + name).encode()) for name in trace.names), dtype=np.int64
+    )
+    return RECORD_HEADER + disk.meta_bytes + key_bytes[trace.ids] + sizes
+
+
+def _result(
+    engine: CacheEngine,
+    tier: DiskTier,
+    trace: Trace,
+    disk: DiskSpec,
+    admission: AdmissionConfig,
+    eviction: str,
+    started: float,
+) -> SimResult:
+    elapsed = time.perf_counter() - started
+    stats = engine.stats()
+    stats.update(
+        {f"disk_{name}": value for name, value in asdict(tier.counters).items()},
+        disk_objects=len(tier),
+        disk_index_bytes=tier.index.memory_bytes,
+    )
+    label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
+    return SimResult(label, engine.store.capacity_bytes, admission, len(trace), stats, elapsed,
+                     [], 1.0, eviction)  # fmt: skip
+
+
+def model_tiers(
+    trace: Trace,
+    memory_bytes: int,
+    admission: AdmissionConfig,
+    disk: DiskSpec,
+    *,
+    max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
+    ttl: float = math.inf,
+    key_prefix: str = "",
+    eviction: str = "lru",
+) -> SimResult:
+    """``simulate_tiers``, each request through the engine's and the disk tier's Python rules
+    (``CacheEngine.lookup``, ``on_response`` and ``hit_behind``, ``DiskTier.find`` and
+    ``offer``), as the live proxy drives them."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
     written: dict[str, float] = {}  # key -> when its record was written
@@ -122,17 +214,7 @@ def simulate_tiers(
         on_response(request, stored, size, now)
         if offer(key, size, record_length(key, size), now) is not None:
             written[key] = now
-    elapsed = time.perf_counter() - started
-    stats = engine.stats()
-    c = tier.counters
-    stats.update(
-        {f"disk_{name}": value for name, value in asdict(c).items()},
-        disk_objects=len(tier),
-        disk_index_bytes=tier.index.memory_bytes,
-    )
-    label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
-    return SimResult(label, memory_bytes, admission, len(trace), stats, elapsed, [], 1.0,
-                     eviction)  # fmt: skip
+    return _result(engine, tier, trace, disk, admission, eviction, started)
 
 
 TIER_COLUMNS = ("policies", "memory", "hit ratio", "memory hits", "disk hits", "disk written",

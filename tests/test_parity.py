@@ -9,7 +9,7 @@ import pytest
 from conftest import base, serve_trace
 
 from loadgen.simulate import simulate
-from loadgen.tiers import DiskSpec, simulate_tiers
+from loadgen.tiers import DiskSpec, model_tiers, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
@@ -47,14 +47,16 @@ def two_tiers(capacity: int, directory) -> dict[str, str]:
 
 def simulated_like(proxy, trace: Trace, capacity: int, prefix: str, record_length,
                    ttl: float = math.inf) -> dict:  # fmt: skip
-    """``simulate_tiers``' stats for ``trace`` with ``proxy``'s two tiers, as configured."""
+    """``simulate_tiers``' stats for ``trace`` with ``proxy``'s two tiers, as configured: the
+    compiled loop's, which are the Python model's (``model_tiers``) too."""
     section = proxy.config.disk
     spec = DiskSpec(section.size, section.region_size,
                     AdmissionConfig(policy=section.policy, window=section.window),
                     record_length=record_length)  # fmt: skip
-    return simulate_tiers(
-        trace, capacity, proxy.config.admission_config(), spec, key_prefix=prefix, ttl=ttl
-    ).stats
+    args = (trace, capacity, proxy.config.admission_config(), spec)
+    compiled = simulate_tiers(*args, key_prefix=prefix, ttl=ttl).stats
+    assert compiled == model_tiers(*args, key_prefix=prefix, ttl=ttl).stats
+    return compiled
 
 
 async def replay(client, proxy, trace: Trace, clock: list[float] | None = None) -> str:

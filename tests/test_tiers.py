@@ -3,11 +3,15 @@ its own admission, written sequentially into regions."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from loadgen.simulate import simulate
-from loadgen.tiers import DiskSpec, simulate_tiers
+from loadgen.tiers import DiskSpec, model_tiers, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
@@ -76,3 +80,56 @@ def test_a_full_disk_evicts_whole_regions_and_its_index_stays_small(trace):
 def test_a_disk_of_fewer_than_two_regions_is_refused():
     with pytest.raises(ValueError, match="fewer than 2 regions"):
         DiskSpec(16 << 20)
+
+
+MEMORY_POLICIES = ("always", "second-hit", "nth-hit:3", "tinylfu", "probabilistic:0.5",
+                   "size-below:3000", "adaptive")  # fmt: skip
+DISK_POLICIES = ("always", "second-hit", "nth-hit:2", "probabilistic:0.3", "size-below:2500")
+
+
+@st.composite
+def drawn_traces(draw) -> Trace:
+    """A short trace: few keys (so they repeat), sizes that change between requests of a key,
+    numeric ids or names (some not ASCII), times that may stand still."""
+    n = draw(st.integers(1, 400))
+    keys = draw(st.integers(1, 60))
+    ids = draw(st.lists(st.integers(0, keys - 1), min_size=n, max_size=n))
+    sizes = draw(st.lists(st.sampled_from([0, 1, 700, 1500, 3000, 9000]), min_size=n,
+                          max_size=n))  # fmt: skip
+    steps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.3, 1.0, 4.0]), min_size=n, max_size=n))
+    names = None
+    if draw(st.booleans()):
+        names = [f"{k}-{draw(st.sampled_from(['a', 'é', '日本']))}" for k in range(keys)]
+    return Trace(np.cumsum(steps), np.array(ids, dtype=np.int64 if names else np.uint64),
+                 np.array(sizes, dtype=np.int64), names)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    trace=drawn_traces(),
+    memory=st.sampled_from([2_000, 8_000, 40_000]),
+    admission=st.sampled_from(MEMORY_POLICIES),
+    eviction=st.sampled_from(["lru", "s3fifo", "sieve", "wtinylfu"]),
+    disk_admission=st.sampled_from(DISK_POLICIES),
+    regions=st.sampled_from([(4_000, 2), (8_000, 3), (64_000, 4)]),
+    ttl=st.sampled_from([math.inf, 1.0, 5.0]),
+    overhead=st.sampled_from([0, 300]),
+    max_object=st.sampled_from([None, 2_000]),
+    budget=st.sampled_from([0.0, 3_000.0]),
+    named_record=st.booleans(),
+)
+def test_the_compiled_loop_counts_as_the_model_does(
+    trace, memory, admission, eviction, disk_admission, regions, ttl, overhead, max_object,
+    budget, named_record,
+):  # fmt: skip
+    """Every count of both tiers, request for request (small tiers: evictions of memory
+    entries and of disk regions, stale copies in either, responses too large for one or the
+    other, a write budget that throttles)."""
+    region_size, count = regions
+    record_length = (lambda key, size: 40 + 3 * len(key) + size) if named_record else None
+    disk = DiskSpec(region_size * count, region_size, AdmissionConfig(policy=disk_admission),
+                    meta_bytes=100, record_length=record_length, max_write_rate=budget)  # fmt: skip
+    args = (trace, memory, AdmissionConfig(policy=admission), disk)
+    options = {"ttl": ttl, "entry_overhead": overhead, "max_object_bytes": max_object,
+               "eviction": eviction, "key_prefix": "/o/"}  # fmt: skip
+    assert simulate_tiers(*args, **options).stats == model_tiers(*args, **options).stats

@@ -34,10 +34,11 @@ Rules it keeps:
   would evict first. A reader may meet a slot being taken over; the record's key, checked on
   every read, makes that a miss. The disk admission's window is shared too
   (``admission_memory``).
-* A write budget (``WriteBudget``, bytes a second; none by default) tightens admission when
-  the tier writes faster: what the admission takes is then written with a probability set
-  each second from the last second's rate, as CacheLib's dynamic random admission keeps flash
-  within its endurance. What it turns away is counted as ``throttled``.
+* A write budget (``WriteBudget``, compiled: bytes a second; none by default) tightens
+  admission when the tier writes faster: what the admission takes is then written with a
+  probability set each second from the last second's rate (its ratio to the budget, up to
+  all), as CacheLib's dynamic random admission keeps flash within its endurance, drawn from a
+  seeded generator so that runs repeat. What it turns away is counted as ``throttled``.
 * Admission policies that compare with the store's next victim (``tinylfu``, ``adaptive``)
   need an eviction order by key, which a ring of regions does not have: they are refused
   for the disk tier, naming the ones that work.
@@ -45,13 +46,12 @@ Rules it keeps:
 
 from __future__ import annotations
 
-import random
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from proxy.core._native import DiskIndex, SharedIndex, hash64
+from proxy.core._native import DiskIndex, SharedIndex, WriteBudget, hash64
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
 from proxy.core.regions import Ring
 from proxy.core.store import Entry
@@ -88,40 +88,6 @@ def slots(dump: bytes) -> list[tuple[int, Slot]]:
 def index_key(key: str) -> int:
     """The hash the index keeps for ``key`` (``slots``)."""
     return hash64(key)[0] or 1
-
-
-class WriteBudget:
-    """At most about ``rate`` bytes a second written: each second, the share of what the
-    admission takes that is written follows the rate the second before (its ratio to the
-    budget, up to all), drawn by a seeded generator so that runs repeat."""
-
-    def __init__(self, rate: float, seed: int = 1) -> None:
-        self.rate = rate
-        self.probability = 1.0
-        self._start: float | None = None
-        self._bytes = 0
-        self._rng = random.Random(seed)
-
-    def allow(self, now: float) -> bool:
-        """Whether a record the admission took may be written at ``now``."""
-        if self.rate <= 0:
-            return True
-        if self._start is None:
-            self._start = now
-        elapsed = now - self._start
-        if elapsed >= 1.0:
-            observed = self._bytes / elapsed
-            if observed > self.rate:
-                self.probability = max(0.001, self.probability * self.rate / observed)
-            elif observed > 0:
-                self.probability = min(1.0, self.probability * min(2.0, self.rate / observed))
-            else:
-                self.probability = min(1.0, self.probability * 2.0)
-            self._start, self._bytes = now, 0
-        return self.probability >= 1.0 or self._rng.random() < self.probability
-
-    def wrote(self, length: int) -> None:
-        self._bytes += length
 
 
 @dataclass(slots=True)

@@ -87,6 +87,22 @@ class Regions:
         record opens a new region."""
         self.fill = self.region_size
 
+    def span(self) -> tuple[int, int, int]:
+        """The ring as (oldest live region, next to open, fill of the open one), as the
+        simulator's compiled loop takes it; the regions a simulated ring holds are always
+        consecutive."""
+        oldest = self.live[0] if self.live else self.next
+        assert len(self.live) == self.next - oldest, "the live regions are consecutive"
+        return oldest, self.next, self.fill
+
+    def moved(self, span: tuple[int, int, int], written: int, evictions: int) -> None:
+        """The ring as the compiled loop left it (``span``, as ``span`` gives it), having
+        placed ``written`` bytes and evicted ``evictions`` regions."""
+        oldest, self.next, self.fill = span
+        self.live = deque(range(oldest, self.next))
+        self.bytes_written += written
+        self.evictions += evictions
+
     def holds(self, region: int) -> bool:
         """Whether ``region`` is live (its records may still be read)."""
         return bool(self.live) and self.live[0] <= region <= self.live[-1]

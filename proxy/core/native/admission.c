@@ -79,11 +79,7 @@ int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size
         break;
     }
     case A_PROBABILISTIC: {
-        a->rng ^= a->rng >> 12;
-        a->rng ^= a->rng << 25;
-        a->rng ^= a->rng >> 27;
-        double u = (double)((a->rng * 0x2545F4914F6CDD1DULL) >> 11) * 0x1.0p-53;
-        admit = u < a->probability;
+        admit = next_uniform(&a->rng) < a->probability;
         break;
     }
     case A_ADAPTIVE: {

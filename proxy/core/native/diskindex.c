@@ -12,24 +12,6 @@
  * outnumber the live ones (or at growth). Each live region's count of slots is kept in a ring of `ring` counts,
  * so an eviction knows at once how many slots died. */
 
-typedef struct {
-    uint32_t key_lo, key_hi;
-    uint32_t region, offset, length;
-} DiskSlot;
-
-typedef struct {
-    PyObject_HEAD
-    DiskSlot *slots;
-    uint64_t mask;
-    long long live;  /* slots of live regions */
-    long long dead;  /* slots of evicted regions, not yet dropped */
-    uint32_t first;  /* the oldest live region */
-    long long ring;  /* regions the tier holds at most */
-    long long *counts; /* slots per live region, by region % ring */
-    long long *bytes;  /* their records' bytes, by region % ring */
-    long long held;    /* bytes of the live slots' records */
-} DiskIndexObject;
-
 static inline uint64_t slot_key(const DiskSlot *s) {
     return (uint64_t)s->key_hi << 32 | s->key_lo;
 }
@@ -118,17 +100,20 @@ static void DiskIndex_dealloc(DiskIndexObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+const DiskSlot *disk_index_get(DiskIndexObject *x, uint64_t key) {
+    DiskSlot *slot = find_slot(x, stored_key(key));
+    return slot_key(slot) == 0 || !slot_live(x, slot) ? NULL : slot;
+}
+
 static PyObject *DiskIndex_get(DiskIndexObject *self, PyObject *arg) {
     uint64_t key;
     if (parse_u64(arg, &key) < 0) return NULL;
-    DiskSlot *slot = find_slot(self, stored_key(key));
-    if (slot_key(slot) == 0 || !slot_live(self, slot)) Py_RETURN_NONE;
+    const DiskSlot *slot = disk_index_get(self, key);
+    if (slot == NULL) Py_RETURN_NONE;
     return Py_BuildValue("(III)", slot->region, slot->offset, slot->length);
 }
 
-/* key's record lies at (region, offset, length), replacing where it lay; -1 with an exception
- * set when the table cannot grow. The caller checked the values fit. */
-static int put_slot(DiskIndexObject *self, uint64_t key, uint32_t region, uint32_t offset,
+int disk_index_put(DiskIndexObject *self, uint64_t key, uint32_t region, uint32_t offset,
                     uint32_t length) {
     if ((uint64_t)(self->live + self->dead + 1) * 4 > (self->mask + 1) * 3) {
         uint64_t size = self->mask + 1;
@@ -168,7 +153,7 @@ static PyObject *DiskIndex_put(DiskIndexObject *self, PyObject *const *args, Py_
                      (unsigned long long)offset, (unsigned long long)length, self->first);
         return NULL;
     }
-    if (put_slot(self, key, (uint32_t)region, (uint32_t)offset, (uint32_t)length) < 0)
+    if (disk_index_put(self, key, (uint32_t)region, (uint32_t)offset, (uint32_t)length) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -193,7 +178,7 @@ static PyObject *DiskIndex_load(DiskIndexObject *self, PyObject *arg) {
         memcpy(&offset, p + at + 12, 4);
         memcpy(&length, p + at + 16, 4);
         if (region < self->first || region == DELETED) continue;
-        if (put_slot(self, key, region, offset, length) < 0) {
+        if (disk_index_put(self, key, region, offset, length) < 0) {
             PyBuffer_Release(&view);
             return NULL;
         }
@@ -203,9 +188,7 @@ static PyObject *DiskIndex_load(DiskIndexObject *self, PyObject *arg) {
     return PyLong_FromLongLong(put);
 }
 
-/* Forgets key's slot when it is live and lies at only_region and only_offset: 1 when it did,
- * 0 when not, -1 with an exception set. */
-static int delete_slot(DiskIndexObject *self, uint64_t key, uint32_t only_region,
+int disk_index_delete_at(DiskIndexObject *self, uint64_t key, uint32_t only_region,
                        uint32_t only_offset) {
     DiskSlot *slot = find_slot(self, stored_key(key));
     if (slot_key(slot) == 0 || !slot_live(self, slot)) return 0;
@@ -222,8 +205,21 @@ static PyObject *DiskIndex_delete_at(DiskIndexObject *self, PyObject *const *arg
     uint32_t region, offset;
     int place = parse_place(args, n, &key, &region, &offset);
     if (place <= 0) return place < 0 ? NULL : Py_NewRef(Py_False);
-    int done = delete_slot(self, key, region, offset);
+    int done = disk_index_delete_at(self, key, region, offset);
     return done < 0 ? NULL : PyBool_FromLong(done);
+}
+
+long long disk_index_evict_region(DiskIndexObject *x, uint32_t region) {
+    long long *count = region_count(x, region);
+    long long gone = *count;
+    *count = 0;
+    x->held -= x->bytes[region % (uint64_t)x->ring];
+    x->bytes[region % (uint64_t)x->ring] = 0;
+    x->live -= gone;
+    x->dead += gone;
+    x->first = region + 1;
+    if (x->dead > x->live && rebuild(x, x->mask + 1) < 0) return -1;
+    return gone;
 }
 
 static PyObject *DiskIndex_evict_region(DiskIndexObject *self, PyObject *arg) {
@@ -234,16 +230,8 @@ static PyObject *DiskIndex_evict_region(DiskIndexObject *self, PyObject *arg) {
                      self->first, (unsigned long long)region);
         return NULL;
     }
-    long long *count = region_count(self, (uint32_t)region);
-    long long gone = *count;
-    *count = 0;
-    self->held -= self->bytes[region % (uint64_t)self->ring];
-    self->bytes[region % (uint64_t)self->ring] = 0;
-    self->live -= gone;
-    self->dead += gone;
-    self->first = (uint32_t)region + 1;
-    if (self->dead > self->live && rebuild(self, self->mask + 1) < 0) return NULL;
-    return PyLong_FromLongLong(gone);
+    long long gone = disk_index_evict_region(self, (uint32_t)region);
+    return gone < 0 ? NULL : PyLong_FromLongLong(gone);
 }
 
 static PyObject *DiskIndex_resume(DiskIndexObject *self, PyObject *arg) {

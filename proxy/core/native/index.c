@@ -64,8 +64,7 @@ void index_drop(IndexObject *x, int32_t i, uint64_t s) {
     x->free_head = i;
 }
 
-/* Removes a resident key (not an eviction); 1 if it was there. */
-static int index_delete(IndexObject *x, uint64_t key) {
+int index_delete(IndexObject *x, uint64_t key) {
     int64_t s = index_find_slot(x, key);
     if (s < 0 || x->nodes[x->table[s] - 1].queue == Q_GHOST) return 0;
     index_drop(x, x->table[s] - 1, (uint64_t)s);

@@ -42,6 +42,10 @@ static PyMethodDef module_methods[] = {
     {"simulate_chunk", (PyCFunction)(void (*)(void))py_simulate_chunk,
      METH_VARARGS | METH_KEYWORDS,
      "Replay requests through a StoreIndex and an Admission; returns counter deltas."},
+    {"simulate_tiers", (PyCFunction)(void (*)(void))py_simulate_tiers,
+     METH_VARARGS | METH_KEYWORDS,
+     "Replay requests through a memory tier and a disk tier; returns counter deltas and the "
+     "ring's state."},
     {NULL},
 };
 
@@ -52,7 +56,8 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&BloomType) < 0 || PyType_Ready(&WindowType) < 0 ||
         PyType_Ready(&IndexType) < 0 || PyType_Ready(&AdmissionType) < 0 ||
-        PyType_Ready(&DiskIndexType) < 0 || PyType_Ready(&SharedIndexType) < 0)
+        PyType_Ready(&DiskIndexType) < 0 || PyType_Ready(&SharedIndexType) < 0 ||
+        PyType_Ready(&WriteBudgetType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&native_module);
     if (m == NULL) return NULL;
@@ -61,7 +66,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyModule_AddObjectRef(m, "StoreIndex", (PyObject *)&IndexType) < 0 ||
         PyModule_AddObjectRef(m, "Admission", (PyObject *)&AdmissionType) < 0 ||
         PyModule_AddObjectRef(m, "DiskIndex", (PyObject *)&DiskIndexType) < 0 ||
-        PyModule_AddObjectRef(m, "SharedIndex", (PyObject *)&SharedIndexType) < 0) {
+        PyModule_AddObjectRef(m, "SharedIndex", (PyObject *)&SharedIndexType) < 0 ||
+        PyModule_AddObjectRef(m, "WriteBudget", (PyObject *)&WriteBudgetType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

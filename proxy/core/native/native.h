@@ -17,7 +17,9 @@
  * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
  *   probabilistic, size-below, adaptive).
  * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the cache
- *   engine's rules for a cacheable response (see loadgen/simulate.py).
+ *   engine's rules for a cacheable response (see loadgen/simulate.py); simulate_tiers the
+ *   same loop with a disk tier behind it (a DiskIndex, its Admission and WriteBudget: see
+ *   loadgen/tiers.py).
  * - index_fields and end_to_end read header fields as rfc9111.Fields and rfc9111.end_to_end
  *   do (lower-cased names, as str.lower gives them).
  *
@@ -53,6 +55,18 @@ int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2);
 int sizing(long long capacity, double fp_rate, long long *bits, int *probes);
 PyObject *py_hash64(PyObject *module, PyObject *key);
 PyObject *py_optimal_size(PyObject *module, PyObject *args);
+
+/* A uniform double in [0, 1) from a xorshift64* generator: what every random choice of the
+ * core draws (probabilistic admission, a disk tier's write budget), so a seed repeats a run
+ * whichever driver makes it. */
+static inline double next_uniform(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * 0x1.0p-53;
+}
 
 /* bloom.c */
 
@@ -337,6 +351,8 @@ int index_put(IndexObject *x, uint64_t key, long long size, long long charge, lo
               double stored_at, PyObject *evicted);
 /* A resident node leaves the store's counts (it is unlinked already). */
 void index_forget(IndexObject *x, Node *n);
+/* Removes a resident key (not an eviction); 1 if it was there. */
+int index_delete(IndexObject *x, uint64_t key);
 /* Unlinks node i found at table slot s and frees it; a resident one leaves the counts. */
 void index_drop(IndexObject *x, int32_t i, uint64_t s);
 /* Counts node i's eviction and reports its key; the caller then removes it. */
@@ -423,16 +439,135 @@ static inline int parse_place(PyObject *const *args, Py_ssize_t n, uint64_t *key
     return 1;
 }
 
+/* diskindex.c */
+
+typedef struct {
+    uint32_t key_lo, key_hi;
+    uint32_t region, offset, length;
+} DiskSlot;
+
+typedef struct {
+    PyObject_HEAD
+    DiskSlot *slots;
+    uint64_t mask;
+    long long live;  /* slots of live regions */
+    long long dead;  /* slots of evicted regions, not yet dropped */
+    uint32_t first;  /* the oldest live region */
+    long long ring;  /* regions the tier holds at most */
+    long long *counts; /* slots per live region, by region % ring */
+    long long *bytes;  /* their records' bytes, by region % ring */
+    long long held;    /* bytes of the live slots' records */
+} DiskIndexObject;
+
 extern PyTypeObject DiskIndexType;
+/* key's live slot, or NULL. */
+const DiskSlot *disk_index_get(DiskIndexObject *x, uint64_t key);
+/* key's record lies at (region, offset, length), replacing where it lay; -1 with an exception
+ * set when the table cannot grow. The caller checked the values fit and region >= first. */
+int disk_index_put(DiskIndexObject *x, uint64_t key, uint32_t region, uint32_t offset,
+                   uint32_t length);
+/* Forgets key's slot when it is live and lies at only_region and only_offset: 1 when it did,
+ * 0 when not, -1 with an exception set. */
+int disk_index_delete_at(DiskIndexObject *x, uint64_t key, uint32_t only_region,
+                         uint32_t only_offset);
+/* The oldest live region (x->first, the caller checked) is gone: how many slots went with it,
+ * or -1 with an exception set. */
+long long disk_index_evict_region(DiskIndexObject *x, uint32_t region);
 
 /* shared_index.c */
 
 extern PyTypeObject SharedIndexType;
 PyObject *py_shared_index_bytes(PyObject *module, PyObject *args);
 
-/* simulate.c */
+/* budget.c: a disk tier's write budget (see proxy/core/disk.py). */
+
+typedef struct {
+    PyObject_HEAD
+    double rate;         /* bytes a second; 0: no budget */
+    double probability;  /* the share of what admission takes that is written */
+    double start;        /* when the current second began */
+    int started;
+    long long bytes;     /* written since start */
+    uint64_t rng;
+} WriteBudgetObject;
+
+extern PyTypeObject WriteBudgetType;
+
+/* Whether a record the admission took may be written at now. */
+static inline int budget_allow(WriteBudgetObject *b, double now) {
+    if (b->rate <= 0) return 1;
+    if (!b->started) {
+        b->start = now;
+        b->started = 1;
+    }
+    double elapsed = now - b->start;
+    if (elapsed >= 1.0) {
+        double observed = (double)b->bytes / elapsed;
+        if (observed > b->rate)
+            b->probability = fmax(0.001, b->probability * b->rate / observed);
+        else if (observed > 0)
+            b->probability = fmin(1.0, b->probability * fmin(2.0, b->rate / observed));
+        else
+            b->probability = fmin(1.0, b->probability * 2.0);
+        b->start = now;
+        b->bytes = 0;
+    }
+    return b->probability >= 1.0 || next_uniform(&b->rng) < b->probability;
+}
+
+/* simulate.c: the simulator's loop, for one tier or two (tiers.c: the disk's part). */
+
+enum {
+    C_REQUESTS, C_HITS, C_MISSES, C_HIT_BYTES, C_BYTES_SERVED, C_ORIGIN_FETCHES,
+    C_ORIGIN_BYTES, C_TOO_LARGE, C_REJECTED, C_BYTES_NOT_WRITTEN, C_ADMISSIONS,
+    C_BYTES_WRITTEN, C_ONE_TIER, /* the counts of one tier; then those a disk tier adds */
+    C_HITS_FROM_DISK = C_ONE_TIER, C_PROMOTED,
+    D_HITS, D_MISSES, D_ADMISSIONS, D_REJECTED, D_TOO_LARGE, D_THROTTLED, D_BYTES_WRITTEN,
+    D_BYTES_NOT_WRITTEN, D_EVICTED_OBJECTS, D_DROPPED,
+    R_OLDEST, R_NEXT, R_FILL, R_BYTES_WRITTEN, R_EVICTIONS, T_COUNT
+};
+
+typedef struct {
+    uint64_t *keys;
+    double *times;
+    uint64_t mask;
+    long long used;
+} Written;
+
+/* A disk tier as the loop drives it: its index, admission and budget, its ring (live regions
+ * oldest..next-1, the last open at fill), the bytes a record has besides its key and body,
+ * when each record was written (with a finite ttl) and the counts c. */
+typedef struct {
+    DiskIndexObject *index;
+    AdmissionObject *admission;
+    WriteBudgetObject *budget;
+    long long region_size, regions;
+    long long oldest, next, fill;
+    long long record_overhead;
+    Written written;
+    long long *c;
+} Disk;
+
+/* Whether the disk answers a memory miss of h1 at now: its record fresh by ttl (from when it
+ * was written, set in *written); counted a disk hit or miss. */
+int disk_answers(Disk *d, uint64_t h1, double now, double ttl, double *written);
+/* The disk forgets h1's record (a fetched response supersedes it), counted as dropped;
+ * -1 with an exception set. */
+int disk_forget(Disk *d, uint64_t h1);
+/* The response of h1 (size body bytes, a record of length) offered at now: written when the
+ * tier takes it, as DiskTier.offer does. 1 written, 0 not, -1 with an exception set. */
+int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long length,
+               double now, double ttl);
+/* Frees what the loop kept of d. */
+void disk_done(Disk *d);
 
 PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds);
+PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds);
+/* A contiguous array of 8-byte items as view: kind 'f' float64, 'u' uint64, 'i' int64; -1
+ * with a TypeError naming `what` otherwise. */
+int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_t itemsize, char kind);
+/* v in decimal at out (at most 20 characters); returns how many. */
+int format_decimal(char *out, uint64_t v);
 PyObject *py_hash_ids(PyObject *module, PyObject *args);
 PyObject *py_footprint(PyObject *module, PyObject *args);
 

@@ -1,19 +1,34 @@
-/* The simulator's per-request loop, and the trace helpers it needs: key hashes, footprints. */
+/* The simulator's per-request loop, for one tier or two, and the trace helpers it needs: key
+ * hashes, footprints.
+ *
+ * One loop (replay) keeps the cache engine's rules for a cacheable response of a trace
+ * (proxy/core/engine.py), with a disk tier behind the memory tier when one is given
+ * (proxy/core/disk.py, the rules of loadgen/tiers.py's model):
+ *
+ * - a fresh memory hit is answered from memory; a stale one is fetched again, the disk not
+ *   asked;
+ * - a memory miss asks the disk: a record fresh by the trace's ttl (from when it was written)
+ *   is a hit from disk, kept in memory too (promoted, no admission asked) when it fits;
+ * - a fetched response goes to memory if the admission (asked only for a key memory does not
+ *   hold) takes it and it fits; one too large drops a stale copy it supersedes. The disk
+ *   forgets its record of the key (the fetched response is the newest), then its own
+ *   admission and write budget decide whether the response is written (tiers.c).
+ *
+ * tests/test_parity.py holds these counts equal to the live proxy's, and tests/test_tiers.py
+ * the two-tier counts equal to the model's, request for request, on drawn traces. */
 #include "native.h"
 
-enum {
-    C_REQUESTS, C_HITS, C_MISSES, C_HIT_BYTES, C_BYTES_SERVED, C_ORIGIN_FETCHES,
-    C_ORIGIN_BYTES, C_TOO_LARGE, C_REJECTED, C_BYTES_NOT_WRITTEN, C_ADMISSIONS,
-    C_BYTES_WRITTEN, C_COUNT
-};
-
-static const char *counter_names[C_COUNT] = {
+static const char *counter_names[T_COUNT] = {
     "requests", "hits", "misses", "hit_bytes", "bytes_served", "origin_fetches",
     "origin_bytes", "too_large", "rejected_first_sighting", "bytes_not_written", "admissions",
-    "bytes_written",
+    "bytes_written", "hits_from_disk", "promoted",
+    "disk_hits", "disk_misses", "disk_admissions", "disk_rejected", "disk_too_large",
+    "disk_throttled", "disk_bytes_written", "disk_bytes_not_written", "disk_evicted_objects",
+    "disk_dropped", "ring_oldest", "ring_next", "ring_fill", "ring_bytes_written",
+    "ring_evictions",
 };
 
-static int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_t itemsize,
+int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_t itemsize,
                      char kind) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     char f = view->format ? view->format[strlen(view->format) - 1] : 'B';
@@ -29,7 +44,7 @@ static int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_
     return 0;
 }
 
-static int format_decimal(char *out, uint64_t v) {
+int format_decimal(char *out, uint64_t v) {
     char tmp[24];
     int n = 0;
     do {
@@ -40,84 +55,64 @@ static int format_decimal(char *out, uint64_t v) {
     return n;
 }
 
-PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"index", "admission", "times", "ids", "sizes", "prefix",
-                             "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
-                             "names_h1", "names_h2", "names_chars", NULL};
-    PyObject *index_obj, *admission_obj, *times_obj, *ids_obj, *sizes_obj;
-    PyObject *nh1_obj = Py_None, *nh2_obj = Py_None, *nchars_obj = Py_None;
-    Py_buffer prefix;
-    long long prefix_chars, overhead, max_object;
-    double ttl;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOy*LdLL|OOO", kwlist, &IndexType,
-                                     &index_obj, &AdmissionType, &admission_obj, &times_obj,
-                                     &ids_obj, &sizes_obj,
-                                     &prefix, &prefix_chars, &ttl, &overhead, &max_object,
-                                     &nh1_obj, &nh2_obj, &nchars_obj))
-        return NULL;
-    IndexObject *x = (IndexObject *)index_obj;
-    AdmissionObject *a = (AdmissionObject *)admission_obj;
-    Py_buffer tv, iv, sv, h1v = {0}, h2v = {0}, cv = {0};
-    int named = nh1_obj != Py_None;
-    PyObject *result = NULL;
-    int have_t = 0, have_i = 0, have_s = 0, have_named = 0;
-    if (get_array(times_obj, &tv, "times", 8, 'f') < 0) goto done;
-    have_t = 1;
-    if (get_array(ids_obj, &iv, "ids", 8, named ? 'i' : 'u') < 0) goto done;
-    have_i = 1;
-    if (get_array(sizes_obj, &sv, "sizes", 8, 'i') < 0) goto done;
-    have_s = 1;
-    if (named) {
-        if (get_array(nh1_obj, &h1v, "names_h1", 8, 'u') < 0) goto done;
-        if (get_array(nh2_obj, &h2v, "names_h2", 8, 'u') < 0) {
-            PyBuffer_Release(&h1v);
-            goto done;
-        }
-        if (get_array(nchars_obj, &cv, "names_chars", 8, 'i') < 0) {
-            PyBuffer_Release(&h1v);
-            PyBuffer_Release(&h2v);
-            goto done;
-        }
-        have_named = 1;
+/* A trace's requests as the loop reads them: numeric ids it formats after prefix, or ids into
+ * per-name hashes and lengths; lengths, when given, each request's record on disk. */
+typedef struct {
+    Py_ssize_t n;
+    const double *times;
+    const uint64_t *ids;
+    const long long *sizes;
+    const long long *lengths;
+    const uint64_t *nh1, *nh2;
+    const long long *nchars;
+    Py_ssize_t names;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    long long prefix_chars;
+} Requests;
+
+/* Memory stores h1 (replacing a stale entry): 1, or 0 when it is charged more than the store
+ * holds, and then a stale entry it supersedes is dropped (the engine's _put refuses it and
+ * _superseded drops the old one); -1 on error. */
+static int memory_store(IndexObject *x, uint64_t h1, long long size, long long charge,
+                        double stored_at) {
+    if (charge > x->max_charge) {
+        index_delete(x, h1);
+        return 0;
     }
-    Py_ssize_t n = tv.len / 8;
-    if (iv.len / 8 != n || sv.len / 8 != n) {
-        PyErr_SetString(PyExc_ValueError, "times, ids and sizes must have one length");
-        goto done;
-    }
-    const double *times = tv.buf;
-    const uint64_t *ids = iv.buf;
-    const long long *sizes = sv.buf;
-    const uint64_t *nh1 = named ? h1v.buf : NULL, *nh2 = named ? h2v.buf : NULL;
-    const long long *nchars = named ? cv.buf : NULL;
-    Py_ssize_t names = named ? h1v.len / 8 : 0;
-    long long c[C_COUNT] = {0};
-    char *key = PyMem_Malloc((size_t)prefix.len + 24);
+    return index_put(x, h1, size, charge, 0, stored_at, NULL) < 0 ? -1 : 1;
+}
+
+/* The requests through the memory tier x (admitting by a) and the disk tier d (NULL: none),
+ * counted into c; -1 with an exception set. */
+static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q, double ttl,
+                  long long overhead, long long max_object, long long *c) {
+    char *key = PyMem_Malloc((size_t)q->prefix_len + 24);
     if (key == NULL) {
         PyErr_NoMemory();
-        goto done;
+        return -1;
     }
-    memcpy(key, prefix.buf, (size_t)prefix.len);
+    memcpy(key, q->prefix, (size_t)q->prefix_len);
     const int finite_ttl = !isinf(ttl);
-    for (Py_ssize_t r = 0; r < n; r++) {
-        const double now = times[r];
-        const long long size = sizes[r];
+    for (Py_ssize_t r = 0; r < q->n; r++) {
+        const double now = q->times[r];
+        const long long size = q->sizes[r];
         uint64_t h1, h2;
-        long long chars;
-        if (named) {
-            uint64_t id = ids[r];
-            if (id >= (uint64_t)names) {
+        long long chars, key_bytes;
+        if (q->nh1 != NULL) {
+            uint64_t id = q->ids[r];
+            if (id >= (uint64_t)q->names) {
                 PyErr_Format(PyExc_IndexError, "key id %llu has no name", (unsigned long long)id);
-                PyMem_Free(key);
-                goto done;
+                goto fail;
             }
-            h1 = nh1[id];
-            h2 = nh2[id];
-            chars = nchars[id];
+            h1 = q->nh1[id];
+            h2 = q->nh2[id];
+            chars = key_bytes = q->nchars[id];
         } else {
-            int digits = format_decimal(key + prefix.len, ids[r]);
-            murmur3_128((const uint8_t *)key, prefix.len + digits, &h1, &h2);
-            chars = prefix_chars + digits;
+            int digits = format_decimal(key + q->prefix_len, q->ids[r]);
+            murmur3_128((const uint8_t *)key, q->prefix_len + digits, &h1, &h2);
+            chars = q->prefix_chars + digits;
+            key_bytes = q->prefix_len + digits;
         }
         c[C_REQUESTS]++;
         int32_t i = index_find(x, h1);
@@ -126,14 +121,29 @@ PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
             Node *node = &x->nodes[i];
             /* The trace's responses arrive with no age, and live ttl seconds. */
             if (!finite_ttl || fresh_for_plain(stored_age(0.0, node->stored_at, now), ttl)) {
-                if (admission_observe(a, h1, h2, node->size, now) < 0) {
-                    PyMem_Free(key);
-                    goto done;
-                }
+                if (admission_observe(a, h1, h2, node->size, now) < 0) goto fail;
                 c[C_HITS]++;
                 c[C_HIT_BYTES] += node->size;
                 c[C_BYTES_SERVED] += node->size;
                 index_record_hit(x, i);
+                continue;
+            }
+        } else if (d != NULL) {
+            double written;
+            if (disk_answers(d, h1, now, ttl, &written)) {
+                c[C_HITS]++;
+                c[C_HITS_FROM_DISK]++;
+                if (admission_observe(a, h1, h2, size, now) < 0) goto fail;
+                c[C_HIT_BYTES] += size;
+                c[C_BYTES_SERVED] += size;
+                if (size <= max_object) {
+                    int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars
+                                                                  : size, written);
+                    if (kept < 0) goto fail;
+                    c[C_PROMOTED] += kept;
+                    c[C_ADMISSIONS] += kept;
+                    c[C_BYTES_WRITTEN] += kept * size;
+                }
                 continue;
             }
         }
@@ -141,60 +151,171 @@ PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
         c[C_ORIGIN_FETCHES]++;
         c[C_ORIGIN_BYTES] += size;
         c[C_BYTES_SERVED] += size;
-        if (admission_observe(a, h1, h2, size, now) < 0) {
-            PyMem_Free(key);
-            goto done;
-        }
+        if (d != NULL && disk_forget(d, h1) < 0) goto fail;
+        if (admission_observe(a, h1, h2, size, now) < 0) goto fail;
+        int admit = 1;
         if (size > max_object) {
             c[C_TOO_LARGE]++;
-            continue;
-        }
-        if (i < 0) {
-            int admit = admission_admit(a, h1, h2, size, now);
-            if (admit < 0) {
-                PyMem_Free(key);
-                goto done;
-            }
+            if (i >= 0) index_delete(x, h1);
+            admit = 0;
+        } else if (i < 0) {
+            admit = admission_admit(a, h1, h2, size, now);
+            if (admit < 0) goto fail;
             if (!admit) {
                 c[C_REJECTED]++;
                 c[C_BYTES_NOT_WRITTEN] += size;
-                continue;
             }
         }
-        long long charge = overhead ? size + overhead + 2 * chars : size;
-        if (charge > x->max_charge) {
-            c[C_TOO_LARGE]++;
-            continue;
+        if (admit) {
+            int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars : size,
+                                    now);
+            if (kept < 0) goto fail;
+            if (kept) {
+                c[C_ADMISSIONS]++;
+                c[C_BYTES_WRITTEN] += size;
+            } else {
+                c[C_TOO_LARGE]++;
+            }
         }
-        if (index_put(x, h1, size, charge, 0, now, NULL) < 0) {
-            PyMem_Free(key);
-            goto done;
+        if (d != NULL) {
+            long long length = q->lengths != NULL ? q->lengths[r]
+                                                  : d->record_overhead + key_bytes + size;
+            if (disk_offer(d, h1, h2, size, length, now, ttl) < 0) goto fail;
         }
-        c[C_ADMISSIONS]++;
-        c[C_BYTES_WRITTEN] += size;
     }
     PyMem_Free(key);
-    result = PyDict_New();
-    if (result == NULL) goto done;
-    for (int k = 0; k < C_COUNT; k++) {
+    return 0;
+fail:
+    PyMem_Free(key);
+    return -1;
+}
+
+static PyObject *counted(const long long *c, int count) {
+    PyObject *result = PyDict_New();
+    if (result == NULL) return NULL;
+    for (int k = 0; k < count; k++) {
         PyObject *v = PyLong_FromLongLong(c[k]);
         if (v == NULL || PyDict_SetItemString(result, counter_names[k], v) < 0) {
             Py_XDECREF(v);
-            Py_CLEAR(result);
-            goto done;
+            Py_DECREF(result);
+            return NULL;
         }
         Py_DECREF(v);
     }
-done:
-    PyBuffer_Release(&prefix);
-    if (have_t) PyBuffer_Release(&tv);
-    if (have_i) PyBuffer_Release(&iv);
-    if (have_s) PyBuffer_Release(&sv);
-    if (have_named) {
-        PyBuffer_Release(&h1v);
-        PyBuffer_Release(&h2v);
-        PyBuffer_Release(&cv);
+    return result;
+}
+
+/* The request arrays of a call (times, ids, sizes, lengths, names_h1, names_h2, names_chars;
+ * None where absent) into q, their views in views (released by release_views). */
+typedef struct {
+    Py_buffer views[7];
+    int held;
+} Views;
+
+static void release_views(Views *v) {
+    for (int k = 0; k < v->held; k++) {
+        if (v->views[k].obj != NULL) PyBuffer_Release(&v->views[k]);
     }
+    v->held = 0;
+}
+
+static int read_requests(PyObject *const objs[7], Py_buffer *prefix, long long prefix_chars,
+                         Requests *q, Views *v) {
+    static const char *what[7] = {"times", "ids", "sizes", "lengths", "names_h1", "names_h2",
+                                  "names_chars"};
+    const int named = objs[4] != Py_None;
+    const char kinds[7] = {'f', named ? 'i' : 'u', 'i', 'i', 'u', 'u', 'i'};
+    if (named && (objs[5] == Py_None || objs[6] == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "names_h1, names_h2 and names_chars come together");
+        return -1;
+    }
+    for (v->held = 0; v->held < 7; v->held++) {
+        Py_buffer *view = &v->views[v->held];
+        if (objs[v->held] == Py_None) {
+            memset(view, 0, sizeof(*view));
+            continue;
+        }
+        if (get_array(objs[v->held], view, what[v->held], 8, kinds[v->held]) < 0) return -1;
+    }
+    Py_ssize_t n = v->views[0].len / 8;
+    if (v->views[1].len / 8 != n || v->views[2].len / 8 != n ||
+        (objs[3] != Py_None && v->views[3].len / 8 != n)) {
+        PyErr_SetString(PyExc_ValueError, "times, ids, sizes and lengths must have one length");
+        return -1;
+    }
+    *q = (Requests){n, v->views[0].buf, v->views[1].buf, v->views[2].buf, v->views[3].buf,
+                    v->views[4].buf, v->views[5].buf, v->views[6].buf, v->views[4].len / 8,
+                    prefix->buf, prefix->len, prefix_chars};
+    return 0;
+}
+
+PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"index", "admission", "times", "ids", "sizes", "prefix",
+                             "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
+                             "names_h1", "names_h2", "names_chars", NULL};
+    PyObject *index_obj, *admission_obj;
+    PyObject *objs[7] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    Py_buffer prefix;
+    long long prefix_chars, overhead, max_object;
+    double ttl;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOy*LdLL|OOO", kwlist, &IndexType,
+                                     &index_obj, &AdmissionType, &admission_obj, &objs[0],
+                                     &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
+                                     &overhead, &max_object, &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    Requests q;
+    Views v = {.held = 0};
+    long long c[T_COUNT] = {0};
+    PyObject *result = NULL;
+    if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
+        replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, NULL, &q, ttl,
+               overhead, max_object, c) == 0)
+        result = counted(c, C_ONE_TIER);
+    release_views(&v);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
+PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"index", "admission", "disk_index", "disk_admission", "budget",
+                             "ring", "times", "ids", "sizes", "prefix", "prefix_chars", "ttl",
+                             "entry_overhead", "max_object_bytes", "record_overhead", "lengths",
+                             "names_h1", "names_h2", "names_chars", NULL};
+    PyObject *index_obj, *admission_obj, *dindex_obj, *dadmission_obj, *budget_obj;
+    PyObject *objs[7] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    Py_buffer prefix;
+    long long prefix_chars, overhead, max_object, record_overhead;
+    long long region_size, regions, oldest, next, fill;
+    double ttl;
+    if (!PyArg_ParseTupleAndKeywords(
+            args, kwds, "O!O!O!O!O!(LLLLL)OOOy*LdLLL|OOOO", kwlist, &IndexType, &index_obj,
+            &AdmissionType, &admission_obj, &DiskIndexType, &dindex_obj, &AdmissionType,
+            &dadmission_obj, &WriteBudgetType, &budget_obj, &region_size, &regions, &oldest,
+            &next, &fill, &objs[0], &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
+            &overhead, &max_object, &record_overhead, &objs[3], &objs[4], &objs[5], &objs[6]))
+        return NULL;
+    long long c[T_COUNT] = {0};
+    Disk d = {(DiskIndexObject *)dindex_obj, (AdmissionObject *)dadmission_obj,
+              (WriteBudgetObject *)budget_obj, region_size, regions, oldest, next, fill,
+              record_overhead, {0}, c};
+    Requests q;
+    Views v = {.held = 0};
+    PyObject *result = NULL;
+    if (region_size < 1 || region_size > UINT32_MAX || regions < 2 || oldest > next ||
+        next - oldest > regions || next >= UINT32_MAX || fill < 0 || fill > region_size) {
+        PyErr_SetString(PyExc_ValueError, "ring = (region_size, regions, oldest, next, fill) of "
+                        "a ring of at least 2 regions of at most 4 GiB");
+    } else if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
+               replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, &d, &q, ttl,
+                      overhead, max_object, c) == 0) {
+        c[R_OLDEST] = d.oldest;
+        c[R_NEXT] = d.next;
+        c[R_FILL] = d.fill;
+        result = counted(c, T_COUNT);
+    }
+    disk_done(&d);
+    release_views(&v);
+    PyBuffer_Release(&prefix);
     return result;
 }
 
