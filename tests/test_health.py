@@ -9,6 +9,7 @@ from conftest import admin, base
 from loadgen.processes import free_port
 from proxy.config.settings import load
 from proxy.ops.service import Service
+from proxy.origin.health import WINDOW, OriginHealth
 
 
 async def _ready(client, service) -> tuple[int, dict]:
@@ -91,8 +92,49 @@ async def test_an_origin_that_accepts_connections_and_answers_errors_is_not_read
     [check] = answer["checks"]
     assert status == 503 and check == {
         "name": "origin default", "ok": False,
-        "reason": "25 of the last 25 requests to it failed or got 5xx",
+        "reason": "25 of its last 25 requests within a minute failed or got 502-504",
     }  # fmt: skip
+
+
+async def test_urls_the_application_fails_and_other_methods_never_count_against_the_origin(
+    origin, start_proxy, client
+):
+    """A client cannot take an instance out by asking for what the application answers 500
+    (a crafted URL a second) or for a method it does not implement (501): neither says the
+    origin is down."""
+    service = await start_proxy()
+    for i in range(30):
+        origin.set(f"/err{i}", status=500, body=b"bug", headers={})
+        async with client.get(base(service) + f"/err{i}", headers={"Host": "example.test"}) as r:
+            assert r.status == 500
+    origin.set("/options", status=503, body=b"no", headers={})
+    for _ in range(30):
+        async with client.request("OPTIONS", base(service) + "/options",
+                                  headers={"Host": "example.test"}) as r:  # fmt: skip
+            assert r.status == 503
+    status, answer = await _ready(client, service)
+    assert status == 200 and answer["ready"] is True
+
+
+def test_an_origins_outcomes_are_forgotten_after_a_minute():
+    """One that recovered is judged by what it did lately, even while only hits reach the
+    proxy (no new request to it)."""
+    now = [0.0]
+    health = OriginHealth(clock=lambda: now[0])
+    for _ in range(30):
+        health.answered(("o", 80), "GET", 503)
+    assert health.failing(("o", 80)) == (30, 30)
+    now[0] = WINDOW + 1
+    assert health.failing(("o", 80)) == (0, 0)
+
+
+def test_a_dropped_upload_is_not_the_origins_failure():
+    health = OriginHealth()
+    health.failed(("o", 80), "GET", streamed_body=True)
+    health.failed(("o", 80), "POST")
+    assert health.failing(("o", 80)) == (0, 0)
+    health.failed(("o", 80), "GET")
+    assert health.failing(("o", 80)) == (1, 1)
 
 
 async def test_what_the_proxy_answers_itself_never_counts_against_the_origin(

@@ -3,10 +3,11 @@ now, each check with its reason. (``/healthz`` says only that the process answer
 
 * ``origin <route>``: a TCP connection to the route's origin opens within the connect timeout
   (at most 2 s); the reason names the error (``ECONNREFUSED``), not the origin's address
-  (``/readyz`` needs no token); and, once the proxy has sent it ``FAILING_AFTER`` requests,
-  no more than half of the last 100 failed or were answered 5xx (passive health,
-  ``proxy.origin.health``: an origin that accepts connections and answers errors; what the
-  proxy answers itself, as a 504 for ``only-if-cached``, never counts).
+  (``/readyz`` needs no token); and, once the proxy has sent it ``FAILING_AFTER`` GETs and
+  HEADs within the last minute, no more than half of the last 100 of them failed or were
+  answered 502, 503 or 504 (passive health, ``proxy.origin.health``: an origin that accepts
+  connections and answers that it is down; what the proxy answers itself, a 500 of one URL,
+  another method, an upload the client dropped never count).
 * ``redis``, when the admission filter is shared: Redis answered the last calls within their
   budget. While it does not, misses are judged by this instance's own filter: served, but a
   URL's second request across the fleet may be missed.
@@ -98,13 +99,14 @@ async def _origin(host: str, url: str, timeout: float) -> Check:
 
 
 def _recent(check: Check, health: OriginHealth, url: str) -> Check:
-    """``check`` of an origin, failed too when most of the proxy's last requests to it failed
-    or were answered 5xx (passive health: an origin that accepts connections and answers
-    errors)."""
+    """``check`` of an origin, failed too when most of the proxy's recent requests to it
+    failed or were answered as a server that is down answers (passive health: an origin that
+    accepts connections and answers 503)."""
     failed, of = health.failing(origin_of(url))
     if not check.ok or of < FAILING_AFTER or failed * 2 <= of:
         return check
-    return Check(check.name, False, f"{failed} of the last {of} requests to it failed or got 5xx")
+    why = f"{failed} of its last {of} requests within a minute failed or got 502-504"
+    return Check(check.name, False, why)
 
 
 def _disk(path: str) -> Check:

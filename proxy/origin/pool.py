@@ -78,7 +78,7 @@ class Sent:
 
     def whole(self, status: int, reason: str, fields: Fields, body: bytes) -> OriginResponse:
         """The answer its connection offered whole."""
-        self.pool.health.record(self.address, status >= 500)
+        self.pool.health.answered(self.address, self.method, status)
         return OriginResponse(self.pool, self.address, self.exchange, status, reason, fields,
                               EMPTY_PAYLOAD, body)  # fmt: skip
 

@@ -103,7 +103,7 @@ class Upstream:
         (aiohttp's session, for the others, reads them past)."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
         response = await self._request(method, url, headers, body, sent, interim)
-        self.health.record(origin_of(url), response.status >= 500)
+        self.health.answered(origin_of(url), method, response.status)
         return response
 
     async def _request(
@@ -139,7 +139,7 @@ class Upstream:
             error = _failure(method, url, exc)
             if error is None:
                 raise
-            self.health.record(origin_of(url), True)
+            self.health.failed(origin_of(url), method, streamed_body=not replayable)
         try:
             raise error
         finally:
