@@ -12,9 +12,16 @@ table; ``--report-dir DIR`` writes a report (``index.html``, plots, ``summary.md
 miss-ratio curves of the whole family, libCacheSim's beside onehit's, and onehit's hit ratio
 against the bytes it wrote (libCacheSim does not count writes).
 
+``--disk`` adds the flash question (``loadgen/flash.py``): behind a memory tier of
+``--memory-share`` of the unique bytes (LRU), a disk tier of each of ``--disk-shares``, and at
+each the whole disk admission family (always, second hit, nth hit, probabilistic, size below,
+dynamic random at second hit's write rate), each rule's hit ratio against the bytes it wrote
+to the device, the Pareto front marked, in the report's flash section and plot.
+
     .venv/bin/python benchmarks/bench_real_traces.py [--traces cloudphysics,twitter52]
         [--shares 0.001,0.003,0.01,0.03,0.1] [--admissions always,second-hit,tinylfu,adaptive]
         [--evictions lru,s3fifo,sieve,wtinylfu] [--json results.json] [--report-dir DIR]
+        [--disk [--memory-share 0.001] [--disk-shares 0.025,0.1,0.25]]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 import libcachesim
 
 from loadgen import report
+from loadgen.flash import flash_sweep
 from loadgen.real_traces import TRACES, TraceUnavailable, fetch
 from loadgen.simulate import policy_label, sweep
 from loadgen.trace import read_trace
@@ -72,12 +80,27 @@ def main() -> None:
     parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu")
     parser.add_argument("--json", type=Path, help="write every cell here too")
     parser.add_argument("--report-dir", type=Path, help="write a report of every trace here")
+    parser.add_argument(
+        "--disk", action="store_true", help="the disk admission family behind a memory tier, too"
+    )
+    parser.add_argument(
+        "--memory-share",
+        type=float,
+        default=0.001,
+        help="--disk: the memory tier, a share of the unique bytes",
+    )
+    parser.add_argument(
+        "--disk-shares",
+        default="0.025,0.1,0.25",
+        help="--disk: the disk sizes, shares of the unique bytes",
+    )
     args = parser.parse_args()
     shares = [float(s) for s in args.shares.split(",")]
     pairs = [(AdmissionConfig(policy=a), e) for e in args.evictions.split(",")
              for a in args.admissions.split(",")]  # fmt: skip
     cells = []
     report_cells = []
+    flash_cells = []
     for name in args.traces.split(","):
         try:
             path = fetch(name)
@@ -120,13 +143,22 @@ def main() -> None:
                               "source": source, "policy": label, "miss_ratio": miss_ratio,
                               "bytes_written": written})  # fmt: skip
         print(f"\n  onehit: {len(ours)} cells in {ours_seconds:.1f}s")
+        if args.disk:
+            started = time.perf_counter()
+            disks = [round(unique * float(share)) for share in args.disk_shares.split(",")]
+            found = flash_sweep(trace, name, round(unique * args.memory_share), disks,
+                                say=lambda table: print("\n" + table))  # fmt: skip
+            flash_cells += found
+            print(f"\n  flash: {len(found)} two-tier cells in {time.perf_counter() - started:.1f}s")
     if args.json:
-        args.json.write_text(json.dumps(cells, indent=1))
+        args.json.write_text(json.dumps({"memory": cells, "flash": flash_cells}, indent=1))
     if args.report_dir:
         report.add_space_saved(report_cells)
         doc = {"title": "onehit and libCacheSim on real traces",
                "meta": {name: TRACES[name].about for name in args.traces.split(",")},
                "cells": report_cells}  # fmt: skip
+        if flash_cells:
+            doc["flash"] = flash_cells
         for written in report.write_report(args.report_dir, doc):
             print(f"wrote {written}")
 

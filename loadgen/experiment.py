@@ -20,7 +20,8 @@ from typing import Any
 
 from loadgen import report
 from loadgen.cluster import cluster_sweep
-from loadgen.experiment_file import Experiment, Workload
+from loadgen.experiment_file import Experiment, FlashSettings, Workload
+from loadgen.flash import flash_sweep
 from loadgen.nginx import nginx_binary
 from loadgen.processes import (
     admin_stats,
@@ -59,6 +60,7 @@ def run(
     there, a task per policy; the workers read a workload's trace file by its path, or
     generate its trace from its spec."""
     cells: list[report.Cell] = []
+    flash: list[report.Cell] = []
     started = time.perf_counter()
     meta = dict(experiment.meta)
     for workload in experiment.workloads:
@@ -89,6 +91,8 @@ def run(
             else:
                 results = sweep(source, list(sizes), pairs, workers=workers, report=progress)
             cells += [report.sim_cell(r, workload.name, sizes[r.cache_bytes]) for r in results]
+        if experiment.flash is not None:
+            flash += _flash_cells(experiment.flash, workload.name, trace, workers, say)
         if experiment.run_live:
             live_sizes = sizes
             if experiment.live_cache_sizes is not None:
@@ -96,6 +100,8 @@ def run(
             cells += asyncio.run(_live_cells(experiment, workload, trace, live_sizes, say))
     meta["elapsed"] = f"{time.perf_counter() - started:.0f}s"
     results_doc = {"title": experiment.title, "meta": meta, "cells": cells}
+    if flash:
+        results_doc["flash"] = flash
     written = report.write_report(output, results_doc)
     if finding := report.verdict(cells):
         say(finding)
@@ -107,6 +113,17 @@ def run(
     if rows := _disk_rows(cells):
         say("\nthe disk tier behind each live proxy\n" + report.aligned(DISK_COLUMNS, rows, left=3))
     return written
+
+
+def _flash_cells(
+    settings: FlashSettings, workload: str, trace: Trace, workers: int | None, say: Say
+) -> list[report.Cell]:
+    """The disk admission family behind one memory tier, at each disk size (``[flash]``)."""
+    memory = next(iter(resolve_sizes([settings.memory], trace)))
+    disks = list(resolve_sizes(settings.disk_sizes, trace))
+    say(f"{workload}: the flash tier, {len(disks)} disk sizes behind {format_size(memory)}")
+    return flash_sweep(trace, workload, memory, disks, memory_admission=settings.memory_admission,
+                       entry_overhead=ENTRY_OVERHEAD, workers=workers, say=say)  # fmt: skip
 
 
 # What the live cells keep of their disk tiers' /stats, and the table of it.

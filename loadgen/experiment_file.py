@@ -19,6 +19,10 @@ An experiment file (``config/experiments/*.toml``)::
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
     disk_size = "32MiB"                # a disk tier behind each live onehit (default: none)
+    [flash]                            # simulated: the disk admission family (loadgen.flash)
+    memory = "0.1%"                    # one memory tier (a share of distinct bytes, or bytes)
+    disk_sizes = ["2.5%", "10%", "25%"]  # behind it, a disk tier of each of these sizes
+    memory_admission = "always"        # the memory tier's admission
 """
 
 from __future__ import annotations
@@ -57,6 +61,16 @@ class LiveSettings:
     # A disk tier of this many bytes behind each live onehit, in a directory of its own made
     # for the cell (0: none), admitting by second hit.
     disk_size: int = 0
+
+
+@dataclass(frozen=True)
+class FlashSettings:
+    """The flash question for each workload (``loadgen.flash``): the disk admission family
+    behind one memory tier, at each disk size (sizes as ``cache_sizes`` takes them)."""
+
+    memory: str = "0.1%"
+    disk_sizes: tuple[str, ...] = ("2.5%", "10%", "25%")
+    memory_admission: str = "always"
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,7 @@ class Experiment:
     live_cache_sizes: tuple[str, ...] | None = None  # None: every size in cache_sizes
     meta: dict[str, str] = field(default_factory=dict)
     sample: float | None = None  # simulate a spatial sample of the keys (SHARDS) at this rate
+    flash: FlashSettings | None = None  # the disk admission family, simulated (``[flash]``)
 
     @property
     def simulated(self) -> bool:
@@ -133,7 +148,7 @@ def load_experiment(path: str | Path) -> Experiment:
     where = str(path)
     allowed = {
         "title", "mode", "cache_sizes", "live_cache_sizes", "workloads", "policies", "live",
-        "sample",
+        "sample", "flash",
     }  # fmt: skip
     _only(data, allowed, where)
     sample = data.get("sample")
@@ -170,6 +185,7 @@ def load_experiment(path: str | Path) -> Experiment:
         else None,
         meta={"experiment": str(path)},
         sample=None if sample is None else float(sample),
+        flash=_flash(data["flash"], f"{where} [flash]") if "flash" in data else None,
     )
 
 
@@ -237,6 +253,27 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
     return PolicySpec(admission, instances, backend, balancer, cache_scale, eviction, nginx)
+
+
+def _flash(table: object, where: str) -> FlashSettings:
+    if not isinstance(table, dict):
+        raise ExperimentError(f"{where}: expected a table ([flash]), got {table!r}")
+    _only(table, {f.name for f in fields(FlashSettings)}, where)
+    values = dict(table)
+    sizes = values.get("disk_sizes", FlashSettings.disk_sizes)
+    if not isinstance(sizes, list | tuple) or not sizes:
+        raise ExperimentError(f"{where}: disk_sizes = {sizes!r}: expected a list like "
+                              '["2.5%", "10%", "25%"]')  # fmt: skip
+    values["disk_sizes"] = tuple(str(size) for size in sizes)
+    admission = values.get("memory_admission", FlashSettings.memory_admission)
+    try:
+        parse_policy(admission)
+        for size in (values.get("memory", FlashSettings.memory), *values["disk_sizes"]):
+            if not str(size).strip().endswith("%"):
+                parse_size(str(size))
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
+    return FlashSettings(**values)
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:

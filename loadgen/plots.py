@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -346,3 +347,55 @@ def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
         _filter_health(cells, directory),
     ]
     return [p for p in drawn if p is not None]
+
+
+# The disk admission family's curves (``loadgen.flash``): a colour and a marker each.
+_FLASH_STYLES = {
+    "always": ("#555555", "s"),
+    "second-hit": ("#1f77b4", "o"),
+    "nth-hit": ("#2ca02c", "^"),
+    "probabilistic": ("#ff7f0e", "D"),
+    "size-below": ("#9467bd", "v"),
+    "dynamic random": ("#d62728", "P"),
+    "auto": ("#17becf", "*"),
+}
+
+
+def _written_or(least: float, cell: Cell) -> float:
+    return max(cell["disk_bytes_written"], least)
+
+
+def flash(cells: Sequence[Cell], directory: Path) -> Path | None:
+    """Hit ratio (memory and disk) against the bytes written to the disk tier, a panel per
+    workload and disk size: each rule of the disk admission family a curve over its
+    parameter, the Pareto front a dashed black line, its points ringed."""
+    if not cells:
+        return None
+    groups = sorted({(c["workload"], c["memory_bytes"], c["disk_bytes"]) for c in cells})
+    fig, axes = _figure(len(groups))
+    for ax, (workload, memory, disk) in zip(axes, groups, strict=True):
+        group = [c for c in cells if (c["workload"], c["memory_bytes"], c["disk_bytes"])
+                 == (workload, memory, disk)]  # fmt: skip
+        # A rule that wrote nothing is drawn at the left edge, not lost off a log axis.
+        floor = min((c["disk_bytes_written"] for c in group if c["disk_bytes_written"] > 0),
+                    default=2)  # fmt: skip
+        x = partial(_written_or, floor / 2)
+        for rule in dict.fromkeys(c["rule"] for c in group):
+            curve = sorted((c for c in group if c["rule"] == rule), key=x)
+            colour, marker = _FLASH_STYLES.get(rule, ("#8c564b", "x"))
+            ax.plot([x(c) for c in curve], [c["hit_ratio"] for c in curve], marker=marker,
+                    color=colour, label=rule, markersize=7)  # fmt: skip
+        front = sorted((c for c in group if c["pareto"]), key=x)
+        ax.plot([x(c) for c in front], [c["hit_ratio"] for c in front], linestyle="--",
+                color="black", linewidth=1, label="Pareto front", zorder=1)  # fmt: skip
+        ax.scatter([x(c) for c in front], [c["hit_ratio"] for c in front], s=160,
+                   facecolors="none", edgecolors="black", zorder=3)  # fmt: skip
+        ax.set_xscale("log", base=4)  # ticks at 1, 4, 16 MiB...: powers of ten read badly
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
+        ax.set_xlabel("bytes written to the disk tier (log scale)")
+        ax.set_ylabel("hit ratio, memory and disk")
+        ax.set_title(f"{workload}: memory {format_size(memory)}, disk {format_size(disk)}",
+                     fontsize=10)  # fmt: skip
+        ax.grid(True, alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    return _save(fig, directory / "flash-hit-ratio-vs-disk-writes.png")

@@ -288,10 +288,55 @@ def summary_markdown(results: dict[str, Any]) -> str:
     for (workload, mode), group in _groups(cells).items():
         parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, rows(group))]
         parts += ["", "`*` marks, per cache size, the best hit ratio and the fewest bytes written."]
+    if flash := results.get("flash"):
+        parts += ["", "## The flash tier: disk admission rules", "", FLASH_NOTE]
+        for title, group in _flash_groups(flash):
+            parts += ["", f"### {title}", "", _markdown(FLASH_COLUMNS, flash_rows(group))]
     for heading, lines in _remarks(cells):
         parts += ["", f"## {heading}", ""]
         parts += [f"- {line}" for line in lines]
     return "\n".join(parts) + "\n"
+
+
+FLASH_COLUMNS = ("disk", "rule", "hit ratio", "vs always", "disk written", "of always's",
+                 "on the front")  # fmt: skip
+
+
+def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
+    """One row a flash cell (``loadgen.flash``): its hit ratio and writes against admitting
+    all at the same disk size."""
+    always = {_flash_group(c): c for c in cells if c["policy"] == "always"}
+    rows = []
+    for c in cells:
+        base = always.get(_flash_group(c))
+        delta = "" if base is None else f"{(c['hit_ratio'] - base['hit_ratio']) * 100:+.2f} pp"
+        share = ("" if base is None or not base["disk_bytes_written"]
+                 else f"{c['disk_bytes_written'] / base['disk_bytes_written']:.1%}")  # fmt: skip
+        rows.append([
+            f"{format_size(c['disk_bytes'])} ({format_size(c['region_bytes'])} regions)",
+            c["policy"], f"{c['hit_ratio']:.4f}", delta, format_size(int(c["disk_bytes_written"])),
+            share, "yes" if c["pareto"] else "",
+        ])  # fmt: skip
+    return rows
+
+
+def _flash_group(cell: Cell) -> tuple[str, int, int]:
+    return cell["workload"], cell["memory_bytes"], cell["disk_bytes"]
+
+
+FLASH_NOTE = (
+    "Each rule of the disk admission family behind the same memory tier, at each disk size: "
+    "its hit ratio (memory and disk) against the bytes it wrote to the device. A row on the "
+    "front: no other rule hits as often with fewer bytes written."
+)
+
+
+def _flash_groups(cells: Sequence[Cell]) -> list[tuple[str, list[Cell]]]:
+    """The flash cells per workload and memory size, in the order they came."""
+    groups: dict[tuple[str, int], list[Cell]] = defaultdict(list)
+    for c in cells:
+        groups[(c["workload"], c["memory_bytes"])].append(c)
+    return [(f"{w}, memory {format_size(m)}", g) for (w, m), g in groups.items()]
 
 
 def _remarks(cells: Sequence[Cell]) -> list[tuple[str, list[str]]]:
@@ -323,6 +368,8 @@ def render(directory: Path) -> list[Path]:
     from loadgen import plots  # matplotlib is imported only when plots are drawn
 
     images = plots.draw_all(cells, directory)
+    if drawn := plots.flash(results.get("flash", []), directory):
+        images.append(drawn)
     page = directory / "index.html"
     page.write_text(_html(results, images))
     return [summary, page, *images]
@@ -362,6 +409,11 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
             f"<h2>{html.escape(workload)} ({mode})</h2>",
             table(COLUMNS, rows(group)),
         ]
+    if flash := results.get("flash"):
+        parts += ["<h2>The flash tier: disk admission rules</h2>",
+                  f"<p>{html.escape(FLASH_NOTE)}</p>"]  # fmt: skip
+        for title, group in _flash_groups(flash):
+            parts += [f"<h3>{html.escape(title)}</h3>", table(FLASH_COLUMNS, flash_rows(group))]
     for heading, lines in _remarks(cells):
         parts.append(f"<h2>{html.escape(heading)}</h2><ul>")
         parts += [f"<li>{html.escape(line)}</li>" for line in lines]
