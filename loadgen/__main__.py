@@ -406,7 +406,7 @@ def _simulate_tiers(
     """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
     try:
         # A share of the trace's distinct bytes, as the memory tier's sizes may be.
-        (disk_size,) = resolve_sizes([args.disk_size], trace)
+        (disk_size,) = resolve_sizes([args.disk_size], trace, "disk size")
         region = parse_size(args.region_size)
         rate = parse_size(args.disk_write_rate)
         disks = [DiskSpec(disk_size, region, AdmissionConfig(policy=p), max_write_rate=rate)

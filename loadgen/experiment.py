@@ -119,8 +119,8 @@ def _flash_cells(
     settings: FlashSettings, workload: str, trace: Trace, workers: int | None, say: Say
 ) -> list[report.Cell]:
     """The disk admission family behind one memory tier, at each disk size (``[flash]``)."""
-    memory = next(iter(resolve_sizes([settings.memory], trace)))
-    disks = list(resolve_sizes(settings.disk_sizes, trace))
+    memory = next(iter(resolve_sizes([settings.memory], trace, "[flash] memory")))
+    disks = list(resolve_sizes(settings.disk_sizes, trace, "[flash] disk size"))
     say(f"{workload}: the flash tier, {len(disks)} disk sizes behind {format_size(memory)}")
     return flash_sweep(trace, workload, memory, disks, memory_admission=settings.memory_admission,
                        entry_overhead=ENTRY_OVERHEAD, workers=workers, say=say)  # fmt: skip

@@ -358,8 +358,9 @@ def sweep(
     return [results[c] for c in cells]
 
 
-def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
-    """Bytes of each size (a percentage is of the trace's distinct bytes) -> its label."""
+def resolve_sizes(texts: Sequence[str], trace: Trace, what: str = "cache size") -> dict[int, str]:
+    """Bytes of each size (a percentage is of the trace's distinct bytes) -> its label;
+    ValueError names ``what`` the size is."""
     sizes: dict[int, str] = {}
     footprint: int | None = None
     for text in texts:
@@ -368,16 +369,18 @@ def resolve_sizes(texts: Sequence[str], trace: Trace) -> dict[int, str]:
             try:
                 share = float(text[:-1]) / 100
             except ValueError:
-                raise ValueError(f"cache size {text!r} is not a percentage like 1%") from None
+                raise ValueError(f"{what} {text!r} is not a percentage like 1%") from None
+            if not math.isfinite(share):
+                raise ValueError(f"{what} {text!r} is not a percentage like 1%")
             footprint = trace.distinct_bytes() if footprint is None else footprint
             size = round(footprint * share)
         else:
             size = parse_size(text)
         if size < 1:
-            raise ValueError(f"cache size {text!r} is under one byte")
+            raise ValueError(f"{what} {text!r} is under one byte")
         sizes[size] = f"{text} ({format_size(size)})" if text.endswith("%") else format_size(size)
     if not sizes:
-        raise ValueError("at least one cache size is needed")
+        raise ValueError(f"at least one {what} is needed")
     return sizes
 
 

@@ -61,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides[key.strip()] = value
     try:
         config = load(args.config, os.environ, overrides)
-        preflight.check(config)
+        if not args.reload:  # the running proxy checks its own files, as its own user
+            preflight.check(config)
     except ConfigError as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
         return 2
@@ -112,19 +113,31 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def ask_reload(config: Config) -> int:
     """``--reload``: ``POST /reload`` to the admin listener ``config`` names (with its token);
-    0 when the proxy reloaded, 1 when it refused (its reason printed), 2 when none answered."""
+    0 when the proxy reloaded, 1 when it refused (its reason printed), 2 when no onehit
+    answered. The file read is the one the proxy will read: an admin listener or token moved
+    in it is not the running one's yet (SIGHUP reaches the proxy wherever its admin is)."""
     url = f"{reachable(config.admin.listen)}/reload"
     headers = {"Content-Type": "application/json"}
     if config.admin.token:
         headers["Authorization"] = f"Bearer {config.admin.token}"
     request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")
+    status = 200
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
-            answer = json.loads(r.read())
+            text = r.read()
     except urllib.error.HTTPError as exc:
-        answer = json.loads(exc.read() or b"{}")
-    except (OSError, ValueError) as exc:
+        status, text = exc.code, exc.read()
+    except OSError as exc:
         print(f"onehit-proxy: no proxy answered at {url}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        answer = json.loads(text or b"{}")
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        why = f"{url} answered {status}, not as onehit's admin does"
+        print(f"onehit-proxy: {why} (is admin.listen the running proxy's?): {text[:200]!r}",
+              file=sys.stderr)  # fmt: skip
         return 2
     print(json.dumps(answer, indent=2))
     return 0 if answer.get("reloaded") else 1
@@ -267,7 +280,7 @@ async def _serve(
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
-    await until_signalled(service.reopen_logs, lambda: asyncio.ensure_future(service.reload()))
+    await until_signalled(service.reopen_logs, service.reload_soon)
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     if forgets is not None:

@@ -194,3 +194,11 @@ def test_live_cells_with_a_disk_tier_show_what_each_disk_was_written_and_spared(
     assert disk["admissions"] > 0 and disk["rejected"] >= 1500
     assert disk["bytes_not_written"] > disk["bytes_written"] > 0
     assert any("the disk tier behind each live proxy" in line for line in lines)
+
+
+def test_free_ports_in_a_row_are_never_the_same():
+    """A proxy's port and its admin's, picked one after the other, once came out equal."""
+    from loadgen.processes import free_port
+
+    picked = [free_port() for _ in range(64)]
+    assert len(set(picked)) == 64

@@ -92,3 +92,27 @@ async def test_hostile_messages_on_the_purge_channel_neither_stop_it_nor_flood_t
     assert await get(two, "/x") != "HIT"
     fleet_lines = [r for r in caplog.records if r.name == "onehit.fleet"]
     assert len(fleet_lines) <= 3 and not any(r.exc_info for r in fleet_lines)
+
+
+async def test_a_subscriber_that_never_replies_costs_a_purge_its_wait_not_its_answer(
+    redis_server, start_proxy
+):
+    """A monitoring client (or an older instance) on the channel never replies: the purge
+    still says what the other instance removed, and one missing; and a storm of such purges
+    leaves the admission filter's connections alone (misses still judged by the fleet's
+    filter, /readyz's redis check still ok)."""
+    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url}
+    proxies = [await start_proxy(**fleet) for _ in range(2)]
+    await asyncio.gather(*(asyncio.wait_for(p.proxy.fleet.subscribed.wait(), 5) for p in proxies))
+    silent = redis.asyncio.from_url(redis_server.url).pubsub()
+    await silent.subscribe(proxies[0].proxy.fleet.channel)
+    try:
+        answer = await admin_purge(proxies[0], {"url": "http://cdn.example/x"})
+        assert answer["fleet"]["reached"] == 2 and answer["fleet"]["missing"] == 1
+        assert [i["removed"] for i in answer["fleet"]["instances"]] == [0]
+        storm = [admin_purge(proxies[0], {"url": f"http://cdn.example/{i}"}) for i in range(40)]
+        misses = [get(proxies[0], f"/m{i}") for i in range(20)]
+        await asyncio.gather(*storm, *misses)
+        assert proxies[0].proxy.shared.healthy
+    finally:
+        await silent.aclose()

@@ -76,6 +76,8 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
         (["--cache-size", "1%", "--sample", "some"], "--sample: 'some' is not a rate"),
         (["--cache-size", "1%", "--csv-columns", "a,b,c"], "no column named 'a'"),
         (["--cache-size", "1%", "--disk-size", "1MiB"], "fewer than 2 regions"),
+        (["--cache-size", "1%", "--disk-size", "inf%"], "disk size 'inf%' is not a percentage"),
+        (["--cache-size", "nan%"], "cache size 'nan%' is not a percentage"),
         (["--cache-size", "1%", "--disk-size", "64MiB", "--sample", "0.1"], "not with --sample"),
         (
             ["--cache-size", "1%", "--disk-size", "64MiB", "--disk-admission", "tinylfu"],

@@ -11,6 +11,7 @@ import pytest
 from conftest import admin, base, served, until
 
 from proxy.config.settings import load
+from proxy.ops.reload import STOPPING
 from proxy.ops.service import Service
 
 HOST = {"Host": "example.test"}
@@ -284,3 +285,72 @@ async def test_new_listen_addresses_are_taken_and_connections_on_the_old_go_on(o
         taken.close()
     finally:
         await service.stop()
+
+
+async def test_reloads_at_once_move_the_listener_once_each_and_leave_one(origin):
+    """Two reloads asked together (a SIGHUP storm, two POST /reload) run one after the other:
+    the second moves on from where the first left the listener, and nothing it opened is left
+    listening, during the run or after the stop."""
+    from loadgen.processes import free_port
+
+    ports = [free_port(), free_port(), free_port()]
+    reads = iter(ports)
+
+    def read():
+        settings = {"upstream.origin": origin.url, "server.listen": f"127.0.0.1:{next(reads)}",
+                    "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
+        return load(env={}, overrides=settings)
+
+    service = await Service.start(read(), read_config=read)
+    try:
+        first, second = await asyncio.gather(service.reload(), service.reload())
+        assert first.changed == second.changed == ("server.listen",)
+        assert len(service.proxy_runner.sites) == 1
+        assert service.proxy_address == ("127.0.0.1", ports[2])
+        for gone in ports[:2]:
+            with pytest.raises(OSError):
+                await asyncio.open_connection("127.0.0.1", gone)
+        taken = socket.socket()  # a refused move leaves no listener registered behind it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports.append(taken.getsockname()[1])
+        reads = iter(ports[3:])
+        assert (await service.reload()).refused
+        assert len(service.proxy_runner.sites) == 1
+        taken.close()
+    finally:
+        await service.stop()
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", ports[2])
+    assert (await service.reload()).refused == STOPPING
+
+
+async def test_the_reload_flag_says_plainly_when_something_else_answers(tmp_path):
+    """An admin address that another server holds (an HTML error page): exit 2 and a line
+    naming it, not a traceback."""
+    import subprocess
+    import sys
+
+    async def html(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n"
+                     b"Content-Length: 13\r\nConnection: close\r\n\r\n<html></html>")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(html, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    path = tmp_path / "proxy.toml"
+    # A disk directory this user cannot use: --reload leaves it to the running proxy to judge.
+    path.write_text(f'[upstream]\norigin = "http://127.0.0.1:9"\n[admin]\n'
+                    f'listen = "127.0.0.1:{port}"\n[disk]\npath = "/proc/onehit"\n')  # fmt: skip
+    try:
+        done = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "proxy", "--config", str(path), "--reload"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert done.returncode == 2, done.stderr
+    assert "answered 404, not as onehit's admin does" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -8,7 +8,13 @@ What it guarantees:
   skips its own).
 * Redis keeps little for it: pub/sub holds no message; each instance that applies a purge
   pushes what it removed to the purge's reply list, which expires ``REPLY_TTL`` seconds
-  after (one entry an instance, deleted once read). An instance cut off from Redis, or down,
+  after and holds at most ``MAX_REPLIES`` (one entry an instance, deleted once read).
+* Purges have Redis connections of their own (``purge_client``: at most ``CONNECTIONS``, a
+  publish waiting its turn up to ``REPLY_WAIT``), never the admission filter's: a purge waits
+  up to ``REPLY_WAIT`` for replies, past the filter's budget of 1 s a call, and a storm of
+  purges, or of other instances' messages, must not take the connections misses are judged
+  with. At most ``MAX_PENDING_REPLIES`` replies are being sent at once; past that, one is
+  skipped (its publisher counts it ``missing``). An instance cut off from Redis, or down,
   when a purge is published does not get it; it logs one line when its subscription breaks
   and resubscribes (0.5 s, then up to 5 s apart). The admin answer says how many instances
   the message reached and what each removed, waiting ``REPLY_WAIT`` at most for their
@@ -26,6 +32,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from proxy.config.logs import OneLineEvery
 
 FLEET_ERRORS = logging.getLogger("onehit.fleet")
@@ -33,12 +41,27 @@ FLEET_ERRORS.addFilter(OneLineEvery())
 
 REPLY_WAIT = 1.0  # seconds the publisher waits for the instances' replies
 REPLY_TTL = 30  # seconds a reply list lives in Redis, read or not
+MAX_REPLIES = 1024  # entries a reply list holds at most
+CONNECTIONS = 8  # the purges' own connections: the subscription, publishes and replies
+MAX_PENDING_REPLIES = 32
+
+
+def purge_client(url: str) -> aioredis.Redis:
+    """A client for the fleet's purges alone: ``CONNECTIONS`` connections, a command waiting
+    up to ``REPLY_WAIT`` for one, each call answered within ``REPLY_WAIT`` plus a second (the
+    longest, a BLPOP, waits ``REPLY_WAIT`` itself)."""
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=CONNECTIONS, timeout=REPLY_WAIT, socket_connect_timeout=1.0,
+        socket_timeout=REPLY_WAIT + 1.0,
+    )  # fmt: skip
+    return aioredis.Redis(connection_pool=pool)
 
 
 class FleetPurges:
-    """The purge channel ``channel`` on ``client`` (a ``redis.asyncio`` client); ``apply``
-    carries out a purge another instance published (the admin's own purge, as a dict) and
-    returns what it removed (the admin's answer), or None for a purge it would not take."""
+    """The purge channel ``channel`` on ``client`` (a ``redis.asyncio`` client, as
+    ``purge_client`` makes one: ``close`` closes it); ``apply`` carries out a purge another
+    instance published (the admin's own purge, as a dict) and returns what it removed (the
+    admin's answer), or None for a purge it would not take."""
 
     def __init__(
         self, client: Any, channel: str, apply: Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -129,6 +152,10 @@ class FleetPurges:
             and reply.startswith(f"{self.channel}:reply:")
             and len(reply) < 200
         ):
+            if len(self._replies) >= MAX_PENDING_REPLIES:
+                FLEET_ERRORS.warning("a fleet purge not replied to: %d replies being sent",
+                                     len(self._replies))  # fmt: skip
+                return
             task = asyncio.get_running_loop().create_task(self._reply(reply, answer))
             self._replies.add(task)
             task.add_done_callback(self._replies.discard)
@@ -137,6 +164,7 @@ class FleetPurges:
         try:
             async with self.client.pipeline(transaction=False) as pipe:
                 pipe.rpush(key, json.dumps({"instance": self.id[:12], **answer}))
+                pipe.ltrim(key, 0, MAX_REPLIES - 1)
                 pipe.expire(key, REPLY_TTL)
                 await pipe.execute()
         except Exception as exc:
@@ -149,3 +177,4 @@ class FleetPurges:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        await self.client.aclose()

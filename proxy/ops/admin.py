@@ -113,6 +113,12 @@ def admin_app(
                 "max_object_bytes": engine.store.max_object_bytes,
             },
             "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
+            "fleet_purges": None
+            if proxy.fleet is None
+            else {
+                "instance": proxy.fleet.id[:12],
+                "received": proxy.fleet.received,
+            },
             "disk": None if proxy.disk is None else proxy.disk.stats(),
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,

@@ -62,6 +62,7 @@ LIVE_ADMISSION = frozenset(
 # Why a process started from a configuration in hand (a test's, an embedding program's) cannot
 # reload: it has nothing to read again.
 NO_SOURCE = "this process was given its configuration, and has none to read again"
+STOPPING = "the proxy is stopping: it drains what it has, and takes no new configuration"
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ import contextlib
 import logging
 import mmap
 import signal
+import ssl
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -27,7 +28,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
-from proxy.fleet.purges import FleetPurges
+from proxy.fleet.purges import FleetPurges, purge_client
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
 from proxy.handler.routing import hidden_fields
@@ -35,7 +36,7 @@ from proxy.handler.server import Proxy
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
-from proxy.ops.reload import NO_SOURCE, Reloaded, reload
+from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, reload
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyServer
@@ -100,6 +101,11 @@ class Service:
     read_config: Callable[[], Config] | None = None
     shares_admission: bool = False
     moves_listeners: bool = True  # False for a worker: the port is the machine's
+    stopping: bool = False
+    # One reload at a time: each reads the listeners the last one left (a second one let in
+    # while the first opened a listener closed it, and the first's was never closed again).
+    reloading: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _pending: set[asyncio.Task[Reloaded]] = field(default_factory=set)
 
     @classmethod
     async def start(
@@ -146,8 +152,9 @@ class Service:
                 # A Redis Cluster client has no pub/sub here: its fleet purges stay local.
                 channel = f"{config.admission.redis_prefix}purge"
                 proxy.fleet = FleetPurges(
-                    shared.remote.client, channel, lambda purge: apply_fleet_purge(proxy, purge)
-                )
+                    purge_client(config.admission.redis_url), channel,
+                    lambda purge: apply_fleet_purge(proxy, purge),
+                )  # fmt: skip
                 undo.push_async_callback(proxy.fleet.close)
                 proxy.fleet.start()
             access = None
@@ -183,11 +190,10 @@ class Service:
                     checkpoint_every(disk, config.disk.checkpoint_interval)
                 )
                 undo.callback(service.checkpoints.cancel)
-            await web.TCPSite(
-                proxy_runner, *config.server.listen, reuse_address=True, reuse_port=reuse_port,
-                ssl_context=server_context(config.server),
-            ).start()  # fmt: skip
-            await web.TCPSite(admin_runner, *config.admin.listen, reuse_address=True).start()
+            await _site(
+                proxy_runner, config.server.listen, server_context(config.server), reuse_port
+            ).start()
+            await _site(admin_runner, config.admin.listen).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
 
@@ -200,6 +206,7 @@ class Service:
         return self.admin_runner.addresses[0][:2]
 
     async def stop(self) -> None:
+        self.stopping = True
         if self.checkpoints is not None:
             self.checkpoints.cancel()
         await self.proxy_runner.cleanup()
@@ -220,18 +227,33 @@ class Service:
         """Read the configuration again and take what changed (``proxy.ops.reload``)."""
         if self.read_config is None:
             return Reloaded(refused=NO_SOURCE)
-        done = await reload(
-            self.proxy, self.read_config, shares_admission=self.shares_admission,
-            rebind=self._rebind if self.moves_listeners else None,
-        )  # fmt: skip
-        if not done.refused:
-            self.config = self.proxy.config
-        return done
+        async with self.reloading:
+            if self.stopping:
+                return Reloaded(refused=STOPPING)
+            done = await reload(
+                self.proxy, self.read_config, shares_admission=self.shares_admission,
+                rebind=self._rebind if self.moves_listeners else None,
+            )  # fmt: skip
+            if not done.refused:
+                self.config = self.proxy.config
+            return done
+
+    def reload_soon(self) -> None:
+        """``reload`` in a task of its own (SIGHUP's), kept until it is done; what it raises
+        is logged, not lost."""
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._pending.add(task)
+        task.add_done_callback(self._reloaded)
+
+    def _reloaded(self, task: asyncio.Task[Reloaded]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logging.getLogger("onehit").error("the reload failed: %r", task.exception())
 
     async def _rebind(self, new: Config) -> None:
         """Listen where ``new`` says, where it differs: each new listener opened first (an
-        address that cannot be had raises OSError and closes those opened), then the old
-        closed; connections already accepted go on."""
+        address that cannot be had raises OSError and closes those opened, and the one that
+        failed), then the ones it replaces closed; connections already accepted go on."""
         moves = [
             (runner, address, context)
             for runner, old, address, context in (
@@ -241,24 +263,36 @@ class Service:
             )
             if old != address
         ]  # fmt: skip
-        opened: list[tuple[web.BaseRunner, web.TCPSite]] = []
+        replaced = {runner: list(runner.sites) for runner, _, _ in moves}
+        opened: list[web.TCPSite] = []
         try:
             for runner, address, context in moves:
-                site = web.TCPSite(runner, *address, reuse_address=True, ssl_context=context)
+                site = _site(runner, address, context)
+                opened.append(site)  # registered with its runner as it starts, bound or not
                 await site.start()
-                opened.append((runner, site))
         except OSError:
-            for _, site in opened:
+            for site in opened:
                 await site.stop()
             raise
-        for runner, site in opened:
-            for old in [s for s in runner.sites if s is not site]:
+        for sites in replaced.values():
+            for old in sites:
                 await old.stop()
 
     def reopen_logs(self) -> None:
         """Open the access log's file again, where logrotate left a new one (SIGUSR1)."""
         if self.access_file is not None:
             self.access_file.reopen()
+
+
+def _site(
+    runner: web.BaseRunner,
+    address: tuple[str, int],
+    context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
+) -> web.TCPSite:
+    """A listener of ``runner`` at ``address``, as both the start and a reload open one."""
+    return web.TCPSite(runner, *address, reuse_address=True, reuse_port=reuse_port,
+                       ssl_context=context)  # fmt: skip
 
 
 def _proxy_server(
@@ -316,3 +350,9 @@ async def until_signalled(
     if reread is not None:
         loop.add_signal_handler(signal.SIGHUP, reread)
     await stop.wait()
+    if reread is not None:  # a reload while draining would open listeners nobody drains
+        loop.add_signal_handler(signal.SIGHUP, _ignored_while_stopping)
+
+
+def _ignored_while_stopping() -> None:
+    logging.getLogger("onehit").info("SIGHUP ignored: the proxy is stopping")
