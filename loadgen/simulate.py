@@ -29,14 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loadgen.trace import Trace
-from proxy.core._native import Admission, hash_ids, simulate_chunk
-from proxy.core.admission import (
-    AdmissionConfig,
-    AdmissionPolicy,
-    CompiledPolicy,
-    make_policy,
-)
+from proxy.core._native import hash_ids
+from proxy.core.admission import AdmissionConfig, make_policy
 from proxy.core.engine import CacheEngine
+from proxy.core.replay import KeyArrays, replay
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.units import format_size, parse_size
 
@@ -151,7 +147,6 @@ def simulate(
         )
     else:
         engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
-    admission_core = compiled_admission(engine.admission)
     keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
@@ -162,7 +157,7 @@ def simulate(
     started = time.perf_counter()
     for start in range(0, total, step):
         stop = min(total, start + step)
-        run_chunk(engine, admission_core, keys, times, sizes, start, stop, ttl)
+        replay(engine, keys, times, sizes, start, stop, ttl)
         if stop == total or stop // every != start // every:
             timeline.append(_timeline_point(engine, stop, float(times[stop - 1])))
         if progress is not None:
@@ -220,25 +215,8 @@ def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int |
     return out
 
 
-def compiled_admission(policy: AdmissionPolicy) -> Admission:
-    """The compiled policy the loop drives: the engine's own."""
-    if not isinstance(policy, CompiledPolicy):
-        raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
-    return policy.native
-
-
-@dataclass(frozen=True)
-class KeyArrays:
-    """A trace's keys as the compiled loop takes them: numeric ids it formats after ``prefix``
-    itself, or ids into per-name arrays (h1, h2, characters) of the names with the prefix."""
-
-    ids: np.ndarray
-    prefix: bytes
-    prefix_chars: int
-    names: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[()]
-
-
 def key_arrays(trace: Trace, prefix: str) -> KeyArrays:
+    """``trace``'s keys, each after ``prefix``, as the compiled loop takes them."""
     if trace.names is None:
         ids = np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False)
         return KeyArrays(ids, prefix.encode(), len(prefix), ())
@@ -257,30 +235,6 @@ def _timeline_point(engine: CacheEngine, done: int, now: float) -> dict[str, flo
         "filter_fill": fs.fill if fs else 0.0,
         "filter_fp_estimate": fs.estimated_fp_rate if fs else 0.0,
     }
-
-
-def run_chunk(
-    engine: CacheEngine,
-    core: Admission,
-    keys: KeyArrays,
-    times: np.ndarray,
-    sizes: np.ndarray,
-    start: int,
-    stop: int,
-    ttl: float = math.inf,
-) -> None:
-    """Requests ``start:stop`` of a trace (its ``keys``, ``times`` and ``sizes``) through the
-    compiled loop, over ``engine``'s store and the compiled policy ``core``, counted in
-    ``engine``'s counters."""
-    store = engine.store
-    deltas = simulate_chunk(
-        store.index, core, times[start:stop], keys.ids[start:stop], sizes[start:stop],
-        keys.prefix, keys.prefix_chars, ttl, store.entry_overhead, store.max_object_bytes,
-        *keys.names,
-    )  # fmt: skip
-    counters = engine.counters
-    for name, value in deltas.items():
-        setattr(counters, name, getattr(counters, name) + value)
 
 
 @dataclass(frozen=True)

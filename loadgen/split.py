@@ -23,16 +23,10 @@ import time
 
 import numpy as np
 
-from loadgen.simulate import (
-    SimResult,
-    build_engine,
-    compiled_admission,
-    key_arrays,
-    policy_label,
-    run_chunk,
-)
+from loadgen.simulate import SimResult, build_engine, key_arrays, policy_label
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig, shared_window_size
+from proxy.core.replay import replay
 from proxy.core.stats import combine
 from proxy.core.store import ENTRY_OVERHEAD
 
@@ -63,7 +57,6 @@ def simulate_split(
         build_engine(each, admission, max_object_bytes, entry_overhead, eviction, shared=machine)
         for _ in range(workers)
     ]
-    cores = [compiled_admission(e.admission) for e in engines]
     route = np.random.default_rng(seed).integers(0, workers, len(trace))
     keys = key_arrays(trace, "")
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
@@ -73,7 +66,7 @@ def simulate_split(
     started = time.perf_counter()
     for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
         w = int(route[start])
-        run_chunk(engines[w], cores[w], keys, times, sizes, start, stop)
+        replay(engines[w], keys, times, sizes, start, stop)
     elapsed = time.perf_counter() - started
     stats = combine([e.stats() for e in engines], shared_filter=machine is not None)
     label = f"{policy_label(admission, eviction)} x{workers} {window} window, memory {memory}"

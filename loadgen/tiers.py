@@ -34,14 +34,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from loadgen.report import aligned
-from loadgen.simulate import SimResult, build_engine, compiled_admission, key_arrays, policy_label
+from loadgen.simulate import SimResult, build_engine, key_arrays, policy_label
 from loadgen.trace import Trace
-from proxy.core._native import simulate_tiers as compiled_tiers
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
+from proxy.core.replay import replay_tiers
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.units import format_size
 
@@ -99,29 +99,14 @@ def simulate_tiers(
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     tier = disk.tier()
     engine.behind = (tier,)
-    keys = key_arrays(trace, key_prefix)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
-    regions = tier.regions
-    assert isinstance(regions, Regions), "a simulated tier has a ring of its own"
     started = time.perf_counter()
-    deltas = compiled_tiers(
-        engine.store.index, compiled_admission(engine.admission), tier.index,
-        compiled_admission(tier.admission), tier.budget,
-        (regions.region_size, regions.regions, *regions.span()),
-        np.ascontiguousarray(trace.times, dtype=np.float64), keys.ids, sizes, keys.prefix,
-        keys.prefix_chars, ttl, entry_overhead, engine.store.max_object_bytes,
-        RECORD_HEADER + disk.meta_bytes, _record_lengths(trace, key_prefix, disk, sizes),
-        *keys.names,
+    replay_tiers(
+        engine, tier, key_arrays(trace, key_prefix),
+        np.ascontiguousarray(trace.times, dtype=np.float64), sizes,
+        record_overhead=RECORD_HEADER + disk.meta_bytes,
+        lengths=_record_lengths(trace, key_prefix, disk, sizes), ttl=ttl,
     )  # fmt: skip
-    regions.moved(
-        (deltas.pop("ring_oldest"), deltas.pop("ring_next"), deltas.pop("ring_fill")),
-        deltas.pop("ring_bytes_written"),
-        deltas.pop("ring_evictions"),
-    )
-    for counters, prefix in ((tier.counters, "disk_"), (engine.counters, "")):
-        for name in [n for n in deltas if n.startswith(prefix)]:
-            attribute = name.removeprefix(prefix)
-            setattr(counters, attribute, getattr(counters, attribute) + deltas.pop(name))
     return _result(engine, tier, trace, disk, admission, eviction, started)
 
 

@@ -1,0 +1,101 @@
+"""Requests replayed through the compiled loop (``proxy.core._native.simulate_chunk`` and
+``simulate_tiers``): a trace's arrays driven through an engine's own store index and compiled
+admission, and a disk tier's own index, admission and write budget behind it, counted into
+the engine's and the tier's counters. The one driver of that loop: the offline simulator
+(``loadgen``) and the proxy's live what-if (``proxy.core.whatif``) both replay through it.
+
+The loop keeps the engine's rules for a cacheable response (see ``simulate.c``), held equal
+to the engine's Python rules by ``tests/test_parity.py`` and ``tests/test_tiers.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from proxy.core._native import Admission, simulate_chunk, simulate_tiers
+from proxy.core.admission import AdmissionPolicy, CompiledPolicy
+from proxy.core.disk import DiskTier
+from proxy.core.engine import CacheEngine
+from proxy.core.regions import Regions
+
+
+@dataclass(frozen=True)
+class KeyArrays:
+    """Keys as the compiled loop takes them: numeric ids it formats after ``prefix`` itself,
+    or ids into per-name arrays (h1, h2, characters) of the names with the prefix."""
+
+    ids: np.ndarray
+    prefix: bytes
+    prefix_chars: int
+    names: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[()]
+
+
+def compiled_admission(policy: AdmissionPolicy) -> Admission:
+    """The compiled policy the loop drives: the engine's own."""
+    if not isinstance(policy, CompiledPolicy):
+        raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
+    return policy.native
+
+
+def replay(
+    engine: CacheEngine,
+    keys: KeyArrays,
+    times: np.ndarray,
+    sizes: np.ndarray,
+    start: int,
+    stop: int,
+    ttl: float = math.inf,
+) -> None:
+    """Requests ``start:stop`` (their ``keys``, ``times`` and ``sizes``) through ``engine``'s
+    store and compiled admission, counted in ``engine``'s counters."""
+    store = engine.store
+    deltas = simulate_chunk(
+        store.index, compiled_admission(engine.admission), times[start:stop],
+        keys.ids[start:stop], sizes[start:stop], keys.prefix, keys.prefix_chars, ttl,
+        store.entry_overhead, store.max_object_bytes, *keys.names,
+    )  # fmt: skip
+    _count(engine, deltas)
+
+
+def replay_tiers(
+    engine: CacheEngine,
+    tier: DiskTier,
+    keys: KeyArrays,
+    times: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    record_overhead: int,
+    lengths: np.ndarray | None = None,
+    ttl: float = math.inf,
+) -> None:
+    """Every request of the arrays through ``engine``'s store and admission, with ``tier``
+    behind it (its ring a ``Regions`` of its own); a record is ``lengths`` long, or its
+    key's bytes, its body and ``record_overhead``. Counted in both tiers' counters."""
+    regions = tier.regions
+    assert isinstance(regions, Regions), "a replayed tier has a ring of its own"
+    deltas = simulate_tiers(
+        engine.store.index, compiled_admission(engine.admission), tier.index,
+        compiled_admission(tier.admission), tier.budget,
+        (regions.region_size, regions.regions, *regions.span()), times, keys.ids, sizes,
+        keys.prefix, keys.prefix_chars, ttl, engine.store.entry_overhead,
+        engine.store.max_object_bytes, record_overhead, lengths, *keys.names,
+    )  # fmt: skip
+    regions.moved(
+        (deltas.pop("ring_oldest"), deltas.pop("ring_next"), deltas.pop("ring_fill")),
+        deltas.pop("ring_bytes_written"),
+        deltas.pop("ring_evictions"),
+    )
+    disk = tier.counters
+    for name in [n for n in deltas if n.startswith("disk_")]:
+        attribute = name.removeprefix("disk_")
+        setattr(disk, attribute, getattr(disk, attribute) + deltas.pop(name))
+    _count(engine, deltas)
+
+
+def _count(engine: CacheEngine, deltas: dict[str, int]) -> None:
+    counters = engine.counters
+    for name, value in deltas.items():
+        setattr(counters, name, getattr(counters, name) + value)
