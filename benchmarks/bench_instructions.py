@@ -21,10 +21,13 @@ pass-through path (unsafe methods, uploads), against the same reference forwardi
 after the first), against a minimal aiohttp cache (a dict in a ``web.Server`` handler).
 ``--disk-hits``: GETs of two stored URLs in turn, onehit's memory tier holding only one of
 them and its disk tier both: every request a hit from disk (compiled, from the page cache),
-against the same minimal cache.
+against the same minimal cache. ``--whatif 0,0.01,1``: onehit once per what-if sample
+(``[whatif] sample``) instead of at its default, for what the ghosts cost a request (with
+``--hits``, one URL: at 0.01 it is outside the sample, so that run costs the check alone, and
+at 1 every hit is recorded).
 
     .venv/bin/python benchmarks/bench_instructions.py [--baseline DIR] [--post | --hits |
-        --disk-hits]
+        --disk-hits] [--whatif RATES]
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ def main() -> None:
     kind.add_argument("--post", action="store_true", help="POSTs of 1 KiB instead of GETs")
     kind.add_argument("--hits", action="store_true", help="GETs of one stored URL")
     kind.add_argument("--disk-hits", action="store_true", help="GETs answered from disk")
+    parser.add_argument("--whatif", help="what-if samples to run onehit at, like 0,0.01,1")
     args = parser.parse_args()
     # numpy's OpenBLAS starts a pool of threads that spin waiting for work the proxy never
     # gives them: their instructions follow the wall clock, and swung the counts by 40%.
@@ -131,16 +135,19 @@ def main() -> None:
     origin_port = free_port()
     origin = f"http://127.0.0.1:{origin_port}"
     servers: dict[str, tuple[list[str], Path, int]] = {}
-    sources = {"onehit": ROOT} | (
-        {"onehit@baseline": Path(args.baseline).resolve()} if args.baseline else {}
-    )
+    samples: list[str | None] = args.whatif.split(",") if args.whatif else [None]
+    sources = {
+        "onehit" if rate is None else f"onehit whatif={rate}": (ROOT, rate) for rate in samples
+    } | ({"onehit@baseline": (Path(args.baseline).resolve(), None)} if args.baseline else {})
     disks = Path(tempfile.mkdtemp(prefix="onehit-bench-disk-"))
-    for name, source in sources.items():
+    for name, (source, rate) in sources.items():
         port = free_port()
         command = [py, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
                    "--admin-listen", f"127.0.0.1:{free_port()}", "--admission", "always",
                    "--cache-size", "1GiB", "--set", "server.access_log=false",
                    "--set", "server.event_loop=asyncio"]  # fmt: skip
+        if rate is not None:
+            command += ["--set", f"whatif.sample={rate}"]
         if args.disk_hits:
             # Memory holds one of the two URLs: each request evicts the other to disk.
             command += ["--cache-size", "4KiB", "--set", "cache.max_object_size=2KiB",

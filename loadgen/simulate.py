@@ -35,6 +35,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.replay import KeyArrays, replay
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.units import format_size, parse_size
+from proxy.core.whatif import shards_ratio
 
 CHUNK = 1 << 16
 
@@ -202,12 +203,10 @@ def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int |
     which is what those keys' requests mostly are."""
     rate = sample.rate
     out = {k: v if k in _UNSCALED else round(v / rate) for k, v in stats.items()}
-    expected = sample.full_requests * rate
-    hit_ratio = (stats["hits"] + expected - stats["requests"]) / expected
-    expected_bytes = sample.full_bytes * rate
-    byte_hits = stats["hit_bytes"] + expected_bytes - stats["bytes_served"]
-    out["hit_ratio"] = min(1.0, max(0.0, hit_ratio))
-    out["byte_hit_ratio"] = min(1.0, max(0.0, byte_hits / expected_bytes))
+    out["hit_ratio"] = shards_ratio(stats["hits"], stats["requests"], sample.full_requests * rate)
+    out["byte_hit_ratio"] = shards_ratio(
+        stats["hit_bytes"], stats["bytes_served"], sample.full_bytes * rate
+    )
     out["requests"] = sample.full_requests
     out["hits"] = round(out["hit_ratio"] * sample.full_requests)
     out["bytes_served"] = sample.full_bytes

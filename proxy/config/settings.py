@@ -23,6 +23,7 @@ from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.whatif import DiskShape, WhatIf
 
 # The smallest ``[cache] slice_size``: every slice costs an origin request.
 MIN_SLICE = 64 << 10
@@ -257,6 +258,25 @@ class DiskSection:
 
 
 @dataclass(frozen=True)
+class WhatIfSection:
+    sample: float = values.setting(
+        0.01,
+        values.sample_rate,
+        "share of keys the what-if's ghost caches are fed (0: no what-if)",
+    )
+    policies: tuple[str, ...] = values.setting(
+        ("always", "second-hit", "tinylfu"),
+        values.policies,
+        "memory admissions the what-if compares with the configured one",
+    )
+    disk_policies: tuple[str, ...] = values.setting(
+        ("always", "second-hit", "nth-hit:3", "probabilistic:0.1"),
+        values.policies,
+        "disk admissions the what-if compares with [disk] policy",
+    )
+
+
+@dataclass(frozen=True)
 class Route:
     host: str
     origin: str
@@ -273,6 +293,7 @@ class Config:
     admission: AdmissionSection = AdmissionSection()
     upstream: UpstreamSection = UpstreamSection()
     disk: DiskSection = DiskSection()
+    whatif: WhatIfSection = WhatIfSection()
     routes: tuple[Route, ...] = ()
 
     def admission_config(self) -> AdmissionConfig:
@@ -286,6 +307,22 @@ class Config:
             max_window=a.max_window,
             auto_scale=a.auto_scale,
         )
+
+    def what_if(self) -> WhatIf | None:
+        """The ghost caches ``[whatif]`` asks for, of this memory tier and its disk tier
+        (``proxy.core.whatif``), or None when its sample is 0."""
+        w = self.whatif
+        if not w.sample:
+            return None
+        disk = None
+        if self.disk.path:
+            admission = AdmissionConfig(policy=self.disk.policy, window=self.disk.window)
+            disk = DiskShape(self.disk.size, self.disk.region_size, admission)
+        return WhatIf(
+            self.cache.size, self.admission_config(), self.cache.eviction, rate=w.sample,
+            entry_overhead=ENTRY_OVERHEAD, max_object_bytes=self.cache.max_object_size,
+            disk=disk, alternatives=w.policies, disk_alternatives=w.disk_policies,
+        )  # fmt: skip
 
     def route_table(self) -> dict[str, str]:
         """Host (lower-case, no port) -> origin; ``""`` maps to the default origin if any."""
@@ -348,6 +385,7 @@ SECTIONS: dict[str, type] = {
     "admission": AdmissionSection,
     "upstream": UpstreamSection,
     "disk": DiskSection,
+    "whatif": WhatIfSection,
 }
 
 

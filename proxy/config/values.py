@@ -77,6 +77,24 @@ def probability(value: Any) -> float:
     return number
 
 
+def sample_rate(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a sampling rate from 0 (off) to 1, like 0.01") from None
+    if not 0.0 <= number <= 1.0:
+        raise ValueError("expected a sampling rate from 0 (off) to 1, like 0.01")
+    return number
+
+
+def policies(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list | tuple):
+        raise ValueError('expected a list of admission policies, like ["always", "tinylfu"]')
+    return tuple(policy(str(item).strip()) for item in value)
+
+
 def positive_number(value: Any) -> float:
     try:
         number = float(value)

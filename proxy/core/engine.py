@@ -64,6 +64,8 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
@@ -102,6 +104,9 @@ from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import Tier
 from proxy.core.variants import Variants
+
+if TYPE_CHECKING:
+    from proxy.core.whatif import WhatIf
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
 
@@ -151,6 +156,8 @@ class CacheEngine(ResponseDecisions):
         # The tiers behind the store (the disk): every removal reaches them too
         # (``proxy.core.tiers``).
         self.behind: tuple[Tier, ...] = ()
+        # Ghost caches fed a sample of the requests answered (``proxy.core.whatif``), or None.
+        self.whatif: WhatIf | None = None
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()
@@ -293,8 +300,10 @@ class CacheEngine(ResponseDecisions):
         the engine's life."""
         observe = self.admission.observe if self.admission.observes else None
         store = self.store
+        whatif = self.whatif
         return HitState(store.by_hash, self.variants.urls, store.index, self.counters, observe,
-                        self._uncacheable)  # fmt: skip
+                        self._uncacheable, None if whatif is None else whatif.record,
+                        0 if whatif is None else whatif.below)  # fmt: skip
 
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``
@@ -317,6 +326,8 @@ class CacheEngine(ResponseDecisions):
         """Count ``entry`` as answering a request for ``key`` from any tier."""
         if self.admission.observes:
             self.admission.observe(key, entry.size, now)
+        if self.whatif is not None:
+            self.whatif.record(key, entry.size, now)
         c = self.counters
         c.hit_bytes += entry.size
         c.bytes_served += entry.size

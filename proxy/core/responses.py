@@ -6,6 +6,8 @@ responses describe.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cachetools import LRUCache
 
 from proxy.core import rfc9111
@@ -41,12 +43,19 @@ from proxy.core.tiers import (
 )
 from proxy.core.variants import Variants, variant_key
 
+if TYPE_CHECKING:
+    from proxy.core.whatif import WhatIf
+
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
 # this, so a flood of long uncacheable URLs cannot grow the process.
 HIT_FOR_MISS_BYTES = 4 << 20
 # What one remembered URL costs beyond its characters (dict slot, float, tuple).
 _REMEMBERED_OVERHEAD = 160
 
+
+# Cacheable responses that were not stored: requests the what-if's ghosts take, as they take
+# those stored (``proxy.core.whatif``).
+_CACHEABLE = (FIRST_SIGHTING, TOO_LARGE, COLLAPSED, TOO_MANY_VARIANTS)
 
 # Reasons a response may not be stored that belong to the request, not to the URL.
 _REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
@@ -108,6 +117,7 @@ class ResponseDecisions(Removals):
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
     behind: tuple[Tier, ...]
+    whatif: WhatIf | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
 
@@ -276,6 +286,8 @@ class ResponseDecisions(Removals):
         payload: object,
     ) -> Outcome:
         """Store a kept body of ``size`` bytes, or count why it was not."""
+        if self.whatif is not None and (type(decision) is Keep or decision in _CACHEABLE):
+            self.whatif.record(request.key, size, now, missed=True)
         c = self.counters
         if type(decision) is NotStored:
             if decision is FIRST_SIGHTING:

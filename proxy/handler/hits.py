@@ -104,6 +104,8 @@ class HitAnswers:
         )
         # A query the cache keys otherwise than as sent is keyed by ``answer`` alone.
         self.plain_hits.query_as_sent = router.queries_as_sent
+        self.plain_hits.whatif = state.whatif
+        self.plain_hits.sample_below = state.sample_below
         if disk is not None:
             self.plain_hits.attach_disk(
                 index=disk.reader_index, fds=disk.log.read_fds, bans=disk.tier.bans,

@@ -117,6 +117,10 @@ class Proxy:
         if config.admission_config() != self.config.admission_config():
             engine.admission = make_policy(config.admission_config(), engine.store)
             plain.observe = engine.hit_state().observe
+        if _ghosted(config) != _ghosted(self.config):  # ghosts of the old caches compare wrong
+            engine.whatif = config.what_if()
+            state = engine.hit_state()
+            plain.whatif, plain.sample_below = state.whatif, state.sample_below
         self.config = config
 
     @property
@@ -280,3 +284,10 @@ class Proxy:
 
 async def _given(response: web.StreamResponse) -> web.StreamResponse:
     return response
+
+
+def _ghosted(config: Config) -> tuple[object, ...]:
+    """What the what-if's ghosts are built of: a change of any starts them afresh."""
+    c = config.cache
+    return (config.whatif, c.size, c.eviction, c.max_object_size, config.admission_config(),
+            config.disk.path, config.disk.size, config.disk.policy)  # fmt: skip

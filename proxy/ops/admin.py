@@ -120,6 +120,7 @@ def admin_app(
                 "received": proxy.fleet.received,
             },
             "disk": None if proxy.disk is None else proxy.disk.stats(),
+            "whatif": whatif_stats(proxy),
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
@@ -146,6 +147,8 @@ def admin_app(
         )
         if proxy.disk is not None:
             text += disk_prometheus_text(proxy.disk.stats())
+        if (whatif := whatif_stats(proxy)) is not None:
+            text += whatif_prometheus_text(whatif)
         if proxy.shared is not None:
             shared = proxy.shared
             text += prometheus_text(
@@ -359,6 +362,34 @@ SHARED_METRICS = {
     "filter_redis_budget_seconds": "how long a miss now waits for Redis (follows its latency)",
 }
 SHARED_GAUGES = frozenset({"filter_redis_budget_seconds"})
+
+
+def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
+    """The what-if's ghosts (``proxy.core.whatif``): its sample, and each ghost's estimated
+    miss ratio and bytes written for the traffic so far; None without a what-if."""
+    engine = proxy.engine
+    whatif = engine.whatif
+    if whatif is None:
+        return None
+    return {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
+
+
+def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
+    """Each ghost's miss ratio and bytes written, labelled by tier, policy and scale."""
+    lines = []
+    for name, field, help_text in (
+        ("onehit_whatif_miss_ratio", "miss_ratio",
+         "estimated miss ratio of a ghost cache fed a sample of the traffic"),
+        ("onehit_whatif_bytes_written", "bytes_written",
+         "estimated bytes a ghost cache would have written (memory, or its disk tier)"),
+    ):  # fmt: skip
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        for c in whatif["curves"]:
+            if c[field] is None:
+                continue
+            labels = f'tier="{c["tier"]}",policy="{c["policy"]}",scale="{c["scale"]:g}"'
+            lines.append(f"{name}{{{labels}}} {float(c[field])!r}")
+    return "\n".join(lines) + "\n"
 
 
 def disk_prometheus_text(stats: dict[str, int | float | None]) -> str:

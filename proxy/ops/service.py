@@ -80,7 +80,7 @@ def build_engine(
         objects = (disk.tier.estimated_capacity_objects if disk.follows_memory
                    else lambda: workers * store.estimated_capacity_objects())  # fmt: skip
     c = config.cache
-    return CacheEngine(
+    engine = CacheEngine(
         store,
         make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
         hit_for_miss=c.hit_for_miss,
@@ -88,6 +88,8 @@ def build_engine(
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,
     )
+    engine.whatif = config.what_if()
+    return engine
 
 
 @dataclass

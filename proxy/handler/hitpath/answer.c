@@ -80,6 +80,18 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
             goto done;
         Py_DECREF(r);
     }
+    if (self->whatif != NULL && self->whatif != Py_None) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
+        if (h == (unsigned long long)-1 && PyErr_Occurred())
+            goto done;
+        if (h < self->sample_below) {
+            PyObject *args[] = {key, size, now};
+            PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
+            if (r == NULL)
+                goto done;
+            Py_DECREF(r);
+        }
+    }
     if (attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
         attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
         attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)

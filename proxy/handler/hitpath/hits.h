@@ -18,6 +18,8 @@ typedef struct {
     PyObject *index;    /* StoreIndex */
     PyObject *counters; /* the engine's Counters */
     PyObject *observe;  /* the admission's observe, or None */
+    PyObject *whatif;   /* the what-if's record, or None (proxy.core.whatif) */
+    unsigned long long sample_below; /* the hits whose key hash is below it are its sample */
     PyObject *hash;     /* hash64 */
     PyObject *clock;    /* seconds since the epoch, as the proxy reads them */
     PyObject *date;     /* the current IMF-fixdate, as aiohttp writes Date */

@@ -22,8 +22,9 @@
  *   (`ServedEntry.rendered`, whose third item is the `headers` it was rendered from).
  * - A hit is found and counted as CacheEngine.fresh_plain and CacheEngine.served find and
  *   count it: the entry by its key's hash and its key, its age as Entry.age computes it, and
- *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, and the
- *   admission's observe when it observes.
+ *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, the
+ *   admission's observe when it observes, and the what-if's record for the hits of its
+ *   sample (a key hash below sample_below).
  * - answer_bytes reads a request from its bytes only when they begin with one whole plain
  *   request (parse_plain): a strict subset of what aiohttp's request parser (llhttp, strict)
  *   takes, read as it reads it (method, target, fields, one Host, no body, keep-alive), so
@@ -41,6 +42,7 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->index);
     Py_VISIT(self->counters);
     Py_VISIT(self->observe);
+    Py_VISIT(self->whatif);
     Py_VISIT(self->hash);
     Py_VISIT(self->clock);
     Py_VISIT(self->date);
@@ -64,6 +66,7 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->index);
     Py_CLEAR(self->counters);
     Py_CLEAR(self->observe);
+    Py_CLEAR(self->whatif);
     Py_CLEAR(self->hash);
     Py_CLEAR(self->clock);
     Py_CLEAR(self->date);
@@ -123,6 +126,8 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
     self->per_hit = Py_NewRef(per_hit);
     for (size_t i = 0; i < sizeof old / sizeof old[0]; i++)
         Py_XDECREF(old[i]);
+    if (self->whatif == NULL)
+        self->whatif = Py_NewRef(Py_None);
     self->query_as_sent = 1;
     self->max_url = max_url;
     self->max_headers = max_headers;
@@ -251,6 +256,10 @@ static PyMemberDef PlainHits_members[] = {
     {"query_as_sent", T_BOOL, offsetof(PlainHits, query_as_sent), 0,
      "whether a target's query keys as sent ([cache] key_query): else a target with a query\n"
      "is declined (the proxy keys it)"},
+    {"whatif", T_OBJECT, offsetof(PlainHits, whatif), 0,
+     "the what-if's record(key, size, now), called for the sampled hits, or None"},
+    {"sample_below", T_ULONGLONG, offsetof(PlainHits, sample_below), 0,
+     "the hits whose key hash (hash64(key)[0]) is below it are the what-if's sample"},
     {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
      "the admission's observe, or None (a reload may change the admission)"},
     {NULL}};

@@ -1,0 +1,190 @@
+"""The live what-if: what the traffic this cache has seen would have done to other caches.
+
+Ghost caches (keys and sizes only, no bodies) of the configured policy and of alternatives, at
+``SCALES`` times the configured size, are fed a spatial sample of the requests (SHARDS,
+Waldspurger et al., FAST'15): the keys whose 64-bit hash falls under ``rate`` of the hash
+space, each key whole or not at all, into ghosts ``rate`` times the size (admission key counts
+scaled alike, as ``AdmissionConfig.scaled`` does). Each ghost is the compiled store and
+admission the proxy runs, driven by the simulator's own loop (``proxy.core.replay``), so a
+curve is what ``onehit-loadgen simulate --sample RATE`` gives for the same requests.
+
+Rules it keeps:
+
+* A request is recorded once it is answered, with its body's size: a hit (any tier) with the
+  stored size, a miss once its cacheable response is decided (kept or not). Requests the cache
+  cannot store (other methods, uncacheable answers) are not recorded: the ghosts model what
+  the cache could have done.
+* Recording is cheap for the 99% not sampled (a hash compared); sampled requests are kept in a
+  buffer of at most ``BATCH`` and replayed through every ghost at once, so the ghosts cost a
+  compiled loop per batch, not Python per request. ``curves`` replays what is buffered first.
+* Each curve's miss ratio is corrected as SHARDS_adj corrects it (heavy keys make the sample
+  hold more or fewer requests than ``rate`` of the whole); its counts are the sample's over
+  ``rate``, estimates for the whole traffic.
+* With a disk tier, the disk alternatives run behind a ghost of the configured memory tier,
+  at each scale of the disk's size: the hit ratio of both tiers and the bytes each disk rule
+  would have written.
+* Bounded: the ghosts hold ``rate`` of the cache's keys (27 to 54 bytes a key in memory, 20
+  in a disk ghost's index), and the buffer ``BATCH`` requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from proxy.core._native import hash64
+from proxy.core.admission import AdmissionConfig, make_policy
+from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.engine import CacheEngine
+from proxy.core.regions import Regions
+from proxy.core.replay import KeyArrays, replay, replay_tiers
+from proxy.core.store import CacheStore
+
+SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
+MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
+DISK_ALTERNATIVES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1")
+BATCH = 4096
+# A disk record's meta, as the simulator assumes it when no encoder is given.
+META_BYTES = 512
+
+
+@dataclass(frozen=True)
+class DiskShape:
+    """The disk tier the what-if models alternatives of: its size, region and admission."""
+
+    size: int
+    region_size: int
+    admission: AdmissionConfig
+
+
+@dataclass
+class Ghost:
+    """One ghost cache: which tier it varies (``memory`` or ``disk``), its policy, its scale
+    of the configured size and the bytes it stands for; its engine (and disk) at ``rate``."""
+
+    tier: str
+    policy: str
+    scale: float
+    size: int
+    engine: CacheEngine
+    disk: DiskTier | None = None
+
+
+class WhatIf:
+    """Ghosts of a memory tier of ``memory_bytes`` (admitting by ``admission``, evicting by
+    ``eviction``) and of its alternatives, and of ``disk``'s alternatives when given, fed a
+    ``rate`` sample of the requests."""
+
+    def __init__(
+        self,
+        memory_bytes: int,
+        admission: AdmissionConfig,
+        eviction: str = "lru",
+        *,
+        rate: float = 0.01,
+        entry_overhead: int = 0,
+        max_object_bytes: int | None = None,
+        disk: DiskShape | None = None,
+        scales: tuple[float, ...] = SCALES,
+        alternatives: tuple[str, ...] = MEMORY_ALTERNATIVES,
+        disk_alternatives: tuple[str, ...] = DISK_ALTERNATIVES,
+    ) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"a what-if's sampling rate is in (0, 1], got {rate!r}")
+        self.rate = rate
+        self.below = min(2**64 - 1, int(rate * 2**64))
+        self.missed = 0  # misses recorded, sampled or not (``curves`` is told the hits)
+        self._buffer: list[tuple[float, int, int, int, int]] = []
+        policies = dict.fromkeys((admission.policy, *alternatives))
+
+        def memory(scale: float, policy: str) -> CacheEngine:
+            capacity = max(1 + entry_overhead, round(memory_bytes * scale * rate))
+            store = CacheStore(capacity, max_object_bytes, entry_overhead, eviction)
+            config = admission if policy == admission.policy else AdmissionConfig(policy=policy)
+            return CacheEngine(store, make_policy(config.scaled(rate), store))
+
+        self.ghosts = [
+            Ghost("memory", policy, scale, round(memory_bytes * scale), memory(scale, policy))
+            for policy in policies
+            for scale in scales
+        ]
+        if disk is not None:
+            for policy in dict.fromkeys((disk.admission.policy, *disk_alternatives)):
+                for scale in scales:
+                    size = round(disk.size * scale * rate)
+                    region = max(1, round(disk.region_size * rate))
+                    if size < 2 * region:
+                        continue
+                    config = disk.admission if policy == disk.admission.policy else (
+                        AdmissionConfig(policy=policy))  # fmt: skip
+                    tier = DiskTier(Regions(region, size // region), config.scaled(rate),
+                                    budget=WriteBudget(0.0))  # fmt: skip
+                    engine = memory(1.0, admission.policy)
+                    engine.behind = (tier,)
+                    self.ghosts.append(
+                        Ghost("disk", policy, scale, round(disk.size * scale), engine, tier)
+                    )
+
+    def record(self, key: str, size: int, now: float, *, missed: bool = False) -> None:
+        """A request for ``key`` answered with a body of ``size`` bytes at ``now``: a hit, or
+        (``missed``) a miss. A compiled path that counts its hits itself calls this for the
+        sampled ones alone (``below``)."""
+        if missed:
+            self.missed += 1
+        h1, h2 = hash64(key)
+        if h1 < self.below:
+            self._buffer.append((now, h1, h2, len(key), size))
+            if len(self._buffer) >= BATCH:
+                self.flush()
+
+    def flush(self) -> None:
+        """Replay the buffered requests through every ghost."""
+        if not self._buffer:
+            return
+        when, h1, h2, chars, size = zip(*self._buffer, strict=True)
+        self._buffer.clear()
+        n = len(when)
+        keys = KeyArrays(
+            np.arange(n, dtype=np.int64), b"", 0,
+            (np.array(h1, np.uint64), np.array(h2, np.uint64), np.array(chars, np.int64)),
+        )  # fmt: skip
+        times = np.array(when, np.float64)
+        sizes = np.array(size, np.int64)
+        for ghost in self.ghosts:
+            if ghost.disk is None:
+                replay(ghost.engine, keys, times, sizes, 0, n)
+            else:
+                lengths = RECORD_HEADER + META_BYTES + keys.names[2] + sizes
+                replay_tiers(ghost.engine, ghost.disk, keys, times, sizes,
+                             record_overhead=0, lengths=lengths)  # fmt: skip
+
+    def curves(self, hits: int) -> list[dict[str, object]]:
+        """Each ghost's estimates for the whole traffic recorded (``hits``, counted by the
+        cache, and the misses recorded): its miss ratio (both tiers, for a disk ghost) and
+        the bytes it would have written (to memory, or to the disk)."""
+        self.flush()
+        requests = hits + self.missed
+        out = []
+        for ghost in self.ghosts:
+            c = ghost.engine.counters
+            written = c.bytes_written if ghost.disk is None else ghost.disk.counters.bytes_written
+            out.append({
+                "tier": ghost.tier, "policy": ghost.policy, "scale": ghost.scale,
+                "size": ghost.size, "miss_ratio": self._miss_ratio(c.hits, c.requests, requests),
+                "bytes_written": round(written / self.rate),
+            })  # fmt: skip
+        return out
+
+    def _miss_ratio(self, hits: int, sampled: int, requests: int) -> float | None:
+        if requests <= 0:
+            return None
+        return 1.0 - shards_ratio(hits, sampled, requests * self.rate)
+
+
+def shards_ratio(hits: float, sampled: float, expected: float) -> float:
+    """The hit ratio SHARDS_adj estimates from ``hits`` of the ``sampled`` requests (or bytes)
+    of a spatial sample, where ``expected`` is the sampling rate times the whole's: what the
+    sample holds short of (or past) it is counted as hits, which heavy keys' requests mostly
+    are; clamped to [0, 1]."""
+    return min(1.0, max(0.0, (hits + expected - sampled) / expected))

@@ -1,0 +1,93 @@
+"""The live what-if (proxy/core/whatif.py): ghost caches of the configured policy and its
+alternatives at 0.25x to 4x the size, fed a sample of the requests, shown on /stats and
+/metrics; each curve is what the simulator says of the same requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import admin, base, serve_trace
+
+from loadgen.simulate import sample_trace, simulate
+from loadgen.trace import Trace
+from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from proxy.config.settings import ConfigError, load
+from proxy.core.admission import AdmissionConfig
+from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.whatif import WhatIf
+
+SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
+
+
+@pytest.fixture(scope="module")
+def trace() -> Trace:
+    spec = WorkloadSpec(objects=3_000, requests=20_000, one_hit_share=0.3, sizes=SIZES, seed=4)
+    return generate(spec)
+
+
+def test_a_sampled_what_if_is_the_simulator_on_the_same_sample(trace):
+    """Fed the requests one by one, each ghost gives exactly what ``simulate --sample`` gives
+    for that size and policy: the same keys sampled, the same loop, the same correction."""
+    size = round(trace.distinct_bytes() * 0.05)
+    second_hit = AdmissionConfig(policy="second-hit")
+    whatif = WhatIf(size, second_hit, rate=0.2, entry_overhead=ENTRY_OVERHEAD)
+    for key, body, now in zip(trace.key_strings(), trace.sizes.tolist(), trace.times.tolist(),
+                              strict=True):  # fmt: skip
+        whatif.record(key, body, now, missed=True)
+    sample = sample_trace(trace, 0.2)
+    for curve in whatif.curves(hits=0):
+        config = second_hit if curve["policy"] == "second-hit" else (
+            AdmissionConfig(policy=curve["policy"]))  # fmt: skip
+        offline = simulate(sample, curve["size"], config)
+        assert curve["miss_ratio"] == pytest.approx(1 - offline.stats["hit_ratio"])
+        assert curve["bytes_written"] == pytest.approx(offline.stats["bytes_written"], rel=1e-3)
+    assert {c["scale"] for c in whatif.curves(hits=0)} == {0.25, 0.5, 1.0, 2.0, 4.0}
+
+
+async def test_a_proxy_shows_each_ghosts_curve_as_the_simulator_predicts_it(
+    origin, start_proxy, client, trace
+):
+    """A trace replayed live (hits answered by the compiled path too): every memory curve on
+    /stats within 0.01 of an offline simulate of the same requests, at its size and policy;
+    /metrics names each."""
+    short = Trace(np.zeros(6_000), trace.ids[:6_000], trace.sizes[:6_000])
+    serve_trace(origin, short)
+    capacity = round(short.distinct_bytes() * 0.1)
+    proxy = await start_proxy(cache__size=str(capacity), cache__max_object_size=str(capacity),
+                              admission__policy="second-hit", whatif__sample="1")  # fmt: skip
+    prefix = base(proxy) + "/obj/"
+    for key in short.key_strings():
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    assert proxy.proxy.fast_hits > 0, "the compiled hit path fed the what-if too"
+    async with client.get(admin(proxy) + "/stats") as r:
+        whatif = (await r.json())["whatif"]
+    assert whatif["sample"] == 1.0
+    config = proxy.config.admission_config()
+    for curve in whatif["curves"]:
+        admission = config if curve["policy"] == "second-hit" else (
+            AdmissionConfig(policy=curve["policy"]))  # fmt: skip
+        offline = simulate(short, curve["size"], admission, key_prefix=prefix)
+        assert abs(curve["miss_ratio"] - (1 - offline.stats["hit_ratio"])) <= 0.01, curve
+    live = proxy.proxy.engine.stats()
+    [own] = [c for c in whatif["curves"] if c["policy"] == "second-hit" and c["scale"] == 1.0]
+    assert own["miss_ratio"] == pytest.approx(1 - live["hit_ratio"], abs=0.01)
+    async with client.get(admin(proxy) + "/metrics") as r:
+        text = await r.text()
+    assert 'onehit_whatif_miss_ratio{tier="memory",policy="tinylfu",scale="0.25"}' in text
+
+
+async def test_no_what_if_when_its_sample_is_zero(start_proxy, client):
+    proxy = await start_proxy(whatif__sample="0")
+    async with client.get(admin(proxy) + "/stats") as r:
+        assert (await r.json())["whatif"] is None
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("whatif.sample", "2", r"\[whatif\] sample = '2': expected a sampling rate"),
+    ("whatif.policies", "lfu", r"\[whatif\] policies .*'lfu'"),
+])  # fmt: skip
+def test_a_bad_what_if_setting_names_its_key(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9", key: value})
