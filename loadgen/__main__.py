@@ -183,6 +183,18 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--churn-period", type=int, default=d.churn_period, help="requests per period")
     p.add_argument("--rate", type=float, default=d.rate, help="mean arrivals per second")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--crawler-share",
+        type=float,
+        default=d.crawler_share,
+        help="share of requests from a crawler sweeping the catalogue's tail",
+    )
+    p.add_argument(
+        "--crawler-tail",
+        type=float,
+        default=d.crawler_tail,
+        help="the least popular share of the catalogue the crawler sweeps",
+    )
 
 
 def _trace_flags(p: argparse.ArgumentParser) -> None:
@@ -302,6 +314,8 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
         churn_period=args.churn_period,
         rate=args.rate,
         seed=args.seed,
+        crawler_share=args.crawler_share,
+        crawler_tail=args.crawler_tail,
     )
 
 

@@ -8,6 +8,11 @@ The generator guarantees:
   are spread uniformly through it. The rest follow Zipf(``alpha``) over ``objects`` ranks.
 * ``churn`` is the share of ranks handed to brand-new objects every ``churn_period`` requests:
   popularity drifts, the way new content displaces old on a real CDN.
+* ``crawler_share`` of the requests come from a crawler sweeping the catalogue's tail (the
+  least popular ``crawler_tail`` of the ``objects`` ranks) in rank order, each URL once per
+  sweep, starting again at the sweep's end: what search and AI crawlers do to a CDN. Its
+  requests are spread uniformly through the trace, and ask for the object each rank holds
+  then (after churn). A spec without a crawler draws what it drew before crawlers existed.
 * An object keeps one size for the whole trace; arrivals are Poisson at ``rate`` per second.
 * Keys are the decimal object id; popular ids are shuffled so an id says nothing of its rank.
 """
@@ -83,6 +88,8 @@ class WorkloadSpec:
     churn_period: int = 100_000
     rate: float = 1000.0
     seed: int = 1
+    crawler_share: float = 0.0
+    crawler_tail: float = 0.9
 
     def describe(self) -> str:
         """The workload in words and numbers, for reports."""
@@ -98,10 +105,16 @@ class WorkloadSpec:
             if self.churn
             else ""
         )
+        crawler = (
+            f", {self.crawler_share:.0%} of requests from a crawler sweeping the least popular "
+            f"{self.crawler_tail:.0%} of the catalogue in order"
+            if self.crawler_share
+            else ""
+        )
         return (
             f"{self.requests:,} requests, Zipf alpha {self.alpha:g} over {self.objects:,} "
             f"popular objects, {self.one_hit_share:.0%} of requests for one-hit wonders, "
-            f"{sizes}{churn}, {self.rate:,.0f} requests/s, seed {self.seed}"
+            f"{sizes}{churn}{crawler}, {self.rate:,.0f} requests/s, seed {self.seed}"
         )
 
     def __post_init__(self) -> None:
@@ -110,6 +123,12 @@ class WorkloadSpec:
             (self.requests >= 1, "requests must be >= 1"),
             (self.alpha >= 0, "alpha must be >= 0"),
             (0 <= self.one_hit_share < 1, "one_hit_share must be in [0, 1)"),
+            (0 <= self.crawler_share < 1, "crawler_share must be in [0, 1)"),
+            (
+                self.one_hit_share + self.crawler_share < 1,
+                "one_hit_share + crawler_share must be below 1 (some requests are popular)",
+            ),
+            (0 < self.crawler_tail <= 1, "crawler_tail must be in (0, 1]"),
             (0 <= self.churn <= 1, "churn must be in [0, 1]"),
             (self.churn_period >= 1, "churn_period must be >= 1"),
             (self.rate > 0 and math.isfinite(self.rate), "rate must be a positive number"),
@@ -125,7 +144,8 @@ def generate(spec: WorkloadSpec) -> Trace:
     rng = np.random.default_rng(spec.seed)
     n = spec.requests
     n_once = round(n * spec.one_hit_share)
-    n_popular = n - n_once
+    n_crawl = round(n * spec.crawler_share)
+    n_popular = n - n_once - n_crawl
 
     weights = np.arange(1, spec.objects + 1, dtype=np.float64) ** -spec.alpha
     cdf = np.cumsum(weights)
@@ -134,28 +154,58 @@ def generate(spec: WorkloadSpec) -> Trace:
     ranks = np.minimum(ranks, spec.objects - 1)
 
     rank_to_id = rng.permutation(spec.objects).astype(np.int64)
+    crawler = _Crawler(spec, n, n_once, n_crawl, rng) if n_crawl else None
     next_id = spec.objects
     popular_ids = np.empty(n_popular, dtype=np.int64)
     replaced = round(spec.churn * spec.objects)
-    for start in range(0, n_popular, spec.churn_period):
+    for period, start in enumerate(range(0, max(1, n_popular), spec.churn_period)):
         if start and replaced:
             moved = rng.choice(spec.objects, size=replaced, replace=False)
             rank_to_id[moved] = np.arange(next_id, next_id + replaced)
             next_id += replaced
         stop = start + spec.churn_period
         popular_ids[start:stop] = rank_to_id[ranks[start:stop]]
+        if crawler is not None:
+            crawler.take(period, rank_to_id)
 
     ids = np.empty(n, dtype=np.int64)
     once = np.zeros(n, dtype=bool)
-    once[rng.choice(n, size=n_once, replace=False)] = True
+    once[crawler.once if crawler else rng.choice(n, size=n_once, replace=False)] = True
     ids[once] = np.arange(next_id, next_id + n_once)
-    ids[~once] = popular_ids
+    popular = ~once
+    if crawler is not None:
+        ids[crawler.positions] = crawler.ids
+        popular[crawler.positions] = False
+    ids[popular] = popular_ids
     total_objects = next_id + n_once
-
     object_sizes = _object_sizes(spec.sizes, total_objects, rng)
     times = np.cumsum(rng.exponential(1.0 / spec.rate, size=n))
     times -= times[0]
     return Trace(times, ids, object_sizes[ids], None)
+
+
+class _Crawler:
+    """Where a trace's crawler requests go (``positions``, among those not for one-hit
+    wonders, ``once``) and what they ask for: the tail's ranks in order, each mapped to the
+    object it holds in the churn period of the popular requests around it (``take``)."""
+
+    def __init__(
+        self, spec: WorkloadSpec, n: int, n_once: int, n_crawl: int, rng: np.random.Generator
+    ) -> None:
+        self.once = rng.choice(n, size=n_once, replace=False)
+        others = np.setdiff1d(np.arange(n), self.once, assume_unique=True)
+        self.positions = np.sort(rng.choice(others, size=n_crawl, replace=False))
+        first = spec.objects - max(1, round(spec.objects * spec.crawler_tail))
+        self.ranks = first + np.arange(n_crawl) % (spec.objects - first)
+        # Popular requests before each crawler request: its churn period is theirs.
+        before = self.positions - np.searchsorted(np.sort(self.once), self.positions)
+        self.period = (before - np.arange(n_crawl)) // spec.churn_period
+        self.ids = np.empty(n_crawl, dtype=np.int64)
+
+    def take(self, period: int, rank_to_id: np.ndarray) -> None:
+        """The ranks' objects in churn ``period`` (the last takes every later request)."""
+        mine = self.period >= period
+        self.ids[mine] = rank_to_id[self.ranks[mine]]
 
 
 def _object_sizes(sizes: SizeSpec, count: int, rng: np.random.Generator) -> np.ndarray:

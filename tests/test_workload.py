@@ -89,3 +89,47 @@ def test_a_workload_describes_itself_in_words():
     assert text.startswith("30,000 requests, Zipf alpha 0.8 over 2,000 popular objects")
     assert "25% of requests for one-hit wonders" in text and "median 16KiB" in text
     assert "5% of popularity ranks handed to new objects every 100,000 requests" in text
+
+
+def test_a_crawler_sweeps_the_catalogues_tail_in_order_each_url_once_a_sweep():
+    """Popularity so steep that the popular requests go to the first few ranks, never to the
+    tail: the tail's objects are the crawler's (each asked 4 or 5 times in 4,000 requests),
+    and it visits all 900 in one order, each once per sweep, again and again."""
+    spec = WorkloadSpec(objects=1000, requests=20_000, alpha=8.0, one_hit_share=0.0,
+                        crawler_share=0.2, crawler_tail=0.9, seed=5)  # fmt: skip
+    trace = generate(spec)
+    objects, asked = np.unique(trace.ids, return_counts=True)
+    tail = set(objects[(asked == 4) | (asked == 5)].tolist())
+    crawled = [i for i in trace.ids.tolist() if i in tail]
+    assert len(tail) == 900 and len(crawled) == 4_000
+    sweep = crawled[:900]
+    assert len(set(sweep)) == 900
+    assert crawled[900:1800] == sweep and crawled[1800:2700] == sweep
+
+
+def test_a_trace_without_a_crawler_is_what_it_was_before_crawlers():
+    """Same spec, same draws: a crawler share of 0 changes nothing of a trace."""
+    spec = WorkloadSpec(objects=1000, requests=10_000)
+    trace = generate(spec)
+    digest = (
+        __import__("hashlib")
+        .md5(trace.ids.tobytes() + trace.sizes.tobytes() + trace.times.tobytes())
+        .hexdigest()
+    )
+    assert digest == "f6fe499fa19a7eaf5ae58f7dd8ac39e0"
+
+
+def test_crawler_requests_mostly_miss_and_second_hit_keeps_them_out():
+    """Half the requests a sweep: LRU stores every crawled URL and evicts what would have hit;
+    second hit, whose window is shorter than a sweep, stores none of them."""
+    from loadgen.simulate import simulate
+    from proxy.core.admission import AdmissionConfig
+
+    spec = WorkloadSpec(objects=20_000, requests=100_000, one_hit_share=0.0, crawler_share=0.5,
+                        sizes=SizeSpec(kind="fixed", fixed=1024))  # fmt: skip
+    trace = generate(spec)
+    size = round(trace.distinct_bytes() * 0.02)
+    lru = simulate(trace, size, AdmissionConfig(policy="always"), entry_overhead=0).stats
+    second = simulate(trace, size, AdmissionConfig(policy="second-hit"), entry_overhead=0).stats
+    assert second["hit_ratio"] > lru["hit_ratio"]
+    assert second["bytes_written"] < 0.2 * lru["bytes_written"]
