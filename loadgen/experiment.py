@@ -107,7 +107,7 @@ def run(
         say(finding)
     say(report.text_table(cells))
     if rows := report.headline(cells):
-        say("\nheadline\n" + report.aligned(report.HEADLINE, rows, left=3))
+        say("\nheadline\n" + report.aligned(*report.headline_columns(rows), left=3))
     if rows := report.agreement(cells):
         say("\nlive against simulated\n" + report.aligned(report.AGREEMENT, rows, left=3))
     if rows := _disk_rows(cells):

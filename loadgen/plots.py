@@ -13,14 +13,18 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from proxy.core.units import format_size
 
 Cell = dict[str, Any]
 # More swept sizes than this and their labels would crowd the axis: powers of ten instead.
 _MAX_SIZE_TICKS = 8
-_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+# Distinct colours for up to 16 admissions (a report of every policy has 8 and more): a
+# second hue of each family before any colour repeats.
+_PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2",
+            "#17becf", "#bcbd22", "#000080", "#ff1493", "#006400", "#b8860b", "#4b0082",
+            "#ff6347", "#2f4f4f"]  # fmt: skip
 
 
 # A policy label is "admission" or "admission / eviction": the colour follows the admission,
@@ -52,8 +56,8 @@ def _legend(ax: Any) -> None:
     if len(handles) <= 10:
         ax.legend(fontsize=8)
     else:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  ncol=1 + len(handles) // 24)  # fmt: skip
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  ncol=1 + len(handles) // 20)  # fmt: skip
 
 
 def _series(cells: Sequence[Cell]) -> dict[tuple[str, str, str], list[Cell]]:
@@ -127,14 +131,15 @@ def _by_size(
         ax.set_xscale("log")
         swept = sorted({c["cache_bytes"] for c in cells if c["workload"] == workload})
         if len(swept) <= _MAX_SIZE_TICKS:  # ticks at the sizes run, not at powers of ten
-            ax.set_xticks(swept, [format_size(size) for size in swept])
+            ax.set_xticks(swept, [format_size(size) for size in swept], rotation=30, ha="right")
             ax.xaxis.set_minor_locator(NullLocator())
         else:
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
         ax.set_xlabel("cache size (bytes, log scale)")
         ax.set_ylabel(ylabel)
-        if bytes_axis:
-            _binary_ticks(ax)
+        if bytes_axis:  # policies write orders of magnitude apart: a log axis shows them all
+            ax.set_yscale("log", base=4)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
         ax.set_title(workload)
         ax.grid(True, alpha=0.3)
         _legend(ax)
@@ -199,16 +204,6 @@ def _against_writes(
         ax.grid(True, alpha=0.3)
         _legend(ax)
     return _save(fig, path)
-
-
-def _binary_ticks(ax: Any) -> None:
-    """Y ticks at round multiples of KiB, MiB or GiB (powers of ten read badly in binary)."""
-    low, high = ax.get_ylim()
-    unit = next(size for size in (1 << 30, 1 << 20, 1 << 10, 1) if high >= size)
-    ticks = MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(low / unit, high / unit)
-    ax.set_yticks([t * unit for t in ticks if low <= t * unit <= high])
-    ax.set_ylim(low, high)
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
 
 
 def _middle_size(group: Sequence[Cell]) -> int:

@@ -70,6 +70,9 @@ def add_space_saved(cells: Sequence[Cell]) -> None:
 
 
 def _space_text(c: Cell) -> str:
+    """The space saved at LRU's hit ratio: ``>=`` a lower bound, ``below sweep`` when the
+    smallest size swept already reaches it, and for a policy that needs more space than LRU
+    to reach it, how many times LRU's (``needs 1.4x``)."""
     if c["policy"] == BASELINE:
         return ""
     if not c.get("space_saved_measurable"):
@@ -79,6 +82,8 @@ def _space_text(c: Cell) -> str:
         return "-"
     if c.get("space_saved_is_lower_bound"):
         return "below sweep" if saved <= 0 else f">={saved:.0%}"
+    if saved < 0:
+        return f"needs {1 - saved:.1f}x"
     return f"{saved:.0%}"
 
 
@@ -148,10 +153,35 @@ def verdict(cells: Sequence[Cell]) -> str | None:
             f" and wrote {written / max(1, lru['stats']['bytes_written']):.0%} of LRU's bytes"
         )  # fmt: skip
         sentences.append(
-            f"{workload}: with a cache of {best['cache']}, {best['policy']} {change} the hit "
-            f"ratio from {before:.3f} (plain LRU) to {after:.3f}{wrote}."
+            f"{workload}: with a cache of {best['cache']}, {_named(best)} {change} the hit "
+            f"ratio from {before:.3f} (plain LRU) to {after:.3f}{wrote}{_credit(best, at)}."
         )
     return " ".join(sentences) or None
+
+
+def _named(cell: Cell) -> str:
+    """A cell's policy, and how much more than the cache it held when it held more (nginx's
+    cache counts bodies only: it is not the same size as the others)."""
+    held = cell.get("held_bytes")
+    if held and held > cell["cache_bytes"]:
+        return f"{cell['policy']} (holding {held / cell['cache_bytes']:.1f}x the cache)"
+    return cell["policy"]
+
+
+def _credit(best: Cell, at: Sequence[Cell]) -> str:
+    """What the eviction of ``best`` does alone (admitting all) at that size, and what its
+    admission adds to it: each part credited at the same other part, not both to one."""
+    admission, _, eviction = best["policy"].partition(" / ")
+    if not eviction:
+        return ""
+    alone = next((c for c in at if c["policy"] == f"{BASELINE} / {eviction}"), None)
+    if alone is None or alone is best:
+        return ""
+    by_eviction = alone["stats"]["hit_ratio"]
+    return (
+        f" ({eviction} alone, admitting all, reaches {by_eviction:.3f}; {admission} adds "
+        f"{best['stats']['hit_ratio'] - by_eviction:+.3f} at that eviction)"
+    )
 
 
 def _groups(cells: Iterable[Cell]) -> dict[tuple[str, str], list[Cell]]:
@@ -206,6 +236,14 @@ HEADLINE = [
 ]
 
 
+def headline_columns(rows: Sequence[Sequence[str]]) -> tuple[list[str], list[list[str]]]:
+    """The headline's columns and rows, without the p99 column when no row has one (a
+    simulation measures no latency)."""
+    if any(row[-1] for row in rows):
+        return list(HEADLINE), [list(row) for row in rows]
+    return list(HEADLINE[:-1]), [list(row[:-1]) for row in rows]
+
+
 def headline(cells: Sequence[Cell]) -> list[list[str]]:
     """Per workload, mode and size: LRU against the best other policy (by hit ratio)."""
     rows = []
@@ -228,7 +266,7 @@ def headline(cells: Sequence[Cell]) -> list[list[str]]:
                     mode,
                     best["cache"],
                     f"{lru['stats']['hit_ratio']:.4f}",
-                    best["policy"],
+                    _named(best),
                     f"{best['stats']['hit_ratio']:.4f}",
                     f"{delta * 100:+.1f} pp",
                     "n/a" if saved is None else f"{saved:.1%}",
@@ -282,7 +320,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         parts += [finding, ""]
     parts += [f"- {k}: {v}" for k, v in results.get("meta", {}).items()]
     if table := headline(cells):
-        parts += ["", "## Headline", "", _markdown(HEADLINE, table)]
+        parts += ["", "## Headline", "", _markdown(*headline_columns(table))]
     if table := agreement(cells):
         parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, table)]
     for (workload, mode), group in _groups(cells).items():
@@ -396,7 +434,7 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
     ]
     parts.append("</ul>")
     if found := headline(cells):
-        parts += ["<h2>Headline</h2>", table(HEADLINE, found)]
+        parts += ["<h2>Headline</h2>", table(*headline_columns(found))]
     if found := agreement(cells):
         parts += ["<h2>Live against simulated</h2>", table(AGREEMENT, found)]
     parts.append("<h2>Plots</h2>")

@@ -7,7 +7,15 @@ import sys
 
 import pytest
 
-from loadgen.report import add_space_saved, headline, render, write_report
+from loadgen.report import (
+    _space_text,
+    add_space_saved,
+    headline,
+    headline_columns,
+    render,
+    verdict,
+    write_report,
+)
 from proxy.core.stats import METRICS
 
 
@@ -118,3 +126,37 @@ def test_a_peer_that_does_not_count_writes_is_drawn_and_tabled_without_them(tmp_
     summary = (tmp_path / "summary.md").read_text()
     assert "libCacheSim S3-FIFO raised the hit ratio from 0.200 (plain LRU) to 0.900." in summary
     assert "| libCacheSim S3-FIFO | 200B | *0.9000 | 0.8000 | n/a | n/a |" in summary
+
+
+def test_the_finding_credits_eviction_and_admission_each_at_the_other_fixed():
+    """second-hit / s3fifo beats plain LRU, but s3fifo alone does most of it: the sentence
+    says what each part adds, not all of it to second hit."""
+    ratios = {"always": 0.209, "always / s3fifo": 0.313, "second-hit / s3fifo": 0.320}
+    cells = [cell(policy, 200, ratio) for policy, ratio in ratios.items()]
+    finding = verdict(cells)
+    assert "second-hit / s3fifo raised the hit ratio from 0.209 (plain LRU) to 0.320" in finding
+    assert "(s3fifo alone, admitting all, reaches 0.313; second-hit adds +0.007" in finding
+
+
+def test_a_cache_that_held_more_than_its_size_says_so_in_its_row():
+    cells = [cell("always", 200, 0.20), cell("nginx (min_uses 2)", 200, 0.34, held_bytes=880)]
+    [row] = headline(cells)
+    assert row[4] == "nginx (min_uses 2) (holding 4.4x the cache)"
+    assert "holding 4.4x the cache" in verdict(cells)
+
+
+def test_a_simulation_only_headline_has_no_latency_column(results):
+    simulated = [c for c in results["cells"] if c["mode"] == "simulate"]
+    columns, rows = headline_columns(headline(simulated))
+    assert "p99 ms" not in columns and all(len(r) == len(columns) for r in rows)
+    columns, _ = headline_columns(headline(results["cells"]))
+    assert columns[-1] == "p99 ms"
+
+
+def test_a_policy_needing_more_space_than_lru_says_how_much():
+    cells = [cell("always", 100, 0.10), cell("always", 200, 0.20), cell("always", 400, 0.30),
+             cell("x", 100, 0.05), cell("x", 200, 0.15), cell("x", 400, 0.25)]  # fmt: skip
+    add_space_saved(cells)
+    middle = next(c for c in cells if c["policy"] == "x" and c["cache_bytes"] == 200)
+    assert middle["space_saved_at_equal_hit_ratio"] < 0
+    assert _space_text(middle).startswith("needs ") and _space_text(middle).endswith("x")
