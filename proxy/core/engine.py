@@ -64,8 +64,6 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
@@ -93,6 +91,7 @@ from proxy.core.events import (
     Miss,
     Refuse,
     RequestMeta,
+    RequestSample,
     Revalidate,
     Stale,
 )
@@ -104,9 +103,6 @@ from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import Tier
 from proxy.core.variants import Variants
-
-if TYPE_CHECKING:
-    from proxy.core.whatif import WhatIf
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
 
@@ -157,7 +153,7 @@ class CacheEngine(ResponseDecisions):
         # (``proxy.core.tiers``).
         self.behind: tuple[Tier, ...] = ()
         # Ghost caches fed a sample of the requests answered (``proxy.core.whatif``), or None.
-        self.whatif: WhatIf | None = None
+        self.whatif: RequestSample | None = None
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()

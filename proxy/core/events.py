@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from proxy.core import rfc9111
 from proxy.core._native import StoreIndex
@@ -63,6 +63,15 @@ class Hit(NamedTuple):
 
     entry: Entry
     age: float
+
+
+class RequestSample(Protocol):
+    """What the engine feeds a sample of the requests it answers to (``proxy.core.whatif``):
+    the keys hashed below ``below`` are the sample."""
+
+    below: int
+
+    def record(self, key: str, size: int, now: float, *, missed: bool = False) -> None: ...
 
 
 class HitState(NamedTuple):

@@ -6,8 +6,6 @@ responses describe.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from cachetools import LRUCache
 
 from proxy.core import rfc9111
@@ -24,6 +22,7 @@ from proxy.core.events import (
     NotStored,
     Outcome,
     RequestMeta,
+    RequestSample,
     ResponseMeta,
     Store,
 )
@@ -42,9 +41,6 @@ from proxy.core.tiers import (
     own_record,
 )
 from proxy.core.variants import Variants, variant_key
-
-if TYPE_CHECKING:
-    from proxy.core.whatif import WhatIf
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
 # this, so a flood of long uncacheable URLs cannot grow the process.
@@ -117,7 +113,7 @@ class ResponseDecisions(Removals):
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
     behind: tuple[Tier, ...]
-    whatif: WhatIf | None
+    whatif: RequestSample | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
 
