@@ -11,7 +11,9 @@ The family, each rule a curve over its parameter:
 * ``probabilistic``: each miss written with probability 0.05 to 0.5 (CacheLib's random);
 * ``size-below``: objects under the 25th, 50th or 75th percentile of the requested sizes;
 * ``dynamic random``: every miss, within a write budget of 0.5, 1 and 2 times the rate
-  second hit wrote at (CacheLib's dynamic random admission at the same write budget).
+  second hit wrote at (CacheLib's dynamic random admission at the same write budget);
+* ``auto``: the family side by side, following the one its sampled ghost tiers find hitting
+  within 0.005 of the best while writing least (``proxy.core.disk``).
 
 A rule's point is on the Pareto front when no other rule at that disk size has a hit ratio at
 least as high with no more bytes written, one of the two strictly better.
@@ -77,6 +79,7 @@ def fixed_rules(trace: Trace) -> list[Rule]:
               for p in PROBABILITIES]  # fmt: skip
     rules += [Rule("size-below", f"size-below:{format_size(limit)} (p{q})", f"size-below:{limit}")
               for limit, q in limits.items()]  # fmt: skip
+    rules.append(Rule("auto", "auto", "auto"))
     return rules
 
 
@@ -156,7 +159,7 @@ def flash_sweep(
 
 
 def _order(cell: FlashCell) -> int:
-    names = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", DYNAMIC)
+    names = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", DYNAMIC, "auto")
     return names.index(cell["rule"]) if cell["rule"] in names else len(names)
 
 

@@ -55,6 +55,8 @@ def test_routes_from_the_environment():
     ("toml", "message"),
     [
         ('[cache]\nsize = "lots"\n', "[cache] size = 'lots': size 'lots' is not a size"),
+        ('[admission]\npolicy = "auto"\n', "auto is a disk tier's ([disk] policy)"),
+        ('[whatif]\ndisk_policies = ["tinylfu"]\n', "[whatif] disk_policies = ['tinylfu']"),
         ('[cache]\nsise = "1MiB"\n', "unknown key 'sise' in [cache] (did you mean 'size'?)"),
         ('[cahce]\nsize = "1MiB"\n', "unknown section [cahce] (did you mean [cache]?)"),
         ('[[routes]]\nhost = "a"\norigin = "ftp://x"\n', "route a origin 'ftp://x': expected an"),

@@ -37,7 +37,15 @@ def cells(trace):
 def test_every_rule_of_the_family_runs_at_every_disk_size(cells):
     for disk in DISKS:
         rules = {c["rule"] for c in cells if c["disk_bytes"] == disk}
-        assert rules == {"always", "second-hit", "nth-hit", "probabilistic", "size-below", DYNAMIC}
+        assert rules == {
+            "always",
+            "second-hit",
+            "nth-hit",
+            "probabilistic",
+            "size-below",
+            DYNAMIC,
+            "auto",
+        }
 
 
 def test_each_cell_is_the_two_tier_simulation_of_its_rule(trace, cells):

@@ -132,8 +132,9 @@ async def test_live_and_simulated_counters_agree_with_ttls(
 
 @pytest.mark.parametrize(
     ("admission", "disk_admission"),
-    [("always", "second-hit"), ("second-hit", "second-hit"), ("second-hit", "always")],
-)
+    [("always", "second-hit"), ("second-hit", "second-hit"), ("second-hit", "always"),
+     ("always", "auto")],
+)  # fmt: skip
 async def test_live_and_simulated_two_tiers_agree_exactly(
     origin, start_proxy, client, tmp_path, admission, disk_admission
 ):

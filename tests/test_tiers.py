@@ -84,7 +84,8 @@ def test_a_disk_of_fewer_than_two_regions_is_refused():
 
 MEMORY_POLICIES = ("always", "second-hit", "nth-hit:3", "tinylfu", "probabilistic:0.5",
                    "size-below:3000", "adaptive")  # fmt: skip
-DISK_POLICIES = ("always", "second-hit", "nth-hit:2", "probabilistic:0.3", "size-below:2500")
+DISK_POLICIES = ("always", "second-hit", "nth-hit:2", "probabilistic:0.3", "size-below:2500",
+                 "auto")  # fmt: skip
 
 
 @st.composite
@@ -133,3 +134,17 @@ def test_the_compiled_loop_counts_as_the_model_does(
     options = {"ttl": ttl, "entry_overhead": overhead, "max_object_bytes": max_object,
                "eviction": eviction, "key_prefix": "/o/"}  # fmt: skip
     assert simulate_tiers(*args, **options).stats == model_tiers(*args, **options).stats
+
+
+def test_auto_disk_admission_keeps_one_hit_wonders_off_the_disk_at_admit_alls_hit_ratio(trace):
+    """Half the requests are one-hit wonders: auto's ghosts find that admitting all writes
+    them for nothing, and it follows a rule that writes a fraction of that, hitting as often."""
+    runs = {
+        policy: simulate_tiers(trace, 1 << 20, ALWAYS,
+                               DiskSpec(8 << 20, region_size=256 << 10,
+                                        admission=AdmissionConfig(policy=policy)))
+        for policy in ("always", "auto")
+    }  # fmt: skip
+    always, auto = runs["always"].stats, runs["auto"].stats
+    assert auto["disk_bytes_written"] < 0.5 * always["disk_bytes_written"]
+    assert auto["hit_ratio"] >= always["hit_ratio"] - 0.005

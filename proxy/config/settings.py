@@ -171,7 +171,7 @@ class CacheSection:
 class AdmissionSection:
     policy: str = values.setting(
         "second-hit",
-        values.policy,
+        values.memory_policy,
         "always, second-hit, nth-hit:N, tinylfu, adaptive, probabilistic:P or size-below:BYTES",
     )
     window: float | str = values.setting(
@@ -244,7 +244,9 @@ class DiskSection:
         16 << 20, values.size, "bytes of one region, written sequentially, evicted whole"
     )
     policy: str = values.setting(
-        "second-hit", values.policy, "what the disk takes: always, second-hit, nth-hit:N..."
+        "second-hit",
+        values.policy,
+        "what the disk takes: always, second-hit, nth-hit:N..., or auto (the best of them)",
     )
     window: float | str = values.setting(
         "auto", values.window, "auto, or how long a first sighting counts for the disk"
@@ -271,7 +273,7 @@ class WhatIfSection:
     )
     disk_policies: tuple[str, ...] = values.setting(
         ("always", "second-hit", "nth-hit:3", "probabilistic:0.1"),
-        values.policies,
+        values.disk_policies,
         "disk admissions the what-if compares with [disk] policy",
     )
 

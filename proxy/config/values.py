@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from proxy.core.admission import parse_policy
+from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import EVICTIONS
 from proxy.core.units import parse_duration, parse_size
 
@@ -88,6 +89,22 @@ def sample_rate(value: Any) -> float:
 
 
 def policies(value: Any) -> tuple[str, ...]:
+    """Memory admission policies, as a list (or commas)."""
+    return tuple(memory_policy(name) for name in _names(value))
+
+
+def disk_policies(value: Any) -> tuple[str, ...]:
+    """Disk admission policies but ``auto`` (which is made of them), as a list (or commas)."""
+    names = _names(value)
+    for name in names:
+        if parse_policy(name)[0] not in DISK_POLICIES[:-1]:
+            raise ValueError(
+                f"{name!r} is not one of {', '.join(DISK_POLICIES[:-1])} (auto is made of them)"
+            )
+    return names
+
+
+def _names(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, list | tuple):
@@ -249,6 +266,16 @@ def redis_url(value: Any) -> str:
 
 def policy(value: Any) -> str:
     parse_policy(value)
+    return value
+
+
+def memory_policy(value: Any) -> str:
+    """A memory tier's admission: any but ``auto``, a disk tier's."""
+    if parse_policy(value)[0] == "auto":
+        raise ValueError(
+            "auto is a disk tier's ([disk] policy); the memory tier's own is 'adaptive' (the "
+            "best of always, second-hit and tinylfu)"
+        )
     return value
 
 

@@ -20,6 +20,9 @@ Rules this module keeps:
     responses smaller than BYTES. No memory per key: the baselines papers compare with.
   - ``adaptive`` lets ``always``, ``second-hit`` and ``tinylfu`` decide side by side and
     follows the one whose sampled shadow cache hits most (``AdaptivePolicy``).
+  - ``auto`` is a disk tier's (``proxy.core.disk``): the disk family side by side, each with
+    a sampled ghost tier, following the one that hits within a margin of the best while
+    writing least. A memory tier refuses it (its ``adaptive`` is the memory's).
 * A policy is named by ``parse_policy``: the one definition of names and parameters that
   the proxy's config, the simulator's flags and experiment files all use. An unknown name is
   an error that lists the known ones and the closest match.
@@ -82,7 +85,7 @@ class CompiledPolicy:
         self.name = name
         self.native = native
         self.window = window
-        self.observes = native.kind in ("tinylfu", "adaptive")
+        self.observes = native.kind in ("tinylfu", "adaptive", "auto")
         self.admit = native.admit
         self.observe = native.observe
 
@@ -110,9 +113,11 @@ class AdaptivePolicy(CompiledPolicy):
     decides for the store (the rules are in ``proxy.core._native``). Memory: each candidate's
     own, plus shadows of a sixteenth of the store's entries, keys only."""
 
-    def __init__(self, native: Admission, candidates: list[CompiledPolicy]) -> None:
+    def __init__(
+        self, native: Admission, candidates: list[CompiledPolicy], name: str = "adaptive"
+    ) -> None:
         window = next((c.window for c in candidates if c.window is not None), None)
-        super().__init__("adaptive", native, window)
+        super().__init__(name, native, window)
         self.candidates = candidates
 
     @property
@@ -384,6 +389,13 @@ def _adaptive(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
     return AdaptivePolicy(native, candidates)
 
 
+def _disk_only(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
+    raise ValueError(
+        "admission 'auto' is a disk tier's ([disk] policy): for the memory tier, 'adaptive' "
+        "follows the best of always, second-hit and tinylfu"
+    )
+
+
 # name -> (factory, parameter parser or None, the name written with its parameter)
 POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolicy],
                           Callable[[str], float] | None, str]] = {
@@ -394,6 +406,7 @@ POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolic
     "probabilistic": (_probabilistic, _probability, "probabilistic:P"),
     "size-below": (_size_below, _bytes, "size-below:BYTES"),
     "adaptive": (_adaptive, None, "adaptive"),
+    "auto": (_disk_only, None, "auto"),
 }  # fmt: skip
 
 

@@ -48,12 +48,19 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from proxy.core._native import DiskIndex, SharedIndex, WriteBudget, hash64
-from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy, parse_policy
-from proxy.core.regions import Ring
+from proxy.core._native import Admission, DiskIndex, SharedIndex, WriteBudget, hash64
+from proxy.core.admission import (
+    AdaptivePolicy,
+    AdmissionConfig,
+    AdmissionPolicy,
+    CompiledPolicy,
+    make_policy,
+    parse_policy,
+)
+from proxy.core.regions import Regions, Ring
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
@@ -68,7 +75,16 @@ RECORD = struct.Struct("<4sIIHI")
 SLOT = struct.Struct("=QIII")
 RECORD_HEADER = RECORD.size
 # The admission policies a disk tier takes.
-DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below")
+DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", "auto")
+# ``auto``'s candidates (each with a ghost tier of ``AUTO_RATE`` of the keys and of the
+# disk's size), how often they are compared and how close to the best hit ratio counts as
+# tied (the least writer of the tied decides). A ghost's record is its body and ``AUTO_META``.
+AUTO_CANDIDATES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:16KiB",
+                   "size-below:64KiB")  # fmt: skip
+AUTO_RATE = 1 / 16
+AUTO_PERIOD = 1024
+AUTO_MARGIN = 0.005
+AUTO_META = 512
 # Bans kept at most (a few hundred bytes each): past this, one ban of everything replaces them.
 MAX_BANS = 1024
 
@@ -88,6 +104,11 @@ def slots(dump: bytes) -> list[tuple[int, Slot]]:
 def index_key(key: str) -> int:
     """The hash the index keeps for ``key`` (``slots``)."""
     return hash64(key)[0] or 1
+
+
+def compiled(policy: AdmissionPolicy) -> Admission:
+    assert isinstance(policy, CompiledPolicy), "every disk admission is compiled"
+    return policy.native
 
 
 @dataclass(slots=True)
@@ -145,11 +166,40 @@ class DiskTier:
             )
         if self.index is None:
             self.index = DiskIndex(self.regions.regions)
+        if name == "auto":
+            self.admission = self._auto()
+            return
         self.admission = make_policy(
             self.admission_config,
             self,  # type: ignore[arg-type]
             shared=self.admission_memory,
         )
+
+    def _auto(self) -> AdmissionPolicy:
+        """``auto``: the candidates deciding for this tier, and a ghost tier each."""
+        if self.admission_memory is not None:
+            raise ValueError(
+                "disk admission 'auto' keeps its candidates' state in one process: under "
+                "--workers give the disk tier one of " + ", ".join(DISK_POLICIES[:-1])
+            )
+        candidates, ghosts = [], []
+        ring = self.regions
+        region = max(1, round(ring.region_size * AUTO_RATE))
+        for name in AUTO_CANDIDATES:
+            config = replace(self.admission_config, policy=name)
+            candidates.append(make_policy(config, self))  # type: ignore[arg-type]
+            ghosts.append(DiskTier(Regions(region, ring.regions), config.scaled(AUTO_RATE)))
+        native = Admission(
+            "auto",
+            candidates=tuple(compiled(c) for c in candidates),
+            shadows=tuple(g.index for g in ghosts),
+            shadow_policies=tuple(compiled(g.admission) for g in ghosts),
+            rate=AUTO_RATE, period=AUTO_PERIOD, margin=AUTO_MARGIN,
+            choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
+            regions=ring.regions, overhead=RECORD_HEADER + AUTO_META,
+            budget=float(self.budget.rate),
+        )  # fmt: skip
+        return AdaptivePolicy(native, candidates, "auto")  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.index)
@@ -213,6 +263,12 @@ class DiskTier:
         else:
             self.counters.misses += 1
 
+    def served(self, key: str, size: int, now: float) -> None:
+        """``key``'s record (``size`` body bytes) answered a request at ``now``: an admission
+        that observes (``auto``) sees the lookup."""
+        if self.admission.observes:
+            self.admission.observe(key, size, now)
+
     def offer(self, key: str, size: int, length: int, now: float) -> Slot | None:
         """A response of ``size`` body bytes, a record of ``length`` bytes, fetched for
         ``key``: where it is written when the tier takes it (``admit``, then placed and
@@ -227,8 +283,10 @@ class DiskTier:
     def admit(self, key: str, size: int, length: int, now: float) -> bool:
         """Whether the tier takes a response of ``size`` body bytes (a record of ``length``
         bytes) for ``key``: not on disk yet, no larger than a region, and its admission says
-        so. Counted either way."""
+        so. Counted either way; an admission that observes (``auto``) sees the lookup."""
         c = self.counters
+        if self.admission.observes:
+            self.admission.observe(key, size, now)
         if self.index.get(hash64(key)[0]) is not None:
             return False
         if length > self.regions.region_size:

@@ -247,6 +247,7 @@ class CacheEngine(ResponseDecisions):
         c.hits += 1
         c.hits_from_disk += 1
         tier.answered(True)
+        tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
         self._served(key, entry, now)
         self.promote(entry, vary)

@@ -82,6 +82,10 @@ class Tier(Protocol):
         response carries the tag ``value``."""
         ...
 
+    def served(self, key: str, size: int, now: float) -> None:
+        """Its record of ``key`` (``size`` body bytes) answered a request at ``now``."""
+        ...
+
     def answered(self, hit: bool) -> None:
         """Count a memory miss the engine asked this tier about: answered (``hit``) or not."""
         ...

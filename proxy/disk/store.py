@@ -95,8 +95,10 @@ class DiskStore:
             ring = SharedRegions(self.shared, section.region_size, count)
             self.tier = DiskTier(ring, admission, budget=budget, index=self.shared,
                                  admission_memory=sharing.window)  # fmt: skip
-        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss.
+        # ``proxy.core.tiers.Tier.answered``: the tier's own count of lookups, hit or miss;
+        # ``served``: what its admission sees of a hit.
         self.answered = self.tier.answered
+        self.served = self.tier.served
         self.follows_memory = sharing is not None and sharing.follows_memory
         # Called with each key a worker of a shared tier forgets (``forget``), to tell the
         # other workers: set by the service as it starts (``Service.start``).

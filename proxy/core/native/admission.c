@@ -23,11 +23,14 @@
  *   whose hash falls under `rate` of the hash space (spatial sampling, as SHARDS does). Every
  *   `period` sampled requests the scores are compared, then halved; the choice moves only to
  *   a candidate ahead by more than `margin` of a period's requests.
+ * - auto: a disk tier's, whose candidates have ghost tiers rather than shadow caches: see
+ *   auto.c.
  * The sketch is sized to a power of two at least the keys it is given, and re-sized at a
  * halving when a sizer (the store's object count) asks for twice or half as many. */
 
 static const char *admission_kinds[] = {
     "always", "second-hit", "nth-hit", "tinylfu", "probabilistic", "size-below", "adaptive",
+    "auto",
 };
 
 /* At a halving, the sketch follows the sizer's key count when it doubled or halved. */
@@ -82,7 +85,8 @@ int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size
         admit = next_uniform(&a->rng) < a->probability;
         break;
     }
-    case A_ADAPTIVE: {
+    case A_ADAPTIVE:
+    case A_AUTO: {
         Py_ssize_t n = PyTuple_GET_SIZE(a->candidates);
         for (Py_ssize_t j = 0; j < n; j++) {
             AdmissionObject *c = (AdmissionObject *)PyTuple_GET_ITEM(a->candidates, j);
@@ -140,18 +144,20 @@ int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long siz
 static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"kind", "window", "index", "keys", "threshold", "probability",
                              "limit", "sizer", "candidates", "shadows", "shadow_policies",
-                             "rate", "overhead", "period", "margin", "choice", NULL};
+                             "rate", "overhead", "period", "margin", "choice", "region_size",
+                             "regions", "budget", NULL};
     const char *kind;
     PyObject *window = Py_None, *index = Py_None, *sizer = Py_None;
     PyObject *candidates = Py_None, *shadows = Py_None, *shadow_policies = Py_None;
-    long long keys = 1024, limit = 0, overhead = 0, period = 4096;
+    long long keys = 1024, limit = 0, overhead = 0, period = 4096, region_size = 0, regions = 0;
     int threshold = 2;
-    double probability = 1.0, rate = 1.0 / 16, margin = 0.002;
+    double probability = 1.0, rate = 1.0 / 16, margin = 0.002, budget = 0.0;
     int choice = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdi", kwlist, &kind, &window,
-                                     &index, &keys, &threshold, &probability, &limit, &sizer,
-                                     &candidates, &shadows, &shadow_policies, &rate, &overhead,
-                                     &period, &margin, &choice))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdiLLd", kwlist, &kind,
+                                     &window, &index, &keys, &threshold, &probability, &limit,
+                                     &sizer, &candidates, &shadows, &shadow_policies, &rate,
+                                     &overhead, &period, &margin, &choice, &region_size,
+                                     &regions, &budget))
         return -1;
     if (self->kind != 0 || self->window != NULL || self->sketch.rows != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "an Admission is initialised once");
@@ -197,7 +203,8 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_ValueError, "nth-hit counts 1 to 255 sightings, got %d", threshold);
         return -1;
     }
-    if (self->kind == A_ADAPTIVE) {
+    if (self->kind == A_ADAPTIVE || self->kind == A_AUTO) {
+        int ghosts = self->kind == A_AUTO;  /* shadows: ghost DiskIndex objects, not stores */
         if (!PyTuple_Check(candidates) || !PyTuple_Check(shadows) ||
             !PyTuple_Check(shadow_policies) || PyTuple_GET_SIZE(candidates) < 1 ||
             PyTuple_GET_SIZE(shadows) != PyTuple_GET_SIZE(candidates) ||
@@ -209,7 +216,8 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(candidates); j++) {
             if (!PyObject_TypeCheck(PyTuple_GET_ITEM(candidates, j), &AdmissionType) ||
                 !PyObject_TypeCheck(PyTuple_GET_ITEM(shadow_policies, j), &AdmissionType) ||
-                !PyObject_TypeCheck(PyTuple_GET_ITEM(shadows, j), &IndexType)) {
+                !PyObject_TypeCheck(PyTuple_GET_ITEM(shadows, j),
+                                    ghosts ? &DiskIndexType : &IndexType)) {
                 PyErr_SetString(PyExc_TypeError, "candidates and shadow policies are Admission "
                                                  "objects, shadows StoreIndex objects");
                 return -1;
@@ -237,6 +245,12 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
         self->period = period;
         self->margin_hits = (long long)(margin * (double)period);
         self->choice = choice;
+        if (ghosts) {
+            self->rate = rate;
+            self->margin = margin;
+            self->budget = budget;
+            if (auto_init(self, shadows, region_size, regions, overhead) < 0) return -1;
+        }
     }
     self->threshold = threshold;
     self->probability = probability;
@@ -252,6 +266,7 @@ static int Admission_traverse(AdmissionObject *self, visitproc visit, void *arg)
     Py_VISIT(self->candidates);
     Py_VISIT(self->shadows);
     Py_VISIT(self->shadow_policies);
+    Py_VISIT(self->ghost_budget);
     return 0;
 }
 
@@ -267,6 +282,7 @@ static int Admission_clear_refs(AdmissionObject *self) {
 
 static void Admission_dealloc(AdmissionObject *self) {
     PyObject_GC_UnTrack(self);
+    auto_free(self);
     Admission_clear_refs(self);
     Py_XDECREF(self->doorkeeper);
     PyMem_Free(self->scores);
@@ -307,7 +323,7 @@ static PyObject *Admission_observe(AdmissionObject *self, PyObject *const *args,
 }
 
 static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
-    if (self->kind != A_ADAPTIVE) return PyTuple_New(0);
+    if (self->kind != A_ADAPTIVE && self->kind != A_AUTO) return PyTuple_New(0);
     Py_ssize_t n = PyTuple_GET_SIZE(self->candidates);
     PyObject *out = PyTuple_New(n);
     if (out == NULL) return NULL;

@@ -363,8 +363,11 @@ int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted);
 /* admission.c */
 
 enum {
-    A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW, A_ADAPTIVE
+    A_ALWAYS, A_SECOND_HIT, A_NTH_HIT, A_TINYLFU, A_PROBABILISTIC, A_SIZE_BELOW, A_ADAPTIVE,
+    A_AUTO
 };
+
+struct Disk;
 
 typedef struct {
     PyObject_HEAD
@@ -393,6 +396,17 @@ typedef struct {
     long long sampled;
     long long margin_hits;
     long long switches;
+    /* auto (a disk tier's, auto.c): each candidate's ghost tier, fed the sampled lookups */
+    struct Disk *ghosts;
+    long long *ghost_counts;  /* the ghosts' counts, T_COUNT each */
+    double *written;          /* each candidate's recent ghost bytes written (halved alike),
+                               * then what each wrote in the current period */
+    double rate;              /* the share of keys sampled */
+    double seen;              /* recent sampled lookups (halved alike) */
+    double margin;            /* of the hit ratio: candidates this close to the best are tied */
+    double budget;            /* bytes a second the tier may write (0: none) */
+    double period_start;      /* when the current period began (NaN: not yet) */
+    PyObject *ghost_budget;   /* the ghosts' WriteBudget: none */
 } AdmissionObject;
 
 extern PyTypeObject AdmissionType;
@@ -400,12 +414,18 @@ extern PyTypeObject AdmissionType;
 int admission_admit(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
 int admission_age(AdmissionObject *a);
 int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
+/* auto.c: the ghosts of a disk tier's candidates. */
+int auto_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
+int auto_init(AdmissionObject *a, PyObject *ghost_indexes, long long region_size,
+              long long regions, long long record_overhead);
+void auto_free(AdmissionObject *a);
 
 /* Every request, hit or miss, once its size is known: TinyLFU counts them all, adaptive
  * feeds its candidates and shadows; the others ignore it. */
 static inline int admission_observe(AdmissionObject *a, uint64_t h1, uint64_t h2,
                                     long long size, double now) {
     if (a->kind == A_ADAPTIVE) return adaptive_observe(a, h1, h2, size, now);
+    if (a->kind == A_AUTO) return auto_observe(a, h1, h2, size, now);
     if (a->kind != A_TINYLFU) return 0;
     h2 = second_hash(h1);
     if (bloom_add(a->doorkeeper, h1, h2)) sketch_add(&a->sketch, h1, h2);
@@ -537,7 +557,7 @@ typedef struct {
 /* A disk tier as the loop drives it: its index, admission and budget, its ring (live regions
  * oldest..next-1, the last open at fill), the bytes a record has besides its key and body,
  * when each record was written (with a finite ttl) and the counts c. */
-typedef struct {
+typedef struct Disk {
     DiskIndexObject *index;
     AdmissionObject *admission;
     WriteBudgetObject *budget;

@@ -133,7 +133,9 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
             if (disk_answers(d, h1, now, ttl, &written)) {
                 c[C_HITS]++;
                 c[C_HITS_FROM_DISK]++;
-                if (admission_observe(a, h1, h2, size, now) < 0) goto fail;
+                if (admission_observe(a, h1, h2, size, now) < 0 ||
+                    admission_observe(d->admission, h1, h2, size, now) < 0)
+                    goto fail;
                 c[C_HIT_BYTES] += size;
                 c[C_BYTES_SERVED] += size;
                 if (size <= max_object) {
@@ -180,7 +182,9 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
         if (d != NULL) {
             long long length = q->lengths != NULL ? q->lengths[r]
                                                   : d->record_overhead + key_bytes + size;
-            if (disk_offer(d, h1, h2, size, length, now, ttl) < 0) goto fail;
+            if (admission_observe(d->admission, h1, h2, size, now) < 0 ||
+                disk_offer(d, h1, h2, size, length, now, ttl) < 0)
+                goto fail;
         }
     }
     PyMem_Free(key);
