@@ -211,6 +211,8 @@ async def _live_cells(
                     disk_admission = every[0]["config"]["disk_admission"] if disk else None
                     held = None if running.disk_cache is None else _tree_bytes(running.disk_cache)
                 cell = _live_cell(workload.name, spec.label(), label, size, client, stats, held)
+                if len(every) == 1 and every[0].get("whatif"):  # one proxy's ghosts
+                    cell["whatif"] = every[0]["whatif"]
                 if disk:
                     cell["disk"] = {k: sum(d[k] for d in disk) for k in DISK_SHOWN}
                     cell["disk"]["admission"] = disk_admission

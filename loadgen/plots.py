@@ -125,6 +125,8 @@ def _by_size(
                 label = f"{policy} (live{', at the bytes it held' if held else ''})"
                 ax.scatter(xs, ys, marker="X", s=90, label=label,
                            color=palette[policy], edgecolors="black", zorder=3)  # fmt: skip
+                if metric is _hit_ratio:
+                    _whatif_curve(ax, group, policy, palette[policy])
             else:
                 ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
                         linestyle=_line_style(policy))  # fmt: skip
@@ -144,6 +146,26 @@ def _by_size(
         ax.grid(True, alpha=0.3)
         _legend(ax)
     return _save(fig, directory / f"{name}.png")
+
+
+def _hit_ratio(cell: Cell) -> float:
+    return float(cell["stats"]["hit_ratio"])
+
+
+def _whatif_curve(ax: Any, group: Sequence[Cell], policy: str, colour: str) -> None:
+    """The live proxies' own policy's what-if, as they estimated it from their traffic: a
+    dotted line through 0.25x to 4x each live cache."""
+    for c in group:
+        whatif = c.get("whatif")
+        if not whatif:
+            continue
+        own = _admission(policy).split("(")[0]
+        curve = sorted((k["size"], 1 - k["miss_ratio"]) for k in whatif["curves"]
+                       if k["tier"] == "memory" and k["policy"] == own
+                       and k["miss_ratio"] is not None)  # fmt: skip
+        if curve:
+            ax.plot(*zip(*curve, strict=True), linestyle=":", marker="x", color=colour,
+                    label=f"{policy} (live what-if, from {c['cache']})")  # fmt: skip
 
 
 def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
@@ -317,7 +339,7 @@ def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
             cells,
             directory,
             "hit-ratio-vs-cache-size",
-            lambda c: c["stats"]["hit_ratio"],
+            _hit_ratio,
             "hit ratio (hits / requests)",
         ),
         _by_size(

@@ -326,6 +326,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
     for (workload, mode), group in _groups(cells).items():
         parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, rows(group))]
         parts += ["", "`*` marks, per cache size, the best hit ratio and the fewest bytes written."]
+    if table := whatif_rows(cells):
+        parts += ["", "## What if (live)", "", WHATIF_NOTE, "", _markdown(WHATIF_COLUMNS, table)]
     if flash := results.get("flash"):
         parts += ["", "## The flash tier: disk admission rules", "", FLASH_NOTE]
         for title, group in _flash_groups(flash):
@@ -360,6 +362,36 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
 
 def _flash_group(cell: Cell) -> tuple[str, int, int]:
     return cell["workload"], cell["memory_bytes"], cell["disk_bytes"]
+
+
+WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x"]
+
+
+def whatif_rows(cells: Sequence[Cell]) -> list[list[str]]:
+    """The live proxies' what-if (``/stats`` ``whatif``): for each live cell, each ghost
+    policy's estimated hit ratio at each scale of the cell's cache (memory ghosts; disk
+    ghosts with their tier named)."""
+    rows = []
+    for c in cells:
+        whatif = c.get("whatif")
+        if c["mode"] != "live" or not whatif:
+            continue
+        curves: dict[str, dict[float, float | None]] = defaultdict(dict)
+        for curve in whatif["curves"]:
+            name = curve["policy"] if curve["tier"] == "memory" else f"disk {curve['policy']}"
+            curves[name][curve["scale"]] = curve["miss_ratio"]
+        for name, by_scale in curves.items():
+            shown = ["" if by_scale.get(x) is None else f"{1 - by_scale[x]:.4f}"
+                     for x in (0.25, 0.5, 1.0, 2.0, 4.0)]  # fmt: skip
+            rows.append([c["workload"], c["policy"], c["cache"], name, *shown])
+    return rows
+
+
+WHATIF_NOTE = (
+    "Estimated hit ratios of ghost caches the live proxy kept beside its own (keys only, fed "
+    "a sample of the keys, [whatif]), at 0.25x to 4x its cache: what the same traffic "
+    "would have done to another size or policy, read from one run."
+)
 
 
 FLASH_NOTE = (
@@ -447,6 +479,9 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
             f"<h2>{html.escape(workload)} ({mode})</h2>",
             table(COLUMNS, rows(group)),
         ]
+    if found := whatif_rows(cells):
+        parts += ["<h2>What if (live)</h2>", f"<p>{html.escape(WHATIF_NOTE)}</p>",
+                  table(WHATIF_COLUMNS, found)]  # fmt: skip
     if flash := results.get("flash"):
         parts += ["<h2>The flash tier: disk admission rules</h2>",
                   f"<p>{html.escape(FLASH_NOTE)}</p>"]  # fmt: skip

@@ -29,7 +29,8 @@ def test_ready_experiments_load(path):
 def test_the_policies_experiment_crosses_every_admission_with_every_eviction():
     specs = load_experiment(CONFIG / "experiments" / "policies.toml").policies
     pairs = {(p.admission.policy.split(":")[0], p.eviction) for p in specs}
-    assert pairs == {(name, eviction) for name in POLICIES for eviction in EVICTIONS}
+    memory = [name for name in POLICIES if name != "auto"]  # auto is a disk tier's
+    assert pairs == {(name, eviction) for name in memory for eviction in EVICTIONS}
 
 
 def test_the_fleet_experiment_puts_nginx_in_front_by_round_robin_and_url_hash():
@@ -97,6 +98,10 @@ def test_a_small_matrix_runs_live_and_simulated_into_one_report(tmp_path):
     agreement = [line for line in lines if "within 1 pp" in line]
     assert agreement, "the run prints live against simulated"
     assert (tmp_path / "out" / "index.html") in written
+    # Each live proxy's what-if is kept, and the report shows it.
+    assert all(c["whatif"]["curves"] for c in live)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "## What if (live)" in summary and "| tiny | second-hit(auto) | 10%" in summary
 
 
 def test_a_sampled_experiment_simulates_a_sample_and_says_so(tmp_path):
