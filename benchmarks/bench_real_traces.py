@@ -20,7 +20,7 @@ to the device, the Pareto front marked, in the report's flash section and plot.
 
     .venv/bin/python benchmarks/bench_real_traces.py [--traces cloudphysics,twitter52]
         [--shares 0.001,0.003,0.01,0.03,0.1] [--admissions always,second-hit,tinylfu,adaptive]
-        [--evictions lru,s3fifo,sieve,wtinylfu] [--json results.json] [--report-dir DIR]
+        [--evictions lru,s3fifo,sieve,wtinylfu,twoq] [--json results.json] [--report-dir DIR]
         [--disk [--memory-share 0.001] [--disk-shares 0.025,0.1,0.25]]
 """
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--traces", default=",".join(TRACES))
     parser.add_argument("--shares", default="0.001,0.003,0.01,0.03,0.1")
     parser.add_argument("--admissions", default="always,second-hit,tinylfu,adaptive")
-    parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu")
+    parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu,twoq")
     parser.add_argument("--json", type=Path, help="write every cell here too")
     parser.add_argument("--report-dir", type=Path, help="write a report of every trace here")
     parser.add_argument(

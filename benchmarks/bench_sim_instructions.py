@@ -6,7 +6,7 @@ A Zipf trace (``--requests`` and three times as many, 500,000 objects, sizes 1-2
 written once as oracleGeneral. Each simulator runs under ``valgrind --tool=callgrind`` over
 both lengths, and the difference of the two counts over the difference of requests is its
 count per request (start-up, imports and trace loading cancel out). onehit's run covers
-every eviction (lru, sieve, s3fifo, wtinylfu) under every admission (always, second-hit,
+every eviction (lru, sieve, s3fifo, wtinylfu, twoq) under every admission (always, second-hit,
 tinylfu, adaptive) at 200 MB, so its figure is per request per run; ``--baseline DIR``
 counts another checkout the same way (an earlier commit, built in place with ``python
 setup.py build_ext --inplace``); libCacheSim's LRU (the ``libcachesim`` package, the ``bench``
@@ -31,7 +31,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CACHE_BYTES = 200_000_000
-EVICTIONS = ("lru", "sieve", "s3fifo", "wtinylfu")
+EVICTIONS = ("lru", "sieve", "s3fifo", "wtinylfu", "twoq")
 ADMISSIONS = ("always", "second-hit", "tinylfu", "adaptive")
 
 ONEHIT = f"""

@@ -29,7 +29,7 @@ _PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#
 
 # A policy label is "admission" or "admission / eviction": the colour follows the admission,
 # the line style the eviction, so a cross-product of both stays readable.
-_STYLES = {"lru": "-", "s3fifo": "--", "sieve": ":", "wtinylfu": "-."}
+_STYLES = {"lru": "-", "s3fifo": "--", "sieve": ":", "wtinylfu": "-.", "twoq": (0, (5, 1, 1, 1))}
 
 
 def colours(cells: Sequence[Cell]) -> dict[str, str]:

@@ -20,7 +20,8 @@ def trace() -> Trace:
     return Trace(np.floor(t.times), t.ids, t.sizes)  # oracleGeneral times are whole seconds
 
 
-REFERENCES = {"lru": libcachesim.LRU, "s3fifo": libcachesim.S3FIFO, "sieve": libcachesim.Sieve}
+REFERENCES = {"lru": libcachesim.LRU, "s3fifo": libcachesim.S3FIFO, "sieve": libcachesim.Sieve,
+              "twoq": libcachesim.TwoQ}  # fmt: skip
 
 
 @pytest.mark.parametrize("eviction", sorted(REFERENCES))

@@ -110,7 +110,7 @@ def test_stats_name_every_metric_and_filter_health():
 def test_unknown_policy_names_the_known_ones_and_a_close_match():
     store = CacheStore(100)
     with pytest.raises(
-        ValueError, match=r"'second-hit'\?.*always, nth-hit:N, probabilistic:P, second-hit"
+        ValueError, match=r"'second-hit'\?.*always, auto, nth-hit:N, probabilistic:P, second-hit"
     ):
         make_policy(AdmissionConfig(policy="second_hit"), store)
 
@@ -191,7 +191,7 @@ def test_rfc9111_4_3_4_304_refreshes_headers_and_lifetime():
     assert e.stats()["revalidated"] == 1
 
 
-@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu", "twoq"])
 def test_a_peeked_hit_counts_and_moves_nothing_until_served_then_as_lookup_does(eviction):
     def filled() -> CacheEngine:
         store = CacheStore(1_200, eviction=eviction)

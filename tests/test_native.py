@@ -88,7 +88,7 @@ def test_lru_index_grows_past_its_first_table_and_keeps_every_key():
 
 
 @settings(max_examples=200)
-@given(st.sampled_from(["lru", "sieve", "s3fifo", "wtinylfu"]), operations)
+@given(st.sampled_from(["lru", "sieve", "s3fifo", "wtinylfu", "twoq"]), operations)
 def test_every_eviction_keeps_the_byte_bound_and_its_counts(eviction, ops):
     index = StoreIndex(1000, eviction)
     resident: dict[int, int] = {}

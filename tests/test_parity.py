@@ -72,7 +72,7 @@ async def replay(client, proxy, trace: Trace, clock: list[float] | None = None) 
     return prefix
 
 
-@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu"])
+@pytest.mark.parametrize("eviction", ["lru", "s3fifo", "sieve", "wtinylfu", "twoq"])
 @pytest.mark.parametrize(
     "admission",
     ["always", "second-hit", "nth-hit:3", "tinylfu", "probabilistic:0.5", "size-below:4KiB"],

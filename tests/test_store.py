@@ -128,7 +128,7 @@ def test_entries_leaving_the_store_are_freed_though_the_collector_never_sees_the
     assert after < baseline + (256 << 10)
 
 
-@pytest.mark.parametrize("eviction", ["lru", "sieve", "s3fifo", "wtinylfu"])
+@pytest.mark.parametrize("eviction", ["lru", "sieve", "s3fifo", "wtinylfu", "twoq"])
 @pytest.mark.parametrize("smaller", [3_000, 200])
 def test_a_store_made_smaller_evicts_as_its_policy_does_until_the_rest_fit(eviction, smaller):
     store = CacheStore(10_000, eviction=eviction)

@@ -110,7 +110,7 @@ def drawn_traces(draw) -> Trace:
     trace=drawn_traces(),
     memory=st.sampled_from([2_000, 8_000, 40_000]),
     admission=st.sampled_from(MEMORY_POLICIES),
-    eviction=st.sampled_from(["lru", "s3fifo", "sieve", "wtinylfu"]),
+    eviction=st.sampled_from(["lru", "s3fifo", "sieve", "wtinylfu", "twoq"]),
     disk_admission=st.sampled_from(DISK_POLICIES),
     regions=st.sampled_from([(4_000, 2), (8_000, 3), (64_000, 4)]),
     ttl=st.sampled_from([math.inf, 1.0, 5.0]),

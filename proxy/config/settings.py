@@ -118,7 +118,7 @@ class AdminSection:
 class CacheSection:
     size: int = values.setting(256 << 20, values.size, "bytes of response bodies held")
     eviction: str = values.setting(
-        "lru", values.eviction, "lru, s3fifo, sieve or wtinylfu: which entry makes room"
+        "lru", values.eviction, "lru, s3fifo, sieve, wtinylfu or twoq: which entry makes room"
     )
     max_object_size: int = values.setting(
         16 << 20, values.size, "largest body stored; larger is streamed (default: 16MiB or size)"

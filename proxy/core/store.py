@@ -4,9 +4,9 @@ Rules this module keeps:
 
 * The bookkeeping is compiled (``proxy.core._native.StoreIndex``, the simulator's too): keys as
   their 64-bit hash, each with its size, charge and hits, in the order of the eviction policy
-  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``, ``wtinylfu``). Inserting evicts until the new
-  entry fits (W-TinyLFU may evict the new entry itself); ``bytes_used <= capacity_bytes``
-  always. The entries themselves stay here, by key hash; an
+  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``, ``wtinylfu``, ``twoq``). Inserting evicts
+  until the new entry fits (W-TinyLFU may evict the new entry itself);
+  ``bytes_used <= capacity_bytes`` always. The entries themselves stay here, by key hash; an
   entry whose key is not the one asked for (a hash collision) is a miss, never another key's
   answer.
 * An entry is charged its body plus ``entry_overhead`` (the memory of its Python objects,
@@ -92,7 +92,7 @@ def entry_charge(entry: Entry, overhead: int) -> int:
     return entry.size + overhead + 2 * len(entry.key) + max(0, 4 * text - _HEADER_ALLOWANCE) + tags
 
 
-EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu")
+EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu", "twoq")
 
 
 def _checked(capacity_bytes: int, max_object_bytes: int | None, entry_overhead: int) -> int:

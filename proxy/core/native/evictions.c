@@ -17,7 +17,12 @@
  *   and a protected 80% that a hit in probation promotes to). When the store is over its
  *   bytes, the candidate and probation's LRU entry meet: the one requested less often, by a
  *   4-row sketch of every request (halved after ten sketch-widths of counts, re-sized then to
- *   the entries held), is evicted; a tie evicts the candidate. */
+ *   the entries held), is evicted; a tie evicts the candidate.
+ * - twoq (Johnson and Shasha, VLDB'94, as libCacheSim's TwoQ): new keys enter Ain, a FIFO of
+ *   25% of the bytes, where a hit changes nothing; keys found in Aout, a ghost FIFO of 50% of
+ *   the bytes, enter Am, an LRU of the rest. When the store is full, Ain's oldest goes to Aout
+ *   while Ain is over its share, else Am's least recent is evicted. An entry larger than Ain
+ *   is not stored. */
 
 /* lru */
 
@@ -251,5 +256,64 @@ static const Eviction WTINYLFU = {
     .victim = wtinylfu_victim,
 };
 
-const Eviction *const EVICTIONS[] = {&LRU, &SIEVE, &S3FIFO, &WTINYLFU};
+/* twoq */
+
+static void twoq_sizes(IndexObject *x) {
+    /* libCacheSim's sizing: cache_size * ratio, as int64_t */
+    x->small_capacity = (long long)((double)x->capacity * 0.25);
+    x->ghost_capacity = (long long)((double)x->capacity * 0.5);
+    x->max_charge = x->small_capacity;
+}
+
+static int twoq_init(IndexObject *x) {
+    twoq_sizes(x);
+    return 0;
+}
+
+static void twoq_touch(IndexObject *x, int32_t i) {
+    if (x->nodes[i].queue == Q_MAIN && x->head[Q_MAIN] != i) {
+        list_unlink(x, i);
+        list_push_front(x, i, Q_MAIN);
+    }
+}
+
+/* Ain's oldest leaves for Aout: evicted, its key kept as a ghost, Aout trimmed to its bytes. */
+static int twoq_evict_in(IndexObject *x, PyObject *evicted) {
+    int32_t i = x->tail[Q_SMALL];
+    Node *n = &x->nodes[i];
+    if (index_count_eviction(x, i, evicted) < 0) return -1;
+    list_unlink(x, i);
+    index_forget(x, n);
+    list_push_front(x, i, Q_GHOST);
+    x->ghosts++;
+    while (x->bytes[Q_GHOST] > x->ghost_capacity) {
+        int32_t old = x->tail[Q_GHOST];
+        index_drop(x, old, (uint64_t)index_find_slot(x, x->nodes[old].key));
+    }
+    return 0;
+}
+
+static int twoq_evict(IndexObject *x, PyObject *evicted) {
+    if (x->bytes[Q_SMALL] > x->small_capacity || x->tail[Q_MAIN] < 0)
+        return twoq_evict_in(x, evicted);
+    return index_evict_node(x, x->tail[Q_MAIN], evicted);
+}
+
+static int32_t twoq_victim(const IndexObject *x) {
+    if (x->bytes[Q_SMALL] > x->small_capacity || x->tail[Q_MAIN] < 0) return x->tail[Q_SMALL];
+    return x->tail[Q_MAIN];
+}
+
+static const Eviction TWOQ = {
+    .name = "twoq",
+    .init = twoq_init,
+    .sizes = twoq_sizes,
+    .entry_queue = Q_SMALL,
+    .small_grows = 1,
+    .touch = twoq_touch,
+    .evict = twoq_evict,
+    .victim = twoq_victim,
+};
+
+const Eviction *const EVICTIONS[] = {&LRU, &SIEVE, &S3FIFO, &WTINYLFU, &TWOQ};
 const int N_EVICTIONS = (int)(sizeof(EVICTIONS) / sizeof(*EVICTIONS));

@@ -111,7 +111,8 @@ int index_put(IndexObject *x, uint64_t key, long long size, long long charge, lo
         if (ev->evict(x, evicted) < 0) return -1;
     }
     /* Until the first eviction, a small queue that is full sends new keys to main. */
-    if (queue == Q_SMALL && !x->has_evicted && x->bytes[Q_SMALL] >= x->small_capacity)
+    if (queue == Q_SMALL && !ev->small_grows && !x->has_evicted &&
+        x->bytes[Q_SMALL] >= x->small_capacity)
         queue = Q_MAIN;
     if (x->free_head < 0) {
         int32_t cap = x->nodes_cap ? x->nodes_cap * 2 : 1024;
@@ -162,7 +163,7 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
         if (strcmp(eviction, EVICTIONS[e]->name) == 0) self->ev = EVICTIONS[e];
     }
     if (self->ev == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve, wtinylfu",
+        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve, wtinylfu, twoq",
                      PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1) : Py_None);
         return -1;
     }

@@ -250,6 +250,9 @@ typedef struct {
     void (*sizes)(IndexObject *x);
     /* The queue a new key enters. */
     int entry_queue;
+    /* 1: the entry queue may grow past its share until the store is full (2Q's Ain); 0: until
+     * the first eviction, a full small queue sends new keys to main (S3-FIFO's rule). */
+    int small_grows;
     /* A hit's effect on the order of resident node i. */
     void (*touch)(IndexObject *x, int32_t i);
     /* Evicts one entry to make room before an insert (NULL: the policy makes room after it);
@@ -261,7 +264,7 @@ typedef struct {
     int32_t (*victim)(const IndexObject *x);
 } Eviction;
 
-/* lru, sieve, s3fifo, wtinylfu: the policies an index is created with, by name. */
+/* lru, sieve, s3fifo, wtinylfu, twoq: the policies an index is created with, by name. */
 extern const Eviction *const EVICTIONS[];
 extern const int N_EVICTIONS;
 
