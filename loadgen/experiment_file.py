@@ -267,13 +267,28 @@ def _flash(table: object, where: str) -> FlashSettings:
     values["disk_sizes"] = tuple(str(size) for size in sizes)
     admission = values.get("memory_admission", FlashSettings.memory_admission)
     try:
-        parse_policy(admission)
-        for size in (values.get("memory", FlashSettings.memory), *values["disk_sizes"]):
-            if not str(size).strip().endswith("%"):
-                parse_size(str(size))
+        if parse_policy(admission)[0] == "auto":
+            raise ValueError("memory_admission = 'auto': auto is a disk tier's (use 'adaptive')")
+        values["memory"] = str(values.get("memory", FlashSettings.memory))
+        for size in (values["memory"], *values["disk_sizes"]):
+            _positive_size_or_share(size)
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
     return FlashSettings(**values)
+
+
+def _positive_size_or_share(text: str) -> None:
+    """ValueError unless ``text`` is a size of a byte or more, or a share above 0%."""
+    text = text.strip()
+    if text.endswith("%"):
+        try:
+            share = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"{text!r} is not a share like 10%") from None
+        if not 0 < share < float("inf"):
+            raise ValueError(f"{text!r}: a share above 0%, like 10%")
+    elif parse_size(text) < 1:
+        raise ValueError(f"{text!r}: a size of at least one byte")
 
 
 def _live(table: dict[str, Any], where: str) -> LiveSettings:

@@ -110,6 +110,10 @@ def _by_size(
     palette = colours(cells)
     fig, axes = _figure(len(workloads))
     for ax, workload in zip(axes, workloads, strict=True):
+        # On a log axis a policy that wrote nothing is drawn at half the least written, not
+        # lost below the axis.
+        written = [metric(c) for c in cells if c["workload"] == workload]
+        floor = min((w for w in written if w), default=2) / 2 if bytes_axis else None
         # Curves first, then live crosses; policies in the order the experiment lists them.
         for (w, mode, policy), group in sorted(series.items(), key=lambda kv: kv[0][1] == "live"):
             if w != workload:
@@ -120,6 +124,8 @@ def _by_size(
             # A cache that held more than its size (nginx) is placed at the bytes it held.
             xs = [c.get("held_bytes", c["cache_bytes"]) for c in group]
             ys = [metric(c) for c in group]
+            if floor:
+                ys = [y or floor for y in ys]
             if mode == "live":
                 held = any("held_bytes" in c for c in group)
                 label = f"{policy} (live{', at the bytes it held' if held else ''})"

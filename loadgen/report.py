@@ -72,7 +72,7 @@ def add_space_saved(cells: Sequence[Cell]) -> None:
 def _space_text(c: Cell) -> str:
     """The space saved at LRU's hit ratio: ``>=`` a lower bound, ``below sweep`` when the
     smallest size swept already reaches it, and for a policy that needs more space than LRU
-    to reach it, how many times LRU's (``needs 1.4x``)."""
+    to reach it, how many times LRU's (``needs 1.40x``)."""
     if c["policy"] == BASELINE:
         return ""
     if not c.get("space_saved_measurable"):
@@ -83,7 +83,7 @@ def _space_text(c: Cell) -> str:
     if c.get("space_saved_is_lower_bound"):
         return "below sweep" if saved <= 0 else f">={saved:.0%}"
     if saved < 0:
-        return f"needs {1 - saved:.1f}x"
+        return f"needs {1 - saved:.2f}x"
     return f"{saved:.0%}"
 
 

@@ -64,6 +64,11 @@ class DiskSpec:
     max_write_rate: float = 0.0  # bytes a second of the trace's time; 0: no budget
 
     def __post_init__(self) -> None:
+        if not 1 <= self.region_size < 1 << 32:
+            raise ValueError(
+                f"a region of {self.region_size} bytes: regions are 1 byte to 4 GiB (a "
+                "record's place in its region is 32 bits)"
+            )
         if self.size < 2 * self.region_size:
             raise ValueError(
                 f"a disk tier of {self.size} bytes holds fewer than 2 regions of "

@@ -132,6 +132,9 @@ def test_the_ready_flash_experiment_reports_the_family_and_its_plot(tmp_path):
         ("[flash]\ndisk_sizes = '1%'\n", "disk_sizes = '1%': expected a list"),
         ("[flash]\nmemory = 'lots'\n", "lots"),
         ("[flash]\nmemory_admission = 'lfu'\n", "unknown admission policy 'lfu'"),
+        ("[flash]\nmemory_admission = 'auto'\n", "auto is a disk tier's"),
+        ("[flash]\ndisk_sizes = ['0%']\n", "'0%': a share above 0%"),
+        ("[flash]\ndisk_sizes = ['-5%']\n", "'-5%': a share above 0%"),
     ],
 )
 def test_a_bad_flash_table_names_its_key(tmp_path, text, message):

@@ -14,7 +14,7 @@ from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import ConfigError, load
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import WhatIf
+from proxy.core.whatif import DiskShape, WhatIf
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 
@@ -87,7 +87,42 @@ async def test_no_what_if_when_its_sample_is_zero(start_proxy, client):
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("whatif.sample", "2", r"\[whatif\] sample = '2': expected a sampling rate"),
     ("whatif.policies", "lfu", r"\[whatif\] policies .*'lfu'"),
+    ("whatif.policies", "probabilistic:\n0.1", "is not a policy name"),
+    ("disk.region_size", "8GiB", r"\[disk\] region_size = 8589934592: at most"),
 ])  # fmt: skip
 def test_a_bad_what_if_setting_names_its_key(key, value, message):
     with pytest.raises(ConfigError, match=message):
         load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9", key: value})
+
+
+def test_ghosts_begun_after_a_reload_count_only_the_hits_since(trace):
+    """The cache's hits before the ghosts began are not theirs: a what-if started at 1,000
+    hits reads as one that began with the cache."""
+    size = round(trace.distinct_bytes() * 0.05)
+    fresh, later = (WhatIf(size, AdmissionConfig(policy="always"), rate=0.5) for _ in range(2))
+    later.start(hits=1_000)
+    for key, body, now in zip(trace.key_strings()[:3_000], trace.sizes.tolist(),
+                              trace.times.tolist(), strict=False):  # fmt: skip
+        fresh.record(key, body, now, missed=True)
+        later.record(key, body, now, missed=True)
+    assert later.curves(hits=1_000) == fresh.curves(hits=0)
+
+
+def test_a_ghost_that_has_seen_no_request_has_no_miss_ratio():
+    whatif = WhatIf(1 << 20, AdmissionConfig(policy="always"), rate=1e-9)
+    for i in range(30):
+        whatif.record(f"/k{i}", 100, float(i), missed=True)
+    assert {c["miss_ratio"] for c in whatif.curves(hits=0)} == {None}
+
+
+def test_a_disk_ghost_takes_the_large_objects_the_disk_takes():
+    """A 1% sample of a disk in 16 MiB regions: its ghosts' regions hold a 400 KB record, as
+    the disk's do, instead of refusing every one as too large."""
+    disk = DiskShape(8 << 30, 16 << 20, AdmissionConfig(policy="always"))
+    whatif = WhatIf(64 << 20, AdmissionConfig(policy="always"), rate=0.01, disk=disk)
+    for i in range(20_000):
+        whatif.record(f"/big{i % 5_000}", 400_000, float(i), missed=True)
+    whatif.curves(hits=0)  # replays what is buffered
+    ghosts = [g for g in whatif.ghosts if g.disk is not None]
+    assert ghosts and all(g.disk.counters.too_large == 0 for g in ghosts)
+    assert all(g.disk.counters.bytes_written > 0 for g in ghosts if g.policy == "always")

@@ -25,6 +25,8 @@ from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.whatif import DiskShape, WhatIf
 
+# The largest ``[disk] region_size``: the disk index keeps a record's offset in 32 bits.
+MAX_REGION = (1 << 32) - 1
 # The smallest ``[cache] slice_size``: every slice costs an origin request.
 MIN_SLICE = 64 << 10
 
@@ -588,6 +590,11 @@ def _check_whole(config: Config) -> None:
             f"[disk] size = {disk.size}: too small for [disk] region_size = "
             f"{disk.region_size} (the tier writes whole regions, and needs two): set [disk] "
             f"size to {2 * disk.region_size} bytes or more, or a smaller region_size"
+        )
+    if disk.region_size > MAX_REGION:
+        raise ConfigError(
+            f"[disk] region_size = {disk.region_size}: at most {MAX_REGION} bytes (a record's "
+            "place in its region is 32 bits); 16MiB, the default, suits most devices"
         )
     if disk.path and parse_policy(disk.policy)[0] not in DISK_POLICIES:
         raise ConfigError(

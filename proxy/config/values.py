@@ -109,7 +109,12 @@ def _names(value: Any) -> tuple[str, ...]:
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, list | tuple):
         raise ValueError('expected a list of admission policies, like ["always", "tinylfu"]')
-    return tuple(policy(str(item).strip()) for item in value)
+    names = tuple(str(item).strip() for item in value)
+    for name in names:
+        # Names are labels of /metrics too: letters, digits and :._- only.
+        if not name or not all(ch.isalnum() or ch in ":._-" for ch in name):
+            raise ValueError(f"{name!r} is not a policy name like 'nth-hit:3'")
+    return tuple(policy(name) for name in names)
 
 
 def positive_number(value: Any) -> float:

@@ -22,7 +22,15 @@ Rules it keeps:
   ``rate``, estimates for the whole traffic.
 * With a disk tier, the disk alternatives run behind a ghost of the configured memory tier,
   at each scale of the disk's size: the hit ratio of both tiers and the bytes each disk rule
-  would have written.
+  would have written. A disk ghost's regions are the sample's share of the disk's, but at
+  least the largest record the cache writes (a region scaled down would refuse large objects
+  the disk takes); a scale of the disk too small for two of them has no ghost.
+* A ghost holds every response until it is evicted: freshness is not modelled, so behind an
+  origin that sends short lifetimes the ghosts' hit ratios are those of responses that stay
+  fresh. A ghost with no sampled request yet, or that the loop refused a batch (it is fed no
+  more, and says why: ``failed``), has no miss ratio.
+* A reload that changes what the ghosts are built of starts them afresh (``start``): the
+  cache's hits before it are not theirs.
 * Bounded: the ghosts hold ``rate`` of the cache's keys (27 to 54 bytes a key in memory, 20
   in a disk ghost's index), and the buffer ``BATCH`` requests.
 """
@@ -44,7 +52,7 @@ from proxy.core.store import CacheStore
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
 DISK_ALTERNATIVES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1")
-BATCH = 4096
+BATCH = 1024  # a batch through every ghost: a few milliseconds of the event loop at most
 # A disk record's meta, as the simulator assumes it when no encoder is given.
 META_BYTES = 512
 
@@ -69,6 +77,7 @@ class Ghost:
     size: int
     engine: CacheEngine
     disk: DiskTier | None = None
+    failed: str | None = None  # why the loop refused a batch: the ghost is fed no more
 
 
 class WhatIf:
@@ -95,6 +104,7 @@ class WhatIf:
         self.rate = rate
         self.below = min(2**64 - 1, int(rate * 2**64))
         self.missed = 0  # misses recorded, sampled or not (``curves`` is told the hits)
+        self.hits_before = 0  # the cache's hits when these ghosts began (``start``)
         self._buffer: list[tuple[float, int, int, int, int]] = []
         policies = dict.fromkeys((admission.policy, *alternatives))
 
@@ -110,11 +120,14 @@ class WhatIf:
             for scale in scales
         ]
         if disk is not None:
+            # A ghost's region holds the largest record the cache can write: a region scaled
+            # down with the sample would refuse large objects the disk takes.
+            largest = RECORD_HEADER + META_BYTES + 4096 + (max_object_bytes or memory_bytes)
+            region = max(round(disk.region_size * rate), min(disk.region_size, largest))
             for policy in dict.fromkeys((disk.admission.policy, *disk_alternatives)):
                 for scale in scales:
                     size = round(disk.size * scale * rate)
-                    region = max(1, round(disk.region_size * rate))
-                    if size < 2 * region:
+                    if size < 2 * region:  # too small a sample of this disk to model
                         continue
                     config = disk.admission if policy == disk.admission.policy else (
                         AdmissionConfig(policy=policy))  # fmt: skip
@@ -125,6 +138,11 @@ class WhatIf:
                     self.ghosts.append(
                         Ghost("disk", policy, scale, round(disk.size * scale), engine, tier)
                     )
+
+    def start(self, hits: int) -> None:
+        """The ghosts begin now, when the cache has counted ``hits``: ``curves`` is told the
+        cache's hits since its start, and counts those since the ghosts'."""
+        self.hits_before = hits
 
     def record(self, key: str, size: int, now: float, *, missed: bool = False) -> None:
         """A request for ``key`` answered with a body of ``size`` bytes at ``now``: a hit, or
@@ -152,27 +170,36 @@ class WhatIf:
         times = np.array(when, np.float64)
         sizes = np.array(size, np.int64)
         for ghost in self.ghosts:
-            if ghost.disk is None:
-                replay(ghost.engine, keys, times, sizes, 0, n)
-            else:
-                lengths = RECORD_HEADER + META_BYTES + keys.names[2] + sizes
-                replay_tiers(ghost.engine, ghost.disk, keys, times, sizes,
-                             record_overhead=0, lengths=lengths)  # fmt: skip
+            if ghost.failed is not None:
+                continue
+            try:
+                if ghost.disk is None:
+                    replay(ghost.engine, keys, times, sizes, 0, n)
+                else:
+                    lengths = RECORD_HEADER + META_BYTES + keys.names[2] + sizes
+                    replay_tiers(ghost.engine, ghost.disk, keys, times, sizes,
+                                 record_overhead=0, lengths=lengths)  # fmt: skip
+            except (ValueError, OverflowError, MemoryError) as exc:
+                # A ghost the loop refuses is a what-if lost, never a request: it stops here.
+                ghost.failed = f"{type(exc).__name__}: {exc}"
 
     def curves(self, hits: int) -> list[dict[str, object]]:
         """Each ghost's estimates for the whole traffic recorded (``hits``, counted by the
         cache, and the misses recorded): its miss ratio (both tiers, for a disk ghost) and
         the bytes it would have written (to memory, or to the disk)."""
         self.flush()
-        requests = hits + self.missed
+        requests = hits - self.hits_before + self.missed
         out = []
         for ghost in self.ghosts:
             c = ghost.engine.counters
             written = c.bytes_written if ghost.disk is None else ghost.disk.counters.bytes_written
+            fed = c.requests > 0 and ghost.failed is None
             out.append({
                 "tier": ghost.tier, "policy": ghost.policy, "scale": ghost.scale,
-                "size": ghost.size, "miss_ratio": self._miss_ratio(c.hits, c.requests, requests),
+                "size": ghost.size,
+                "miss_ratio": self._miss_ratio(c.hits, c.requests, requests) if fed else None,
                 "bytes_written": round(written / self.rate),
+                **({"failed": ghost.failed} if ghost.failed else {}),
             })  # fmt: skip
         return out
 

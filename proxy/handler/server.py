@@ -119,6 +119,8 @@ class Proxy:
             plain.observe = engine.hit_state().observe
         if _ghosted(config) != _ghosted(self.config):  # ghosts of the old caches compare wrong
             engine.whatif = config.what_if()
+            if engine.whatif is not None:
+                engine.whatif.start(engine.counters.hits)
             state = engine.hit_state()
             plain.whatif, plain.sample_below = state.whatif, state.sample_below
         self.config = config

@@ -387,7 +387,8 @@ def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
         for c in whatif["curves"]:
             if c[field] is None:
                 continue
-            labels = f'tier="{c["tier"]}",policy="{c["policy"]}",scale="{c["scale"]:g}"'
+            policy = c["policy"].replace("\\", "\\\\").replace('"', '\\"')  # a label's escapes
+            labels = f'tier="{c["tier"]}",policy="{policy}",scale="{c["scale"]:g}"'
             lines.append(f"{name}{{{labels}}} {float(c[field])!r}")
     return "\n".join(lines) + "\n"
 

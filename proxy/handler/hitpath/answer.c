@@ -80,18 +80,6 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
             goto done;
         Py_DECREF(r);
     }
-    if (self->whatif != NULL && self->whatif != Py_None) {
-        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
-        if (h == (unsigned long long)-1 && PyErr_Occurred())
-            goto done;
-        if (h < self->sample_below) {
-            PyObject *args[] = {key, size, now};
-            PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
-            if (r == NULL)
-                goto done;
-            Py_DECREF(r);
-        }
-    }
     if (attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
         attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
         attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
@@ -105,6 +93,20 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
         goto done;
     self->answered++;
     rc = 0;
+    /* Last, once the hit is counted: what the what-if raises is its own (reported, never the
+     * answer's: a request counted and then answered again would count twice). */
+    if (self->whatif != NULL && self->whatif != Py_None) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_WriteUnraisable(self->whatif);
+        } else if (h < self->sample_below) {
+            PyObject *args[] = {key, size, now};
+            PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
+            if (r == NULL)
+                PyErr_WriteUnraisable(self->whatif);
+            Py_XDECREF(r);
+        }
+    }
 done:
     Py_XDECREF(one);
     Py_XDECREF(size);
