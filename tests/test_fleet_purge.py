@@ -100,8 +100,10 @@ async def test_a_subscriber_that_never_replies_costs_a_purge_its_wait_not_its_an
     """A monitoring client (or an older instance) on the channel never replies: the purge
     still says what the other instance removed, and one missing; and a storm of such purges
     leaves the admission filter's connections alone (misses still judged by the fleet's
-    filter, /readyz's redis check still ok)."""
-    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url}
+    filter, /readyz's redis check still ok). The filter's budget is roomy: what is measured
+    is whether it can have a connection, not how fast a loaded machine answers."""
+    fleet = {"admission__backend": "redis", "admission__redis_url": redis_server.url,
+             "admission__redis_budget": "2s", "admission__redis_budget_max": "2s"}  # fmt: skip
     proxies = [await start_proxy(**fleet) for _ in range(2)]
     await asyncio.gather(*(asyncio.wait_for(p.proxy.fleet.subscribed.wait(), 5) for p in proxies))
     silent = redis.asyncio.from_url(redis_server.url).pubsub()
@@ -110,7 +112,7 @@ async def test_a_subscriber_that_never_replies_costs_a_purge_its_wait_not_its_an
         answer = await admin_purge(proxies[0], {"url": "http://cdn.example/x"})
         assert answer["fleet"]["reached"] == 2 and answer["fleet"]["missing"] == 1
         assert [i["removed"] for i in answer["fleet"]["instances"]] == [0]
-        storm = [admin_purge(proxies[0], {"url": f"http://cdn.example/{i}"}) for i in range(40)]
+        storm = [admin_purge(proxies[0], {"url": f"http://cdn.example/{i}"}) for i in range(16)]
         misses = [get(proxies[0], f"/m{i}") for i in range(20)]
         await asyncio.gather(*storm, *misses)
         assert proxies[0].proxy.shared.healthy

@@ -148,3 +148,16 @@ def test_auto_disk_admission_keeps_one_hit_wonders_off_the_disk_at_admit_alls_hi
     always, auto = runs["always"].stats, runs["auto"].stats
     assert auto["disk_bytes_written"] < 0.5 * always["disk_bytes_written"]
     assert auto["hit_ratio"] >= always["hit_ratio"] - 0.005
+
+
+def test_nth_hit_in_front_of_an_empty_disk_starts_writing():
+    """A sketch sized by the records the disk holds (window auto) starts at its smallest (1,024
+    keys) while the disk is empty: 4,000 keys asked in turn, twelve rounds, each key's
+    sightings 4,000 apart. It must remember longer each turn, or it forgets every key before a
+    fourth sighting and the disk stays empty for good (it did: 0 records)."""
+    keys = 4_000
+    ids = np.tile(np.arange(keys, dtype=np.uint64), 12)
+    rounds = Trace(np.arange(len(ids), dtype=np.float64), ids, np.full(len(ids), 1000))
+    disk = DiskSpec(32 << 20, region_size=1 << 20, admission=AdmissionConfig(policy="nth-hit:4"))
+    s = simulate_tiers(rounds, 64 << 10, ALWAYS, disk, entry_overhead=0).stats
+    assert s["disk_admissions"] == keys and s["disk_hits"] > 4 * keys

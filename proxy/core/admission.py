@@ -167,6 +167,7 @@ class TurnoverSizer:
         self.max_keys = max_keys
         self._smoothing = smoothing
         self._mean: float | None = None
+        self._empty = min_keys  # keys asked for while the store holds nothing
 
     def initial(self) -> int:
         return self.min_keys
@@ -179,7 +180,11 @@ class TurnoverSizer:
             else:
                 self._mean += self._smoothing * (reading - self._mean)
         if self._mean is None:
-            return self.min_keys
+            # Nothing held yet, so nothing to size by: remember twice as long each time, or a
+            # policy that needs several sightings (nth-hit:4 in front of an empty disk) may
+            # forget every key before its Nth and never hold one.
+            self._empty = min(self.max_keys, self._empty * 2)
+            return self._empty
         return min(self.max_keys, max(self.min_keys, round(self.scale * self._mean)))
 
 
