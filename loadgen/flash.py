@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.report import FLASH_COLUMNS, aligned, flash_rows
+from loadgen.report import FLASH_COLUMNS, aligned, flash_group, flash_rows
 from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig
@@ -186,7 +186,7 @@ def mark_pareto(cells: Sequence[FlashCell]) -> None:
     """Set ``pareto`` on each cell: no other cell of its workload, memory and disk size hits
     at least as often with no more bytes written, one of the two strictly better."""
     for c in cells:
-        peers = [o for o in cells if _group(o) == _group(c) and o is not c]
+        peers = [o for o in cells if flash_group(o) == flash_group(c) and o is not c]
         c["pareto"] = not any(
             o["hit_ratio"] >= c["hit_ratio"]
             and o["disk_bytes_written"] <= c["disk_bytes_written"]
@@ -195,10 +195,6 @@ def mark_pareto(cells: Sequence[FlashCell]) -> None:
             )
             for o in peers
         )
-
-
-def _group(cell: FlashCell) -> tuple[str, int, int]:
-    return cell["workload"], cell["memory_bytes"], cell["disk_bytes"]
 
 
 def flash_table(cells: Sequence[FlashCell]) -> str:

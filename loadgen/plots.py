@@ -394,11 +394,12 @@ def flash(cells: Sequence[Cell], directory: Path) -> Path | None:
     parameter, the Pareto front a dashed black line, its points ringed."""
     if not cells:
         return None
-    groups = sorted({(c["workload"], c["memory_bytes"], c["disk_bytes"]) for c in cells})
+    from loadgen.report import flash_group
+
+    groups = sorted({flash_group(c) for c in cells})
     fig, axes = _figure(len(groups))
     for ax, (workload, memory, disk) in zip(axes, groups, strict=True):
-        group = [c for c in cells if (c["workload"], c["memory_bytes"], c["disk_bytes"])
-                 == (workload, memory, disk)]  # fmt: skip
+        group = [c for c in cells if flash_group(c) == (workload, memory, disk)]
         # A rule that wrote nothing is drawn at the left edge, not lost off a log axis.
         floor = min((c["disk_bytes_written"] for c in group if c["disk_bytes_written"] > 0),
                     default=2)  # fmt: skip

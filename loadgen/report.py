@@ -345,10 +345,10 @@ FLASH_COLUMNS = ("disk", "rule", "hit ratio", "vs always", "disk written", "of a
 def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
     """One row a flash cell (``loadgen.flash``): its hit ratio and writes against admitting
     all at the same disk size."""
-    always = {_flash_group(c): c for c in cells if c["policy"] == "always"}
+    always = {flash_group(c): c for c in cells if c["policy"] == "always"}
     rows = []
     for c in cells:
-        base = always.get(_flash_group(c))
+        base = always.get(flash_group(c))
         delta = "" if base is None else f"{(c['hit_ratio'] - base['hit_ratio']) * 100:+.2f} pp"
         share = ("" if base is None or not base["disk_bytes_written"]
                  else f"{c['disk_bytes_written'] / base['disk_bytes_written']:.1%}")  # fmt: skip
@@ -360,7 +360,8 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
     return rows
 
 
-def _flash_group(cell: Cell) -> tuple[str, int, int]:
+def flash_group(cell: Cell) -> tuple[str, int, int]:
+    """The (workload, memory, disk) a flash cell is compared within."""
     return cell["workload"], cell["memory_bytes"], cell["disk_bytes"]
 
 

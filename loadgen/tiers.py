@@ -37,7 +37,7 @@ from loadgen.report import aligned
 from loadgen.simulate import SimResult, build_engine, key_arrays, policy_label
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
@@ -56,7 +56,7 @@ class DiskSpec:
     size: int
     region_size: int = 16 << 20
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
-    meta_bytes: int = 512
+    meta_bytes: int = ASSUMED_META
     # The length of the record of ``key`` with a body of ``size`` bytes, when known (a live
     # proxy's ``DiskStore.record_length`` for the responses its origin sends); else a record
     # of ``meta_bytes`` of meta is assumed.

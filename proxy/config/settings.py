@@ -23,7 +23,7 @@ from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import DiskShape, WhatIf
+from proxy.core.whatif import DISK_ALTERNATIVES, MEMORY_ALTERNATIVES, DiskShape, WhatIf
 
 # The largest ``[disk] region_size``: the disk index keeps a record's offset in 32 bits.
 MAX_REGION = (1 << 32) - 1
@@ -269,12 +269,12 @@ class WhatIfSection:
         "share of keys the what-if's ghost caches are fed (0: no what-if)",
     )
     policies: tuple[str, ...] = values.setting(
-        ("always", "second-hit", "tinylfu"),
+        MEMORY_ALTERNATIVES,
         values.policies,
         "memory admissions the what-if compares with the configured one",
     )
     disk_policies: tuple[str, ...] = values.setting(
-        ("always", "second-hit", "nth-hit:3", "probabilistic:0.1"),
+        DISK_ALTERNATIVES,
         values.disk_policies,
         "disk admissions the what-if compares with [disk] policy",
     )
@@ -314,14 +314,16 @@ class Config:
 
     def what_if(self) -> WhatIf | None:
         """The ghost caches ``[whatif]`` asks for, of this memory tier and its disk tier
-        (``proxy.core.whatif``), or None when its sample is 0."""
+        (``proxy.core.whatif``), or None when its sample is 0 or responses are fetched in
+        slices (``[cache] slice_size``: the ghosts would count slices, the cache requests)."""
         w = self.whatif
-        if not w.sample:
+        if not w.sample or self.cache.slice_size:  # a slice is not a request: see [whatif]
             return None
         disk = None
         if self.disk.path:
             admission = AdmissionConfig(policy=self.disk.policy, window=self.disk.window)
-            disk = DiskShape(self.disk.size, self.disk.region_size, admission)
+            disk = DiskShape(self.disk.size, self.disk.region_size, admission,
+                             float(self.disk.max_write_rate))  # fmt: skip
         return WhatIf(
             self.cache.size, self.admission_config(), self.cache.eviction, rate=w.sample,
             entry_overhead=ENTRY_OVERHEAD, max_object_bytes=self.cache.max_object_size,

@@ -78,13 +78,15 @@ RECORD_HEADER = RECORD.size
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", "auto")
 # ``auto``'s candidates (each with a ghost tier of ``AUTO_RATE`` of the keys and of the
 # disk's size), how often they are compared and how close to the best hit ratio counts as
-# tied (the least writer of the tied decides). A ghost's record is its body and ``AUTO_META``.
+# tied (the least writer of the tied decides). A ghost's record is its body and the assumed meta.
 AUTO_CANDIDATES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:16KiB",
                    "size-below:64KiB")  # fmt: skip
 AUTO_RATE = 1 / 16
 AUTO_PERIOD = 1024
 AUTO_MARGIN = 0.005
-AUTO_META = 512
+# The bytes of status, fields and times a record is assumed to hold where its encoder is not
+# at hand (the simulator, ghost tiers): about what a CDN response's head takes.
+ASSUMED_META = 512
 # Bans kept at most (a few hundred bytes each): past this, one ban of everything replaces them.
 MAX_BANS = 1024
 
@@ -196,7 +198,7 @@ class DiskTier:
             shadow_policies=tuple(compiled(g.admission) for g in ghosts),
             rate=AUTO_RATE, period=AUTO_PERIOD, margin=AUTO_MARGIN,
             choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
-            regions=ring.regions, overhead=RECORD_HEADER + AUTO_META,
+            regions=ring.regions, overhead=RECORD_HEADER + ASSUMED_META,
             budget=float(self.budget.rate),
         )  # fmt: skip
         return AdaptivePolicy(native, candidates, "auto")  # type: ignore[arg-type]

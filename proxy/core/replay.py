@@ -73,7 +73,9 @@ def replay_tiers(
 ) -> None:
     """Every request of the arrays through ``engine``'s store and admission, with ``tier``
     behind it (its ring a ``Regions`` of its own); a record is ``lengths`` long, or its
-    key's bytes, its body and ``record_overhead``. Counted in both tiers' counters."""
+    key's bytes, its body and ``record_overhead``. Counted in both tiers' counters. A finite
+    ``ttl`` is replayed in one call, from an empty tier (when each record was written is
+    known within the call only): ValueError otherwise."""
     regions = tier.regions
     assert isinstance(regions, Regions), "a replayed tier has a ring of its own"
     deltas = simulate_tiers(

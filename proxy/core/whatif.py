@@ -43,7 +43,7 @@ import numpy as np
 
 from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig, make_policy
-from proxy.core.disk import RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.replay import KeyArrays, replay, replay_tiers
@@ -53,17 +53,17 @@ SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
 DISK_ALTERNATIVES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1")
 BATCH = 1024  # a batch through every ghost: a few milliseconds of the event loop at most
-# A disk record's meta, as the simulator assumes it when no encoder is given.
-META_BYTES = 512
 
 
 @dataclass(frozen=True)
 class DiskShape:
-    """The disk tier the what-if models alternatives of: its size, region and admission."""
+    """The disk tier the what-if models alternatives of: its size, region, admission and
+    write budget (bytes a second; 0: none)."""
 
     size: int
     region_size: int
     admission: AdmissionConfig
+    max_write_rate: float = 0.0
 
 
 @dataclass
@@ -122,7 +122,7 @@ class WhatIf:
         if disk is not None:
             # A ghost's region holds the largest record the cache can write: a region scaled
             # down with the sample would refuse large objects the disk takes.
-            largest = RECORD_HEADER + META_BYTES + 4096 + (max_object_bytes or memory_bytes)
+            largest = RECORD_HEADER + ASSUMED_META + 4096 + (max_object_bytes or memory_bytes)
             region = max(round(disk.region_size * rate), min(disk.region_size, largest))
             for policy in dict.fromkeys((disk.admission.policy, *disk_alternatives)):
                 for scale in scales:
@@ -131,8 +131,10 @@ class WhatIf:
                         continue
                     config = disk.admission if policy == disk.admission.policy else (
                         AdmissionConfig(policy=policy))  # fmt: skip
+                    # The sample writes ``rate`` of the disk's bytes: so does its budget.
+                    budget = WriteBudget(disk.max_write_rate * rate)
                     tier = DiskTier(Regions(region, size // region), config.scaled(rate),
-                                    budget=WriteBudget(0.0))  # fmt: skip
+                                    budget=budget)  # fmt: skip
                     engine = memory(1.0, admission.policy)
                     engine.behind = (tier,)
                     self.ghosts.append(
@@ -176,7 +178,7 @@ class WhatIf:
                 if ghost.disk is None:
                     replay(ghost.engine, keys, times, sizes, 0, n)
                 else:
-                    lengths = RECORD_HEADER + META_BYTES + keys.names[2] + sizes
+                    lengths = RECORD_HEADER + ASSUMED_META + keys.names[2] + sizes
                     replay_tiers(ghost.engine, ghost.disk, keys, times, sizes,
                                  record_overhead=0, lengths=lengths)  # fmt: skip
             except (ValueError, OverflowError, MemoryError) as exc:

@@ -1,7 +1,8 @@
 /* A disk tier's write budget: at most about `rate` bytes a second written, as CacheLib's
  * dynamic random admission keeps flash within its endurance. Each second, the share of what
  * the admission takes that is written follows the rate the second before (its ratio to the
- * budget, up to all, at least 0.1%), drawn from a seeded generator so that runs repeat. */
+ * budget; at most doubling a second, up to all; at least 0.1%), drawn from a seeded generator
+ * so that runs repeat. */
 #include "native.h"
 
 static int WriteBudget_init(WriteBudgetObject *self, PyObject *args, PyObject *kwds) {
@@ -10,8 +11,11 @@ static int WriteBudget_init(WriteBudgetObject *self, PyObject *args, PyObject *k
     unsigned long long seed = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "d|K", kwlist, &rate, &seed)) return -1;
     if (!(rate >= 0) || isinf(rate)) {
-        PyErr_Format(PyExc_ValueError, "a write budget is a finite rate >= 0, got %R",
-                     PyTuple_GET_ITEM(args, 0));
+        PyObject *given = PyFloat_FromDouble(rate);
+        if (given != NULL) {
+            PyErr_Format(PyExc_ValueError, "a write budget is a finite rate >= 0, got %R", given);
+            Py_DECREF(given);
+        }
         return -1;
     }
     self->rate = rate;

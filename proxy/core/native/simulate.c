@@ -29,7 +29,7 @@ static const char *counter_names[T_COUNT] = {
 };
 
 int get_array(PyObject *obj, Py_buffer *view, const char *what, Py_ssize_t itemsize,
-                     char kind) {
+              char kind) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     char f = view->format ? view->format[strlen(view->format) - 1] : 'B';
     int ok = view->itemsize == itemsize &&
@@ -309,6 +309,10 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
         next - oldest > regions || next >= UINT32_MAX || fill < 0 || fill > region_size) {
         PyErr_SetString(PyExc_ValueError, "ring = (region_size, regions, oldest, next, fill) of "
                         "a ring of at least 2 regions of at most 4 GiB");
+    } else if (!isinf(ttl) && d.index->live > 0) {
+        /* When each record was written is known within one call only. */
+        PyErr_SetString(PyExc_ValueError, "a finite ttl is replayed in one call, from an empty "
+                        "disk tier");
     } else if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
                replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, &d, &q, ttl,
                       overhead, max_object, c) == 0) {

@@ -98,7 +98,7 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
         c[D_BYTES_NOT_WRITTEN] += length;
         return 0;
     }
-    if (d->fill + length > d->region_size) {  /* the open region is full: the next one opens */
+    if (d->fill + length > d->region_size) {  /* records never straddle two regions */
         if (d->next - d->oldest >= d->regions) {
             d->oldest++;
             c[R_EVICTIONS]++;
