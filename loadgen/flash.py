@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.report import FLASH_COLUMNS, aligned, flash_group, flash_rows
+from loadgen.cells import flash_group
+from loadgen.report import FLASH_COLUMNS, aligned, flash_rows
 from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from proxy.core.admission import AdmissionConfig

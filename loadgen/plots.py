@@ -15,9 +15,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullLocator
 
+from loadgen.cells import Cell, flash_group
 from proxy.core.units import format_size
 
-Cell = dict[str, Any]
 # More swept sizes than this and their labels would crowd the axis: powers of ten instead.
 _MAX_SIZE_TICKS = 8
 # Distinct colours for up to 16 admissions (a report of every policy has 8 and more): a
@@ -394,8 +394,6 @@ def flash(cells: Sequence[Cell], directory: Path) -> Path | None:
     parameter, the Pareto front a dashed black line, its points ringed."""
     if not cells:
         return None
-    from loadgen.report import flash_group
-
     groups = sorted({flash_group(c) for c in cells})
     fig, axes = _figure(len(groups))
     for ax, (workload, memory, disk) in zip(axes, groups, strict=True):

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadgen.cells import Cell, flash_group
 from loadgen.simulate import SimResult, space_saved
 from proxy.core.units import format_size
 
 BASELINE = "always"
-Cell = dict[str, Any]
 
 COLUMNS = [
     "policy",
@@ -358,11 +358,6 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
             share, "yes" if c["pareto"] else "",
         ])  # fmt: skip
     return rows
-
-
-def flash_group(cell: Cell) -> tuple[str, int, int]:
-    """The (workload, memory, disk) a flash cell is compared within."""
-    return cell["workload"], cell["memory_bytes"], cell["disk_bytes"]
 
 
 WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x"]
