@@ -360,7 +360,8 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
     return rows
 
 
-WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x"]
+WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x",
+                  "sampled requests"]  # fmt: skip
 
 
 def whatif_rows(cells: Sequence[Cell]) -> list[list[str]]:
@@ -373,20 +374,24 @@ def whatif_rows(cells: Sequence[Cell]) -> list[list[str]]:
         if c["mode"] != "live" or not whatif:
             continue
         curves: dict[str, dict[float, float | None]] = defaultdict(dict)
+        sampled: dict[str, int] = {}
         for curve in whatif["curves"]:
             name = curve["policy"] if curve["tier"] == "memory" else f"disk {curve['policy']}"
             curves[name][curve["scale"]] = curve["miss_ratio"]
+            sampled[name] = curve.get("sampled", 0)
         for name, by_scale in curves.items():
             shown = ["" if by_scale.get(x) is None else f"{1 - by_scale[x]:.4f}"
                      for x in (0.25, 0.5, 1.0, 2.0, 4.0)]  # fmt: skip
-            rows.append([c["workload"], c["policy"], c["cache"], name, *shown])
+            rows.append([c["workload"], c["policy"], c["cache"], name, *shown,
+                         f"{sampled[name]:,}"])  # fmt: skip
     return rows
 
 
 WHATIF_NOTE = (
     "Estimated hit ratios of ghost caches the live proxy kept beside its own (keys only, fed "
     "a sample of the keys, [whatif]), at 0.25x to 4x its cache: what the same traffic "
-    "would have done to another size or policy, read from one run."
+    "would have done to another size or policy, read from one run. A few hundred sampled "
+    "requests make a rough estimate: raise [whatif] sample for a short run."
 )
 
 

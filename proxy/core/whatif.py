@@ -188,7 +188,8 @@ class WhatIf:
     def curves(self, hits: int) -> list[dict[str, object]]:
         """Each ghost's estimates for the whole traffic recorded (``hits``, counted by the
         cache, and the misses recorded): its miss ratio (both tiers, for a disk ghost) and
-        the bytes it would have written (to memory, or to the disk)."""
+        the bytes it would have written (to memory, or to the disk), and how many requests
+        of the sample it saw (a few hundred make a rough estimate)."""
         self.flush()
         requests = hits - self.hits_before + self.missed
         out = []
@@ -201,6 +202,7 @@ class WhatIf:
                 "size": ghost.size,
                 "miss_ratio": self._miss_ratio(c.hits, c.requests, requests) if fed else None,
                 "bytes_written": round(written / self.rate),
+                "sampled": c.requests,
                 **({"failed": ghost.failed} if ghost.failed else {}),
             })  # fmt: skip
         return out
