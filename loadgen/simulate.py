@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import mmap
 import multiprocessing
 import os
 import sys
@@ -30,10 +29,10 @@ import numpy as np
 
 from loadgen.trace import Trace
 from proxy.core._native import hash_ids
-from proxy.core.admission import AdmissionConfig, make_policy
+from proxy.core.admission import AdmissionConfig
 from proxy.core.engine import CacheEngine
-from proxy.core.replay import KeyArrays, replay
-from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.replay import KeyArrays, build_engine, replay
+from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.units import format_size, parse_size
 from proxy.core.whatif import shards_ratio
 
@@ -74,22 +73,6 @@ class SimResult:
             "stats": self.stats,
             "timeline": self.timeline,
         }
-
-
-def build_engine(
-    cache_bytes: int,
-    admission: AdmissionConfig,
-    max_object_bytes: int | None = None,
-    entry_overhead: int = ENTRY_OVERHEAD,
-    eviction: str = "lru",
-    *,
-    shared: mmap.mmap | None = None,
-) -> CacheEngine:
-    """The engine the proxy would build: same store (charging the same per-entry overhead,
-    unless told otherwise, evicting the same way) and the same admission policy (its window
-    in ``shared`` memory, as ``--workers`` shares it, when given)."""
-    store = CacheStore(cache_bytes, max_object_bytes, entry_overhead, eviction)
-    return CacheEngine(store, make_policy(admission, store, shared=shared))
 
 
 @dataclass(frozen=True)
@@ -140,14 +123,10 @@ def simulate(
     engine's own store index and admission filter with the engine's rules for a cacheable
     response, so its counters are the ones the live proxy would count."""
     sample = trace if isinstance(trace, Sample) else None
-    if sample is not None:
-        trace = sample.trace
-        run_bytes = max(1 + entry_overhead, round(cache_bytes * sample.rate))
-        engine = build_engine(
-            run_bytes, admission.scaled(sample.rate), max_object_bytes, entry_overhead, eviction
-        )
-    else:
-        engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction)
+    rate = 1.0 if sample is None else sample.rate
+    trace = trace if sample is None else sample.trace
+    engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction,
+                          rate=rate)  # fmt: skip
     keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)

@@ -107,6 +107,14 @@ class CompiledPolicy:
         self.native.reset()
 
 
+def compiled_admission(policy: AdmissionPolicy) -> Admission:
+    """The compiled policy a loop drives (the simulator's, a disk tier's ``auto``): the
+    policy's own."""
+    if not isinstance(policy, CompiledPolicy):
+        raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
+    return policy.native
+
+
 class AdaptivePolicy(CompiledPolicy):
     """``adaptive``: the candidates of ``ADAPTIVE_CANDIDATES`` decide side by side; the one
     whose shadow cache (``ADAPTIVE_RATE`` of the keys, in as much of the bytes) hits most

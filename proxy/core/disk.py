@@ -56,7 +56,7 @@ from proxy.core.admission import (
     AdaptivePolicy,
     AdmissionConfig,
     AdmissionPolicy,
-    CompiledPolicy,
+    compiled_admission,
     make_policy,
     parse_policy,
 )
@@ -106,11 +106,6 @@ def slots(dump: bytes) -> list[tuple[int, Slot]]:
 def index_key(key: str) -> int:
     """The hash the index keeps for ``key`` (``slots``)."""
     return hash64(key)[0] or 1
-
-
-def compiled(policy: AdmissionPolicy) -> Admission:
-    assert isinstance(policy, CompiledPolicy), "every disk admission is compiled"
-    return policy.native
 
 
 @dataclass(slots=True)
@@ -193,9 +188,9 @@ class DiskTier:
             ghosts.append(DiskTier(Regions(region, ring.regions), config.scaled(AUTO_RATE)))
         native = Admission(
             "auto",
-            candidates=tuple(compiled(c) for c in candidates),
+            candidates=tuple(compiled_admission(c) for c in candidates),
             shadows=tuple(g.index for g in ghosts),
-            shadow_policies=tuple(compiled(g.admission) for g in ghosts),
+            shadow_policies=tuple(compiled_admission(g.admission) for g in ghosts),
             rate=AUTO_RATE, period=AUTO_PERIOD, margin=AUTO_MARGIN,
             choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
             regions=ring.regions, overhead=RECORD_HEADER + ASSUMED_META,

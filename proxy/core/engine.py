@@ -323,8 +323,9 @@ class CacheEngine(ResponseDecisions):
         """Count ``entry`` as answering a request for ``key`` from any tier."""
         if self.admission.observes:
             self.admission.observe(key, entry.size, now)
-        if self.whatif is not None:
-            self.whatif.record(key, entry.size, now)
+        if self.whatif is not None:  # a stored entry of the URL itself has its key's hash
+            known = entry.key_hash if entry.key == key else 0
+            self.whatif.record(key, entry.size, now, key_hash=known)
         c = self.counters
         c.hit_bytes += entry.size
         c.bytes_served += entry.size

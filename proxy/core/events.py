@@ -71,7 +71,9 @@ class RequestSample(Protocol):
 
     below: int
 
-    def record(self, key: str, size: int, now: float, *, missed: bool = False) -> None: ...
+    def record(
+        self, key: str, size: int, now: float, *, missed: bool = False, key_hash: int = 0
+    ) -> None: ...
 
 
 class HitState(NamedTuple):

@@ -11,15 +11,40 @@ to the engine's Python rules by ``tests/test_parity.py`` and ``tests/test_tiers.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
 
-from proxy.core._native import Admission, simulate_chunk, simulate_tiers
-from proxy.core.admission import AdmissionPolicy, CompiledPolicy
+from proxy.core._native import simulate_chunk, simulate_tiers
+from proxy.core.admission import AdmissionConfig, compiled_admission, make_policy
 from proxy.core.disk import DiskTier
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
+from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+
+
+def build_engine(
+    cache_bytes: int,
+    admission: AdmissionConfig,
+    max_object_bytes: int | None = None,
+    entry_overhead: int = ENTRY_OVERHEAD,
+    eviction: str = "lru",
+    *,
+    shared: mmap.mmap | None = None,
+    rate: float = 1.0,
+) -> CacheEngine:
+    """The engine the proxy would build: same store (charging the same per-entry overhead,
+    unless told otherwise, evicting the same way) and the same admission policy (its window
+    in ``shared`` memory, as ``--workers`` shares it, when given). With a ``rate`` below 1, the
+    engine a spatial sample of that share of the keys runs through (SHARDS): ``rate`` of the
+    bytes (never less than one entry's overhead and a byte), admission key counts scaled
+    alike (``AdmissionConfig.scaled``)."""
+    if rate < 1.0:
+        cache_bytes = max(1 + entry_overhead, round(cache_bytes * rate))
+        admission = admission.scaled(rate)
+    store = CacheStore(cache_bytes, max_object_bytes, entry_overhead, eviction)
+    return CacheEngine(store, make_policy(admission, store, shared=shared))
 
 
 @dataclass(frozen=True)
@@ -31,13 +56,6 @@ class KeyArrays:
     prefix: bytes
     prefix_chars: int
     names: tuple[np.ndarray, np.ndarray, np.ndarray] | tuple[()]
-
-
-def compiled_admission(policy: AdmissionPolicy) -> Admission:
-    """The compiled policy the loop drives: the engine's own."""
-    if not isinstance(policy, CompiledPolicy):
-        raise ValueError(f"the simulator has no compiled loop for admission {policy.name!r}")
-    return policy.native
 
 
 def replay(

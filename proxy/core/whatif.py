@@ -42,12 +42,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from proxy.core._native import hash64
-from proxy.core.admission import AdmissionConfig, make_policy
+from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
-from proxy.core.replay import KeyArrays, replay, replay_tiers
-from proxy.core.store import CacheStore
+from proxy.core.replay import KeyArrays, build_engine, replay, replay_tiers
 
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
@@ -109,10 +108,9 @@ class WhatIf:
         policies = dict.fromkeys((admission.policy, *alternatives))
 
         def memory(scale: float, policy: str) -> CacheEngine:
-            capacity = max(1 + entry_overhead, round(memory_bytes * scale * rate))
-            store = CacheStore(capacity, max_object_bytes, entry_overhead, eviction)
             config = admission if policy == admission.policy else AdmissionConfig(policy=policy)
-            return CacheEngine(store, make_policy(config.scaled(rate), store))
+            return build_engine(round(memory_bytes * scale), config, max_object_bytes,
+                                entry_overhead, eviction, rate=rate)  # fmt: skip
 
         self.ghosts = [
             Ghost("memory", policy, scale, round(memory_bytes * scale), memory(scale, policy))
@@ -146,12 +144,17 @@ class WhatIf:
         cache's hits since its start, and counts those since the ghosts'."""
         self.hits_before = hits
 
-    def record(self, key: str, size: int, now: float, *, missed: bool = False) -> None:
+    def record(
+        self, key: str, size: int, now: float, *, missed: bool = False, key_hash: int = 0
+    ) -> None:
         """A request for ``key`` answered with a body of ``size`` bytes at ``now``: a hit, or
-        (``missed``) a miss. A compiled path that counts its hits itself calls this for the
-        sampled ones alone (``below``)."""
+        (``missed``) a miss. ``key_hash``: ``key``'s ``hash64`` h1 when the caller has it (a
+        stored entry's), so that the 99% not sampled cost no hashing. A compiled path that
+        counts its hits itself calls this for the sampled ones alone (``below``)."""
         if missed:
             self.missed += 1
+        if key_hash and key_hash >= self.below:
+            return
         h1, h2 = hash64(key)
         if h1 < self.below:
             self._buffer.append((now, h1, h2, len(key), size))

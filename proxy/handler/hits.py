@@ -104,8 +104,7 @@ class HitAnswers:
         )
         # A query the cache keys otherwise than as sent is keyed by ``answer`` alone.
         self.plain_hits.query_as_sent = router.queries_as_sent
-        self.plain_hits.whatif = state.whatif
-        self.plain_hits.sample_below = state.sample_below
+        self.follow_engine()
         if disk is not None:
             self.plain_hits.attach_disk(
                 index=disk.reader_index, fds=disk.log.read_fds, bans=disk.tier.bans,
@@ -249,6 +248,18 @@ class HitAnswers:
         assert self.disk is not None
         entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
         return None if entry is None else self.engine.answers_from(meta, entry, now)
+
+    def follow_engine(self) -> None:
+        """The compiled answerer takes what the engine now has it feed: the admission's
+        observe, the what-if's record and its sample (at the start, and after a reload
+        replaced either)."""
+        state = self.engine.hit_state()
+        plain = self.plain_hits
+        plain.observe, plain.whatif, plain.sample_below = (
+            state.observe,
+            state.whatif,
+            state.sample_below,
+        )
 
     def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Count a plain hit the compiled answerer read from ``key``'s disk record (its

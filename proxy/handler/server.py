@@ -116,13 +116,11 @@ class Proxy:
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
         if config.admission_config() != self.config.admission_config():
             engine.admission = make_policy(config.admission_config(), engine.store)
-            plain.observe = engine.hit_state().observe
         if _ghosted(config) != _ghosted(self.config):  # ghosts of the old caches compare wrong
             engine.whatif = config.what_if()
             if engine.whatif is not None:
                 engine.whatif.start(engine.counters.hits)
-            state = engine.hit_state()
-            plain.whatif, plain.sample_below = state.whatif, state.sample_below
+        self.hits.follow_engine()
         self.config = config
 
     @property

@@ -26,7 +26,7 @@ from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import readiness
-from proxy.ops.answer_metrics import process_text, resident_bytes
+from proxy.ops.answer_metrics import label, process_text, resident_bytes
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.reload import NO_SOURCE, Reloaded
 
@@ -387,8 +387,7 @@ def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
         for c in whatif["curves"]:
             if c[field] is None:
                 continue
-            policy = c["policy"].replace("\\", "\\\\").replace('"', '\\"')  # a label's escapes
-            labels = f'tier="{c["tier"]}",policy="{policy}",scale="{c["scale"]:g}"'
+            labels = f'tier="{c["tier"]}",policy="{label(c["policy"])}",scale="{c["scale"]:g}"'
             lines.append(f"{name}{{{labels}}} {float(c[field])!r}")
     return "\n".join(lines) + "\n"
 

@@ -117,7 +117,7 @@ def prometheus(snap: dict[str, Any]) -> str:
     lines += ["# HELP onehit_route_responses_total Answers through the handler by route and "
               "status class (the fast path's hits left out)",
               "# TYPE onehit_route_responses_total counter"]  # fmt: skip
-    lines += [f'onehit_route_responses_total{{route="{_label(route)}",class="{cls}"}} {n}'
+    lines += [f'onehit_route_responses_total{{route="{label(route)}",class="{cls}"}} {n}'
               for route, cls, n in snap["routes"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -130,7 +130,7 @@ def process_text(started: float) -> str:
         "python": platform.python_version(),
         "aiohttp": _version("aiohttp"),
     }
-    labels = ",".join(f'{k}="{_label(v)}"' for k, v in versions.items())
+    labels = ",".join(f'{k}="{label(v)}"' for k, v in versions.items())
     return (
         "# HELP onehit_build_info What runs: onehit's, Python's and aiohttp's versions\n"
         "# TYPE onehit_build_info gauge\n"
@@ -160,7 +160,8 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-def _label(value: str) -> str:
+def label(value: str) -> str:
+    """``value`` as a Prometheus label value writes it (backslash, quote, newline escaped)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

@@ -95,6 +95,23 @@ static void s3fifo_touch(IndexObject *x, int32_t i) {
     if (n->freq < 3) n->freq++;
 }
 
+/* Node i (unlinked) is evicted into the ghost queue: counted and reported as an eviction,
+ * its key kept as one that is not resident, the ghost trimmed to its bytes oldest first
+ * (S3-FIFO's ghost, 2Q's Aout). */
+static int evict_into_ghost(IndexObject *x, int32_t i, PyObject *evicted) {
+    Node *n = &x->nodes[i];
+    if (index_count_eviction(x, i, evicted) < 0) return -1;
+    index_forget(x, n);
+    n->freq = 0;
+    list_push_front(x, i, Q_GHOST);
+    x->ghosts++;
+    while (x->bytes[Q_GHOST] > x->ghost_capacity) {
+        int32_t old = x->tail[Q_GHOST];
+        index_drop(x, old, (uint64_t)index_find_slot(x, x->nodes[old].key));
+    }
+    return 0;
+}
+
 static int s3fifo_evict_small(IndexObject *x, PyObject *evicted) {
     while (x->tail[Q_SMALL] >= 0) {
         int32_t i = x->tail[Q_SMALL];
@@ -105,17 +122,7 @@ static int s3fifo_evict_small(IndexObject *x, PyObject *evicted) {
             list_push_front(x, i, Q_MAIN);
             continue;
         }
-        /* Evicted into the ghost: the node stays, as a key that is not resident. */
-        if (index_count_eviction(x, i, evicted) < 0) return -1;
-        index_forget(x, n);
-        n->freq = 0;
-        list_push_front(x, i, Q_GHOST);
-        x->ghosts++;
-        while (x->bytes[Q_GHOST] > x->ghost_capacity) {
-            int32_t old = x->tail[Q_GHOST];
-            index_drop(x, old, (uint64_t)index_find_slot(x, x->nodes[old].key));
-        }
-        return 0;
+        return evict_into_ghost(x, i, evicted);
     }
     return 0;
 }
@@ -277,25 +284,13 @@ static void twoq_touch(IndexObject *x, int32_t i) {
     }
 }
 
-/* Ain's oldest leaves for Aout: evicted, its key kept as a ghost, Aout trimmed to its bytes. */
-static int twoq_evict_in(IndexObject *x, PyObject *evicted) {
-    int32_t i = x->tail[Q_SMALL];
-    Node *n = &x->nodes[i];
-    if (index_count_eviction(x, i, evicted) < 0) return -1;
-    list_unlink(x, i);
-    index_forget(x, n);
-    list_push_front(x, i, Q_GHOST);
-    x->ghosts++;
-    while (x->bytes[Q_GHOST] > x->ghost_capacity) {
-        int32_t old = x->tail[Q_GHOST];
-        index_drop(x, old, (uint64_t)index_find_slot(x, x->nodes[old].key));
-    }
-    return 0;
-}
-
+/* Ain's oldest leaves for Aout while Ain is over its share, else Am's least recent goes. */
 static int twoq_evict(IndexObject *x, PyObject *evicted) {
-    if (x->bytes[Q_SMALL] > x->small_capacity || x->tail[Q_MAIN] < 0)
-        return twoq_evict_in(x, evicted);
+    if (x->bytes[Q_SMALL] > x->small_capacity || x->tail[Q_MAIN] < 0) {
+        int32_t i = x->tail[Q_SMALL];
+        list_unlink(x, i);
+        return evict_into_ghost(x, i, evicted);
+    }
     return index_evict_node(x, x->tail[Q_MAIN], evicted);
 }
 
