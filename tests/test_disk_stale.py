@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from aiohttp import web
 from conftest import Clock, Origin, proxy_in_front
 from conftest import fetch_as_client as get
 from hypothesis import given, settings
@@ -146,3 +147,74 @@ async def test_rfc9111_4_1_storing_one_variant_leaves_the_others_in_every_tier(
     offline = {"Accept-Language": "fr", "Cache-Control": "max-stale=1000, only-if-cached"}
     status, _, body = await get(proxy, "/x", **offline)
     assert (status, body) == (200, b"fr-1")
+
+
+@pytest.mark.parametrize("status", [203, 204, 301, 404, 410, 501])
+async def test_every_status_memory_stores_is_answered_from_the_disk_alike(
+    origin, start_proxy, tmp_path, status
+):
+    """Not only 200s: a response of any status the cache may store is a disk record too, and
+    after a restart (memory empty) answered from it as memory answered it."""
+    body = b"" if status == 204 else b"stored"
+    origin.set("/s", status=status, body=body, headers={"Cache-Control": "max-age=60"})
+    setup = {"disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
+    first = await get(proxy, "/s")
+    from_memory = await get(proxy, "/s")
+    await proxy.stop()
+    proxy = await start_proxy(**setup)
+    from_disk = await get(proxy, "/s")
+    assert origin.hits["/s"] == 1
+    assert first[0] == from_memory[0] == from_disk[0] == status
+    assert from_memory[2] == from_disk[2] == body
+    assert "detail=disk" in from_disk[1]["Cache-Status"]
+
+
+async def revalidate_while_memory_evicts(origin, proxy, newer: bool) -> None:
+    """Revalidate /x (stale, ETag v1) and, while its 304 is held back, fill memory so that it
+    evicts /x; ``newer``: a client's no-cache request meanwhile stores a newer response (ETag
+    v2) on disk, which memory evicts too."""
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def held_304(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("If-None-Match") == '"v1"' and not asked.is_set():
+            asked.set()
+            await answer.wait()
+            return web.Response(status=304, headers={"ETag": '"v1"', **FOR_10S})
+        return web.Response(body=b"newer", headers={"ETag": '"v2"', **FOR_10S})
+
+    origin.responder = held_304
+    revalidating = asyncio.ensure_future(get(proxy, "/x"))
+    await asyncio.wait_for(asked.wait(), 5)
+    if newer:
+        assert (await get(proxy, "/x", **{"Cache-Control": "no-cache"}))[2] == b"newer"
+    origin.responder = None
+    for i in range(6):  # 1.5 MiB through a memory tier of 1 MiB: /x is evicted
+        origin.set(f"/fill{i}", body=bytes(250_000), headers=FOR_10S)
+        assert (await get(proxy, f"/fill{i}"))[0] == 200
+    assert not any(key.endswith("/x") for key in proxy.proxy.engine.store), "memory evicted /x"
+    answer.set()
+    status, _, body = await revalidating
+    assert (status, body) == (200, b"stored")
+
+
+@pytest.mark.parametrize("newer", [False, True], ids=["same response", "newer on disk"])
+async def test_rfc9111_4_3_4_a_304_for_a_response_memory_evicted_meanwhile_freshens_the_disk(
+    origin, start_proxy, tmp_path, newer
+):
+    """Memory evicted the entry while its 304 was on the way: the disk's record of the same
+    response (the validators the 304 answered) is refreshed, as it would be were memory still
+    holding it; a newer response stored meanwhile (other validators) is left as it is."""
+    clock = Clock()
+    origin.set("/x", body=b"stored", headers={"ETag": '"v1"', **FOR_10S})
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"stored"
+    clock.now += 20
+    await revalidate_while_memory_evicts(origin, proxy, newer)
+    await proxy.stop()
+    proxy = await start_proxy(**setup)
+    before = origin.hits["/x"]
+    status, headers, body = await get(proxy, "/x")
+    assert (status, body) == (200, b"newer" if newer else b"stored"), headers["Cache-Status"]
+    assert "detail=disk" in headers["Cache-Status"] and origin.hits["/x"] == before

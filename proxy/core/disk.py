@@ -61,6 +61,7 @@ from proxy.core.admission import (
     parse_policy,
 )
 from proxy.core.regions import Regions, Ring
+from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
@@ -357,11 +358,15 @@ class DiskTier:
             return False
         return True
 
-    def refreshed(self, entry: Entry) -> None:
+    def refreshed(self, entry: Entry, validated: Headers | None = None) -> None:
         """``proxy.core.tiers.Tier.refreshed`` in the simulator: a record of ``entry``'s key that
         is ``refreshable`` is written again at the ring's head, as long as it was (the live
-        tier also needs the body in hand and the write budget's leave)."""
+        tier also needs the body in hand and the write budget's leave). The index keeps no
+        fields to match ``validated`` against: then the record is forgotten."""
         if not self.refreshable(entry):
+            return
+        if validated is not None:
+            self.drop(entry.key)
             return
         slot = self.drop(entry.key)
         assert slot is not None, "refreshable: the tier holds it"

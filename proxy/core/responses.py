@@ -33,7 +33,6 @@ from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import (
-    REFRESHED,
     SUPERSEDED,
     UNSTORABLE,
     VARIES,
@@ -346,7 +345,9 @@ class ResponseDecisions(Removals):
         keeping its status, re-charge its size for the new headers and, when a client gets it,
         count the stored body as served from cache. Refreshed into a response a shared cache
         may not store, it is removed from every tier; otherwise each tier behind the store
-        takes the refreshed fields and times for its copy (``Tier.refreshed``)."""
+        takes the refreshed fields and times for its copy (``Tier.refreshed``), whether or not
+        memory still holds it."""
+        validated = tuple(rfc9111.conditional_headers(entry.headers))
         headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
@@ -365,15 +366,12 @@ class ResponseDecisions(Removals):
             if self.store.peek(entry.key) is entry:
                 self.tags.add(entry)
                 self._gone(self.store.recharge(entry))
-            if self.store.peek(entry.key) is entry:
-                for tier in self.behind:
-                    tier.refreshed(entry)
-            else:
-                # Purged or evicted while it was revalidated (or now past what an entry may be
-                # charged): a tier's copy has the old fields, and may be one a purge reached
-                # since; it goes rather than being refreshed.
-                for tier in self.behind:
-                    tier.forget(entry.key, REFRESHED)
+            # Evicted while it was revalidated, or never held (a disk record too large for
+            # memory): a tier's copy is refreshed only if it carries the validators the 304
+            # answered, so neither a newer response nor one a purge reached since is.
+            held = self.store.peek(entry.key) is entry
+            for tier in self.behind:
+                tier.refreshed(entry, None if held else validated)
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1

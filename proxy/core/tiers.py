@@ -24,7 +24,10 @@ Rules it keeps:
   what a soft purge marks stale.
 * A 304 updates every stored copy (section 4.3.4): ``refreshed(entry)`` hands each tier the
   refreshed entry, and a tier holding a copy of its key replaces it with the entry's fields
-  and times (or, when it cannot, forgets it), never answering with the old ones again.
+  and times (or, when it cannot, forgets it), never answering with the old ones again. Memory
+  may have evicted the entry while the 304 was on its way: a tier's copy is then refreshed
+  when it carries the validators the 304 answered, which a purge or a newer response since
+  would not have left there.
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ from typing import TYPE_CHECKING, Protocol
 from proxy.core import slices, variants
 
 if TYPE_CHECKING:
+    from proxy.core.rfc9110 import Headers
     from proxy.core.store import Entry
 
 # Why a tier forgets: the reasons the engine gives (logs and counters name them).
 UNSAFE = "unsafe"  # a successful unsafe method on the URL
 SUPERSEDED = "superseded"  # a newer response that may not be stored replaced it
 UNSTORABLE = "unstorable"  # a 304 refreshed it into a response that may not be stored
-REFRESHED = "refreshed"  # a 304 refreshed an entry the store no longer holds
 VARIES = "varies"  # the URL's response started, stopped or changed what it varies on
 CHANGED = "changed"  # a slice of another version: the object changed under its slices
 PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothing is stale)
@@ -90,8 +93,12 @@ class Tier(Protocol):
         """Count a memory miss the engine asked this tier about: answered (``hit``) or not."""
         ...
 
-    def refreshed(self, entry: Entry) -> None:
-        """A 304 refreshed ``entry``: a copy of its key here takes its fields and times."""
+    def refreshed(self, entry: Entry, validated: Headers | None = None) -> None:
+        """A 304 refreshed ``entry``: a copy of its key here takes its fields and times.
+        ``validated``: None while memory holds ``entry`` (a copy here is of it); else the
+        validators the 304 answered (``rfc9111.conditional_headers`` of the fields before),
+        and only a copy that carries them is refreshed (RFC 9111 section 4.3.4 selects the
+        stored responses to update by validator); a tier that cannot tell forgets its copy."""
         ...
 
     def durable(self) -> bool:
