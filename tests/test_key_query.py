@@ -28,6 +28,12 @@ from proxy.core.cachekey import KeyQuery
         (KeyQuery("exclude", frozenset({"a"})), "/p?%61=1&b=2", "/p?b=2"),
         (KeyQuery("include", frozenset({"id"})), "/p?id=1&%69d=evil", "/p?id=1&%69d=evil"),
         (KeyQuery("include", frozenset({"a b"})), "/p?a+b=1&x=2", "/p?a+b=1"),
+        # ... and every other reading an origin may make of one: case, a second decoding,
+        # PHP's "_" for ".", " " and "[".
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&ID=evil", "/p?id=1&ID=evil"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&%2569d=evil", "/p?id=1&%2569d=evil"),
+        (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i.d=evil", "/p?i_d=1&i.d=evil"),
+        (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i[d=evil", "/p?i_d=1&i[d=evil"),
         # ... and so are the setting's: an encoded name is the parameter, however it is sent.
         (KeyQuery("include", frozenset({"size%5B%5D"})), "/p?size[]=1&x=2", "/p?size[]=1"),
         (KeyQuery("exclude", frozenset({"size%5B%5D"})), "/p?size%5B%5D=1&x=2", "/p?x=2"),

@@ -11,6 +11,10 @@ Rules this module keeps:
   excluded. The names of the setting are read the same way (``"size%5B%5D"`` is ``size[]``).
   A parameter that holds a ``;``, which some origins read as a separator (so
   ``utm_source=x;id=evil`` is two parameters to them), is always keyed, whole.
+* An include list keeps, besides its names, every parameter that some origin reads as one of
+  them: names that differ only in case (``ID``), that are encoded twice (``%2569d``), or in
+  which PHP reads ``.``, a space or ``[`` as ``_`` (``i.d`` for ``i_d``). Kept, they only make
+  more keys; left out, one of them would be the answer every client of ``?id=1`` gets.
 * What the key leaves out, the origin still reads: a parameter excluded from the key that the
   origin reflects into its answer poisons that answer for everyone, as an unkeyed header
   does. Exclude only what the origin ignores.
@@ -25,7 +29,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
 MODES = ("all", "none", "include", "exclude")
@@ -39,6 +43,8 @@ class KeyQuery:
     mode: str = "all"
     names: frozenset[str] = frozenset()
     sort: bool = False
+    _loose_names: frozenset[str] = field(default=frozenset(), init=False, repr=False,
+                                         compare=False)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -46,6 +52,7 @@ class KeyQuery:
         # A name compares as the origin reads it, in the setting as in the request: "size%5B%5D"
         # and "size[]" are one parameter, which no spelling may drop from (or add to) the key.
         object.__setattr__(self, "names", frozenset(unquote_plus(n) for n in self.names))
+        object.__setattr__(self, "_loose_names", frozenset(map(_loose, self.names)))
 
     @property
     def identity(self) -> bool:
@@ -63,7 +70,8 @@ class KeyQuery:
             return path
         params = [p for p in query.split("&") if p]
         if self.mode == "include":
-            params = [p for p in params if ";" in p or _read_name(p) in self.names]
+            loose = self._loose_names
+            params = [p for p in params if ";" in p or _loose(_name(p)) in loose]
         elif self.mode == "exclude":
             params = [p for p in params if ";" in p or _read_name(p) not in self.names]
         if self.sort:
@@ -78,3 +86,18 @@ def _name(param: str) -> str:
 def _read_name(param: str) -> str:
     """The name of ``param`` as an origin reads it: percent-decoded, ``+`` a space."""
     return unquote_plus(_name(param))
+
+
+# PHP reads these in a parameter's name as "_" (``i.d=1`` is ``$_GET["i_d"]``).
+_AS_UNDERSCORE = str.maketrans(". [", "___")
+
+
+def _loose(name: str) -> str:
+    """Every reading of ``name`` an origin may make, as one: percent-decoded until nothing
+    changes (a few rounds), ``+`` a space, case folded, PHP's ``_`` for ``.``, space and ``[``."""
+    for _ in range(4):
+        decoded = unquote_plus(name)
+        if decoded == name:
+            break
+        name = decoded
+    return name.casefold().translate(_AS_UNDERSCORE)
