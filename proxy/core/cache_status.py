@@ -16,20 +16,30 @@ of the plain hits hold its answers equal to the Python paths', which build them 
 
 from __future__ import annotations
 
+# The ``fwd`` values are the engine's reasons (``proxy.core.events``), given here with the rest.
+from proxy.core.events import FWD_BYPASS as FWD_BYPASS
+from proxy.core.events import FWD_METHOD as FWD_METHOD
+from proxy.core.events import FWD_PARTIAL as FWD_PARTIAL
+from proxy.core.events import FWD_REQUEST as FWD_REQUEST
+from proxy.core.events import FWD_STALE as FWD_STALE
+from proxy.core.events import FWD_URI_MISS as FWD_URI_MISS
 from proxy.core.events import NotStored
 
 CACHE = "onehit"
-HIT_TTL = f"{CACHE}; hit; ttl="  # what a hit with a ttl begins with (the compiled path's too)
+HIT = f"{CACHE}; hit"  # what every hit begins with
+HIT_TTL = f"{HIT}; ttl="  # what a hit with a ttl begins with (the compiled path's too)
 DISK = "disk"
 SLICES = "slices"
 STALE_IF_ERROR = "stale-if-error"
 GRACE = "grace"  # [cache] grace: stale past what the response allows, every origin failing
 ORIGIN_ERROR = "origin-error"
+ERROR = "error"  # the proxy failed: an internal error answered 500
+SLICE_MEMORY = "slice-memory"  # [cache] slice_memory stayed full: the slice was not fetched
 
 
 def hit(ttl: int | None = None, detail: str | None = None) -> str:
     """A response answered from a stored one."""
-    value = f"{CACHE}; hit" if ttl is None else f"{HIT_TTL}{ttl}"
+    value = HIT if ttl is None else f"{HIT_TTL}{ttl}"
     return value if detail is None else f"{value}; detail={detail}"
 
 

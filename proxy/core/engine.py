@@ -76,6 +76,8 @@ from proxy.core.events import (
     FETCH_BYPASS,
     FETCH_STALE,
     FETCH_WHOLE,
+    FWD_STALE,
+    FWD_URI_MISS,
     METHOD_BYPASS,
     PRECONDITIONS,
     PRIVATE_MISS,
@@ -393,7 +395,7 @@ class CacheEngine(ResponseDecisions):
                 self.served_stale(found.entry)
             return action
         if offline:
-            return Refuse(504, "only-if-cached: not in cache", "uri-miss")
+            return Refuse(504, "only-if-cached: not in cache", FWD_URI_MISS)
         if found is PRIVATE_MISS or self.carries_cookie(request):
             # Answered for this user alone: never shared with another request's fetch.
             return FETCH_BYPASS
@@ -413,7 +415,7 @@ class CacheEngine(ResponseDecisions):
         if found.serve_stale:
             return FromCache(entry, found.age, fresh=False, refresh=not offline)
         if offline:
-            return Refuse(504, "only-if-cached: the stored response is stale", "stale")
+            return Refuse(504, "only-if-cached: the stored response is stale", FWD_STALE)
         if request.method == "HEAD":
             return FETCH_STALE
         conditions = tuple(rfc9111.conditional_headers(entry.headers))

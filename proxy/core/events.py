@@ -137,6 +137,16 @@ class Revalidate:
     on_error: str
 
 
+# Why a request goes to the origin: RFC 9211's ``fwd`` values, the reasons ``Fetch``,
+# ``Refuse`` and ``Bypass`` give, which ``proxy.core.cache_status`` writes.
+FWD_URI_MISS = "uri-miss"  # nothing stored answers it
+FWD_STALE = "stale"  # what is stored is stale
+FWD_BYPASS = "bypass"  # the URL was uncacheable a moment ago (hit-for-miss), or the request said so
+FWD_METHOD = "method"  # a method the cache does not answer
+FWD_REQUEST = "request"  # the request could not be answered from the cache
+FWD_PARTIAL = "partial"  # part of what it asks for is stored (slices)
+
+
 @dataclass(frozen=True, slots=True)
 class Fetch:
     """Go to the origin. ``whole``: fetch the whole representation without the client's
@@ -208,8 +218,8 @@ class Answer(NamedTuple):
     last: int = -1
 
 
-URI_MISS = Miss("uri-miss")
-METHOD_BYPASS = Bypass("method")
+URI_MISS = Miss(FWD_URI_MISS)
+METHOD_BYPASS = Bypass(FWD_METHOD)
 TOO_LARGE = NotStored("too-large")
 TOO_MANY_TAGS = NotStored("too-many-tags")
 # No freshness, none to guess from and no validator: never a hit, never revalidated.
@@ -234,10 +244,10 @@ RULE_FIELDS = CLIENT_ASKS | {"cookie", "cache-control", "pragma"}
 # body's framing (a GET with content passes the cache by).
 NOT_FAST = frozenset({*PRECONDITIONS, "transfer-encoding", "content-length"})
 # The fetches ``plan`` asks for, made once: each is immutable.
-FETCH_WHOLE = Fetch("uri-miss", whole=True, collapse=True)
-FETCH_AS_ASKED = Fetch("uri-miss", whole=False, collapse=False)
-FETCH_BYPASS = Fetch("bypass", whole=False, collapse=False)
-FETCH_STALE = Fetch("stale", whole=False, collapse=False)
+FETCH_WHOLE = Fetch(FWD_URI_MISS, whole=True, collapse=True)
+FETCH_AS_ASKED = Fetch(FWD_URI_MISS, whole=False, collapse=False)
+FETCH_BYPASS = Fetch(FWD_BYPASS, whole=False, collapse=False)
+FETCH_STALE = Fetch(FWD_STALE, whole=False, collapse=False)
 
 
 def fast_path_may_take(method: str, http11_kept_alive: bool, names: AbstractSet[str]) -> bool:

@@ -16,7 +16,7 @@ from aiohttp import HttpVersion11, web
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
-from proxy.core.cache_status import forwarded
+from proxy.core.cache_status import FWD_REQUEST, forwarded
 from proxy.core.cached import (
     MARKS,
     NOT_MODIFIED_DROPS,
@@ -57,7 +57,7 @@ def plain(
     )
     if close:
         response.force_close()
-    mark(response, cache_status or forwarded("request"), "ERROR" if status >= 500 else "REFUSED")
+    mark(response, cache_status or forwarded(FWD_REQUEST), "ERROR" if status >= 500 else "REFUSED")
     return response
 
 

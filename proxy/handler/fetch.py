@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy.config.settings import Config
 from proxy.core import rfc9111
-from proxy.core.cache_status import ORIGIN_ERROR, forwarded
+from proxy.core.cache_status import FWD_URI_MISS, ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
@@ -137,7 +137,7 @@ class Fetcher:
         admitted = await self.ask_fleet(meta, shared.meta, size)
         outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
                                         payload=shared.body, admitted=admitted)  # fmt: skip
-        status = forwarded("uri-miss", outcome=outcome, collapsed=True)
+        status = forwarded(FWD_URI_MISS, outcome=outcome, collapsed=True)
         age = shared.meta.initial_age
         return self.cached(meta, shared.meta.status, shared.meta.headers, shared.body, status,
                            "MISS", age)  # fmt: skip

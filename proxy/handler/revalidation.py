@@ -17,7 +17,7 @@ import logging
 from aiohttp import web
 
 from proxy.core import rfc9111
-from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
+from proxy.core.cache_status import FWD_STALE, ORIGIN_ERROR, forwarded, hit
 from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
 from proxy.handler.answers import interim, plain
@@ -52,12 +52,12 @@ class Revalidation:
             if upstream.status == 304:
                 now = fetcher.clock()
                 fetcher.engine.on_not_modified(entry, fields_of(upstream), request_time, now)
-                status = forwarded("stale", fwd_status=304)
+                status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
                 return fetcher.from_cache(meta, entry, age, status, "REVALIDATED")
             if upstream.status >= 500 and action.on_error:
                 return self._origin_failed(meta, action, upstream.status, "origin error")
-            fetch = Fetch("stale", whole=True, collapse=False)
+            fetch = Fetch(FWD_STALE, whole=True, collapse=False)
             received = await fetcher.receive(request, meta, url, upstream, request_time, fetch,
                                              None)  # fmt: skip
             return received[0]
@@ -69,7 +69,7 @@ class Revalidation:
             self.fetcher.engine.served_stale(action.entry, on_error=action.on_error)
             status = hit(detail=action.on_error)
             return self.fetcher.from_cache(meta, action.entry, action.age, status, "STALE")
-        return plain(code, detail, forwarded("stale", detail=ORIGIN_ERROR))
+        return plain(code, detail, forwarded(FWD_STALE, detail=ORIGIN_ERROR))
 
     def refresh_in_background(self, meta: RequestMeta, url: str, entry: Entry) -> None:
         """Revalidate ``entry`` with no client waiting (stale-while-revalidate)."""

@@ -31,8 +31,9 @@ from aiohttp import web
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config
+from proxy.core import cache_status
 from proxy.core.admission import make_policy
-from proxy.core.cache_status import DISK, forwarded, refused
+from proxy.core.cache_status import DISK, ERROR, FWD_BYPASS, FWD_REQUEST, forwarded, refused
 from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
@@ -152,7 +153,7 @@ class Proxy:
                 "unexpected error on %s %s HTTP/%d.%d from %s",
                 request.method, request.raw_path, version.major, version.minor, request.remote,
             )  # fmt: skip
-            return plain(500, "internal error", forwarded("request", detail="error"))
+            return plain(500, "internal error", forwarded(FWD_REQUEST, detail=ERROR))
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         routed = self.router.route(request)
@@ -169,7 +170,7 @@ class Proxy:
             # keys on none: the request goes to the origin whole, past the cache. Sent without
             # its body, its length would have the origin read the next request as the body.
             self.engine.pass_by()
-            return await self.uploads.pass_through(request, meta, url, "bypass")
+            return await self.uploads.pass_through(request, meta, url, FWD_BYPASS)
         return await self._act(request, meta, url, self.engine.plan(meta, self.clock()))
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
@@ -224,15 +225,15 @@ class Proxy:
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
-            case Fetch(reason="method"):
+            case Fetch(reason=cache_status.FWD_METHOD):
                 return await self.uploads.pass_through(request, meta, url)
-            case Fetch(reason="uri-miss") if self.disk is not None and (
+            case Fetch(reason=cache_status.FWD_URI_MISS) if self.disk is not None and (
                 disk_hit := await self._from_disk(request, meta, url)
             ):
                 return disk_hit
-            case Fetch(reason="uri-miss", whole=True) if self.slicer is not None:
+            case Fetch(reason=cache_status.FWD_URI_MISS, whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
-            case Fetch(reason="uri-miss") if (
+            case Fetch(reason=cache_status.FWD_URI_MISS) if (
                 self.slicer is not None
                 and meta.method == "HEAD"
                 and (head := await self.slicer.head(request, meta, url)) is not None
@@ -242,7 +243,7 @@ class Proxy:
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():
                 return (await self.fetcher.fetch(request, meta, url, action))[0]
-            case Refuse(reason="uri-miss") if self.disk is not None and (
+            case Refuse(reason=cache_status.FWD_URI_MISS) if self.disk is not None and (
                 disk_hit := await self._from_disk(request, meta, url)
             ):
                 return disk_hit  # only-if-cached: the disk may hold it

@@ -55,7 +55,15 @@ from typing import Literal
 from aiohttp import web
 
 from proxy.core import slices
-from proxy.core.cache_status import ORIGIN_ERROR, SLICES, forwarded, hit
+from proxy.core.cache_status import (
+    FWD_PARTIAL,
+    FWD_URI_MISS,
+    ORIGIN_ERROR,
+    SLICE_MEMORY,
+    SLICES,
+    forwarded,
+    hit,
+)
 from proxy.core.cached import VIA, cached_head, per_answer
 from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
@@ -171,7 +179,7 @@ class Slicer:
         room = 2 * self.size
         if not await self.room.take(room, self.flights.wait_limit):
             return plain(503, "too many slices in flight: try again",
-                         forwarded("uri-miss", detail="slice-memory"))  # fmt: skip
+                         forwarded(FWD_URI_MISS, detail=SLICE_MEMORY))  # fmt: skip
         try:
             return await self._answer_held(request, meta, url, action, n)
         finally:
@@ -199,7 +207,7 @@ class Slicer:
             try:
                 upstream, request_time = await self._request(meta, url, n)
             except UpstreamError as exc:
-                status = forwarded("uri-miss", detail=ORIGIN_ERROR)
+                status = forwarded(FWD_URI_MISS, detail=ORIGIN_ERROR)
                 return plain(exc.status, exc.public, status)
             got = None
             async with upstream:
@@ -257,7 +265,7 @@ class Slicer:
         bodied = status in (200, 206) and length and meta.method == "GET"
         wanted = slices.covering(low, high, self.size) if bodied else range(0)
         if first.version is None and len(wanted) > 1:
-            unsliced = Fetch("uri-miss", whole=True, collapse=False)
+            unsliced = Fetch(FWD_URI_MISS, whole=True, collapse=False)
             return (await self.fetcher.fetch(request, meta, url, unsliced))[0]
         # Both looks stop early: an object may span millions of slices, and nothing may hold
         # up the loop for each of them before the head goes out.
@@ -266,7 +274,7 @@ class Slicer:
             cache_status, x_cache = hit(detail=SLICES), "HIT"
         else:
             some = not fetched or any(self._fresh(meta, i) for i in islice(wanted, LOOK_AHEAD))
-            fwd = "partial" if some else "uri-miss"
+            fwd = FWD_PARTIAL if some else FWD_URI_MISS
             cache_status, x_cache = forwarded(fwd, detail=SLICES), "MISS"
         head = cached_head(200, first.fields, status, low, high, length, x_cache=x_cache,
                            via=VIA, hidden=self.router.hidden)  # fmt: skip
@@ -479,7 +487,7 @@ class Slicer:
                                             payload=part.body, admitted=admitted)  # fmt: skip
         if not whole:
             return None
-        return forwarded("uri-miss", outcome=outcome, collapsed=not led)
+        return forwarded(FWD_URI_MISS, outcome=outcome, collapsed=not led)
 
     def _whole(self, meta: RequestMeta, whole: Piece, status: str) -> web.Response:
         """The answer from a slice that holds the whole object (``status``: its

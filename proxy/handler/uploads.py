@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from aiohttp import HttpVersion11, web
 
 from proxy.config.settings import Config
-from proxy.core.cache_status import ORIGIN_ERROR, forwarded
+from proxy.core.cache_status import FWD_METHOD, ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
 from proxy.handler.answers import LENGTH, abort, interim, mark, plain
@@ -51,7 +51,7 @@ class Uploads:
         self.streamed_uploads = 0
 
     async def pass_through(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str, reason: str = "method"
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, reason: str = FWD_METHOD
     ) -> web.StreamResponse:
         """Send the request with its body to the origin past the cache, and relay the answer
         (``reason``: the Cache-Status ``fwd`` that says why)."""

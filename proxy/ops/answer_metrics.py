@@ -29,11 +29,12 @@ from typing import Any
 
 from aiohttp.abc import AbstractAccessLogger
 
+from proxy.core.cache_status import HIT
 from proxy.handler.routing import Router
 
 # Seconds; the histogram's upper bounds (+Inf last).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-_HIT = b"\r\nCache-Status: onehit; hit"
+_HIT = f"\r\nCache-Status: {HIT}".encode()
 LABELS_KEPT = 1024
 _ROUTES = object()
 
@@ -195,7 +196,7 @@ class Recorder(AbstractAccessLogger):
         if head is not None:
             hit = _HIT in head
         else:
-            hit = (response.headers.get("Cache-Status") or "").startswith("onehit; hit")
+            hit = (response.headers.get("Cache-Status") or "").startswith(HIT)
         host = request.host
         labels = self.labels
         if labels.get(_ROUTES) is not self.router.routes:  # a reload changed them
