@@ -361,7 +361,8 @@ async def test_a_hit_is_a_hit_whichever_tier_answers_it_counted_by_tier(
         session.get(f"http://{host}:{port}/metrics") as r,
     ):
         text = await r.text()
-    assert "onehit_hits_from_disk_total 1.0" in text and "onehit_hits_total 3.0" in text
+    assert 'onehit_tier_hits_total{tier="disk"} 1.0' in text and "onehit_hits_total 3.0" in text
+    assert 'onehit_tier_hits_total{tier="memory"} 2.0' in text
 
 
 async def test_a_start_cancelled_after_the_disk_was_claimed_gives_the_directory_up(

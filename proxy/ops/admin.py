@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.settings import AdminSection
-from proxy.core.stats import GAUGES, METRICS
+from proxy.core.stats import GAUGES, METRICS, TIER_HITS
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
@@ -407,12 +407,22 @@ def prometheus_text(
     gauges: frozenset[str] = GAUGES,
 ) -> str:
     """The Prometheus text exposition (format 0.0.4) of ``metrics``, prefixed ``onehit_``;
-    counters get the ``_total`` suffix."""
+    counters get the ``_total`` suffix. Hits by the tier that answered them are one counter
+    with a ``tier`` label, ``onehit_tier_hits_total``, summing to ``onehit_hits_total``."""
     lines = []
+    by_tier = {tier: name for tier, name in TIER_HITS.items() if name in metrics}
     for name, help_text in metrics.items():
+        if name in by_tier.values():
+            continue
         kind = "gauge" if name in gauges else "counter"
         metric = f"onehit_{name}" if kind == "gauge" else f"onehit_{name}_total"
         lines.append(f"# HELP {metric} {help_text}")
         lines.append(f"# TYPE {metric} {kind}")
         lines.append(f"{metric} {float(stats[name])!r}")
+    if by_tier:
+        metric = "onehit_tier_hits_total"
+        lines.append(f"# HELP {metric} hits by the tier that answered them")
+        lines.append(f"# TYPE {metric} counter")
+        lines += [f'{metric}{{tier="{tier}"}} {float(stats[name])!r}'
+                  for tier, name in by_tier.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
