@@ -107,6 +107,8 @@ from proxy.core.tiers import Tier
 from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
+# How a hit's request was counted before it was known to be one (``CacheEngine._count_hit``).
+AS_REQUEST, AS_MISS, UNCOUNTED = range(3)
 
 _NO_DIRECTIVES: rfc9111.Directives = {}
 # Request fields ``plan`` reads on a miss; most requests carry none of them.
@@ -182,7 +184,9 @@ class CacheEngine(ResponseDecisions):
         age = entry.age(now)
         req = _directives(request)
         if _fresh(entry, age, req):
-            return self._count_hit(request.key, Hit(entry, age), now)
+            self._count_hit(AS_REQUEST)
+            self._from_store(request.key, entry, now)
+            return Hit(entry, age)
         c.misses += 1
         return _stale(entry, age, req)
 
@@ -241,13 +245,7 @@ class CacheEngine(ResponseDecisions):
         from behind the store is counted. ``counted``: ``plan`` counted the request already,
         as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
         in the store too (``promote``)."""
-        c = self.counters
-        if counted:
-            c.misses -= 1
-        else:
-            c.requests += 1
-        c.hits += 1
-        c.hits_from_disk += 1
+        self._count_hit(AS_MISS if counted else UNCOUNTED, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
@@ -307,14 +305,24 @@ class CacheEngine(ResponseDecisions):
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``
         would have."""
-        self.counters.requests += 1
         self.store.touch(hit.entry)
-        return self._count_hit(key, hit, now)
-
-    def _count_hit(self, key: str, hit: Hit, now: float) -> Hit:
-        self.counters.hits += 1
+        self._count_hit(UNCOUNTED)
         self._from_store(key, hit.entry, now)
         return hit
+
+    def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
+        """Count a hit, whichever tier and path answered it: the one place hits are counted
+        (the compiled hit path mirrors it, held equal by ``tests/test_plain_hits.py``).
+        ``before``: how its request was counted until it was known to be a hit: as a request
+        (``AS_REQUEST``, ``lookup``), as a miss (``AS_MISS``, ``plan``) or not yet
+        (``UNCOUNTED``, a hit answered as it was parsed)."""
+        c = self.counters
+        if before == AS_MISS:
+            c.misses -= 1
+        elif before == UNCOUNTED:
+            c.requests += 1
+        c.hits += 1
+        c.hits_from_disk += from_disk
 
     def _from_store(self, key: str, entry: Entry, now: float) -> None:
         """Count ``entry``, stored under ``key``, as answering a request from the store."""
@@ -367,9 +375,7 @@ class CacheEngine(ResponseDecisions):
         if mismatched:
             c.slice_mismatches += 1
         elif not fetched:
-            c.misses -= 1
-            c.hits += 1
-            c.hits_from_disk += from_disk
+            self._count_hit(AS_MISS, from_disk=from_disk)
 
     def _private(self, request: RequestMeta, entry: Entry) -> bool:
         """``request`` carries a cookie and ``entry`` is not meant for shared caches."""
