@@ -198,7 +198,10 @@ def test_live_cells_with_a_disk_tier_show_what_each_disk_was_written_and_spared(
     # Second hit on the disk: the one-hit wonders (half the requests) are never written.
     assert disk["admissions"] > 0 and disk["rejected"] >= 1500
     assert disk["bytes_not_written"] > disk["bytes_written"] > 0
-    assert any("the disk tier behind each live proxy" in line for line in lines)
+    # A hit from disk is a hit: what the client saw and what the proxy counted agree.
+    assert cell["stats"]["hits_from_disk"] > 0 and cell["disagreements"] == []
+    [table] = [line for line in lines if "the disk tier behind each live proxy" in line]
+    assert "disk admission" in table and "second-hit" in table  # the disk's own, not memory's
 
 
 def test_free_ports_in_a_row_are_never_the_same():
