@@ -146,3 +146,18 @@ def test_wtinylfu_keeps_frequent_entries_through_a_scan_of_new_ones():
         index.put(key, 100, 100, 0)
     assert sum(key in index for key in range(50)) >= 45
     assert index.bytes_used <= 10_000
+
+
+def test_wtinylfu_new_keys_enter_the_window_after_the_first_eviction_too():
+    """A hot set larger than the protected segment (95 entries of 100 bytes in 10,000 bytes,
+    80% protected): those in probation are guarded by the duel at the window's exit, which a
+    scan of new keys loses. Before the fix, new keys went straight to probation once the
+    window had filled, for ever, and the scan pushed 15 of the hot set out (a plain SLRU)."""
+    index = StoreIndex(10_000, "wtinylfu")
+    for _ in range(5):
+        for key in range(95):
+            if not index.touch(key):
+                index.put(key, 100, 100, 0)
+    for key in range(1000, 3000):
+        index.put(key, 100, 100, 0)
+    assert sum(key in index for key in range(95)) >= 90

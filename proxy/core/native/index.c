@@ -91,6 +91,9 @@ int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted) {
 }
 
 int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted) {
+    /* Every eviction's, not only those index_put's loop makes: W-TinyLFU evicts in its own
+     * settle step, and its window would otherwise send every new key to main for ever. */
+    x->has_evicted = 1;
     if (index_count_eviction(x, i, evicted) < 0) return -1;
     index_drop(x, i, (uint64_t)index_find_slot(x, x->nodes[i].key));
     return 0;
