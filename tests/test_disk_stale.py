@@ -170,10 +170,11 @@ async def test_every_status_memory_stores_is_answered_from_the_disk_alike(
     assert "detail=disk" in from_disk[1]["Cache-Status"]
 
 
-async def revalidate_while_memory_evicts(origin, proxy, newer: bool) -> None:
+async def revalidate_while_memory_evicts(origin, proxy, case: str) -> None:
     """Revalidate /x (stale, ETag v1) and, while its 304 is held back, fill memory so that it
-    evicts /x; ``newer``: a client's no-cache request meanwhile stores a newer response (ETag
-    v2) on disk, which memory evicts too."""
+    evicts /x. ``case`` "newer on disk": a client's no-cache request meanwhile stores a newer
+    response (ETag v2) on disk, which memory evicts too; "not in the page cache": the disk's
+    record cannot be read back without waiting on the device when the 304 comes."""
     asked, answer = asyncio.Event(), asyncio.Event()
 
     async def held_304(request: web.Request) -> web.StreamResponse:
@@ -185,36 +186,56 @@ async def revalidate_while_memory_evicts(origin, proxy, newer: bool) -> None:
 
     origin.responder = held_304
     revalidating = asyncio.ensure_future(get(proxy, "/x"))
-    await asyncio.wait_for(asked.wait(), 5)
-    if newer:
-        assert (await get(proxy, "/x", **{"Cache-Control": "no-cache"}))[2] == b"newer"
-    origin.responder = None
-    for i in range(6):  # 1.5 MiB through a memory tier of 1 MiB: /x is evicted
-        origin.set(f"/fill{i}", body=bytes(250_000), headers=FOR_10S)
-        assert (await get(proxy, f"/fill{i}"))[0] == 200
-    assert not any(key.endswith("/x") for key in proxy.proxy.engine.store), "memory evicted /x"
-    answer.set()
+    try:
+        await asyncio.wait_for(asked.wait(), 5)
+        if case == "newer on disk":
+            assert (await get(proxy, "/x", **{"Cache-Control": "no-cache"}))[2] == b"newer"
+        origin.responder = None
+        for i in range(6):  # 1.5 MiB through a memory tier of 1 MiB: /x is evicted
+            origin.set(f"/fill{i}", body=bytes(250_000), headers=FOR_10S)
+            assert (await get(proxy, f"/fill{i}"))[0] == 200
+        assert not any(key.endswith("/x") for key in proxy.proxy.engine.store), "evicted /x"
+        if case == "not in the page cache":
+            log = proxy.proxy.disk.log
+            read = log.read
+
+            def cold(slot, key, *, warm_only=False):
+                if warm_only:
+                    raise BlockingIOError
+                return read(slot, key)
+
+            log.read = cold
+    finally:
+        answer.set()
     status, _, body = await revalidating
     assert (status, body) == (200, b"stored")
 
 
-@pytest.mark.parametrize("newer", [False, True], ids=["same response", "newer on disk"])
+CASES_304 = {"same response": b"stored", "newer on disk": b"newer", "not in the page cache": None}
+
+
+@pytest.mark.parametrize("case", CASES_304)
 async def test_rfc9111_4_3_4_a_304_for_a_response_memory_evicted_meanwhile_freshens_the_disk(
-    origin, start_proxy, tmp_path, newer
+    origin, start_proxy, tmp_path, case
 ):
     """Memory evicted the entry while its 304 was on the way: the disk's record of the same
     response (the validators the 304 answered) is refreshed, as it would be were memory still
-    holding it; a newer response stored meanwhile (other validators) is left as it is."""
+    holding it; a newer response stored meanwhile (other validators) is left as it is; a
+    record that cannot be read back to compare is dropped, never kept with its old times."""
     clock = Clock()
     origin.set("/x", body=b"stored", headers={"ETag": '"v1"', **FOR_10S})
     setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
     proxy = await start_proxy(**setup)
     assert (await get(proxy, "/x"))[2] == b"stored"
     clock.now += 20
-    await revalidate_while_memory_evicts(origin, proxy, newer)
+    await revalidate_while_memory_evicts(origin, proxy, case)
     await proxy.stop()
     proxy = await start_proxy(**setup)
     before = origin.hits["/x"]
     status, headers, body = await get(proxy, "/x")
-    assert (status, body) == (200, b"newer" if newer else b"stored"), headers["Cache-Status"]
+    if CASES_304[case] is None:
+        assert (status, body, origin.hits["/x"]) == (200, b"stored", before + 1)
+        assert "If-None-Match" not in origin.seen_headers["/x"], "no record left to revalidate"
+        return
+    assert (status, body) == (200, CASES_304[case]), headers["Cache-Status"]
     assert "detail=disk" in headers["Cache-Status"] and origin.hits["/x"] == before

@@ -29,7 +29,7 @@ DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB"
 
 URL = "http://a/x"
 ALWAYS = AdmissionConfig(policy="always")
-TAGGED = ResponseMeta(lifetime=600.0, headers=(("Surrogate-Key", "t1"),))
+TAGGED = ResponseMeta(lifetime=600.0, headers=(("Surrogate-Key", "t1"), ("ETag", '"v1"')))
 
 
 def two_tiers() -> tuple[CacheEngine, DiskTier]:
@@ -89,6 +89,20 @@ def test_rfc9111_4_3_4_a_304_rewrites_the_tiers_copy_with_the_refreshed_fields()
     after = tier.find(URL)
     assert after is not None and (after.region, after.offset) > (before.region, before.offset)
     assert tier.find(slices.anchor_key(URL)) is not None  # its slices stay: the same object
+
+
+@pytest.mark.parametrize("case", ["memory evicted it meanwhile", "nothing to match"])
+def test_a_304_the_simulators_tier_cannot_match_to_its_copy_forgets_the_copy(case):
+    """The simulator's tier keeps no fields to compare validators with: it trusts only the
+    copy memory still holds, and a 304 that answered validators at all."""
+    engine, tier = two_tiers()
+    entry = engine.store.peek(URL)
+    if case == "memory evicted it meanwhile":
+        engine.store.delete(URL)
+    else:
+        entry.headers = (("Surrogate-Key", "t1"),)  # no validator: it was asked unconditionally
+    engine.on_not_modified(entry, (("Cache-Control", "max-age=1"),), 1, 1)
+    assert tier.find(URL) is None
 
 
 @pytest.mark.parametrize("soft", [False, True])

@@ -4,10 +4,11 @@ response says the cache did has one spelling, whichever path answered it.
 * ``hit``: answered from a stored response, with its ``ttl`` (seconds of freshness left,
   negative when served stale) where known, and a ``detail`` naming the tier or the rule
   (``disk``, ``slices``, ``stale-if-error``, ``grace``).
-* ``forwarded``: the request went to the origin, ``fwd`` saying why (``uri-miss``, ``stale``,
-  ``bypass``, ``method``, ``request``...); then ``fwd-status`` (the origin's status, when it
-  differs from the one sent), ``collapsed`` (answered from another request's fetch), and
-  ``stored`` or a ``detail`` saying why the response was not.
+* ``forwarded``: the request went to the origin, ``fwd`` saying why (the engine's reasons,
+  ``proxy.core.events.FWD_*``: ``uri-miss``, ``stale``, ``bypass``, ``method``,
+  ``request``...); then ``fwd-status`` (the origin's status, when it differs from the one
+  sent), ``collapsed`` (answered from another request's fetch), and ``stored`` or a
+  ``detail`` saying why the response was not.
 * ``refused``: not forwarded at all (``detail``: ``client-left``).
 
 The compiled hit path writes the bytes of ``hit(ttl)`` and ``hit(ttl, DISK)`` itself; the tests
@@ -16,13 +17,6 @@ of the plain hits hold its answers equal to the Python paths', which build them 
 
 from __future__ import annotations
 
-# The ``fwd`` values are the engine's reasons (``proxy.core.events``), given here with the rest.
-from proxy.core.events import FWD_BYPASS as FWD_BYPASS
-from proxy.core.events import FWD_METHOD as FWD_METHOD
-from proxy.core.events import FWD_PARTIAL as FWD_PARTIAL
-from proxy.core.events import FWD_REQUEST as FWD_REQUEST
-from proxy.core.events import FWD_STALE as FWD_STALE
-from proxy.core.events import FWD_URI_MISS as FWD_URI_MISS
 from proxy.core.events import NotStored
 
 CACHE = "onehit"
@@ -35,6 +29,7 @@ GRACE = "grace"  # [cache] grace: stale past what the response allows, every ori
 ORIGIN_ERROR = "origin-error"
 ERROR = "error"  # the proxy failed: an internal error answered 500
 SLICE_MEMORY = "slice-memory"  # [cache] slice_memory stayed full: the slice was not fetched
+CLIENT_LEFT = "client-left"  # the client went before its request was forwarded
 
 
 def hit(ttl: int | None = None, detail: str | None = None) -> str:

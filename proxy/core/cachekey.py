@@ -14,7 +14,10 @@ Rules this module keeps:
 * An include list keeps, besides its names, every parameter that some origin reads as one of
   them: names that differ only in case (``ID``), that are encoded twice (``%2569d``), or in
   which PHP reads ``.``, a space or ``[`` as ``_`` (``i.d`` for ``i_d``). Kept, they only make
-  more keys; left out, one of them would be the answer every client of ``?id=1`` gets.
+  more keys; left out, one of them would be the answer every client of ``?id=1`` gets. An
+  exclude list drops only the names it gives, read once: dropping every reading of them
+  would take parameters out of the key that an origin may read as others, which is the
+  poisoning this guards against.
 * What the key leaves out, the origin still reads: a parameter excluded from the key that the
   origin reflects into its answer poisons that answer for everyone, as an unkeyed header
   does. Exclude only what the origin ignores.
@@ -94,7 +97,9 @@ _AS_UNDERSCORE = str.maketrans(". [", "___")
 
 def _loose(name: str) -> str:
     """Every reading of ``name`` an origin may make, as one: percent-decoded until nothing
-    changes (a few rounds), ``+`` a space, case folded, PHP's ``_`` for ``.``, space and ``[``."""
+    changes, ``+`` a space, case folded, PHP's ``_`` for ``.``, space and ``[``. Four rounds at
+    most: a name encoded deeper is kept apart (more keys, never fewer), and no hostile name
+    makes the key cost more than that."""
     for _ in range(4):
         decoded = unquote_plus(name)
         if decoded == name:

@@ -358,18 +358,18 @@ class DiskTier:
             return False
         return True
 
-    def refreshed(self, entry: Entry, validated: Headers | None = None) -> None:
-        """``proxy.core.tiers.Tier.refreshed`` in the simulator: a record of ``entry``'s key that
-        is ``refreshable`` is written again at the ring's head, as long as it was (the live
-        tier also needs the body in hand and the write budget's leave). The index keeps no
-        fields to match ``validated`` against: then the record is forgotten."""
+    def refreshed(self, entry: Entry, validated: Headers, held: bool) -> None:
+        """``proxy.core.tiers.Tier.refreshed`` in the simulator, and in the engine's tests: the
+        index keeps no fields to match ``validated`` against, and one process writes it, so a
+        ``refreshable`` record of the key memory still ``held`` is written again at the ring's
+        head, as long as it was (the live tier also needs the body in hand and the write
+        budget's leave); any other is forgotten."""
         if not self.refreshable(entry):
-            return
-        if validated is not None:
-            self.drop(entry.key)
             return
         slot = self.drop(entry.key)
         assert slot is not None, "refreshable: the tier holds it"
+        if not held or not validated:
+            return
         placement = self.regions.place(slot.length)
         if placement is not None:
             self.recorded(entry.key, placement.region, placement.offset, slot.length)

@@ -241,8 +241,8 @@ class CacheEngine(ResponseDecisions):
         vary: tuple[str, ...] = (),
     ) -> None:
         """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
-        ``entry``, fresh for it (``answers_from``), as a hit of that tier: the one place a hit
-        from behind the store is counted. ``counted``: ``plan`` counted the request already,
+        ``entry``, fresh for it (``answers_from``), as a hit of that tier (``_count_hit``).
+        ``counted``: ``plan`` counted the request already,
         as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
         in the store too (``promote``)."""
         self._count_hit(AS_MISS if counted else UNCOUNTED, from_disk=True)
@@ -312,7 +312,8 @@ class CacheEngine(ResponseDecisions):
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted
-        (the compiled hit path mirrors it, held equal by ``tests/test_plain_hits.py``).
+        (the compiled hit path mirrors it, held equal by ``tests/test_plain_hits.py``, as the
+        compiled simulator's loop does, held equal by ``tests/test_tiers.py``).
         ``before``: how its request was counted until it was known to be a hit: as a request
         (``AS_REQUEST``, ``lookup``), as a miss (``AS_MISS``, ``plan``) or not yet
         (``UNCOUNTED``, a hit answered as it was parsed)."""

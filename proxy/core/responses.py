@@ -366,12 +366,13 @@ class ResponseDecisions(Removals):
             if self.store.peek(entry.key) is entry:
                 self.tags.add(entry)
                 self._gone(self.store.recharge(entry))
-            # Evicted while it was revalidated, or never held (a disk record too large for
-            # memory): a tier's copy is refreshed only if it carries the validators the 304
+            # Memory may have evicted it while it was revalidated, or never held it (a disk
+            # record too large for memory), and another worker may have written a newer
+            # record: a tier's copy is refreshed only if it carries the validators the 304
             # answered, so neither a newer response nor one a purge reached since is.
             held = self.store.peek(entry.key) is entry
             for tier in self.behind:
-                tier.refreshed(entry, None if held else validated)
+                tier.refreshed(entry, validated, held)
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1

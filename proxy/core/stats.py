@@ -70,6 +70,7 @@ METRICS: dict[str, str] = {
 
 # The hits of each tier (among ``hits``): one Prometheus counter labelled by tier.
 TIER_HITS = {"memory": "hits_from_memory", "disk": "hits_from_disk"}
+TIER_HITS_HELP = "hits by the tier that answered them"
 
 # Metrics that go up and down (everything else only ever grows).
 GAUGES = frozenset(

@@ -93,12 +93,14 @@ class Tier(Protocol):
         """Count a memory miss the engine asked this tier about: answered (``hit``) or not."""
         ...
 
-    def refreshed(self, entry: Entry, validated: Headers | None = None) -> None:
-        """A 304 refreshed ``entry``: a copy of its key here takes its fields and times.
-        ``validated``: None while memory holds ``entry`` (a copy here is of it); else the
+    def refreshed(self, entry: Entry, validated: Headers, held: bool) -> None:
+        """A 304 refreshed ``entry``: a copy of its key here that carries ``validated``, the
         validators the 304 answered (``rfc9111.conditional_headers`` of the fields before),
-        and only a copy that carries them is refreshed (RFC 9111 section 4.3.4 selects the
-        stored responses to update by validator); a tier that cannot tell forgets its copy."""
+        takes the entry's fields and times (RFC 9111 section 4.3.4 selects the stored
+        responses to update by validator); a copy with other validators is another response,
+        left as it is. A tier that cannot read its copy's validators may trust ``held``
+        (memory still holds ``entry``) only where nothing else writes the tier, and
+        otherwise forgets its copy; so does any tier when ``validated`` is empty."""
         ...
 
     def durable(self) -> bool:

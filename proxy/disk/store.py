@@ -218,8 +218,8 @@ class DiskStore:
     ) -> bool:
         """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
         asked once at its head: a whole GET of any status memory stores (a variant is written
-        by ``write_variant``),
-        or (``part``) a slice's 206 under its slice key (``write_slice``), and then the tier's
+        by ``write_variant``), or (``part``) a slice's 206 under its slice key
+        (``write_slice``), and then the tier's
         admission, which counts the sighting of what would be written: the URL, or the
         variant the request selects (so each variant is asked for as often as a URL is before
         the device takes it, and a client cycling a varied field's values writes nothing).
@@ -342,24 +342,24 @@ class DiskStore:
             self.invalidate(part)
         return self.invalidate(own)
 
-    def refreshed(self, entry: Entry, validated: Headers | None = None) -> None:
-        """``proxy.core.tiers.Tier.refreshed``: a record of ``entry``'s key is replaced by one of
-        the refreshed entry, written at the ring's head within the write budget; when the
-        budget refuses, or the body is not in hand, the old record is only dropped. The drop
-        is journaled first, so a crash between the two loses the record, never revives it.
-        With ``validated`` (memory no longer holds the entry) the record is read back from the
-        page cache first: one with other validators is another response, left as it is; one
-        the page cache does not hold cannot be told apart, and is dropped."""
+    def refreshed(self, entry: Entry, validated: Headers, held: bool) -> None:
+        """``proxy.core.tiers.Tier.refreshed``: the record of ``entry``'s key, read back from the
+        page cache, is replaced by one of the refreshed entry when it carries ``validated``,
+        written at the ring's head within the write budget (whether memory ``held`` the entry
+        or not: another worker of a shared tier may have written a newer record meanwhile);
+        when the budget refuses, or the body is not in hand, the old record is only dropped.
+        One with other validators is another response, left as it is; one the page cache does
+        not hold, or none to compare (``validated`` empty), cannot be told apart, and is
+        dropped. Drops are journaled first, so a crash between the two loses the record, never
+        revives it."""
         if not self.tier.refreshable(entry):
             return
-        if validated is not None:
-            record = self.lookup(entry.key, Entry, warm_only=True)
-            if record is None:
-                self.invalidate(entry.key)
-                return
-            if tuple(rfc9111.conditional_headers(record.headers)) != validated:
-                return
+        record = self.lookup(entry.key, Entry, warm_only=True) if validated else None
+        if record is not None and tuple(rfc9111.conditional_headers(record.headers)) != validated:
+            return
         self.invalidate(entry.key)
+        if record is None:
+            return
         body = entry.payload
         if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
             return

@@ -16,7 +16,7 @@ from aiohttp import HttpVersion11, web
 
 from proxy.core import rfc9110, rfc9111
 from proxy.core._native import field_lines
-from proxy.core.cache_status import FWD_REQUEST, forwarded
+from proxy.core.cache_status import forwarded
 from proxy.core.cached import (
     MARKS,
     NOT_MODIFIED_DROPS,
@@ -25,7 +25,7 @@ from proxy.core.cached import (
     cached_head,
     per_answer,
 )
-from proxy.core.events import Answer
+from proxy.core.events import FWD_REQUEST, Answer
 from proxy.core.rfc9110 import BODILESS_STATUSES
 from proxy.front.lane import LaneRequest, Written
 from proxy.origin.pool import Fields, Interim

@@ -24,11 +24,12 @@ from aiohttp import web
 
 from proxy.config.settings import Config
 from proxy.core import rfc9111
-from proxy.core.cache_status import FWD_URI_MISS, ORIGIN_ERROR, forwarded
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
+    FWD_URI_MISS,
     TOO_LARGE,
     TOO_MANY_TAGS,
     Answer,

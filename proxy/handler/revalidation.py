@@ -17,8 +17,8 @@ import logging
 from aiohttp import web
 
 from proxy.core import rfc9111
-from proxy.core.cache_status import FWD_STALE, ORIGIN_ERROR, forwarded, hit
-from proxy.core.events import Fetch, Keep, RequestMeta, Revalidate
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
+from proxy.core.events import FWD_STALE, Fetch, Keep, RequestMeta, Revalidate
 from proxy.core.store import Entry
 from proxy.handler.answers import interim, plain
 from proxy.handler.fetch import Fetcher

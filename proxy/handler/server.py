@@ -31,14 +31,16 @@ from aiohttp import web
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config
-from proxy.core import cache_status
+from proxy.core import events
 from proxy.core.admission import make_policy
-from proxy.core.cache_status import DISK, ERROR, FWD_BYPASS, FWD_REQUEST, forwarded, refused
+from proxy.core.cache_status import CLIENT_LEFT, DISK, ERROR, forwarded, refused
 from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
+    FWD_BYPASS,
+    FWD_REQUEST,
     Action,
     Fetch,
     FromCache,
@@ -146,7 +148,7 @@ class Proxy:
             # The client closed its connection before its answer's head went out: nothing to
             # write to, and no fault of the proxy's (nginx logs these as 499).
             log.info("%s %s: the client left before its answer", request.method, request.raw_path)
-            return plain(499, "client closed request", refused("client-left"))
+            return plain(499, "client closed request", refused(CLIENT_LEFT))
         except Exception:
             version = request.version
             HTTP_ERRORS.exception(
@@ -225,15 +227,15 @@ class Proxy:
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
-            case Fetch(reason=cache_status.FWD_METHOD):
+            case Fetch(reason=events.FWD_METHOD):
                 return await self.uploads.pass_through(request, meta, url)
-            case Fetch(reason=cache_status.FWD_URI_MISS) if self.disk is not None and (
+            case Fetch(reason=events.FWD_URI_MISS) if self.disk is not None and (
                 disk_hit := await self._from_disk(request, meta, url)
             ):
                 return disk_hit
-            case Fetch(reason=cache_status.FWD_URI_MISS, whole=True) if self.slicer is not None:
+            case Fetch(reason=events.FWD_URI_MISS, whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
-            case Fetch(reason=cache_status.FWD_URI_MISS) if (
+            case Fetch(reason=events.FWD_URI_MISS) if (
                 self.slicer is not None
                 and meta.method == "HEAD"
                 and (head := await self.slicer.head(request, meta, url)) is not None
@@ -243,7 +245,7 @@ class Proxy:
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():
                 return (await self.fetcher.fetch(request, meta, url, action))[0]
-            case Refuse(reason=cache_status.FWD_URI_MISS) if self.disk is not None and (
+            case Refuse(reason=events.FWD_URI_MISS) if self.disk is not None and (
                 disk_hit := await self._from_disk(request, meta, url)
             ):
                 return disk_hit  # only-if-cached: the disk may hold it

@@ -55,17 +55,17 @@ from typing import Literal
 from aiohttp import web
 
 from proxy.core import slices
-from proxy.core.cache_status import (
+from proxy.core.cache_status import ORIGIN_ERROR, SLICE_MEMORY, SLICES, forwarded, hit
+from proxy.core.cached import VIA, cached_head, per_answer
+from proxy.core.events import (
     FWD_PARTIAL,
     FWD_URI_MISS,
-    ORIGIN_ERROR,
-    SLICE_MEMORY,
-    SLICES,
-    forwarded,
-    hit,
+    Fetch,
+    Hit,
+    Outcome,
+    RequestMeta,
+    ResponseMeta,
 )
-from proxy.core.cached import VIA, cached_head, per_answer
-from proxy.core.events import Fetch, Hit, Outcome, RequestMeta, ResponseMeta
 from proxy.core.tiers import CHANGED
 from proxy.handler.answers import abort, plain
 from proxy.handler.coalesce import Flight

@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 from aiohttp import HttpVersion11, web
 
 from proxy.config.settings import Config
-from proxy.core.cache_status import FWD_METHOD, ORIGIN_ERROR, forwarded
+from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
-from proxy.core.events import RequestMeta
+from proxy.core.events import FWD_METHOD, RequestMeta
 from proxy.handler.answers import LENGTH, abort, interim, mark, plain
 from proxy.handler.routing import Router
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand

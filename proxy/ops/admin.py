@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.config.settings import AdminSection
-from proxy.core.stats import GAUGES, METRICS, TIER_HITS
+from proxy.core.stats import GAUGES, METRICS, TIER_HITS, TIER_HITS_HELP
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
@@ -421,7 +421,7 @@ def prometheus_text(
         lines.append(f"{metric} {float(stats[name])!r}")
     if by_tier:
         metric = "onehit_tier_hits_total"
-        lines.append(f"# HELP {metric} hits by the tier that answered them")
+        lines.append(f"# HELP {metric} {TIER_HITS_HELP}")
         lines.append(f"# TYPE {metric} counter")
         lines += [f'{metric}{{tier="{tier}"}} {float(stats[name])!r}'
                   for tier, name in by_tier.items()]  # fmt: skip

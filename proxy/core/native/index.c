@@ -73,6 +73,9 @@ int index_delete(IndexObject *x, uint64_t key) {
 
 int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted) {
     Node *v = &x->nodes[i];
+    /* Set by every eviction, wherever it is made: W-TinyLFU evicts in its own settle step,
+     * and its window would otherwise send every new key to main for ever. */
+    x->has_evicted = 1;
     x->evictions++;
     x->evicted_bytes += v->size;
     if (v->hits == 0) {
@@ -91,9 +94,6 @@ int index_count_eviction(IndexObject *x, int32_t i, PyObject *evicted) {
 }
 
 int index_evict_node(IndexObject *x, int32_t i, PyObject *evicted) {
-    /* Every eviction's, not only those index_put's loop makes: W-TinyLFU evicts in its own
-     * settle step, and its window would otherwise send every new key to main for ever. */
-    x->has_evicted = 1;
     if (index_count_eviction(x, i, evicted) < 0) return -1;
     index_drop(x, i, (uint64_t)index_find_slot(x, x->nodes[i].key));
     return 0;
@@ -110,7 +110,6 @@ int index_put(IndexObject *x, uint64_t key, long long size, long long charge, lo
         index_drop(x, old, (uint64_t)found);
     }
     while (ev->evict != NULL && x->used + charge > x->capacity && x->count > 0) {
-        x->has_evicted = 1;
         if (ev->evict(x, evicted) < 0) return -1;
     }
     /* Until the first eviction, a small queue that is full sends new keys to main. */
@@ -271,7 +270,6 @@ static PyObject *Index_resize(IndexObject *self, PyObject *arg) {
     self->max_charge = capacity;
     if (ev->sizes != NULL) ev->sizes(self);
     while (self->used > self->capacity && self->count > 0) {
-        self->has_evicted = 1;
         int done;
         if (ev->evict != NULL) {
             done = ev->evict(self, evicted);
