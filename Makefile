@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard proxy/*/*.c proxy/core/native/* pro
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto --maxprocesses=2
 
 demo: $(STAMP)
 	$(BIN)/onehit-loadgen demo
