@@ -166,6 +166,28 @@ async def test_workers_share_one_admission_window_so_a_second_request_is_stored(
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
+async def test_the_parent_shows_the_workers_memory_what_if_as_the_machines(origin):
+    """Each worker's ghosts see its share: the parent's /stats and /metrics give the memory
+    curves of all of them as one (``merged_curves``), each fed what the workers sampled."""
+    args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false",
+            "--set", "whatif.sample=1")  # fmt: skip
+    async with served(*args) as (process, url, admin):
+        stats = await twice_on_new_connections(url, admin, [f"/w{i}" for i in range(100)])
+        mine = {(c["policy"], c["scale"]): c for c in stats["whatif"]["curves"]}
+        theirs = [c for w in stats["workers"] for c in w["whatif"]["curves"]]
+        for (policy, scale), curve in mine.items():
+            parts = [c for c in theirs if (c["tier"], c["policy"], c["scale"]) ==
+                     ("memory", policy, scale) and c["miss_ratio"] is not None]  # fmt: skip
+            assert curve["sampled"] == sum(c["sampled"] for c in parts) > 0
+            low, high = min(c["miss_ratio"] for c in parts), max(c["miss_ratio"] for c in parts)
+            assert low - 1e-9 <= curve["miss_ratio"] <= high + 1e-9
+        assert {c["tier"] for c in stats["whatif"]["curves"]} == {"memory"}
+        async with aiohttp.ClientSession() as client, client.get(admin + "/metrics") as r:
+            assert 'onehit_whatif_miss_ratio{tier="memory"' in await r.text()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
 async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others(origin):
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
     async with served(*args) as (process, url, admin):

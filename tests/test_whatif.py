@@ -14,7 +14,7 @@ from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import ConfigError, load
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import DiskShape, WhatIf
+from proxy.core.whatif import DiskShape, WhatIf, merged_curves
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 
@@ -106,6 +106,26 @@ def test_ghosts_begun_after_a_reload_count_only_the_hits_since(trace):
         fresh.record(key, body, now, missed=True)
         later.record(key, body, now, missed=True)
     assert later.curves(hits=1_000) == fresh.curves(hits=0)
+
+
+def test_workers_memory_curves_merge_into_the_machines_and_their_disk_curves_do_not():
+    """Under --workers each keeps a private memory tier and its own ghosts: the machine's curve
+    at a policy and scale is their miss ratios weighted by what each sampled, the sizes and
+    bytes written summed; a worker that sampled nothing adds its size only; disk ghosts, each
+    modelling the shared disk fed one worker's share, are not summed into anything."""
+
+    def curve(tier, policy, ratio, sampled, size=100, written=10):
+        return {"tier": tier, "policy": policy, "scale": 1.0, "size": size,
+                "miss_ratio": ratio, "bytes_written": written, "sampled": sampled}  # fmt: skip
+
+    first = [curve("memory", "always", 0.5, 300), curve("disk", "always", 0.1, 300)]
+    second = [curve("memory", "always", 0.2, 100), curve("memory", "lru", None, 0)]
+    third = [curve("memory", "always", None, 0)]
+    merged = {c["policy"]: c for c in merged_curves([first, second, third])}
+    assert merged["always"] == curve("memory", "always", (0.5 * 300 + 0.2 * 100) / 400, 400,
+                                     size=300, written=30)  # fmt: skip
+    assert merged["lru"] == curve("memory", "lru", None, 0)
+    assert all(c["tier"] == "memory" for c in merged.values())
 
 
 def test_a_ghost_that_has_seen_no_request_has_no_miss_ratio():

@@ -37,7 +37,9 @@ Rules it keeps:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -214,6 +216,33 @@ class WhatIf:
         if requests <= 0:
             return None
         return 1.0 - shards_ratio(hits, sampled, requests * self.rate)
+
+
+def merged_curves(workers: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The memory curves of workers that each keep a private memory tier (``--workers``), as
+    the one machine's: for each policy and scale, the miss ratio over all their traffic (each
+    worker's weighted by the sampled requests its ghost saw), the bytes written and the sizes
+    summed. Disk curves are left out: each worker's models the shared disk fed its own share
+    alone, and no sum of them is the disk's."""
+    merged: dict[tuple[str, float], dict[str, Any]] = {}
+    weighted: dict[tuple[str, float], float] = {}
+    for curves in workers:
+        for c in curves:
+            if c["tier"] != "memory" or c.get("failed"):
+                continue
+            key = (c["policy"], c["scale"])
+            m = merged.setdefault(key, {"tier": "memory", "policy": c["policy"],
+                                        "scale": c["scale"], "size": 0, "miss_ratio": None,
+                                        "bytes_written": 0, "sampled": 0})  # fmt: skip
+            m["size"] += c["size"]
+            m["bytes_written"] += c["bytes_written"]
+            if c["miss_ratio"] is not None:
+                m["sampled"] += c["sampled"]
+                weighted[key] = weighted.get(key, 0.0) + c["miss_ratio"] * c["sampled"]
+    for key, m in merged.items():
+        if m["sampled"]:
+            m["miss_ratio"] = weighted[key] / m["sampled"]
+    return list(merged.values())
 
 
 def shards_ratio(hits: float, sampled: float, expected: float) -> float:

@@ -36,6 +36,7 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
+from proxy.core.whatif import merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
@@ -44,6 +45,7 @@ from proxy.ops.admin import (
     forgotten_keys_of,
     metrics_response,
     prometheus_text,
+    whatif_prometheus_text,
 )
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
@@ -388,6 +390,7 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
             "workers": per_worker,
             "sum": combine([w["metrics"] for w in per_worker], shared_filter=shared),
             "disk": machine_disk(per_worker),
+            "whatif": machine_whatif(per_worker),
             "worker_count": len(workers.admins),
             "missing": missing,
             "workers_replaced": workers.replaced,
@@ -406,7 +409,19 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         disk = machine_disk(per_worker)
         if disk:
             text += disk_prometheus_text(disk)
+        whatif = machine_whatif(per_worker)
+        if whatif is not None:
+            text += whatif_prometheus_text(whatif)
         return metrics_response(text + _per_worker(per_worker, workers.admins))
+
+    def machine_whatif(per_worker: list[Any]) -> dict[str, Any] | None:
+        """The workers' memory what-if as one (``merged_curves``): their private memory
+        tiers together; their disk ghosts stay in each worker's own entry."""
+        found = [w["whatif"] for w in per_worker if w.get("whatif")]
+        if not found:
+            return None
+        return {"sample": found[0]["sample"],
+                "curves": merged_curves([w["curves"] for w in found])}  # fmt: skip
 
     def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
         """The shared tier's stats: the workers' own counts summed, what it holds once, and
