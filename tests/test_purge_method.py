@@ -78,6 +78,10 @@ async def test_a_purge_through_one_worker_reaches_every_workers_memory(origin):
             assert {await get() for _ in range(12)} == {"1"}  # both workers hold it
             async with client.request("PURGE", url + "/w", headers={"Host": "example.test"}) as r:
                 assert r.status == 200
-            assert {await get() for _ in range(12)} == {"2"}  # fetched again, by one of them
+            # Fetched again, never the purged copy: by one worker, or by both when the second
+            # asks before the first has written the new copy to the shared tier (the client
+            # may read its last byte first, on a loaded machine).
+            again = {await get() for _ in range(12)}
+            assert "1" not in again and again <= {"2", "3"}
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
