@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 from aiohttp import web
-from conftest import Clock, Origin, proxy_in_front
+from conftest import Clock, Origin, admin_purge, base, proxy_in_front
 from conftest import fetch_as_client as get
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -239,3 +240,96 @@ async def test_rfc9111_4_3_4_a_304_for_a_response_memory_evicted_meanwhile_fresh
         return
     assert (status, body) == (200, CASES_304[case]), headers["Cache-Status"]
     assert "detail=disk" in headers["Cache-Status"] and origin.hits["/x"] == before
+
+
+@pytest.mark.parametrize("meanwhile", ["purge", "post", "unvaried 200"])
+async def test_a_304_in_flight_never_brings_back_a_variant_removed_meanwhile(
+    origin, start_proxy, tmp_path, meanwhile
+):
+    """The en variant of /v is revalidated; before its 304 comes, a purge, an unsafe method or
+    an unvaried response removes it (on disk: its anchor goes, the record stays indexed, found
+    by no read) and a de request writes a new anchor. The 304 must not write the en record
+    again after that anchor, where a read would find it (RFC 9111 sections 4 and 4.4)."""
+    clock = Clock()
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    asked, answer = asyncio.Event(), asyncio.Event()
+    state = {"generation": 1, "vary": True}
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        if request.method == "POST":
+            return web.Response(body=b"posted")
+        if request.headers.get("If-None-Match") == '"en1"' and not asked.is_set():
+            asked.set()
+            await answer.wait()
+            return web.Response(status=304, headers={"ETag": '"en1"', **FOR_10S})
+        lang, g = request.headers.get("Accept-Language", ""), state["generation"]
+        if not state["vary"]:
+            return web.Response(body=b"plain", headers={"ETag": f'"p{g}"', **FOR_10S})
+        return web.Response(body=f"{lang}-{g}".encode(), headers={
+            "ETag": f'"{lang}{g}"', "Vary": "Accept-Language", **FOR_10S})  # fmt: skip
+
+    origin.responder = responder
+    proxy = await start_proxy(**setup)
+    en = {"Accept-Language": "en"}
+    assert (await get(proxy, "/v", **en))[2] == b"en-1"
+    clock.now += 20
+    revalidating = asyncio.ensure_future(get(proxy, "/v", **en))
+    try:
+        await asyncio.wait_for(asked.wait(), 5)
+        state["generation"] = 2
+        if meanwhile == "purge":
+            assert (await admin_purge(proxy, {"url": "http://example.test/v"}))["removed"] == 1
+        elif meanwhile == "post":
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(base(proxy) + "/v", data=b"x", headers={"Host": "example.test"}) as r,
+            ):
+                assert r.status == 200
+        else:
+            state["vary"] = False
+            assert (await get(proxy, "/v", **{"Cache-Control": "no-cache"}))[2] == b"plain"
+            state["vary"] = True
+        de = {"Accept-Language": "de", "Cache-Control": "no-cache"}
+        assert (await get(proxy, "/v", **de))[2] == b"de-2"
+    finally:
+        answer.set()
+    await revalidating
+    await proxy.stop()
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/v", **en))[2] == b"en-2"
+
+
+async def test_an_older_304_never_writes_its_body_over_a_newer_response_with_its_validators(
+    origin, start_proxy, tmp_path
+):
+    """Content changed within the second its Last-Modified names: a newer response (stored,
+    memory and disk) carries the validators the older revalidation's 304 answers. The 304
+    may refresh only what it validated: never the newer record with the older body."""
+    clock = Clock()
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    modified = {**FOR_10S, "Last-Modified": "Thu, 01 Jan 2026 00:00:00 GMT"}
+    asked, answer = asyncio.Event(), asyncio.Event()
+    state = {"body": b"OLD"}
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("If-Modified-Since") and not asked.is_set():
+            asked.set()
+            await answer.wait()
+            return web.Response(status=304, headers=modified)
+        return web.Response(body=state["body"], headers=modified)
+
+    origin.responder = responder
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"OLD"
+    clock.now += 20
+    revalidating = asyncio.ensure_future(get(proxy, "/x"))
+    try:
+        await asyncio.wait_for(asked.wait(), 5)
+        state["body"] = b"NEW"
+        assert (await get(proxy, "/x", **{"Cache-Control": "no-cache"}))[2] == b"NEW"
+    finally:
+        answer.set()
+    await revalidating
+    await proxy.stop()
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"NEW"

@@ -34,6 +34,11 @@ def slice_key(url: str, n: int) -> str:
     return f"{url}{_MARK}{n}"
 
 
+def is_slice_key(key: str) -> bool:
+    """Whether ``key`` names a slice (``slice_key``)."""
+    return _MARK in key
+
+
 def url_of(key: str) -> str:
     """The URL of the slice key ``key``."""
     return key.partition(_MARK)[0]

@@ -323,6 +323,24 @@ class DiskStore:
         entry = await self.lookup_off_loop(key, entry_type)
         return None if entry is None else (entry, vary)
 
+    def _reachable(self, key: str) -> bool:
+        """Whether a read could find ``key``'s record as the index holds it: a URL's own record
+        while no anchor of its variants lies after it; a variant only after that anchor, with
+        no own record after the anchor; a slice only after its anchor (``lookup_request``,
+        ``anchored``)."""
+        url, part, _ = key.partition("\0")
+        slot = self.tier.find(key)
+        if slot is None:
+            return False
+        if slices.is_slice_key(key):
+            return self.anchored(url, key)
+        anchor = self.tier.find(variants.anchor_key(url))
+        if not part:
+            return anchor is None or _after(slot, anchor)
+        own = self.tier.find(url)
+        return (anchor is not None and _after(slot, anchor)
+                and (own is None or not _after(own, anchor)))  # fmt: skip
+
     def anchored(self, url: str, key: str) -> bool:
         """Whether the slice record ``key`` of ``url``'s object lies after the anchor of its
         slices: of the object as it stands since its last purge or change of version."""
@@ -348,17 +366,21 @@ class DiskStore:
         written at the ring's head within the write budget (whether memory ``held`` the entry
         or not: another worker of a shared tier may have written a newer record meanwhile);
         when the budget refuses, or the body is not in hand, the old record is only dropped.
-        One with other validators is another response, left as it is; one the page cache does
-        not hold, or none to compare (``validated`` empty), cannot be told apart, and is
-        dropped. Drops are journaled first, so a crash between the two loses the record, never
-        revives it."""
+        One with other validators is another response, left as it is. Dropped instead: one
+        no read could find any more (a variant or slice before its anchor, which a purge or a
+        newer response left there: written again it would be found), one with another body
+        (validators that did not change with the content), one the page cache does not hold,
+        or any when there are no validators to compare (``validated`` empty). Drops are
+        journaled first, so a crash between the two loses the record, never revives it."""
         if not self.tier.refreshable(entry):
             return
-        record = self.lookup(entry.key, Entry, warm_only=True) if validated else None
+        key = entry.key
+        found = validated and self._reachable(key)
+        record = self.lookup(key, Entry, warm_only=True) if found else None
         if record is not None and tuple(rfc9111.conditional_headers(record.headers)) != validated:
             return
-        self.invalidate(entry.key)
-        if record is None:
+        self.invalidate(key)
+        if record is None or record.payload != entry.payload:
             return
         body = entry.payload
         if not isinstance(body, bytes) or not self.tier.budget.allow(entry.stored_at):
