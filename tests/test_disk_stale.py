@@ -333,3 +333,27 @@ async def test_an_older_304_never_writes_its_body_over_a_newer_response_with_its
     await proxy.stop()
     proxy = await start_proxy(**setup)
     assert (await get(proxy, "/x"))[2] == b"NEW"
+
+
+async def test_rfc9111_4_3_4_a_cookie_a_304_sets_is_the_revalidating_clients_alone(
+    origin, start_proxy, tmp_path
+):
+    """A 304 that sets a cookie updates the stored fields, but a cookie set for one client is
+    never replayed to another: the client that revalidated gets it, no hit after it does,
+    from memory or from disk."""
+    clock = Clock()
+    cookie = {"Set-Cookie": "session=ALICE", **FOR_10S}
+    origin.set("/x", body=b"stored", headers={"ETag": '"v1"', **FOR_10S},
+               not_modified_etag='"v1"', headers_304=cookie)  # fmt: skip
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"stored"
+    clock.now += 20
+    _, revalidated, _ = await get(proxy, "/x")
+    assert revalidated.get("Set-Cookie") == "session=ALICE", revalidated["Cache-Status"]
+    _, hit, _ = await get(proxy, "/x")
+    assert "hit" in hit["Cache-Status"] and "Set-Cookie" not in hit
+    await proxy.stop()
+    proxy = await start_proxy(**setup)
+    _, from_disk, _ = await get(proxy, "/x")
+    assert "detail=disk" in from_disk["Cache-Status"] and "Set-Cookie" not in from_disk

@@ -77,7 +77,7 @@ def response_meta(
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
     )  # fmt: skip
     if "set-cookie" in fields.by_name:
-        headers = [h for h in headers if h[0].lower() != "set-cookie"]
+        headers = shared_fields(headers)
     return ResponseMeta(
         cacheable=ok,
         lifetime=lifetime,
@@ -89,6 +89,12 @@ def response_meta(
         status=status,
         directives=directives,
     )
+
+
+def shared_fields(headers: Headers) -> list[tuple[str, str]]:
+    """``headers`` as a stored response may hold them for every client: without
+    ``Set-Cookie``, which was set for one client alone (a fetched response's, or a 304's)."""
+    return [h for h in headers if h[0].lower() != "set-cookie"]
 
 
 def _directives(response: ResponseMeta) -> rfc9111.Directives:
@@ -348,7 +354,7 @@ class ResponseDecisions(Removals):
         takes the refreshed fields and times for its copy (``Tier.refreshed``), whether or not
         memory still holds it."""
         validated = tuple(rfc9111.conditional_headers(entry.headers))
-        headers = tuple(rfc9111.updated_by_304(entry.headers, headers_304))
+        headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)

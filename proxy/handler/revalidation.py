@@ -51,10 +51,14 @@ class Revalidation:
         async with upstream:
             if upstream.status == 304:
                 now = fetcher.clock()
-                fetcher.engine.on_not_modified(entry, fields_of(upstream), request_time, now)
+                fields = fields_of(upstream)
+                fetcher.engine.on_not_modified(entry, fields, request_time, now)
                 status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
-                return fetcher.from_cache(meta, entry, age, status, "REVALIDATED")
+                # The cookies the 304 set are this client's: in its answer, never stored.
+                cookies = tuple(f for f in fields if f[0].lower() == "set-cookie")
+                return fetcher.cached(meta, entry.status, entry.headers + cookies,
+                                      entry.payload, status, "REVALIDATED", age)  # fmt: skip
             if upstream.status >= 500 and action.on_error:
                 return self._origin_failed(meta, action, upstream.status, "origin error")
             fetch = Fetch(FWD_STALE, whole=True, collapse=False)
