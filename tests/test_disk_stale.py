@@ -357,3 +357,26 @@ async def test_rfc9111_4_3_4_a_cookie_a_304_sets_is_the_revalidating_clients_alo
     proxy = await start_proxy(**setup)
     _, from_disk, _ = await get(proxy, "/x")
     assert "detail=disk" in from_disk["Cache-Status"] and "Set-Cookie" not in from_disk
+
+
+@pytest.mark.parametrize("holder", ["memory", "disk"])
+async def test_rfc9111_4_3_4_a_304_naming_another_entity_tag_updates_nothing(
+    origin, start_proxy, tmp_path, holder
+):
+    """Asked about "v1", the origin answers 304 naming "v2": it selects no stored response.
+    The old body is never served as "v2"; the response is fetched whole."""
+    clock = Clock()
+    origin.set("/x", body=b"old", headers={"ETag": '"v1"', **FOR_10S})
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"old"
+    if holder == "disk":
+        await proxy.stop()
+        proxy = await start_proxy(**setup)
+    origin.set("/x", body=b"new", headers={"ETag": '"v2"', **FOR_10S}, not_modified_etag='"v1"',
+               headers_304={"ETag": '"v2"', **FOR_10S})  # fmt: skip
+    clock.now += 20
+    status, headers, body = await get(proxy, "/x")
+    etag = {k.lower(): v for k, v in headers.items()}["etag"]
+    assert (status, body, etag) == (200, b"new", '"v2"'), headers["Cache-Status"]
+    assert (await get(proxy, "/x"))[2] == b"new"

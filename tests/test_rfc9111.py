@@ -49,6 +49,10 @@ def test_rfc9110_5_6_7_http_date_three_forms():
         ([("Authorization", "Bearer x")], [("Cache-Control", "s-maxage=5")], 200, True, ""),
         ([], [("Set-Cookie", "a=b")], 200, False, "set-cookie"),
         ([], [], 500, False, "status"),
+        # Answers to the request's own preconditions or Range, whatever their freshness: stored,
+        # they would answer requests without them (a cache-poisoning denial of service).
+        ([("If-Match", '"x"')], [("Cache-Control", "max-age=60")], 412, False, "status"),
+        ([("Range", "bytes=9-")], [("Cache-Control", "public, max-age=60")], 416, False, "status"),
     ],
 )
 def test_rfc9111_3_storing_responses_in_a_shared_cache(req, resp, status, ok, why):

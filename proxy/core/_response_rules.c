@@ -337,7 +337,7 @@ static PyObject *common_case(PyObject *module, PyObject *const *args, Py_ssize_t
         reason = s_method;
     else if (status == 206)
         reason = s_partial;
-    else if (status < 200 || status == 304)
+    else if (status < 200 || status == 304 || status == 412 || status == 416)
         reason = s_status;
     else if (must_understand && !understood(status))
         reason = s_status;

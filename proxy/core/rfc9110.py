@@ -181,8 +181,8 @@ def not_modified(request_headers: Headers, stored_headers: Headers) -> bool:
         etag = get_first(stored_headers, "etag")
         if etag is None:
             return False
-        tags = {_weak(t) for t in list_values(inm)}
-        return "*" in tags or _weak(etag) in tags
+        tags = {weak_tag(t) for t in list_values(inm)}
+        return "*" in tags or weak_tag(etag) in tags
     since = http_date(get_first(request_headers, "if-modified-since"))
     modified = http_date(get_first(stored_headers, "last-modified"))
     return since is not None and modified is not None and modified <= since
@@ -265,7 +265,8 @@ def byte_range(
     return first, length - 1 if last is None else min(last, length - 1)
 
 
-def _weak(tag: str) -> str:
+def weak_tag(tag: str) -> str:
+    """An entity tag as the weak comparison compares it (section 8.8.3.2): without ``W/``."""
     tag = tag.strip()
     return tag[2:] if tag.startswith("W/") else tag
 

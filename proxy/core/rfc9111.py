@@ -37,6 +37,7 @@ from proxy.core.rfc9110 import (
     http_date,
     list_values,
     split_outside_quotes,
+    weak_tag,
 )
 
 DELTA_SECONDS_CAP = 2**31
@@ -196,7 +197,10 @@ def storable(
         return False, "request-no-store"
     if status == 206:  # this cache stores complete responses only
         return False, "partial"
-    if status < 200 or status == 304:
+    # A 412 or 416 answers the request's own preconditions or Range (RFC 9110 sections 15.5.13
+    # and 15.5.17): stored under the URL it would answer requests without them (a poisoned
+    # cache's denial of service).
+    if status < 200 or status in (304, 412, 416):
         return False, "status"
     cc = response_directives(response_headers)
     if "must-understand" in cc:
@@ -432,6 +436,17 @@ def vary_key(names: Sequence[str], request_headers: Headers) -> tuple[tuple[str,
             value = _LIST_SPACING.sub(r"\1", value.lower())
         key.append((name, value))
     return tuple(key)
+
+
+def validates(stored_headers: Headers, headers_304: Headers) -> bool:
+    """Section 4.3.4: whether a 304 speaks of the stored response: an entity tag it carries is
+    the stored one's (weak comparison, RFC 9110 section 8.8.3.2). A 304 naming another
+    selects no stored response, and updates none."""
+    tag = get_first(headers_304, "etag")
+    if tag is None:
+        return True
+    stored = get_first(stored_headers, "etag")
+    return stored is not None and weak_tag(stored) == weak_tag(tag)
 
 
 def conditional_headers(stored_headers: Headers) -> list[tuple[str, str]]:

@@ -49,6 +49,11 @@ class Revalidation:
         except UpstreamError as exc:
             return self._origin_failed(meta, action, exc.status, exc.public)
         async with upstream:
+            if upstream.status == 304 and not rfc9111.validates(entry.headers, fields_of(upstream)):
+                # It names another response than the one stored: nothing to refresh, and
+                # nothing to answer with; fetched whole.
+                fetch = Fetch(FWD_STALE, whole=True, collapse=False)
+                return (await fetcher.fetch(request, meta, url, fetch))[0]
             if upstream.status == 304:
                 now = fetcher.clock()
                 fields = fields_of(upstream)
@@ -106,7 +111,9 @@ class Revalidation:
         async with await fetcher.upstream.request("GET", url, headers) as upstream:
             fields = fields_of(upstream)
             if upstream.status == 304:
-                engine.on_not_modified(entry, fields, request_time, fetcher.clock(), served=False)
+                if rfc9111.validates(entry.headers, fields):
+                    engine.on_not_modified(entry, fields, request_time, fetcher.clock(),
+                                           served=False)  # fmt: skip
                 return
             rmeta = fetcher.response_meta(meta, upstream.status, fields, request_time)
             length = upstream.content_length
