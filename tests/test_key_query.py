@@ -34,6 +34,12 @@ from proxy.core.cachekey import KeyQuery
         (KeyQuery("include", frozenset({"id"})), "/p?id=1&%2569d=evil", "/p?id=1&%2569d=evil"),
         (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i.d=evil", "/p?i_d=1&i.d=evil"),
         (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i[d=evil", "/p?i_d=1&i[d=evil"),
+        # ... PHP's leading spaces, its cut at a NUL, its arrays.
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&+id=evil", "/p?id=1&+id=evil"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&%20id=evil", "/p?id=1&%20id=evil"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&id%00x=evil", "/p?id=1&id%00x=evil"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&id[]=evil", "/p?id=1&id[]=evil"),
+        (KeyQuery("include", frozenset({"id"})), "/p?id=1&id[0]=e&x=2", "/p?id=1&id[0]=e"),
         # ... and so are the setting's: an encoded name is the parameter, however it is sent.
         (KeyQuery("include", frozenset({"size%5B%5D"})), "/p?size[]=1&x=2", "/p?size[]=1"),
         (KeyQuery("exclude", frozenset({"size%5B%5D"})), "/p?size%5B%5D=1&x=2", "/p?x=2"),

@@ -12,9 +12,11 @@ Rules this module keeps:
   A parameter that holds a ``;``, which some origins read as a separator (so
   ``utm_source=x;id=evil`` is two parameters to them), is always keyed, whole.
 * An include list keeps, besides its names, every parameter that some origin reads as one of
-  them: names that differ only in case (``ID``), that are encoded twice (``%2569d``), or in
-  which PHP reads ``.``, a space or ``[`` as ``_`` (``i.d`` for ``i_d``). Kept, they only make
-  more keys; left out, one of them would be the answer every client of ``?id=1`` gets. An
+  them: names that differ only in case (``ID``), that are encoded twice (``%2569d``), and
+  those PHP reads as another: ``.``, a space or ``[`` as ``_`` (``i.d`` for ``i_d``), leading
+  spaces skipped (``+id``), cut at a NUL (``id%00x``), an array (``id[]``, ``id[0]``). Kept,
+  they only make more keys; left out, one of them would be the answer every client of
+  ``?id=1`` gets. An
   exclude list drops only the names it gives, read once: dropping every reading of them
   would take parameters out of the key that an origin may read as others, which is the
   poisoning this guards against.
@@ -55,7 +57,8 @@ class KeyQuery:
         # A name compares as the origin reads it, in the setting as in the request: "size%5B%5D"
         # and "size[]" are one parameter, which no spelling may drop from (or add to) the key.
         object.__setattr__(self, "names", frozenset(unquote_plus(n) for n in self.names))
-        object.__setattr__(self, "_loose_names", frozenset(map(_loose, self.names)))
+        loose = frozenset(reading for n in self.names for reading in _readings(n))
+        object.__setattr__(self, "_loose_names", loose)
 
     @property
     def identity(self) -> bool:
@@ -74,7 +77,7 @@ class KeyQuery:
         params = [p for p in query.split("&") if p]
         if self.mode == "include":
             loose = self._loose_names
-            params = [p for p in params if ";" in p or _loose(_name(p)) in loose]
+            params = [p for p in params if ";" in p or not loose.isdisjoint(_readings(_name(p)))]
         elif self.mode == "exclude":
             params = [p for p in params if ";" in p or _read_name(p) not in self.names]
         if self.sort:
@@ -95,14 +98,16 @@ def _read_name(param: str) -> str:
 _AS_UNDERSCORE = str.maketrans(". [", "___")
 
 
-def _loose(name: str) -> str:
-    """Every reading of ``name`` an origin may make, as one: percent-decoded until nothing
-    changes, ``+`` a space, case folded, PHP's ``_`` for ``.``, space and ``[``. Four rounds at
-    most: a name encoded deeper is kept apart (more keys, never fewer), and no hostile name
-    makes the key cost more than that."""
+def _readings(name: str) -> frozenset[str]:
+    """The names an origin may read ``name`` as: percent-decoded until nothing changes, ``+``
+    a space, case folded, and then as PHP reads it: leading spaces skipped, cut at a NUL,
+    ``_`` for ``.``, space and ``[``, or the array ``id`` that ``id[...]`` names. Four rounds
+    of decoding at most: a name encoded deeper is kept apart (more keys, never fewer), and no
+    hostile name makes the key cost more than that."""
     for _ in range(4):
         decoded = unquote_plus(name)
         if decoded == name:
             break
         name = decoded
-    return name.casefold().translate(_AS_UNDERSCORE)
+    name = name.casefold().lstrip(" ").partition("\0")[0]
+    return frozenset((name.translate(_AS_UNDERSCORE), name.partition("[")[0]))
