@@ -395,3 +395,17 @@ async def test_a_start_cancelled_after_the_disk_was_claimed_gives_the_directory_
     again = await start_proxy(disk__path=str(tmp_path), **DISK)
     origin.set("/x", body=b"x" * 5000)
     assert (await get(again, "/x"))[2] == b"x" * 5000
+
+
+async def test_a_response_that_could_never_answer_fresh_costs_the_disk_no_write(
+    origin, start_proxy, tmp_path
+):
+    """A 404 with no freshness and no validator: memory refuses it (never fresh), and so does
+    the disk, whose record would be dropped at its first read."""
+    origin.set("/gone", status=404, body=b"not here", headers={})
+    proxy = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    for _ in range(5):
+        assert (await get(proxy, "/gone"))[0] == 404
+    stats = await admin_stats(proxy)
+    assert stats["metrics"]["uncacheable"] >= 1
+    assert (stats["disk"]["admissions"], stats["disk"]["bytes_written"]) == (0, 0)

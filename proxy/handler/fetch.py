@@ -30,6 +30,7 @@ from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
     FWD_URI_MISS,
+    NEVER_FRESH,
     TOO_LARGE,
     TOO_MANY_TAGS,
     Answer,
@@ -359,10 +360,11 @@ class Fetcher:
     ) -> bool:
         """Whether the disk tier takes this response: asked once, at its head. Not one with
         more tags than the store takes (the engine's ``decision``): no purge could reach it;
-        and, for a tier that stands for the memory tier (``follows_memory``), only what the
-        memory admission keeps."""
+        nor one that could never answer fresh (``NEVER_FRESH``: its record would be dropped
+        at its first read); and, for a tier that stands for the memory tier
+        (``follows_memory``), only what the memory admission keeps."""
         disk = self.disk
-        if disk is None or not fits or decision is TOO_MANY_TAGS:
+        if disk is None or not fits or decision is TOO_MANY_TAGS or decision is NEVER_FRESH:
             return False
         if disk.follows_memory and type(decision) is not Keep:
             return False
