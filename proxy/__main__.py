@@ -28,6 +28,7 @@ from proxy.ops.shared_tier import worker_sharing
 from proxy.ops.workers import (
     READY,
     MachineForgets,
+    MachineSamples,
     die_with_parent,
     reachable,
     serve_workers,
@@ -97,12 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sharing = None
         if args.shared_tier is not None:
             sharing = worker_sharing(args.shared_tier, args.worker_place)
-        forgets = None
+        forgets = samples = None
         if sharing is not None and args.parent_admin:
             forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
+            samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token)
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
-                   forgets=forgets, read_config=read),
+                   forgets=forgets, samples=samples, read_config=read),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:
@@ -264,11 +266,12 @@ async def _serve(
     shared_window: mmap.mmap | None = None,
     sharing: Sharing | None = None,
     forgets: MachineForgets | None = None,
+    samples: MachineSamples | None = None,
     read_config: Callable[[], Config] | None = None,
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
-        forgotten=forgets, read_config=read_config,
+        forgotten=forgets, samples=samples, read_config=read_config,
     )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address
@@ -283,8 +286,9 @@ async def _serve(
     await until_signalled(service.reopen_logs, service.reload_soon)
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
-    if forgets is not None:
-        await forgets.close()
+    for sender in (forgets, samples):
+        if sender is not None:
+            await sender.close()
     log.info("stopped")
 
 

@@ -166,24 +166,44 @@ async def test_workers_share_one_admission_window_so_a_second_request_is_stored(
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
-async def test_the_parent_shows_the_workers_memory_what_if_as_the_machines(origin):
-    """Each worker's ghosts see its share: the parent's /stats and /metrics give the memory
-    curves of all of them as one (``merged_curves``), each fed what the workers sampled."""
+async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_disk_from_all(
+    origin,
+):
+    """Each worker's memory ghosts see its share: the parent's /stats and /metrics give the
+    memory curves of all of them as one (``merged_curves``). The tier they share has one set
+    of ghosts, the parent's, fed by every worker: a URL written through one worker and asked
+    again through the other is a hit there, so admitting all to it misses each URL once."""
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false",
             "--set", "whatif.sample=1")  # fmt: skip
     async with served(*args) as (process, url, admin):
         stats = await twice_on_new_connections(url, admin, [f"/w{i}" for i in range(100)])
-        mine = {(c["policy"], c["scale"]): c for c in stats["whatif"]["curves"]}
+        mine = {(c["tier"], c["policy"], c["scale"]): c for c in stats["whatif"]["curves"]}
         theirs = [c for w in stats["workers"] for c in w["whatif"]["curves"]]
-        for (policy, scale), curve in mine.items():
-            parts = [c for c in theirs if (c["tier"], c["policy"], c["scale"]) ==
-                     ("memory", policy, scale) and c["miss_ratio"] is not None]  # fmt: skip
+        assert {c["tier"] for c in theirs} == {"memory"}
+        for (tier, policy, scale), curve in mine.items():
+            if tier == "disk":
+                continue
+            parts = [c for c in theirs if (c["policy"], c["scale"]) == (policy, scale)
+                     and c["miss_ratio"] is not None]  # fmt: skip
             assert curve["sampled"] == sum(c["sampled"] for c in parts) > 0
             low, high = min(c["miss_ratio"] for c in parts), max(c["miss_ratio"] for c in parts)
             assert low - 1e-9 <= curve["miss_ratio"] <= high + 1e-9
-        assert {c["tier"] for c in stats["whatif"]["curves"]} == {"memory"}
+        disk = [c for key, c in mine.items() if key[0] == "disk" and key[1] == "always"]
+        assert disk and all(c["sampled"] == 200 and c["miss_ratio"] == 0.5 for c in disk)
+        assert [w["whatif"]["batches_dropped"] for w in stats["workers"]] == [0, 0]
         async with aiohttp.ClientSession() as client, client.get(admin + "/metrics") as r:
-            assert 'onehit_whatif_miss_ratio{tier="memory"' in await r.text()
+            text = await r.text()
+        assert 'onehit_whatif_miss_ratio{tier="memory"' in text
+        assert 'onehit_whatif_miss_ratio{tier="disk",policy="always"' in text
+        bad = [[], {"from": 0, "requests": 1, "sample": [[1.0], [1], [1], [1]]},
+               {"from": 0, "requests": 1, "sample": [[1.0], [-1], [1], [1], [1]]},
+               {"from": 0, "requests": 1, "sample": [[1.0, 2.0], [1], [1], [1], [1]]},
+               {"from": 0, "requests": 1, "sample": [["NaN"], [1], [1], [1], [1]]},
+               {"from": 0, "requests": 1, "sample": [[1.0], [1], [1], [1], [-5]]}]  # fmt: skip
+        async with aiohttp.ClientSession() as client:
+            for body in bad:
+                async with client.post(admin + "/whatif", json=body) as r:
+                    assert r.status == 400, body
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
 

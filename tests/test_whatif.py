@@ -9,12 +9,14 @@ import pytest
 from conftest import admin, base, serve_trace
 
 from loadgen.simulate import sample_trace, simulate
+from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import ConfigError, load
+from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import DiskShape, WhatIf, merged_curves
+from proxy.core.whatif import DiskGhosts, DiskShape, MemoryShape, Sample, WhatIf, merged_curves
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 
@@ -78,6 +80,38 @@ async def test_a_proxy_shows_each_ghosts_curve_as_the_simulator_predicts_it(
     assert 'onehit_whatif_miss_ratio{tier="memory",policy="tinylfu",scale="0.25"}' in text
 
 
+async def test_a_proxys_disk_curves_are_the_two_tier_simulator_on_the_same_requests(
+    origin, start_proxy, client, trace, tmp_path
+):
+    """With a disk tier, every key sampled: each disk curve on /stats (the configured memory
+    tier in front of each disk rule at each scale) is what the two-tier simulator gives for
+    the same requests, the same sizes and records, exactly."""
+    short = Trace(np.zeros(6_000), trace.ids[:6_000], trace.sizes[:6_000])
+    serve_trace(origin, short)
+    memory, region = round(short.distinct_bytes() * 0.01), 64 << 10
+    proxy = await start_proxy(cache__size=str(memory), disk__path=str(tmp_path / "disk"),
+                              disk__size=str(32 * region), disk__region_size=str(region),
+                              admission__policy="always", whatif__sample="1")  # fmt: skip
+    prefix = base(proxy) + "/obj/"
+    for key in short.key_strings():
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    async with client.get(admin(proxy) + "/stats") as r:
+        curves = [c for c in (await r.json())["whatif"]["curves"] if c["tier"] == "disk"]
+    disk = proxy.config.disk
+    assert {c["policy"] for c in curves} == {disk.policy, "always", "nth-hit:3",
+                                             "probabilistic:0.1"}  # fmt: skip
+    for curve in curves:
+        admission = AdmissionConfig(policy=curve["policy"], **(
+            {"window": disk.window} if curve["policy"] == disk.policy else {}))  # fmt: skip
+        offline = simulate_tiers(short, memory, AdmissionConfig(policy="always"),
+                                 DiskSpec(curve["size"], region, admission),
+                                 key_prefix=prefix)  # fmt: skip
+        assert curve["miss_ratio"] == pytest.approx(1 - offline.stats["hit_ratio"], abs=1e-9), curve
+        assert curve["bytes_written"] == offline.stats["disk_bytes_written"], curve
+
+
 async def test_no_what_if_when_its_sample_is_zero(start_proxy, client):
     proxy = await start_proxy(whatif__sample="0")
     async with client.get(admin(proxy) + "/stats") as r:
@@ -111,8 +145,8 @@ def test_ghosts_begun_after_a_reload_count_only_the_hits_since(trace):
 def test_workers_memory_curves_merge_into_the_machines_and_their_disk_curves_do_not():
     """Under --workers each keeps a private memory tier and its own ghosts: the machine's curve
     at a policy and scale is their miss ratios weighted by what each sampled, the sizes and
-    bytes written summed; a worker that sampled nothing adds its size only; disk ghosts, each
-    modelling the shared disk fed one worker's share, are not summed into anything."""
+    bytes written summed; a worker that sampled nothing adds its size only; disk curves are
+    not summed into anything (the machine's are the parent's own ``DiskGhosts``)."""
 
     def curve(tier, policy, ratio, sampled, size=100, written=10):
         return {"tier": tier, "policy": policy, "scale": 1.0, "size": size,
@@ -143,7 +177,8 @@ def test_a_disk_ghost_takes_the_large_objects_the_disk_takes():
     for i in range(20_000):
         whatif.record(f"/big{i % 5_000}", 400_000, float(i), missed=True)
     whatif.curves(hits=0)  # replays what is buffered
-    ghosts = [g for g in whatif.ghosts if g.disk is not None]
+    assert whatif.disk is not None
+    ghosts = whatif.disk.ghosts
     assert ghosts and all(g.disk.counters.too_large == 0 for g in ghosts)
     assert all(g.disk.counters.bytes_written > 0 for g in ghosts if g.policy == "always")
 
@@ -179,3 +214,32 @@ async def test_a_reload_that_changes_the_ghosts_starts_them_afresh(origin, tmp_p
     assert {c["policy"] for c in curves} == {"second-hit", "tinylfu"}
     fed = service.proxy.engine.whatif.ghosts[0].engine.counters.requests
     assert fed == 20  # the 20 requests since the reload, hits of the compiled path among them
+
+
+def sampled(keys: list[str], start: float) -> Sample:
+    """The requests for ``keys``, a second apart from ``start``, of 1,000-byte bodies."""
+    hashes = [hash64(key) for key in keys]
+    return Sample(np.arange(start, start + len(keys), dtype=np.float64),
+                  np.array([h[0] for h in hashes], np.uint64),
+                  np.array([h[1] for h in hashes], np.uint64),
+                  np.array([len(k) for k in keys], np.int64),
+                  np.full(len(keys), 1_000, np.int64))  # fmt: skip
+
+
+def test_a_machines_disk_ghosts_keep_each_workers_memory_tier_and_share_the_disk():
+    """Under --workers one disk is behind every worker's private memory tier: what one worker
+    wrote is a disk hit through the other, which then holds it in its own memory; a worker's
+    memory ghost never answers for another's. A batch that arrives late is replayed at the
+    latest time seen, never earlier."""
+    memory = MemoryShape(1 << 20, AdmissionConfig(policy="second-hit"))
+    disk = DiskShape(64 << 20, 1 << 20, AdmissionConfig(policy="always"))
+    ghosts = DiskGhosts(disk, memory, rate=1.0, scales=(1.0,), alternatives=())
+    ghosts.feed(0, sampled(["/a", "/b"], 10.0), requests=2)
+    ghosts.feed(1, sampled(["/a", "/b"], 5.0), requests=2)
+    ghosts.feed(1, sampled(["/a"], 20.0), requests=1)
+    [curve] = ghosts.curves()
+    assert (curve["tier"], curve["sampled"], curve["miss_ratio"]) == ("disk", 5, 2 / 5)
+    first, second = (ghosts.ghosts[0].fronts[place].counters for place in (0, 1))
+    assert (first.requests, first.hits) == (2, 0)
+    assert (second.requests, second.hits, second.hits_from_disk) == (3, 3, 2)
+    assert ghosts.latest == 20.0

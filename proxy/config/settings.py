@@ -23,7 +23,14 @@ from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import DISK_ALTERNATIVES, MEMORY_ALTERNATIVES, DiskShape, WhatIf
+from proxy.core.whatif import (
+    DISK_ALTERNATIVES,
+    MEMORY_ALTERNATIVES,
+    DiskGhosts,
+    DiskShape,
+    MemoryShape,
+    WhatIf,
+)
 
 # The largest ``[disk] region_size``: the disk index keeps a record's offset in 32 bits.
 MAX_REGION = (1 << 32) - 1
@@ -312,23 +319,46 @@ class Config:
             auto_scale=a.auto_scale,
         )
 
-    def what_if(self) -> WhatIf | None:
+    def what_if(self, *, machine: bool = False) -> WhatIf | None:
         """The ghost caches ``[whatif]`` asks for, of this memory tier and its disk tier
         (``proxy.core.whatif``), or None when its sample is 0 or responses are fetched in
-        slices (``[cache] slice_size``: the ghosts would count slices, the cache requests)."""
+        slices (``[cache] slice_size``: the ghosts would count slices, the cache requests).
+        A worker of a ``machine`` models its memory tier alone: the disk every worker shares
+        is the parent's to model (``disk_what_if``), fed by each."""
         w = self.whatif
         if not w.sample or self.cache.slice_size:  # a slice is not a request: see [whatif]
             return None
-        disk = None
-        if self.disk.path:
-            admission = AdmissionConfig(policy=self.disk.policy, window=self.disk.window)
-            disk = DiskShape(self.disk.size, self.disk.region_size, admission,
-                             float(self.disk.max_write_rate))  # fmt: skip
         return WhatIf(
             self.cache.size, self.admission_config(), self.cache.eviction, rate=w.sample,
             entry_overhead=ENTRY_OVERHEAD, max_object_bytes=self.cache.max_object_size,
-            disk=disk, alternatives=w.policies, disk_alternatives=w.disk_policies,
+            disk=None if machine else self._disk_shape(), alternatives=w.policies,
+            disk_alternatives=w.disk_policies,
         )  # fmt: skip
+
+    def disk_what_if(self) -> DiskGhosts | None:
+        """The ghosts of the disk tier and its alternatives a machine's parent keeps, each
+        behind a ghost of every worker's memory tier (this configuration being a worker's),
+        or None when there is no what-if or no disk."""
+        w, disk = self.whatif, self._disk_shape()
+        if not w.sample or self.cache.slice_size or disk is None:
+            return None
+        memory = MemoryShape(self.cache.size, self.admission_config(), self.cache.eviction,
+                             ENTRY_OVERHEAD, self.cache.max_object_size)  # fmt: skip
+        return DiskGhosts(disk, memory, rate=w.sample, alternatives=w.disk_policies)
+
+    def what_if_key(self) -> tuple[object, ...]:
+        """What the what-if's ghosts are built of: a reload that changes any starts them
+        afresh (ghosts of the old caches would compare wrong)."""
+        c = self.cache
+        return (self.whatif, c.size, c.eviction, c.max_object_size, self.admission_config(),
+                self.disk.path, self.disk.size, self.disk.policy)  # fmt: skip
+
+    def _disk_shape(self) -> DiskShape | None:
+        if not self.disk.path:
+            return None
+        admission = AdmissionConfig(policy=self.disk.policy, window=self.disk.window)
+        return DiskShape(self.disk.size, self.disk.region_size, admission,
+                         float(self.disk.max_write_rate))  # fmt: skip
 
     def route_table(self) -> dict[str, str]:
         """Host (lower-case, no port) -> origin; ``""`` maps to the default origin if any."""

@@ -20,11 +20,16 @@ Rules it keeps:
 * Each curve's miss ratio is corrected as SHARDS_adj corrects it (heavy keys make the sample
   hold more or fewer requests than ``rate`` of the whole); its counts are the sample's over
   ``rate``, estimates for the whole traffic.
-* With a disk tier, the disk alternatives run behind a ghost of the configured memory tier,
-  at each scale of the disk's size: the hit ratio of both tiers and the bytes each disk rule
-  would have written. A disk ghost's regions are the sample's share of the disk's, but at
-  least the largest record the cache writes (a region scaled down would refuse large objects
-  the disk takes); a scale of the disk too small for two of them has no ghost.
+* With a disk tier, the disk alternatives (``DiskGhosts``) run behind ghosts of the
+  configured memory tier, at each scale of the disk's size: the hit ratio of both tiers and
+  the bytes each disk rule would have written. A disk ghost's regions are the sample's share
+  of the disk's, but at least the largest record the cache writes (a region scaled down would
+  refuse large objects the disk takes); a scale of the disk too small for two of them has no
+  ghost. Under ``--workers`` one disk is behind every worker's private memory tier, so the
+  disk ghosts are the machine's: each worker hands its sampled requests over (``forward``),
+  and one ``DiskGhosts`` replays them through a memory ghost of that worker's own (``place``)
+  and the one disk ghost they share. Batches from different workers are replayed in the order
+  they arrive, each whole, their times never going back.
 * A ghost holds every response until it is evicted: freshness is not modelled, so behind an
   origin that sends short lifetimes the ghosts' hit ratios are those of responses that stay
   fresh. A ghost with no sampled request yet, or that the loop refused a batch (it is fed no
@@ -37,9 +42,10 @@ Rules it keeps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -79,12 +85,47 @@ class Ghost:
     engine: CacheEngine
     disk: DiskTier | None = None
     failed: str | None = None  # why the loop refused a batch: the ghost is fed no more
+    # A disk ghost's memory ghosts in front of it, one per place (a worker's own tier).
+    fronts: dict[int, CacheEngine] = field(default_factory=dict)
+
+
+class Sample(NamedTuple):
+    """Sampled requests, in the order they were answered: when, the key's two hashes and
+    characters, the body's size."""
+
+    times: np.ndarray
+    h1: np.ndarray
+    h2: np.ndarray
+    chars: np.ndarray
+    sizes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+class MemoryShape(NamedTuple):
+    """The memory tier ghosts model: its size, admission, eviction, the store's per-entry
+    overhead and largest object."""
+
+    size: int
+    admission: AdmissionConfig
+    eviction: str = "lru"
+    entry_overhead: int = 0
+    max_object_bytes: int | None = None
+
+    def ghost(self, scale: float, policy: str, rate: float) -> CacheEngine:
+        """A ghost of this tier at ``scale`` of its size, admitting by ``policy``."""
+        config = self.admission if policy == self.admission.policy else (
+            AdmissionConfig(policy=policy))  # fmt: skip
+        return build_engine(round(self.size * scale), config, self.max_object_bytes,
+                            self.entry_overhead, self.eviction, rate=rate)  # fmt: skip
 
 
 class WhatIf:
     """Ghosts of a memory tier of ``memory_bytes`` (admitting by ``admission``, evicting by
     ``eviction``) and of its alternatives, and of ``disk``'s alternatives when given, fed a
-    ``rate`` sample of the requests."""
+    ``rate`` sample of the requests. ``forward``, when set, is handed each batch sampled too
+    (a worker's, for the machine's ``DiskGhosts``)."""
 
     def __init__(
         self,
@@ -100,51 +141,30 @@ class WhatIf:
         alternatives: tuple[str, ...] = MEMORY_ALTERNATIVES,
         disk_alternatives: tuple[str, ...] = DISK_ALTERNATIVES,
     ) -> None:
-        if not 0.0 < rate <= 1.0:
-            raise ValueError(f"a what-if's sampling rate is in (0, 1], got {rate!r}")
+        _check_rate(rate)
         self.rate = rate
         self.below = min(2**64 - 1, int(rate * 2**64))
         self.missed = 0  # misses recorded, sampled or not (``curves`` is told the hits)
         self.hits_before = 0  # the cache's hits when these ghosts began (``start``)
+        self.forward: Callable[[Sample], None] | None = None
         self._buffer: list[tuple[float, int, int, int, int]] = []
+        memory = MemoryShape(memory_bytes, admission, eviction, entry_overhead, max_object_bytes)
         policies = dict.fromkeys((admission.policy, *alternatives))
-
-        def memory(scale: float, policy: str) -> CacheEngine:
-            config = admission if policy == admission.policy else AdmissionConfig(policy=policy)
-            return build_engine(round(memory_bytes * scale), config, max_object_bytes,
-                                entry_overhead, eviction, rate=rate)  # fmt: skip
-
-        self.ghosts = [
-            Ghost("memory", policy, scale, round(memory_bytes * scale), memory(scale, policy))
-            for policy in policies
-            for scale in scales
-        ]
-        if disk is not None:
-            # A ghost's region holds the largest record the cache can write: a region scaled
-            # down with the sample would refuse large objects the disk takes.
-            largest = RECORD_HEADER + ASSUMED_META + 4096 + (max_object_bytes or memory_bytes)
-            region = max(round(disk.region_size * rate), min(disk.region_size, largest))
-            for policy in dict.fromkeys((disk.admission.policy, *disk_alternatives)):
-                for scale in scales:
-                    size = round(disk.size * scale * rate)
-                    if size < 2 * region:  # too small a sample of this disk to model
-                        continue
-                    config = disk.admission if policy == disk.admission.policy else (
-                        AdmissionConfig(policy=policy))  # fmt: skip
-                    # The sample writes ``rate`` of the disk's bytes: so does its budget.
-                    budget = WriteBudget(disk.max_write_rate * rate)
-                    tier = DiskTier(Regions(region, size // region), config.scaled(rate),
-                                    budget=budget)  # fmt: skip
-                    engine = memory(1.0, admission.policy)
-                    engine.behind = (tier,)
-                    self.ghosts.append(
-                        Ghost("disk", policy, scale, round(disk.size * scale), engine, tier)
-                    )
+        sized = [(policy, scale, round(memory_bytes * scale)) for policy in policies
+                 for scale in scales]  # fmt: skip
+        self.ghosts = [Ghost("memory", policy, scale, size, memory.ghost(scale, policy, rate))
+                       for policy, scale, size in sized]  # fmt: skip
+        self.disk = None if disk is None else DiskGhosts(
+            disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
 
     def start(self, hits: int) -> None:
         """The ghosts begin now, when the cache has counted ``hits``: ``curves`` is told the
         cache's hits since its start, and counts those since the ghosts'."""
         self.hits_before = hits
+
+    def requests(self, hits: int) -> int:
+        """The requests recorded since the ghosts began, the cache having counted ``hits``."""
+        return hits - self.hits_before + self.missed
 
     def record(
         self, key: str, size: int, now: float, *, missed: bool = False, key_hash: int = 0
@@ -164,31 +184,20 @@ class WhatIf:
                 self.flush()
 
     def flush(self) -> None:
-        """Replay the buffered requests through every ghost."""
+        """Replay the buffered requests through every ghost (and hand them to ``forward``)."""
         if not self._buffer:
             return
         when, h1, h2, chars, size = zip(*self._buffer, strict=True)
         self._buffer.clear()
-        n = len(when)
-        keys = KeyArrays(
-            np.arange(n, dtype=np.int64), b"", 0,
-            (np.array(h1, np.uint64), np.array(h2, np.uint64), np.array(chars, np.int64)),
-        )  # fmt: skip
-        times = np.array(when, np.float64)
-        sizes = np.array(size, np.int64)
+        sample = Sample(np.array(when, np.float64), np.array(h1, np.uint64),
+                        np.array(h2, np.uint64), np.array(chars, np.int64),
+                        np.array(size, np.int64))  # fmt: skip
         for ghost in self.ghosts:
-            if ghost.failed is not None:
-                continue
-            try:
-                if ghost.disk is None:
-                    replay(ghost.engine, keys, times, sizes, 0, n)
-                else:
-                    lengths = RECORD_HEADER + ASSUMED_META + keys.names[2] + sizes
-                    replay_tiers(ghost.engine, ghost.disk, keys, times, sizes,
-                                 record_overhead=0, lengths=lengths)  # fmt: skip
-            except (ValueError, OverflowError, MemoryError) as exc:
-                # A ghost the loop refuses is a what-if lost, never a request: it stops here.
-                ghost.failed = f"{type(exc).__name__}: {exc}"
+            _replay(ghost, sample)
+        if self.disk is not None:
+            self.disk.feed(0, sample)
+        if self.forward is not None:
+            self.forward(sample)
 
     def curves(self, hits: int) -> list[dict[str, object]]:
         """Each ghost's estimates for the whole traffic recorded (``hits``, counted by the
@@ -196,34 +205,141 @@ class WhatIf:
         the bytes it would have written (to memory, or to the disk), and how many requests
         of the sample it saw (a few hundred make a rough estimate)."""
         self.flush()
-        requests = hits - self.hits_before + self.missed
+        requests = self.requests(hits)
+        out = [_curve(ghost, ghost.engine.counters, ghost.engine.counters.bytes_written,
+                      requests, self.rate) for ghost in self.ghosts]  # fmt: skip
+        return out + ([] if self.disk is None else self.disk.curves(requests))
+
+
+class DiskGhosts:
+    """Ghosts of a disk tier (``disk``) and of its alternatives, each at ``scales`` of its
+    size, behind ghosts of the memory tier (``memory``) in front of it: one memory ghost per
+    place that feeds it (a process, or each worker of a machine), one disk ghost they share,
+    as the workers share the disk. Fed ``rate`` samples (``feed``)."""
+
+    def __init__(
+        self,
+        disk: DiskShape,
+        memory: MemoryShape,
+        *,
+        rate: float = 0.01,
+        scales: tuple[float, ...] = SCALES,
+        alternatives: tuple[str, ...] = DISK_ALTERNATIVES,
+    ) -> None:
+        _check_rate(rate)
+        self.rate = rate
+        self.memory = memory
+        self.requests = 0  # requests fed, sampled or not (``feed``'s ``requests``)
+        self.latest = -math.inf  # the latest time replayed: a batch is never replayed earlier
+        # A ghost's region holds the largest record the cache can write: a region scaled
+        # down with the sample would refuse large objects the disk takes.
+        largest = RECORD_HEADER + ASSUMED_META + 4096 + (memory.max_object_bytes or memory.size)
+        region = max(round(disk.region_size * rate), min(disk.region_size, largest))
+        self.ghosts: list[Ghost] = []
+        for policy in dict.fromkeys((disk.admission.policy, *alternatives)):
+            for scale in scales:
+                size = round(disk.size * scale * rate)
+                if size < 2 * region:  # too small a sample of this disk to model
+                    continue
+                config = disk.admission if policy == disk.admission.policy else (
+                    AdmissionConfig(policy=policy))  # fmt: skip
+                # The sample writes ``rate`` of the disk's bytes: so does its budget.
+                budget = WriteBudget(disk.max_write_rate * rate)
+                tier = DiskTier(Regions(region, size // region), config.scaled(rate),
+                                budget=budget)  # fmt: skip
+                self.ghosts.append(Ghost("disk", policy, scale, round(disk.size * scale),
+                                         self._front(), tier))  # fmt: skip
+
+    def _front(self) -> CacheEngine:
+        return self.memory.ghost(1.0, self.memory.admission.policy, self.rate)
+
+    def feed(self, place: int, sample: Sample, requests: int = 0) -> None:
+        """Replay ``sample``, sampled at ``place`` (its memory ghosts: a worker's own), through
+        every disk ghost; ``requests``: how many requests it was sampled from (the whole
+        traffic's count, for the miss ratios), when the caller counts them here."""
+        self.requests += requests
+        if not len(sample):
+            return
+        times = np.maximum(sample.times, self.latest)
+        self.latest = float(times[-1])
+        keys = KeyArrays(np.arange(len(sample), dtype=np.int64), b"", 0,
+                         (sample.h1, sample.h2, sample.chars))  # fmt: skip
+        lengths = RECORD_HEADER + ASSUMED_META + sample.chars + sample.sizes
+        for ghost in self.ghosts:
+            if ghost.failed is not None:
+                continue
+            assert ghost.disk is not None
+            if place not in ghost.fronts:
+                ghost.fronts[place] = ghost.engine if not ghost.fronts else self._front()
+            try:
+                replay_tiers(ghost.fronts[place], ghost.disk, keys, times, sample.sizes,
+                             record_overhead=0, lengths=lengths)  # fmt: skip
+            except (ValueError, OverflowError, MemoryError) as exc:
+                # A ghost the loop refuses is a what-if lost, never a request: it stops here.
+                ghost.failed = f"{type(exc).__name__}: {exc}"
+
+    def curves(self, requests: int | None = None) -> list[dict[str, object]]:
+        """Each disk ghost's estimates for the whole traffic of ``requests`` (by default the
+        requests ``feed`` was told of): the miss ratio of both tiers, every place's memory
+        ghost with the shared disk, and the bytes written to the disk."""
+        requests = self.requests if requests is None else requests
         out = []
         for ghost in self.ghosts:
-            c = ghost.engine.counters
-            written = c.bytes_written if ghost.disk is None else ghost.disk.counters.bytes_written
-            fed = c.requests > 0 and ghost.failed is None
-            out.append({
-                "tier": ghost.tier, "policy": ghost.policy, "scale": ghost.scale,
-                "size": ghost.size,
-                "miss_ratio": self._miss_ratio(c.hits, c.requests, requests) if fed else None,
-                "bytes_written": round(written / self.rate),
-                "sampled": c.requests,
-                **({"failed": ghost.failed} if ghost.failed else {}),
-            })  # fmt: skip
+            assert ghost.disk is not None
+            counted = Counted(0, 0)
+            for front in ghost.fronts.values() or (ghost.engine,):
+                counted = Counted(counted.hits + front.counters.hits,
+                                  counted.requests + front.counters.requests)  # fmt: skip
+            out.append(_curve(ghost, counted, ghost.disk.counters.bytes_written, requests,
+                              self.rate))  # fmt: skip
         return out
 
-    def _miss_ratio(self, hits: int, sampled: int, requests: int) -> float | None:
-        if requests <= 0:
-            return None
-        return 1.0 - shards_ratio(hits, sampled, requests * self.rate)
+
+class Counted(NamedTuple):
+    hits: int
+    requests: int
+
+
+def _check_rate(rate: float) -> None:
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"a what-if's sampling rate is in (0, 1], got {rate!r}")
+
+
+def _replay(ghost: Ghost, sample: Sample) -> None:
+    """``sample`` through a memory ghost; a batch the loop refuses stops the ghost."""
+    if ghost.failed is not None:
+        return
+    keys = KeyArrays(np.arange(len(sample), dtype=np.int64), b"", 0,
+                     (sample.h1, sample.h2, sample.chars))  # fmt: skip
+    try:
+        replay(ghost.engine, keys, sample.times, sample.sizes, 0, len(sample))
+    except (ValueError, OverflowError, MemoryError) as exc:
+        # A ghost the loop refuses is a what-if lost, never a request: it stops here.
+        ghost.failed = f"{type(exc).__name__}: {exc}"
+
+
+def _curve(
+    ghost: Ghost, counted: Any, written: int, requests: int, rate: float
+) -> dict[str, object]:
+    """A ghost's curve: ``counted`` hits of the requests it saw, ``written`` bytes, estimated
+    for ``requests`` of the whole traffic at ``rate``."""
+    fed = counted.requests > 0 and ghost.failed is None
+    miss_ratio = None
+    if fed and requests > 0:
+        miss_ratio = 1.0 - shards_ratio(counted.hits, counted.requests, requests * rate)
+    return {
+        "tier": ghost.tier, "policy": ghost.policy, "scale": ghost.scale, "size": ghost.size,
+        "miss_ratio": miss_ratio, "bytes_written": round(written / rate),
+        "sampled": counted.requests, **({"failed": ghost.failed} if ghost.failed else {}),
+    }  # fmt: skip
 
 
 def merged_curves(workers: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The memory curves of workers that each keep a private memory tier (``--workers``), as
     the one machine's: for each policy and scale, the miss ratio over all their traffic (each
     worker's weighted by the sampled requests its ghost saw), the bytes written and the sizes
-    summed. Disk curves are left out: each worker's models the shared disk fed its own share
-    alone, and no sum of them is the disk's."""
+    summed. Disk curves are left out: the machine's are its own ``DiskGhosts``, fed by every
+    worker."""
     merged: dict[tuple[str, float], dict[str, Any]] = {}
     weighted: dict[tuple[str, float], float] = {}
     for curves in workers:

@@ -48,6 +48,7 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
+from proxy.core.whatif import Sample
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import SharedSecondHit
@@ -85,6 +86,8 @@ class Proxy:
         self.shared = shared
         self.disk = disk
         self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
+        # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
+        self.samples: Callable[[Sample, int], None] | None = None
         self.router = Router(config)
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
@@ -119,12 +122,29 @@ class Proxy:
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
         if config.admission_config() != self.config.admission_config():
             engine.admission = make_policy(config.admission_config(), engine.store)
-        if _ghosted(config) != _ghosted(self.config):  # ghosts of the old caches compare wrong
-            engine.whatif = config.what_if()
+        if config.what_if_key() != self.config.what_if_key():
+            engine.whatif = config.what_if(machine=self.samples is not None)
             if engine.whatif is not None:
                 engine.whatif.start(engine.counters.hits)
+            self.follow_whatif()
         self.hits.follow_engine()
         self.config = config
+
+    def follow_whatif(self) -> None:
+        """Hand each batch the what-if samples to ``samples`` (the machine's parent), with the
+        count of requests it was sampled from: those since the batch before."""
+        whatif, samples, counters = self.engine.whatif, self.samples, self.engine.counters
+        if whatif is None or samples is None:
+            return
+        counted = 0
+
+        def forward(sample: Sample) -> None:
+            nonlocal counted
+            requests = whatif.requests(counters.hits)
+            samples(sample, requests - counted)
+            counted = requests
+
+        whatif.forward = forward
 
     @property
     def fast_hits(self) -> int:
@@ -287,10 +307,3 @@ class Proxy:
 
 async def _given(response: web.StreamResponse) -> web.StreamResponse:
     return response
-
-
-def _ghosted(config: Config) -> tuple[object, ...]:
-    """What the what-if's ghosts are built of: a change of any starts them afresh."""
-    c = config.cache
-    return (config.whatif, c.size, c.eviction, c.max_object_size, config.admission_config(),
-            config.disk.path, config.disk.size, config.disk.policy)  # fmt: skip

@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 
 from proxy.config.settings import AdminSection
 from proxy.core.stats import GAUGES, METRICS, TIER_HITS, TIER_HITS_HELP
+from proxy.core.whatif import BATCH, Sample
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
@@ -136,6 +138,11 @@ def admin_app(
             },
             "config": proxy.config.summary(),
         }
+        # A worker's what-if samples reach the parent before its stats do: the machine's
+        # disk ghosts, which the parent answers with, have what this worker's curves had.
+        sent = getattr(proxy.samples, "sent", None)
+        if sent is not None:
+            await sent()
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
@@ -240,6 +247,35 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
     return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
 
 
+async def whatif_samples_of(request: web.Request) -> tuple[int, Sample, int] | None:
+    """What a ``POST /whatif`` carries (``{"from": place, "requests": n, "sample": [times,
+    h1, h2, chars, sizes]}``, equal columns of at most ``4 * BATCH``): the sending worker's
+    place, its samples and the requests they were sampled from; None for anything else."""
+    try:
+        body = await request.json()
+        place, requests, columns = body["from"], body["requests"], body["sample"]
+        if not (
+            isinstance(place, int)
+            and isinstance(requests, int)
+            and requests >= 0
+            and isinstance(columns, list)
+            and len(columns) == len(Sample._fields)
+        ):
+            return None
+        types = (np.float64, np.uint64, np.uint64, np.int64, np.int64)
+        sample = Sample(*(np.array(c, t) for c, t in zip(columns, types, strict=True)))
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
+        return None
+    lengths = {column.shape for column in sample}
+    if len(lengths) != 1 or sample.times.ndim != 1 or len(sample) > 4 * BATCH:
+        return None
+    if not (
+        np.isfinite(sample.times).all() and (sample.chars >= 0).all() and (sample.sizes >= 0).all()
+    ):
+        return None
+    return place, sample, requests
+
+
 def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> dict[str, object] | None:
     """A purge another instance published (``apply_purge``'s arguments), if well formed:
     what it removed here; None for one that is not."""
@@ -287,10 +323,12 @@ def admin_application(
     filter_reset: Handler,
     reload: Handler,
     forget: Handler | None = None,
+    whatif: Handler | None = None,
 ) -> web.Application:
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
     of workers answer the same endpoints; ``forget`` (``POST /forget``), where workers share
-    a tier: keys one worker forgot there, which the others forget in memory."""
+    a tier: keys one worker forgot there, which the others forget in memory; ``whatif``
+    (``POST /whatif``), a parent's: a worker's what-if samples, for the shared tier's ghosts."""
     app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
     app.on_response_prepare.append(_name_the_server)
     app.router.add_get("/stats", stats)
@@ -302,6 +340,8 @@ def admin_application(
     app.router.add_post("/reload", reload)
     if forget is not None:
         app.router.add_post("/forget", forget)
+    if whatif is not None:
+        app.router.add_post("/whatif", whatif)
     return app
 
 
@@ -366,12 +406,15 @@ SHARED_GAUGES = frozenset({"filter_redis_budget_seconds"})
 
 def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
     """The what-if's ghosts (``proxy.core.whatif``): its sample, and each ghost's estimated
-    miss ratio and bytes written for the traffic so far; None without a what-if."""
+    miss ratio and bytes written for the traffic so far; under ``--workers``, the batches of
+    samples the parent was too slow to take. None without a what-if."""
     engine = proxy.engine
     whatif = engine.whatif
     if whatif is None:
         return None
-    return {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
+    out = {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
+    dropped = getattr(proxy.samples, "dropped", None)
+    return out if dropped is None else {**out, "batches_dropped": dropped}
 
 
 def whatif_prometheus_text(whatif: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from proxy.config.settings import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.whatif import Sample
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
@@ -88,7 +89,7 @@ def build_engine(
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,
     )
-    engine.whatif = config.what_if()
+    engine.whatif = config.what_if(machine=sharing is not None)
     return engine
 
 
@@ -119,12 +120,14 @@ class Service:
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
         forgotten: Callable[[str], None] | None = None,
+        samples: Callable[[Sample, int], None] | None = None,
         read_config: Callable[[], Config] | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
         cache tier (``proxy.ops.shared_tier``), each removal this worker makes from it told
-        to ``forgotten`` (``DiskStore.forgotten``). ``clock``: the
+        to ``forgotten`` (``DiskStore.forgotten``) and the what-if's samples to ``samples``
+        (``Proxy.follow_whatif``), for the ghosts of that tier. ``clock``: the
         cache's time (seconds since the epoch), read wherever the proxy asks the time of a
         request or response (a trace's, to replay it as the simulator does). ``read_config``
         reads the configuration again for a reload (SIGHUP, ``POST /reload``)."""
@@ -149,6 +152,9 @@ class Service:
                 undo.push_async_callback(shared.close)
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
+            if sharing is not None:
+                proxy.samples = samples
+                proxy.follow_whatif()
             undo.push_async_callback(proxy.close)
             if shared is not None and not config.admission.redis_cluster:
                 # A Redis Cluster client has no pub/sub here: its fleet purges stay local.

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from proxy.config.settings import Config, DiskSection
@@ -48,6 +48,8 @@ class SharedTier:
     fds: tuple[int, ...]
     argv: list[str]
     scratch: Path | None = None
+    # The settings each worker runs with in place of the configuration's (``worker_view``).
+    overrides: dict[str, object] = field(default_factory=dict)
 
     def close(self) -> None:
         """Once every worker has stopped: the last checkpoint, and the scratch tier removed,
@@ -110,7 +112,16 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
     argv = ["--shared-tier", f"{kind}:{workers}:{','.join(map(str, fds))}"]
     for key, value in overrides.items():
         argv += ["--set", f"{key}={value}"]
-    return SharedTier(store, tuple(fds), argv, scratch)
+    return SharedTier(store, tuple(fds), argv, scratch, overrides)
+
+
+def worker_view(config: Config, overrides: dict[str, object]) -> Config:
+    """``config`` as a worker runs it: with the ``overrides`` its tier gave it (``section.key``
+    to value, as ``--set`` gives them)."""
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config = replace(config, **{section: replace(getattr(config, section), **{name: value})})
+    return config
 
 
 def worker_sharing(given: str, worker: int) -> Sharing:

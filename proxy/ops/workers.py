@@ -36,7 +36,7 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
-from proxy.core.whatif import merged_curves
+from proxy.core.whatif import DiskGhosts, Sample, merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
@@ -46,18 +46,22 @@ from proxy.ops.admin import (
     metrics_response,
     prometheus_text,
     whatif_prometheus_text,
+    whatif_samples_of,
 )
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
 from proxy.ops.service import checkpoint_every, until_signalled
-from proxy.ops.shared_tier import SharedTier, open_shared_tier
+from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # Keys a worker sends the parent in one POST /forget at most, in bytes: within the admin's body
 # limit (1 MiB) with room for JSON's escapes.
 BATCH_BYTES = 256 << 10
+# What-if batches a worker holds for the parent at most (each ``proxy.core.whatif.BATCH``
+# sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
+SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
 
 
@@ -264,69 +268,136 @@ def reachable(listen: tuple[str, int]) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class MachineForgets:
-    """A worker's removals from the tier the workers share (``DiskStore.forgotten``), sent to
-    the parent in batches (``POST /forget``), which hands them to the other workers: their
-    memory tiers may hold what this one removed. Sent as soon as the loop is free, so another
-    worker serves its copy a few milliseconds at most; a parent that does not answer is
-    logged, once a minute."""
+class ToParent:
+    """Bodies a worker POSTs to its parent's admin (at ``path``), in order, as soon as the loop
+    is free; a parent that does not answer is logged, once a minute. A subclass keeps what
+    is pending and says what the next body is (``_next``)."""
 
-    def __init__(self, parent_admin: str, place: int, token: str) -> None:
-        self.url = f"{parent_admin}/forget"
+    what = "messages"
+
+    def __init__(self, parent_admin: str, path: str, place: int, token: str) -> None:
+        self.url = f"{parent_admin}{path}"
         self.place = place
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.pending: list[str] = []
         self.sending: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._warned = 0.0
 
-    def __call__(self, key: str) -> None:
-        self.pending.append(key)
+    def _next(self) -> tuple[dict[str, Any], int] | None:
+        """The next body to send and how many things it carries; None when none is pending."""
+        raise NotImplementedError
+
+    def _send_soon(self) -> None:
         if self.sending is None or self.sending.done():
             self.sending = asyncio.get_running_loop().create_task(self._send())
 
     async def _send(self) -> None:
-        while self.pending:
-            keys = self._batch()
+        while (next_body := self._next()) is not None:
+            body, count = next_body
             if self.session is None:
                 self.session = aiohttp.ClientSession(
                     headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
                 )
             try:
-                async with self.session.post(
-                    self.url, json={"keys": keys, "from": self.place}
-                ) as r:
+                async with self.session.post(self.url, json=body) as r:
                     r.raise_for_status()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 now = asyncio.get_running_loop().time()
                 if now - self._warned > 60:
                     self._warned = now
-                    log.warning("telling the other workers of %d removals failed: %r",
-                                len(keys), exc)  # fmt: skip
+                    log.warning("telling the parent of %d %s failed: %r", count, self.what, exc)
 
     async def sent(self) -> None:
-        """Return once every key handed over so far has been sent (or failed): a purge
-        answers when the other workers have forgotten it."""
+        """Return once everything handed over so far has been sent (or failed)."""
         while self.sending is not None and not self.sending.done():
             await asyncio.gather(self.sending, return_exceptions=True)
-
-    def _batch(self) -> list[str]:
-        """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
-        bounded, and one refused would lose every key in it)."""
-        size = 0
-        for n, key in enumerate(self.pending):
-            size += len(key) + 4
-            if size > BATCH_BYTES and n:
-                batch, self.pending = self.pending[:n], self.pending[n:]
-                return batch
-        batch, self.pending = self.pending, []
-        return batch
 
     async def close(self) -> None:
         if self.sending is not None:
             await asyncio.gather(self.sending, return_exceptions=True)
         if self.session is not None:
             await self.session.close()
+
+
+class MachineForgets(ToParent):
+    """A worker's removals from the tier the workers share (``DiskStore.forgotten``), sent to
+    the parent in batches (``POST /forget``), which hands them to the other workers: their
+    memory tiers may hold what this one removed. Sent as soon as the loop is free, so another
+    worker serves its copy a few milliseconds at most. A purge answers once they are
+    ``sent``: when the other workers have forgotten it."""
+
+    what = "removals"
+
+    def __init__(self, parent_admin: str, place: int, token: str) -> None:
+        super().__init__(parent_admin, "/forget", place, token)
+        self.pending: list[str] = []
+
+    def __call__(self, key: str) -> None:
+        self.pending.append(key)
+        self._send_soon()
+
+    def _next(self) -> tuple[dict[str, Any], int] | None:
+        """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
+        bounded, and one refused would lose every key in it)."""
+        if not self.pending:
+            return None
+        size = 0
+        batch = self.pending
+        for n, key in enumerate(self.pending):
+            size += len(key) + 4
+            if size > BATCH_BYTES and n:
+                batch = self.pending[:n]
+                break
+        self.pending = self.pending[len(batch) :]
+        return {"keys": batch, "from": self.place}, len(batch)
+
+
+class MachineSamples(ToParent):
+    """A worker's what-if samples (``WhatIf.forward``), each batch with the count of requests
+    it was sampled from, sent to the parent (``POST /whatif``), whose ghosts of the shared
+    disk every worker feeds (``DiskGhosts``). At most ``SAMPLE_BATCHES`` wait: past that a
+    batch is dropped with its count (the estimates stay unbiased) and counted (``dropped``)."""
+
+    what = "what-if batches"
+
+    def __init__(self, parent_admin: str, place: int, token: str) -> None:
+        super().__init__(parent_admin, "/whatif", place, token)
+        self.pending: list[tuple[int, Sample]] = []
+        self.dropped = 0
+
+    def __call__(self, sample: Sample, requests: int) -> None:
+        if len(self.pending) >= SAMPLE_BATCHES:
+            self.dropped += 1
+            return
+        self.pending.append((requests, sample))
+        self._send_soon()
+
+    def _next(self) -> tuple[dict[str, Any], int] | None:
+        if not self.pending:
+            return None
+        requests, sample = self.pending.pop(0)
+        body = {"from": self.place, "requests": requests,
+                "sample": [column.tolist() for column in sample]}  # fmt: skip
+        return body, 1
+
+
+class MachineGhosts:
+    """The ghosts of the disk tier the workers share, and of its alternatives, kept by the
+    parent (``Config.disk_what_if`` of ``view``, the configuration a worker runs), fed by
+    every worker's samples (``MachineSamples``); built afresh when a reload changes what they
+    are built of, as a worker's own ghosts are."""
+
+    def __init__(self, view: Callable[[], Config]) -> None:
+        self.view = view
+        self.key: tuple[object, ...] | None = None
+        self.ghosts: DiskGhosts | None = None
+
+    def current(self) -> DiskGhosts | None:
+        config = self.view()
+        if config.what_if_key() != self.key:
+            self.key = config.what_if_key()
+            self.ghosts = config.disk_what_if()
+        return self.ghosts
 
 
 class Refused(Exception):
@@ -357,6 +428,7 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.window is not None  # the workers map one admission window
     started = time.time()
+    ghosts = MachineGhosts(lambda: worker_view(reloads.config, workers.tier.overrides))
 
     async def each(
         method: str, path: str, body: Any = None, *, but: int | None = None
@@ -415,13 +487,28 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         return metrics_response(text + _per_worker(per_worker, workers.admins))
 
     def machine_whatif(per_worker: list[Any]) -> dict[str, Any] | None:
-        """The workers' memory what-if as one (``merged_curves``): their private memory
-        tiers together; their disk ghosts stay in each worker's own entry."""
+        """The machine's what-if: the workers' memory curves as one (``merged_curves``:
+        their private memory tiers together), and the curves of the shared disk's ghosts,
+        which every worker feeds."""
         found = [w["whatif"] for w in per_worker if w.get("whatif")]
         if not found:
             return None
+        curves = merged_curves([w["curves"] for w in found])
+        disk = ghosts.current()
         return {"sample": found[0]["sample"],
-                "curves": merged_curves([w["curves"] for w in found])}  # fmt: skip
+                "curves": curves + ([] if disk is None else disk.curves())}  # fmt: skip
+
+    async def whatif(request: web.Request) -> web.Response:
+        fed = await whatif_samples_of(request)
+        if fed is None:
+            return web.json_response(
+                {"error": 'give {"from": place, "requests": n, "sample": [5 columns]}'},
+                status=400,
+            )
+        disk = ghosts.current()
+        if disk is not None:
+            disk.feed(*fed)
+        return web.json_response({"fed": len(fed[1]) if disk is not None else 0})
 
     def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
         """The shared tier's stats: the workers' own counts summed, what it holds once, and
@@ -510,4 +597,5 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         filter_reset=fan_out,
         reload=reload,
         forget=forget,
+        whatif=whatif,
     )
