@@ -5,7 +5,8 @@ The traces are libCacheSim's (``loadgen/real_traces.py``: fetched on first use i
 cache cluster 52. Cache sizes are shares of each trace's unique bytes (0.1% to 10%). onehit
 runs every admission x eviction pair asked (``--admissions``, ``--evictions``) with no
 per-object overhead, as libCacheSim counts; libCacheSim (its Python package) runs LRU, S3-FIFO,
-SIEVE, 2Q, W-TinyLFU, ARC and LHD on the same oracleGeneral file. Printed per trace and size:
+SIEVE, 2Q, W-TinyLFU, ARC and LHD on the same oracleGeneral file (``--more-peers``: the rest
+of its set, learned policies and tuned leaders among them). Printed per trace and size:
 each policy's miss ratio, the bytes onehit's policies wrote (admissions' bytes; LRU writes
 every miss), and which policy, onehit's or libCacheSim's, is lowest. ``--json FILE`` keeps the
 table; ``--report-dir DIR`` writes a report (``index.html``, plots, ``summary.md``) with the
@@ -20,7 +21,8 @@ to the device, the Pareto front marked, in the report's flash section and plot.
 
     .venv/bin/python benchmarks/bench_real_traces.py [--traces cloudphysics,twitter52]
         [--shares 0.001,0.003,0.01,0.03,0.1] [--admissions always,second-hit,tinylfu,adaptive]
-        [--evictions lru,s3fifo,sieve,wtinylfu,twoq] [--json results.json] [--report-dir DIR]
+        [--evictions lru,s3fifo,sieve,wtinylfu,twoq] [--more-peers] [--json results.json]
+        [--report-dir DIR]
         [--disk [--memory-share 0.001] [--disk-shares 0.025,0.1,0.25]]
 """
 
@@ -30,7 +32,9 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import libcachesim
 
@@ -52,12 +56,32 @@ PEERS = {
     "ARC": libcachesim.ARC,
     "LHD": libcachesim.LHD,
 }
+# ``--more-peers``: the rest of libCacheSim's set that runs on these traces, its learned
+# policies (GLCache, 3L-Cache) among them, and the leaders with other parameters than their
+# defaults: how far the state of the art reaches on a trace, beyond the issue's six.
+MORE_PEERS = {
+    "Clock2QPlus": libcachesim.Clock2QPlus,
+    "LIRS": libcachesim.LIRS,
+    "MQ": libcachesim.MQ,
+    "SLRU": libcachesim.SLRU,
+    "LeCaR": libcachesim.LeCaR,
+    "Cacheus": libcachesim.Cacheus,
+    "Hyperbolic": libcachesim.Hyperbolic,
+    "GLCache": libcachesim.GLCache,
+    "3L-Cache": libcachesim.ThreeLCache,
+    "2Q (Ain 10%, Aout 100%)": partial(libcachesim.TwoQ, a_in_size_ratio=0.1,
+                                       a_out_size_ratio=1.0),
+    "S3-FIFO (small 20%)": partial(libcachesim.S3FIFO, small_size_ratio=0.2),
+    "W-TinyLFU (window 5%)": partial(libcachesim.WTinyLFU, window_size=0.05),
+    "W-TinyLFU (window 20%)": partial(libcachesim.WTinyLFU, window_size=0.2),
+}  # fmt: skip
 
 
-def peers(path: Path, size: int) -> dict[str, tuple[float, float]]:
-    """libCacheSim's (miss ratio, byte miss ratio) of each peer at ``size`` bytes."""
+def peers(path: Path, size: int, table: dict[str, Any] = PEERS) -> dict[str, tuple[float, float]]:
+    """libCacheSim's (miss ratio, byte miss ratio) of each peer of ``table`` at ``size``
+    bytes."""
     out = {}
-    for name, cache in PEERS.items():
+    for name, cache in table.items():
         reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
         out[name] = cache(size).process_trace(reader)
     return out
@@ -78,6 +102,11 @@ def main() -> None:
     parser.add_argument("--shares", default="0.001,0.003,0.01,0.03,0.1")
     parser.add_argument("--admissions", default="always,second-hit,tinylfu,adaptive")
     parser.add_argument("--evictions", default="lru,s3fifo,sieve,wtinylfu,twoq")
+    parser.add_argument(
+        "--more-peers",
+        action="store_true",
+        help="libCacheSim's other policies too, learned ones and tuned leaders (minutes more)",
+    )
     parser.add_argument("--json", type=Path, help="write every cell here too")
     parser.add_argument("--report-dir", type=Path, help="write a report of every trace here")
     parser.add_argument(
@@ -122,7 +151,7 @@ def main() -> None:
         for share, size in zip(shares, sizes, strict=True):
             row = {r.label if r.eviction == "lru" else policy_label(r.admission, r.eviction): r
                    for r in ours if r.cache_bytes == size}  # fmt: skip
-            theirs = peers(path, size)
+            theirs = peers(path, size, {**PEERS, **(MORE_PEERS if args.more_peers else {})})
             report_cells += [peer_cell(name, peer, size, share, ratios)
                              for peer, ratios in theirs.items()]  # fmt: skip
             lru_written = row["always"].stats["bytes_written"] if "always" in row else None
