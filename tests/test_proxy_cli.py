@@ -195,15 +195,22 @@ async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_dis
             text = await r.text()
         assert 'onehit_whatif_miss_ratio{tier="memory"' in text
         assert 'onehit_whatif_miss_ratio{tier="disk",policy="always"' in text
-        bad = [[], {"from": 0, "requests": 1, "sample": [[1.0], [1], [1], [1]]},
-               {"from": 0, "requests": 1, "sample": [[1.0], [-1], [1], [1], [1]]},
-               {"from": 0, "requests": 1, "sample": [[1.0, 2.0], [1], [1], [1], [1]]},
-               {"from": 0, "requests": 1, "sample": [["NaN"], [1], [1], [1], [1]]},
-               {"from": 0, "requests": 1, "sample": [[1.0], [1], [1], [1], [-5]]}]  # fmt: skip
+        good = {"from": 0, "pid": 1234, "rate": 1.0, "requests": 1,
+                "sample": [[1.0], [1], [1], [1], [1]]}  # fmt: skip
+        columns = [[[1.0], [1], [1], [1]], [[1.0], [-1], [1], [1], [1]],
+                   [[1.0, 2.0], [1], [1], [1], [1]], [["NaN"], [1], [1], [1], [1]],
+                   [[1.0], [1], [1], [1], [-5]], [[1.0], [1], [1], [1], [2**62]],
+                   [[1.0], [2**64], [1], [1], [1]], [[1.0], [1.5], [1], [1], [1]]]  # fmt: skip
+        bad = [[], *({**good, "sample": c} for c in columns),
+               *({**good, key: value} for key, value in (
+                   ("from", 2), ("from", -1), ("from", True), ("requests", 10**400),
+                   ("requests", True), ("rate", 0.0), ("rate", 1), ("pid", 0)))]  # fmt: skip
         async with aiohttp.ClientSession() as client:
             for body in bad:
                 async with client.post(admin + "/whatif", json=body) as r:
                     assert r.status == 400, body
+            async with client.post(admin + "/whatif", json=good) as r:
+                assert (r.status, await r.json()) == (200, {"fed": 1})
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
 

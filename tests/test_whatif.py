@@ -4,8 +4,11 @@ alternatives at 0.25x to 4x the size, fed a sample of the requests, shown on /st
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
+from aiohttp import web
 from conftest import admin, base, serve_trace
 
 from loadgen.simulate import sample_trace, simulate
@@ -16,7 +19,16 @@ from proxy.config.settings import ConfigError, load
 from proxy.core._native import hash64
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.whatif import DiskGhosts, DiskShape, MemoryShape, Sample, WhatIf, merged_curves
+from proxy.core.whatif import (
+    DiskGhosts,
+    DiskShape,
+    MemoryShape,
+    Sample,
+    Samples,
+    WhatIf,
+    merged_curves,
+)
+from proxy.ops.workers import MachineGhosts, MachineSamples
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 
@@ -243,3 +255,60 @@ def test_a_machines_disk_ghosts_keep_each_workers_memory_tier_and_share_the_disk
     assert (first.requests, first.hits) == (2, 0)
     assert (second.requests, second.hits, second.hits_from_disk) == (3, 3, 2)
     assert ghosts.latest == 20.0
+
+
+def test_a_replaced_workers_memory_ghost_begins_afresh_and_other_rates_are_left_out(tmp_path):
+    """The parent's ghosts of the shared disk: a batch from another process in a worker's
+    place (the worker replaced) meets an empty memory ghost, what the old one counted kept;
+    a batch sampled at another rate (a worker not reloaded yet) is left out, count and all."""
+    settings = {"upstream.origin": "http://127.0.0.1:9", "disk.path": str(tmp_path),
+                "disk.size": "64MiB", "disk.region_size": "1MiB", "whatif.sample": "1",
+                "disk.policy": "always"}  # fmt: skip
+    config = load(env={}, overrides=settings)
+    machine = MachineGhosts(lambda: config)
+    assert machine.feed(Samples(0, 100, 1.0, sampled(["/a"], 1.0), 1)) == 1
+    assert machine.feed(Samples(0, 100, 1.0, sampled(["/a"], 2.0), 1)) == 1
+    assert machine.feed(Samples(0, 101, 1.0, sampled(["/a"], 3.0), 1)) == 1
+    assert machine.feed(Samples(1, 102, 0.5, sampled(["/a"], 4.0), 1)) == 0
+    ghosts = machine.current()
+    assert ghosts is not None
+    [always] = [g for g in ghosts.ghosts if g.policy == "always" and g.scale == 1.0]
+    assert always.fronts[0].counters.hits_from_disk == 1  # the new process's memory was empty
+    assert always.counted() == (2, 3) and ghosts.requests == 3
+
+
+async def test_a_worker_waits_a_bounded_time_for_a_parent_that_does_not_answer():
+    """A worker's /stats waits for its samples to reach the parent, but a stalled parent
+    (here one that never answers) must not stall it: ``sent(within=...)`` returns on time,
+    and the sending goes on (a later answer still delivers the batch)."""
+    arrived = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        arrived.set()
+        await release.wait()
+        return web.json_response({"fed": 1})
+
+    app = web.Application()
+    app.router.add_post("/whatif", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    samples = MachineSamples(f"http://127.0.0.1:{port}", 0, "")
+    try:
+        samples(sampled(["/a"], 1.0), 1, 1.0)
+        await asyncio.wait_for(arrived.wait(), 5)
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await samples.sent(within=0.2)
+        assert loop.time() - began < 2 and samples.sending is not None
+        assert not samples.sending.done()
+        release.set()
+        await samples.sent(within=5)
+        assert samples.sending.done() and not samples.pending
+    finally:
+        release.set()
+        await samples.close()
+        await runner.cleanup()

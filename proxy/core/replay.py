@@ -96,6 +96,8 @@ def replay_tiers(
     known within the call only): ValueError otherwise."""
     regions = tier.regions
     assert isinstance(regions, Regions), "a replayed tier has a ring of its own"
+    if lengths is not None and len(lengths) and int(lengths.min()) < 0:
+        raise ValueError("a record's length is never negative")
     deltas = simulate_tiers(
         engine.store.index, compiled_admission(engine.admission), tier.index,
         compiled_admission(tier.admission), tier.budget,

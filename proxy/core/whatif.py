@@ -75,18 +75,40 @@ class DiskShape:
 
 @dataclass
 class Ghost:
-    """One ghost cache: which tier it varies (``memory`` or ``disk``), its policy, its scale
-    of the configured size and the bytes it stands for; its engine (and disk) at ``rate``."""
+    """One ghost of the memory tier: its policy, its scale of the configured size and the
+    bytes it stands for; its engine at ``rate``."""
 
-    tier: str
     policy: str
     scale: float
     size: int
     engine: CacheEngine
-    disk: DiskTier | None = None
     failed: str | None = None  # why the loop refused a batch: the ghost is fed no more
-    # A disk ghost's memory ghosts in front of it, one per place (a worker's own tier).
+    tier: str = "memory"
+
+
+@dataclass
+class DiskGhost:
+    """One ghost of the disk tier: its policy, its scale of the configured size and the bytes
+    it stands for; its disk at ``rate``, and the memory ghosts in front of it, one per place
+    that feeds it (``fronts``), with what those that began afresh had counted (``retired``:
+    hits, requests)."""
+
+    policy: str
+    scale: float
+    size: int
+    disk: DiskTier
     fronts: dict[int, CacheEngine] = field(default_factory=dict)
+    retired: tuple[int, int] = (0, 0)
+    failed: str | None = None
+    tier: str = "disk"
+
+    def counted(self) -> tuple[int, int]:
+        """Hits and requests of every memory ghost in front of it, with the disk's hits."""
+        hits, requests = self.retired
+        for front in self.fronts.values():
+            hits += front.counters.hits
+            requests += front.counters.requests
+        return hits, requests
 
 
 class Sample(NamedTuple):
@@ -101,6 +123,24 @@ class Sample(NamedTuple):
 
     def __len__(self) -> int:
         return len(self.times)
+
+
+@dataclass(frozen=True)
+class Samples:
+    """A batch of samples a worker hands the machine's ``DiskGhosts``: its place and process,
+    the sampling rate, the requests sampled and how many requests they were sampled from;
+    as JSON (``as_json``), the body of the parent's ``POST /whatif``."""
+
+    place: int
+    pid: int
+    rate: float
+    sample: Sample
+    requests: int
+
+    def as_json(self) -> dict[str, object]:
+        return {"from": self.place, "pid": self.pid, "rate": self.rate,
+                "requests": self.requests,
+                "sample": [column.tolist() for column in self.sample]}  # fmt: skip
 
 
 class MemoryShape(NamedTuple):
@@ -152,7 +192,7 @@ class WhatIf:
         policies = dict.fromkeys((admission.policy, *alternatives))
         sized = [(policy, scale, round(memory_bytes * scale)) for policy in policies
                  for scale in scales]  # fmt: skip
-        self.ghosts = [Ghost("memory", policy, scale, size, memory.ghost(scale, policy, rate))
+        self.ghosts = [Ghost(policy, scale, size, memory.ghost(scale, policy, rate))
                        for policy, scale, size in sized]  # fmt: skip
         self.disk = None if disk is None else DiskGhosts(
             disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
@@ -206,8 +246,10 @@ class WhatIf:
         of the sample it saw (a few hundred make a rough estimate)."""
         self.flush()
         requests = self.requests(hits)
-        out = [_curve(ghost, ghost.engine.counters, ghost.engine.counters.bytes_written,
-                      requests, self.rate) for ghost in self.ghosts]  # fmt: skip
+        out = []
+        for ghost in self.ghosts:
+            c = ghost.engine.counters
+            out.append(_curve(ghost, (c.hits, c.requests), c.bytes_written, requests, self.rate))
         return out + ([] if self.disk is None else self.disk.curves(requests))
 
 
@@ -235,7 +277,7 @@ class DiskGhosts:
         # down with the sample would refuse large objects the disk takes.
         largest = RECORD_HEADER + ASSUMED_META + 4096 + (memory.max_object_bytes or memory.size)
         region = max(round(disk.region_size * rate), min(disk.region_size, largest))
-        self.ghosts: list[Ghost] = []
+        self.ghosts: list[DiskGhost] = []
         for policy in dict.fromkeys((disk.admission.policy, *alternatives)):
             for scale in scales:
                 size = round(disk.size * scale * rate)
@@ -247,11 +289,16 @@ class DiskGhosts:
                 budget = WriteBudget(disk.max_write_rate * rate)
                 tier = DiskTier(Regions(region, size // region), config.scaled(rate),
                                 budget=budget)  # fmt: skip
-                self.ghosts.append(Ghost("disk", policy, scale, round(disk.size * scale),
-                                         self._front(), tier))  # fmt: skip
+                self.ghosts.append(DiskGhost(policy, scale, round(disk.size * scale), tier))
 
-    def _front(self) -> CacheEngine:
-        return self.memory.ghost(1.0, self.memory.admission.policy, self.rate)
+    def restart(self, place: int) -> None:
+        """The memory tier at ``place`` began afresh (a worker replaced): its ghosts do too,
+        what they counted kept."""
+        for ghost in self.ghosts:
+            front = ghost.fronts.pop(place, None)
+            if front is not None:
+                c = front.counters
+                ghost.retired = (ghost.retired[0] + c.hits, ghost.retired[1] + c.requests)
 
     def feed(self, place: int, sample: Sample, requests: int = 0) -> None:
         """Replay ``sample``, sampled at ``place`` (its memory ghosts: a worker's own), through
@@ -268,9 +315,9 @@ class DiskGhosts:
         for ghost in self.ghosts:
             if ghost.failed is not None:
                 continue
-            assert ghost.disk is not None
             if place not in ghost.fronts:
-                ghost.fronts[place] = ghost.engine if not ghost.fronts else self._front()
+                ghost.fronts[place] = self.memory.ghost(1.0, self.memory.admission.policy,
+                                                        self.rate)  # fmt: skip
             try:
                 replay_tiers(ghost.fronts[place], ghost.disk, keys, times, sample.sizes,
                              record_overhead=0, lengths=lengths)  # fmt: skip
@@ -283,21 +330,9 @@ class DiskGhosts:
         requests ``feed`` was told of): the miss ratio of both tiers, every place's memory
         ghost with the shared disk, and the bytes written to the disk."""
         requests = self.requests if requests is None else requests
-        out = []
-        for ghost in self.ghosts:
-            assert ghost.disk is not None
-            counted = Counted(0, 0)
-            for front in ghost.fronts.values() or (ghost.engine,):
-                counted = Counted(counted.hits + front.counters.hits,
-                                  counted.requests + front.counters.requests)  # fmt: skip
-            out.append(_curve(ghost, counted, ghost.disk.counters.bytes_written, requests,
-                              self.rate))  # fmt: skip
-        return out
-
-
-class Counted(NamedTuple):
-    hits: int
-    requests: int
+        written = [ghost.disk.counters.bytes_written for ghost in self.ghosts]
+        return [_curve(ghost, ghost.counted(), wrote, requests, self.rate)
+                for ghost, wrote in zip(self.ghosts, written, strict=True)]  # fmt: skip
 
 
 def _check_rate(rate: float) -> None:
@@ -319,18 +354,18 @@ def _replay(ghost: Ghost, sample: Sample) -> None:
 
 
 def _curve(
-    ghost: Ghost, counted: Any, written: int, requests: int, rate: float
+    ghost: Ghost | DiskGhost, counted: tuple[int, int], written: int, requests: int, rate: float
 ) -> dict[str, object]:
-    """A ghost's curve: ``counted`` hits of the requests it saw, ``written`` bytes, estimated
-    for ``requests`` of the whole traffic at ``rate``."""
-    fed = counted.requests > 0 and ghost.failed is None
+    """A ghost's curve: ``counted`` hits and requests of its sample, ``written`` bytes,
+    estimated for ``requests`` of the whole traffic at ``rate``."""
+    hits, sampled = counted
     miss_ratio = None
-    if fed and requests > 0:
-        miss_ratio = 1.0 - shards_ratio(counted.hits, counted.requests, requests * rate)
+    if sampled > 0 and ghost.failed is None and requests > 0:
+        miss_ratio = 1.0 - shards_ratio(hits, sampled, requests * rate)
     return {
         "tier": ghost.tier, "policy": ghost.policy, "scale": ghost.scale, "size": ghost.size,
-        "miss_ratio": miss_ratio, "bytes_written": round(written / rate),
-        "sampled": counted.requests, **({"failed": ghost.failed} if ghost.failed else {}),
+        "miss_ratio": miss_ratio, "bytes_written": round(written / rate), "sampled": sampled,
+        **({"failed": ghost.failed} if ghost.failed else {}),
     }  # fmt: skip
 
 

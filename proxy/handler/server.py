@@ -87,7 +87,7 @@ class Proxy:
         self.disk = disk
         self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
         # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
-        self.samples: Callable[[Sample, int], None] | None = None
+        self.samples: Callable[[Sample, int, float], None] | None = None
         self.router = Router(config)
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
@@ -141,7 +141,7 @@ class Proxy:
         def forward(sample: Sample) -> None:
             nonlocal counted
             requests = whatif.requests(counters.hits)
-            samples(sample, requests - counted)
+            samples(sample, requests - counted, whatif.rate)
             counted = requests
 
         whatif.forward = forward

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import hmac
 import json
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -23,7 +24,7 @@ from aiohttp import web
 
 from proxy.config.settings import AdminSection
 from proxy.core.stats import GAUGES, METRICS, TIER_HITS, TIER_HITS_HELP
-from proxy.core.whatif import BATCH, Sample
+from proxy.core.whatif import BATCH, Sample, Samples
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
@@ -140,9 +141,10 @@ def admin_app(
         }
         # A worker's what-if samples reach the parent before its stats do: the machine's
         # disk ghosts, which the parent answers with, have what this worker's curves had.
+        # Not waited for long: a stalled parent must not stall the worker's own admin.
         sent = getattr(proxy.samples, "sent", None)
         if sent is not None:
-            await sent()
+            await sent(within=SAMPLES_WAIT)
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
@@ -247,33 +249,53 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
     return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
 
 
-async def whatif_samples_of(request: web.Request) -> tuple[int, Sample, int] | None:
-    """What a ``POST /whatif`` carries (``{"from": place, "requests": n, "sample": [times,
-    h1, h2, chars, sizes]}``, equal columns of at most ``4 * BATCH``): the sending worker's
-    place, its samples and the requests they were sampled from; None for anything else."""
+# How long a worker's /stats waits for its what-if samples to reach the parent, in seconds.
+SAMPLES_WAIT = 2.0
+# What a ``POST /whatif`` may carry, at most: a key's characters, a body's bytes (past both,
+# a record's length would overflow the ghosts' 64-bit counts), requests a batch stands for.
+LONGEST_KEY = 1 << 20
+LARGEST_BODY = 1 << 40
+MOST_REQUESTS = 1 << 53
+
+
+async def whatif_samples_of(request: web.Request, places: int) -> Samples | None:
+    """The ``Samples`` a ``POST /whatif`` carries (``Samples.as_json``: equal columns of at
+    most ``4 * BATCH``, each value of its kind and in its bounds, from one of ``places``
+    workers), or None for anything else."""
     try:
         body = await request.json()
-        place, requests, columns = body["from"], body["requests"], body["sample"]
-        if not (
-            isinstance(place, int)
-            and isinstance(requests, int)
-            and requests >= 0
-            and isinstance(columns, list)
-            and len(columns) == len(Sample._fields)
-        ):
-            return None
-        types = (np.float64, np.uint64, np.uint64, np.int64, np.int64)
-        sample = Sample(*(np.array(c, t) for c, t in zip(columns, types, strict=True)))
-    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
-        return None
-    lengths = {column.shape for column in sample}
-    if len(lengths) != 1 or sample.times.ndim != 1 or len(sample) > 4 * BATCH:
+        place, pid, rate = body["from"], body["pid"], body["rate"]
+        requests, columns = body["requests"], body["sample"]
+    except (ValueError, TypeError, KeyError, RecursionError):
         return None
     if not (
-        np.isfinite(sample.times).all() and (sample.chars >= 0).all() and (sample.sizes >= 0).all()
+        _whole(place, 0, places - 1)
+        and _whole(pid, 1, 1 << 31)
+        and _whole(requests, 0, MOST_REQUESTS)
+        and type(rate) is float
+        and 0 < rate <= 1
+        and isinstance(columns, list)
+        and len(columns) == len(Sample._fields)
+        and all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns)
+        and len(columns[0]) <= 4 * BATCH
     ):
-        return None
-    return place, sample, requests
+        return None  # fmt: skip
+    times, h1, h2, chars, sizes = columns
+    if not (
+        all(type(t) in (int, float) and math.isfinite(t) for t in times)
+        and all(_whole(h, 0, 2**64 - 1) for h in h1 + h2)
+        and all(_whole(n, 0, LONGEST_KEY) for n in chars)
+        and all(_whole(n, 0, LARGEST_BODY) for n in sizes)
+    ):
+        return None  # fmt: skip
+    types = (np.float64, np.uint64, np.uint64, np.int64, np.int64)
+    sample = Sample(*(np.array(c, t) for c, t in zip(columns, types, strict=True)))
+    return Samples(place, pid, rate, sample, requests)
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    """``value`` is an int (not a bool) from ``low`` to ``high``."""
+    return type(value) is int and low <= value <= high
 
 
 def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> dict[str, object] | None:

@@ -100,6 +100,7 @@ class Service:
     proxy_runner: web.BaseRunner
     admin_runner: web.BaseRunner
     checkpoints: asyncio.Task[None] | None = None
+    flushes: asyncio.Task[None] | None = None
     access_file: AccessLogFile | None = None
     read_config: Callable[[], Config] | None = None
     shares_admission: bool = False
@@ -120,7 +121,7 @@ class Service:
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
         forgotten: Callable[[str], None] | None = None,
-        samples: Callable[[Sample, int], None] | None = None,
+        samples: Callable[[Sample, int, float], None] | None = None,
         read_config: Callable[[], Config] | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
@@ -198,6 +199,9 @@ class Service:
                     checkpoint_every(disk, config.disk.checkpoint_interval)
                 )
                 undo.callback(service.checkpoints.cancel)
+            if samples is not None:
+                service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
+                undo.callback(service.flushes.cancel)
             await _site(
                 proxy_runner, config.server.listen, server_context(config.server), reuse_port
             ).start()
@@ -215,8 +219,9 @@ class Service:
 
     async def stop(self) -> None:
         self.stopping = True
-        if self.checkpoints is not None:
-            self.checkpoints.cancel()
+        for task in (self.checkpoints, self.flushes):
+            if task is not None:
+                task.cancel()
         await self.proxy_runner.cleanup()
         await self.admin_runner.cleanup()
         await self.proxy.close()
@@ -341,6 +346,16 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         disk.checkpoint()
+
+
+async def flush_every(proxy: Proxy, interval: float = 1.0) -> None:
+    """Hand the what-if's samples on every ``interval`` seconds, however few: the parent
+    replays each worker's batches as they arrive, and batches spanning minutes of several
+    workers would reach the shared disk's ghosts out of their order in time."""
+    while True:
+        await asyncio.sleep(interval)
+        if proxy.engine.whatif is not None:
+            proxy.engine.whatif.flush()
 
 
 async def until_signalled(

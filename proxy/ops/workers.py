@@ -36,7 +36,7 @@ from aiohttp import web
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
 from proxy.core.stats import combine
-from proxy.core.whatif import DiskGhosts, Sample, merged_curves
+from proxy.core.whatif import DiskGhosts, Sample, Samples, merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
@@ -307,10 +307,16 @@ class ToParent:
                     self._warned = now
                     log.warning("telling the parent of %d %s failed: %r", count, self.what, exc)
 
-    async def sent(self) -> None:
-        """Return once everything handed over so far has been sent (or failed)."""
+    async def sent(self, within: float | None = None) -> None:
+        """Return once everything handed over so far has been sent (or failed), or after
+        ``within`` seconds if given. Waiting never cancels the sending."""
+        loop = asyncio.get_running_loop()
+        deadline = None if within is None else loop.time() + within
         while self.sending is not None and not self.sending.done():
-            await asyncio.gather(self.sending, return_exceptions=True)
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return
+            await asyncio.wait({self.sending}, timeout=left)
 
     async def close(self) -> None:
         if self.sending is not None:
@@ -354,50 +360,60 @@ class MachineForgets(ToParent):
 
 class MachineSamples(ToParent):
     """A worker's what-if samples (``WhatIf.forward``), each batch with the count of requests
-    it was sampled from, sent to the parent (``POST /whatif``), whose ghosts of the shared
-    disk every worker feeds (``DiskGhosts``). At most ``SAMPLE_BATCHES`` wait: past that a
-    batch is dropped with its count (the estimates stay unbiased) and counted (``dropped``)."""
+    it was sampled from, sent to the parent (``POST /whatif``, ``Samples``), whose ghosts of
+    the shared disk every worker feeds (``DiskGhosts``). At most ``SAMPLE_BATCHES`` wait:
+    past that a batch is dropped with its count and counted (``dropped``)."""
 
     what = "what-if batches"
 
     def __init__(self, parent_admin: str, place: int, token: str) -> None:
         super().__init__(parent_admin, "/whatif", place, token)
-        self.pending: list[tuple[int, Sample]] = []
+        self.pending: list[Samples] = []
         self.dropped = 0
 
-    def __call__(self, sample: Sample, requests: int) -> None:
+    def __call__(self, sample: Sample, requests: int, rate: float) -> None:
         if len(self.pending) >= SAMPLE_BATCHES:
             self.dropped += 1
             return
-        self.pending.append((requests, sample))
+        self.pending.append(Samples(self.place, os.getpid(), rate, sample, requests))
         self._send_soon()
 
     def _next(self) -> tuple[dict[str, Any], int] | None:
-        if not self.pending:
-            return None
-        requests, sample = self.pending.pop(0)
-        body = {"from": self.place, "requests": requests,
-                "sample": [column.tolist() for column in sample]}  # fmt: skip
-        return body, 1
+        return (self.pending.pop(0).as_json(), 1) if self.pending else None
 
 
 class MachineGhosts:
     """The ghosts of the disk tier the workers share, and of its alternatives, kept by the
     parent (``Config.disk_what_if`` of ``view``, the configuration a worker runs), fed by
     every worker's samples (``MachineSamples``); built afresh when a reload changes what they
-    are built of, as a worker's own ghosts are."""
+    are built of, as a worker's own ghosts are. A batch sampled at another rate than theirs
+    (a worker that has not reloaded yet) is left out with its count; a worker replaced in its
+    place (another process) has its memory ghosts begin afresh, as its memory tier does."""
 
     def __init__(self, view: Callable[[], Config]) -> None:
         self.view = view
         self.key: tuple[object, ...] | None = None
         self.ghosts: DiskGhosts | None = None
+        self.pids: dict[int, int] = {}  # the process that last fed each place
 
     def current(self) -> DiskGhosts | None:
         config = self.view()
         if config.what_if_key() != self.key:
             self.key = config.what_if_key()
             self.ghosts = config.disk_what_if()
+            self.pids.clear()
         return self.ghosts
+
+    def feed(self, batch: Samples) -> int:
+        """Feed ``batch`` to the ghosts; the requests it replayed (0: none taken)."""
+        ghosts = self.current()
+        if ghosts is None or batch.rate != ghosts.rate:
+            return 0
+        if self.pids.setdefault(batch.place, batch.pid) != batch.pid:
+            ghosts.restart(batch.place)
+            self.pids[batch.place] = batch.pid
+        ghosts.feed(batch.place, batch.sample, batch.requests)
+        return len(batch.sample)
 
 
 class Refused(Exception):
@@ -499,16 +515,11 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
                 "curves": curves + ([] if disk is None else disk.curves())}  # fmt: skip
 
     async def whatif(request: web.Request) -> web.Response:
-        fed = await whatif_samples_of(request)
-        if fed is None:
-            return web.json_response(
-                {"error": 'give {"from": place, "requests": n, "sample": [5 columns]}'},
-                status=400,
-            )
-        disk = ghosts.current()
-        if disk is not None:
-            disk.feed(*fed)
-        return web.json_response({"fed": len(fed[1]) if disk is not None else 0})
+        batch = await whatif_samples_of(request, len(workers.admins))
+        if batch is None:
+            return web.json_response({"error": "give a worker's samples (Samples.as_json)"},
+                                     status=400)  # fmt: skip
+        return web.json_response({"fed": ghosts.feed(batch)})
 
     def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
         """The shared tier's stats: the workers' own counts summed, what it holds once, and
