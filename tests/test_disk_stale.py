@@ -13,6 +13,7 @@ from conftest import Clock, Origin, admin_purge, base, proxy_in_front
 from conftest import fetch_as_client as get
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB", "disk__policy": "always",
@@ -335,14 +336,15 @@ async def test_an_older_304_never_writes_its_body_over_a_newer_response_with_its
     assert (await get(proxy, "/x"))[2] == b"NEW"
 
 
+@pytest.mark.parametrize("field", ["Set-Cookie", "Set-Cookie2"])
 async def test_rfc9111_4_3_4_a_cookie_a_304_sets_is_the_revalidating_clients_alone(
-    origin, start_proxy, tmp_path
+    origin, start_proxy, tmp_path, field
 ):
     """A 304 that sets a cookie updates the stored fields, but a cookie set for one client is
     never replayed to another: the client that revalidated gets it, no hit after it does,
-    from memory or from disk."""
+    from memory or from disk (RFC 2965's obsolete Set-Cookie2 alike)."""
     clock = Clock()
-    cookie = {"Set-Cookie": "session=ALICE", **FOR_10S}
+    cookie = {field: "session=ALICE", **FOR_10S}
     origin.set("/x", body=b"stored", headers={"ETag": '"v1"', **FOR_10S},
                not_modified_etag='"v1"', headers_304=cookie)  # fmt: skip
     setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
@@ -350,13 +352,13 @@ async def test_rfc9111_4_3_4_a_cookie_a_304_sets_is_the_revalidating_clients_alo
     assert (await get(proxy, "/x"))[2] == b"stored"
     clock.now += 20
     _, revalidated, _ = await get(proxy, "/x")
-    assert revalidated.get("Set-Cookie") == "session=ALICE", revalidated["Cache-Status"]
+    assert revalidated.get(field) == "session=ALICE", revalidated["Cache-Status"]
     _, hit, _ = await get(proxy, "/x")
-    assert "hit" in hit["Cache-Status"] and "Set-Cookie" not in hit
+    assert "hit" in hit["Cache-Status"] and field not in hit
     await proxy.stop()
     proxy = await start_proxy(**setup)
     _, from_disk, _ = await get(proxy, "/x")
-    assert "detail=disk" in from_disk["Cache-Status"] and "Set-Cookie" not in from_disk
+    assert "detail=disk" in from_disk["Cache-Status"] and field not in from_disk
 
 
 @pytest.mark.parametrize("holder", ["memory", "disk"])
@@ -379,4 +381,39 @@ async def test_rfc9111_4_3_4_a_304_naming_another_entity_tag_updates_nothing(
     status, headers, body = await get(proxy, "/x")
     etag = {k.lower(): v for k, v in headers.items()}["etag"]
     assert (status, body, etag) == (200, b"new", '"v2"'), headers["Cache-Status"]
+    assert (await get(proxy, "/x"))[2] == b"new"
+
+
+@pytest.mark.parametrize("holder", ["memory", "disk"])
+@pytest.mark.parametrize(
+    "answer_304",
+    [[("Last-Modified", "Fri, 02 Jan 2026 00:00:00 GMT")], [("ETag", '"v1"'), ("ETag", '"v2"')]],
+    ids=["another-last-modified", "two-entity-tags"],
+)
+async def test_rfc9111_4_3_4_a_304_with_another_validator_or_two_updates_nothing(
+    origin, start_proxy, tmp_path, holder, answer_304
+):
+    """The stored response is "v1", modified on January 1st. A 304 naming another
+    Last-Modified (and no entity tag), or two entity tags, selects no stored response: the
+    old body is never served under the new validators; the response is fetched whole."""
+    clock = Clock()
+    state = {"body": b"old", "etag": '"v1"', "modified": "Thu, 01 Jan 2026 00:00:00 GMT"}
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("If-None-Match") or request.headers.get("If-Modified-Since"):
+            return web.Response(status=304, headers=CIMultiDict([*answer_304, *FOR_10S.items()]))
+        return web.Response(body=state["body"], headers={
+            "ETag": state["etag"], "Last-Modified": state["modified"], **FOR_10S})  # fmt: skip
+
+    origin.responder = responder
+    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"old"
+    if holder == "disk":
+        await proxy.stop()
+        proxy = await start_proxy(**setup)
+    state.update(body=b"new", etag='"v2"', modified="Fri, 02 Jan 2026 00:00:00 GMT")
+    clock.now += 20
+    status, headers, body = await get(proxy, "/x")
+    assert (status, body) == (200, b"new"), headers["Cache-Status"]
     assert (await get(proxy, "/x"))[2] == b"new"

@@ -40,6 +40,10 @@ from proxy.core.cachekey import KeyQuery
         (KeyQuery("include", frozenset({"id"})), "/p?id=1&id%00x=evil", "/p?id=1&id%00x=evil"),
         (KeyQuery("include", frozenset({"id"})), "/p?id=1&id[]=evil", "/p?id=1&id[]=evil"),
         (KeyQuery("include", frozenset({"id"})), "/p?id=1&id[0]=e&x=2", "/p?id=1&id[0]=e"),
+        # ... whose names have PHP's "_" for "." and " " before the "[" too.
+        (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i.d[]=evil", "/p?i_d=1&i.d[]=evil"),
+        (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&+i.d[0]=e", "/p?i_d=1&+i.d[0]=e"),
+        (KeyQuery("include", frozenset({"i_d"})), "/p?i_d=1&i+d[x]=e", "/p?i_d=1&i+d[x]=e"),
         # ... and so are the setting's: an encoded name is the parameter, however it is sent.
         (KeyQuery("include", frozenset({"size%5B%5D"})), "/p?size[]=1&x=2", "/p?size[]=1"),
         (KeyQuery("exclude", frozenset({"size%5B%5D"})), "/p?size%5B%5D=1&x=2", "/p?x=2"),

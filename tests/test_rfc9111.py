@@ -48,6 +48,7 @@ def test_rfc9110_5_6_7_http_date_three_forms():
         ([("Authorization", "Bearer x")], [("Cache-Control", "public")], 200, True, ""),
         ([("Authorization", "Bearer x")], [("Cache-Control", "s-maxage=5")], 200, True, ""),
         ([], [("Set-Cookie", "a=b")], 200, False, "set-cookie"),
+        ([], [("Set-Cookie2", "a=b")], 200, False, "set-cookie"),
         ([], [], 500, False, "status"),
         # Answers to the request's own preconditions or Range, whatever their freshness: stored,
         # they would answer requests without them (a cache-poisoning denial of service).
@@ -57,6 +58,31 @@ def test_rfc9110_5_6_7_http_date_three_forms():
 )
 def test_rfc9111_3_storing_responses_in_a_shared_cache(req, resp, status, ok, why):
     assert r.storable("GET", status, req, resp) == (ok, why)
+
+
+@pytest.mark.parametrize(
+    ("stored", "answer", "selects"),
+    [
+        ([("ETag", '"v1"')], [("ETag", '"v1"')], True),
+        ([("ETag", '"v1"')], [("ETag", '"v2"')], False),
+        ([("ETag", 'W/"v1"')], [("ETag", 'W/"v1"')], True),
+        ([("ETag", '"v1"')], [("ETag", 'W/"v1"')], True),  # a weak one: the weak comparison
+        ([("ETag", 'W/"v1"')], [("ETag", '"v1"')], False),  # a strong one: the same strong tag
+        ([("ETag", '"v1"')], [("ETag", '"v1"'), ("ETag", '"v2"')], False),
+        ([("ETag", '"v1"')], [("ETag", '"v1", "v2"')], False),
+        ([], [("ETag", '"v1"')], False),
+        ([("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT")],
+         [("Last-Modified", "Thursday, 01-Jan-26 00:00:00 GMT")], True),
+        ([("Last-Modified", "Thu, 01 Jan 2026 00:00:00 GMT")],
+         [("Last-Modified", "Fri, 02 Jan 2026 00:00:00 GMT")], False),
+        ([], [("Last-Modified", "Fri, 02 Jan 2026 00:00:00 GMT")], False),
+        ([("ETag", '"v1"')], [("Date", "Fri, 02 Jan 2026 00:00:00 GMT")], True),
+    ],
+)  # fmt: skip
+def test_rfc9111_4_3_4_a_304_selects_the_stored_response_its_validators_name(
+    stored, answer, selects
+):
+    assert r.validates(stored, answer) is selects
 
 
 def test_rfc9111_3_set_cookie_may_be_stored_when_configured():

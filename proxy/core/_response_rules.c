@@ -25,9 +25,9 @@
 #define HEURISTIC_CAP 86400.0
 
 static PyObject *s_cookie, *s_authorization, *s_cache_control, *s_cdn_cache_control,
-    *s_set_cookie, *s_age, *s_vary, *s_date, *s_expires, *s_last_modified, *s_max_age,
-    *s_s_maxage, *s_public, *s_private, *s_no_store, *s_must_understand, *s_empty, *s_method,
-    *s_partial, *s_status, *s_vary_star;
+    *s_set_cookie, *s_set_cookie2, *s_age, *s_vary, *s_date, *s_expires, *s_last_modified,
+    *s_max_age, *s_s_maxage, *s_public, *s_private, *s_no_store, *s_must_understand, *s_empty,
+    *s_method, *s_partial, *s_status, *s_vary_star;
 
 /* RFC 9110 section 15.1. */
 static int heuristically_cacheable(long status) {
@@ -286,7 +286,7 @@ static PyObject *common_case(PyObject *module, PyObject *const *args, Py_ssize_t
         if (found)
             return found < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *uncommon[] = {s_age, s_set_cookie, s_cdn_cache_control};
+    PyObject *uncommon[] = {s_age, s_set_cookie, s_set_cookie2, s_cdn_cache_control};
     for (size_t i = 0; i < sizeof uncommon / sizeof *uncommon; i++) {
         int found = present(response, uncommon[i]);
         if (found)
@@ -405,7 +405,8 @@ PyMODINIT_FUNC PyInit__response_rules(void) {
     } names[] = {
         {&s_cookie, "cookie"}, {&s_authorization, "authorization"},
         {&s_cache_control, "cache-control"}, {&s_cdn_cache_control, "cdn-cache-control"},
-        {&s_set_cookie, "set-cookie"}, {&s_age, "age"}, {&s_vary, "vary"}, {&s_date, "date"},
+        {&s_set_cookie, "set-cookie"}, {&s_set_cookie2, "set-cookie2"}, {&s_age, "age"},
+        {&s_vary, "vary"}, {&s_date, "date"},
         {&s_expires, "expires"}, {&s_last_modified, "last-modified"}, {&s_max_age, "max-age"},
         {&s_s_maxage, "s-maxage"}, {&s_public, "public"}, {&s_private, "private"},
         {&s_no_store, "no-store"}, {&s_must_understand, "must-understand"}, {&s_empty, ""},

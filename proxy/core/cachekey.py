@@ -101,7 +101,7 @@ _AS_UNDERSCORE = str.maketrans(". [", "___")
 def _readings(name: str) -> frozenset[str]:
     """The names an origin may read ``name`` as: percent-decoded until nothing changes, ``+``
     a space, case folded, and then as PHP reads it: leading spaces skipped, cut at a NUL,
-    ``_`` for ``.``, space and ``[``, or the array ``id`` that ``id[...]`` names. Four rounds
+    ``_`` for ``.``, space and ``[``, or the array ``i_d`` that ``i.d[...]`` names. Four rounds
     of decoding at most: a name encoded deeper is kept apart (more keys, never fewer), and no
     hostile name makes the key cost more than that."""
     for _ in range(4):
@@ -110,4 +110,6 @@ def _readings(name: str) -> frozenset[str]:
             break
         name = decoded
     name = name.casefold().lstrip(" ").partition("\0")[0]
-    return frozenset((name.translate(_AS_UNDERSCORE), name.partition("[")[0]))
+    # PHP turns ``.`` and spaces into ``_`` before the first ``[`` as well: ``i.d[]`` is i_d.
+    return frozenset((name.translate(_AS_UNDERSCORE),
+                      name.partition("[")[0].translate(_AS_UNDERSCORE)))  # fmt: skip

@@ -76,7 +76,7 @@ def response_meta(
         request.method, status, request.headers, fields, request_time, response_time,
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
     )  # fmt: skip
-    if "set-cookie" in fields.by_name:
+    if not rfc9111.PER_CLIENT_FIELDS.isdisjoint(fields.by_name):
         headers = shared_fields(headers)
     return ResponseMeta(
         cacheable=ok,
@@ -92,9 +92,15 @@ def response_meta(
 
 
 def shared_fields(headers: Headers) -> list[tuple[str, str]]:
-    """``headers`` as a stored response may hold them for every client: without
-    ``Set-Cookie``, which was set for one client alone (a fetched response's, or a 304's)."""
-    return [h for h in headers if h[0].lower() != "set-cookie"]
+    """``headers`` as a stored response may hold them for every client: without the cookies
+    (``rfc9111.PER_CLIENT_FIELDS``) set for one client alone (a fetched response's, or a
+    304's)."""
+    return [h for h in headers if h[0].lower() not in rfc9111.PER_CLIENT_FIELDS]
+
+
+def client_fields(headers: Headers) -> tuple[tuple[str, str], ...]:
+    """What ``shared_fields`` leaves out: the fields for the one client ``headers`` answer."""
+    return tuple(h for h in headers if h[0].lower() in rfc9111.PER_CLIENT_FIELDS)
 
 
 def _directives(response: ResponseMeta) -> rfc9111.Directives:
@@ -391,14 +397,15 @@ class ResponseDecisions(Removals):
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was
         stored for its URL, in every tier, unless it is a server error (section 4.3.3 lets the cache
-        keep the stored response then), the request alone made it uncacheable, or the request
+        keep the stored response then), it answers the request's own Range or preconditions
+        (``ANSWERS_ITS_REQUEST``), the request alone made it uncacheable, or the request
         sent credentials (``Authorization``, a cookie not ignored): its answer may be for that
         user alone, and a client must not empty what every client shares by sending a cookie.
         (Section 4.4 requires no removal here; the stored copy is still the URL's newest public
         answer, served within its own freshness.)"""
         if (
             response.status >= 500
-            or response.status in (206, 304)
+            or response.status in rfc9111.ANSWERS_ITS_REQUEST
             or request.method != "GET"
             or response.reason in _REQUEST_REASONS
             or self._credentialed(request)

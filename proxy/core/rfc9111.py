@@ -49,6 +49,12 @@ HEURISTICALLY_CACHEABLE = frozenset({200, 203, 204, 206, 300, 301, 308, 404, 405
 # Statuses whose caching requirements this cache implements (for ``must-understand``).
 UNDERSTOOD_STATUSES = (HEURISTICALLY_CACHEABLE - {206}) | {302, 303, 307}
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+# Statuses that answer the request's own Range or preconditions: never stored, and never
+# taken to replace what is stored for requests without them.
+ANSWERS_ITS_REQUEST = frozenset({206, 304, 412, 416})
+# Fields that set state for the one client a response answers (RFC 6265's Set-Cookie, and
+# RFC 2965's obsolete Set-Cookie2): never stored for every client.
+PER_CLIENT_FIELDS = frozenset({"set-cookie", "set-cookie2"})
 
 
 # RFC 9111 section 3.2: fields a 304 must not overwrite in the stored response.
@@ -197,10 +203,10 @@ def storable(
         return False, "request-no-store"
     if status == 206:  # this cache stores complete responses only
         return False, "partial"
-    # A 412 or 416 answers the request's own preconditions or Range (RFC 9110 sections 15.5.13
-    # and 15.5.17): stored under the URL it would answer requests without them (a poisoned
-    # cache's denial of service).
-    if status < 200 or status in (304, 412, 416):
+    # A 304, 412 or 416 answers the request's own preconditions or Range (RFC 9110 sections
+    # 15.4.5, 15.5.13 and 15.5.17): stored under the URL it would answer requests without them
+    # (a poisoned cache's denial of service).
+    if status < 200 or status in ANSWERS_ITS_REQUEST:
         return False, "status"
     cc = response_directives(response_headers)
     if "must-understand" in cc:
@@ -220,7 +226,7 @@ def storable(
         response_headers, cc
     ):
         return False, "cookie"
-    if not allow_set_cookie and get_first(response_headers, "set-cookie") is not None:
+    if not allow_set_cookie and any(get_first(response_headers, f) for f in PER_CLIENT_FIELDS):
         return False, "set-cookie"
     explicit = (
         "public" in cc
@@ -439,14 +445,28 @@ def vary_key(names: Sequence[str], request_headers: Headers) -> tuple[tuple[str,
 
 
 def validates(stored_headers: Headers, headers_304: Headers) -> bool:
-    """Section 4.3.4: whether a 304 speaks of the stored response: an entity tag it carries is
-    the stored one's (weak comparison, RFC 9110 section 8.8.3.2). A 304 naming another
-    selects no stored response, and updates none."""
-    tag = get_first(headers_304, "etag")
-    if tag is None:
+    """Section 4.3.4: whether a 304 selects the stored response for update. An entity tag it
+    carries must be the stored one's: the same strong tag, or for a weak one the weak
+    comparison (RFC 9110 section 8.8.3.2); without one, a Last-Modified it carries must be
+    the stored one's. A 304 carrying two entity tags, or naming another response, selects
+    none and updates none; one carrying no validator answers the validators the request
+    sent, the stored response's."""
+    tags = list_values(get_all(headers_304, "etag"))
+    if len(tags) > 1:
+        return False
+    if tags:
+        tag, stored = tags[0].strip(), get_first(stored_headers, "etag")
+        if stored is None:
+            return False
+        return weak_tag(stored) == weak_tag(tag) if tag.startswith("W/") else stored.strip() == tag
+    modified = get_first(headers_304, "last-modified")
+    if modified is None:
         return True
-    stored = get_first(stored_headers, "etag")
-    return stored is not None and weak_tag(stored) == weak_tag(tag)
+    stored_modified = get_first(stored_headers, "last-modified")
+    if stored_modified is None:
+        return False
+    when, stored_when = http_date(modified), http_date(stored_modified)
+    return when == stored_when if when is not None else modified.strip() == stored_modified.strip()
 
 
 def conditional_headers(stored_headers: Headers) -> list[tuple[str, str]]:

@@ -19,6 +19,7 @@ from aiohttp import web
 from proxy.core import rfc9111
 from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
 from proxy.core.events import FWD_STALE, Fetch, Keep, RequestMeta, Revalidate
+from proxy.core.responses import client_fields
 from proxy.core.store import Entry
 from proxy.handler.answers import interim, plain
 from proxy.handler.fetch import Fetcher
@@ -61,7 +62,7 @@ class Revalidation:
                 status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
                 # The cookies the 304 set are this client's: in its answer, never stored.
-                cookies = tuple(f for f in fields if f[0].lower() == "set-cookie")
+                cookies = client_fields(fields)
                 return fetcher.cached(meta, entry.status, entry.headers + cookies,
                                       entry.payload, status, "REVALIDATED", age)  # fmt: skip
             if upstream.status >= 500 and action.on_error:
