@@ -167,14 +167,14 @@ async def test_workers_share_one_admission_window_so_a_second_request_is_stored(
 
 
 async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_disk_from_all(
-    origin,
+    origin, tmp_path
 ):
     """Each worker's memory ghosts see its share: the parent's /stats and /metrics give the
-    memory curves of all of them as one (``merged_curves``). The tier they share has one set
+    memory curves of all of them as one (``merged_curves``). The disk they share has one set
     of ghosts, the parent's, fed by every worker: a URL written through one worker and asked
     again through the other is a hit there, so admitting all to it misses each URL once."""
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false",
-            "--set", "whatif.sample=1")  # fmt: skip
+            "--set", "whatif.sample=1", "--set", f"disk.path={tmp_path}")  # fmt: skip
     async with served(*args) as (process, url, admin):
         stats = await twice_on_new_connections(url, admin, [f"/w{i}" for i in range(100)])
         mine = {(c["tier"], c["policy"], c["scale"]): c for c in stats["whatif"]["curves"]}
@@ -191,10 +191,12 @@ async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_dis
         disk = [c for key, c in mine.items() if key[0] == "disk" and key[1] == "always"]
         assert disk and all(c["sampled"] == 200 and c["miss_ratio"] == 0.5 for c in disk)
         assert [w["whatif"]["batches_dropped"] for w in stats["workers"]] == [0, 0]
+        assert stats["whatif"]["batches_dropped"] == 0
         async with aiohttp.ClientSession() as client, client.get(admin + "/metrics") as r:
             text = await r.text()
         assert 'onehit_whatif_miss_ratio{tier="memory"' in text
         assert 'onehit_whatif_miss_ratio{tier="disk",policy="always"' in text
+        assert "onehit_whatif_batches_dropped_total 0" in text
         good = {"from": 0, "pid": 1234, "rate": 1.0, "requests": 1,
                 "sample": [[1.0], [1], [1], [1], [1]]}  # fmt: skip
         columns = [[[1.0], [1], [1], [1]], [[1.0], [-1], [1], [1], [1]],

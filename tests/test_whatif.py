@@ -28,7 +28,7 @@ from proxy.core.whatif import (
     WhatIf,
     merged_curves,
 )
-from proxy.ops.workers import MachineGhosts, MachineSamples
+from proxy.ops.workers import SAMPLE_BATCHES, MachineGhosts, MachineSamples
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 
@@ -310,5 +310,61 @@ async def test_a_worker_waits_a_bounded_time_for_a_parent_that_does_not_answer()
         assert samples.sending.done() and not samples.pending
     finally:
         release.set()
+        await samples.close()
+        await runner.cleanup()
+
+
+def test_the_parents_disk_ghosts_follow_a_reload_and_count_what_they_leave_out(tmp_path):
+    """A reload that changes what the ghosts are built of builds them afresh; a batch at
+    another rate is left out and counted; a machine whose shared tier stands for memory (no
+    disk) has no disk ghosts at all."""
+    settings = {"upstream.origin": "http://127.0.0.1:9", "disk.path": str(tmp_path),
+                "disk.size": "64MiB", "disk.region_size": "1MiB", "whatif.sample": "1"}  # fmt: skip
+    held = {"config": load(env={}, overrides=settings)}
+    machine = MachineGhosts(lambda: held["config"])
+    assert machine.feed(Samples(0, 100, 1.0, sampled(["/a", "/b"], 1.0), 2)) == 2
+    first = machine.current()
+    assert first is not None and first.requests == 2
+    held["config"] = load(env={}, overrides={**settings, "whatif.disk_policies": "always"})
+    assert machine.current() is not first and machine.current().requests == 0
+    assert machine.feed(Samples(0, 100, 0.5, sampled(["/a"], 2.0), 1)) == 0
+    assert machine.left_out == 1
+    none = MachineGhosts(lambda: None)
+    assert none.current() is None and none.feed(Samples(0, 1, 1.0, sampled(["/a"], 1.0), 1)) == 0
+
+
+def test_a_batch_replayed_late_never_runs_time_backwards():
+    """Batches of several workers arrive each whole: one whose times began before the latest
+    replayed, or that goes back within itself, is replayed from that latest time on."""
+    memory = MemoryShape(1 << 20, AdmissionConfig(policy="always"))
+    disk = DiskShape(64 << 20, 1 << 20, AdmissionConfig(policy="always"))
+    ghosts = DiskGhosts(disk, memory, rate=1.0, scales=(1.0,), alternatives=())
+    batch = sampled(["/a", "/b"], 10.0)
+    ghosts.feed(0, batch._replace(times=np.array([10.0, 5.0])), requests=2)
+    assert ghosts.latest == 10.0
+    ghosts.feed(1, sampled(["/c"], 3.0), requests=1)
+    assert ghosts.latest == 10.0
+
+
+async def test_a_worker_drops_batches_its_parent_does_not_take_and_counts_them():
+    """At most ``SAMPLE_BATCHES`` wait for the parent; past that each is dropped and counted,
+    and so is each the parent refuses."""
+    app = web.Application()
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.json_response({}, status=400)
+
+    app.router.add_post("/whatif", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    samples = MachineSamples(f"http://127.0.0.1:{runner.addresses[0][1]}", 0, "")
+    try:
+        for i in range(SAMPLE_BATCHES + 4):
+            samples(sampled([f"/k{i}"], float(i)), 1, 1.0)
+        assert samples.dropped == 4
+        await samples.sent(within=10)
+        assert samples.dropped == SAMPLE_BATCHES + 4 and not samples.pending
+    finally:
         await samples.close()
         await runner.cleanup()

@@ -321,37 +321,42 @@ class Config:
 
     def what_if(self, *, machine: bool = False) -> WhatIf | None:
         """The ghost caches ``[whatif]`` asks for, of this memory tier and its disk tier
-        (``proxy.core.whatif``), or None when its sample is 0 or responses are fetched in
-        slices (``[cache] slice_size``: the ghosts would count slices, the cache requests).
-        A worker of a ``machine`` models its memory tier alone: the disk every worker shares
-        is the parent's to model (``disk_what_if``), fed by each."""
-        w = self.whatif
-        if not w.sample or self.cache.slice_size:  # a slice is not a request: see [whatif]
+        (``proxy.core.whatif``), or None when there are none (``_ghosted``). A worker of a
+        ``machine`` models its memory tier alone: the disk every worker shares is the
+        parent's to model (``disk_what_if``), fed by each."""
+        if not self._ghosted():
             return None
+        m, w = self._memory_shape(), self.whatif
         return WhatIf(
-            self.cache.size, self.admission_config(), self.cache.eviction, rate=w.sample,
-            entry_overhead=ENTRY_OVERHEAD, max_object_bytes=self.cache.max_object_size,
-            disk=None if machine else self._disk_shape(), alternatives=w.policies,
-            disk_alternatives=w.disk_policies,
+            m.size, m.admission, m.eviction, rate=w.sample, entry_overhead=m.entry_overhead,
+            max_object_bytes=m.max_object_bytes, disk=None if machine else self._disk_shape(),
+            alternatives=w.policies, disk_alternatives=w.disk_policies,
         )  # fmt: skip
 
     def disk_what_if(self) -> DiskGhosts | None:
         """The ghosts of the disk tier and its alternatives a machine's parent keeps, each
         behind a ghost of every worker's memory tier (this configuration being a worker's),
         or None when there is no what-if or no disk."""
-        w, disk = self.whatif, self._disk_shape()
-        if not w.sample or self.cache.slice_size or disk is None:
+        disk = self._disk_shape()
+        if not self._ghosted() or disk is None:
             return None
-        memory = MemoryShape(self.cache.size, self.admission_config(), self.cache.eviction,
-                             ENTRY_OVERHEAD, self.cache.max_object_size)  # fmt: skip
-        return DiskGhosts(disk, memory, rate=w.sample, alternatives=w.disk_policies)
+        return DiskGhosts(disk, self._memory_shape(), rate=self.whatif.sample,
+                          alternatives=self.whatif.disk_policies)  # fmt: skip
 
     def what_if_key(self) -> tuple[object, ...]:
         """What the what-if's ghosts are built of: a reload that changes any starts them
         afresh (ghosts of the old caches would compare wrong)."""
+        return (self.whatif, self._ghosted(), self._memory_shape(), self._disk_shape())
+
+    def _ghosted(self) -> bool:
+        """Whether there is a what-if: a sample, and requests not fetched in slices (the
+        ghosts would count slices where the cache counts requests)."""
+        return bool(self.whatif.sample) and not self.cache.slice_size
+
+    def _memory_shape(self) -> MemoryShape:
         c = self.cache
-        return (self.whatif, c.size, c.eviction, c.max_object_size, self.admission_config(),
-                self.disk.path, self.disk.size, self.disk.policy)  # fmt: skip
+        return MemoryShape(c.size, self.admission_config(), c.eviction, ENTRY_OVERHEAD,
+                           c.max_object_size)  # fmt: skip
 
     def _disk_shape(self) -> DiskShape | None:
         if not self.disk.path:

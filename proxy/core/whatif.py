@@ -60,6 +60,12 @@ SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
 DISK_ALTERNATIVES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1")
 BATCH = 1024  # a batch through every ghost: a few milliseconds of the event loop at most
+# What a worker's ``Samples`` may carry, at most: a key's characters, a body's bytes (past
+# both, a record's length would overflow the ghosts' 64-bit counts), the requests a batch
+# stands for.
+LONGEST_KEY = 1 << 20
+LARGEST_BODY = 1 << 40
+MOST_REQUESTS = 1 << 53
 
 
 @dataclass(frozen=True)
@@ -111,9 +117,13 @@ class DiskGhost:
         return hits, requests
 
 
+# The columns of a ``Sample``, in order: when, the key's two hashes, its characters, the size.
+COLUMN_TYPES = (np.float64, np.uint64, np.uint64, np.int64, np.int64)
+
+
 class Sample(NamedTuple):
     """Sampled requests, in the order they were answered: when, the key's two hashes and
-    characters, the body's size."""
+    characters, the body's size (``COLUMN_TYPES``)."""
 
     times: np.ndarray
     h1: np.ndarray
@@ -121,8 +131,10 @@ class Sample(NamedTuple):
     chars: np.ndarray
     sizes: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.times)
+    def keys(self) -> KeyArrays:
+        """The keys as the compiled loop takes them."""
+        return KeyArrays(np.arange(len(self.times), dtype=np.int64), b"", 0,
+                         (self.h1, self.h2, self.chars))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,43 @@ class Samples:
         return {"from": self.place, "pid": self.pid, "rate": self.rate,
                 "requests": self.requests,
                 "sample": [column.tolist() for column in self.sample]}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, body: object, places: int) -> Samples | None:
+        """The ``Samples`` ``as_json`` gave from one of ``places`` workers: equal columns of at
+        most ``4 * BATCH``, each value of its kind and within its bounds (a record's length
+        must fit the ghosts' counts); None for anything else."""
+        if not isinstance(body, dict):
+            return None
+        place, pid, rate = body.get("from"), body.get("pid"), body.get("rate")
+        requests, columns = body.get("requests"), body.get("sample")
+        if not (
+            _whole(place, 0, places - 1)
+            and _whole(pid, 1, 1 << 31)
+            and _whole(requests, 0, MOST_REQUESTS)
+            and type(rate) is float
+            and 0 < rate <= 1
+            and isinstance(columns, list)
+            and len(columns) == len(Sample._fields)
+            and all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns)
+            and len(columns[0]) <= 4 * BATCH
+        ):
+            return None  # fmt: skip
+        times, h1, h2, chars, sizes = columns
+        if not (
+            all(type(t) in (int, float) and math.isfinite(t) for t in times)
+            and all(_whole(h, 0, 2**64 - 1) for h in h1 + h2)
+            and all(_whole(n, 0, LONGEST_KEY) for n in chars)
+            and all(_whole(n, 0, LARGEST_BODY) for n in sizes)
+        ):
+            return None  # fmt: skip
+        sample = Sample(*(np.array(c, t) for c, t in zip(columns, COLUMN_TYPES, strict=True)))
+        return cls(place, pid, rate, sample, requests)
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    """``value`` is an int (not a bool) from ``low`` to ``high``."""
+    return type(value) is int and low <= value <= high
 
 
 class MemoryShape(NamedTuple):
@@ -227,11 +276,9 @@ class WhatIf:
         """Replay the buffered requests through every ghost (and hand them to ``forward``)."""
         if not self._buffer:
             return
-        when, h1, h2, chars, size = zip(*self._buffer, strict=True)
+        columns = zip(*self._buffer, strict=True)
+        sample = Sample(*(np.array(c, k) for c, k in zip(columns, COLUMN_TYPES, strict=True)))
         self._buffer.clear()
-        sample = Sample(np.array(when, np.float64), np.array(h1, np.uint64),
-                        np.array(h2, np.uint64), np.array(chars, np.int64),
-                        np.array(size, np.int64))  # fmt: skip
         for ghost in self.ghosts:
             _replay(ghost, sample)
         if self.disk is not None:
@@ -305,25 +352,22 @@ class DiskGhosts:
         every disk ghost; ``requests``: how many requests it was sampled from (the whole
         traffic's count, for the miss ratios), when the caller counts them here."""
         self.requests += requests
-        if not len(sample):
+        if not len(sample.times):
             return
-        times = np.maximum(sample.times, self.latest)
+        # Batches of several places arrive each whole, a second of a worker's at most: one
+        # that began before the latest time replayed is replayed from that time on (never
+        # backwards: admission windows and write budgets count forward), an approximation
+        # within that second.
+        times = np.maximum.accumulate(np.maximum(sample.times, self.latest))
         self.latest = float(times[-1])
-        keys = KeyArrays(np.arange(len(sample), dtype=np.int64), b"", 0,
-                         (sample.h1, sample.h2, sample.chars))  # fmt: skip
-        lengths = RECORD_HEADER + ASSUMED_META + sample.chars + sample.sizes
+        keys, lengths = sample.keys(), RECORD_HEADER + ASSUMED_META + sample.chars + sample.sizes
         for ghost in self.ghosts:
-            if ghost.failed is not None:
-                continue
             if place not in ghost.fronts:
                 ghost.fronts[place] = self.memory.ghost(1.0, self.memory.admission.policy,
                                                         self.rate)  # fmt: skip
-            try:
-                replay_tiers(ghost.fronts[place], ghost.disk, keys, times, sample.sizes,
-                             record_overhead=0, lengths=lengths)  # fmt: skip
-            except (ValueError, OverflowError, MemoryError) as exc:
-                # A ghost the loop refuses is a what-if lost, never a request: it stops here.
-                ghost.failed = f"{type(exc).__name__}: {exc}"
+            front, disk = ghost.fronts[place], ghost.disk
+            _guarded(ghost, lambda f=front, d=disk: replay_tiers(
+                f, d, keys, times, sample.sizes, record_overhead=0, lengths=lengths))  # fmt: skip
 
     def curves(self, requests: int | None = None) -> list[dict[str, object]]:
         """Each disk ghost's estimates for the whole traffic of ``requests`` (by default the
@@ -341,13 +385,19 @@ def _check_rate(rate: float) -> None:
 
 
 def _replay(ghost: Ghost, sample: Sample) -> None:
-    """``sample`` through a memory ghost; a batch the loop refuses stops the ghost."""
+    """``sample`` through a memory ghost."""
+    keys = sample.keys()
+    _guarded(ghost, lambda: replay(ghost.engine, keys, sample.times, sample.sizes, 0,
+                                   len(sample.times)))  # fmt: skip
+
+
+def _guarded(ghost: Ghost | DiskGhost, run: Callable[[], None]) -> None:
+    """``run`` a batch through ``ghost``, unless it has failed; a batch the loop refuses
+    stops it (``failed``)."""
     if ghost.failed is not None:
         return
-    keys = KeyArrays(np.arange(len(sample), dtype=np.int64), b"", 0,
-                     (sample.h1, sample.h2, sample.chars))  # fmt: skip
     try:
-        replay(ghost.engine, keys, sample.times, sample.sizes, 0, len(sample))
+        run()
     except (ValueError, OverflowError, MemoryError) as exc:
         # A ghost the loop refuses is a what-if lost, never a request: it stops here.
         ghost.failed = f"{type(exc).__name__}: {exc}"

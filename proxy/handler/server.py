@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import assert_never
+from typing import Protocol, assert_never
 
 from aiohttp import web
 
@@ -67,6 +67,18 @@ from proxy.origin.upstream import Upstream
 log = logging.getLogger("onehit.proxy")
 
 
+class SampleSink(Protocol):
+    """Where a worker's what-if samples go (``proxy.ops.workers.MachineSamples``): each batch
+    with the requests it was sampled from and its rate; the batches it dropped; ``sent``
+    returns once those handed over are sent, or after ``within`` seconds."""
+
+    dropped: int
+
+    def __call__(self, sample: Sample, requests: int, rate: float) -> None: ...
+
+    async def sent(self, within: float | None = None) -> None: ...
+
+
 class Proxy:
     """The request handler: one instance per listener, sharing one engine and one upstream."""
 
@@ -87,7 +99,7 @@ class Proxy:
         self.disk = disk
         self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
         # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
-        self.samples: Callable[[Sample, int, float], None] | None = None
+        self.samples: SampleSink | None = None
         self.router = Router(config)
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
@@ -123,12 +135,17 @@ class Proxy:
         if config.admission_config() != self.config.admission_config():
             engine.admission = make_policy(config.admission_config(), engine.store)
         if config.what_if_key() != self.config.what_if_key():
-            engine.whatif = config.what_if(machine=self.samples is not None)
+            engine.whatif = config.what_if(machine=self.machine)
             if engine.whatif is not None:
                 engine.whatif.start(engine.counters.hits)
             self.follow_whatif()
         self.hits.follow_engine()
         self.config = config
+
+    @property
+    def machine(self) -> bool:
+        """Whether this is a worker of a machine (``--workers``): its tier is shared."""
+        return self.disk is not None and self.disk.sharing is not None
 
     def follow_whatif(self) -> None:
         """Hand each batch the what-if samples to ``samples`` (the machine's parent), with the

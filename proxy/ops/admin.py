@@ -12,19 +12,17 @@ from __future__ import annotations
 import gc
 import hmac
 import json
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 
 from proxy.config.settings import AdminSection
 from proxy.core.stats import GAUGES, METRICS, TIER_HITS, TIER_HITS_HELP
-from proxy.core.whatif import BATCH, Sample, Samples
+from proxy.core.whatif import Samples
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
@@ -142,9 +140,8 @@ def admin_app(
         # A worker's what-if samples reach the parent before its stats do: the machine's
         # disk ghosts, which the parent answers with, have what this worker's curves had.
         # Not waited for long: a stalled parent must not stall the worker's own admin.
-        sent = getattr(proxy.samples, "sent", None)
-        if sent is not None:
-            await sent(within=SAMPLES_WAIT)
+        if proxy.samples is not None:
+            await proxy.samples.sent(within=SAMPLES_WAIT)
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
     async def metrics(request: web.Request) -> web.Response:
@@ -251,51 +248,16 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
 
 # How long a worker's /stats waits for its what-if samples to reach the parent, in seconds.
 SAMPLES_WAIT = 2.0
-# What a ``POST /whatif`` may carry, at most: a key's characters, a body's bytes (past both,
-# a record's length would overflow the ghosts' 64-bit counts), requests a batch stands for.
-LONGEST_KEY = 1 << 20
-LARGEST_BODY = 1 << 40
-MOST_REQUESTS = 1 << 53
 
 
 async def whatif_samples_of(request: web.Request, places: int) -> Samples | None:
-    """The ``Samples`` a ``POST /whatif`` carries (``Samples.as_json``: equal columns of at
-    most ``4 * BATCH``, each value of its kind and in its bounds, from one of ``places``
-    workers), or None for anything else."""
+    """The ``Samples`` a ``POST /whatif`` carries from one of ``places`` workers, or None for
+    anything else (``Samples.from_json``)."""
     try:
         body = await request.json()
-        place, pid, rate = body["from"], body["pid"], body["rate"]
-        requests, columns = body["requests"], body["sample"]
-    except (ValueError, TypeError, KeyError, RecursionError):
+    except (ValueError, TypeError, RecursionError):
         return None
-    if not (
-        _whole(place, 0, places - 1)
-        and _whole(pid, 1, 1 << 31)
-        and _whole(requests, 0, MOST_REQUESTS)
-        and type(rate) is float
-        and 0 < rate <= 1
-        and isinstance(columns, list)
-        and len(columns) == len(Sample._fields)
-        and all(isinstance(c, list) and len(c) == len(columns[0]) for c in columns)
-        and len(columns[0]) <= 4 * BATCH
-    ):
-        return None  # fmt: skip
-    times, h1, h2, chars, sizes = columns
-    if not (
-        all(type(t) in (int, float) and math.isfinite(t) for t in times)
-        and all(_whole(h, 0, 2**64 - 1) for h in h1 + h2)
-        and all(_whole(n, 0, LONGEST_KEY) for n in chars)
-        and all(_whole(n, 0, LARGEST_BODY) for n in sizes)
-    ):
-        return None  # fmt: skip
-    types = (np.float64, np.uint64, np.uint64, np.int64, np.int64)
-    sample = Sample(*(np.array(c, t) for c, t in zip(columns, types, strict=True)))
-    return Samples(place, pid, rate, sample, requests)
-
-
-def _whole(value: object, low: int, high: int) -> bool:
-    """``value`` is an int (not a bool) from ``low`` to ``high``."""
-    return type(value) is int and low <= value <= high
+    return Samples.from_json(body, places)
 
 
 def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> dict[str, object] | None:
@@ -435,8 +397,7 @@ def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
     if whatif is None:
         return None
     out = {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
-    dropped = getattr(proxy.samples, "dropped", None)
-    return out if dropped is None else {**out, "batches_dropped": dropped}
+    return out if proxy.samples is None else {**out, "batches_dropped": proxy.samples.dropped}
 
 
 def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
@@ -454,6 +415,10 @@ def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
                 continue
             labels = f'tier="{c["tier"]}",policy="{label(c["policy"])}",scale="{c["scale"]:g}"'
             lines.append(f"{name}{{{labels}}} {float(c[field])!r}")
+    if "batches_dropped" in whatif:  # under --workers: samples the ghosts never saw
+        name = "onehit_whatif_batches_dropped_total"
+        lines += [f"# HELP {name} batches of what-if samples dropped before the parent's ghosts",
+                  f"# TYPE {name} counter", f"{name} {whatif['batches_dropped']}"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -26,14 +26,13 @@ from proxy.config.settings import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.core.whatif import Sample
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
 from proxy.handler.routing import hidden_fields
-from proxy.handler.server import Proxy
+from proxy.handler.server import Proxy, SampleSink
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
@@ -121,7 +120,7 @@ class Service:
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
         forgotten: Callable[[str], None] | None = None,
-        samples: Callable[[Sample, int, float], None] | None = None,
+        samples: SampleSink | None = None,
         read_config: Callable[[], Config] | None = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,

@@ -287,6 +287,9 @@ class ToParent:
         """The next body to send and how many things it carries; None when none is pending."""
         raise NotImplementedError
 
+    def _lost(self, count: int) -> None:
+        """``count`` things the parent did not take (it refused them, or did not answer)."""
+
     def _send_soon(self) -> None:
         if self.sending is None or self.sending.done():
             self.sending = asyncio.get_running_loop().create_task(self._send())
@@ -302,6 +305,7 @@ class ToParent:
                 async with self.session.post(self.url, json=body) as r:
                     r.raise_for_status()
             except (aiohttp.ClientError, TimeoutError) as exc:
+                self._lost(count)
                 now = asyncio.get_running_loop().time()
                 if now - self._warned > 60:
                     self._warned = now
@@ -381,39 +385,48 @@ class MachineSamples(ToParent):
     def _next(self) -> tuple[dict[str, Any], int] | None:
         return (self.pending.pop(0).as_json(), 1) if self.pending else None
 
+    def _lost(self, count: int) -> None:
+        self.dropped += count
+
 
 class MachineGhosts:
     """The ghosts of the disk tier the workers share, and of its alternatives, kept by the
-    parent (``Config.disk_what_if`` of ``view``, the configuration a worker runs), fed by
-    every worker's samples (``MachineSamples``); built afresh when a reload changes what they
-    are built of, as a worker's own ghosts are. A batch sampled at another rate than theirs
-    (a worker that has not reloaded yet) is left out with its count; a worker replaced in its
+    parent (``Config.disk_what_if`` of ``view``, the configuration a worker runs; None: the
+    shared tier stands for memory, and has none), fed by every worker's samples
+    (``MachineSamples``); built afresh when a reload changes what they are built of, as a
+    worker's own ghosts are. A batch sampled at another rate than theirs (a worker that has
+    not reloaded yet) is left out with its count (``left_out``); a worker replaced in its
     place (another process) has its memory ghosts begin afresh, as its memory tier does."""
 
-    def __init__(self, view: Callable[[], Config]) -> None:
+    def __init__(self, view: Callable[[], Config | None]) -> None:
         self.view = view
         self.key: tuple[object, ...] | None = None
         self.ghosts: DiskGhosts | None = None
         self.pids: dict[int, int] = {}  # the process that last fed each place
+        self.left_out = 0
 
     def current(self) -> DiskGhosts | None:
         config = self.view()
-        if config.what_if_key() != self.key:
-            self.key = config.what_if_key()
-            self.ghosts = config.disk_what_if()
+        key = None if config is None else config.what_if_key()
+        if key != self.key:
+            self.key = key
+            self.ghosts = None if config is None else config.disk_what_if()
             self.pids.clear()
         return self.ghosts
 
     def feed(self, batch: Samples) -> int:
         """Feed ``batch`` to the ghosts; the requests it replayed (0: none taken)."""
         ghosts = self.current()
-        if ghosts is None or batch.rate != ghosts.rate:
+        if ghosts is None:
+            return 0
+        if batch.rate != ghosts.rate:
+            self.left_out += 1
             return 0
         if self.pids.setdefault(batch.place, batch.pid) != batch.pid:
             ghosts.restart(batch.place)
             self.pids[batch.place] = batch.pid
         ghosts.feed(batch.place, batch.sample, batch.requests)
-        return len(batch.sample)
+        return len(batch.sample.times)
 
 
 class Refused(Exception):
@@ -444,7 +457,8 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.window is not None  # the workers map one admission window
     started = time.time()
-    ghosts = MachineGhosts(lambda: worker_view(reloads.config, workers.tier.overrides))
+    ghosts = MachineGhosts(lambda: worker_view(reloads.config, workers.tier.overrides)
+                           if reloads.config.disk.path else None)  # fmt: skip
 
     async def each(
         method: str, path: str, body: Any = None, *, but: int | None = None
@@ -504,15 +518,17 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
 
     def machine_whatif(per_worker: list[Any]) -> dict[str, Any] | None:
         """The machine's what-if: the workers' memory curves as one (``merged_curves``:
-        their private memory tiers together), and the curves of the shared disk's ghosts,
-        which every worker feeds."""
+        their private memory tiers together), the curves of the shared disk's ghosts, which
+        every worker feeds, and the batches of samples they never took."""
         found = [w["whatif"] for w in per_worker if w.get("whatif")]
         if not found:
             return None
         curves = merged_curves([w["curves"] for w in found])
         disk = ghosts.current()
+        dropped = sum(w.get("batches_dropped", 0) for w in found) + ghosts.left_out
         return {"sample": found[0]["sample"],
-                "curves": curves + ([] if disk is None else disk.curves())}  # fmt: skip
+                "curves": curves + ([] if disk is None else disk.curves()),
+                "batches_dropped": dropped}  # fmt: skip
 
     async def whatif(request: web.Request) -> web.Response:
         batch = await whatif_samples_of(request, len(workers.admins))
