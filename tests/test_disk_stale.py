@@ -362,40 +362,19 @@ async def test_rfc9111_4_3_4_a_cookie_a_304_sets_is_the_revalidating_clients_alo
 
 
 @pytest.mark.parametrize("holder", ["memory", "disk"])
-async def test_rfc9111_4_3_4_a_304_naming_another_entity_tag_updates_nothing(
-    origin, start_proxy, tmp_path, holder
-):
-    """Asked about "v1", the origin answers 304 naming "v2": it selects no stored response.
-    The old body is never served as "v2"; the response is fetched whole."""
-    clock = Clock()
-    origin.set("/x", body=b"old", headers={"ETag": '"v1"', **FOR_10S})
-    setup = {"clock": clock, "disk__path": str(tmp_path), **DISK}
-    proxy = await start_proxy(**setup)
-    assert (await get(proxy, "/x"))[2] == b"old"
-    if holder == "disk":
-        await proxy.stop()
-        proxy = await start_proxy(**setup)
-    origin.set("/x", body=b"new", headers={"ETag": '"v2"', **FOR_10S}, not_modified_etag='"v1"',
-               headers_304={"ETag": '"v2"', **FOR_10S})  # fmt: skip
-    clock.now += 20
-    status, headers, body = await get(proxy, "/x")
-    etag = {k.lower(): v for k, v in headers.items()}["etag"]
-    assert (status, body, etag) == (200, b"new", '"v2"'), headers["Cache-Status"]
-    assert (await get(proxy, "/x"))[2] == b"new"
-
-
-@pytest.mark.parametrize("holder", ["memory", "disk"])
 @pytest.mark.parametrize(
     "answer_304",
-    [[("Last-Modified", "Fri, 02 Jan 2026 00:00:00 GMT")], [("ETag", '"v1"'), ("ETag", '"v2"')]],
-    ids=["another-last-modified", "two-entity-tags"],
-)
+    [[("ETag", '"v2"')], [("Last-Modified", "Fri, 02 Jan 2026 00:00:00 GMT")],
+     [("ETag", '"v1"'), ("ETag", '"v2"')]],
+    ids=["another-entity-tag", "another-last-modified", "two-entity-tags"],
+)  # fmt: skip
 async def test_rfc9111_4_3_4_a_304_with_another_validator_or_two_updates_nothing(
     origin, start_proxy, tmp_path, holder, answer_304
 ):
-    """The stored response is "v1", modified on January 1st. A 304 naming another
-    Last-Modified (and no entity tag), or two entity tags, selects no stored response: the
-    old body is never served under the new validators; the response is fetched whole."""
+    """The stored response is "v1", modified on January 1st. A 304 naming another entity
+    tag, another Last-Modified (and no entity tag), or two entity tags, selects no stored
+    response: the old body is never served under the new validators; the response is
+    fetched whole."""
     clock = Clock()
     state = {"body": b"old", "etag": '"v1"', "modified": "Thu, 01 Jan 2026 00:00:00 GMT"}
 

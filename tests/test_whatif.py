@@ -39,6 +39,16 @@ def trace() -> Trace:
     return generate(spec)
 
 
+async def replayed(client, proxy, trace: Trace) -> str:
+    """Ask ``proxy`` for each request of ``trace`` in turn; the prefix of its keys."""
+    prefix = base(proxy) + "/obj/"
+    for key in trace.key_strings():
+        async with client.get(prefix + key) as r:
+            assert r.status == 200
+            await r.read()
+    return prefix
+
+
 def test_a_sampled_what_if_is_the_simulator_on_the_same_sample(trace):
     """Fed the requests one by one, each ghost gives exactly what ``simulate --sample`` gives
     for that size and policy: the same keys sampled, the same loop, the same correction."""
@@ -69,11 +79,7 @@ async def test_a_proxy_shows_each_ghosts_curve_as_the_simulator_predicts_it(
     capacity = round(short.distinct_bytes() * 0.1)
     proxy = await start_proxy(cache__size=str(capacity), cache__max_object_size=str(capacity),
                               admission__policy="second-hit", whatif__sample="1")  # fmt: skip
-    prefix = base(proxy) + "/obj/"
-    for key in short.key_strings():
-        async with client.get(prefix + key) as r:
-            assert r.status == 200
-            await r.read()
+    prefix = await replayed(client, proxy, short)
     assert proxy.proxy.fast_hits > 0, "the compiled hit path fed the what-if too"
     async with client.get(admin(proxy) + "/stats") as r:
         whatif = (await r.json())["whatif"]
@@ -104,11 +110,7 @@ async def test_a_proxys_disk_curves_are_the_two_tier_simulator_on_the_same_reque
     proxy = await start_proxy(cache__size=str(memory), disk__path=str(tmp_path / "disk"),
                               disk__size=str(32 * region), disk__region_size=str(region),
                               admission__policy="always", whatif__sample="1")  # fmt: skip
-    prefix = base(proxy) + "/obj/"
-    for key in short.key_strings():
-        async with client.get(prefix + key) as r:
-            assert r.status == 200
-            await r.read()
+    prefix = await replayed(client, proxy, short)
     async with client.get(admin(proxy) + "/stats") as r:
         curves = [c for c in (await r.json())["whatif"]["curves"] if c["tier"] == "disk"]
     disk = proxy.config.disk
