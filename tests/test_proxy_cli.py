@@ -393,3 +393,29 @@ def test_an_unusable_path_is_refused_by_check_config_and_at_start_with_one_line(
     )  # fmt: skip
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+async def test_after_a_reload_the_workers_feed_the_machines_new_disk_ghosts(origin, tmp_path):
+    """A reload that changes ``[whatif]`` builds the ghosts afresh, the workers' and the
+    parent's: the workers' new ghosts hand their samples on as the old ones did, and the
+    parent's disk ghosts count the requests since the reload alone."""
+    path = tmp_path / "proxy.toml"
+
+    def write(policies: str) -> None:
+        path.write_text(f'[whatif]\nsample = 1.0\npolicies = [{policies}]\n'
+                        f'[disk]\npath = "{tmp_path / "disk"}"\n')  # fmt: skip
+
+    write('"always"')
+    args = ("--config", str(path), "--workers", "2", "--origin", origin.url,
+            "--set", "server.access_log=false")  # fmt: skip
+    async with served(*args) as (process, url, admin):
+        await twice_on_new_connections(url, admin, [f"/a{i}" for i in range(50)])
+        write('"always", "tinylfu"')
+        async with aiohttp.ClientSession() as client, client.post(admin + "/reload", json={}) as r:
+            assert r.status == 200, await r.text()
+        stats = await twice_on_new_connections(url, admin, [f"/b{i}" for i in range(50)])
+        disk = [c for c in stats["whatif"]["curves"] if c["tier"] == "disk"]
+        assert disk and {c["sampled"] for c in disk} == {100}
+        assert {c["policy"] for c in stats["whatif"]["curves"]} >= {"tinylfu"}
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
