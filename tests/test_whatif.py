@@ -54,7 +54,7 @@ def test_a_sampled_what_if_is_the_simulator_on_the_same_sample(trace):
     for that size and policy: the same keys sampled, the same loop, the same correction."""
     size = round(trace.distinct_bytes() * 0.05)
     second_hit = AdmissionConfig(policy="second-hit")
-    whatif = WhatIf(size, second_hit, rate=0.2, entry_overhead=ENTRY_OVERHEAD)
+    whatif = WhatIf(MemoryShape(size, second_hit, entry_overhead=ENTRY_OVERHEAD), rate=0.2)
     for key, body, now in zip(trace.key_strings(), trace.sizes.tolist(), trace.times.tolist(),
                               strict=True):  # fmt: skip
         whatif.record(key, body, now, missed=True)
@@ -147,7 +147,9 @@ def test_ghosts_begun_after_a_reload_count_only_the_hits_since(trace):
     """The cache's hits before the ghosts began are not theirs: a what-if started at 1,000
     hits reads as one that began with the cache."""
     size = round(trace.distinct_bytes() * 0.05)
-    fresh, later = (WhatIf(size, AdmissionConfig(policy="always"), rate=0.5) for _ in range(2))
+    fresh, later = (
+        WhatIf(MemoryShape(size, AdmissionConfig(policy="always")), rate=0.5) for _ in range(2)
+    )
     later.start(hits=1_000)
     for key, body, now in zip(trace.key_strings()[:3_000], trace.sizes.tolist(),
                               trace.times.tolist(), strict=False):  # fmt: skip
@@ -177,7 +179,7 @@ def test_workers_memory_curves_merge_into_the_machines_and_their_disk_curves_do_
 
 
 def test_a_ghost_that_has_seen_no_request_has_no_miss_ratio():
-    whatif = WhatIf(1 << 20, AdmissionConfig(policy="always"), rate=1e-9)
+    whatif = WhatIf(MemoryShape(1 << 20, AdmissionConfig(policy="always")), rate=1e-9)
     for i in range(30):
         whatif.record(f"/k{i}", 100, float(i), missed=True)
     assert {c["miss_ratio"] for c in whatif.curves(hits=0)} == {None}
@@ -187,7 +189,7 @@ def test_a_disk_ghost_takes_the_large_objects_the_disk_takes():
     """A 1% sample of a disk in 16 MiB regions: its ghosts' regions hold a 400 KB record, as
     the disk's do, instead of refusing every one as too large."""
     disk = DiskShape(8 << 30, 16 << 20, AdmissionConfig(policy="always"))
-    whatif = WhatIf(64 << 20, AdmissionConfig(policy="always"), rate=0.01, disk=disk)
+    whatif = WhatIf(MemoryShape(64 << 20, AdmissionConfig(policy="always")), rate=0.01, disk=disk)
     for i in range(20_000):
         whatif.record(f"/big{i % 5_000}", 400_000, float(i), missed=True)
     whatif.curves(hits=0)  # replays what is buffered
@@ -267,7 +269,7 @@ def test_a_replaced_workers_memory_ghost_begins_afresh_and_other_rates_are_left_
                 "disk.size": "64MiB", "disk.region_size": "1MiB", "whatif.sample": "1",
                 "disk.policy": "always"}  # fmt: skip
     config = load(env={}, overrides=settings)
-    machine = MachineGhosts(lambda: config)
+    machine = MachineGhosts(lambda: config, {})
     assert machine.feed(Samples(0, 100, 1.0, sampled(["/a"], 1.0), 1)) == 1
     assert machine.feed(Samples(0, 100, 1.0, sampled(["/a"], 2.0), 1)) == 1
     assert machine.feed(Samples(0, 101, 1.0, sampled(["/a"], 3.0), 1)) == 1
@@ -323,7 +325,7 @@ def test_the_parents_disk_ghosts_follow_a_reload_and_count_what_they_leave_out(t
     settings = {"upstream.origin": "http://127.0.0.1:9", "disk.path": str(tmp_path),
                 "disk.size": "64MiB", "disk.region_size": "1MiB", "whatif.sample": "1"}  # fmt: skip
     held = {"config": load(env={}, overrides=settings)}
-    machine = MachineGhosts(lambda: held["config"])
+    machine = MachineGhosts(lambda: held["config"], {})
     assert machine.feed(Samples(0, 100, 1.0, sampled(["/a", "/b"], 1.0), 2)) == 2
     first = machine.current()
     assert first is not None and first.requests == 2
@@ -331,7 +333,10 @@ def test_the_parents_disk_ghosts_follow_a_reload_and_count_what_they_leave_out(t
     assert machine.current() is not first and machine.current().requests == 0
     assert machine.feed(Samples(0, 100, 0.5, sampled(["/a"], 2.0), 1)) == 0
     assert machine.left_out == 1
-    none = MachineGhosts(lambda: None)
+    diskless = load(
+        env={}, overrides={"upstream.origin": "http://127.0.0.1:9", "whatif.sample": "1"}
+    )
+    none = MachineGhosts(lambda: diskless, {})
     assert none.current() is None and none.feed(Samples(0, 1, 1.0, sampled(["/a"], 1.0), 1)) == 0
 
 

@@ -326,12 +326,10 @@ class Config:
         parent's to model (``disk_what_if``), fed by each."""
         if not self._ghosted():
             return None
-        m, w = self._memory_shape(), self.whatif
-        return WhatIf(
-            m.size, m.admission, m.eviction, rate=w.sample, entry_overhead=m.entry_overhead,
-            max_object_bytes=m.max_object_bytes, disk=None if machine else self._disk_shape(),
-            alternatives=w.policies, disk_alternatives=w.disk_policies,
-        )  # fmt: skip
+        w = self.whatif
+        return WhatIf(self._memory_shape(), rate=w.sample,
+                      disk=None if machine else self._disk_shape(), alternatives=w.policies,
+                      disk_alternatives=w.disk_policies)  # fmt: skip
 
     def disk_what_if(self) -> DiskGhosts | None:
         """The ghosts of the disk tier and its alternatives a machine's parent keeps, each

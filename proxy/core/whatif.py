@@ -204,27 +204,28 @@ class MemoryShape(NamedTuple):
 
     def ghost(self, scale: float, policy: str, rate: float) -> CacheEngine:
         """A ghost of this tier at ``scale`` of its size, admitting by ``policy``."""
-        config = self.admission if policy == self.admission.policy else (
-            AdmissionConfig(policy=policy))  # fmt: skip
-        return build_engine(round(self.size * scale), config, self.max_object_bytes,
-                            self.entry_overhead, self.eviction, rate=rate)  # fmt: skip
+        return build_engine(round(self.size * scale), _admission(self.admission, policy),
+                            self.max_object_bytes, self.entry_overhead, self.eviction,
+                            rate=rate)  # fmt: skip
+
+
+def _admission(configured: AdmissionConfig, policy: str) -> AdmissionConfig:
+    """``policy`` as a ghost admits by it: as configured when it is the configured one (its
+    window and the rest), else with its defaults."""
+    return configured if policy == configured.policy else AdmissionConfig(policy=policy)
 
 
 class WhatIf:
-    """Ghosts of a memory tier of ``memory_bytes`` (admitting by ``admission``, evicting by
-    ``eviction``) and of its alternatives, and of ``disk``'s alternatives when given, fed a
-    ``rate`` sample of the requests. ``forward``, when set, is handed each batch sampled too
-    (a worker's, for the machine's ``DiskGhosts``)."""
+    """Ghosts of the memory tier ``memory`` describes and of its ``alternatives``, and of
+    ``disk``'s alternatives when given, fed a ``rate`` sample of the requests. ``forward``,
+    when set, is handed each batch sampled too (a worker's, for the machine's
+    ``DiskGhosts``)."""
 
     def __init__(
         self,
-        memory_bytes: int,
-        admission: AdmissionConfig,
-        eviction: str = "lru",
+        memory: MemoryShape,
         *,
         rate: float = 0.01,
-        entry_overhead: int = 0,
-        max_object_bytes: int | None = None,
         disk: DiskShape | None = None,
         scales: tuple[float, ...] = SCALES,
         alternatives: tuple[str, ...] = MEMORY_ALTERNATIVES,
@@ -237,12 +238,10 @@ class WhatIf:
         self.hits_before = 0  # the cache's hits when these ghosts began (``start``)
         self.forward: Callable[[Sample], None] | None = None
         self._buffer: list[tuple[float, int, int, int, int]] = []
-        memory = MemoryShape(memory_bytes, admission, eviction, entry_overhead, max_object_bytes)
-        policies = dict.fromkeys((admission.policy, *alternatives))
-        sized = [(policy, scale, round(memory_bytes * scale)) for policy in policies
-                 for scale in scales]  # fmt: skip
-        self.ghosts = [Ghost(policy, scale, size, memory.ghost(scale, policy, rate))
-                       for policy, scale, size in sized]  # fmt: skip
+        policies = dict.fromkeys((memory.admission.policy, *alternatives))
+        self.ghosts = [Ghost(policy, scale, round(memory.size * scale),
+                             memory.ghost(scale, policy, rate))
+                       for policy in policies for scale in scales]  # fmt: skip
         self.disk = None if disk is None else DiskGhosts(
             disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
 
@@ -330,8 +329,7 @@ class DiskGhosts:
                 size = round(disk.size * scale * rate)
                 if size < 2 * region:  # too small a sample of this disk to model
                     continue
-                config = disk.admission if policy == disk.admission.policy else (
-                    AdmissionConfig(policy=policy))  # fmt: skip
+                config = _admission(disk.admission, policy)
                 # The sample writes ``rate`` of the disk's bytes: so does its budget.
                 budget = WriteBudget(disk.max_write_rate * rate)
                 tier = DiskTier(Regions(region, size // region), config.scaled(rate),
@@ -374,9 +372,8 @@ class DiskGhosts:
         requests ``feed`` was told of): the miss ratio of both tiers, every place's memory
         ghost with the shared disk, and the bytes written to the disk."""
         requests = self.requests if requests is None else requests
-        written = [ghost.disk.counters.bytes_written for ghost in self.ghosts]
-        return [_curve(ghost, ghost.counted(), wrote, requests, self.rate)
-                for ghost, wrote in zip(self.ghosts, written, strict=True)]  # fmt: skip
+        return [_curve(g, g.counted(), g.disk.counters.bytes_written, requests, self.rate)
+                for g in self.ghosts]  # fmt: skip
 
 
 def _check_rate(rate: float) -> None:

@@ -50,15 +50,14 @@ class Revalidation:
         except UpstreamError as exc:
             return self._origin_failed(meta, action, exc.status, exc.public)
         async with upstream:
-            if upstream.status == 304 and not rfc9111.validates(entry.headers, fields_of(upstream)):
-                # It names another response than the one stored: nothing to refresh, and
-                # nothing to answer with; fetched whole.
-                fetch = Fetch(FWD_STALE, whole=True, collapse=False)
-                return (await fetcher.fetch(request, meta, url, fetch))[0]
             if upstream.status == 304:
-                now = fetcher.clock()
                 fields = fields_of(upstream)
-                fetcher.engine.on_not_modified(entry, fields, request_time, now)
+                if not rfc9111.validates(entry.headers, fields):
+                    # It names another response than the one stored: nothing to refresh, and
+                    # nothing to answer with; fetched whole.
+                    fetch = Fetch(FWD_STALE, whole=True, collapse=False)
+                    return (await fetcher.fetch(request, meta, url, fetch))[0]
+                fetcher.engine.on_not_modified(entry, fields, request_time, fetcher.clock())
                 status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
                 # The cookies the 304 set are this client's: in its answer, never stored.

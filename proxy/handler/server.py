@@ -148,8 +148,8 @@ class Proxy:
         return self.disk is not None and self.disk.sharing is not None
 
     def follow_whatif(self) -> None:
-        """Hand each batch the what-if samples to ``samples`` (the machine's parent), with the
-        count of requests it was sampled from: those since the batch before."""
+        """Have the what-if hand each batch it samples to ``samples`` (the machine's parent),
+        with the count of requests it was sampled from: those since the batch before."""
         whatif, samples, counters = self.engine.whatif, self.samples, self.engine.counters
         if whatif is None or samples is None:
             return

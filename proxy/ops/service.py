@@ -152,9 +152,8 @@ class Service:
                 undo.push_async_callback(shared.close)
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
-            if sharing is not None:
-                proxy.samples = samples
-                proxy.follow_whatif()
+            proxy.samples = samples
+            proxy.follow_whatif()
             undo.push_async_callback(proxy.close)
             if shared is not None and not config.admission.redis_cluster:
                 # A Redis Cluster client has no pub/sub here: its fleet purges stay local.

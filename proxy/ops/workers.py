@@ -391,26 +391,33 @@ class MachineSamples(ToParent):
 
 class MachineGhosts:
     """The ghosts of the disk tier the workers share, and of its alternatives, kept by the
-    parent (``Config.disk_what_if`` of ``view``, the configuration a worker runs; None: the
-    shared tier stands for memory, and has none), fed by every worker's samples
-    (``MachineSamples``); built afresh when a reload changes what they are built of, as a
-    worker's own ghosts are. A batch sampled at another rate than theirs (a worker that has
-    not reloaded yet) is left out with its count (``left_out``); a worker replaced in its
-    place (another process) has its memory ghosts begin afresh, as its memory tier does."""
+    parent (``Config.disk_what_if`` of the configuration a worker runs: the parent's,
+    ``config()``, with its tier's ``overrides``; none where the shared tier stands for
+    memory), fed by every worker's samples (``MachineSamples``); built afresh when a reload
+    changes what they are built of, as a worker's own ghosts are. A batch sampled at another
+    rate than theirs (a worker that has not reloaded yet) is left out with its count
+    (``left_out``); a worker replaced in its place (another process) has its memory ghosts
+    begin afresh, as its memory tier does."""
 
-    def __init__(self, view: Callable[[], Config | None]) -> None:
-        self.view = view
+    def __init__(self, config: Callable[[], Config], overrides: dict[str, object]) -> None:
+        self.config = config
+        self.overrides = overrides
+        self.seen: Config | None = None  # the parent's configuration the ghosts follow
         self.key: tuple[object, ...] | None = None
         self.ghosts: DiskGhosts | None = None
         self.pids: dict[int, int] = {}  # the process that last fed each place
         self.left_out = 0
 
     def current(self) -> DiskGhosts | None:
-        config = self.view()
-        key = None if config is None else config.what_if_key()
+        config = self.config()
+        if config is self.seen:  # no reload since: nothing to derive again
+            return self.ghosts
+        self.seen = config
+        view = worker_view(config, self.overrides) if config.disk.path else None
+        key = None if view is None else view.what_if_key()
         if key != self.key:
             self.key = key
-            self.ghosts = None if config is None else config.disk_what_if()
+            self.ghosts = None if view is None else view.disk_what_if()
             self.pids.clear()
         return self.ghosts
 
@@ -457,8 +464,7 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
     shared = workers.window is not None  # the workers map one admission window
     started = time.time()
-    ghosts = MachineGhosts(lambda: worker_view(reloads.config, workers.tier.overrides)
-                           if reloads.config.disk.path else None)  # fmt: skip
+    ghosts = MachineGhosts(lambda: reloads.config, workers.tier.overrides)
 
     async def each(
         method: str, path: str, body: Any = None, *, but: int | None = None
