@@ -37,6 +37,8 @@ OVERRIDDEN = [
     (web.StreamResponse, "_send_headers_immediately"),
     (web.Response, "_body"),
     (web.RequestHandler, "handle_error"),
+    (web.BaseRequest, "_prepare_hook"),
+    (web.BaseRequest, "ATTRS"),
 ]
 
 # The parameters of each aiohttp method the seam overrides (all of them, in order) or calls
@@ -56,6 +58,7 @@ SIGNATURES = [
     (web.BaseRequest, "__init__", ("self", "message", "payload", "protocol", "payload_writer",
                                    "task", "loop"), False),
     (web.BaseRequest, "clone", ("self", "remote"), False),
+    (web.BaseRequest, "_prepare_hook", ("self", "response"), True),
 ]  # fmt: skip
 
 # Public names, but newer than some aiohttp releases: the front frees the request parser's

@@ -166,7 +166,8 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
-    __slots__ = ("_lane", "_loop", "_writer", "raw_headers", "scheme", "started", "transport")
+    __slots__ = ("_lane", "_loop", "_writer", "answer", "raw_headers", "scheme", "started",
+                 "transport")  # fmt: skip
 
     body_exists = False
     can_read_body = False
@@ -189,6 +190,9 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
         self._writer: FieldWriter | None = None
         self.raw_headers = message.raw_headers
         self.started = loop.time()
+        # The answer whose head went out (written at once, or handed to the writer): once
+        # there is one, nothing else may be written as this request's answer.
+        self.answer: LoggedResponse | web.StreamResponse | None = None
 
     @property
     def writer(self) -> FieldWriter:  # type: ignore[override]
@@ -210,7 +214,8 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
             transport.write(head + body)
         else:
             transport.writelines((head, body))
-        return Written(head, body, status)
+        written = self.answer = Written(head, body, status)
+        return written
 
     def answered(self, response: Written) -> None:
         """A ``Pending`` request was answered, whole, by ``write_at_once``."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, assert_never
+from typing import Any, Protocol, assert_never
 
 from aiohttp import web
 
@@ -53,7 +53,7 @@ from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest
-from proxy.handler.answers import plain
+from proxy.handler.answers import abort, plain
 from proxy.handler.fetch import Fetcher
 from proxy.handler.hits import HitAnswers
 from proxy.handler.pending import PendingMiss, raising
@@ -113,6 +113,8 @@ class Proxy:
         self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router)
         self.purges = Purges(config.server.purge_from)
+        # Requests that failed after their answer's head went out: their connections closed.
+        self.answers_cut = 0
         if disk is not None:
             engine.behind = (disk,)
 
@@ -181,18 +183,38 @@ class Proxy:
         costs that request a 500, never the listener."""
         try:
             return await (self._handle(request) if work is None else work)
-        except ConnectionResetError:
-            # The client closed its connection before its answer's head went out: nothing to
-            # write to, and no fault of the proxy's (nginx logs these as 499).
-            log.info("%s %s: the client left before its answer", request.method, request.raw_path)
-            return plain(499, "client closed request", refused(CLIENT_LEFT))
-        except Exception:
+        except Exception as exc:
+            begun = request.answer  # type: ignore[attr-defined]
+            if begun is not None:
+                return self._cut(request, begun, exc)
+            if isinstance(exc, ConnectionResetError):
+                # The client closed its connection before its answer's head went out: nothing
+                # to write to, and no fault of the proxy's (nginx logs these as 499).
+                log.info("%s %s: the client left before its answer", request.method,
+                         request.raw_path)  # fmt: skip
+                return plain(499, "client closed request", refused(CLIENT_LEFT))
             version = request.version
             HTTP_ERRORS.exception(
                 "unexpected error on %s %s HTTP/%d.%d from %s",
                 request.method, request.raw_path, version.major, version.minor, request.remote,
             )  # fmt: skip
             return plain(500, "internal error", forwarded(FWD_REQUEST, detail=ERROR))
+
+    def _cut(self, request: web.BaseRequest, begun: Any, exc: Exception) -> Any:
+        """The answer to a request that failed after its answer's head went out (``begun``):
+        a second status line would be read as the answer to the client's next request, so
+        the connection is closed once what was written has gone, and the failure logged and
+        counted (``answers_cut``). ``begun`` is what the connection logs, as sent."""
+        self.answers_cut += 1
+        if not isinstance(exc, ConnectionResetError):
+            version = request.version
+            HTTP_ERRORS.exception(
+                "unexpected error on %s %s HTTP/%d.%d from %s after its answer began; its "
+                "connection is closed",
+                request.method, request.raw_path, version.major, version.minor, request.remote,
+            )  # fmt: skip
+        abort(request)
+        return begun
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         routed = self.router.route(request)

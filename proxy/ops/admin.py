@@ -125,6 +125,7 @@ def admin_app(
             "in_flight_fetches": len(proxy.flights),
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
+            "answers_cut": proxy.answers_cut,
             "uptime_s": round(time.time() - started, 3),
             "answers": None if answers is None else answers(),
             "resident_bytes": resident_bytes(),
@@ -149,7 +150,12 @@ def admin_app(
         if answers is not None:
             text += answer_text(answers())
         text += prometheus_text(
-            {"fast_hits": proxy.fast_hits, "fast_misses": proxy.fast_misses}, PROXY_METRICS
+            {
+                "fast_hits": proxy.fast_hits,
+                "fast_misses": proxy.fast_misses,
+                "answers_cut": proxy.answers_cut,
+            },
+            PROXY_METRICS,
         )
         if proxy.disk is not None:
             text += disk_prometheus_text(proxy.disk.stats())
@@ -359,6 +365,7 @@ def _filter_health(proxy: Proxy) -> dict[str, object] | None:
 PROXY_METRICS = {
     "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
     "fast_misses": "misses answered in the callback that brought the origin's whole response",
+    "answers_cut": "requests that failed after their answer's head went out: connection closed",
 }
 DISK_METRICS = {
     "disk_hits": "memory misses the disk tier answered",

@@ -20,7 +20,9 @@ What it relies on, by name:
 * ``ClientProtocol`` overrides ``web.RequestHandler.handle_error``; ``ProxyServer``,
   ``web.Server.__call__``.
 * A request answered outside aiohttp's handler gives its responses ``_payload_writer`` and
-  ``_prepare_hook`` (``AnsweredRequest``).
+  ``_prepare_hook`` (``AnsweredRequest``); aiohttp's own requests are ``ProxyRequest``s,
+  which override ``_prepare_hook`` and extend ``ATTRS``. Either keeps the answer whose head
+  went to its writer (``answer``): once one has, a failure must not write another.
 
 How the proxy's answers carry what they relay. aiohttp's parsers decode a field value's bytes
 with ``surrogateescape``, so a byte that is not UTF-8 comes through as a lone surrogate;
@@ -316,7 +318,7 @@ class ProxyServer(web.Server):
         self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any
     ) -> web.BaseRequest:
         writer = FieldWriter(protocol, self._loop)  # in place of the plain one aiohttp made
-        request = web.BaseRequest(message, payload, protocol, writer, task, self._loop)
+        request = ProxyRequest(message, payload, protocol, writer, task, self._loop)
         client = getattr(protocol, "client", None)
         return request if client is None else request.clone(remote=client)
 
@@ -341,21 +343,37 @@ class RelayedWhole(Relayed, web.Response):
         self._body = body
 
 
+class ProxyRequest(web.BaseRequest):
+    """aiohttp's request, keeping the answer whose head was handed to its writer
+    (``answer``; None before one was): a request knows whether its answer has begun."""
+
+    ATTRS = web.BaseRequest.ATTRS | frozenset({"answer"})
+
+    answer: web.StreamResponse | None = None
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        self.answer = response
+        await super()._prepare_hook(response)
+
+
 class AnsweredRequest:
     """What aiohttp's responses read of a request past its public API, for a request the
     proxy answers outside aiohttp's handler: its writer (the subclass's ``writer``) and the
-    hook ``prepare`` awaits (no application signals to send)."""
+    hook ``prepare`` awaits (no application signals to send), which keeps the answer whose
+    head was handed to the writer (``answer``, a slot of the subclass's), as
+    ``ProxyRequest`` does."""
 
     __slots__ = ()
 
     writer: FieldWriter
+    answer: object | None
 
     @property
     def _payload_writer(self) -> FieldWriter:
         return self.writer
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        """Nothing: as ``web.BaseRequest``'s without signals."""
+        self.answer = response
 
 
 def head_with_body(response: web.StreamResponse) -> None:
