@@ -396,3 +396,27 @@ async def test_rfc9111_4_3_4_a_304_with_another_validator_or_two_updates_nothing
     status, headers, body = await get(proxy, "/x")
     assert (status, body) == (200, b"new"), headers["Cache-Status"]
     assert (await get(proxy, "/x"))[2] == b"new"
+
+
+@pytest.mark.parametrize("memory", ["kept", "emptied by a restart"])
+async def test_rfc5861_3_a_background_refresh_writes_its_new_response_to_the_disk_tier(
+    origin, start_proxy, tmp_path, memory
+):
+    fields = {"Cache-Control": "max-age=10, stale-while-revalidate=60", "ETag": '"v1"'}
+    clock = Clock()
+    origin.set("/x", body=b"stored", headers=fields)
+    setup = {"clock": clock, "disk__path": str(tmp_path / "disk"), **DISK}
+    proxy = await start_proxy(**setup)
+    assert (await get(proxy, "/x"))[2] == b"stored"
+    origin.set("/x", body=b"refreshed", headers={**fields, "ETag": '"v2"'})
+    clock.now += 20
+    status, _, body = await get(proxy, "/x")
+    assert (status, body) == (200, b"stored")  # stale, while the refresh runs
+    await asyncio.gather(*proxy.proxy.revalidation.background)
+    if memory == "emptied by a restart":
+        await proxy.stop()
+        proxy = await start_proxy(**setup)
+    before = origin.hits["/x"]
+    status, headers, body = await get(proxy, "/x")
+    assert (status, body) == (200, b"refreshed")
+    assert origin.hits["/x"] == before, headers.get("Cache-Status")

@@ -311,17 +311,19 @@ class Fetcher:
         too_large: bool,
         fits: bool,
         to_disk: bool,
+        *,
+        served: bool = True,
     ) -> Shared | None:
         """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
-        kept of it), write it to the disk tier when it took it, and what collapsed requests
-        may share of it."""
+        kept of it; ``served``: whether a client got it), write it to the disk tier when it
+        took it, and what collapsed requests may share of it."""
         body = b"".join(parts) if parts is not None else b""
         if parts is None and type(decision) is Keep and self.engine.store.fits(total):
             # No copy was kept of a body the store would take: never store it empty. (A
             # copy dropped past the largest object leaves a size the store refuses, and
             # counts, as too large.)
             decision = TOO_LARGE
-        self.engine.finish(meta, decision, total, self.clock(), payload=body)
+        self.engine.finish(meta, decision, total, self.clock(), payload=body, served=served)
         # Written after the store took it: what the engine forgets as it does (the URL's old
         # variants when the selecting fields change) is forgotten on disk too, and must not
         # take this record with it.
@@ -338,6 +340,29 @@ class Fetcher:
         if parts is None or rmeta.status >= 500:
             return None  # nothing to share: one follower fetches next
         return Shared(rmeta, body, meta.headers)
+
+    async def settle_unserved(
+        self,
+        meta: RequestMeta,
+        upstream: UpstreamResponse,
+        fields: rfc9111.Fields,
+        request_time: float,
+    ) -> None:
+        """Decide and store a response no client waits for (a background refresh) as a
+        miss's is: its body read when a tier takes it, and stored in memory and on the disk
+        tier by the rules ``receive`` follows; counted as served to nobody."""
+        rmeta = self.response_meta(meta, upstream.status, fields, request_time)
+        length = upstream.content_length
+        fits = length is None or length <= self.max_object
+        decision = await self.decide(meta, rmeta, length)
+        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE, decision)
+        parts: list[bytes] | None = None
+        size = length or 0
+        if fits and (type(decision) is Keep or to_disk):
+            body = await _read_up_to(upstream, self.max_object)
+            parts, size = [body], len(body)
+        too_large = size > self.max_object
+        self._settled(meta, rmeta, decision, size, parts, too_large, fits, to_disk, served=False)
 
     def settle_in_hand(
         self, meta: RequestMeta, rmeta: ResponseMeta, decision: Keep | NotStored, body: bytes
@@ -409,3 +434,17 @@ def same_variant(shared: Shared, meta: RequestMeta) -> bool:
     return not names or rfc9111.vary_key(names, meta.headers) == rfc9111.vary_key(
         names, shared.request_headers
     )
+
+
+async def _read_up_to(upstream: UpstreamResponse, limit: int) -> bytes:
+    """The body, or its first bytes past ``limit`` (then the stream is not at EOF)."""
+    first = in_hand(upstream)
+    parts = [first]
+    size = len(first)
+    while size <= limit:
+        chunk = await upstream.content.readany()
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)

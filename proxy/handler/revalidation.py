@@ -18,13 +18,13 @@ from aiohttp import web
 
 from proxy.core import rfc9111
 from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
-from proxy.core.events import FWD_STALE, Fetch, Keep, RequestMeta, Revalidate
+from proxy.core.events import FWD_STALE, Fetch, RequestMeta, Revalidate
 from proxy.core.responses import client_fields
 from proxy.core.store import Entry
 from proxy.handler.answers import interim, plain
 from proxy.handler.fetch import Fetcher
-from proxy.origin.body import BODY_ERRORS, fields_of, in_hand
-from proxy.origin.upstream import UpstreamError, UpstreamResponse
+from proxy.origin.body import BODY_ERRORS, fields_of
+from proxy.origin.upstream import UpstreamError
 
 log = logging.getLogger("onehit.proxy")
 
@@ -115,14 +115,7 @@ class Revalidation:
                     engine.on_not_modified(entry, fields, request_time, fetcher.clock(),
                                            served=False)  # fmt: skip
                 return
-            rmeta = fetcher.response_meta(meta, upstream.status, fields, request_time)
-            length = upstream.content_length
-            decision = await fetcher.decide(meta, rmeta, length)
-            body = b""
-            if type(decision) is Keep:
-                body = await _read_up_to(upstream, fetcher.max_object)
-            engine.finish(meta, decision, len(body) or length or 0, fetcher.clock(),
-                          payload=body, served=False)  # fmt: skip
+            await fetcher.settle_unserved(meta, upstream, fields, request_time)
 
     async def close(self) -> None:
         """Cancel the refreshes still running."""
@@ -134,16 +127,3 @@ class Revalidation:
 def _vary_of(entry: Entry) -> frozenset[str]:
     return frozenset(rfc9111.vary_names(entry.headers))
 
-
-async def _read_up_to(upstream: UpstreamResponse, limit: int) -> bytes:
-    """The body, or its first bytes past ``limit`` (then the stream is not at EOF)."""
-    first = in_hand(upstream)
-    parts = [first]
-    size = len(first)
-    while size <= limit:
-        chunk = await upstream.content.readany()
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
