@@ -131,6 +131,32 @@ async def test_rfc9111_4_3_a_soft_purge_marks_entries_stale_and_the_next_request
     assert (metrics["soft_purged"], metrics["revalidated"]) == (1, 1)
 
 
+async def test_rfc9111_5_2_1_2_a_soft_purged_entry_is_not_served_for_a_clients_max_stale(
+    origin, start_proxy
+):
+    """A soft purge marks an entry stale; a client's ``max-stale`` or ``stale-if-error``
+    cannot have it served stale (the operator's purge is not the client's to undo). Its own
+    ``stale-while-revalidate`` still may; a 304 makes it fresh, and a client's leeway
+    counts again."""
+    fields = {"Cache-Control": "max-age=600", "ETag": '"v1"', "Cache-Tag": "t"}
+    origin.set("/s", body=b"old", headers=fields, not_modified_etag='"v1"')
+    service = await start_proxy(admission__policy="always")
+    assert (await get(service, "/s"))[2] == b"old"
+    assert await admin_purge(service, {"tags": ["t"], "soft": True}) == {"stale": 1}
+    origin.set("/s", body=b"new", headers={**fields, "ETag": '"v2"'})
+    for asks in ("max-stale", "max-stale=3600", "stale-if-error=3600"):
+        status, headers, body = await get(service, "/s", **{"Cache-Control": asks})
+        assert (status, body) == (200, b"new"), (asks, headers.get("Cache-Status"))
+        assert await admin_purge(service, {"tags": ["t"], "soft": True}) == {"stale": 1}
+    assert origin.hits["/s"] == 4
+    swr = {**fields, "Cache-Control": "max-age=600, stale-while-revalidate=60"}
+    origin.set("/s", body=b"swr", headers=swr)
+    assert (await get(service, "/s", **{"Cache-Control": "no-cache"}))[2] == b"swr"
+    assert await admin_purge(service, {"tags": ["t"], "soft": True}) == {"stale": 1}
+    status, headers, body = await get(service, "/s")
+    assert (body, headers["X-Cache"]) == (b"swr", "STALE")  # its own rules allow it
+
+
 async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
     origin, start_proxy, tmp_path
 ):

@@ -548,7 +548,7 @@ class CacheEngine(ResponseDecisions):
     def _may_serve_on_error(self, stale: Stale, request: RequestMeta) -> str:
         """What lets ``stale`` answer ``request`` if the origin fails (``Revalidate``)."""
         entry = stale.entry
-        req = rfc9111.request_directives(request.headers)
+        req = client_leeway(entry, rfc9111.request_directives(request.headers))
         rules = (entry.lifetime, stale.age, req, entry.directives)
         if rfc9111.may_serve_stale(*rules, origin_failed=True):
             return STALE_IF_ERROR
@@ -565,7 +565,22 @@ def _directives(request: RequestMeta) -> rfc9111.Directives:
 def _stale(entry: Entry, age: float, req: rfc9111.Directives) -> Stale:
     """``entry``, not fresh at ``age`` for a request of directives ``req``, and whether it may
     be served stale (RFC 9111 section 4.2.4, RFC 5861): for the store's and a tier's alike."""
+    req = client_leeway(entry, req)
     return Stale(entry, age, rfc9111.may_serve_stale(entry.lifetime, age, req, entry.directives))
+
+
+# What a client may ask of a stale response for itself (RFC 9111 section 5.2.1.2, RFC 5861
+# section 4): the leeway an operator's soft purge takes away.
+_CLIENT_LEEWAY = frozenset({"max-stale", "stale-if-error"})
+
+
+def client_leeway(entry: Entry, req: rfc9111.Directives) -> rfc9111.Directives:
+    """The request directives ``req`` that judge serving ``entry`` stale: without the
+    client's own leeway (``max-stale``, ``stale-if-error``) when an operator's soft purge made
+    it stale, which a client must not undo."""
+    if not entry.soft_purged or _CLIENT_LEEWAY.isdisjoint(req):
+        return req
+    return {k: v for k, v in req.items() if k not in _CLIENT_LEEWAY}
 
 
 def _none_of(headers: rfc9111.Headers, names: frozenset[str]) -> bool:

@@ -148,13 +148,15 @@ class Removals:
 
     def soft_purge(self, keys: set[str], now: float) -> int:
         """Mark the fresh entries of ``keys`` stale at ``now`` (soft purge): the next request
-        revalidates one, or is answered with it stale where ``stale-while-revalidate`` or
-        ``stale-if-error`` allow; how many were marked."""
+        revalidates one, or is answered with it stale where the response's own
+        ``stale-while-revalidate`` or ``stale-if-error`` allow (never for what a client
+        asks: ``client_leeway``); how many were marked."""
         marked = 0
         for key in keys:
             entry = self.store.peek(key)
             if entry is not None and entry.age(now) < entry.lifetime:
                 entry.lifetime = entry.age(now)
+                entry.soft_purged = True
                 marked += 1
         self.counters.soft_purged += marked
         return marked

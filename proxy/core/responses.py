@@ -366,6 +366,7 @@ class ResponseDecisions(Removals):
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
+        entry.soft_purged = False
         self.tags.forget((entry,))
         # The request that revalidated is not the rules' to judge here: only the response's.
         ok, _ = rfc9111.storable("GET", entry.status, (), headers, allow_set_cookie=True)

@@ -63,6 +63,9 @@ class Entry:
     charge: int = field(default=0)  # bytes counted against capacity, set by the store
     key_hash: int = field(default=0)  # the index's key, set by the store: no rehash per hit
     tags: tuple[str, ...] = ()  # its purge tags (``proxy.core.tags``), set by the engine
+    # Made stale by a soft purge: served stale only where the response's own rules allow,
+    # never for a client's ``max-stale`` or ``stale-if-error``.
+    soft_purged: bool = False
 
     def age(self, now: float) -> float:
         """Current age at ``now`` (section 4.2.3); never negative, whatever the clock did."""

@@ -126,4 +126,3 @@ class Revalidation:
 
 def _vary_of(entry: Entry) -> frozenset[str]:
     return frozenset(rfc9111.vary_names(entry.headers))
-
