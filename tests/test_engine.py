@@ -280,8 +280,8 @@ def test_rfc9111_4_4_unsafe_methods_bypass_and_invalidate():
     origin(e, get("/u"), 0.0, 200, ("Cache-Control", "max-age=60"))
     post = RequestMeta("/u", "POST")
     assert e.lookup(post, 1.0) == Bypass("method")
-    assert e.on_unsafe_response(post, 500) == 0 and isinstance(e.lookup(get("/u"), 1.0), Hit)
-    assert e.on_unsafe_response(post, 201) == 1
+    assert e.on_unsafe_response(post, 500, 1.0) == 0 and isinstance(e.lookup(get("/u"), 1.0), Hit)
+    assert e.on_unsafe_response(post, 201, 1.0) == 1
     assert e.lookup(get("/u"), 2.0) == Miss("uri-miss")
     assert e.stats()["bypass"] == 1
 

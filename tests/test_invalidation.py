@@ -19,6 +19,7 @@ from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import DiskTier
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta, ResponseMeta
+from proxy.core.purges import RecentPurges
 from proxy.core.responses import response_meta
 from proxy.core.tags import MAX_TAGS
 
@@ -50,7 +51,7 @@ def uncacheable(directive: str) -> ResponseMeta:
 
 
 REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
-    "unsafe method": lambda e: e.on_unsafe_response(RequestMeta(URL, "POST"), 204),
+    "unsafe method": lambda e: e.on_unsafe_response(RequestMeta(URL, "POST"), 204, 0.0),
     "now private": lambda e: e.on_response(RequestMeta(URL), uncacheable("private"), 1, 1.0),
     "now no-store": lambda e: e.on_response(RequestMeta(URL), uncacheable("no-store"), 1, 1.0),
     "304 past the tag limit": lambda e: e.on_not_modified(
@@ -271,3 +272,67 @@ async def test_a_purge_by_tag_during_a_revalidation_stays_purged_after_a_restart
     again = await start_proxy(clock=clock, **settings)
     _, headers, body = await get(again, "/t")
     assert body == b"new", headers["Cache-Status"]
+
+
+PURGES = {
+    "url": {"url": "http://example.test/f"},
+    "prefix": {"prefix": "http://example.test/"},
+    "tag": {"tags": ["t1"]},
+    "soft": {"tags": ["t1"], "soft": True},
+}
+
+
+@pytest.mark.parametrize("purge", PURGES)
+async def test_a_fetch_in_flight_never_stores_what_a_purge_made_since_removed(
+    origin, start_proxy, tmp_path, purge
+):
+    """A response whose request went out before a purge reaching it (its URL, a prefix, a
+    tag; hard or soft) is answered, and stored in no tier: memory, nor the disk after a
+    restart. The purge is not undone by a fetch already in flight."""
+    clock = Clock()
+    settings = {"disk__path": str(tmp_path), **DISK, "admission__policy": "always"}
+    fields = {"Cache-Control": "max-age=600", "Surrogate-Key": "t1"}
+    origin.set("/f", body=b"before", headers=fields)
+    proxy = await start_proxy(clock=clock, **settings)
+    assert (await get(proxy, "/f"))[2] == b"before"  # stored: the purge has one to reach
+    clock.now += 601
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def answered_after_the_purge(request: web.Request) -> web.StreamResponse:
+        asked.set()
+        await answer.wait()
+        return web.Response(body=b"from before the purge", headers=fields)
+
+    origin.responder = answered_after_the_purge
+    fetching = asyncio.ensure_future(get(proxy, "/f"))
+    await asyncio.wait_for(asked.wait(), 5)
+    clock.now += 1
+    await admin_purge(proxy, PURGES[purge])
+    answer.set()
+    assert (await fetching)[2] == b"from before the purge"  # its client is answered
+    clock.now += 1  # a fetch begun after the purge is stored
+    origin.responder = None
+    origin.set("/f", body=b"after", headers=fields)
+    assert (await get(proxy, "/f"))[2] == b"after"
+    assert proxy.proxy.engine.counters.purged_in_flight == 1
+    await proxy.stop()
+    origin.set("/f", body=b"later", headers=fields)
+    again = await start_proxy(clock=clock, **settings)
+    _, headers, body = await get(again, "/f")
+    assert body == b"after", headers["Cache-Status"]
+
+
+def test_purges_are_remembered_within_a_bound_and_past_it_nothing_is_stored_on_a_guess():
+    purges = RecentPurges(limit=3)
+    purges.url("http://a/x\0slice 2", 10.0)
+    assert purges.reach("http://a/x", (), 10.0) and purges.reach("http://a/x\0v", (), 9.0)
+    assert not purges.reach("http://a/x", (), 10.5) and not purges.reach("http://a/y", (), 1.0)
+    purges.prefix("http://b/", 11.0)
+    purges.tags(["t"], 12.0)
+    assert purges.reach("http://b/z", (), 11.0) and not purges.reach("http://c/z", (), 11.0)
+    assert purges.reach("http://c/z", ("u", "t"), 12.0) and not purges.reach(
+        "http://c/z", ("u",), 0.0
+    )
+    purges.url("http://d/", 13.0)  # the first is dropped: a fetch begun by then is reached
+    assert len(purges) == 3
+    assert purges.reach("http://e/", (), 10.0) and not purges.reach("http://e/", (), 10.5)

@@ -97,6 +97,7 @@ from proxy.core.events import (
     Revalidate,
     Stale,
 )
+from proxy.core.purges import RecentPurges
 from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
 from proxy.core.slices import SliceIndex
@@ -161,6 +162,7 @@ class CacheEngine(ResponseDecisions):
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()
+        self.purged = RecentPurges()
         # URL -> (until when it goes straight to the origin, bytes it is charged)
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
@@ -528,9 +530,13 @@ class CacheEngine(ResponseDecisions):
         or HEAD with content, on which the cache keys nothing)."""
         self.counters.bypass += 1
 
-    def on_unsafe_response(self, request: RequestMeta, status: int) -> int:
-        """RFC 9111 section 4.4: a successful unsafe method invalidates its URL."""
-        return self.invalidate(request.key) if rfc9111.invalidates(request.method, status) else 0
+    def on_unsafe_response(self, request: RequestMeta, status: int, now: float) -> int:
+        """RFC 9111 section 4.4: a successful unsafe method invalidates its URL (at ``now``:
+        a GET fetched since before it is not stored after it)."""
+        if not rfc9111.invalidates(request.method, status):
+            return 0
+        self.purged.url(request.key, now)
+        return self.invalidate(request.key)
 
     def stats(self) -> dict[str, int | float]:
         """Every metric at this instant (see ``proxy.core.stats.METRICS``)."""

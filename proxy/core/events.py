@@ -52,6 +52,9 @@ class ResponseMeta(NamedTuple):
     # The cache directives of ``headers`` as ``rfc9111.response_directives`` parses them, when
     # already parsed; None: parsed from ``headers`` when the response is stored.
     directives: rfc9111.Directives | None = None
+    # When its request went to the origin: a purge made since reaches it (``RecentPurges``);
+    # -inf (a trace's response) none does.
+    requested_at: float = float("-inf")
 
 
 # What ``lookup`` found.
@@ -228,6 +231,8 @@ FIRST_SIGHTING = NotStored("first-sighting")
 COLLAPSED = NotStored("collapsed")
 CUT_SHORT = NotStored("cut-short")
 TOO_MANY_VARIANTS = NotStored("variants")
+# Its fetch began before a purge that reaches it: storing it would undo the purge.
+PURGED_IN_FLIGHT = NotStored("purged-in-flight")
 # A stored response that a request with a cookie may not be answered with.
 PRIVATE_MISS = Miss("cookie")
 # The request fields the cache's rules read, and no others: a GET or HEAD carrying none of

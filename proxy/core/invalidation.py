@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from proxy.core import slices
 from proxy.core.events import Purged
+from proxy.core.purges import RecentPurges
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
@@ -25,6 +26,7 @@ class Removals:
     tags: TagIndex
     slices: SliceIndex
     behind: tuple[Tier, ...]
+    purged: RecentPurges
 
     def invalidate(self, url: str, why: str = UNSAFE) -> int:
         """Remove ``url`` and every stored variant and slice of it, from the store and from
@@ -35,10 +37,12 @@ class Removals:
             removed += tier.forget(url, why)
         return removed
 
-    def forgotten_elsewhere(self, key: str) -> int:
+    def forgotten_elsewhere(self, key: str, now: float) -> int:
         """Another process that shares the tiers behind the store (a worker of the same
         machine) forgot ``key`` (as ``forget`` or ``invalidate`` name one) in them: remove it
-        from this store alone; how many entries went."""
+        from this store alone (at ``now``: what this process is fetching of it since before is
+        not stored after); how many entries went."""
+        self.purged.url(key, now)
         own = forgotten_keys(key)[0]
         return self._delete_url(own) if whole_url(key) else int(self._delete(own))
 
@@ -105,7 +109,14 @@ class Removals:
         """An operator's purge of what ``kind`` ("url": a cache key, "prefix" or "tags") and
         ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier can
         mark it (``soft_purge``); a tier that cannot removes it. Answers
-        once every tier made it durable (``Tier.durable``)."""
+        once every tier made it durable (``Tier.durable``). A response fetched since before
+        it is not stored after it (``RecentPurges``)."""
+        if kind == "url":
+            self.purged.url(value, now)  # type: ignore[arg-type]
+        elif kind == "prefix":
+            self.purged.prefix(value, now)  # type: ignore[arg-type]
+        else:
+            self.purged.tags(value, now)
         if soft:
             count = self.soft_purge(self.stored_keys(**{kind: value}), now)
             self._purge_behind(kind, value)

@@ -15,6 +15,7 @@ from proxy.core.events import (
     CUT_SHORT,
     FIRST_SIGHTING,
     NEVER_FRESH,
+    PURGED_IN_FLIGHT,
     TOO_LARGE,
     TOO_MANY_TAGS,
     TOO_MANY_VARIANTS,
@@ -88,6 +89,7 @@ def response_meta(
         payload=payload,
         status=status,
         directives=directives,
+        requested_at=request_time,
     )
 
 
@@ -296,6 +298,9 @@ class ResponseDecisions(Removals):
         if self.whatif is not None and (type(decision) is Keep or decision in _CACHEABLE):
             self.whatif.record(request.key, size, now, missed=True)
         c = self.counters
+        if type(decision) is Keep and self.purged_since(decision.key, decision.response):
+            c.purged_in_flight += 1
+            return PURGED_IN_FLIGHT
         if type(decision) is NotStored:
             if decision is FIRST_SIGHTING:
                 c.rejected_first_sighting += 1
@@ -334,6 +339,14 @@ class ResponseDecisions(Removals):
         c.admissions += 1
         c.bytes_written += size
         return Store(entry, tuple(evicted))
+
+    def purged_since(self, key: str, response: ResponseMeta) -> bool:
+        """Whether a purge made since ``response``'s request went out reaches it, stored
+        under ``key``: then no tier may store it (``RecentPurges``)."""
+        if response.requested_at == float("-inf"):
+            return False
+        tags = storable_tags(response.headers) if response.headers else ()
+        return self.purged.reach(key, tags or (), response.requested_at)
 
     def admission_pending(
         self, request: RequestMeta, response: ResponseMeta, length: int | None

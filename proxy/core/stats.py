@@ -47,6 +47,7 @@ METRICS: dict[str, str] = {
     "cut_short": "origin bodies that ended early (never stored)",
     "too_many_variants": "responses not stored: their URL had max_variants variants already",
     "soft_purged": "fresh entries a soft purge marked stale (the next request revalidates)",
+    "purged_in_flight": "responses not stored: their fetch began before a purge reaching them",
     "slice_hits": "slices of large objects answered from the store ([cache] slice_size)",
     "slice_fetches": "slices of large objects not stored: fetched, or shared with a fetch",
     "slice_mismatches": "objects whose slices disagreed on their validator (all refetched)",
@@ -119,6 +120,7 @@ class Counters:
     cut_short: int = 0
     too_many_variants: int = 0
     soft_purged: int = 0
+    purged_in_flight: int = 0
     slice_hits: int = 0
     slice_fetches: int = 0
     slice_mismatches: int = 0

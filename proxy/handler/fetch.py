@@ -323,6 +323,10 @@ class Fetcher:
             # copy dropped past the largest object leaves a size the store refuses, and
             # counts, as too large.)
             decision = TOO_LARGE
+        # A purge made since the request went out reaches this response: no tier stores it
+        # (the engine refuses it for the store by the same rule).
+        if to_disk and self.engine.purged_since(meta.key, rmeta):
+            to_disk = False
         self.engine.finish(meta, decision, total, self.clock(), payload=body, served=served)
         # Written after the store took it: what the engine forgets as it does (the URL's old
         # variants when the selecting fields change) is forgotten on disk too, and must not

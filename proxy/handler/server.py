@@ -111,7 +111,7 @@ class Proxy:
         self.revalidation = Revalidation(self.fetcher)
         size = config.cache.slice_size
         self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
-        self.uploads = Uploads(config, engine, upstream, self.router)
+        self.uploads = Uploads(config, engine, upstream, self.router, clock)
         self.purges = Purges(config.server.purge_from)
         # Requests that failed after their answer's head went out: their connections closed.
         self.answers_cut = 0

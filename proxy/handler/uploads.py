@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import HttpVersion11, web
 
@@ -41,8 +41,10 @@ class Uploads:
         engine: CacheEngine,
         upstream: Upstream,
         router: Router,
+        clock: Callable[[], float],
     ) -> None:
         self.engine = engine
+        self.clock = clock
         self.upstream = upstream
         self.router = router
         self.body_buffer_size = config.server.body_buffer_size
@@ -89,7 +91,7 @@ class Uploads:
         except UpstreamError as exc:
             return plain(exc.status, exc.public, forwarded(reason, detail=ORIGIN_ERROR))
         async with upstream:
-            self.engine.on_unsafe_response(meta, upstream.status)
+            self.engine.on_unsafe_response(meta, upstream.status, self.clock())
             fields = fields_of(upstream)
             arrived = in_hand(upstream)
             if upstream.content_length == len(arrived):

@@ -221,7 +221,8 @@ def admin_app(
         named = await forgotten_keys_of(request)
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        removed = sum(proxy.engine.forgotten_elsewhere(key) for key in named[0])
+        now = proxy.clock()
+        removed = sum(proxy.engine.forgotten_elsewhere(key, now) for key in named[0])
         return web.json_response({"removed": removed})
 
     shares_tier = proxy.disk is not None and proxy.disk.sharing is not None
