@@ -22,6 +22,7 @@ from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.sharing import Sharing
 from proxy.ops import preflight
+from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, until_signalled
 from proxy.ops.shared_tier import worker_sharing
@@ -60,11 +61,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"onehit-proxy: --set {item!r}: expected section.key=value", file=sys.stderr)
             return 2
         overrides[key.strip()] = value
+    handed = None if args.config_fd is None else HandedConfig(args.config_fd)
+    generation = 0
     try:
-        config = load(args.config, os.environ, overrides)
+        if handed is not None:  # a worker runs the machine's configuration, not the file's
+            generation, config = handed.read()
+        else:
+            config = load(args.config, os.environ, overrides)
         if not args.reload:  # the running proxy checks its own files, as its own user
             preflight.check(config)
-    except ConfigError as exc:
+    except (ConfigError, RuntimeError) as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
@@ -82,15 +88,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[errors])
 
     def read() -> Config:
-        """The configuration from the same file, environment and flags, read again."""
+        """The configuration from the same file, environment and flags, read again; a
+        worker's, the one its parent hands it."""
+        if handed is not None:
+            return handed.read()[1]
         return load(args.config, os.environ, overrides)
 
     try:
         if config.server.workers > 1 and not args.worker:
-            own = list(argv if argv is not None else sys.argv[1:])
             return _run(
-                serve_workers(config, _without_workers(own), config.server.workers, read),
-                config.server.event_loop,
+                serve_workers(config, config.server.workers, read), config.server.event_loop
             )
         if args.parent is not None:
             die_with_parent(args.parent)
@@ -100,11 +107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             sharing = worker_sharing(args.shared_tier, args.worker_place)
         forgets = samples = None
         if sharing is not None and args.parent_admin:
-            forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token)
+            forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token,
+                                     sharing.workers)  # fmt: skip
             samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token)
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
-                   forgets=forgets, samples=samples, read_config=read),
+                   forgets=forgets, samples=samples, read_config=read, generation=generation),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:
@@ -143,18 +151,6 @@ def ask_reload(config: Config) -> int:
         return 2
     print(json.dumps(answer, indent=2))
     return 0 if answer.get("reloaded") else 1
-
-
-def _without_workers(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--workers":
-            skip = True
-        elif not arg.startswith("--workers="):
-            out.append(arg)
-    return out
 
 
 def worker_count(value: str) -> int:
@@ -212,6 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-tier", help=argparse.SUPPRESS)
     p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--parent-admin", help=argparse.SUPPRESS)
+    p.add_argument("--config-fd", type=int, help=argparse.SUPPRESS)
     return p
 
 
@@ -268,6 +265,7 @@ async def _serve(
     forgets: MachineForgets | None = None,
     samples: MachineSamples | None = None,
     read_config: Callable[[], Config] | None = None,
+    generation: int = 0,
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
@@ -282,7 +280,8 @@ async def _serve(
         host, port, admin_host, admin_port, config.admission_config().label(), config.cache.size,
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
-        print(f"{READY}http://{admin_host}:{admin_port}", flush=True)
+        # With the generation of the configuration it runs: one handed over since is taken.
+        print(f"{READY}http://{admin_host}:{admin_port} {generation}", flush=True)
     await until_signalled(service.reopen_logs, service.reload_soon)
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()

@@ -392,7 +392,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @asynccontextmanager
 async def served(
-    *args: str, port: int | None = None
+    *args: str, port: int | None = None, token: str = ""
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
     """``onehit-proxy`` run with ``args`` on ports picked here, as ``--workers`` needs (a single
     process is started on port 0 by ``onehit_process``): the process, its proxy URL and its
@@ -405,8 +405,9 @@ async def served(
         stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     admin = f"http://127.0.0.1:{admin_port}"
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        async with aiohttp.ClientSession() as client:
+        async with aiohttp.ClientSession(headers=headers) as client:
             await wait_healthy(client, admin + "/healthz")
         yield process, f"http://127.0.0.1:{port}", admin
     finally:

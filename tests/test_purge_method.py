@@ -3,6 +3,7 @@ lists, it removes what a GET of the URL is answered from, keyed as that GET is k
 other address it is refused and never reaches the origin; while it is off, it passes through."""
 
 import asyncio
+import os
 import signal
 
 import aiohttp
@@ -78,10 +79,43 @@ async def test_a_purge_through_one_worker_reaches_every_workers_memory(origin):
             assert {await get() for _ in range(12)} == {"1"}  # both workers hold it
             async with client.request("PURGE", url + "/w", headers={"Host": "example.test"}) as r:
                 assert r.status == 200
+                assert (await r.json())["missing"] == 0  # it reached the other worker
             # Fetched again, never the purged copy: by one worker, or by both when the second
             # asks before the first has written the new copy to the shared tier (the client
             # may read its last byte first, on a loaded machine).
             again = {await get() for _ in range(12)}
             assert "1" not in again and again <= {"2", "3"}
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+@pytest.mark.slow
+async def test_a_purge_that_cannot_reach_a_worker_says_so(origin):
+    """A worker being replaced is not reached by a PURGE through another: the answer says
+    how many it missed (``missing``), as the admin's ``/purge`` does; its memory is empty."""
+    args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false",
+            "--set", "server.purge_from=127.0.0.1")  # fmt: skip
+    async with served(*args) as (process, url, admin_url):
+        async with aiohttp.ClientSession() as client:
+            async with client.get(admin_url + "/stats") as r:
+                pid = (await r.json())["workers"][0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(20):  # a connection the dying worker's socket took is reset
+                try:
+                    async with client.request("PURGE", url + "/w",
+                                              headers={"Host": "example.test"}) as r:  # fmt: skip
+                        answer = await r.json()
+                    break
+                except aiohttp.ClientOSError:
+                    await asyncio.sleep(0.01)
+            assert (r.status, answer["missing"]) == (200, 1), answer
+            for _ in range(200):  # replaced, then a purge reaches it again
+                async with client.get(admin_url + "/stats") as r:
+                    stats = await r.json()
+                if stats["workers_replaced"] == 1 and stats["missing"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            async with client.request("PURGE", url + "/w", headers={"Host": "example.test"}) as r:
+                assert (await r.json())["missing"] == 0
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0

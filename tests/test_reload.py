@@ -3,6 +3,7 @@ for the next requests, with no request failed and no cached object lost but what
 memory tier evicts; what cannot change, or does not load, changes nothing."""
 
 import asyncio
+import os
 import signal
 import socket
 
@@ -354,3 +355,65 @@ async def test_the_reload_flag_says_plainly_when_something_else_answers(tmp_path
     assert done.returncode == 2, done.stderr
     assert "answered 404, not as onehit's admin does" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_a_worker_replaced_after_a_refused_reload_runs_the_machines_configuration(
+    origin, tmp_path
+):
+    """A refused reload leaves an edited file; a worker replaced after it (a crash, an OOM
+    kill) runs the machine's configuration, not the file: its cache keys, its admin token
+    and its share of the memory tier are the others'. A reload taken after that reaches it."""
+
+    async def echo(request):
+        return aiohttp.web.Response(text=request.path_qs, headers={"Cache-Control": "max-age=600"})
+
+    origin.responder = echo
+    path = tmp_path / "proxy.toml"
+    path.write_text(
+        '[cache]\nkey_query = {include = ["id", "lang"]}\n[admission]\npolicy = "always"\n'
+        '[admin]\ntoken = "first"\n[server]\npurge_from = ["127.0.0.1"]\n'
+    )
+    token = {"Authorization": "Bearer first"}
+    args = ("--config", str(path), "--workers", "2", "--origin", origin.url,
+            "--set", "server.access_log=false")  # fmt: skip
+    async with served(*args, token="first") as (process, url, admin_url):
+        async with aiohttp.ClientSession(headers=token) as client:
+            path.write_text(
+                '[cache]\nkey_query = {include = ["id"]}\n[admission]\npolicy = "always"\n'
+                '[admin]\ntoken = "second"\n[server]\nmax_url_length = 4000\n'
+                'purge_from = ["127.0.0.1"]\n'
+            )
+            async with client.post(admin_url + "/reload", json={}) as r:
+                assert r.status == 409  # max_url_length takes a restart: nothing changed
+            async with client.get(admin_url + "/stats") as r:
+                pid = (await r.json())["workers"][0]["pid"]
+            os.kill(pid, signal.SIGKILL)
+            for _ in range(200):  # until the parent has replaced it and it answers
+                async with client.get(admin_url + "/stats") as r:
+                    stats = await r.json() if r.status == 200 else {}
+                if stats.get("workers_replaced") == 1 and stats.get("missing") == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert stats["workers_replaced"] == 1 and stats["missing"] == 0
+            assert pid not in [w["pid"] for w in stats["workers"]]
+        connector = aiohttp.TCPConnector(force_close=True)  # each request to either worker
+        async with aiohttp.ClientSession(connector=connector, headers=HOST) as client:
+            wrong = []
+            for _ in range(30):
+                for query in ("?id=7&lang=fr", "?id=7"):
+                    async with client.get(url + "/p" + query) as r:
+                        body = await r.text()
+                    if body != "/p" + query:
+                        wrong.append((query, body))
+            assert wrong == []
+            # A PURGE on the data port reaches the other worker through the parent.
+            async with client.request("PURGE", url + "/p?id=7") as r:
+                assert r.status == 200
+                assert (await r.json()).get("missing", 0) == 0
+            before = origin.hits["/p?id=7"]
+            for _ in range(10):
+                async with client.get(url + "/p?id=7") as r:
+                    assert await r.text() == "/p?id=7"
+            assert origin.hits["/p?id=7"] == before + 1
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0

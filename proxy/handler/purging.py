@@ -11,13 +11,25 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from proxy.core.engine import CacheEngine
 from proxy.core.events import RequestMeta
 from proxy.fleet.purges import FleetPurges
+
+
+class OtherWorkers(Protocol):
+    """The other workers of the machine, told of what this one removed from the tier they
+    share (``proxy.ops.workers.MachineForgets``)."""
+
+    def __call__(self, key: str) -> None:
+        """Tell them of ``key``, soon."""
+
+    async def reach(self, key: str) -> int:
+        """Tell them of ``key`` and wait until they were told: how many it did not reach."""
+        ...
 
 
 class Purges:
@@ -44,11 +56,11 @@ class Purges:
         engine: CacheEngine,
         now: Callable[[], float],
         fleet: FleetPurges | None,
-        others: Callable[[str], None] | None,
+        others: OtherWorkers | None,
     ) -> web.Response:
         """The answer to a PURGE, once every tier and worker has it: ``others`` tells the other
-        workers of the machine (its ``sent`` awaited, where it has one), ``fleet`` the
-        fleet's instances."""
+        workers of the machine (the answer says how many it did not reach: ``missing``, as
+        the admin's ``/purge`` does), ``fleet`` the fleet's instances."""
         if not self.allows(request.remote):
             return web.json_response(
                 {"error": "PURGE is not allowed from this address ([server] purge_from)"},
@@ -56,10 +68,7 @@ class Purges:
             )  # fmt: skip
         answer = {**apply_purge(engine, "url", meta.key, now(), soft=False), "key": meta.key}
         if others is not None:  # an admin purge reaches every worker; this one, one
-            others(meta.key)
-            sent = getattr(others, "sent", None)  # the machine's (``MachineForgets``)
-            if sent is not None:
-                await sent()
+            answer["missing"] = await others.reach(meta.key)
         if fleet is not None:
             answer["fleet"] = await fleet.publish({"kind": "url", "value": meta.key, "soft": False})
         return web.json_response(answer)

@@ -57,7 +57,7 @@ from proxy.handler.answers import abort, plain
 from proxy.handler.fetch import Fetcher
 from proxy.handler.hits import HitAnswers
 from proxy.handler.pending import PendingMiss, raising
-from proxy.handler.purging import Purges
+from proxy.handler.purging import OtherWorkers, Purges
 from proxy.handler.revalidation import Revalidation
 from proxy.handler.routing import Router
 from proxy.handler.slicing import Slicer
@@ -98,6 +98,8 @@ class Proxy:
         self.shared = shared
         self.disk = disk
         self.fleet: FleetPurges | None = None  # purges shared with the fleet, with Redis
+        # Under --workers, the other workers, told of what this one removes from the tier.
+        self.others: OtherWorkers | None = None
         # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
         self.samples: SampleSink | None = None
         self.router = Router(config)
@@ -222,9 +224,8 @@ class Proxy:
             return routed
         meta, url = routed
         if self.purges.takes(request.method):
-            others = None if self.disk is None else self.disk.forgotten
             return await self.purges.answer(
-                request, meta, self.engine, self.clock, self.fleet, others
+                request, meta, self.engine, self.clock, self.fleet, self.others
             )
         if request.body_exists and request.method in ("GET", "HEAD"):
             # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache

@@ -31,6 +31,7 @@ from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
 from proxy.fleet.shared import RedisWindow, SharedSecondHit
 from proxy.front.fastpath import HitServer, require_strict_parser
+from proxy.handler.purging import OtherWorkers
 from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy, SampleSink
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
@@ -119,7 +120,7 @@ class Service:
         clock: Callable[[], float] = time.time,
         shared_window: mmap.mmap | None = None,
         sharing: Sharing | None = None,
-        forgotten: Callable[[str], None] | None = None,
+        forgotten: OtherWorkers | None = None,
         samples: SampleSink | None = None,
         read_config: Callable[[], Config] | None = None,
     ) -> Service:
@@ -152,6 +153,7 @@ class Service:
                 undo.push_async_callback(shared.close)
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
+            proxy.others = forgotten
             proxy.samples = samples
             proxy.follow_whatif()
             undo.push_async_callback(proxy.close)

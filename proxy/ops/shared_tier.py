@@ -42,7 +42,8 @@ MIN_REGION = 64 << 10
 @dataclass
 class SharedTier:
     """The machine's shared tier as the parent holds it: the store (the loader and keeper),
-    the descriptors every worker inherits, and the flags that tell a worker its part."""
+    the descriptors every worker inherits, the flags that tell a worker its part, and the
+    settings of its share (handed to it with the configuration, ``proxy.ops.handoff``)."""
 
     store: DiskStore
     fds: tuple[int, ...]
@@ -110,8 +111,6 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
         raise
     kind = "memory" if scratch is not None else "disk"
     argv = ["--shared-tier", f"{kind}:{workers}:{','.join(map(str, fds))}"]
-    for key, value in overrides.items():
-        argv += ["--set", f"{key}={value}"]
     return SharedTier(store, tuple(fds), argv, scratch, overrides)
 
 

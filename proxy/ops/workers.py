@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -50,6 +50,7 @@ from proxy.ops.admin import (
 )
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
+from proxy.ops.handoff import HandedConfig
 from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
@@ -67,14 +68,14 @@ READY = "onehit-worker-admin "
 
 async def serve_workers(
     config: Config,
-    argv: Sequence[str],
     count: int,
     read_config: Callable[[], Config] | None = None,
 ) -> int:
-    """Run ``count`` workers with ``argv`` (the parent's own flags) until a signal, replacing
-    any that dies; the exit status is 0 when every worker drained cleanly. A reload (SIGHUP,
-    ``POST /reload``) reads the configuration again (``read_config``) and, when every worker
-    may take it, has each one reload."""
+    """Run ``count`` workers of ``config`` until a signal, replacing any that dies; the exit
+    status is 0 when every worker drained cleanly. Each is handed the configuration the
+    machine runs (``proxy.ops.handoff``). A reload (SIGHUP, ``POST /reload``) reads the
+    configuration again (``read_config``) and, when every worker may take it, hands it to
+    them and has each one reload."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
     # The tier first: a disk directory it refuses stops the start before a worker runs.
@@ -82,7 +83,9 @@ async def serve_workers(
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
-    workers = Workers([*argv, "--parent-admin", reachable(config.admin.listen)], window, tier)
+    handed = HandedConfig.create()
+    workers = Workers(["--parent-admin", reachable(config.admin.listen)], window, tier, handed)
+    workers.publish(config)
     reloads = Reloads(config, read_config, workers)
     runner = web.AppRunner(fleet_admin(config, workers, reloads), access_log=None)
     supervising: asyncio.Future[None] | None = None
@@ -110,6 +113,7 @@ async def serve_workers(
         await runner.cleanup()
         if window is not None:
             os.close(window)
+        handed.close()
         tier.close()
     return 0 if all(code == 0 for code in codes) else 1
 
@@ -130,6 +134,7 @@ class Reloads:
         new, done = judge(self.config, self.read, LIVE - SIZES)
         if new is not None:
             self.config = new
+            self.workers.publish(new)
         return done
 
     def on_signal(self) -> None:
@@ -142,13 +147,20 @@ class Workers:
     parent's admin reads it at each call). A worker that exits while the parent serves is
     replaced at once, in its place, sharing what the others share."""
 
-    def __init__(self, argv: list[str], window: int | None, tier: SharedTier) -> None:
-        self.argv = [*argv, "--worker", "--parent", str(os.getpid()), *tier.argv]
+    def __init__(
+        self, argv: list[str], window: int | None, tier: SharedTier, handed: HandedConfig
+    ) -> None:
+        self.argv = [*argv, "--worker", "--parent", str(os.getpid()), *tier.argv,
+                     "--config-fd", str(handed.fd)]  # fmt: skip
         # The tier's claim too: held while any worker lives, so a parent started after a crash
         # is refused while the last one's workers still drain and write into the tier.
         claim = tier.store.claim
-        self.fds: tuple[int, ...] = (*tier.fds, *(() if claim is None else (claim,)))
+        self.fds: tuple[int, ...] = (
+            *tier.fds, *(() if claim is None else (claim,)), handed.fd
+        )  # fmt: skip
         self.tier = tier
+        self.handed = handed
+        self.generation = 0  # of the configuration handed last
         self.window = window
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
@@ -156,6 +168,12 @@ class Workers:
         self.processes: list[asyncio.subprocess.Process] = []
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
+
+    def publish(self, config: Config) -> None:
+        """Hand ``config`` (the parent's) to the workers as each runs it: with its share of
+        the tier (``SharedTier.overrides``) and its admin on a loopback port of its own."""
+        overrides = {**self.tier.overrides, "admin.listen": ("127.0.0.1", 0)}
+        self.generation = self.handed.publish(worker_view(config, overrides))
 
     async def start(self, count: int) -> None:
         """Start ``count`` workers and wait until each listens; RuntimeError (every one
@@ -178,8 +196,8 @@ class Workers:
 
     async def _spawn(self, place: int) -> tuple[asyncio.subprocess.Process, str]:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "proxy", *self.argv, "--set", "admin.listen=127.0.0.1:0",
-            "--worker-place", str(place), stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
+            sys.executable, "-m", "proxy", *self.argv, "--worker-place", str(place),
+            stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
         )  # fmt: skip
         assert process.stdout is not None
         line = ""
@@ -195,7 +213,11 @@ class Workers:
         if not line.startswith(READY):
             said = f"it said {line.strip()!r}" if line else "its own line above says why"
             raise RuntimeError(f"a worker did not start ({said})")
-        return process, line[len(READY) :].strip()
+        admin, _, generation = line[len(READY) :].strip().partition(" ")
+        if generation != str(self.generation):
+            # A reload was handed over while it started, before it heard of reloads.
+            process.send_signal(signal.SIGHUP)
+        return process, admin
 
     async def supervise(self) -> None:
         """Replace each worker that exits, until cancelled."""
@@ -274,6 +296,8 @@ class ToParent:
     is pending and says what the next body is (``_next``)."""
 
     what = "messages"
+    # Seconds before each try again of a body the parent refused or did not answer: none.
+    again: tuple[float, ...] = ()
 
     def __init__(self, parent_admin: str, path: str, place: int, token: str) -> None:
         self.url = f"{parent_admin}{path}"
@@ -288,7 +312,11 @@ class ToParent:
         raise NotImplementedError
 
     def _lost(self, count: int) -> None:
-        """``count`` things the parent did not take (it refused them, or did not answer)."""
+        """``count`` things the parent did not take (it refused them, or did not answer), on
+        every try."""
+
+    def _taken(self, answer: Any) -> None:
+        """The parent took the last body sent, answering ``answer`` (its JSON)."""
 
     def _send_soon(self) -> None:
         if self.sending is None or self.sending.done():
@@ -301,15 +329,24 @@ class ToParent:
                 self.session = aiohttp.ClientSession(
                     headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
                 )
-            try:
-                async with self.session.post(self.url, json=body) as r:
-                    r.raise_for_status()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self._lost(count)
-                now = asyncio.get_running_loop().time()
-                if now - self._warned > 60:
-                    self._warned = now
-                    log.warning("telling the parent of %d %s failed: %r", count, self.what, exc)
+            for wait in (*self.again, None):
+                try:
+                    async with self.session.post(self.url, json=body) as r:
+                        r.raise_for_status()
+                        answer = await r.json() if r.content_type == "application/json" else None
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    if wait is not None:
+                        await asyncio.sleep(wait)
+                        continue
+                    self._lost(count)
+                    now = asyncio.get_running_loop().time()
+                    if now - self._warned > 60:
+                        self._warned = now
+                        log.warning("telling the parent of %d %s failed: %r", count, self.what,
+                                    exc)  # fmt: skip
+                else:
+                    self._taken(answer)
+                    break
 
     async def sent(self, within: float | None = None) -> None:
         """Return once everything handed over so far has been sent (or failed), or after
@@ -337,14 +374,44 @@ class MachineForgets(ToParent):
     ``sent``: when the other workers have forgotten it."""
 
     what = "removals"
+    # A removal that does not reach the others leaves them serving what it removed: tried
+    # again, for a parent that is busy or a sibling being replaced.
+    again = (0.05, 0.25, 1.0)
 
-    def __init__(self, parent_admin: str, place: int, token: str) -> None:
+    def __init__(self, parent_admin: str, place: int, token: str, workers: int) -> None:
         super().__init__(parent_admin, "/forget", place, token)
         self.pending: list[str] = []
+        self.others = workers - 1
+        # For each ``reach`` under way, how many workers each batch sent since missed.
+        self._heard: list[list[int]] = []
 
     def __call__(self, key: str) -> None:
         self.pending.append(key)
         self._send_soon()
+
+    async def reach(self, key: str) -> int:
+        """Tell the others of ``key`` and wait until it was sent: how many of them it did not
+        reach (the parent's count of those that did not answer; all of them when the parent
+        never took it)."""
+        heard: list[int] = []
+        self._heard.append(heard)
+        try:
+            self(key)
+            await self.sent()
+        finally:
+            self._heard.remove(heard)
+        return max(heard, default=0)
+
+    def _taken(self, answer: Any) -> None:
+        missing = answer.get("missing", 0) if isinstance(answer, dict) else 0
+        self._hear(missing if isinstance(missing, int) else self.others)
+
+    def _lost(self, count: int) -> None:
+        self._hear(self.others)
+
+    def _hear(self, missing: int) -> None:
+        for heard in self._heard:
+            heard.append(missing)
 
     def _next(self) -> tuple[dict[str, Any], int] | None:
         """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
