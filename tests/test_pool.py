@@ -444,3 +444,49 @@ async def test_a_response_waiting_unread_in_the_socket_is_never_taken_for_the_ne
         server.close()
         for conn in connections:
             conn.close()
+
+
+async def test_a_response_sent_before_the_request_on_a_new_connection_is_never_its_answer(pool):
+    """An origin that answers as soon as it accepts, before any request was written on the
+    connection (a hostile or broken one): those bytes are no request's answer. The
+    connection is closed and counted, and the request goes on a new one."""
+    server = socket.create_server(("127.0.0.1", 0))
+    connections = []
+
+    def origin() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            threading.Thread(target=answer, args=(conn, len(connections) == 1), daemon=True).start()
+
+    def answer(conn: socket.socket, first: bool) -> None:
+        with contextlib.suppress(OSError):  # the test closes the connections under it
+            if first:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforged")
+            while conn.recv(65536):
+                conn.sendall(OK)
+
+    threading.Thread(target=origin, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}"
+    p = pool()
+    try:
+        # Slow to connect from the loop's side: the forged bytes are in the socket first.
+        real = p._connect
+
+        async def slowly(address, deadline):
+            protocol = await real(address, deadline)
+            time.sleep(0.05)
+            return protocol
+
+        p._connect = slowly
+        assert await get(p, f"{url}/a") == (200, b"ok")
+        assert len(connections) == 2 and p.unasked == 1
+    finally:
+        p.close()
+        await asyncio.sleep(0)
+        server.close()
+        for conn in connections:
+            conn.close()

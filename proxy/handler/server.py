@@ -187,14 +187,17 @@ class Proxy:
             return await (self._handle(request) if work is None else work)
         except Exception as exc:
             begun = request.answer  # type: ignore[attr-defined]
-            if begun is not None:
-                return self._cut(request, begun, exc)
             if isinstance(exc, ConnectionResetError):
-                # The client closed its connection before its answer's head went out: nothing
-                # to write to, and no fault of the proxy's (nginx logs these as 499).
+                # The client closed its connection before its answer was whole: nothing to
+                # write to, and no fault of the proxy's (nginx logs these as 499).
                 log.info("%s %s: the client left before its answer", request.method,
                          request.raw_path)  # fmt: skip
+                if begun is not None:
+                    abort(request)
+                    return begun
                 return plain(499, "client closed request", refused(CLIENT_LEFT))
+            if begun is not None:
+                return self._cut(request, begun)
             version = request.version
             HTTP_ERRORS.exception(
                 "unexpected error on %s %s HTTP/%d.%d from %s",
@@ -202,19 +205,18 @@ class Proxy:
             )  # fmt: skip
             return plain(500, "internal error", forwarded(FWD_REQUEST, detail=ERROR))
 
-    def _cut(self, request: web.BaseRequest, begun: Any, exc: Exception) -> Any:
+    def _cut(self, request: web.BaseRequest, begun: Any) -> Any:
         """The answer to a request that failed after its answer's head went out (``begun``):
         a second status line would be read as the answer to the client's next request, so
         the connection is closed once what was written has gone, and the failure logged and
         counted (``answers_cut``). ``begun`` is what the connection logs, as sent."""
         self.answers_cut += 1
-        if not isinstance(exc, ConnectionResetError):
-            version = request.version
-            HTTP_ERRORS.exception(
-                "unexpected error on %s %s HTTP/%d.%d from %s after its answer began; its "
-                "connection is closed",
-                request.method, request.raw_path, version.major, version.minor, request.remote,
-            )  # fmt: skip
+        version = request.version
+        HTTP_ERRORS.exception(
+            "unexpected error on %s %s HTTP/%d.%d from %s after its answer began; its "
+            "connection is closed",
+            request.method, request.raw_path, version.major, version.minor, request.remote,
+        )  # fmt: skip
         abort(request)
         return begun
 

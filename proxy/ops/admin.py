@@ -126,6 +126,7 @@ def admin_app(
             "fast_hits": proxy.fast_hits,
             "fast_misses": proxy.fast_misses,
             "answers_cut": proxy.answers_cut,
+            "origin_unasked": proxy.upstream.unasked,
             "uptime_s": round(time.time() - started, 3),
             "answers": None if answers is None else answers(),
             "resident_bytes": resident_bytes(),
@@ -154,6 +155,7 @@ def admin_app(
                 "fast_hits": proxy.fast_hits,
                 "fast_misses": proxy.fast_misses,
                 "answers_cut": proxy.answers_cut,
+                "origin_unasked": proxy.upstream.unasked,
             },
             PROXY_METRICS,
         )
@@ -367,6 +369,7 @@ PROXY_METRICS = {
     "fast_hits": "hits answered as soon as they were parsed, before aiohttp's request objects",
     "fast_misses": "misses answered in the callback that brought the origin's whole response",
     "answers_cut": "requests that failed after their answer's head went out: connection closed",
+    "origin_unasked": "new origin connections closed unused: the origin spoke before it was asked",
 }
 DISK_METRICS = {
     "disk_hits": "memory misses the disk tier answered",

@@ -193,6 +193,8 @@ class OriginPool:
         # The loop of the first request: the pool's connections belong to it. Looked up once,
         # as each lookup asks the kernel for the process's id.
         self._loop: asyncio.AbstractEventLoop | None = None
+        # New connections on which the origin spoke before it was asked: closed unused.
+        self.unasked = 0
 
     @staticmethod
     def serves(url: str) -> bool:
@@ -304,7 +306,7 @@ class OriginPool:
         while True:
             try:
                 if protocol is None:
-                    protocol = await self._connect(address, exchange.deadline)
+                    protocol = await self._connected(address, exchange.deadline)
                 if written_on is None:
                     exchange.protocol = protocol
                     if protocol._loop.time() >= exchange.deadline:
@@ -330,6 +332,21 @@ class OriginPool:
                 if protocol is not None:
                     protocol.close()
                 raise
+
+    async def _connected(self, address: Address, deadline: float) -> OriginConnection:
+        """A new connection on which nothing arrived before the request it is made for: bytes
+        the origin sent first (read by the loop, which closed it, or waiting in the socket)
+        answer no request. Such a connection is closed and counted (``unasked``), and one
+        more is tried; ``ServerDisconnectedError`` when that one spoke first too."""
+        for _ in range(2):
+            protocol = await self._connect(address, deadline)
+            if protocol.is_connected() and not protocol.has_unread():
+                return protocol
+            protocol.close()
+            self.unasked += 1
+            log.warning("the origin %s:%d sent bytes before it was asked: connection closed",
+                        *address)  # fmt: skip
+        raise ServerDisconnectedError("the origin sent bytes before it was asked")
 
     async def _connect(self, address: Address, deadline: float) -> OriginConnection:
         loop = asyncio.get_running_loop()

@@ -81,6 +81,11 @@ class Upstream:
             connector=aiohttp.TCPConnector(limit=c.max_connections, force_close=True), **common
         )
 
+    @property
+    def unasked(self) -> int:
+        """New origin connections closed unused: the origin spoke before it was asked."""
+        return self._pool.unasked
+
     async def close(self) -> None:
         self._pool.close()
         for session in (self._session, self._fresh):
