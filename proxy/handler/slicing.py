@@ -26,8 +26,8 @@ How a GET miss goes when slicing is on:
   answer: its stored slices are removed (the next request fetches them anew). Either that or
   an origin that fails on a slice (a 5xx, a timeout, a body cut short) cuts the client's
   connection, the honest signal once a length was promised.
-* An object whose slices may not be stored (``no-store``, no strong validator: a weak ETag, or
-  a Last-Modified less than a minute before its Date, cannot tell two versions apart) goes
+* An object whose slices may not be stored (``no-store``, no strong entity tag: a weak one, or
+  a Last-Modified, which deploys that keep files' times share between versions) goes
   straight to the origin for ``[cache] hit_for_miss`` seconds after, unsliced, as an
   uncacheable URL does; an answer to it that spans more than one slice is fetched whole,
   never stitched from slices that might be of two versions.
