@@ -70,7 +70,7 @@ async def test_a_smaller_memory_tier_evicts_to_its_new_size_and_keeps_the_rest(
     # The largest object follows the size unless set: both change.
     assert (status, answer) == (
         200,
-        {"reloaded": True, "changed": ["cache.size", "cache.max_object_size"]},
+        {"reloaded": True, "changed": ["cache.size", "cache.max_object_size"], "purged": []},
     )
     assert store.capacity_bytes == 256 * 1024 and store.bytes_used <= 256 * 1024
     kept = [key.rsplit("/", 1)[1] for key in store]
@@ -417,3 +417,74 @@ async def test_a_worker_replaced_after_a_refused_reload_runs_the_machines_config
             assert origin.hits["/p?id=7"] == before + 1
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+KEYED = {"id": '{include = ["id"]}', "all": '"all"'}
+
+
+@pytest.mark.parametrize("change", ["key_query", "route's origin"])
+async def test_a_reload_that_keys_or_fetches_otherwise_purges_what_the_old_rules_stored(
+    origin, raw_origin, tmp_path, change
+):
+    """Stored under the old rules (``?id=1&lang=fr`` keyed as ``?id=1``, or a route's old
+    origin), an answer is never served under the new ones: from memory, nor from the disk
+    after a restart. The reload names what it purged."""
+
+    async def echo(request):
+        return aiohttp.web.Response(text="old " + request.path_qs,
+                                    headers={"Cache-Control": "max-age=600"})  # fmt: skip
+
+    origin.responder = echo
+
+    async def other(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nCache-Control: max-age=600"
+                     b"\r\nConnection: close\r\n\r\nnew")  # fmt: skip
+        await writer.drain()
+        writer.close()
+
+    elsewhere = await raw_origin(other)
+    path = tmp_path / "proxy.toml"
+
+    def write(keyed: str, route_origin: str) -> None:
+        path.write_text(
+            f'[cache]\nkey_query = {KEYED[keyed]}\n[admission]\npolicy = "always"\n'
+            f'[disk]\npath = "{tmp_path / "disk"}"\nsize = "4MiB"\nregion_size = "1MiB"\n'
+            f'policy = "always"\n[[routes]]\nhost = "example.test"\norigin = "{route_origin}"\n'
+        )
+
+    flags = {"server.listen": "127.0.0.1:0", "admin.listen": "127.0.0.1:0",
+             "server.access_log": False}  # fmt: skip
+
+    def read():
+        return load(path, env={}, overrides=flags)
+
+    write("id", origin.url)
+    service = await Service.start(read(), read_config=read)
+    try:
+        async with aiohttp.ClientSession() as client:
+            async with client.get(base(service) + "/p?id=1&lang=fr", headers=HOST) as r:
+                assert await r.text() == "old /p?id=1&lang=fr"
+            if change == "key_query":
+                write("all", origin.url)
+                wanted = "old /p?id=1"
+            else:
+                write("id", elsewhere)
+                wanted = "new"
+            status, answer = await _reload(client, service)
+            assert status == 200 and answer["purged"], answer
+            async with client.get(base(service) + "/p?id=1", headers=HOST) as r:
+                assert await r.text() == wanted
+    finally:
+        await service.stop()
+    if change == "key_query":
+        service = await Service.start(read(), read_config=read)
+        try:
+            async with (
+                aiohttp.ClientSession() as client,
+                client.get(base(service) + "/p?id=1&lang=fr", headers=HOST) as r,
+            ):
+                assert await r.text() == "old /p?id=1&lang=fr"
+                assert "detail=disk" not in r.headers["Cache-Status"]
+        finally:
+            await service.stop()

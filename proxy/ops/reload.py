@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 from proxy.config.settings import Config, ConfigError
 from proxy.handler.server import Proxy
@@ -74,11 +74,14 @@ class Reloaded:
 
     changed: tuple[str, ...] = ()
     refused: str = ""
+    # Key prefixes purged from every tier: what is stored under them was keyed or fetched by
+    # rules the reload changed ("": every key).
+    purged: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, object]:
         if self.refused:
             return {"reloaded": False, "error": self.refused}
-        return {"reloaded": True, "changed": list(self.changed)}
+        return {"reloaded": True, "changed": list(self.changed), "purged": list(self.purged)}
 
 
 def changed_keys(old: Config, new: Config) -> list[str]:
@@ -119,9 +122,12 @@ async def reload(
             await rebind(new)
         except OSError as exc:
             return _refused(f"cannot listen where the configuration says: {exc}")
-    proxy.reconfigure(new)
+    purged = tuple(proxy.reconfigure(new))
     log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
-    return done
+    if purged:
+        log.info("reloaded: purged what is stored under %s, keyed or fetched by other rules",
+                 ", ".join(repr(p) for p in purged))  # fmt: skip
+    return replace(done, purged=purged)
 
 
 def judge(
