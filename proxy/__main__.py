@@ -62,10 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         overrides[key.strip()] = value
     handed = None if args.config_fd is None else HandedConfig(args.config_fd)
-    generation = 0
+    generation, secret = 0, ""
     try:
         if handed is not None:  # a worker runs the machine's configuration, not the file's
-            generation, config = handed.read()
+            generation, config, secret = handed.read()
         else:
             config = load(args.config, os.environ, overrides)
         if not args.reload:  # the running proxy checks its own files, as its own user
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         """The configuration from the same file, environment and flags, read again; a
         worker's, the one its parent hands it."""
         if handed is not None:
-            return handed.read()[1]
+            return handed.read().config
         return load(args.config, os.environ, overrides)
 
     try:
@@ -108,11 +108,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         forgets = samples = None
         if sharing is not None and args.parent_admin:
             forgets = MachineForgets(args.parent_admin, args.worker_place, config.admin.token,
-                                     sharing.workers)  # fmt: skip
-            samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token)
+                                     secret, sharing.workers)  # fmt: skip
+            samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token,
+                                     secret)  # fmt: skip
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
-                   forgets=forgets, samples=samples, read_config=read, generation=generation),
+                   forgets=forgets, samples=samples, read_config=read, generation=generation,
+                   secret=secret),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:
@@ -266,10 +268,11 @@ async def _serve(
     samples: MachineSamples | None = None,
     read_config: Callable[[], Config] | None = None,
     generation: int = 0,
+    secret: str = "",
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
-        forgotten=forgets, samples=samples, read_config=read_config,
+        forgotten=forgets, samples=samples, read_config=read_config, machine_secret=secret,
     )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address

@@ -18,6 +18,7 @@ from loadgen.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore
+from proxy.ops.handoff import SECRET_FIELD, HandedConfig
 
 
 @pytest.mark.parametrize(
@@ -208,13 +209,31 @@ async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_dis
                    ("from", 2), ("from", -1), ("from", True), ("requests", 10**400),
                    ("requests", True), ("rate", 0.0), ("rate", 1), ("pid", 0)))]  # fmt: skip
         async with aiohttp.ClientSession() as client:
+            # Another user of the machine, without the secret the parent hands its workers.
+            for forged in ({}, {SECRET_FIELD: "guess"}):
+                async with client.post(admin + "/whatif", json=good, headers=forged) as r:
+                    assert r.status == 403
+            machine = {SECRET_FIELD: machine_secret(process.pid)}
             for body in bad:
-                async with client.post(admin + "/whatif", json=body) as r:
+                async with client.post(admin + "/whatif", json=body, headers=machine) as r:
                     assert r.status == 400, body
-            async with client.post(admin + "/whatif", json=good) as r:
+            async with client.post(admin + "/whatif", json=good, headers=machine) as r:
                 assert (r.status, await r.json()) == (200, {"fed": 1})
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+def machine_secret(parent: int) -> str:
+    """The secret a --workers parent (pid ``parent``) hands its workers, read as a worker
+    reads it: from the memory file it inherits (here, through /proc)."""
+    for fd in os.listdir(f"/proc/{parent}/fd"):
+        if "onehit-config" in os.readlink(f"/proc/{parent}/fd/{fd}"):
+            handed = HandedConfig(os.open(f"/proc/{parent}/fd/{fd}", os.O_RDONLY))
+            try:
+                return handed.read().secret
+            finally:
+                handed.close()
+    raise AssertionError("no configuration handed to workers")
 
 
 async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others(origin):

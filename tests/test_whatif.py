@@ -300,7 +300,7 @@ async def test_a_worker_waits_a_bounded_time_for_a_parent_that_does_not_answer()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    samples = MachineSamples(f"http://127.0.0.1:{port}", 0, "")
+    samples = MachineSamples(f"http://127.0.0.1:{port}", 0, "", "s3cret")
     try:
         samples(sampled(["/a"], 1.0), 1, 1.0)
         await asyncio.wait_for(arrived.wait(), 5)
@@ -365,7 +365,7 @@ async def test_a_worker_drops_batches_its_parent_does_not_take_and_counts_them()
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
-    samples = MachineSamples(f"http://127.0.0.1:{runner.addresses[0][1]}", 0, "")
+    samples = MachineSamples(f"http://127.0.0.1:{runner.addresses[0][1]}", 0, "", "s3cret")
     try:
         for i in range(SAMPLE_BATCHES + 4):
             samples(sampled([f"/k{i}"], float(i)), 1, 1.0)

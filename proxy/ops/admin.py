@@ -29,6 +29,7 @@ from proxy.handler.server import Proxy
 from proxy.ops import readiness
 from proxy.ops.answer_metrics import label, process_text, resident_bytes
 from proxy.ops.answer_metrics import prometheus as answer_text
+from proxy.ops.handoff import SECRET_FIELD
 from proxy.ops.reload import NO_SOURCE, Reloaded
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -91,10 +92,12 @@ def admin_app(
     started: float | None = None,
     reloader: Callable[[], Awaitable[Reloaded]] | None = None,
     answers: Callable[[], dict[str, Any]] | None = None,
+    machine_secret: str = "",
 ) -> web.Application:
     """The admin API of one process; ``reloader`` reads the configuration again (``POST
     /reload``; without one, a reload is refused); ``answers``, the data port's answers
-    (``proxy.ops.answer_metrics``) as ``/metrics`` gives them."""
+    (``proxy.ops.answer_metrics``) as ``/metrics`` gives them; ``machine_secret``, what
+    the other processes of its machine show (a worker's)."""
     started = time.time() if started is None else started
     readiness_checks = readiness.Readiness(proxy)
 
@@ -238,6 +241,7 @@ def admin_app(
         filter_reset=filter_reset,
         reload=reload,
         forget=forget if shares_tier else None,
+        machine_secret=machine_secret,
     )
 
 
@@ -317,12 +321,16 @@ def admin_application(
     reload: Handler,
     forget: Handler | None = None,
     whatif: Handler | None = None,
+    machine_secret: str = "",
 ) -> web.Application:
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
     of workers answer the same endpoints; ``forget`` (``POST /forget``), where workers share
     a tier: keys one worker forgot there, which the others forget in memory; ``whatif``
-    (``POST /whatif``), a parent's: a worker's what-if samples, for the shared tier's ghosts."""
-    app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
+    (``POST /whatif``), a parent's: a worker's what-if samples, for the shared tier's ghosts.
+    Those two are the machine's own: taken only with its secret (``machine_secret``,
+    ``proxy.ops.handoff``), 403 without."""
+    guards = [guard_middleware(config.token, config.listen[0])]
+    app = web.Application(middlewares=guards)
     app.on_response_prepare.append(_name_the_server)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)
@@ -332,10 +340,25 @@ def admin_application(
     app.router.add_post("/filter/reset", filter_reset)
     app.router.add_post("/reload", reload)
     if forget is not None:
-        app.router.add_post("/forget", forget)
+        app.router.add_post("/forget", _machines_own(forget, machine_secret))
     if whatif is not None:
-        app.router.add_post("/whatif", whatif)
+        app.router.add_post("/whatif", _machines_own(whatif, machine_secret))
     return app
+
+
+def _machines_own(handler: Handler, secret: str) -> Handler:
+    """``handler``, answering only a request that shows the machine's ``secret``."""
+    expected = secret.encode()
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        given = request.headers.get(SECRET_FIELD, "").encode("utf-8", "surrogateescape")
+        if not secret or not hmac.compare_digest(given, expected):
+            return web.json_response(
+                {"error": "only the processes of this machine may call this"}, status=403
+            )
+        return await handler(request)
+
+    return guarded
 
 
 async def _name_the_server(request: web.Request, response: web.StreamResponse) -> None:

@@ -13,6 +13,10 @@ What it guarantees:
 * A reader never takes a half-written configuration: it is written under a sequence number,
   odd while the write is under way, and a reader that meets an odd one, or sees the number
   move while it reads, reads again.
+* With it goes the machine's secret (``secret``): the workers show it on what they send the
+  parent's admin and each other's (``POST /forget``, ``POST /whatif``), which take nothing
+  without it, whatever ``[admin] token`` says (another user of the machine reaches a
+  loopback admin listener too).
 * It is pickled: the parent and its workers run the same code, and a worker started from
   other code (an upgrade installed under a running machine) that cannot read it does not
   start, rather than run something else.
@@ -22,8 +26,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import secrets
 import struct
 import time
+from typing import NamedTuple
 
 from proxy.config.settings import Config
 from proxy.ops import machine
@@ -36,19 +42,35 @@ SIZE = 4 << 20
 TRIES = 1000
 
 
+class Handed(NamedTuple):
+    """What a worker reads: the configuration's generation, the configuration, and the
+    machine's secret."""
+
+    generation: int
+    config: Config
+    secret: str
+
+
+# The header a worker shows the machine's secret in.
+SECRET_FIELD = "X-Onehit-Machine"
+
+
 class HandedConfig:
     """The memory file a parent publishes its configuration in and its workers read."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, secret: str = "") -> None:
         self.fd = fd
+        self.secret = secret
 
     @classmethod
     def create(cls) -> HandedConfig:
-        return cls(machine.create(HEADER.size + SIZE, "onehit-config"))
+        """A parent's: with a new secret for its machine."""
+        fd = machine.create(HEADER.size + SIZE, "onehit-config")
+        return cls(fd, secrets.token_urlsafe(32))
 
     def publish(self, config: Config) -> int:
         """Make ``config`` the one workers read; its generation."""
-        data = pickle.dumps(config, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps((config, self.secret), protocol=pickle.HIGHEST_PROTOCOL)
         if len(data) > SIZE:
             raise ValueError(f"the configuration takes {len(data)} bytes pickled, over {SIZE}")
         sequence, length = HEADER.unpack(os.pread(self.fd, HEADER.size, 0))
@@ -57,9 +79,9 @@ class HandedConfig:
         os.pwrite(self.fd, HEADER.pack(sequence + 2, len(data)), 0)
         return (sequence + 2) // 2
 
-    def read(self) -> tuple[int, Config]:
-        """The configuration published last and its generation; RuntimeError when none was,
-        or when it cannot be read (another version of onehit)."""
+    def read(self) -> Handed:
+        """The configuration published last; RuntimeError when none was, or when it cannot
+        be read (another version of onehit)."""
         for _ in range(TRIES):
             sequence, length = HEADER.unpack(os.pread(self.fd, HEADER.size, 0))
             if sequence == 0:
@@ -68,15 +90,15 @@ class HandedConfig:
                 data = os.pread(self.fd, length, HEADER.size)
                 if HEADER.unpack(os.pread(self.fd, HEADER.size, 0))[0] == sequence:
                     try:
-                        config = pickle.loads(data)
+                        config, secret = pickle.loads(data)
                     except Exception as exc:
                         raise RuntimeError(
                             f"the machine's configuration cannot be read by this onehit "
                             f"({exc!r}): is it another version than the parent's?"
                         ) from None
-                    if not isinstance(config, Config):
+                    if not isinstance(config, Config) or not isinstance(secret, str):
                         raise RuntimeError("the parent published no configuration of onehit's")
-                    return sequence // 2, config
+                    return Handed(sequence // 2, config, secret)
             time.sleep(0.001)
         raise RuntimeError("the machine's configuration kept changing while it was read")
 

@@ -123,6 +123,7 @@ class Service:
         forgotten: OtherWorkers | None = None,
         samples: SampleSink | None = None,
         read_config: Callable[[], Config] | None = None,
+        machine_secret: str = "",
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
@@ -131,7 +132,9 @@ class Service:
         (``Proxy.follow_whatif``), for the ghosts of that tier. ``clock``: the
         cache's time (seconds since the epoch), read wherever the proxy asks the time of a
         request or response (a trace's, to replay it as the simulator does). ``read_config``
-        reads the configuration again for a reload (SIGHUP, ``POST /reload``)."""
+        reads the configuration again for a reload (SIGHUP, ``POST /reload``);
+        ``machine_secret``, what the other processes of a worker's machine show its admin
+        (``proxy.ops.handoff``)."""
         require_strict_parser()
         # Whatever a failed or cancelled start opened is closed again, the disk's directory
         # given up: the caller may start again in the same process.
@@ -181,6 +184,7 @@ class Service:
                     time.time(),
                     lambda: holder[0].reload(),
                     lambda: answers.snapshot(fast),
+                    machine_secret,
                 ),
                 access_log=None,
             )

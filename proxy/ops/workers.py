@@ -50,7 +50,7 @@ from proxy.ops.admin import (
 )
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
-from proxy.ops.handoff import HandedConfig
+from proxy.ops.handoff import SECRET_FIELD, HandedConfig
 from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
@@ -279,6 +279,15 @@ def _per_worker(per_worker: list[Any], admins: list[str | None]) -> str:
     ]) + "\n"  # fmt: skip
 
 
+def machine_headers(token: str, secret: str) -> dict[str, str]:
+    """What a process of the machine shows another's admin: the admin token, when there is
+    one, and the machine's secret (``proxy.ops.handoff``)."""
+    headers = {SECRET_FIELD: secret}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
 def reachable(listen: tuple[str, int]) -> str:
     """An admin listener as a process of this machine reaches it (a parent's, by its
     workers; any, by ``--reload``): on loopback when it listens everywhere."""
@@ -299,10 +308,10 @@ class ToParent:
     # Seconds before each try again of a body the parent refused or did not answer: none.
     again: tuple[float, ...] = ()
 
-    def __init__(self, parent_admin: str, path: str, place: int, token: str) -> None:
+    def __init__(self, parent_admin: str, path: str, place: int, token: str, secret: str) -> None:
         self.url = f"{parent_admin}{path}"
         self.place = place
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.headers = machine_headers(token, secret)
         self.sending: asyncio.Task[None] | None = None
         self.session: aiohttp.ClientSession | None = None
         self._warned = 0.0
@@ -378,8 +387,10 @@ class MachineForgets(ToParent):
     # again, for a parent that is busy or a sibling being replaced.
     again = (0.05, 0.25, 1.0)
 
-    def __init__(self, parent_admin: str, place: int, token: str, workers: int) -> None:
-        super().__init__(parent_admin, "/forget", place, token)
+    def __init__(
+        self, parent_admin: str, place: int, token: str, secret: str, workers: int
+    ) -> None:
+        super().__init__(parent_admin, "/forget", place, token, secret)
         self.pending: list[str] = []
         self.others = workers - 1
         # For each ``reach`` under way, how many workers each batch sent since missed.
@@ -437,8 +448,8 @@ class MachineSamples(ToParent):
 
     what = "what-if batches"
 
-    def __init__(self, parent_admin: str, place: int, token: str) -> None:
-        super().__init__(parent_admin, "/whatif", place, token)
+    def __init__(self, parent_admin: str, place: int, token: str, secret: str) -> None:
+        super().__init__(parent_admin, "/whatif", place, token, secret)
         self.pending: list[Samples] = []
         self.dropped = 0
 
@@ -528,7 +539,7 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     memory is empty or gone, so a purge has nothing to remove there, and the bans the others
     took reach it through the shared tier. When no worker takes a purge, it is refused (503,
     try again). A worker's refusal (a 4xx, the same from every worker) is the answer."""
-    headers = {"Authorization": f"Bearer {config.admin.token}"} if config.admin.token else {}
+    headers = machine_headers(config.admin.token, workers.handed.secret)
     shared = workers.window is not None  # the workers map one admission window
     started = time.time()
     ghosts = MachineGhosts(lambda: reloads.config, workers.tier.overrides)
@@ -698,4 +709,5 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         reload=reload,
         forget=forget,
         whatif=whatif,
+        machine_secret=workers.handed.secret,
     )
