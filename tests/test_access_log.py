@@ -8,6 +8,7 @@ import signal
 from datetime import datetime
 
 import aiohttp
+import pytest
 from conftest import base, until
 
 from loadgen.processes import onehit_process
@@ -78,6 +79,28 @@ async def test_json_lines_each_load_with_every_field(origin, start_proxy, client
     made = [r["request_id"] for i, r in enumerate(records) if i != 5]
     assert len(set(made)) == len(made)  # unique where the proxy made them
     assert records[7]["user_agent"] == 'evil" 200 9 "x\\y caf\u00e9'
+
+
+@pytest.mark.parametrize("log_format", ["json", "combined"])
+async def test_a_host_or_target_that_is_not_utf8_is_logged_as_valid_utf8(
+    origin, start_proxy, tmp_path, log_format
+):
+    """Bytes that are not UTF-8 in the Host (refused, 400) or the target are logged as valid
+    UTF-8 (U+FFFD in json, ``\\xhh`` in combined): a strict reader takes every line."""
+    log = tmp_path / "access.log"
+    service = await start_proxy(server__access_log=True, server__access_log_format=log_format,
+                                server__access_log_file=str(log))  # fmt: skip
+    for request in (b"GET / HTTP/1.1\r\nHost: caf\xe9.example\r\n\r\n",
+                    b"GET /caf\xe9 HTTP/1.1\r\nHost: example.test\r\n\r\n"):  # fmt: skip
+        reader, writer = await asyncio.open_connection(*service.proxy_address)
+        writer.write(request)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+    await until(lambda: log.exists() and len(log.read_bytes().splitlines()) == 2)
+    for line in log.read_bytes().splitlines():
+        text = line.decode("utf-8")  # strict
+        if log_format == "json":  # no "\\udce9" either: strict JSON readers refuse one
+            json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
 
 
 async def test_combined_lines_match_apaches_format_even_with_hostile_fields(
