@@ -236,9 +236,27 @@ def test_rfc9111_5_2_request_no_cache_and_max_age_force_revalidation():
     e = engine("always")
     origin(e, get("/n"), 0.0, 200, ("Cache-Control", "max-age=100"))
     assert isinstance(e.lookup(get("/n", ("Cache-Control", "no-cache")), 1.0), Stale)
-    assert isinstance(e.lookup(get("/n", ("Pragma", "no-cache")), 1.0), Stale)
+    assert isinstance(e.lookup(get("/n", ("Pragma", "no-cache")), 3.0), Stale)
     assert isinstance(e.lookup(get("/n", ("Cache-Control", "max-age=5")), 10.0), Stale)
     assert isinstance(e.lookup(get("/n"), 10.0), Hit)
+
+
+def test_a_client_makes_a_url_revalidate_at_most_once_a_second_or_never_when_ignored():
+    """100 requests with no-cache in a second cost one revalidation: the others are
+    answered by it (a client cannot make every request an origin fetch). With
+    ``client_revalidation = "ignore"`` (nginx's way) none revalidates a fresh response; a
+    stale one still does, whatever the client asked."""
+    e = engine("always")
+    origin(e, get("/n"), 0.0, 200, ("Cache-Control", "max-age=100"))
+    asks = [e.lookup(get("/n", ("Cache-Control", "no-cache")), 1.0 + i / 100) for i in range(100)]
+    assert [type(a) for a in asks] == [Stale] + [Hit] * 99
+    assert isinstance(e.lookup(get("/n", ("Pragma", "no-cache")), 2.0), Stale)  # a second on
+    assert e.stats()["requests"] == 101 and e.stats()["hits"] == 99
+    e.client_revalidation = "ignore"
+    for asks_for in (("Cache-Control", "no-cache"), ("Cache-Control", "max-age=0"),
+                     ("Pragma", "no-cache"), ("Cache-Control", "min-fresh=1000")):  # fmt: skip
+        assert isinstance(e.lookup(get("/n", asks_for), 50.0), Hit), asks_for
+    assert isinstance(e.lookup(get("/n", ("Cache-Control", "no-cache")), 150.0), Stale)
 
 
 def test_rfc5861_stale_while_revalidate_and_stale_if_error():

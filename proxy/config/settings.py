@@ -144,6 +144,12 @@ class CacheSection:
     hit_for_miss: float = values.setting(
         5.0, values.optional_duration, "how long an uncacheable URL goes straight to the origin"
     )
+    client_revalidation: str = values.setting(
+        "honour",
+        values.client_revalidation,
+        "a client's no-cache, max-age or min-fresh (and Pragma: no-cache): 'honour', at most "
+        "one revalidation a second per URL, or 'ignore', as nginx does",
+    )
     max_variants: int = values.setting(
         32, values.positive_int, "variants stored per URL (Vary); more pass"
     )

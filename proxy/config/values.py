@@ -296,6 +296,12 @@ def event_loop(value: Any) -> str:
     return value
 
 
+def client_revalidation(value: Any) -> str:
+    if value not in ("honour", "ignore"):
+        raise ValueError("expected 'honour' (at most one a second per URL) or 'ignore'")
+    return value
+
+
 def log_format(value: Any) -> str:
     if value not in ("combined", "json"):
         raise ValueError("expected 'combined' or 'json'")

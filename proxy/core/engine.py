@@ -112,6 +112,12 @@ CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
 AS_REQUEST, AS_MISS, UNCOUNTED = range(3)
 
 _NO_DIRECTIVES: rfc9111.Directives = {}
+# What a client sends to have a fresh stored response revalidated (RFC 9111 sections 5.2.1.1,
+# 5.2.1.3, 5.2.1.4; Pragma: no-cache is read as no-cache), and how often one URL is, at most,
+# for clients (``CacheEngine._client_directives``), remembered for this many URLs.
+_CLIENT_REVALIDATES = frozenset({"no-cache", "max-age", "min-fresh"})
+CLIENT_REVALIDATION_EVERY = 1.0
+CLIENT_REVALIDATED_URLS = 4096
 # Request fields ``plan`` reads on a miss; most requests carry none of them.
 _PLAN_FIELDS = frozenset({"cache-control", "cookie", *PRECONDITIONS})
 
@@ -144,6 +150,7 @@ class CacheEngine(ResponseDecisions):
         max_variants: int = 32,
         ignore_cookies: tuple[str, ...] = (),
         grace: float = 0.0,
+        client_revalidation: str = "honour",
     ) -> None:
         self.store = store
         self.admission = admission
@@ -163,6 +170,10 @@ class CacheEngine(ResponseDecisions):
         self.tags = TagIndex()
         self.slices = SliceIndex()
         self.purged = RecentPurges()
+        # "honour" a client's no-cache, max-age, min-fresh at most once a second per URL, or
+        # "ignore" them; when a client last made each URL revalidate.
+        self.client_revalidation = client_revalidation
+        self._revalidated: LRUCache[str, float] = LRUCache(CLIENT_REVALIDATED_URLS)
         # URL -> (until when it goes straight to the origin, bytes it is charged)
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
@@ -184,7 +195,7 @@ class CacheEngine(ResponseDecisions):
             c.misses += 1
             return PRIVATE_MISS
         age = entry.age(now)
-        req = _directives(request)
+        req = self._client_directives(request, entry, age, now, revalidating=True)
         if _fresh(entry, age, req):
             self._count_hit(AS_REQUEST)
             self._from_store(request.key, entry, now)
@@ -230,7 +241,37 @@ class CacheEngine(ResponseDecisions):
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
         age = entry.age(now)
-        return Hit(entry, age) if _fresh(entry, age, _directives(request)) else None
+        req = self._client_directives(request, entry, age, now)
+        return Hit(entry, age) if _fresh(entry, age, req) else None
+
+    def _client_directives(
+        self,
+        request: RequestMeta,
+        entry: Entry,
+        age: float,
+        now: float,
+        *,
+        revalidating: bool = False,
+    ) -> rfc9111.Directives:
+        """The directives of ``request`` that judge ``entry`` at ``age``. A client's demand to
+        revalidate a response fresh by its own rules (``no-cache``, ``max-age``,
+        ``min-fresh``; RFC 9111 section 5.2.1) is left out under ``client_revalidation =
+        "ignore"`` (as nginx does), and under "honour" when a client made the URL revalidate
+        less than ``CLIENT_REVALIDATION_EVERY`` ago: that revalidation answers it, and a
+        client cannot make every request an origin fetch. ``revalidating``: this request
+        will be revalidated if it asks it (remembered for the URL)."""
+        req = _directives(request)
+        if _CLIENT_REVALIDATES.isdisjoint(req) or not _fresh(entry, age, _NO_DIRECTIVES):
+            return req
+        key = request.key
+        last = self._revalidated.get(key)
+        if self.client_revalidation == "ignore" or (
+            last is not None and 0 <= now - last < CLIENT_REVALIDATION_EVERY
+        ):
+            return {k: v for k, v in req.items() if k not in _CLIENT_REVALIDATES}
+        if revalidating and not _fresh(entry, age, req):
+            self._revalidated[key] = now
+        return req
 
     def hit_behind(
         self,
@@ -449,7 +490,9 @@ class CacheEngine(ResponseDecisions):
         the store cannot keep it, or it answers no one (private to another user)."""
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
             return None
-        stale = _stale(entry, entry.age(now), _directives(request))
+        age = entry.age(now)
+        stale = _stale(entry, age, self._client_directives(request, entry, age, now,
+                                                           revalidating=True))  # fmt: skip
         action = self._on_stale(request, stale, rfc9111.only_if_cached(request.headers))
         if type(action) is Refuse:  # a 504, as for a stale response in memory: nothing kept
             tier.answered(False)

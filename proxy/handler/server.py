@@ -132,6 +132,7 @@ class Proxy:
             engine.resize(c.size, c.max_object_size)
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
+        engine.client_revalidation = c.client_revalidation
         engine.variants.max_per_url = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)

@@ -5,7 +5,7 @@ memory tier evicts.
 What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the routes and
 the default origin, the fields passed to origins, ``purge_from``, the memory tier's size
 (shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
-``max_variants``, ``ignore_cookies`` and the cache key's query, and the admission policy of
+``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, and the admission policy of
 one process (its window starts afresh: every URL is a first sighting again). A process of its
 own also moves its listeners to new addresses (``LISTENERS``): the new ones open first, then
 the old ones close, the connections they accepted going on. Anything else (the request
@@ -40,6 +40,7 @@ LIVE = frozenset(
         "cache.max_object_size",
         "cache.hit_for_miss",
         "cache.grace",
+        "cache.client_revalidation",
         "whatif.sample",
         "whatif.policies",
         "whatif.disk_policies",

@@ -88,6 +88,7 @@ def build_engine(
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,
+        client_revalidation=c.client_revalidation,
     )
     engine.whatif = config.what_if(machine=sharing is not None)
     return engine
