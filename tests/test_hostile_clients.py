@@ -11,7 +11,7 @@ import tracemalloc
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin, answers_on_every_way, base, raw, until
+from conftest import admin, answers_on_every_way, base, fetch_as_client, raw, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 from proxy.config.settings import load
@@ -473,3 +473,25 @@ async def test_a_hixie76_websocket_handshake_is_refused_on_every_way_as_aiohttp_
         proxy, b"/w", b"Sec-WebSocket-Key1: 4 @1  46546xW%0l 1 5\r\n"
     )
     assert {way: head[9:12] for way, head in heads.items()} == dict.fromkeys(heads, b"400")
+
+
+async def test_rfc9111_4_1_variants_on_disk_are_capped_as_in_memory(origin, start_proxy, tmp_path):
+    """A client that sends a new User-Agent each time, on a URL that varies on it, leaves at
+    most ``[cache] max_variants`` of its variants findable on disk, as in memory: the one past
+    them starts the URL's variants afresh (the last ones stay)."""
+    origin.set("/v", headers={"Cache-Control": "max-age=600", "Vary": "User-Agent"})
+    settings = {"admission__policy": "always", "cache__max_variants": 4,
+                "disk__path": str(tmp_path), "disk__size": "4MiB",
+                "disk__region_size": "1MiB", "disk__policy": "always"}  # fmt: skip
+    agents = [f"agent-{i}" for i in range(20)]
+    proxy = await start_proxy(**settings)
+    for agent in agents:
+        await fetch_as_client(proxy, "/v", **{"User-Agent": agent})
+    await proxy.stop()
+    again = await start_proxy(**settings)  # memory empty: what the disk finds
+    found = []
+    for agent in reversed(agents):  # the last first: a miss among them would be written
+        _, headers, _ = await fetch_as_client(again, "/v", **{"User-Agent": agent})
+        if "detail=disk" in headers["Cache-Status"]:
+            found.append(agent)
+    assert found == agents[:-5:-1]

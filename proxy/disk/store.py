@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from cachetools import LRUCache
+
 from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
 from proxy.core._native import DiskIndex, SharedIndex
@@ -65,6 +67,8 @@ from proxy.disk.sharing import FollowingIndex, Sharing
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
+# URLs whose variants written since their anchor are counted (``DiskStore.write_variant``).
+VARIANT_COUNTS = 4096
 
 
 class DiskStore:
@@ -103,6 +107,10 @@ class DiskStore:
         # Called with each key a worker of a shared tier forgets (``forget``), to tell the
         # other workers: set by the service as it starts (``Service.start``).
         self.forgotten: Callable[[str], None] | None = None
+        # Variants kept per URL, as in memory (``[cache] max_variants``; set by the service),
+        # and how many each URL's anchor has had written after it, for the URLs written last.
+        self.max_variants = 32
+        self._variants_written: LRUCache[str, int] = LRUCache(VARIANT_COUNTS)
         # (when, the store's bytes written, the process's write_bytes) at the last two
         # checkpoints: the rates /stats gives.
         self._samples = [self._sample(), self._sample()]
@@ -271,10 +279,17 @@ class DiskStore:
     ) -> None:
         """``write`` the record of ``url``'s variant that ``request_headers`` select, after an
         anchor naming the fields its variants are selected on (``_after_anchor``): the
-        variants before a new one are never found again (``lookup_request``)."""
+        variants before a new one are never found again (``lookup_request``). At most
+        ``max_variants`` are found after one anchor, as memory keeps at most that many: the
+        one past them is written after a new anchor, which leaves the others behind (a
+        client sending a new User-Agent each time cannot fill the disk with one URL)."""
+        anchor = variants.anchor_key(url)
+        written = self._variants_written.get(anchor, 0)
+        anew = written >= self.max_variants
+        self._variants_written[anchor] = 1 if anew else written + 1
         self._after_anchor(
-            variants.anchor_key(url),
-            lambda fields: rfc9111.vary_names(fields) == response.vary,
+            anchor,
+            lambda fields: not anew and rfc9111.vary_names(fields) == response.vary,
             ResponseMeta(status=204, headers=(("Vary", ", ".join(response.vary)),)),
             variants.variant_key(url, response.vary, request_headers),
             response, body, stored_at,

@@ -134,6 +134,8 @@ class Proxy:
         engine.grace = c.grace
         engine.client_revalidation = c.client_revalidation
         engine.variants.max_per_url = c.max_variants
+        if self.disk is not None:
+            self.disk.max_variants = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)
         self.purges = Purges(config.server.purge_from)

@@ -145,6 +145,7 @@ class Service:
             if config.disk.path:
                 disk = DiskStore(config.disk, hidden_fields(config), sharing)
                 disk.forgotten = forgotten
+                disk.max_variants = config.cache.max_variants
             if disk is not None:
                 undo.callback(disk.close)
             upstream = Upstream(config.upstream)
