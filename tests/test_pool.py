@@ -405,74 +405,77 @@ async def test_the_read_timeout_does_not_count_a_pause_the_reader_made(raw_origi
         assert await response.content.read() == body
 
 
-async def test_a_response_waiting_unread_in_the_socket_is_never_taken_for_the_next_answer(pool):
-    """The origin sends an unasked response 30 ms after an answer; the event loop has not
-    read it yet when the next request would go on the connection (it is busy): the
-    connection is checked before reuse, and closed, and the request goes on a new one."""
+@contextlib.contextmanager
+def threaded_origin(
+    answer: Callable[[socket.socket, bool], None],
+) -> Iterator[tuple[str, list[socket.socket]]]:
+    """A raw origin on threads of its own, so that it sends while the event loop is busy:
+    each connection answered by ``answer(conn, first)`` (``first``: the first connection).
+    Its URL and the connections it accepted."""
     server = socket.create_server(("127.0.0.1", 0))
-    connections = []
+    connections: list[socket.socket] = []
 
-    def origin() -> None:
+    def accept() -> None:
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
             connections.append(conn)
-            threading.Thread(target=answer, args=(conn, len(connections) == 1), daemon=True).start()
+            first = len(connections) == 1
+            threading.Thread(target=answered, args=(conn, first), daemon=True).start()
 
-    def answer(conn: socket.socket, first: bool) -> None:
+    def answered(conn: socket.socket, first: bool) -> None:
         with contextlib.suppress(OSError):  # the test closes the connections under it
-            while conn.recv(65536):
-                conn.sendall(OK)
-                if first:
-                    time.sleep(0.03)
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
-                    first = False
+            answer(conn, first)
 
-    threading.Thread(target=origin, daemon=True).start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
-    p = pool()
+    threading.Thread(target=accept, daemon=True).start()
     try:
-        assert await get(p, f"{url}/a") == (200, b"ok")
-        time.sleep(0.2)  # the loop is busy: the unasked bytes wait unread in the socket
-        assert await get(p, f"{url}/b") == (200, b"ok")
-        assert len(connections) == 2
+        yield f"http://127.0.0.1:{server.getsockname()[1]}", connections
     finally:
-        p.close()
-        await asyncio.sleep(0)  # the transports close on the loop that runs them
         server.close()
         for conn in connections:
             conn.close()
+
+
+async def test_a_response_waiting_unread_in_the_socket_is_never_taken_for_the_next_answer(pool):
+    """The origin sends an unasked response 30 ms after an answer; the event loop has not
+    read it yet when the next request would go on the connection (it is busy): the
+    connection is checked before reuse, and closed, and the request goes on a new one."""
+
+    def answer(conn: socket.socket, first: bool) -> None:
+        while conn.recv(65536):
+            conn.sendall(OK)
+            if first:
+                time.sleep(0.03)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+                first = False
+
+    with threaded_origin(answer) as (url, connections):
+        p = pool()
+        try:
+            assert await get(p, f"{url}/a") == (200, b"ok")
+            time.sleep(0.2)  # the loop is busy: the unasked bytes wait unread in the socket
+            assert await get(p, f"{url}/b") == (200, b"ok")
+            assert len(connections) == 2
+        finally:
+            p.close()
+            await asyncio.sleep(0)  # the transports close on the loop that runs them
 
 
 async def test_a_response_sent_before_the_request_on_a_new_connection_is_never_its_answer(pool):
     """An origin that answers as soon as it accepts, before any request was written on the
     connection (a hostile or broken one): those bytes are no request's answer. The
     connection is closed and counted, and the request goes on a new one."""
-    server = socket.create_server(("127.0.0.1", 0))
-    connections = []
-
-    def origin() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            connections.append(conn)
-            threading.Thread(target=answer, args=(conn, len(connections) == 1), daemon=True).start()
 
     def answer(conn: socket.socket, first: bool) -> None:
-        with contextlib.suppress(OSError):  # the test closes the connections under it
-            if first:
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforged")
-            while conn.recv(65536):
-                conn.sendall(OK)
+        if first:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforged")
+        while conn.recv(65536):
+            conn.sendall(OK)
 
-    threading.Thread(target=origin, daemon=True).start()
-    url = f"http://127.0.0.1:{server.getsockname()[1]}"
-    p = pool()
-    try:
+    with threaded_origin(answer) as (url, connections):
+        p = pool()
         # Slow to connect from the loop's side: the forged bytes are in the socket first.
         real = p._connect
 
@@ -482,11 +485,9 @@ async def test_a_response_sent_before_the_request_on_a_new_connection_is_never_i
             return protocol
 
         p._connect = slowly
-        assert await get(p, f"{url}/a") == (200, b"ok")
-        assert len(connections) == 2 and p.unasked == 1
-    finally:
-        p.close()
-        await asyncio.sleep(0)
-        server.close()
-        for conn in connections:
-            conn.close()
+        try:
+            assert await get(p, f"{url}/a") == (200, b"ok")
+            assert len(connections) == 2 and p.unasked == 1
+        finally:
+            p.close()
+            await asyncio.sleep(0)
