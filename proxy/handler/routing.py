@@ -201,28 +201,6 @@ class Router:
         return headers
 
 
-def keys_built_otherwise(old: Config, new: Config) -> list[str]:
-    """The key prefixes whose stored answers ``new`` would key or fetch otherwise than ``old``
-    did (a reload): every key ("") when the default origin, the key's default query rules or
-    the fields sent to origins change; else, for each route added, removed, or given another
-    origin or key rules, its host's keys. What is stored under them was keyed or built by
-    rules no longer in force, and must not answer."""
-    everything = (
-        old.upstream.origin != new.upstream.origin
-        or old.cache.key_query != new.cache.key_query
-        or old.cache.key_query_sort != new.cache.key_query_sort
-        or old.server.forward_headers != new.server.forward_headers
-        or old.server.deny_headers != new.server.deny_headers
-    )
-    if everything:
-        return [""]
-    before = {route.host: route for route in old.routes}
-    after = {route.host: route for route in new.routes}
-    hosts = sorted(h for h in before.keys() | after.keys() if before.get(h) != after.get(h))
-    # A key's host carries its port when not the default one (``hosts``).
-    return [prefix for h in hosts for prefix in (key_origin(h) + "/", key_origin(h) + ":")]
-
-
 def key_origin(key_host: str) -> str:
     """What every cache key of a host (``hosts``' second item) begins with; the key is this
     and the keyed target (``Router.key``). The compiled hit path joins the same two parts."""

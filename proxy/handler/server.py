@@ -59,7 +59,7 @@ from proxy.handler.hits import HitAnswers
 from proxy.handler.pending import PendingMiss, raising
 from proxy.handler.purging import OtherWorkers, Purges
 from proxy.handler.revalidation import Revalidation
-from proxy.handler.routing import Router, keys_built_otherwise
+from proxy.handler.routing import Router
 from proxy.handler.slicing import Slicer
 from proxy.handler.uploads import Uploads
 from proxy.origin.upstream import Upstream
@@ -120,13 +120,10 @@ class Proxy:
         if disk is not None:
             engine.behind = (disk,)
 
-    def reconfigure(self, config: Config) -> list[str]:
+    def reconfigure(self, config: Config) -> None:
         """Take ``config`` for the requests from now on: what ``proxy.ops.reload.LIVE`` (and
-        ``LIVE_ADMISSION``) name, the memory tier shrunk by evicting. What is stored under
-        keys the new rules key or fetch otherwise (``keys_built_otherwise``) is purged from
-        every tier; those prefixes are returned. The caller has checked that nothing else
-        changed."""
-        stale = keys_built_otherwise(self.config, config)
+        ``LIVE_ADMISSION``) name, the memory tier shrunk by evicting. The caller has checked
+        that nothing else changed, and purges what the new rules key otherwise."""
         engine, c, old = self.engine, config.cache, self.config.cache
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
             engine.resize(c.size, c.max_object_size)
@@ -151,9 +148,6 @@ class Proxy:
             self.follow_whatif()
         self.hits.follow_engine()
         self.config = config
-        for prefix in stale:
-            engine.purge("prefix", prefix, self.clock())
-        return stale
 
     @property
     def machine(self) -> bool:

@@ -1,19 +1,19 @@
 """A configuration read again while serving (SIGHUP, ``POST /reload``): taken by the requests
 that start after it, with no connection dropped and nothing cached lost but what a smaller
-memory tier evicts.
+memory tier evicts and what the new rules key or fetch otherwise (purged: ``KEYED``).
 
 What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the routes and
 the default origin, the fields passed to origins, ``purge_from``, the memory tier's size
 (shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
-``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, and the admission policy of
-one process (its window starts afresh: every URL is a first sighting again). A process of its
-own also moves its listeners to new addresses (``LISTENERS``): the new ones open first, then
-the old ones close, the connections they accepted going on. Anything else (the request
-limits, which aiohttp's parser takes at the start, the disk tier, the workers, a shared
-admission filter, the origin client's limits, the logs; under ``--workers``, the listeners)
-takes a restart: a reload that changes it is refused, naming the keys, and so is one whose
-configuration does not load, or whose new address cannot be had; either way the running
-configuration stays, whole.
+``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, and
+the admission policy of one process (its window starts afresh: every URL is a first sighting
+again). A process of its own also moves its listeners to new addresses (``LISTENERS``): the
+new ones open first, then the old ones close, the connections they accepted going on.
+Anything else (the request limits, which aiohttp's parser takes at the start, the disk tier,
+the workers, a shared admission filter, the origin client's limits, the logs; under
+``--workers``, the listeners) takes a restart: a reload that changes it is refused, naming
+the keys, and so is one whose configuration does not load, or whose new address cannot be
+had; either way the running configuration stays, whole.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
 
 from proxy.config.settings import Config, ConfigError
+from proxy.handler.routing import key_origin
 from proxy.handler.server import Proxy
 from proxy.ops import preflight
 
@@ -46,6 +47,18 @@ LIVE = frozenset(
         "whatif.disk_policies",
         "cache.max_variants",
         "cache.ignore_cookies",
+        "cache.key_query",
+        "cache.key_query_sort",
+    }
+)
+# What a cache key is made of, or a stored answer was fetched with: a reload that changes one
+# purges what the old rules stored (``keys_built_otherwise``). Every one is in ``LIVE``.
+KEYED = frozenset(
+    {
+        "routes",
+        "upstream.origin",
+        "server.forward_headers",
+        "server.deny_headers",
         "cache.key_query",
         "cache.key_query_sort",
     }
@@ -123,12 +136,34 @@ async def reload(
             await rebind(new)
         except OSError as exc:
             return _refused(f"cannot listen where the configuration says: {exc}")
-    purged = tuple(proxy.reconfigure(new))
+    purged = keys_built_otherwise(proxy.config, new)
+    proxy.reconfigure(new)
+    for prefix in purged:
+        proxy.engine.purge("prefix", prefix, proxy.clock())
     log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
     if purged:
         log.info("reloaded: purged what is stored under %s, keyed or fetched by other rules",
                  ", ".join(repr(p) for p in purged))  # fmt: skip
     return replace(done, purged=purged)
+
+
+def keys_built_otherwise(old: Config, new: Config) -> tuple[str, ...]:
+    """The key prefixes whose stored answers ``new`` keys or fetches otherwise than ``old``
+    did (``KEYED``): every key ("") when anything but the routes changed there (the default
+    origin, the default key rules and the fields sent to origins reach every host without a
+    route of its own); else, for each route added, removed, or given another origin or key
+    rules, its host's keys. What is stored under them was keyed or fetched by rules no longer
+    in force, and must not answer."""
+    changed = KEYED.intersection(changed_keys(old, new))
+    if changed - {"routes"}:
+        return ("",)
+    if not changed:
+        return ()
+    before = {route.host: route for route in old.routes}
+    after = {route.host: route for route in new.routes}
+    hosts = sorted(h for h in before.keys() | after.keys() if before.get(h) != after.get(h))
+    # A key's host carries its port when not the default one.
+    return tuple(p for h in hosts for p in (key_origin(h) + "/", key_origin(h) + ":"))
 
 
 def judge(

@@ -28,6 +28,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -51,7 +52,7 @@ from proxy.ops.admin import (
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import SECRET_FIELD, HandedConfig
-from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge
+from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge, keys_built_otherwise
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
 
@@ -132,10 +133,12 @@ class Reloads:
         if self.read is None:
             return Reloaded(refused=NO_SOURCE)
         new, done = judge(self.config, self.read, LIVE - SIZES)
-        if new is not None:
-            self.config = new
-            self.workers.publish(new)
-        return done
+        if new is None:
+            return done
+        purged = keys_built_otherwise(self.config, new)  # as each worker purges them
+        self.config = new
+        self.workers.publish(new)
+        return replace(done, purged=purged)
 
     def on_signal(self) -> None:
         if not self.judge().refused:
