@@ -330,9 +330,22 @@ def test_purges_are_remembered_within_a_bound_and_past_it_nothing_is_stored_on_a
     purges.prefix("http://b/", 11.0)
     purges.tags(["t"], 12.0)
     assert purges.reach("http://b/z", (), 11.0) and not purges.reach("http://c/z", (), 11.0)
-    assert purges.reach("http://c/z", ("u", "t"), 12.0) and not purges.reach(
-        "http://c/z", ("u",), 0.0
-    )
-    purges.url("http://d/", 13.0)  # the first is dropped: a fetch begun by then is reached
+    assert purges.reach("http://c/z", ("u", "t"), 12.0)
+    assert not purges.reach("http://c/z", ("u",), 0.0)
+    purges.url("http://b/", 13.0)
+    purges.url("http://b/", 13.5)  # a URL purged again is kept once, at its latest
+    assert len(purges) == 3 and purges.reach("http://b/", (), 13.2)
+    purges.url("http://d/", 14.0)  # the first two are dropped for room: reached, on no guess
     assert len(purges) == 3
-    assert purges.reach("http://e/", (), 10.0) and not purges.reach("http://e/", (), 10.5)
+    assert purges.reach("http://e/", (), 11.0) and not purges.reach("http://e/", (), 12.5)
+
+
+def test_purges_older_than_any_fetch_in_flight_are_forgotten_and_time_never_runs_back():
+    purges = RecentPurges(horizon=60.0)
+    for i in range(10_000):  # a POST-heavy site: each invalidates its URL
+        purges.url(f"http://a/{i}", i / 100)
+    assert len(purges) <= 6_001  # the last 60 s of them, none dropped for room
+    assert not purges.reach("http://a/video.mp4", (), 50.0)  # a long fetch is stored
+    assert purges.reach("http://a/9999", (), 99.0)
+    purges.url("http://a/back", 10.0)  # the wall clock stepped back: recorded at the latest
+    assert purges.reach("http://a/back", (), 99.9)

@@ -169,7 +169,7 @@ class CacheEngine(ResponseDecisions):
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()
-        self.purged = RecentPurges()
+        self.recent_purges = RecentPurges()
         # "honour" a client's no-cache, max-age, min-fresh at most once a second per URL, or
         # "ignore" them; when a client last made each URL revalidate.
         self.client_revalidation = client_revalidation
@@ -578,7 +578,7 @@ class CacheEngine(ResponseDecisions):
         a GET fetched since before it is not stored after it)."""
         if not rfc9111.invalidates(request.method, status):
             return 0
-        self.purged.url(request.key, now)
+        self.recent_purges.url(request.key, now)
         return self.invalidate(request.key)
 
     def stats(self) -> dict[str, int | float]:

@@ -26,7 +26,7 @@ class Removals:
     tags: TagIndex
     slices: SliceIndex
     behind: tuple[Tier, ...]
-    purged: RecentPurges
+    recent_purges: RecentPurges
 
     def invalidate(self, url: str, why: str = UNSAFE) -> int:
         """Remove ``url`` and every stored variant and slice of it, from the store and from
@@ -42,7 +42,7 @@ class Removals:
         machine) forgot ``key`` (as ``forget`` or ``invalidate`` name one) in them: remove it
         from this store alone (at ``now``: what this process is fetching of it since before is
         not stored after); how many entries went."""
-        self.purged.url(key, now)
+        self.recent_purges.url(key, now)
         own = forgotten_keys(key)[0]
         return self._delete_url(own) if whole_url(key) else int(self._delete(own))
 
@@ -112,11 +112,11 @@ class Removals:
         once every tier made it durable (``Tier.durable``). A response fetched since before
         it is not stored after it (``RecentPurges``)."""
         if kind == "url":
-            self.purged.url(value, now)  # type: ignore[arg-type]
+            self.recent_purges.url(value, now)  # type: ignore[arg-type]
         elif kind == "prefix":
-            self.purged.prefix(value, now)  # type: ignore[arg-type]
+            self.recent_purges.prefix(value, now)  # type: ignore[arg-type]
         else:
-            self.purged.tags(value, now)
+            self.recent_purges.tags(value, now)
         if soft:
             count = self.soft_purge(self.stored_keys(**{kind: value}), now)
             self._purge_behind(kind, value)

@@ -4,73 +4,85 @@ stored after it, on any tier.
 
 * A purge is recorded with the time it was made; a response carries the time its request went
   to the origin (``ResponseMeta.requested_at``). One made at or after that time reaches it.
-* The record is bounded (``LIMIT`` purges, a URL kept as its hash): a response whose fetch
-  began before the oldest purge still recorded was dropped is taken as reached, never stored
-  on a guess.
+* A purge is forgotten once it is older than ``horizon`` (the longest an origin exchange may
+  last: no fetch begun before it is still in flight). A URL purged again is kept once, at its
+  latest time.
+* The record is bounded besides (``LIMIT`` purges, a URL kept as its hash): a response whose
+  fetch began before the latest purge dropped for room is taken as reached, never stored on
+  a guess.
+* Times never run backwards here: a purge made at a time before the latest one (a wall clock
+  stepped back) is recorded at the latest.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
-# Purges remembered: about 100 bytes each, whatever the URL's length.
-LIMIT = 4096
+from proxy.core.tiers import url_of
 
-_URL, _PREFIX, _TAGS = 0, 1, 2
-
-
-def url_of(key: str) -> str:
-    """The URL a store key is of (a variant's or a slice's key begins with its URL)."""
-    return key.partition("\0")[0]
+# Purges remembered at most (273 a second over a 60 s horizon): about 200 bytes each, whatever
+# the URL's length (3.2 MiB in all, measured with tracemalloc).
+LIMIT = 16384
 
 
 class RecentPurges:
     """Purges by time made: of a URL (with all stored of it), of a prefix, of tags."""
 
-    def __init__(self, limit: int = LIMIT) -> None:
-        self._made: deque[tuple[float, int, object]] = deque()
+    def __init__(self, horizon: float = float("inf"), limit: int = LIMIT) -> None:
+        # (kind, what) -> when, oldest first: ("url", hash), ("prefix", text), ("tag", text).
+        self._made: OrderedDict[tuple[str, object], float] = OrderedDict()
+        self.horizon = horizon
         self._limit = limit
-        self._floor = float("-inf")  # when the latest purge no longer recorded was made
+        self._latest = float("-inf")
+        self._floor = float("-inf")  # when the latest purge dropped for room was made
 
     def __len__(self) -> int:
         return len(self._made)
 
     def url(self, key: str, now: float) -> None:
         """A purge of the URL of ``key`` (with its variants and slices) at ``now``."""
-        self._add(now, _URL, hash(url_of(key)))
+        self._add(("url", hash(url_of(key))), now)
 
     def prefix(self, prefix: str, now: float) -> None:
-        self._add(now, _PREFIX, prefix)
+        """A purge of every URL beginning with ``prefix`` at ``now``."""
+        self._add(("prefix", prefix), now)
 
     def tags(self, tags: list[str] | tuple[str, ...], now: float) -> None:
-        self._add(now, _TAGS, frozenset(tags))
+        """A purge of everything carrying one of ``tags`` at ``now``."""
+        for tag in tags:
+            self._add(("tag", tag), now)
 
-    def _add(self, now: float, kind: int, value: object) -> None:
+    def _add(self, what: tuple[str, object], now: float) -> None:
+        now = self._latest = max(now, self._latest)
         made = self._made
-        made.append((now, kind, value))
-        if len(made) > self._limit:
-            self._floor = max(self._floor, made.popleft()[0])
+        made.pop(what, None)
+        made[what] = now
+        while made:
+            oldest, when = next(iter(made.items()))
+            if when >= now - self.horizon and len(made) <= self._limit:
+                break
+            del made[oldest]
+            if when >= now - self.horizon:  # dropped for room, not for age
+                self._floor = max(self._floor, when)
 
     def reach(self, key: str, tags: tuple[str, ...], since: float) -> bool:
         """Whether a purge made at or after ``since`` reaches what is stored under ``key``
-        carrying ``tags``; True, too, when one made then may have been dropped."""
-        if not self._made or since == float("-inf"):
+        carrying ``tags``; True, too, when one made then may have been dropped for room."""
+        if not self._made or since == float("-inf") or since > self._latest:
             return False
         if since <= self._floor:
             return True
         url = url_of(key)
-        hashed = None
-        for made, kind, value in reversed(self._made):
+        hashed = hash(url)
+        for (kind, what), made in reversed(self._made.items()):
             if made < since:
                 break
-            if kind == _URL:
-                if hashed is None:
-                    hashed = hash(url)
-                if value == hashed:
+            if kind == "url":
+                if what == hashed:
                     return True
-            elif kind == _PREFIX:
-                if url.startswith(value):  # type: ignore[arg-type]
+            elif kind == "prefix":
+                if url.startswith(what):  # type: ignore[arg-type]
                     return True
-            elif not value.isdisjoint(tags):  # type: ignore[attr-defined]
+            elif what in tags:
                 return True
         return False

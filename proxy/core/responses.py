@@ -298,7 +298,9 @@ class ResponseDecisions(Removals):
         if self.whatif is not None and (type(decision) is Keep or decision in _CACHEABLE):
             self.whatif.record(request.key, size, now, missed=True)
         c = self.counters
-        if type(decision) is Keep and self.purged_since(decision.key, decision.response):
+        if type(decision) is Keep and self.purged_since(
+            decision.key, decision.response, decision.tags
+        ):
             c.purged_in_flight += 1
             return PURGED_IN_FLIGHT
         if type(decision) is NotStored:
@@ -340,13 +342,17 @@ class ResponseDecisions(Removals):
         c.bytes_written += size
         return Store(entry, tuple(evicted))
 
-    def purged_since(self, key: str, response: ResponseMeta) -> bool:
+    def purged_since(
+        self, key: str, response: ResponseMeta, tags: tuple[str, ...] | None = None
+    ) -> bool:
         """Whether a purge made since ``response``'s request went out reaches it, stored
-        under ``key``: then no tier may store it (``RecentPurges``)."""
-        if response.requested_at == float("-inf"):
+        under ``key`` (with ``tags``, when known: else read from its fields): then no tier
+        may store it (``RecentPurges``)."""
+        if not self.recent_purges:
             return False
-        tags = storable_tags(response.headers) if response.headers else ()
-        return self.purged.reach(key, tags or (), response.requested_at)
+        if tags is None:
+            tags = (storable_tags(response.headers) if response.headers else ()) or ()
+        return self.recent_purges.reach(key, tags, response.requested_at)
 
     def admission_pending(
         self, request: RequestMeta, response: ResponseMeta, length: int | None

@@ -63,6 +63,11 @@ def whole_url(key: str) -> bool:
     return "\0" not in key
 
 
+def url_of(key: str) -> str:
+    """The URL a store key is of: a variant's or a slice's key begins with its URL."""
+    return key.partition("\0")[0]
+
+
 def forgotten_keys(key: str) -> tuple[str, ...]:
     """The keys a tier forgets for ``key``: a URL's own and the anchors its variants and its
     slices are found after (so none of them is found again), or the one part ``key`` names."""

@@ -91,6 +91,8 @@ def build_engine(
         client_revalidation=c.client_revalidation,
     )
     engine.whatif = config.what_if(machine=sharing is not None)
+    # No origin exchange outlasts its total timeout: a purge older than that reaches none.
+    engine.recent_purges.horizon = config.upstream.total_timeout + 1.0
     return engine
 
 
