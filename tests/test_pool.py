@@ -468,20 +468,25 @@ async def test_a_response_sent_before_the_request_on_a_new_connection_is_never_i
     connection (a hostile or broken one): those bytes are no request's answer. The
     connection is closed and counted, and the request goes on a new one."""
 
+    forged = threading.Event()
+
     def answer(conn: socket.socket, first: bool) -> None:
         if first:
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nforged")
+            forged.set()
         while conn.recv(65536):
             conn.sendall(OK)
 
     with threaded_origin(answer) as (url, connections):
         p = pool()
-        # Slow to connect from the loop's side: the forged bytes are in the socket first.
+        # Each new connection waits, before its request goes, until the forged bytes were
+        # sent on the first: they are in its socket first, as a hostile origin would have it.
         real = p._connect
 
         async def slowly(address, deadline):
             protocol = await real(address, deadline)
-            time.sleep(0.05)
+            assert forged.wait(5)
+            time.sleep(0.01)  # from the origin's send to this socket: loopback, no more
             return protocol
 
         p._connect = slowly

@@ -116,7 +116,7 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
 
 def worker_view(config: Config, overrides: dict[str, object]) -> Config:
     """``config`` as a worker runs it: with the ``overrides`` its tier gave it (``section.key``
-    to value, as ``--set`` gives them)."""
+    to a value as the configuration holds it)."""
     for key, value in overrides.items():
         section, name = key.split(".")
         config = replace(config, **{section: replace(getattr(config, section), **{name: value})})

@@ -85,7 +85,7 @@ async def serve_workers(
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
     handed = HandedConfig.create()
-    workers = Workers(["--parent-admin", reachable(config.admin.listen)], window, tier, handed)
+    workers = Workers(reachable(config.admin.listen), window, tier, handed)
     workers.publish(config)
     reloads = Reloads(config, read_config, workers)
     runner = web.AppRunner(fleet_admin(config, workers, reloads), access_log=None)
@@ -151,10 +151,10 @@ class Workers:
     replaced at once, in its place, sharing what the others share."""
 
     def __init__(
-        self, argv: list[str], window: int | None, tier: SharedTier, handed: HandedConfig
+        self, parent_admin: str, window: int | None, tier: SharedTier, handed: HandedConfig
     ) -> None:
-        self.argv = [*argv, "--worker", "--parent", str(os.getpid()), *tier.argv,
-                     "--config-fd", str(handed.fd)]  # fmt: skip
+        self.argv = ["--worker", "--parent", str(os.getpid()), "--parent-admin", parent_admin,
+                     *tier.argv, "--config-fd", str(handed.fd)]  # fmt: skip
         # The tier's claim too: held while any worker lives, so a parent started after a crash
         # is refused while the last one's workers still drain and write into the tier.
         claim = tier.store.claim
@@ -308,7 +308,8 @@ class ToParent:
     is pending and says what the next body is (``_next``)."""
 
     what = "messages"
-    # Seconds before each try again of a body the parent refused or did not answer: none.
+    # Seconds before each try again of a body the parent did not answer, or failed to take
+    # (a 5xx): none.
     again: tuple[float, ...] = ()
 
     def __init__(self, parent_admin: str, path: str, place: int, token: str, secret: str) -> None:
@@ -347,7 +348,8 @@ class ToParent:
                         r.raise_for_status()
                         answer = await r.json() if r.content_type == "application/json" else None
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    if wait is not None:
+                    refused = isinstance(exc, aiohttp.ClientResponseError) and exc.status < 500
+                    if wait is not None and not refused:  # a refusal is the same next time
                         await asyncio.sleep(wait)
                         continue
                     self._lost(count)
@@ -406,7 +408,7 @@ class MachineForgets(ToParent):
     async def reach(self, key: str) -> int:
         """Tell the others of ``key`` and wait until it was sent: how many of them it did not
         reach (the parent's count of those that did not answer; all of them when the parent
-        never took it)."""
+        never took it, or nothing was heard of it)."""
         heard: list[int] = []
         self._heard.append(heard)
         try:
@@ -414,7 +416,7 @@ class MachineForgets(ToParent):
             await self.sent()
         finally:
             self._heard.remove(heard)
-        return max(heard, default=0)
+        return max(heard, default=self.others)
 
     def _taken(self, answer: Any) -> None:
         missing = answer.get("missing", 0) if isinstance(answer, dict) else 0
