@@ -1,6 +1,7 @@
 """A configuration read again while serving (SIGHUP, POST /reload): what may change takes effect
 for the next requests, with no request failed and no cached object lost but what a smaller
-memory tier evicts; what cannot change, or does not load, changes nothing."""
+memory tier evicts and what the new rules key or fetch otherwise (purged); what cannot
+change, or does not load, changes nothing."""
 
 import asyncio
 import os

@@ -17,7 +17,9 @@ The parts, each in its own module, and the way a request goes through them:
 * ``answers``: what every path writes to the client.
 
 What to do with a request is the engine's decision (``CacheEngine.plan``); this module
-carries it out, and a bug in here costs the request a 500, never the listener.
+carries it out, and a bug in here costs the request a 500, never the listener; once the
+request's answer has begun (its head handed to the connection), its connection instead: a
+second status line would be read as the answer to the client's next request.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ class Proxy:
         self, request: web.BaseRequest, work: Awaitable[web.StreamResponse] | None = None
     ) -> web.StreamResponse:
         """Answer one request (``work``: what ``start`` left of answering it); a bug in here
-        costs that request a 500, never the listener."""
+        costs that request a 500 (or, once its answer's head went out, its connection:
+        ``_cut``), never the listener."""
         try:
             return await (self._handle(request) if work is None else work)
         except Exception as exc:
