@@ -94,5 +94,7 @@ async def test_a_failure_after_the_answer_began_closes_the_connection_never_a_se
     assert "after its answer began" in caplog.text
     assert service.proxy.answers_cut == 1
     # The proxy goes on: a new connection is answered.
-    again = await read_all(service, b"GET /p?c HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    again = await read_all(
+        service, b"GET /p?c HTTP/1.1\r\nHost: example.test\r\nConnection: close\r\n\r\n"
+    )
     assert again.startswith(b"HTTP/1.1 200 ") and again.count(b"HTTP/1.") == 1

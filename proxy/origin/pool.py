@@ -344,8 +344,8 @@ class OriginPool:
                 return protocol
             protocol.close()
             self.unasked += 1
-            log.warning("the origin %s:%d sent bytes before it was asked: connection closed",
-                        *address)  # fmt: skip
+            log.warning("the origin %s:%d sent bytes, or closed, before it was asked: "
+                        "connection closed unused", *address)  # fmt: skip
         raise ServerDisconnectedError("the origin sent bytes before it was asked")
 
     async def _connect(self, address: Address, deadline: float) -> OriginConnection:
