@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 from aiohttp import web
-from conftest import Clock, admin_purge
+from conftest import Clock, admin_purge, until
 from conftest import fetch_as_client as get
 
 from loadgen.simulate import build_engine
@@ -349,3 +349,73 @@ def test_purges_older_than_any_fetch_in_flight_are_forgotten_and_time_never_runs
     assert purges.reach("http://a/9999", (), 99.0)
     purges.url("http://a/back", 10.0)  # the wall clock stepped back: recorded at the latest
     assert purges.reach("http://a/back", (), 99.9)
+
+
+async def test_a_304_in_flight_never_refreshes_what_a_soft_purge_made_stale_since(
+    origin, start_proxy
+):
+    """A revalidation goes out; a soft purge marks the entry stale; the origin's 304 arrives
+    after: it refreshes nothing, so the next request revalidates again (the purge stands)."""
+    fields = {"Cache-Control": "max-age=600", "ETag": '"v1"', "Surrogate-Key": "t1"}
+    origin.set("/r", body=b"v1", headers=fields)
+    proxy = await start_proxy(admission__policy="always")
+    assert (await get(proxy, "/r"))[2] == b"v1"
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def not_modified_after_the_purge(request: web.Request) -> web.StreamResponse:
+        asked.set()
+        await answer.wait()
+        return web.Response(status=304, headers={"ETag": '"v1"'})
+
+    origin.responder = not_modified_after_the_purge
+    revalidating = asyncio.ensure_future(get(proxy, "/r", **{"Cache-Control": "no-cache"}))
+    await asyncio.wait_for(asked.wait(), 5)
+    assert await admin_purge(proxy, {"tags": ["t1"], "soft": True}) == {"stale": 1}
+    answer.set()
+    assert (await revalidating)[2] == b"v1"  # the client that asked is answered
+    origin.responder = None
+    origin.set("/r", body=b"v2", headers={**fields, "ETag": '"v2"'})
+    status, headers, body = await get(proxy, "/r")
+    assert (status, body) == (200, b"v2"), headers["Cache-Status"]
+
+
+async def test_a_request_after_a_purge_never_takes_the_answer_of_a_fetch_begun_before_it(
+    origin, start_proxy
+):
+    """A miss's fetch goes out; the URL is purged; a request arrives and would join that fetch:
+    it fetches its own instead, and never gets what was fetched before the purge."""
+    fields = {"Cache-Control": "max-age=600"}
+    asked, answer = asyncio.Event(), asyncio.Event()
+    served = iter([b"before the purge", b"after the purge"])
+
+    async def held_first(request: web.Request) -> web.StreamResponse:
+        body = next(served)
+        if body == b"before the purge":
+            asked.set()
+            await answer.wait()
+        return web.Response(body=body, headers=fields)
+
+    origin.responder = held_first
+    proxy = await start_proxy(admission__policy="always")
+    leading = asyncio.ensure_future(get(proxy, "/c"))
+    await asyncio.wait_for(asked.wait(), 5)
+    await admin_purge(proxy, {"url": "http://example.test/c"})
+    following = asyncio.ensure_future(get(proxy, "/c"))
+    await until(
+        lambda: proxy.proxy.flights.waiting(proxy.proxy.router.url_key("http://example.test/c")) > 0
+    )
+    answer.set()
+    assert (await leading)[2] == b"before the purge"
+    assert (await following)[2] == b"after the purge"
+
+
+def test_a_soft_purge_marks_an_entry_already_stale_too():
+    """An entry stale already is marked as a soft purge's: a client's max-stale does not
+    serve it (the leeway a soft purge takes away)."""
+    engine = build_engine(1 << 20, AdmissionConfig(policy="always"))
+    engine.on_response(
+        RequestMeta(URL), ResponseMeta(lifetime=10.0, headers=(("Cache-Tag", "t"),)), 5, 0.0
+    )
+    assert engine.purge("tags", ["t"], 20.0, soft=True).count == 0  # nothing fresh to mark
+    asks = RequestMeta(URL, headers=(("Cache-Control", "max-stale=3600"),))
+    assert not engine.lookup(asks, 21.0).serve_stale

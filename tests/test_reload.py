@@ -13,7 +13,7 @@ import pytest
 from conftest import admin, base, served, until
 
 from proxy.config.settings import load
-from proxy.ops.reload import KEYED, LIVE, STOPPING
+from proxy.ops.reload import KEYED, LIVE, STOPPING, keys_built_otherwise
 from proxy.ops.service import Service
 
 HOST = {"Host": "example.test"}
@@ -496,3 +496,21 @@ async def test_a_reload_that_keys_or_fetches_otherwise_purges_what_the_old_rules
 
 def test_every_setting_that_makes_a_key_is_one_a_reload_takes():
     assert KEYED <= LIVE
+
+
+def test_what_a_reload_purges_follows_what_changed():
+    base_settings = {"upstream.origin": "http://127.0.0.1:9", "server.access_log": False}
+
+    def config(**settings):
+        return load(env={}, overrides={**base_settings, **settings})
+
+    route = [{"host": "a.example", "origin": "http://127.0.0.1:8"}]
+    moved = [{"host": "a.example", "origin": "http://127.0.0.1:7"}]
+    old = config(routes=route)
+    assert keys_built_otherwise(old, config(routes=route, **{"cache.grace": "5s"})) == ()
+    assert keys_built_otherwise(old, config(routes=moved)) == (
+        "http://a.example/", "http://a.example:")  # fmt: skip
+    changes = {"cache.key_query": "none", "cache.ignore_cookies": ["sess"],
+               "server.deny_headers": ["x-a"], "upstream.origin": "http://127.0.0.1:6"}  # fmt: skip
+    for key, value in changes.items():
+        assert keys_built_otherwise(old, config(routes=route, **{key: value})) == ("",), key

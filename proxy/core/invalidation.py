@@ -165,9 +165,12 @@ class Removals:
         marked = 0
         for key in keys:
             entry = self.store.peek(key)
-            if entry is not None and entry.age(now) < entry.lifetime:
+            if entry is None:
+                continue
+            # One stale already is marked too: no client's leeway serves it either.
+            entry.soft_purged = True
+            if entry.age(now) < entry.lifetime:
                 entry.lifetime = entry.age(now)
-                entry.soft_purged = True
                 marked += 1
         self.counters.soft_purged += marked
         return marked

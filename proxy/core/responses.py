@@ -377,7 +377,26 @@ class ResponseDecisions(Removals):
         count the stored body as served from cache. Refreshed into a response a shared cache
         may not store, it is removed from every tier; otherwise each tier behind the store
         takes the refreshed fields and times for its copy (``Tier.refreshed``), whether or not
-        memory still holds it."""
+        memory still holds it. A purge made since the revalidation went out stands: then the
+        304 refreshes nothing, in any tier (``purged_in_flight``)."""
+        c = self.counters
+        c.revalidated += 1
+        c.origin_fetches += 1
+        if served:
+            c.hit_bytes += entry.size
+            c.bytes_served += entry.size
+        if self.recent_purges and self.recent_purges.reach(entry.key, entry.tags, request_time):
+            c.purged_in_flight += 1
+            return entry
+        if served:
+            self.store.record_hit(entry)
+        self._refresh(entry, headers_304, request_time, now)
+        return entry
+
+    def _refresh(
+        self, entry: Entry, headers_304: Headers, request_time: float, now: float
+    ) -> None:
+        """``on_not_modified``'s refresh of ``entry``, in the store and every tier."""
         validated = tuple(rfc9111.conditional_headers(entry.headers))
         headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
         entry.headers = headers
@@ -405,14 +424,6 @@ class ResponseDecisions(Removals):
             held = self.store.peek(entry.key) is entry
             for tier in self.behind:
                 tier.refreshed(entry, validated, held)
-        c = self.counters
-        c.revalidated += 1
-        c.origin_fetches += 1
-        if served:
-            c.hit_bytes += entry.size
-            c.bytes_served += entry.size
-            self.store.record_hit(entry)
-        return entry
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
         """An uncacheable response: remember it (hit-for-miss), and let it supersede what was

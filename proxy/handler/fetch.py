@@ -105,11 +105,18 @@ class Fetcher:
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
         """Lead the URL's flight, or follow it and answer from what its leader fetched
-        (``SingleFlight.join``)."""
+        (``SingleFlight.join``), unless a purge reached that since its fetch went out."""
         flight, shared = await self.flights.join(meta.key)
         if flight is not None:
             return await self.led_fetch(request, meta, url, action, flight)
-        if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
+        if (
+            shared is not None
+            and shared is not GO_DIRECT
+            and same_variant(shared, meta)
+            # A purge made since the shared fetch went out: what it brought is not the
+            # answer to a request that may have come after the purge.
+            and not self.engine.purged_since(meta.key, shared.meta)
+        ):
             return await self._collapsed(meta, shared)
         return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
 

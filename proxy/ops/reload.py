@@ -61,6 +61,8 @@ KEYED = frozenset(
         "server.deny_headers",
         "cache.key_query",
         "cache.key_query_sort",
+        # Which cookies leave a request shared: a response stored for a user is not.
+        "cache.ignore_cookies",
     }
 )
 # The listeners' addresses: moved by a process of its own (a worker's port is the machine's).
