@@ -24,7 +24,7 @@ from proxy.disk.sharing import Sharing
 from proxy.ops import preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
-from proxy.ops.service import Service, until_signalled
+from proxy.ops.service import HELD_SIGNALS, Service, until_signalled
 from proxy.ops.shared_tier import worker_sharing
 from proxy.ops.workers import (
     READY,
@@ -79,10 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.reload:
         return ask_reload(config)
-    # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) ask for
-    # nothing: their default would end the process.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) are held,
+    # not lost (their default would end the process): one sent while it starts (a worker told
+    # of a reload taken meanwhile) is taken once ``until_signalled`` handles them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])

@@ -393,9 +393,7 @@ class ResponseDecisions(Removals):
         self._refresh(entry, headers_304, request_time, now)
         return entry
 
-    def _refresh(
-        self, entry: Entry, headers_304: Headers, request_time: float, now: float
-    ) -> None:
+    def _refresh(self, entry: Entry, headers_304: Headers, request_time: float, now: float) -> None:
         """``on_not_modified``'s refresh of ``entry``, in the store and every tier."""
         validated = tuple(rfc9111.conditional_headers(entry.headers))
         headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))

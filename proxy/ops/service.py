@@ -366,23 +366,34 @@ async def flush_every(proxy: Proxy, interval: float = 1.0) -> None:
             proxy.engine.whatif.flush()
 
 
+# The signals a process holds while it starts (``proxy.__main__``), handled from
+# ``until_signalled`` on.
+HELD_SIGNALS = frozenset({signal.SIGHUP, signal.SIGUSR1})
+
+
 async def until_signalled(
     reopen: Callable[[], object] | None = None, reread: Callable[[], object] | None = None
 ) -> None:
     """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
     while the caller drains); until then SIGUSR1 calls ``reopen`` (the logs' files opened
-    again) and SIGHUP ``reread`` (the configuration read again)."""
+    again) and SIGHUP ``reread`` (the configuration read again), those held while the process
+    started (``HELD_SIGNALS``) included. Without ``reopen`` or ``reread``, the signal is
+    ignored."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    if reopen is not None:
-        loop.add_signal_handler(signal.SIGUSR1, reopen)
-    if reread is not None:
-        loop.add_signal_handler(signal.SIGHUP, reread)
+    loop.add_signal_handler(signal.SIGUSR1, reopen or _nothing)
+    loop.add_signal_handler(signal.SIGHUP, reread or _nothing)
+    # Those held while the process started are taken now, by the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
     await stop.wait()
     if reread is not None:  # a reload while draining would open listeners nobody drains
         loop.add_signal_handler(signal.SIGHUP, _ignored_while_stopping)
+
+
+def _nothing() -> None:
+    """A signal the process has no use for, taken so that its default does not end it."""
 
 
 def _ignored_while_stopping() -> None:
