@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import sys
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 from aiohttp import web
 from conftest import Origin, serve_trace, served, until
@@ -316,3 +318,78 @@ async def test_a_purge_no_worker_can_take_is_refused_to_be_asked_again(origin):
         async with client.post(admin + "/purge", json={"prefix": url + "/"}) as r:
             assert r.status == 200
         await stop(process)
+
+
+def worker_holding(writer: asyncio.StreamWriter, pids: list[int]) -> int:
+    """The pid of the worker that accepted the connection ``writer`` writes to."""
+    port = writer.get_extra_info("sockname")[1]
+    for pid in pids:
+        if any(c.raddr and c.raddr.port == port for c in psutil.Process(pid).net_connections()):
+            return pid
+    raise AssertionError("no worker holds the connection")
+
+
+async def exchange(reader, writer, method: str, path: str) -> bytes:
+    """One request on a kept-alive connection; its answer's body."""
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode())
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head)[1])
+    return await reader.readexactly(length)
+
+
+async def test_a_purge_through_one_worker_reaches_what_another_wrote_from_a_fetch_begun_before(
+    origin, tmp_path
+):
+    """Worker B's fetch goes out; a PURGE through worker A removes the URL; B's response
+    lands, and B writes it to the shared tier before it hears of the purge (the parent is
+    busy). The purge reaches B as B's own: the record B wrote is removed, and no worker
+    answers with the body from before the purge."""
+    version, held = {"body": b"old"}, asyncio.Event()
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        body = version["body"]  # what the origin has when the request arrives
+        if not held.is_set():
+            await held.wait()
+        return web.Response(body=body, headers={"Cache-Control": "max-age=600"})
+
+    origin.responder = responder
+    args = ("--workers", "2", "--origin", origin.url, "--admission", "always",
+            "--set", "server.access_log=false", "--set", "server.purge_from=127.0.0.1",
+            "--set", f"disk.path={tmp_path}", "--set", "disk.size=8MiB",
+            "--set", "disk.region_size=1MiB", "--set", "disk.policy=always")  # fmt: skip
+    async with served(*args) as (process, url, admin_url):
+        pids = [w["pid"] for w in (await stats(admin_url))["workers"]]
+        host, port = url.removeprefix("http://").split(":")
+        connections: dict[int, tuple] = {}
+        while len(connections) < 2:  # one connection to each worker
+            reader, writer = await asyncio.open_connection(host, int(port))
+            pid = worker_holding(writer, pids)
+            if pid in connections:
+                writer.close()
+            else:
+                connections[pid] = (reader, writer)
+        on_b, on_a = connections.values()
+        fetching = asyncio.ensure_future(exchange(*on_b, "GET", "/k"))
+        await origin.arrived("/k")
+        version["body"] = b"new"
+        os.kill(process.pid, signal.SIGSTOP)  # the parent is busy: B hears late
+        try:
+            purging = asyncio.ensure_future(exchange(*on_a, "PURGE", "/k"))
+            await asyncio.sleep(0.3)  # A has purged its memory and the shared tier
+            held.set()
+            assert await fetching == b"old"  # asked before the purge
+            await asyncio.sleep(0.3)  # B has written it, in memory and to the shared tier
+        finally:
+            os.kill(process.pid, signal.SIGCONT)
+        await asyncio.wait_for(purging, 10)
+        bodies = set()
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as client:
+            for _ in range(10):
+                async with client.get(url + "/k", headers={"Host": "example.test"}) as r:
+                    bodies.add(await r.read())
+        assert bodies == {b"new"}
+        for _, writer in (on_a, on_b):
+            writer.close()
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 20) == 0

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
@@ -226,8 +226,11 @@ def admin_app(
         named = await forgotten_keys_of(request)
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        now = proxy.clock()
-        removed = sum(proxy.engine.forgotten_elsewhere(key, now) for key in named[0])
+        now, engine = proxy.clock(), proxy.engine
+        if named.purge:
+            removed = sum(engine.purge("url", key, now).count for key in named.keys)
+        else:
+            removed = sum(engine.forgotten_elsewhere(key, now) for key in named.keys)
         return web.json_response({"removed": removed})
 
     shares_tier = proxy.disk is not None and proxy.disk.sharing is not None
@@ -245,9 +248,20 @@ def admin_app(
     )
 
 
-async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None] | None:
-    """The keys a ``POST /forget`` names (``{"keys": [...], "from": place}``) and the place of
-    the worker that sends them, if it says; None when it names no keys."""
+class Forgotten(NamedTuple):
+    """What a ``POST /forget`` carries (``{"keys": [...], "from": place, "purge": bool}``):
+    the keys a worker removed from the tier the workers share, the place of that worker, if
+    it says, and whether they were purged (then each worker purges them as its own: recorded
+    against its fetches in flight, and from the shared tier too, where one of those may have
+    written since)."""
+
+    keys: list[str]
+    sender: int | None
+    purge: bool
+
+
+async def forgotten_keys_of(request: web.Request) -> Forgotten | None:
+    """What a ``POST /forget`` carries; None when it names no keys."""
     try:
         body = await request.json()
     except (ValueError, TypeError, RecursionError):
@@ -256,7 +270,8 @@ async def forgotten_keys_of(request: web.Request) -> tuple[list[str], int | None
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         return None
     sender = body.get("from")
-    return keys, sender if isinstance(sender, int) and not isinstance(sender, bool) else None
+    place = sender if isinstance(sender, int) and not isinstance(sender, bool) else None
+    return Forgotten(keys, place, body.get("purge") is True)
 
 
 # How long a worker's /stats waits for its what-if samples to reach the parent, in seconds.

@@ -397,6 +397,7 @@ class MachineForgets(ToParent):
     ) -> None:
         super().__init__(parent_admin, "/forget", place, token, secret)
         self.pending: list[str] = []
+        self.purged: list[str] = []  # keys purged here (``reach``): sent first
         self.others = workers - 1
         # For each ``reach`` under way, how many workers each batch sent since missed.
         self._heard: list[list[int]] = []
@@ -412,7 +413,8 @@ class MachineForgets(ToParent):
         heard: list[int] = []
         self._heard.append(heard)
         try:
-            self(key)
+            self.purged.append(key)
+            self._send_soon()
             await self.sent()
         finally:
             self._heard.remove(heard)
@@ -430,19 +432,21 @@ class MachineForgets(ToParent):
             heard.append(missing)
 
     def _next(self) -> tuple[dict[str, Any], int] | None:
-        """The oldest pending keys, up to ``BATCH_BYTES`` of them (the admin's bodies are
-        bounded, and one refused would lose every key in it)."""
-        if not self.pending:
+        """The oldest purged keys, else the oldest removed, up to ``BATCH_BYTES`` of them (the
+        admin's bodies are bounded, and one refused would lose every key in it)."""
+        purge = bool(self.purged)
+        pending = self.purged if purge else self.pending
+        if not pending:
             return None
-        size = 0
-        batch = self.pending
-        for n, key in enumerate(self.pending):
+        size, end = 0, len(pending)
+        for n, key in enumerate(pending):
             size += len(key) + 4
             if size > BATCH_BYTES and n:
-                batch = self.pending[:n]
+                end = n
                 break
-        self.pending = self.pending[len(batch) :]
-        return {"keys": batch, "from": self.place}, len(batch)
+        batch = pending[:end]
+        del pending[:end]
+        return {"keys": batch, "from": self.place, "purge": purge}, len(batch)
 
 
 class MachineSamples(ToParent):
@@ -697,8 +701,8 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         named = await forgotten_keys_of(request)
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        keys, sender = named
-        answers, missing = await each("POST", "/forget", {"keys": keys}, but=sender)
+        body = {"keys": named.keys, "purge": named.purge}
+        answers, missing = await each("POST", "/forget", body, but=named.sender)
         return web.json_response(
             {"removed": sum(a.get("removed", 0) for a in answers), "missing": missing}
         )
