@@ -65,6 +65,10 @@ BATCH_BYTES = 256 << 10
 # sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
 SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
+# Seconds the parent's admin waits for a worker's answer to a call it fans out; to a removal
+# another worker sends (``MachineForgets``, which waits 5 s for the parent), less.
+FAN_OUT_WAIT = 30.0
+FORGET_WAIT = 3.0
 
 
 async def serve_workers(
@@ -554,12 +558,18 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
     ghosts = MachineGhosts(lambda: reloads.config, workers.tier.overrides)
 
     async def each(
-        method: str, path: str, body: Any = None, *, but: int | None = None
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        but: int | None = None,
+        within: float = FAN_OUT_WAIT,
     ) -> tuple[list[Any], int]:
-        """The answers of the workers (``but`` the one in that place) that gave one, and how
-        many did not; ``Refused`` when one refused the call (a 4xx: the same from every
-        worker)."""
-        async with aiohttp.ClientSession(headers=headers) as session:
+        """The answers of the workers (``but`` the one in that place) that gave one within
+        ``within`` seconds, and how many did not; ``Refused`` when one refused the call (a
+        4xx: the same from every worker)."""
+        timeout = aiohttp.ClientTimeout(total=within)
+        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
 
             async def one(admin: str) -> Any:
                 json_body = body if body is not None or method != "POST" else {}
@@ -702,7 +712,9 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
         body = {"keys": named.keys, "purge": named.purge}
-        answers, missing = await each("POST", "/forget", body, but=named.sender)
+        # Within the worker's own wait for this answer: a stalled sibling is counted missing.
+        answers, missing = await each("POST", "/forget", body, but=named.sender,
+                                      within=FORGET_WAIT)  # fmt: skip
         return web.json_response(
             {"removed": sum(a.get("removed", 0) for a in answers), "missing": missing}
         )
