@@ -69,6 +69,8 @@ from proxy.disk.sharing import FollowingIndex, Sharing
 READ_INLINE = (1 << 20) + (16 << 10)
 # URLs whose variants written since their anchor are counted (``DiskStore.write_variant``).
 VARIANT_COUNTS = 4096
+# The file that keeps the rules the records were keyed by (``DiskStore.key_rules``).
+KEY_RULES = "key-rules"
 
 
 class DiskStore:
@@ -418,6 +420,28 @@ class DiskStore:
             # another saved (``_follow_bans``), not at every purge that goes round.
             if saved == self._bans_seen + 1:
                 self._bans_seen = saved
+
+    def key_rules(self, rules: str, *, purge: bool) -> bool:
+        """The rules the records were keyed and fetched by (``rules``, a fingerprint): a
+        directory whose records were written under others has every record banned, when
+        ``purge`` says so (at a start: a restart after the key rules or an origin changed
+        never answers with what the old ones stored); the directory then keeps ``rules``.
+        Whether it purged. A directory that kept no rules (a release before this one) is
+        taken as written under these."""
+        path = Path(self.checkpoint_path.parent) / KEY_RULES
+        try:
+            before = path.read_text()
+        except FileNotFoundError:
+            before = rules
+        purged = purge and before != rules
+        if purged:
+            self.ban("", by_tag=False)
+            self.durable()
+        if not path.exists() or before != rules:
+            written = path.with_suffix(".new")
+            written.write_text(rules)
+            written.replace(path)
+        return purged
 
     def durable(self) -> bool:
         """``proxy.core.tiers.Tier.durable``: the journal and the bans on the device, or

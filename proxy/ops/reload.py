@@ -18,6 +18,7 @@ had; either way the running configuration stays, whole.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
@@ -142,11 +143,24 @@ async def reload(
     proxy.reconfigure(new)
     for prefix in purged:
         proxy.engine.purge("prefix", prefix, proxy.clock())
+    disk = proxy.disk
+    if purged and disk is not None and disk.sharing is None:  # a machine's parent keeps them
+        disk.key_rules(key_rules(new), purge=False)
     log.info("reloaded: %s", ", ".join(done.changed) if done.changed else "nothing changed")
     if purged:
         log.info("reloaded: purged what is stored under %s, keyed or fetched by other rules",
                  ", ".join(repr(p) for p in purged))  # fmt: skip
     return replace(done, purged=purged)
+
+
+def key_rules(config: Config) -> str:
+    """A fingerprint of what ``config`` keys and fetches by (``KEYED``), as a disk tier keeps
+    it (``DiskStore.key_rules``): the same for two configurations only when no stored answer
+    of one may be wrong under the other."""
+    values = [(section, getattr(getattr(config, section), key)) for section, _, key in
+              (name.partition(".") for name in sorted(KEYED - {"routes"}))]  # fmt: skip
+    text = repr((values, sorted(config.routes, key=lambda route: route.host)))
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def keys_built_otherwise(old: Config, new: Config) -> tuple[str, ...]:

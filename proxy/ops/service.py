@@ -37,7 +37,7 @@ from proxy.handler.server import Proxy, SampleSink
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
-from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, reload
+from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, key_rules, reload
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyServer
@@ -148,6 +148,8 @@ class Service:
                 disk = DiskStore(config.disk, hidden_fields(config), sharing)
                 disk.forgotten = forgotten
                 disk.max_variants = config.cache.max_variants
+                if sharing is None:  # a machine's tier is its parent's to judge
+                    disk.key_rules(key_rules(config), purge=True)
             if disk is not None:
                 undo.callback(disk.close)
             upstream = Upstream(config.upstream)

@@ -32,6 +32,7 @@ from proxy.disk.sharing import Sharing, shared_bytes
 from proxy.disk.store import DiskStore
 from proxy.handler.routing import hidden_fields
 from proxy.ops import machine
+from proxy.ops.reload import key_rules
 
 SCRATCH_PREFIX = "onehit-tier-"
 # The shared memory tier's regions: small enough that evicting one costs little of the cache.
@@ -103,6 +104,8 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
             workers=workers,
         )
         store = DiskStore(section, hidden_fields(config), sharing)
+        if scratch is None:  # what a start with other key rules finds is never served
+            store.key_rules(key_rules(config), purge=True)
     except BaseException:
         for fd in fds:
             os.close(fd)

@@ -52,7 +52,15 @@ from proxy.ops.admin import (
 from proxy.ops.answer_metrics import combined, process_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import SECRET_FIELD, HandedConfig
-from proxy.ops.reload import LIVE, NO_SOURCE, SIZES, Reloaded, judge, keys_built_otherwise
+from proxy.ops.reload import (
+    LIVE,
+    NO_SOURCE,
+    SIZES,
+    Reloaded,
+    judge,
+    key_rules,
+    keys_built_otherwise,
+)
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
 
@@ -142,6 +150,8 @@ class Reloads:
         purged = keys_built_otherwise(self.config, new)  # as each worker purges them
         self.config = new
         self.workers.publish(new)
+        if purged and self.workers.tier.scratch is None:
+            self.workers.tier.store.key_rules(key_rules(new), purge=False)
         return replace(done, purged=purged)
 
     def on_signal(self) -> None:
