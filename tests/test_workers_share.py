@@ -320,12 +320,16 @@ async def test_a_purge_no_worker_can_take_is_refused_to_be_asked_again(origin):
         await stop(process)
 
 
-def worker_holding(writer: asyncio.StreamWriter, pids: list[int]) -> int:
-    """The pid of the worker that accepted the connection ``writer`` writes to."""
+async def worker_holding(writer: asyncio.StreamWriter, pids: list[int]) -> int:
+    """The pid of the worker that accepted the connection ``writer`` writes to (it may be in
+    the listener's queue a moment first)."""
     port = writer.get_extra_info("sockname")[1]
-    for pid in pids:
-        if any(c.raddr and c.raddr.port == port for c in psutil.Process(pid).net_connections()):
-            return pid
+    for _ in range(100):
+        for pid in pids:
+            connections = psutil.Process(pid).net_connections()
+            if any(c.raddr and c.raddr.port == port for c in connections):
+                return pid
+        await asyncio.sleep(0.02)
     raise AssertionError("no worker holds the connection")
 
 
@@ -363,7 +367,7 @@ async def test_a_purge_through_one_worker_reaches_what_another_wrote_from_a_fetc
         connections: dict[int, tuple] = {}
         while len(connections) < 2:  # one connection to each worker
             reader, writer = await asyncio.open_connection(host, int(port))
-            pid = worker_holding(writer, pids)
+            pid = await worker_holding(writer, pids)
             if pid in connections:
                 writer.close()
             else:
