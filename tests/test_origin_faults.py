@@ -238,3 +238,33 @@ async def test_a_chunk_malformed_mid_body_cuts_the_answer_at_once_and_is_not_sto
     assert stats["admissions"] == 0 and stats["cut_short"] == 1
     headers = await then_fine(client, proxy)
     assert headers["X-Cache"] == "MISS"
+
+
+async def test_an_http_1_0_answer_whose_origin_fails_mid_body_is_reset_never_closed(
+    raw_origin, start_proxy
+):
+    """An HTTP/1.0 client reads a body without a length to the connection's end: a plain
+    close after a body that failed mid-way would read as the whole body. The connection is
+    reset instead."""
+
+    async def dies_mid_body(reader, writer):
+        await read_request(reader)
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nCache-Control: max-age=60\r\n"
+        writer.write(head + b"\r\n1000\r\n" + b"x" * 4096 + b"\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.transport.abort()
+
+    url = await raw_origin(dies_mid_body)
+    proxy = await start_proxy(upstream__origin=url)
+    reader, writer = await asyncio.open_connection(*proxy.proxy_address)
+    writer.write(b"GET /cut HTTP/1.0\r\nHost: example.test\r\n\r\n")
+    got, ended = b"", "FIN"
+    try:
+        while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):
+            got += chunk
+    except ConnectionResetError:
+        ended = "RST"
+    finally:
+        writer.close()
+    assert ended == "RST", got[:200]

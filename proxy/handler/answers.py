@@ -12,6 +12,10 @@ response, a stored or shared body answered whole, and the marks every answer car
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import struct
+
 from aiohttp import HttpVersion11, web
 
 from proxy.core import rfc9110, rfc9111
@@ -76,7 +80,27 @@ def refuse_version(request: web.BaseRequest) -> web.Response:
 
 
 def abort(request: web.BaseRequest) -> None:
-    """Cut the client's connection: the honest signal once a head is out and its body failed."""
+    """Cut the client's connection: the honest signal once a head is out and its body failed.
+    Reset, not closed: a body whose end is the connection's (HTTP/1.0, no length) would read
+    as whole after a plain close."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # A linger of 0 makes the close a reset (RST) on every loop: asyncio's abort alone
+        # sends a FIN.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+    transport.abort()
+
+
+_RESET = struct.pack("ii", 1, 0)
+
+
+def close(request: web.BaseRequest) -> None:
+    """Close the client's connection once what was written to it has gone (an answer that
+    may be whole, after which nothing more may be written on it)."""
     if request.transport is not None:
         request.transport.close()
 

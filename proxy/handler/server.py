@@ -55,7 +55,7 @@ from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest
-from proxy.handler.answers import abort, plain
+from proxy.handler.answers import close, plain
 from proxy.handler.fetch import Fetcher
 from proxy.handler.hits import HitAnswers
 from proxy.handler.pending import PendingMiss, raising
@@ -199,7 +199,7 @@ class Proxy:
                 log.info("%s %s: the client left before its answer", request.method,
                          request.raw_path)  # fmt: skip
                 if begun is not None:
-                    abort(request)
+                    close(request)
                     return begun
                 return plain(499, "client closed request", refused(CLIENT_LEFT))
             if begun is not None:
@@ -223,7 +223,7 @@ class Proxy:
             "connection is closed",
             request.method, request.raw_path, version.major, version.minor, request.remote,
         )  # fmt: skip
-        abort(request)
+        close(request)
         return begun
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
