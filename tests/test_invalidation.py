@@ -349,6 +349,8 @@ def test_purges_older_than_any_fetch_in_flight_are_forgotten_and_time_never_runs
     assert purges.reach("http://a/9999", (), 99.0)
     purges.url("http://a/back", 10.0)  # the wall clock stepped back: recorded at the latest
     assert purges.reach("http://a/back", (), 99.9)
+    purges.url("http://a/later", 5_000.0)  # jumped forward: all forgotten for age, and so
+    assert len(purges) == 1 and purges.reach("http://a/video.mp4", (), 99.0)  # reached
 
 
 async def test_a_304_in_flight_never_refreshes_what_a_soft_purge_made_stale_since(

@@ -7,11 +7,13 @@ stored after it, on any tier.
 * A purge is forgotten once it is older than ``horizon`` (the longest an origin exchange may
   last: no fetch begun before it is still in flight). A URL purged again is kept once, at its
   latest time.
-* The record is bounded besides (``LIMIT`` purges, a URL kept as its hash): a response whose
-  fetch began before the latest purge dropped for room is taken as reached, never stored on
-  a guess.
-* Times never run backwards here: a purge made at a time before the latest one (a wall clock
-  stepped back) is recorded at the latest.
+* The record is bounded besides (``LIMIT`` purges, a URL kept as its hash). A response whose
+  fetch began before the latest purge forgotten, for room or for age, is taken as reached,
+  never stored on a guess: a clock that jumps forward past the horizon keeps out what was in
+  flight.
+* Times never run backwards here: a purge made at a time before the latest one is recorded at
+  the latest. A wall clock stepped back between a fetch's start and a purge still hides that
+  purge from that fetch (the times are the cache's, ``time.time``).
 """
 
 from __future__ import annotations
@@ -62,12 +64,13 @@ class RecentPurges:
             if when >= now - self.horizon and len(made) <= self._limit:
                 break
             del made[oldest]
-            if when >= now - self.horizon:  # dropped for room, not for age
-                self._floor = max(self._floor, when)
+            # A fetch begun before it may still be in flight when it was dropped for room, or
+            # when the clock jumped forward past the horizon: such a fetch is taken as reached.
+            self._floor = max(self._floor, when)
 
     def reach(self, key: str, tags: tuple[str, ...], since: float) -> bool:
         """Whether a purge made at or after ``since`` reaches what is stored under ``key``
-        carrying ``tags``; True, too, when one made then may have been dropped for room."""
+        carrying ``tags``; True, too, when one made then may have been forgotten."""
         if not self._made or since == float("-inf") or since > self._latest:
             return False
         if since <= self._floor:
