@@ -362,9 +362,7 @@ class Fetcher:
         """Decide and store a response no client waits for (a background refresh) as a
         miss's is: its body read when a tier takes it, and stored in memory and on the disk
         tier by the rules ``receive`` follows; counted as served to nobody."""
-        rmeta = self.response_meta(meta, upstream.status, fields, request_time)
-        length = upstream.content_length
-        fits = length is None or length <= self.max_object
+        rmeta, length, fits = self._judge(meta, upstream, fields, request_time)
         decision = await self.decide(meta, rmeta, length)
         to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE, decision)
         parts: list[bytes] | None = None

@@ -126,10 +126,7 @@ def admin_app(
             "disk": None if proxy.disk is None else proxy.disk.stats(),
             "whatif": whatif_stats(proxy),
             "in_flight_fetches": len(proxy.flights),
-            "fast_hits": proxy.fast_hits,
-            "fast_misses": proxy.fast_misses,
-            "answers_cut": proxy.answers_cut,
-            "origin_unasked": proxy.upstream.unasked,
+            **proxy_counters(proxy),
             "uptime_s": round(time.time() - started, 3),
             "answers": None if answers is None else answers(),
             "resident_bytes": resident_bytes(),
@@ -153,15 +150,7 @@ def admin_app(
         text = process_text(started) + prometheus_text(proxy.engine.stats())
         if answers is not None:
             text += answer_text(answers())
-        text += prometheus_text(
-            {
-                "fast_hits": proxy.fast_hits,
-                "fast_misses": proxy.fast_misses,
-                "answers_cut": proxy.answers_cut,
-                "origin_unasked": proxy.upstream.unasked,
-            },
-            PROXY_METRICS,
-        )
+        text += prometheus_text(proxy_counters(proxy), PROXY_METRICS)
         if proxy.disk is not None:
             text += disk_prometheus_text(proxy.disk.stats())
         if (whatif := whatif_stats(proxy)) is not None:
@@ -401,6 +390,17 @@ def _place(proxy: Proxy) -> int | None:
 def _filter_health(proxy: Proxy) -> dict[str, object] | None:
     health = proxy.engine.admission.filter_stats()
     return None if health is None else asdict(health)
+
+
+def proxy_counters(proxy: Proxy) -> dict[str, int]:
+    """The process's own counts beside the engine's (``PROXY_METRICS``), for /stats and
+    /metrics alike."""
+    return {
+        "fast_hits": proxy.fast_hits,
+        "fast_misses": proxy.fast_misses,
+        "answers_cut": proxy.answers_cut,
+        "origin_unasked": proxy.upstream.unasked,
+    }
 
 
 PROXY_METRICS = {
