@@ -242,6 +242,28 @@ def test_a_304_for_an_entry_purged_meanwhile_refreshes_nothing_and_indexes_no_ta
     assert engine.purge("tags", ["t1"], 3.0).count == 0
 
 
+async def answered_after(origin, asking, meanwhile, response: web.Response):
+    """What ``asking`` (a request through the proxy) gets when the origin answers it with
+    ``response`` only after ``meanwhile()`` (a purge) has run: the request is at the origin
+    then. The origin answers as set again after."""
+    asked, answer = asyncio.Event(), asyncio.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        asked.set()
+        await answer.wait()
+        return response
+
+    origin.responder = held
+    try:
+        request = asyncio.ensure_future(asking)
+        await asyncio.wait_for(asked.wait(), 5)
+        await meanwhile()
+        answer.set()
+        return await request
+    finally:
+        origin.responder = None
+
+
 async def test_a_purge_by_tag_during_a_revalidation_stays_purged_after_a_restart(
     origin, start_proxy, tmp_path
 ):
@@ -252,20 +274,12 @@ async def test_a_purge_by_tag_during_a_revalidation_stays_purged_after_a_restart
     proxy = await start_proxy(clock=clock, **settings)
     assert (await get(proxy, "/t"))[2] == b"purged"  # in memory and on disk
     clock.now += 61
-    asked, answer = asyncio.Event(), asyncio.Event()
 
-    async def revalidated_after_the_purge(request: web.Request) -> web.StreamResponse:
-        asked.set()
-        await answer.wait()
-        return web.Response(status=304, headers={"ETag": '"v1"'})
+    async def purge() -> None:
+        assert (await admin_purge(proxy, {"tags": ["t1"]}))["removed"] == 1
 
-    origin.responder = revalidated_after_the_purge
-    revalidating = asyncio.ensure_future(get(proxy, "/t"))
-    await asyncio.wait_for(asked.wait(), 5)
-    assert (await admin_purge(proxy, {"tags": ["t1"]}))["removed"] == 1
-    answer.set()
-    await revalidating
-    origin.responder = None
+    not_modified = web.Response(status=304, headers={"ETag": '"v1"'})
+    await answered_after(origin, get(proxy, "/t"), purge, not_modified)
     origin.set("/t", body=b"new", headers={"Cache-Control": "max-age=60"})
     assert (await get(proxy, "/t"))[2] == b"new"
     await proxy.stop()
@@ -296,22 +310,15 @@ async def test_a_fetch_in_flight_never_stores_what_a_purge_made_since_removed(
     proxy = await start_proxy(clock=clock, **settings)
     assert (await get(proxy, "/f"))[2] == b"before"  # stored: the purge has one to reach
     clock.now += 601
-    asked, answer = asyncio.Event(), asyncio.Event()
 
-    async def answered_after_the_purge(request: web.Request) -> web.StreamResponse:
-        asked.set()
-        await answer.wait()
-        return web.Response(body=b"from before the purge", headers=fields)
+    async def purged() -> None:
+        clock.now += 1
+        await admin_purge(proxy, PURGES[purge])
 
-    origin.responder = answered_after_the_purge
-    fetching = asyncio.ensure_future(get(proxy, "/f"))
-    await asyncio.wait_for(asked.wait(), 5)
-    clock.now += 1
-    await admin_purge(proxy, PURGES[purge])
-    answer.set()
-    assert (await fetching)[2] == b"from before the purge"  # its client is answered
+    before = web.Response(body=b"from before the purge", headers=fields)
+    fetched = await answered_after(origin, get(proxy, "/f"), purged, before)
+    assert fetched[2] == b"from before the purge"  # its client is answered
     clock.now += 1  # a fetch begun after the purge is stored
-    origin.responder = None
     origin.set("/f", body=b"after", headers=fields)
     assert (await get(proxy, "/f"))[2] == b"after"
     assert proxy.proxy.engine.counters.purged_in_flight == 1
@@ -362,20 +369,14 @@ async def test_a_304_in_flight_never_refreshes_what_a_soft_purge_made_stale_sinc
     origin.set("/r", body=b"v1", headers=fields)
     proxy = await start_proxy(admission__policy="always")
     assert (await get(proxy, "/r"))[2] == b"v1"
-    asked, answer = asyncio.Event(), asyncio.Event()
 
-    async def not_modified_after_the_purge(request: web.Request) -> web.StreamResponse:
-        asked.set()
-        await answer.wait()
-        return web.Response(status=304, headers={"ETag": '"v1"'})
+    async def soft_purge() -> None:
+        assert await admin_purge(proxy, {"tags": ["t1"], "soft": True}) == {"stale": 1}
 
-    origin.responder = not_modified_after_the_purge
-    revalidating = asyncio.ensure_future(get(proxy, "/r", **{"Cache-Control": "no-cache"}))
-    await asyncio.wait_for(asked.wait(), 5)
-    assert await admin_purge(proxy, {"tags": ["t1"], "soft": True}) == {"stale": 1}
-    answer.set()
-    assert (await revalidating)[2] == b"v1"  # the client that asked is answered
-    origin.responder = None
+    asking = get(proxy, "/r", **{"Cache-Control": "no-cache"})
+    not_modified = web.Response(status=304, headers={"ETag": '"v1"'})
+    revalidated = await answered_after(origin, asking, soft_purge, not_modified)
+    assert revalidated[2] == b"v1"  # the client that asked is answered
     origin.set("/r", body=b"v2", headers={**fields, "ETag": '"v2"'})
     status, headers, body = await get(proxy, "/r")
     assert (status, body) == (200, b"v2"), headers["Cache-Status"]

@@ -45,6 +45,19 @@ async def reloadable(origin, tmp_path):
     await service.stop()
 
 
+def canned(answer: bytes):
+    """A raw server's handler: each connection's request answered with ``answer``, then
+    closed."""
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    return handle
+
+
 async def _reload(client, service) -> tuple[int, dict]:
     async with client.post(admin(service) + "/reload", json={}) as r:
         return r.status, await r.json()
@@ -103,13 +116,8 @@ async def test_a_new_route_and_admission_take_effect_for_the_next_request(
 ):
     service, path = reloadable
 
-    async def other(reader, writer):
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nother")
-        await writer.drain()
-        writer.close()
-
-    elsewhere = await raw_origin(other)
+    other = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nother"
+    elsewhere = await raw_origin(canned(other))
 
     async def body(host: str) -> bytes:
         async with client.get(base(service) + "/r", headers={"Host": host}) as r:
@@ -334,13 +342,8 @@ async def test_the_reload_flag_says_plainly_when_something_else_answers(tmp_path
     import subprocess
     import sys
 
-    async def html(reader, writer):
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n"
-                     b"Content-Length: 13\r\nConnection: close\r\n\r\n<html></html>")  # fmt: skip
-        await writer.drain()
-        writer.close()
-
+    html = canned(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n"
+                  b"Content-Length: 13\r\nConnection: close\r\n\r\n<html></html>")  # fmt: skip
     server = await asyncio.start_server(html, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     path = tmp_path / "proxy.toml"
@@ -443,14 +446,12 @@ async def test_a_reload_that_keys_or_fetches_otherwise_purges_what_the_old_rules
 
     origin.responder = echo
 
-    async def other(reader, writer):
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nCache-Control: max-age=600"
-                     b"\r\nConnection: close\r\n\r\nnew")  # fmt: skip
-        await writer.drain()
-        writer.close()
-
-    elsewhere = await raw_origin(other)
+    elsewhere = await raw_origin(
+        canned(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nCache-Control: max-age=600"
+            b"\r\nConnection: close\r\n\r\nnew"
+        )
+    )
     path = tmp_path / "proxy.toml"
 
     def write(keyed: str, route_origin: str) -> None:
