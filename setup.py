@@ -24,7 +24,11 @@ def in_parts(name: str, directory: str) -> Extension:
     return Extension(
         name,
         sorted(glob(f"{directory}/*.c")),
-        depends=[*glob(f"{directory}/*.h"), "proxy/core/native/age.h"],
+        depends=[
+            *glob(f"{directory}/*.h"),
+            "proxy/core/native/age.h",
+            "proxy/core/native/sample.h",
+        ],
         extra_compile_args=[*FLAGS, "-flto"],
         extra_link_args=["-flto", "-O3"],
     )

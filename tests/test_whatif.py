@@ -5,6 +5,7 @@ alternatives at 0.25x to 4x the size, fed a sample of the requests, shown on /st
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from loadgen.tiers import DiskSpec, simulate_tiers
 from loadgen.trace import Trace
 from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import ConfigError, load
-from proxy.core._native import hash64
+from proxy.core._native import hash64, sample_point
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.whatif import (
@@ -375,3 +376,34 @@ async def test_a_worker_drops_batches_its_parent_does_not_take_and_counts_them()
     finally:
         await samples.close()
         await runner.cleanup()
+
+
+def test_the_sample_is_keyed_so_urls_chosen_by_their_hash_are_not_all_in_it():
+    """Unkeyed (the offline simulator's), a key is sampled when its hash is below the bound:
+    URLs chosen for a low hash would all be in the sample. Keyed with a secret, the same URLs
+    are in it at the sample's rate, as any others."""
+    below = 2**64 // 10
+    chosen = [k for k in (f"/x{i}" for i in range(20_000)) if hash64(k)[0] < below][:1000]
+    assert all(sample_point(hash64(k)[0], 0) < below for k in chosen)
+    sampled = sum(sample_point(hash64(k)[0], 0x5EC2E7 | 1) < below for k in chosen)
+    assert 50 < sampled < 160  # about 10% of them, as of any 1,000 URLs
+
+
+async def test_the_compiled_hit_path_samples_the_keys_the_python_rule_samples(
+    origin, start_proxy, client
+):
+    """Hits answered by the compiled path and by Python are recorded for the same keys: those
+    the what-if's keyed rule (``sample_point``) puts in the sample, and no others."""
+    proxy = await start_proxy(admission__policy="always", whatif__sample="0.5")
+    whatif = proxy.proxy.engine.whatif
+    assert whatif.sample_key == proxy.proxy.sample_key != 0
+    keys = [f"/k{i}" for i in range(60)]
+    for _ in range(3):  # a miss, then hits (on the compiled path)
+        for key in keys:
+            async with client.get(base(proxy) + key, headers={"Host": "example.test"}) as r:
+                await r.read()
+    assert proxy.proxy.fast_hits > 0
+    recorded = Counter(h1 for _, h1, *_ in whatif._buffer)
+    wanted = {h1 for h1 in (hash64(f"http://example.test{key}")[0] for key in keys)
+              if sample_point(h1, whatif.sample_key) < whatif.below}  # fmt: skip
+    assert recorded == dict.fromkeys(wanted, 3) and 10 < len(wanted) < 50  # a miss, two hits

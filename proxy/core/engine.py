@@ -343,7 +343,8 @@ class CacheEngine(ResponseDecisions):
         whatif = self.whatif
         return HitState(store.by_hash, self.variants.urls, store.index, self.counters, observe,
                         self._uncacheable, None if whatif is None else whatif.record,
-                        0 if whatif is None else whatif.below)  # fmt: skip
+                        0 if whatif is None else whatif.below,
+                        0 if whatif is None else whatif.sample_key)  # fmt: skip
 
     def served(self, key: str, hit: Hit, now: float) -> Hit:
         """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``

@@ -91,7 +91,8 @@ class HitState(NamedTuple):
     observe: Callable[[str, int, float], None] | None  # the admission's, when it observes
     uncacheable: Mapping[str, Any]  # URLs remembered uncacheable (``plain_miss`` holds not)
     whatif: Callable[[str, int, float], None] | None  # the what-if's record, when there is one
-    sample_below: int  # the hits whose key hash is below it are the what-if's to record
+    sample_below: int  # the hits whose sample point is below it are the what-if's to record
+    sample_key: int  # the what-if sample's secret (``proxy.core.whatif``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from proxy.core._native import hash64
+from proxy.core._native import hash64, sample_point
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
@@ -234,6 +234,10 @@ class WhatIf:
         _check_rate(rate)
         self.rate = rate
         self.below = min(2**64 - 1, int(rate * 2**64))
+        # The sample's secret (``sample_point``): a driver that serves clients sets one of its
+        # own, so that none can choose URLs in or out of the sample; 0 (the offline
+        # simulator's) samples by the hash itself.
+        self.sample_key = 0
         self.missed = 0  # misses recorded, sampled or not (``curves`` is told the hits)
         self.hits_before = 0  # the cache's hits when these ghosts began (``start``)
         self.forward: Callable[[Sample], None] | None = None
@@ -260,13 +264,13 @@ class WhatIf:
         """A request for ``key`` answered with a body of ``size`` bytes at ``now``: a hit, or
         (``missed``) a miss. ``key_hash``: ``key``'s ``hash64`` h1 when the caller has it (a
         stored entry's), so that the 99% not sampled cost no hashing. A compiled path that
-        counts its hits itself calls this for the sampled ones alone (``below``)."""
+        counts its hits itself calls this for the sampled ones alone (``sampled``)."""
         if missed:
             self.missed += 1
-        if key_hash and key_hash >= self.below:
+        if key_hash and sample_point(key_hash, self.sample_key) >= self.below:
             return
         h1, h2 = hash64(key)
-        if h1 < self.below:
+        if sample_point(h1, self.sample_key) < self.below:
             self._buffer.append((now, h1, h2, len(key), size))
             if len(self._buffer) >= BATCH:
                 self.flush()

@@ -255,10 +255,11 @@ class HitAnswers:
         replaced either)."""
         state = self.engine.hit_state()
         plain = self.plain_hits
-        plain.observe, plain.whatif, plain.sample_below = (
+        plain.observe, plain.whatif, plain.sample_below, plain.sample_key = (
             state.observe,
             state.whatif,
             state.sample_below,
+            state.sample_key,
         )
 
     def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:

@@ -25,6 +25,7 @@ second status line would be read as the answer to the client's next request.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, assert_never
@@ -121,6 +122,17 @@ class Proxy:
         self.answers_cut = 0
         if disk is not None:
             engine.behind = (disk,)
+        self.sample_key = 0
+        self.key_sample(secrets.randbits(64) | 1)  # never 0, which leaves the sample unkeyed
+
+    def key_sample(self, key: int) -> None:
+        """Key the what-if's sample with ``key`` (``proxy.core.whatif``): a secret of the
+        process's own, or the machine's, which every worker shares so that their samples are
+        of the same URLs."""
+        self.sample_key = key
+        if self.engine.whatif is not None:
+            self.engine.whatif.sample_key = key
+        self.hits.follow_engine()
 
     def reconfigure(self, config: Config) -> None:
         """Take ``config`` for the requests from now on: what ``proxy.ops.reload.LIVE`` (and
@@ -146,6 +158,7 @@ class Proxy:
         if config.what_if_key() != self.config.what_if_key():
             engine.whatif = config.what_if(machine=self.machine)
             if engine.whatif is not None:
+                engine.whatif.sample_key = self.sample_key
                 engine.whatif.start(engine.counters.hits)
             self.follow_whatif()
         self.hits.follow_engine()

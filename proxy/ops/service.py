@@ -37,6 +37,7 @@ from proxy.handler.server import Proxy, SampleSink
 from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
+from proxy.ops.handoff import sample_key
 from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, key_rules, reload
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
@@ -163,6 +164,8 @@ class Service:
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
             proxy.others = forgotten
+            if machine_secret:  # a worker: its samples are of the URLs the others sample
+                proxy.key_sample(sample_key(machine_secret))
             proxy.samples = samples
             proxy.follow_whatif()
             undo.push_async_callback(proxy.close)

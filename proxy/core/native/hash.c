@@ -93,6 +93,12 @@ int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
+PyObject *py_sample_point(PyObject *module, PyObject *args) {
+    unsigned long long h1, key;
+    if (!PyArg_ParseTuple(args, "KK", &h1, &key)) return NULL;
+    return PyLong_FromUnsignedLongLong(sample_point(h1, key));
+}
+
 PyObject *py_hash64(PyObject *module, PyObject *key) {
     uint64_t h1, h2;
     if (hash_key(key, &h1, &h2) < 0) return NULL;

@@ -14,6 +14,9 @@ static PyObject *py_untrack(PyObject *module, PyObject *obj) {
 static PyMethodDef module_methods[] = {
     {"hash64", (PyCFunction)py_hash64, METH_O,
      "MurmurHash3 x64/128 of a key's UTF-8 bytes: (h1, h2), unsigned."},
+    {"sample_point", (PyCFunction)py_sample_point, METH_VARARGS,
+     "sample_point(h1, key): where a key of hash64 h1 falls in the what-if's sample keyed by "
+     "key (sampled when below the sample's bound; sample.h)."},
     {"optimal_size", (PyCFunction)py_optimal_size, METH_VARARGS,
      "(bits, probes) of a Bloom filter holding capacity keys at fp_rate."},
     {"shared_window_bytes", (PyCFunction)py_shared_window_bytes, METH_VARARGS,

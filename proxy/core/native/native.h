@@ -35,6 +35,7 @@
 #include <math.h>
 
 #include "age.h"
+#include "sample.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -54,6 +55,7 @@ int hash_key(PyObject *key, uint64_t *h1, uint64_t *h2);
 int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2);
 int sizing(long long capacity, double fp_rate, long long *bits, int *probes);
 PyObject *py_hash64(PyObject *module, PyObject *key);
+PyObject *py_sample_point(PyObject *module, PyObject *args);
 PyObject *py_optimal_size(PyObject *module, PyObject *args);
 
 /* A uniform double in [0, 1) from a xorshift64* generator: what every random choice of the

@@ -99,7 +99,7 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
         unsigned long long h = PyLong_AsUnsignedLongLong(hash);
         if (h == (unsigned long long)-1 && PyErr_Occurred()) {
             PyErr_WriteUnraisable(self->whatif);
-        } else if (h < self->sample_below) {
+        } else if (sample_point(h, self->sample_key) < self->sample_below) {
             PyObject *args[] = {key, size, now};
             PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
             if (r == NULL)

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "../../core/native/age.h"
+#include "../../core/native/sample.h"
 #include <strings.h>
 
 typedef struct {
@@ -19,7 +20,8 @@ typedef struct {
     PyObject *counters; /* the engine's Counters */
     PyObject *observe;  /* the admission's observe, or None */
     PyObject *whatif;   /* the what-if's record, or None (proxy.core.whatif) */
-    unsigned long long sample_below; /* the hits whose key hash is below it are its sample */
+    unsigned long long sample_below; /* the hits whose sample point is below it are its sample */
+    unsigned long long sample_key;   /* the sample's secret (sample.h) */
     PyObject *hash;     /* hash64 */
     PyObject *clock;    /* seconds since the epoch, as the proxy reads them */
     PyObject *date;     /* the current IMF-fixdate, as aiohttp writes Date */

@@ -24,7 +24,7 @@
  *   count it: the entry by its key's hash and its key, its age as Entry.age computes it, and
  *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, the
  *   admission's observe when it observes, and the what-if's record for the hits of its
- *   sample (a key hash below sample_below).
+ *   sample (a sample point of its key's hash, keyed by sample_key, below sample_below).
  * - answer_bytes reads a request from its bytes only when they begin with one whole plain
  *   request (parse_plain): a strict subset of what aiohttp's request parser (llhttp, strict)
  *   takes, read as it reads it (method, target, fields, one Host, no body, keep-alive), so
@@ -259,7 +259,9 @@ static PyMemberDef PlainHits_members[] = {
     {"whatif", T_OBJECT, offsetof(PlainHits, whatif), 0,
      "the what-if's record(key, size, now), called for the sampled hits, or None"},
     {"sample_below", T_ULONGLONG, offsetof(PlainHits, sample_below), 0,
-     "the hits whose key hash (hash64(key)[0]) is below it are the what-if's sample"},
+     "the hits whose sample point (sample.h) is below it are the what-if's sample"},
+    {"sample_key", T_ULONGLONG, offsetof(PlainHits, sample_key), 0,
+     "the what-if sample's secret (sample.h)"},
     {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
      "the admission's observe, or None (a reload may change the admission)"},
     {NULL}};
