@@ -420,3 +420,31 @@ async def test_rfc5861_3_a_background_refresh_writes_its_new_response_to_the_dis
     status, headers, body = await get(proxy, "/x")
     assert (status, body) == (200, b"refreshed")
     assert origin.hits["/x"] == before, headers.get("Cache-Status")
+
+
+async def test_rfc9110_15_4_5_a_304_that_brings_another_vary_removes_what_it_would_refresh(
+    origin, start_proxy, tmp_path
+):
+    """A response stored unvaried is revalidated; the origin now varies on Accept-Language
+    and its 304 says so. Refreshed with that Vary under its old key, it would answer every
+    language: it is removed from every tier instead, and each language is fetched."""
+    varies = {"value": False}
+
+    async def respond(request: web.Request) -> web.StreamResponse:
+        lang = request.headers.get("Accept-Language", "-") if varies["value"] else "-"
+        # Stale at once before it varies (so it is revalidated), fresh for a minute after.
+        age = "max-age=60" if varies["value"] else "max-age=0"
+        fields = {"Cache-Control": age, "ETag": f'"v1-{lang}"'}
+        if varies["value"]:
+            fields["Vary"] = "Accept-Language"
+        if request.headers.get("If-None-Match") == fields["ETag"]:
+            return web.Response(status=304, headers=fields)
+        return web.Response(body=f"body for {lang}".encode(), headers=fields)
+
+    origin.responder = respond
+    proxy = await start_proxy(disk__path=str(tmp_path), **DISK)
+    assert (await get(proxy, "/v"))[2] == b"body for -"
+    varies["value"] = True
+    assert (await get(proxy, "/v"))[2] == b"body for -"  # revalidated: a 304 with a Vary
+    status, headers, body = await get(proxy, "/v", **{"Accept-Language": "en"})
+    assert body == b"body for en", headers["Cache-Status"]

@@ -39,6 +39,7 @@ from proxy.core.tiers import (
     VARIES,
     Tier,
     own_record,
+    url_of,
 )
 from proxy.core.variants import Variants, variant_key
 
@@ -397,6 +398,12 @@ class ResponseDecisions(Removals):
         """``on_not_modified``'s refresh of ``entry``, in the store and every tier."""
         validated = tuple(rfc9111.conditional_headers(entry.headers))
         headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
+        if rfc9111.vary_names(headers) != rfc9111.vary_names(entry.headers):
+            # It now varies otherwise (RFC 9110 section 15.4.5: a 304 carries the Vary a 200
+            # would): stored under a key chosen by the old fields, it would answer requests
+            # that select other variants. What is stored of the URL goes, from every tier.
+            self.invalidate(url_of(entry.key), VARIES)
+            return
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
