@@ -446,5 +446,5 @@ async def test_rfc9110_15_4_5_a_304_that_brings_another_vary_removes_what_it_wou
     assert (await get(proxy, "/v"))[2] == b"body for -"
     varies["value"] = True
     assert (await get(proxy, "/v"))[2] == b"body for -"  # revalidated: a 304 with a Vary
-    status, headers, body = await get(proxy, "/v", **{"Accept-Language": "en"})
+    _, headers, body = await get(proxy, "/v", **{"Accept-Language": "en"})
     assert body == b"body for en", headers["Cache-Status"]
