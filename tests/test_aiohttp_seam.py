@@ -39,6 +39,15 @@ OVERRIDDEN = [
     (web.RequestHandler, "handle_error"),
     (web.BaseRequest, "_prepare_hook"),
     (web.BaseRequest, "ATTRS"),
+    (web.BaseSite, "_runner"),
+    (web.BaseSite, "_ssl_context"),
+    (web.BaseSite, "_backlog"),
+    (web.BaseSite, "_server"),
+    (web.TCPSite, "_host"),
+    (web.TCPSite, "_port"),
+    (web.TCPSite, "_reuse_address"),
+    (web.TCPSite, "_reuse_port"),
+    (web.TCPSite, "_bound_port"),
 ]
 
 # The parameters of each aiohttp method the seam overrides (all of them, in order) or calls
@@ -90,7 +99,7 @@ READ_OF_OURS = [
 NAMES = {name for _, name in OVERRIDDEN} | {"_drain_helper", "_reading_paused", "_payload_writer",
                                             "_prepare_hook"}  # fmt: skip
 # Names the proxy's own classes use for their own attributes too, or public ones.
-NAMES -= {"_loop", "_body", "handle_error"}
+NAMES -= {"_loop", "_body", "handle_error", "_server"}
 
 
 def _modules() -> dict[str, ast.Module]:

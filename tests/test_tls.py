@@ -89,3 +89,18 @@ def test_a_certificate_that_cannot_be_used_is_refused_in_one_line(settings, mess
     )  # fmt: skip
     assert out.returncode == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+async def test_a_connection_that_never_begins_its_tls_handshake_is_closed_at_the_idle_timeout(
+    origin, start_proxy, certificate
+):
+    """A client that connects and sends nothing holds a TLS listener no longer than a plain
+    one: the handshake must end within ``[server] idle_timeout`` (asyncio's own is 60 s)."""
+    cert, key = certificate
+    service = await start_proxy(server__tls_cert=cert, server__tls_key=key,
+                                server__idle_timeout="300ms")  # fmt: skip
+    reader, writer = await asyncio.open_connection(*service.proxy_address)
+    try:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy
+    finally:
+        writer.close()

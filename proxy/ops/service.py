@@ -41,7 +41,7 @@ from proxy.ops.handoff import sample_key
 from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, key_rules, reload
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
-from proxy.wire.seam import ProxyServer
+from proxy.wire.seam import Listener, ProxyServer
 
 
 def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
@@ -216,8 +216,9 @@ class Service:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
             await _site(
-                proxy_runner, config.server.listen, server_context(config.server), reuse_port
-            ).start()
+                proxy_runner, config.server.listen, server_context(config.server), reuse_port,
+                handshake_timeout=config.server.idle_timeout,
+            ).start()  # fmt: skip
             await _site(admin_runner, config.admin.listen).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
@@ -293,7 +294,8 @@ class Service:
         opened: list[web.TCPSite] = []
         try:
             for runner, address, context in moves:
-                site = _site(runner, address, context)
+                site = _site(runner, address, context,
+                             handshake_timeout=new.server.idle_timeout)  # fmt: skip
                 opened.append(site)  # registered with its runner as it starts, bound or not
                 await site.start()
         except OSError:
@@ -315,10 +317,12 @@ def _site(
     address: tuple[str, int],
     context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
+    handshake_timeout: float = 60.0,
 ) -> web.TCPSite:
-    """A listener of ``runner`` at ``address``, as both the start and a reload open one."""
-    return web.TCPSite(runner, *address, reuse_address=True, reuse_port=reuse_port,
-                       ssl_context=context)  # fmt: skip
+    """A listener of ``runner`` at ``address``, as both the start and a reload open one; a
+    TLS one ends a handshake not done within ``handshake_timeout``."""
+    return Listener(runner, *address, reuse_address=True, reuse_port=reuse_port,
+                    ssl_context=context, handshake_timeout=handshake_timeout)  # fmt: skip
 
 
 def _proxy_server(
