@@ -198,6 +198,8 @@ async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_dis
         assert 'onehit_whatif_miss_ratio{tier="memory"' in text
         assert 'onehit_whatif_miss_ratio{tier="disk",policy="always"' in text
         assert "onehit_whatif_batches_dropped_total 0" in text
+        # The workers' own counts, summed as the engine's are.
+        assert "onehit_answers_cut_total 0" in text and "onehit_fast_misses_total" in text
         good = {"from": 0, "pid": 1234, "rate": 1.0, "requests": 1,
                 "sample": [[1.0], [1], [1], [1], [1]]}  # fmt: skip
         columns = [[[1.0], [1], [1], [1]], [[1.0], [-1], [1], [1], [1]],

@@ -41,6 +41,7 @@ from proxy.core.whatif import DiskGhosts, Sample, Samples, merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
 from proxy.ops import machine
 from proxy.ops.admin import (
+    PROXY_METRICS,
     admin_application,
     disk_prometheus_text,
     forgotten_keys_of,
@@ -621,6 +622,8 @@ def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Appli
         text = process_text(started)
         text += prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
         text += answer_text(combined([w["answers"] for w in per_worker if w.get("answers")]))
+        own = {name: sum(w.get(name, 0) for w in per_worker) for name in PROXY_METRICS}
+        text += prometheus_text(own, PROXY_METRICS)
         disk = machine_disk(per_worker)
         if disk:
             text += disk_prometheus_text(disk)
