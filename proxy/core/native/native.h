@@ -41,15 +41,6 @@
 
 /* hash.c */
 
-static inline uint64_t fmix64(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdULL;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ULL;
-    k ^= k >> 33;
-    return k;
-}
-
 void murmur3_128(const uint8_t *data, Py_ssize_t len, uint64_t *out1, uint64_t *out2);
 int hash_key(PyObject *key, uint64_t *h1, uint64_t *h2);
 int parse_hash(PyObject *h, uint64_t *h1, uint64_t *h2);

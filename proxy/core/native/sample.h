@@ -10,17 +10,21 @@
 
 #include <stdint.h>
 
-static inline uint64_t sample_point(uint64_t h1, uint64_t key) {
-    if (key == 0) /* unkeyed: the hash itself, as the offline simulator samples (loadgen's
-                     sample_trace), where no client chooses the keys */
-        return h1;
-    uint64_t k = h1 ^ key;
+/* MurmurHash3's 64-bit finalizer (the hashes of hash.c end with it too). */
+static inline uint64_t fmix64(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdULL;
     k ^= k >> 33;
     k *= 0xc4ceb9fe1a85ec53ULL;
     k ^= k >> 33;
     return k;
+}
+
+static inline uint64_t sample_point(uint64_t h1, uint64_t key) {
+    if (key == 0) /* unkeyed: the hash itself, as the offline simulator samples (loadgen's
+                     sample_trace), where no client chooses the keys */
+        return h1;
+    return fmix64(h1 ^ key);
 }
 
 #endif
