@@ -11,11 +11,13 @@ import socket
 import tracemalloc
 
 import pytest
-from conftest import base, until
+from conftest import base, read_request, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 from proxy.front.fastpath import HOLD_LIMIT, HitServer
+from proxy.handler import hits as hits_module
 from proxy.ops.service import Service
+from proxy.wire.dates import http_date
 
 HIT = b"GET /hit HTTP/1.1\r\nHost: example.test\r\n\r\n"
 
@@ -736,3 +738,43 @@ def pool_idle(service) -> bool:
     """Whether no origin connection of ``service``'s pool is in use: the last response was
     read whole and its connection went back (or was closed)."""
     return service.proxy.upstream._pool._in_use == 0
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+async def test_a_hit_the_compiled_path_fails_to_render_is_counted_once_by_the_handler(
+    raw_origin, start_proxy, monkeypatch, tmp_path, tier
+):
+    """The compiled path counts a hit (and keeps a disk hit in memory) only once its answer
+    is rendered: when rendering fails, the handler answers the request, and it is one hit,
+    not two."""
+
+    async def undated(reader, writer):  # no Date: every hit renders one
+        while await read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\nCache-Control: max-age=600\r\n"
+                         b"Content-Length: 5\r\n\r\nhello")  # fmt: skip
+            await writer.drain()
+
+    failing = [True]
+
+    def date() -> str:
+        if failing and failing.pop():
+            raise RuntimeError("a render that fails")
+        return http_date()
+
+    monkeypatch.setattr(hits_module, "http_date", date)
+    monkeypatch.setattr(HTTP_ERRORS, "filters", [OneLineEvery()])
+    url = await raw_origin(undated)
+    disk = {"disk__path": str(tmp_path), "disk__size": "4MiB", "disk__region_size": "1MiB",
+            "disk__policy": "always"} if tier == "disk" else {}  # fmt: skip
+    service = await start_proxy(upstream__origin=url, admission__policy="always", **disk)
+    request = b"GET /r HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    await exchange(service, request)  # stored
+    await exchange(service, request)  # a hit: its head rendered, for the compiled path
+    if tier == "disk":  # only the disk holds it: the compiled path reads its record
+        service.proxy.engine.store.delete(service.proxy.router.url_key("http://example.test/r"))
+    failing[:] = [True]
+    counters = service.proxy.engine.counters
+    before = counters.hits
+    [(status, _, body)] = await exchange(service, request)
+    assert (status, body) == (200, b"hello")
+    assert counters.hits == before + 1 and not failing

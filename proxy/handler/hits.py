@@ -216,12 +216,6 @@ class HitAnswers:
         head, dated, _ = rendered
         if head is None:
             return None
-        if on_disk:
-            assert self.disk is not None
-            engine.hit_behind(self.disk, key, entry, now, counted=False)
-        else:
-            engine.served(key, hit, now)
-        self.answered += 1
         age = int(hit.age)
         ttl = int(entry.lifetime - hit.age)
         per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
@@ -235,10 +229,20 @@ class HitAnswers:
                 head, body = _render_part(entry, answer, router.hidden)
                 status = answer.status
         if method == "HEAD":
-            return b"".join((head, per_hit, b"\r\n")), b"", status
-        if len(body) < JOIN_BELOW:
-            return b"".join((head, per_hit, b"\r\n", body)), b"", status
-        return b"".join((head, per_hit, b"\r\n")), body, status
+            out = b"".join((head, per_hit, b"\r\n")), b"", status
+        elif len(body) < JOIN_BELOW:
+            out = b"".join((head, per_hit, b"\r\n", body)), b"", status
+        else:
+            out = b"".join((head, per_hit, b"\r\n")), body, status
+        # Counted once rendered: an answer that fails to render is the handler's, which
+        # counts it once, as it finds it.
+        if on_disk:
+            assert self.disk is not None
+            engine.hit_behind(self.disk, key, entry, now, counted=False)
+        else:
+            engine.served(key, hit, now)
+        self.answered += 1
+        return out
 
     def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
         """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,

@@ -244,11 +244,15 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
         PyTuple_GET_ITEM(rendered, 2) != headers || !PyBytes_Check(body))
         goto done;
     int dated = PyObject_IsTrue(PyTuple_GET_ITEM(rendered, 1));
-    if (dated < 0 || count_hit(self, key, entry, hash, now_obj) < 0)
+    if (dated < 0)
         goto done;
+    /* Rendered first, then counted: a render that fails leaves the request to the handler,
+     * which then counts it once, as it finds it. */
     PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
     result = render(self, PyBytes_AS_STRING(fixed), PyBytes_GET_SIZE(fixed), dated, "", body,
                     head, (long long)(lifetime - age), (long long)age, status);
+    if (result != NULL && count_hit(self, key, entry, hash, now_obj) < 0)
+        Py_CLEAR(result);
 done:
     Py_XDECREF(key);
     Py_XDECREF(hash);

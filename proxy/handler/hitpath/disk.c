@@ -282,15 +282,23 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     Py_DECREF(wrapped);
     if (record == NULL)
         goto done;
+    /* Rendered first, then counted and kept: a render that fails leaves the request to the
+     * handler, which then counts it once, as it finds it. */
+    result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
+                    head, (long long)(lifetime - age), (long long)age, parts[0]);
+    if (result == NULL) {
+        Py_DECREF(record);
+        goto done;
+    }
     PyObject *args[] = {key, body, record};
     PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 3, NULL);
     Py_DECREF(record);
-    if (kept == NULL)
+    if (kept == NULL) {
+        Py_CLEAR(result);
         goto done;
+    }
     Py_DECREF(kept);
     self->answered++;
-    result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
-                    head, (long long)(lifetime - age), (long long)age, parts[0]);
 done:
     Py_XDECREF(region);
     Py_XDECREF(fields);
