@@ -9,7 +9,6 @@ import json
 import logging
 import mmap
 import os
-import signal
 import sys
 import urllib.error
 import urllib.request
@@ -24,7 +23,7 @@ from proxy.disk.sharing import Sharing
 from proxy.ops import preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
-from proxy.ops.service import HELD_SIGNALS, Service, until_signalled
+from proxy.ops.service import Service, hold_signals, until_signalled
 from proxy.ops.shared_tier import worker_sharing
 from proxy.ops.workers import (
     READY,
@@ -41,6 +40,9 @@ log = logging.getLogger("onehit")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) are held:
+    # one sent while it starts (a worker told of a reload taken meanwhile) is handled then.
+    hold_signals()
     args = _parser().parse_args(argv)
     overrides: dict[str, object] = {}
     for flag, key in (
@@ -79,10 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.reload:
         return ask_reload(config)
-    # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) are held,
-    # not lost (their default would end the process): one sent while it starts (a worker told
-    # of a reload taken meanwhile) is taken once ``until_signalled`` handles them.
-    signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])

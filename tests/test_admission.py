@@ -5,7 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core._native import Admission, StoreIndex, hash64
-from proxy.core.admission import AdmissionConfig, make_policy, parse_policy
+from proxy.core.admission import AdmissionConfig, key_sample, make_policy, parse_policy
+from proxy.core.disk import DiskTier
+from proxy.core.regions import Regions
 from proxy.core.store import CacheStore
 
 
@@ -131,3 +133,19 @@ def test_adaptive_on_a_store_reports_its_choice_and_keeps_second_hit_s_filter():
     stats = policy.policy_stats()
     assert stats["adaptive_choice"] == 1 and stats["adaptive_switches"] == 0
     assert stats["sketch_bytes"] > 0  # tinylfu's, a candidate
+
+
+def test_auto_and_adaptive_sample_keys_chosen_by_a_secret_not_by_their_hash():
+    """``auto`` (a disk tier's) and ``adaptive`` feed their ghosts a sample of the keys: keyed
+    by the proxy's secret, URLs a client chose for a low hash are sampled at the sample's rate,
+    not all of them (unkeyed, as the simulator runs them, they would be)."""
+    chosen = [k for k in (f"/x{i}" for i in range(40_000)) if hash64(k)[0] < 2**64 // 16][:1000]
+    sampled = {}
+    for key in (0, 0x5EC2E7 | 1):
+        tier = DiskTier(Regions(1 << 20, 16), AdmissionConfig(policy="auto"))
+        key_sample(tier.admission, key)
+        for n, url in enumerate(chosen):
+            tier.admit(url, 100, 200, float(n))
+        sampled[key] = tier.admission.native.sampled
+    assert sampled[0] == len(chosen)
+    assert 20 < sampled[0x5EC2E7 | 1] < 110  # about 1/16 of them, as of any 1,000 URLs

@@ -385,31 +385,32 @@ async def test_a_304_in_flight_never_refreshes_what_a_soft_purge_made_stale_sinc
 async def test_a_request_after_a_purge_never_takes_the_answer_of_a_fetch_begun_before_it(
     origin, start_proxy
 ):
-    """A miss's fetch goes out; the URL is purged; a request arrives and would join that fetch:
-    it fetches its own instead, and never gets what was fetched before the purge."""
+    """A miss's fetch goes out; the URL is purged; requests arrive and would join that fetch:
+    they share one fetch of their own instead (one origin request, not one each), and none
+    gets what was fetched before the purge."""
     fields = {"Cache-Control": "max-age=600"}
     asked, answer = asyncio.Event(), asyncio.Event()
-    served = iter([b"before the purge", b"after the purge"])
 
     async def held_first(request: web.Request) -> web.StreamResponse:
-        body = next(served)
-        if body == b"before the purge":
+        if origin.hits["/c"] == 1:
             asked.set()
             await answer.wait()
-        return web.Response(body=body, headers=fields)
+            return web.Response(body=b"before the purge", headers=fields)
+        await asyncio.sleep(0.1)  # the followers gather on this fetch
+        return web.Response(body=b"after the purge", headers=fields)
 
     origin.responder = held_first
     proxy = await start_proxy(admission__policy="always")
     leading = asyncio.ensure_future(get(proxy, "/c"))
     await asyncio.wait_for(asked.wait(), 5)
     await admin_purge(proxy, {"url": "http://example.test/c"})
-    following = asyncio.ensure_future(get(proxy, "/c"))
-    await until(
-        lambda: proxy.proxy.flights.waiting(proxy.proxy.router.url_key("http://example.test/c")) > 0
-    )
+    following = [asyncio.ensure_future(get(proxy, "/c")) for _ in range(5)]
+    key = proxy.proxy.router.url_key("http://example.test/c")
+    await until(lambda: proxy.proxy.flights.waiting(key) == 5)
     answer.set()
     assert (await leading)[2] == b"before the purge"
-    assert (await following)[2] == b"after the purge"
+    assert {(await f)[2] for f in following} == {b"after the purge"}
+    assert origin.hits["/c"] == 2
 
 
 def test_a_soft_purge_marks_an_entry_already_stale_too():

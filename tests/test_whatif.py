@@ -397,6 +397,7 @@ async def test_the_compiled_hit_path_samples_the_keys_the_python_rule_samples(
     proxy = await start_proxy(admission__policy="always", whatif__sample="0.5")
     whatif = proxy.proxy.engine.whatif
     assert whatif.sample_key == proxy.proxy.sample_key != 0
+    assert proxy.proxy.engine.admission.native.sample_key == proxy.proxy.sample_key
     keys = [f"/k{i}" for i in range(60)]
     for _ in range(3):  # a miss, then hits (on the compiled path)
         for key in keys:

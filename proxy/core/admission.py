@@ -75,6 +75,15 @@ class AdmissionPolicy(Protocol):
         ...
 
 
+def key_sample(policy: AdmissionPolicy, key: int) -> None:
+    """Have ``policy`` choose the keys it samples (``adaptive``'s shadows, ``auto``'s ghost
+    tiers) by the secret ``key`` (``proxy.core.native.sample.h``: 0 leaves them unkeyed, as
+    the simulator samples), so that no client can choose what they see. A policy that samples
+    nothing takes no key."""
+    if isinstance(policy, CompiledPolicy):
+        policy.native.sample_key = key
+
+
 class CompiledPolicy:
     """A policy of the compiled core (``proxy.core._native.Admission``), which the simulator's
     loop drives directly; ``window`` is second hit's filter."""

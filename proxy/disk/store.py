@@ -35,6 +35,7 @@ memory tier, keeping what it took across restarts.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -66,6 +67,8 @@ from proxy.disk.sharing import FollowingIndex, Sharing
 # device must be asked for, is read on a worker thread by the request handler, so that neither
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
+log = logging.getLogger("onehit.disk")
+
 READ_INLINE = (1 << 20) + (16 << 10)
 # URLs whose variants written since their anchor are counted (``DiskStore.write_variant``).
 VARIANT_COUNTS = 4096
@@ -435,6 +438,8 @@ class DiskStore:
             before = rules
         purged = purge and before != rules
         if purged:
+            log.warning("the disk tier's records were keyed or fetched by other rules than "
+                        "these (key_query, routes, origins, forwarded fields): purged")  # fmt: skip
             self.ban("", by_tag=False)
             self.durable()
         if not path.exists() or before != rules:

@@ -105,18 +105,17 @@ class Fetcher:
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
     ) -> web.StreamResponse:
         """Lead the URL's flight, or follow it and answer from what its leader fetched
-        (``SingleFlight.join``), unless a purge reached that since its fetch went out."""
+        (``SingleFlight.join``), unless a purge reached that since its fetch went out (then
+        the followers join again)."""
         flight, shared = await self.flights.join(meta.key)
         if flight is not None:
             return await self.led_fetch(request, meta, url, action, flight)
-        if (
-            shared is not None
-            and shared is not GO_DIRECT
-            and same_variant(shared, meta)
-            # A purge made since the shared fetch went out: what it brought is not the
-            # answer to a request that may have come after the purge.
-            and not self.engine.purged_since(meta.key, shared.meta)
-        ):
+        if shared is not None and self.engine.purged_since(meta.key, shared.meta):
+            # A purge made since the shared fetch went out: what it brought is not the answer
+            # to a request that may have come after the purge. Its followers join again: one
+            # leads a fetch after the purge, the others follow it.
+            return await self.collapsed_fetch(request, meta, url, action)
+        if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
             return await self._collapsed(meta, shared)
         return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
 

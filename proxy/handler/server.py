@@ -35,7 +35,7 @@ from aiohttp import web
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config
 from proxy.core import events
-from proxy.core.admission import make_policy
+from proxy.core.admission import key_sample, make_policy
 from proxy.core.cache_status import CLIENT_LEFT, DISK, ERROR, forwarded, refused
 from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
@@ -123,15 +123,21 @@ class Proxy:
         if disk is not None:
             engine.behind = (disk,)
         self.sample_key = 0
-        self.key_sample(secrets.randbits(64) | 1)  # never 0, which leaves the sample unkeyed
+        self.key_sample(secrets.randbits(64))
 
     def key_sample(self, key: int) -> None:
-        """Key the what-if's sample with ``key`` (``proxy.core.whatif``): a secret of the
-        process's own, or the machine's, which every worker shares so that their samples are
-        of the same URLs."""
+        """Key every sample of keys the proxy takes with ``key``: the what-if's
+        (``proxy.core.whatif``) and its admissions' (``key_sample``: ``adaptive`` in memory,
+        ``auto`` on disk). A secret of the process's own, or the machine's, which every
+        worker shares so that their samples are of the same URLs."""
+        key |= 1  # never 0, which leaves a sample unkeyed
         self.sample_key = key
-        if self.engine.whatif is not None:
-            self.engine.whatif.sample_key = key
+        engine = self.engine
+        if engine.whatif is not None:
+            engine.whatif.sample_key = key
+        key_sample(engine.admission, key)
+        if self.disk is not None:
+            key_sample(self.disk.tier.admission, key)
         self.hits.follow_engine()
 
     def reconfigure(self, config: Config) -> None:
@@ -158,10 +164,9 @@ class Proxy:
         if config.what_if_key() != self.config.what_if_key():
             engine.whatif = config.what_if(machine=self.machine)
             if engine.whatif is not None:
-                engine.whatif.sample_key = self.sample_key
                 engine.whatif.start(engine.counters.hits)
             self.follow_whatif()
-        self.hits.follow_engine()
+        self.key_sample(self.sample_key)  # new ghosts or admission: keyed as the old
         self.config = config
 
     @property

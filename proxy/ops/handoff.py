@@ -60,7 +60,7 @@ def sample_key(secret: str) -> int:
     """The key of the what-if's sample every worker of a machine shares (its samples are of
     the same URLs, which the parent's ghosts of the shared tier need), from its secret."""
     digest = hashlib.sha256(b"what-if sample\0" + secret.encode()).digest()
-    return int.from_bytes(digest[:8], "little") | 1  # never 0, which leaves it unkeyed
+    return int.from_bytes(digest[:8], "little")
 
 
 class HandedConfig:

@@ -375,9 +375,24 @@ async def flush_every(proxy: Proxy, interval: float = 1.0) -> None:
             proxy.engine.whatif.flush()
 
 
-# The signals a process holds while it starts (``proxy.__main__``), handled from
-# ``until_signalled`` on.
-HELD_SIGNALS = frozenset({signal.SIGHUP, signal.SIGUSR1})
+# The signals a process holds while it starts (``hold_signals``), handled from
+# ``until_signalled`` on; those that came meanwhile.
+HELD_SIGNALS = (signal.SIGHUP, signal.SIGUSR1)
+_held: list[int] = []
+
+
+def hold_signals() -> None:
+    """Until ``until_signalled`` handles them, hold SIGHUP (reload) and SIGUSR1 (reopen the
+    logs): one that comes while the process starts (a worker told to reload as it came up) is
+    handled then, not lost, and does not end the process, as its default would. A handler of
+    the whole process, not a blocked mask: a thread a library started (numpy's OpenBLAS) would
+    take a process's signal with its default action."""
+    for sig in HELD_SIGNALS:
+        signal.signal(sig, _hold)
+
+
+def _hold(signum: int, frame: object) -> None:
+    _held.append(signum)
 
 
 async def until_signalled(
@@ -386,16 +401,20 @@ async def until_signalled(
     """Return once SIGTERM or SIGINT arrives (the handlers stay: a second signal is ignored
     while the caller drains); until then SIGUSR1 calls ``reopen`` (the logs' files opened
     again) and SIGHUP ``reread`` (the configuration read again), those held while the process
-    started (``HELD_SIGNALS``) included. Without ``reopen`` or ``reread``, the signal is
+    started (``hold_signals``) included. Without ``reopen`` or ``reread``, the signal is
     ignored."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGUSR1, reopen or _nothing)
-    loop.add_signal_handler(signal.SIGHUP, reread or _nothing)
-    # Those held while the process started are taken now, by the handlers above.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
+    handlers = {signal.SIGUSR1: reopen or _nothing, signal.SIGHUP: reread or _nothing}
+    for sig, handler in handlers.items():
+        loop.add_signal_handler(sig, handler)
+    # Those held while the process started are handled now, once each.
+    held = dict.fromkeys(_held)
+    _held.clear()
+    for sig in held:
+        handlers[sig]()
     await stop.wait()
     if reread is not None:  # a reload while draining would open listeners nobody drains
         loop.add_signal_handler(signal.SIGHUP, _ignored_while_stopping)

@@ -152,7 +152,13 @@ class Reloads:
         self.config = new
         self.workers.publish(new)
         if purged and self.workers.tier.scratch is None:
-            self.workers.tier.store.key_rules(key_rules(new), purge=False)
+            # Banned on the device before the tier takes the new rules: a restart after the
+            # parent died, before every worker purged, still finds nothing of the old ones.
+            store = self.workers.tier.store
+            for prefix in purged:
+                store.ban(prefix, by_tag=False)
+            store.durable()
+            store.key_rules(key_rules(new), purge=False)
         return replace(done, purged=purged)
 
     def on_signal(self) -> None:

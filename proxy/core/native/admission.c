@@ -110,7 +110,7 @@ int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long siz
         AdmissionObject *c = (AdmissionObject *)PyTuple_GET_ITEM(a->candidates, j);
         if (admission_observe(c, h1, h2, size, now) < 0) return -1;
     }
-    if (h1 >= a->sample_below) return 0;
+    if (sample_point(h1, a->sample_key) >= a->sample_below) return 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         IndexObject *x = (IndexObject *)PyTuple_GET_ITEM(a->shadows, j);
         AdmissionObject *p = (AdmissionObject *)PyTuple_GET_ITEM(a->shadow_policies, j);
@@ -396,6 +396,8 @@ static PyMemberDef Admission_members[] = {
      "adaptive: times the deciding candidate changed"},
     {"sampled", T_LONGLONG, offsetof(AdmissionObject, sampled), READONLY,
      "adaptive: requests its shadows saw"},
+    {"sample_key", T_ULONGLONG, offsetof(AdmissionObject, sample_key), 0,
+     "adaptive and auto: the secret their sample of keys is chosen by (sample.h; 0: unkeyed)"},
     {NULL},
 };
 

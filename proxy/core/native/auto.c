@@ -93,7 +93,7 @@ static int auto_choose(const AdmissionObject *a, Py_ssize_t n, double seconds) {
 }
 
 int auto_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now) {
-    if (h1 >= a->sample_below) return 0;
+    if (sample_point(h1, a->sample_key) >= a->sample_below) return 0;
     Py_ssize_t n = PyTuple_GET_SIZE(a->candidates);
     if (isnan(a->period_start)) a->period_start = now;
     for (Py_ssize_t j = 0; j < n; j++) {

@@ -387,6 +387,7 @@ typedef struct {
     double *scores;
     int choice;
     uint64_t sample_below;
+    uint64_t sample_key;   /* the sample's secret (sample.h): 0, unkeyed */
     long long overhead;
     long long period;
     long long sampled;
