@@ -24,6 +24,7 @@ from loadgen.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import DiskSection
 from proxy.disk.directory import claimed
 from proxy.disk.store import CHECKPOINT, DiskStore
+from proxy.ops.workers import BATCH_BYTES, MachineForgets
 
 pytestmark = pytest.mark.live
 
@@ -397,3 +398,25 @@ async def test_a_purge_through_one_worker_reaches_what_another_wrote_from_a_fetc
             writer.close()
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+def test_removals_wait_to_be_sent_once_each_purged_ones_first_and_batched_within_bounds():
+    """A flood of removals of one URL (unsafe requests) waits as one key; purged keys go
+    before plain removals, never in one batch with them; a batch stays within BATCH_BYTES."""
+    forgets = MachineForgets("http://127.0.0.1:9", 0, "", "secret", 2)
+    forgets._send_soon = lambda: None  # what is sent, not the sending, is judged here
+    for _ in range(1000):
+        forgets("http://a/flooded")
+    forgets("http://a/other")
+    forgets.purged["http://a/purged"] = None
+    assert forgets._next() == ({"keys": ["http://a/purged"], "from": 0, "purge": True}, 1)
+    assert forgets._next() == (
+        {"keys": ["http://a/flooded", "http://a/other"], "from": 0, "purge": False}, 2)  # fmt: skip
+    assert forgets._next() is None
+    long = ["http://a/" + "x" * 100_000 + str(i) for i in range(5)]
+    for key in long:
+        forgets(key)
+    sizes = []
+    while (batch := forgets._next()) is not None:
+        sizes.append(sum(len(k) + 4 for k in batch[0]["keys"]))
+    assert len(sizes) > 1 and max(sizes) <= BATCH_BYTES

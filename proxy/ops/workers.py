@@ -417,14 +417,16 @@ class MachineForgets(ToParent):
         self, parent_admin: str, place: int, token: str, secret: str, workers: int
     ) -> None:
         super().__init__(parent_admin, "/forget", place, token, secret)
-        self.pending: list[str] = []
-        self.purged: list[str] = []  # keys purged here (``reach``): sent first
+        # Keys waiting to be sent, each once however often it was removed meanwhile (a flood
+        # of unsafe requests to one URL is one key), in order; purged ones (``reach``) first.
+        self.pending: dict[str, None] = {}
+        self.purged: dict[str, None] = {}
         self.others = workers - 1
         # For each ``reach`` under way, how many workers each batch sent since missed.
         self._heard: list[list[int]] = []
 
     def __call__(self, key: str) -> None:
-        self.pending.append(key)
+        self.pending[key] = None
         self._send_soon()
 
     async def reach(self, key: str) -> int:
@@ -434,7 +436,7 @@ class MachineForgets(ToParent):
         heard: list[int] = []
         self._heard.append(heard)
         try:
-            self.purged.append(key)
+            self.purged[key] = None
             self._send_soon()
             await self.sent()
         finally:
@@ -459,14 +461,14 @@ class MachineForgets(ToParent):
         pending = self.purged if purge else self.pending
         if not pending:
             return None
-        size, end = 0, len(pending)
-        for n, key in enumerate(pending):
+        size, batch = 0, []
+        for key in pending:
             size += len(key) + 4
-            if size > BATCH_BYTES and n:
-                end = n
+            if size > BATCH_BYTES and batch:
                 break
-        batch = pending[:end]
-        del pending[:end]
+            batch.append(key)
+        for key in batch:
+            del pending[key]
         return {"keys": batch, "from": self.place, "purge": purge}, len(batch)
 
 
