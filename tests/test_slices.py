@@ -617,9 +617,10 @@ async def test_rfc9110_8_8_3_an_object_changed_under_one_last_modified_is_never_
 async def test_slices_held_for_clients_that_do_not_read_stay_within_slice_memory(
     origin, start_proxy
 ):
-    """Sixteen clients that never read, each a miss of its own large object: each slice in
-    flight takes room (its body and what its client has not taken), and past
-    ``[cache] slice_memory`` the others wait instead of growing the process."""
+    """Sixteen clients that never read (each from an address of its own), each a miss of its
+    own large object: each slice in flight takes room (its body and what its client has not
+    taken), and past ``[cache] slice_memory`` the others wait instead of growing the
+    process."""
     clients = 16
     serve(origin, **{f"v{i}": Large(8 * MIB) for i in range(clients)})
     # Second hit (the default): no slice of these first sightings is stored, so what the
@@ -635,6 +636,7 @@ async def test_slices_held_for_clients_that_do_not_read_stay_within_slice_memory
         for i in range(clients):
             sock = socket.socket()
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.bind((f"127.0.0.{i + 2}", 0))
             sock.setblocking(False)
             await asyncio.get_running_loop().sock_connect(sock, (host, port))
             request = f"GET /v{i} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
@@ -651,6 +653,41 @@ async def test_slices_held_for_clients_that_do_not_read_stay_within_slice_memory
     # What the proxy's code holds for them: the room's slices, and what each connection costs
     # (the test's origin, in this process too, is left out).
     assert held < room.limit + clients * 32 * KIB, f"{held >> 10} KiB held"
+
+
+async def test_one_clients_idle_connections_hold_its_share_of_slice_memory_not_all_of_it(
+    origin, start_proxy
+):
+    """Sixteen connections of one client that never read hold at most its share of
+    ``[cache] slice_memory`` (an eighth): another client's slice miss is answered meanwhile,
+    not refused for want of room."""
+    serve(origin, **{f"v{i}": Large(8 * MIB) for i in range(17)})
+    service = await start_proxy(cache__size="64MiB", cache__slice_size="64KiB",
+                                cache__slice_memory="2MiB")  # fmt: skip
+    room = service.proxy.slicer.room
+    host, port = service.proxy_address
+    sockets = []
+    try:
+        for i in range(16):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.bind(("127.0.0.2", 0))
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (host, port))
+            request = f"GET /v{i} HTTP/1.1\r\nHost: example.test\r\n\r\n".encode()
+            await asyncio.get_running_loop().sock_sendall(sock, request)
+            sockets.append(sock)
+        await until(lambda: room.by_client.get("127.0.0.2") == room.share)
+        await asyncio.sleep(0.2)
+        assert room.by_client["127.0.0.2"] == room.share < room.limit
+        connector = aiohttp.TCPConnector(local_addr=("127.0.0.3", 0))
+        async with aiohttp.ClientSession(connector=connector) as client:
+            url = f"http://{host}:{port}/v16"
+            async with client.get(url, headers={"Host": "example.test"}) as r:
+                assert (r.status, len(await r.read())) == (200, 8 * MIB)
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _proxy_bytes() -> int:

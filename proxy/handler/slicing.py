@@ -35,10 +35,12 @@ How a GET miss goes when slicing is on:
   the disk tier (its fields and length), else goes to the origin as without slices.
 * Slices read from the origin or the disk take room (``SliceRoom``: twice their size, their
   body and what their client has not yet taken of it) until written, all requests together
-  within ``[cache] slice_memory``: a client that stops reading holds one slice's room until
-  ``[server] send_timeout`` closes it, and the others wait for room (as long as a collapsed
-  miss waits), then fail (503 before the head, a cut connection after), rather than grow the
-  process. Slices answered from memory take none.
+  within ``[cache] slice_memory``, one client (its address) within an eighth of it: a client
+  that stops reading holds one slice's room until ``[server] send_timeout`` closes it, and
+  the others wait for room (as long as a collapsed miss waits), then fail (503 before the
+  head, a cut connection after), rather than grow the process; one client's idle
+  connections cannot take the room every other client needs. Slices answered from memory
+  take none.
 * With a disk tier, slices are written to it too (its own admission, slice by slice) and
   read back on a memory miss; a purge of the URL, or a change of version, reaches them there
   (``DiskStore.write_slice``).
@@ -121,34 +123,55 @@ def piece(
     return Piece(fields, body, first, last, length, version, age)
 
 
+# The shares of ``[cache] slice_memory`` one client may hold at most.
+CLIENT_SHARES = 8
+
+
 class SliceRoom:
     """Bytes of slices held in flight (read from the origin or the disk, not yet taken by
-    their clients), across every request: at most ``limit``, but for one slice alone. A
-    client that stops reading holds its room until ``[server] send_timeout`` closes it; the
-    others wait for room, then fail, rather than grow the process."""
+    their clients), across every request: at most ``limit``, but for one slice alone; and for
+    each client (its address) at most its share, ``limit // CLIENT_SHARES`` (one slice's at
+    least). A client that stops reading holds its room until ``[server] send_timeout`` closes
+    it: one client's idle connections hold no more than its share, and what waits for room
+    waits, then fails, rather than grow the process."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, slice_room: int = 0) -> None:
         self.limit = limit
+        self.share = max(limit // CLIENT_SHARES, slice_room)
         self.held = 0
         self.peak = 0
+        self.by_client: dict[str, int] = {}
         self._freed = asyncio.Event()
 
-    async def take(self, size: int, wait: float) -> bool:
-        """Hold ``size`` bytes, waiting up to ``wait`` seconds for room; whether it got it."""
+    async def take(self, size: int, wait: float, client: str = "") -> bool:
+        """Hold ``size`` bytes for ``client``, waiting up to ``wait`` seconds for room, in
+        all and within its share; whether it got it."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while self.held and self.held + size > self.limit:
+        while self._full(size, client):
             self._freed.clear()
             try:
                 await asyncio.wait_for(self._freed.wait(), deadline - loop.time())
             except TimeoutError:
                 return False
         self.held += size
+        self.by_client[client] = self.by_client.get(client, 0) + size
         self.peak = max(self.peak, self.held)
         return True
 
-    def give(self, size: int) -> None:
+    def _full(self, size: int, client: str) -> bool:
+        mine = self.by_client.get(client, 0)
+        return bool(mine and mine + size > self.share) or bool(
+            self.held and self.held + size > self.limit
+        )
+
+    def give(self, size: int, client: str = "") -> None:
         self.held -= size
+        left = self.by_client[client] - size
+        if left:
+            self.by_client[client] = left
+        else:
+            del self.by_client[client]
         self._freed.set()
 
 
@@ -159,7 +182,7 @@ class Slicer:
     def __init__(self, size: int, fetcher: Fetcher, memory: int) -> None:
         self.size = size
         # Each slice in flight takes its body and what its client has not yet taken of it.
-        self.room = SliceRoom(memory)
+        self.room = SliceRoom(memory, 2 * size)
         self.fetcher = fetcher
         self.engine = fetcher.engine
         self.router = fetcher.router
@@ -176,14 +199,14 @@ class Slicer:
         first = self._in_memory(meta, n, None)
         if first is not None:
             return await self._stitch(request, meta, url, n, first, 0)
-        room = 2 * self.size
-        if not await self.room.take(room, self.flights.wait_limit):
+        room, client = 2 * self.size, request.remote or ""
+        if not await self.room.take(room, self.flights.wait_limit, client):
             return plain(503, "too many slices in flight: try again",
                          forwarded(FWD_URI_MISS, detail=SLICE_MEMORY))  # fmt: skip
         try:
             return await self._answer_held(request, meta, url, action, n)
         finally:
-            self.room.give(room)
+            self.room.give(room, client)
 
     async def _answer_held(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch, n: int
@@ -283,19 +306,22 @@ class Slicer:
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
         from_disk = first.from_disk
+        client = request.remote or ""
         for i in wanted:
             held = 0
             try:
                 part = first if i == n else self._in_memory(meta, i, first)
                 if part is None:
-                    held = 2 * self.size
-                    if await self.room.take(held, self.flights.wait_limit):
+                    # Held once taken: a wait for room cut short (the request cancelled) gives
+                    # back nothing.
+                    if await self.room.take(2 * self.size, self.flights.wait_limit, client):
+                        held = 2 * self.size
                         part = await self._on_disk(meta, i, first)
                         if part is None:
                             part = await self._fetched(meta, url, i, first)
                             fetched += 1
                     else:
-                        held, part = 0, "failed"
+                        part = "failed"
                 if not isinstance(part, Piece):
                     if part == "changed":
                         self.engine.remove_slices(meta.key)
@@ -309,7 +335,7 @@ class Slicer:
                     break  # the client left: nothing more to fetch for it
             finally:
                 if held:
-                    self.room.give(held)
+                    self.room.give(held, client)
         else:
             await send(out, b"", eof=True)
         engine.sliced(fetched, mismatched=False, from_disk=from_disk)
