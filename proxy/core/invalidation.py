@@ -111,23 +111,31 @@ class Removals:
         mark it (``soft_purge``); a tier that cannot removes it. Answers
         once every tier made it durable (``Tier.durable``). A response fetched since before
         it is not stored after it (``RecentPurges``)."""
-        if kind == "url":
-            self.recent_purges.url(value, now)  # type: ignore[arg-type]
-        elif kind == "prefix":
-            self.recent_purges.prefix(value, now)  # type: ignore[arg-type]
-        else:
-            self.recent_purges.tags(value, now)
+        count = self._purge(kind, value, now, soft)
+        return Purged(count, soft, self._durable())
+
+    def purge_urls(self, urls: list[str], now: float) -> Purged:
+        """``purge`` of each of ``urls`` (cache keys), made durable once for them all (a batch
+        another worker purged)."""
+        count = sum(self._purge("url", url, now, False) for url in urls)
+        return Purged(count, False, self._durable())
+
+    def _purge(self, kind: str, value: str | list[str], now: float, soft: bool) -> int:
+        """``purge`` but for its durability: how many entries the store held."""
+        self.recent_purges.made(kind, value, now)
         if soft:
             count = self.soft_purge(self.stored_keys(**{kind: value}), now)
             self._purge_behind(kind, value)
-        elif kind == "url":
-            count = self.invalidate(value, PURGE)  # type: ignore[arg-type]
-        elif kind == "prefix":
-            count = self.purge_prefix(value)  # type: ignore[arg-type]
-        else:
-            count = self.purge_tags(value)  # type: ignore[arg-type]
-        durable = all([tier.durable() for tier in self.behind])
-        return Purged(count, soft, durable)
+            return count
+        if kind == "url":
+            return self.invalidate(value, PURGE)  # type: ignore[arg-type]
+        if kind == "prefix":
+            return self.purge_prefix(value)  # type: ignore[arg-type]
+        return self.purge_tags(value)  # type: ignore[arg-type]
+
+    def _durable(self) -> bool:
+        """Whether every tier behind the store put what it was told on its device."""
+        return all([tier.durable() for tier in self.behind])
 
     def _purge_behind(self, kind: str, value: str | list[str]) -> None:
         """Hand a purge (see ``purge``) to every tier behind the store: a URL is forgotten,

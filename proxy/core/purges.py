@@ -41,6 +41,14 @@ class RecentPurges:
     def __len__(self) -> int:
         return len(self._made)
 
+    def made(self, kind: str, value: str | list[str], now: float) -> None:
+        """A purge as ``Removals.purge`` takes one (``kind``: "url", "prefix" or "tags"), made
+        at ``now``."""
+        if isinstance(value, str):
+            (self.url if kind == "url" else self.prefix)(value, now)
+        else:
+            self.tags(value, now)
+
     def url(self, key: str, now: float) -> None:
         """A purge of the URL of ``key`` (with its variants and slices) at ``now``."""
         self._add(("url", hash(url_of(key))), now)

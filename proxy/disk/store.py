@@ -431,18 +431,18 @@ class DiskStore:
         never answers with what the old ones stored); the directory then keeps ``rules``.
         Whether it purged. A directory that kept no rules (a release before this one) is
         taken as written under these."""
-        path = Path(self.checkpoint_path.parent) / KEY_RULES
+        path = self.checkpoint_path.parent / KEY_RULES
         try:
-            before = path.read_text()
+            before: str | None = path.read_text()
         except FileNotFoundError:
-            before = rules
-        purged = purge and before != rules
+            before = None
+        purged = purge and before is not None and before != rules
         if purged:
             log.warning("the disk tier's records were keyed or fetched by other rules than "
                         "these (key_query, routes, origins, forwarded fields): purged")  # fmt: skip
             self.ban("", by_tag=False)
             self.durable()
-        if not path.exists() or before != rules:
+        if before != rules:
             written = path.with_suffix(".new")
             written.write_text(rules)
             written.replace(path)

@@ -216,8 +216,8 @@ def admin_app(
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
         now, engine = proxy.clock(), proxy.engine
-        if named.purge:
-            removed = sum(engine.purge("url", key, now).count for key in named.keys)
+        if named.purge:  # as its own purge, put on the device once for the batch
+            removed = engine.purge_urls(named.keys, now).count
         else:
             removed = sum(engine.forgotten_elsewhere(key, now) for key in named.keys)
         return web.json_response({"removed": removed})
@@ -333,8 +333,7 @@ def admin_application(
     (``POST /whatif``), a parent's: a worker's what-if samples, for the shared tier's ghosts.
     Those two are the machine's own: taken only with its secret (``machine_secret``,
     ``proxy.ops.handoff``), 403 without."""
-    guards = [guard_middleware(config.token, config.listen[0])]
-    app = web.Application(middlewares=guards)
+    app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
     app.on_response_prepare.append(_name_the_server)
     app.router.add_get("/stats", stats)
     app.router.add_get("/metrics", metrics)

@@ -74,10 +74,12 @@ BATCH_BYTES = 256 << 10
 # sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
 SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
-# Seconds the parent's admin waits for a worker's answer to a call it fans out; to a removal
-# another worker sends (``MachineForgets``, which waits 5 s for the parent), less.
+# Seconds a worker waits for its parent's answer to what it sends (``ToParent``); the parent's
+# admin for a worker's answer to a call it fans out, and to a removal another worker sent,
+# within that worker's own wait.
+TO_PARENT_WAIT = 5.0
 FAN_OUT_WAIT = 30.0
-FORGET_WAIT = 3.0
+FORGET_WAIT = TO_PARENT_WAIT - 2.0
 
 
 async def serve_workers(
@@ -361,7 +363,7 @@ class ToParent:
             body, count = next_body
             if self.session is None:
                 self.session = aiohttp.ClientSession(
-                    headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
+                    headers=self.headers, timeout=aiohttp.ClientTimeout(total=TO_PARENT_WAIT)
                 )
             for wait in (*self.again, None):
                 try:

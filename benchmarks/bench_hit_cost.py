@@ -1,0 +1,221 @@
+"""What a hit costs onehit as operators run it, beside nginx ``proxy_cache`` in the same run:
+CPU-seconds of the server's processes (``/proc``) per request, the access log on in both.
+
+Cells: bodies of 1 KiB, 16 KiB and 1 MiB, hit from memory (100 URLs, a memory tier that holds
+them all) and from the disk tier (onehit's memory tier a few MiB, its disk holding every URL:
+2,000 URLs, 200 of 1 MiB; nginx's cache is always on disk, the page cache warm). Each server
+is one process pinned to the second core, ``wrk`` (one thread, 32 connections, URLs at random)
+to the first. Both write their access log to a file: onehit its shipped ``combined`` format,
+nginx its default ``combined`` log. Before each cell every URL is asked three times; then
+the cell runs ``--seconds`` of load. Printed per cell: microseconds of CPU per request for
+each server, and nginx's over onehit's (its efficiency beside nginx: above 1, onehit spends
+less). onehit's share of hits from disk (its /stats) is printed beside the disk cells.
+``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
+and this checkout's cost over it.
+
+    .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from aiohttp import web
+from bench_one_cache import child_pids, cpu_seconds
+
+from loadgen.nginx import main_context, nginx_binary
+from loadgen.processes import free_port
+
+HERE = Path(__file__).resolve().parent
+SIZES = {"1k": 1024, "16k": 16 << 10, "1m": 1 << 20}
+SERVER_CORE, LOAD_CORE = ("taskset", "-c", "1"), ("taskset", "-c", "0")
+
+
+def cells() -> list[tuple[str, str, int, list[str]]]:
+    """(size name, source, URLs, onehit's settings) of each cell."""
+    out = []
+    for name, size in SIZES.items():
+        out.append((name, "memory", 100, ["cache.size=256MiB", "cache.max_object_size=2MiB"]))
+        small = ["cache.size=1MiB"] if size < 1 << 20 else [
+            "cache.size=4MiB", "cache.max_object_size=2MiB"]  # fmt: skip
+        disk = [*small, "disk.size=512MiB", "disk.region_size=16MiB", "disk.policy=always"]
+        out.append((name, "disk", 2000 if size < 1 << 20 else 200, disk))
+    return out
+
+
+async def origin(port: int) -> web.AppRunner:
+    """``/SIZE/N``: a body of SIZE bytes, fresh for an hour."""
+
+    async def body(request: web.Request) -> web.Response:
+        size = SIZES[request.match_info["size"]]
+        return web.Response(body=b"x" * size, headers={"Cache-Control": "max-age=3600"})
+
+    app = web.Application()
+    app.router.add_get("/{size}/{n}", body)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def wait_listening(port: int) -> None:
+    for _ in range(300):
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+async def warm(port: int, prefix: str, urls: int) -> None:
+    """Every URL asked three times (stored on its second sighting, hit on the third)."""
+    loop = asyncio.get_running_loop()
+
+    def ask() -> None:
+        for _ in range(3):
+            for i in range(urls):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{prefix}{i}") as r:
+                    r.read()
+
+    await loop.run_in_executor(None, ask)
+
+
+async def load(port: int, prefix: str, urls: int, seconds: float) -> int:
+    """Requests ``wrk`` made in ``seconds``, each to one of ``urls`` URLs at random."""
+    script = Path(tempfile.mkstemp(suffix=".lua")[1])
+    script.write_text(f'request = function() return wrk.format(nil, "{prefix}" .. '
+                      f"math.random(0, {urls - 1})) end\n")  # fmt: skip
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *LOAD_CORE, "wrk", "-t1", "-c32", f"-d{seconds:g}s", "-s", str(script),
+            f"http://127.0.0.1:{port}", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        out = (await asyncio.wait_for(process.communicate(), seconds + 30))[0].decode()
+    finally:
+        script.unlink()
+    return int(out.split(" requests in ")[0].split()[-1])
+
+
+async def measure(pids: list[int], port: int, prefix: str, urls: int, seconds: float) -> float:
+    """Microseconds of CPU the processes ``pids`` spent per request under load."""
+    await warm(port, prefix, urls)
+    before = cpu_seconds(pids)
+    requests = await load(port, prefix, urls, seconds)
+    return (cpu_seconds(pids) - before) / requests * 1e6
+
+
+async def onehit_cost(
+    cwd: Path, origin_url: str, settings: list[str], prefix: str, urls: int, seconds: float
+) -> tuple[float, float]:
+    """onehit (from the checkout ``cwd``): CPU µs per request, and its share of hits from
+    disk."""
+    work = Path(tempfile.mkdtemp(prefix="onehit-bench-hit-"))
+    port, admin = free_port(), free_port()
+    sets = [*settings, "server.access_log=true", f"server.access_log_file={work}/access.log"]
+    if any(s.startswith("disk.") for s in settings):
+        sets.append(f"disk.path={work}/disk")
+    flags = [arg for s in sets for arg in ("--set", s)]
+    process = subprocess.Popen(
+        [*SERVER_CORE, sys.executable, "-m", "proxy", "--origin", origin_url, "--listen",
+         f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}", *flags],
+        cwd=cwd, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        await wait_listening(admin)
+        per = await measure([process.pid], port, prefix, urls, seconds)
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats") as r:
+            metrics = json.load(r)["metrics"]
+        return per, metrics["hits_from_disk"] / max(1, metrics["hits"])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def nginx_cost(nginx: str, origin_url: str, prefix: str, urls: int, seconds: float) -> float:
+    """nginx ``proxy_cache`` (one worker, its cache on disk, its access log to a file): CPU
+    µs per request."""
+    root = Path(tempfile.mkdtemp(prefix="onehit-bench-nginx-"))
+    port = free_port()
+    config = root / "nginx.conf"
+    config.write_text(f"""{main_context(root)}
+http {{
+    access_log {root}/access.log;
+    upstream origin {{ server {origin_url.removeprefix("http://")}; keepalive 64; }}
+    proxy_cache_path {root}/cache levels=1:2 keys_zone=onehit:32m max_size=2g;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache onehit;
+            proxy_cache_min_uses 2;
+        }}
+    }}
+}}
+""")
+    process = subprocess.Popen([*SERVER_CORE, nginx, "-c", str(config), "-p", str(root)],
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        await wait_listening(port)
+        pids = [process.pid, *child_pids(process.pid)]
+        return await measure(pids, port, prefix, urls, seconds)
+    finally:
+        process.send_signal(signal.SIGQUIT)
+        process.wait()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--baseline", help="another checkout of onehit to measure beside this")
+    args = parser.parse_args()
+    nginx = nginx_binary()
+    if nginx is None or shutil.which("wrk") is None or shutil.which("taskset") is None:
+        raise SystemExit("needs nginx, wrk and taskset (Debian: nginx-light wrk util-linux)")
+    port = free_port()
+    runner = await origin(port)
+    origin_url = f"http://127.0.0.1:{port}"
+    rows = []
+    try:
+        for size, source, urls, settings in cells():
+            prefix = f"/{size}/"
+            ours, from_disk = await onehit_cost(HERE.parent, origin_url, settings, prefix, urls,
+                                                args.seconds)  # fmt: skip
+            theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds)
+            before = None
+            if args.baseline:
+                before, _ = await onehit_cost(Path(args.baseline), origin_url, settings, prefix,
+                                              urls, args.seconds)  # fmt: skip
+            rows.append((size, source, ours, theirs, from_disk, before))
+    finally:
+        await runner.cleanup()
+    print(f"\nCPU µs per hit, access log on in both ({args.seconds:g} s of wrk per cell)")
+    head = (f"{'body':>5} {'from':>7} {'onehit':>9} {'nginx':>9} {'nginx/onehit':>13} "
+            f"{'disk hits':>10}")  # fmt: skip
+    print(head + (f" {'baseline':>9} {'onehit/baseline':>16}" if args.baseline else ""))
+    for size, source, ours, theirs, from_disk, before in rows:
+        line = (f"{size:>5} {source:>7} {ours:>9.1f} {theirs:>9.1f} {theirs / ours:>13.2f} "
+                f"{from_disk:>10.0%}")  # fmt: skip
+        if before is not None:
+            line += f" {before:>9.1f} {ours / before:>16.2f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    asyncio.run(main())
