@@ -41,7 +41,7 @@ def fill(
     now = time.time()
     for i in range(objects):
         key = f"http://bench.example/obj/{i}"
-        store.wants(RequestMeta(key), STORED, len(body), True, now)
+        store.takes(RequestMeta(key), STORED, len(body), True, now)
         store.write(key, STORED, body, now)
         if checkpoint_at is not None and i + 1 == checkpoint_at:
             store.checkpoint()

@@ -77,7 +77,11 @@ class DiskSpec:
 
     def tier(self) -> DiskTier:
         regions = Regions(self.region_size, self.size // self.region_size)
-        return DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate))
+        return DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate),
+                        record_length=self.record_length or self._record_length)  # fmt: skip
+
+    def _record_length(self, key: str, size: int) -> int:
+        return RECORD_HEADER + len(key.encode()) + self.meta_bytes + size
 
 
 def simulate_tiers(
@@ -169,8 +173,9 @@ def model_tiers(
     eviction: str = "lru",
 ) -> SimResult:
     """``simulate_tiers``, each request through the engine's and the disk tier's Python rules
-    (``CacheEngine.lookup``, ``on_response`` and ``hit_behind``, ``DiskTier.find`` and
-    ``offer``), as the live proxy drives them."""
+    (``CacheEngine.lookup``, ``on_response`` and ``hit_behind``, ``DiskTier.find``), as the
+    live proxy drives them: the engine offers each response to the disk tier and writes it
+    there (``proxy.core.tiers.Tier.takes`` and ``put``)."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
     written: dict[str, float] = {}  # key -> when its record was written
@@ -183,10 +188,7 @@ def model_tiers(
     hit_behind, missed_behind = engine.hit_behind, engine.missed_behind
     answers_from = engine.answers_from
     entry_type = engine.entry_type
-    find, offer = tier.find, tier.offer
-    record_length = disk.record_length or (
-        lambda key, size: RECORD_HEADER + len(key.encode()) + disk.meta_bytes + size
-    )
+    find = tier.find
     started = time.perf_counter()
     for name, size, now in zip(keys, sizes, times, strict=True):
         key = key_prefix + name
@@ -202,7 +204,8 @@ def model_tiers(
                     continue
             missed_behind(tier)
         on_response(request, stored, size, now)
-        if offer(key, size, record_length(key, size), now) is not None:
+        # The fetch made the tier forget its older record: one found now was written now.
+        if find(key) is not None:
             written[key] = now
     return _result(engine, tier, trace, disk, admission, eviction, started)
 

@@ -59,7 +59,7 @@ class Machine:
 
 
 def write(store: DiskStore, key: str, body: bytes = b"body") -> None:
-    assert store.wants(RequestMeta(key), STORED, len(body), True, 0.0)
+    assert store.takes(RequestMeta(key), STORED, len(body), True, 0.0)
     store.write(key, STORED, body, 0.0)
 
 

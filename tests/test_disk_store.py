@@ -40,7 +40,7 @@ def body_of(key: str) -> bytes:
 def write(store: DiskStore, keys: list[str]) -> None:
     for key in keys:
         request = RequestMeta(key)
-        assert store.wants(request, STORED, len(body_of(key)), True, 0.0)
+        assert store.takes(request, STORED, len(body_of(key)), True, 0.0)
         store.write(key, STORED, body_of(key), time.time())
 
 
@@ -144,7 +144,7 @@ last = time.monotonic()
 print("ready", flush=True)
 while True:
     key = f"http://a/{i}"
-    if store.wants(RequestMeta(key), STORED, len(body_of(key)), True, 0.0):
+    if store.takes(RequestMeta(key), STORED, len(body_of(key)), True, 0.0):
         store.write(key, STORED, body_of(key), time.time())
     if time.monotonic() - last > 0.05:
         store.checkpoint()
@@ -182,7 +182,7 @@ def test_the_write_budget_of_the_config_tightens_what_the_disk_takes(tmp_path):
     taken = 0
     for i in range(2000):  # 20 s of 100 offers a second of 1 KB: ten times the budget
         key = f"k{i}"
-        if store.wants(RequestMeta(key), STORED, 1000, True, i / 100):
+        if store.takes(RequestMeta(key), STORED, 1000, True, i / 100):
             store.write(key, STORED, b"x" * 1000, i / 100)
             taken += 1
     assert 100 < taken < 500 and store.stats()["throttled"] == 2000 - taken
@@ -194,7 +194,7 @@ async def test_a_large_record_is_read_off_the_loop_and_a_purge_during_the_read_w
     large, small = "http://h/large", "http://h/small"
     bodies = {large: b"L" * (READ_INLINE + 1), small: b"s" * 100}
     for key, body in bodies.items():
-        assert store.wants(RequestMeta(key), STORED, len(body), True, 0.0)
+        assert store.takes(RequestMeta(key), STORED, len(body), True, 0.0)
         store.write(key, STORED, body, time.time())
     assert store.lookup(small, Entry, READ_INLINE) and not store.lookup(large, Entry, READ_INLINE)
     for key, body in bodies.items():

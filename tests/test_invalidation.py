@@ -39,8 +39,9 @@ def two_tiers() -> tuple[CacheEngine, DiskTier]:
     engine = build_engine(1 << 20, ALWAYS)
     tier = DiskSpec(8 << 20, region_size=1 << 20, admission=ALWAYS).tier()
     engine.behind = (tier,)
-    engine.on_response(RequestMeta(URL), TAGGED, 100, 0.0)
-    for key in (URL, slices.anchor_key(URL), slices.slice_key(URL, 0)):
+    engine.on_response(RequestMeta(URL), TAGGED, 100, 0.0)  # the engine writes the tier
+    assert tier.find(URL) is not None
+    for key in (slices.anchor_key(URL), slices.slice_key(URL, 0)):
         assert tier.offer(key, 100, 200, 0.0) is not None
     return engine, tier
 
@@ -77,8 +78,12 @@ REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
 @pytest.mark.parametrize("removal", REMOVALS)
 def test_every_removal_the_engine_decides_reaches_the_tier_behind_the_store(removal):
     engine, tier = two_tiers()
+    before = tier.find(URL)
     REMOVALS[removal](engine)
-    assert tier.find(URL) is None, f"{removal} left the disk's copy"
+    after = tier.find(URL)
+    # A newer response the tier takes is written after the older copy, in its place.
+    written = removal == "a newer response" and after is not None and after.offset > before.offset
+    assert after is None or written, f"{removal} left the disk's copy"
     # The slices and variants of the URL are found only after their anchors: gone with them.
     assert tier.find(slices.anchor_key(URL)) is None
 
@@ -203,6 +208,34 @@ async def test_a_purge_the_device_keeps_answers_durable(origin, start_proxy, tmp
     answer = await admin_purge(first, {"prefix": "http://example.test/"})
     assert answer == {"removed": 1, "prefix": "http://example.test/"}
     assert (tmp_path / "bans.json").exists()
+
+
+def test_the_engine_writes_a_tier_what_it_took_only_once_the_body_ended_whole():
+    """The disk write is the engine's: offered at the head (the tier's admission), written
+    by ``finish`` when the body ended whole with a copy in hand, never when cut short or
+    when the driver kept no copy."""
+    other = "http://a/y"
+    for complete, payload, written in ((True, b"y" * 100, True), (False, b"y" * 100, False),
+                                       (True, None, False)):  # fmt: skip
+        engine, tier = two_tiers()
+        decided = engine.on_response_head(RequestMeta(other), TAGGED, 100, 1.0)
+        assert decided.tiers == (tier,)
+        engine.finish(RequestMeta(other), decided, 100, 1.0, payload=payload, complete=complete)
+        assert (tier.find(other) is not None) is written, (complete, payload)
+
+
+def test_a_purge_made_before_a_responses_head_arrived_keeps_it_from_every_tier_at_its_head():
+    """Its request went out before the purge: the head already says it is not stored
+    (Cache-Status tells no "stored"), and neither memory nor the disk takes it."""
+    engine, tier = two_tiers()
+    engine.recent_purges = RecentPurges(horizon=60.0)
+    engine.purge("url", URL, 5.0)
+    response = TAGGED._replace(requested_at=4.0)
+    decided = engine.on_response_head(RequestMeta(URL), response, 100, 6.0)
+    assert decided.memory.reason == "purged-in-flight" and decided.tiers == ()
+    engine.finish(RequestMeta(URL), decided, 100, 6.0, payload=b"x" * 100)
+    assert engine.store.peek(URL) is None and tier.find(URL) is None
+    assert engine.counters.purged_in_flight == 1
 
 
 def test_rfc9111_4_a_newer_response_the_store_cannot_keep_takes_its_older_copy_away():

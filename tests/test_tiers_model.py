@@ -16,7 +16,8 @@ A response the proxy answers from a cache (its ``Cache-Status`` says ``hit``) mu
   made it uncacheable (``private``, ``no-store``, a full response or a 304), and
 * the variant the request selects when it varies.
 
-Any other answer is the origin's current version, relayed.
+Any other answer is the origin's current version, relayed. And every response memory stores
+the disk (which admits all here) holds too, as soon as memory does.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from proxy.config.settings import load
+from proxy.core.store import Entry
+from proxy.core.tiers import url_of
 from proxy.disk.directory import release
 from proxy.ops.service import Service
 
@@ -219,6 +222,22 @@ class TwoTiers(RuleBasedStateMachine):
             headers["If-None-Match"] = f'"{b.version}-{lang or "-"}"'
         status, answer = self.run(self._send(method, url, headers))
         self._check(url, lang, status, answer)
+        if method == "GET" and "; stored" in answer.get("Cache-Status", ""):
+            self._on_disk_as_in_memory(url, answer["ETag"])
+
+    def _on_disk_as_in_memory(self, url: str, etag: str) -> None:
+        """Every response memory stores, the disk takes (its admission here takes all): the
+        memory entries of ``url`` this answer stored have a record of their key on disk,
+        of the same response. (One memory no longer holds was not stored by this answer's
+        end, or was evicted since: nothing to compare.)"""
+        proxy = self.service.proxy
+        store = proxy.engine.store
+        stored = [key for key in store if url_of(key) == f"http://{HOST}{url}"
+                  and dict(store.peek(key).headers).get("ETag") == etag]  # fmt: skip
+        for key in stored:
+            record = proxy.disk.lookup(key, Entry)
+            assert record is not None, f"{key!r}: stored in memory, not on disk"
+            assert dict(record.headers).get("ETag") == etag, (key, record.headers)
 
     async def _send(self, method: str, url: str, headers: dict[str, str]):
         host, port = self.service.proxy_address

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from proxy.core import variants
 from proxy.core._native import Admission, DiskIndex, SharedIndex, WriteBudget, hash64
 from proxy.core.admission import (
     AdaptivePolicy,
@@ -67,6 +68,7 @@ from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
 
 if TYPE_CHECKING:
+    from proxy.core.events import RequestMeta, ResponseMeta
     from proxy.core.window import SharedMemory
 
 # A record's header (``proxy.disk.region_log`` writes and reads records): magic, the whole record's
@@ -95,6 +97,19 @@ MAX_BANS = 1024
 # last item true) whose response carries the tag, written before ``region`` and ``offset``
 # (the ring's next write at the purge) are purged.
 Ban = tuple[str, int, int, bool]
+
+
+def record_key(request: RequestMeta, response: ResponseMeta) -> str:
+    """The key a response's record is written under: its URL's, or its variant's."""
+    if response.vary:
+        return variants.variant_key(request.key, response.vary, request.headers)
+    return request.key
+
+
+def assumed_record_length(key: str, size: int) -> int:
+    """A record's bytes for a body of ``size`` bytes under ``key`` with ``ASSUMED_META`` bytes
+    of meta: what a simulated tier counts when it is not told (``DiskTier.record_length``)."""
+    return RECORD_HEADER + len(key.encode()) + ASSUMED_META + size
 
 
 def slots(dump: bytes) -> list[tuple[int, Slot]]:
@@ -152,6 +167,9 @@ class DiskTier:
     # Called before each ``find``: brings in the bans the other workers of the machine took
     # (``proxy.disk.store``); None for a tier of one process.
     follow_bans: Callable[[], None] | None = field(default=None, repr=False)
+    # The bytes of the record of a body of ``size`` bytes under ``key``, as the simulator
+    # counts it (``takes``, ``put``; the live tier writes records of its own length).
+    record_length: Callable[[str, int], int] = field(default=None, repr=False)  # type: ignore[assignment]
     admission: AdmissionPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +182,8 @@ class DiskTier:
             )
         if self.index is None:
             self.index = DiskIndex(self.regions.regions)
+        if self.record_length is None:
+            self.record_length = assumed_record_length
         if name == "auto":
             self.admission = self._auto()
             return
@@ -266,6 +286,30 @@ class DiskTier:
         that observes (``auto``) sees the lookup."""
         if self.admission.observes:
             self.admission.observe(key, size, now)
+
+    def takes(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        kept: bool,
+        now: float,
+    ) -> bool:
+        """``proxy.core.tiers.Tier.takes`` for the simulator: ``admit`` of the key its record
+        is written under (``record_key``), its record as ``record_length`` counts it."""
+        size = length or 0
+        key = record_key(request, response)
+        return self.admit(key, size, self.record_length(key, size), now)
+
+    def put(
+        self, request: RequestMeta, response: ResponseMeta, body: object, size: int, now: float
+    ) -> None:
+        """``proxy.core.tiers.Tier.put`` for the simulator: the record placed and indexed."""
+        key = record_key(request, response)
+        length = self.record_length(key, size)
+        placement = self.regions.place(length)
+        assert placement is not None, "admit checked that the record fits a region"
+        self.recorded(key, placement.region, placement.offset, length)
 
     def offer(self, key: str, size: int, length: int, now: float) -> Slot | None:
         """A response of ``size`` body bytes, a record of ``length`` bytes, fetched for

@@ -21,13 +21,16 @@ Rules this module keeps:
   arrives (``answer``), so what revalidating browsers and video players ask for is cached too.
   A URL whose response was uncacheable a moment ago (``hit_for_miss`` seconds) goes straight to
   the origin with the client's own fields and is not collapsed.
-* Responses are decided from their head, before their body: ``on_response_head`` says ``Keep``
-  (copy the body as it streams) or ``NotStored`` (stream it, keep nothing). An uncacheable
+* Responses are decided from their head, before their body: ``on_response_head`` says, for
+  memory, ``Keep`` (copy the body as it streams) or ``NotStored`` (stream it, keep nothing),
+  and which tiers behind the store take it (``Tier.takes``: copy it for them too). An uncacheable
   response is ``NotStored(reason)``; one over the max object size is ``NotStored("too-large")``
   without consulting the policy; a URL already stored (a refresh) is kept without consulting the
   policy; otherwise the admission policy decides on the URL, and a refusal is
-  ``NotStored("first-sighting")``. ``finish`` then stores a kept body that ended whole and fits;
-  a body cut short is never stored. ``on_response`` is both steps for a body already in hand;
+  ``NotStored("first-sighting")``; one a purge made since its request went out reaches is
+  ``NotStored("purged-in-flight")``. ``finish`` then stores a kept body that ended whole and
+  fits, and writes it to the tiers that took it (``Tier.put``): no driver writes a tier; a
+  body cut short is stored nowhere. ``on_response`` is both steps for a body already in hand;
   ``on_shared`` counts a request answered by another's fetch as a sighting, not a fetch.
 * A full response that may not be stored removes what was stored for its URL, every variant,
   in every tier (section 4.3.4); a full response that may be stored is the newest for its

@@ -5,7 +5,8 @@ immutable events, as h11 models a protocol's.
   ``ResponseMeta`` (built by ``responses.response_meta``).
 * ``lookup`` finds a ``Hit``, ``Stale``, ``Miss`` or ``Bypass``; ``plan`` gives one ``Action``:
   ``FromCache``, ``Revalidate``, ``Fetch`` or ``Refuse``; a response head is ``Keep`` or
-  ``NotStored``, and a finished one a ``Store`` or ``NotStored``; a client's conditional or
+  ``NotStored`` for memory (``responses.Decided`` adds the tiers that write it), and a finished
+  one a ``Store`` or ``NotStored``; a client's conditional or
   Range is answered as an ``Answer``.
 * The request fields the cache's rules read are listed here once (``RULE_FIELDS``), and every
   path, the compiled ones included, takes them from here: a GET or HEAD carrying none of them

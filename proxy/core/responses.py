@@ -6,6 +6,8 @@ responses describe.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from cachetools import LRUCache
 
 from proxy.core import rfc9111
@@ -54,8 +56,24 @@ _REMEMBERED_OVERHEAD = 160
 # those stored (``proxy.core.whatif``).
 _CACHEABLE = (FIRST_SIGHTING, TOO_LARGE, COLLAPSED, TOO_MANY_VARIANTS)
 
+# Memory's decisions that no tier behind it is offered: a response no purge could reach by
+# every tag, one that could never answer fresh (its record dropped at its first read), one
+# past the largest object (no copy is kept of its body), one a purge made since its request
+# went out reaches.
+_NO_TIER = (TOO_MANY_TAGS, NEVER_FRESH, TOO_LARGE, PURGED_IN_FLIGHT)
+
 # Reasons a response may not be stored that belong to the request, not to the URL.
 _REQUEST_REASONS = frozenset({"cookie", "authorization", "request-no-store", "method"})
+
+
+class Decided(NamedTuple):
+    """The engine's decision at a fetched response's head: whether memory keeps its body
+    (``memory``) and which tiers behind the store write it (``tiers``, each having said it
+    takes it), both carried out by ``finish`` once the body ends whole."""
+
+    memory: Keep | NotStored
+    response: ResponseMeta
+    tiers: tuple[Tier, ...] = ()
 
 
 def response_meta(
@@ -139,18 +157,20 @@ class ResponseDecisions(Removals):
         now: float,
         *,
         admitted: bool | None = None,
-    ) -> Keep | NotStored:
-        """Decide from the head of a response fetched from the origin whether its body will
-        be kept (``length``: its Content-Length, None when unknown). ``admitted``: the
-        admission answer when the driver already asked an asynchronous backend (see
-        ``admission_pending``); None asks the engine's own policy."""
+    ) -> Decided:
+        """Decide from the head of a response fetched from the origin whether memory will
+        keep its body and which tiers behind the store write it (``length``: its
+        Content-Length, None when unknown).
+        ``admitted``: the admission answer when the driver already asked an asynchronous
+        backend (see ``admission_pending``); None asks the engine's own policy."""
         self.counters.origin_fetches += 1
-        return self._decide(request, response, length, now, admitted, True)
+        memory = self._decide(request, response, length, now, admitted, True)
+        return Decided(memory, response, self._offer(request, response, length, memory, now))
 
     def finish(
         self,
         request: RequestMeta,
-        decision: Keep | NotStored,
+        decided: Decided,
         size: int,
         now: float,
         *,
@@ -159,9 +179,10 @@ class ResponseDecisions(Removals):
         served: bool = True,
     ) -> Outcome:
         """The body of a decided response ended after ``size`` bytes (``complete=False``: cut
-        short; ``served=False``: no client got it, as in a background refresh). A kept body
-        that ended whole and fits is stored, with ``payload`` (the driver's own: the store
-        never reads it)."""
+        short; ``served=False``: no client got it, as in a background refresh). A body that
+        ended whole is stored when memory keeps it and fits, with ``payload`` (the driver's
+        own: the store never reads it), and written, after, to the tiers that took it; a
+        driver that kept no copy passes None, and no tier is written."""
         c = self.counters
         c.origin_bytes += size
         if served:
@@ -169,7 +190,10 @@ class ResponseDecisions(Removals):
         if not complete:
             c.cut_short += 1
             return CUT_SHORT
-        return self._settle(request, decision, size, now, payload)
+        outcome = self._settle(request, decided.memory, size, now, payload)
+        if decided.tiers and payload is not None:
+            self._write_behind(request, decided.response, decided.tiers, payload, size, now)
+        return outcome
 
     def on_response(
         self, request: RequestMeta, response: ResponseMeta, size: int, now: float
@@ -181,7 +205,48 @@ class ResponseDecisions(Removals):
         c.origin_bytes += size
         c.bytes_served += size
         decision = self._decide(request, response, size, now, None, True)
-        return self._settle(request, decision, size, now, response.payload)
+        if not self.behind:
+            return self._settle(request, decision, size, now, response.payload)
+        tiers = self._offer(request, response, size, decision, now)
+        outcome = self._settle(request, decision, size, now, response.payload)
+        self._write_behind(request, response, tiers, response.payload, size, now)
+        return outcome
+
+    def _offer(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        memory: Keep | NotStored,
+        now: float,
+    ) -> tuple[Tier, ...]:
+        """The tiers behind the store that take a fetched response, memory having decided
+        ``memory`` (``proxy.core.tiers``: what no tier is offered)."""
+        if not self.behind or not response.cacheable or memory in _NO_TIER:
+            return ()
+        kept = type(memory) is Keep
+        return tuple(
+            tier for tier in self.behind if tier.takes(request, response, length, kept, now)
+        )
+
+    def _write_behind(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        tiers: tuple[Tier, ...],
+        payload: object,
+        size: int,
+        now: float,
+    ) -> None:
+        """Write a body that ended whole to the ``tiers`` that took it at its head: not one
+        past the store's largest object, nor one a purge made since its request went out
+        reaches. Written after the store took it: what the engine forgot as it did (the URL's
+        old variants when the selecting fields change) is forgotten in every tier, and must
+        not take this record with it."""
+        if not tiers or not self.store.fits(size) or self.purged_since(request.key, response):
+            return
+        for tier in tiers:
+            tier.put(request, response, payload, size, now)
 
     def on_shared(
         self,
@@ -228,6 +293,12 @@ class ResponseDecisions(Removals):
         if known:
             for tier in self.behind:
                 tier.forget(key, SUPERSEDED)
+            if self.recent_purges and self.purged_since(key, response):
+                # A purge made since its request went out reaches it: no tier stores it,
+                # and its Cache-Status says so (one made before its body ends is caught as
+                # it is stored, ``_settle``).
+                c.purged_in_flight += 1
+                return self._superseded(key, known, PURGED_IN_FLIGHT)
         # A response without fields is the simulator's (a trace's sizes alone): nothing to
         # judge. With a grace, one may yet answer while the origin fails: it is written.
         if (

@@ -2,6 +2,13 @@
 
 Rules it keeps:
 
+* Every response the engine decides on at its head is offered to every tier behind the store
+  (``takes``), each by its own admission, and written by the engine to those that took it
+  (``put``) once its body ended whole and after the store took it: no driver writes a tier,
+  so every path that stores a response (a miss, a background refresh, a slice) reaches them
+  all by one rule. Never offered: a response that is not cacheable, larger than the store's
+  largest object, that could never answer fresh, that a purge could not reach by every tag,
+  or one a purge made since its request went out reaches.
 * Every removal the engine decides reaches every tier, through ``CacheEngine`` and nothing
   else: an unsafe method (RFC 9111 section 4.4), a response that supersedes the stored one and
   may not be stored itself (section 4.3.4's replacement, ``private`` or ``no-store``), a
@@ -37,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 from proxy.core import slices, variants
 
 if TYPE_CHECKING:
+    from proxy.core.events import RequestMeta, ResponseMeta
     from proxy.core.rfc9110 import Headers
     from proxy.core.store import Entry
 
@@ -79,7 +87,27 @@ def forgotten_keys(key: str) -> tuple[str, ...]:
 
 
 class Tier(Protocol):
-    """A tier behind the memory store (the disk): what the engine forgets, it forgets."""
+    """A tier behind the memory store (the disk): what the engine forgets, it forgets; what
+    the engine stores and it takes, it writes."""
+
+    def takes(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        length: int | None,
+        kept: bool,
+        now: float,
+    ) -> bool:
+        """Whether the tier writes ``response`` (``length`` body bytes, None when unknown),
+        fetched for ``request``, once its body ends whole: asked once, at its head,
+        after memory decided (``kept``: memory keeps it). Its admission counts the sighting."""
+        ...
+
+    def put(
+        self, request: RequestMeta, response: ResponseMeta, body: object, size: int, now: float
+    ) -> None:
+        """Write what ``takes`` took: ``body`` (the driver's payload, ``size`` bytes), whole."""
+        ...
 
     def forget(self, key: str, why: str) -> bool:
         """Forget ``key`` (see ``whole_url``); whether the tier held it."""

@@ -2,7 +2,7 @@
 memory tier, keeping what it took across restarts.
 
 * A response reaches the disk only when the tier's own admission says so at its head
-  (``wants``), and only once its body ended whole (``write``): a record of its key, its body
+  (``takes``), and only once its body ended whole (``put``): a record of its key, its body
   and its meta (``proxy.disk.record_meta``: times, the head its plain hits write, fields,
   directives) appended at the end of the open region.
 * On a memory miss, ``lookup`` reads the key's record back, verified (a torn, damaged or
@@ -48,7 +48,15 @@ from proxy.config.settings import DiskSection
 from proxy.core import rfc9111, slices, variants
 from proxy.core._native import DiskIndex, SharedIndex
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER, DiskTier, Slot, WriteBudget, index_key, slots
+from proxy.core.disk import (
+    RECORD_HEADER,
+    DiskTier,
+    Slot,
+    WriteBudget,
+    index_key,
+    record_key,
+    slots,
+)
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.regions import Regions, SharedRegions
 from proxy.core.rfc9110 import Headers
@@ -219,36 +227,44 @@ class DiskStore:
             shared.checkpoint_end(begun)
         return True
 
-    def wants(
+    def takes(
         self,
         request: RequestMeta,
         response: ResponseMeta,
         length: int | None,
-        whole: bool,
+        kept: bool,
         now: float,
-        *,
-        part: bool = False,
     ) -> bool:
-        """Whether the tier takes ``response`` (of ``length`` body bytes, None when unknown),
-        asked once at its head: a whole GET of any status memory stores (a variant is written
-        by ``write_variant``), or (``part``) a slice's 206 under its slice key
-        (``write_slice``), and then the tier's
-        admission, which counts the sighting of what would be written: the URL, or the
-        variant the request selects (so each variant is asked for as often as a URL is before
-        the device takes it, and a client cycling a varied field's values writes nothing).
-        One with more tags than the store takes is never asked about (``Fetcher._to_disk``)."""
+        """``proxy.core.tiers.Tier.takes``: a GET of any status memory stores (a variant is
+        written by ``write_variant``) or a slice's 206 under its slice key (``write_slice``),
+        when the tier's admission takes it, which counts the sighting of what would be
+        written: the URL, or the variant the request selects (so each variant is asked for
+        as often as a URL is before the device takes it, and a client cycling a varied
+        field's values writes nothing). A tier that stands for the memory tier
+        (``follows_memory``) takes only what memory keeps (``kept``)."""
+        part = response.status == 206
         if (
-            not whole
-            or request.method != "GET"
+            request.method != "GET"
             or (part and response.vary)
-            or not response.cacheable
+            or (self.follows_memory and not kept)
         ):
             return False
         size = length or 0
-        key = request.key
-        if response.vary:
-            key = variants.variant_key(key, response.vary, request.headers)
+        key = record_key(request, response)
         return self.tier.admit(key, size, self.record_length(key, response, size), now)
+
+    def put(
+        self, request: RequestMeta, response: ResponseMeta, body: object, size: int, now: float
+    ) -> None:
+        """``proxy.core.tiers.Tier.put``: the record of a response ``takes`` took, under its
+        URL, its variant's key or its slice's."""
+        assert isinstance(body, bytes), "the proxy's payloads are bytes"
+        if response.vary:
+            self.write_variant(request.key, response, request.headers, body, now)
+        elif response.status == 206:
+            self.write_slice(request.key, response, body, now)
+        else:
+            self.write(request.key, response, body, now)
 
     def record_length(self, key: str, response: ResponseMeta, size: int) -> int:
         """The bytes of the record ``write`` appends for ``response`` (``size`` body bytes)
@@ -257,7 +273,7 @@ class DiskStore:
         return RECORD_HEADER + len(_raw(key)) + len(meta) + size
 
     def write(self, key: str, response: ResponseMeta, body: bytes, stored_at: float) -> None:
-        """Append the record of a response ``wants`` took, now that its body is whole."""
+        """Append the record of a response ``takes`` took, now that its body is whole."""
         meta = encode_meta(response, stored_at, len(body), self.hidden, self.stamp)
         location = self.log.append(_raw(key), meta, body)
         if location is not None:

@@ -30,19 +30,15 @@ from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
     FWD_URI_MISS,
-    NEVER_FRESH,
     TOO_LARGE,
-    TOO_MANY_TAGS,
     Answer,
     Fetch,
     Keep,
-    NotStored,
     RequestMeta,
     ResponseMeta,
 )
-from proxy.core.responses import response_meta
+from proxy.core.responses import Decided, response_meta
 from proxy.core.store import Entry
-from proxy.disk.store import DiskStore
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest, Written
 from proxy.handler.answers import at_once, interim, mark, plain, relay_head, whole
@@ -82,14 +78,12 @@ class Fetcher:
         router: Router,
         clock: Callable[[], float],
         shared: SharedSecondHit | None,
-        disk: DiskStore | None = None,
     ) -> None:
         self.engine = engine
         self.upstream = upstream
         self.router = router
         self.clock = clock
         self.shared = shared
-        self.disk = disk
         self.flights: SingleFlight[Shared] = SingleFlight(config.upstream.single_flight_wait)
         self.allow_set_cookie = config.cache.store_set_cookie
         # Misses a ``PendingMiss`` answered as their origin response arrived (also counted
@@ -213,7 +207,7 @@ class Fetcher:
         when it was fetched whole."""
         headers = fields_of(upstream)
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
-        decision = (
+        decided = (
             self.engine.on_response_head(meta, rmeta, length, self.clock())
             if self.shared is None
             else await self.decide(meta, rmeta, length)
@@ -223,22 +217,20 @@ class Fetcher:
             upstream.close()
             again = replace(action, whole=False, collapse=False)
             return (await self.fetch(request, meta, url, again))[0], GO_DIRECT
-        to_disk = self._to_disk(meta, rmeta, length, fits, action, decision)
         answer, cache_status, arrived, parts, out = self._relay(
-            request, meta, upstream, action, flight, headers, rmeta, decision, fits, to_disk
+            request, meta, upstream, action, flight, headers, decided, fits
         )
         if out is not None:
-            return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
-                                      to_disk)  # fmt: skip
+            return out, self._settled(meta, decided, len(arrived), parts, False, fits)
         out = relay_head(answer, upstream, headers, length, self.router.hidden)
         mark(out, cache_status, "MISS")
         total, parts, too_large, ended = await stream(
             request, meta, url, upstream, answer, out, arrived, parts, self.max_object
         )
         if not ended:
-            self.engine.finish(meta, decision, total, self.clock(), complete=False)
+            self.engine.finish(meta, decided, total, self.clock(), complete=False)
             return out, None
-        return out, self._settled(meta, rmeta, decision, total, parts, too_large, fits, to_disk)
+        return out, self._settled(meta, decided, total, parts, too_large, fits)
 
     def receive_now(
         self,
@@ -252,14 +244,12 @@ class Fetcher:
         """``receive`` of a plain GET miss's whole response (``headers``: its end-to-end
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
-        decision = self.engine.on_response_head(meta, rmeta, length, self.clock())
-        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE, decision)
+        decided = self.engine.on_response_head(meta, rmeta, length, self.clock())
         _, _, arrived, parts, out = self._relay(
-            request, meta, upstream, FETCH_WHOLE, flight, headers, rmeta, decision, fits, to_disk
+            request, meta, upstream, FETCH_WHOLE, flight, headers, decided, fits
         )
         assert out is not None, "PendingMiss offered an answer that cannot be written at once"
-        return out, self._settled(meta, rmeta, decision, len(arrived), parts, False, fits,
-                                  to_disk)  # fmt: skip
+        return out, self._settled(meta, decided, len(arrived), parts, False, fits)
 
     def _judge(
         self,
@@ -282,16 +272,16 @@ class Fetcher:
         action: Fetch,
         flight: Flight[Shared] | None,
         headers: rfc9111.Fields,
-        rmeta: ResponseMeta,
-        decision: Keep | NotStored,
+        decided: Decided,
         fits: bool,
-        to_disk: bool,
     ) -> tuple[Answer, str, bytes, list[bytes] | None, Written | None]:
         """How the client is answered from a decided origin response: the answer, its
         Cache-Status, the body bytes that came with the head, the copy of the body to keep
-        (None: none), and the answer itself when it was written at once (``at_once``)."""
+        (None: none: neither memory nor a tier takes it, nor a collapsed request waits for
+        it), and the answer itself when it was written at once (``at_once``)."""
+        rmeta, decision = decided.response, decided.memory
         share = flight is not None and flight.waiting > 0 and rmeta.cacheable and fits
-        keep = type(decision) is Keep or share or to_disk
+        keep = type(decision) is Keep or share or bool(decided.tiers)
         length = upstream.content_length
         answer = (
             self.engine.answer(meta, upstream.status, headers, length)
@@ -310,44 +300,29 @@ class Fetcher:
     def _settled(
         self,
         meta: RequestMeta,
-        rmeta: ResponseMeta,
-        decision: Keep | NotStored,
+        decided: Decided,
         total: int,
         parts: list[bytes] | None,
         too_large: bool,
         fits: bool,
-        to_disk: bool,
         *,
         served: bool = True,
     ) -> Shared | None:
-        """Store or count a body that ended whole after ``total`` bytes (``parts``: the copy
-        kept of it; ``served``: whether a client got it), write it to the disk tier when it
-        took it, and what collapsed requests may share of it."""
-        body = b"".join(parts) if parts is not None else b""
-        if parts is None and type(decision) is Keep and self.engine.store.fits(total):
+        """Store a body that ended whole after ``total`` bytes (``parts``: the copy kept of
+        it; ``served``: whether a client got it) as the engine decided, in memory and the
+        tiers that took it (``CacheEngine.finish``), and what collapsed requests may share
+        of it."""
+        body = b"".join(parts) if parts is not None else None
+        if body is None and type(decided.memory) is Keep and self.engine.store.fits(total):
             # No copy was kept of a body the store would take: never store it empty. (A
             # copy dropped past the largest object leaves a size the store refuses, and
             # counts, as too large.)
-            decision = TOO_LARGE
-        # A purge made since the request went out reaches this response: no tier stores it
-        # (the engine refuses it for the store by the same rule).
-        if to_disk and self.engine.purged_since(meta.key, rmeta):
-            to_disk = False
-        self.engine.finish(meta, decision, total, self.clock(), payload=body, served=served)
-        # Written after the store took it: what the engine forgets as it does (the URL's old
-        # variants when the selecting fields change) is forgotten on disk too, and must not
-        # take this record with it.
-        disk = self.disk
-        if to_disk and parts is not None and not too_large and disk is not None:
-            if rmeta.vary:
-                disk.write_variant(meta.key, rmeta, meta.headers, body, self.clock())
-            elif rmeta.status == 206:  # a slice (``proxy.handler.slicing``), under its slice key
-                disk.write_slice(meta.key, rmeta, body, self.clock())
-            else:
-                disk.write(meta.key, rmeta, body, self.clock())
+            decided = decided._replace(memory=TOO_LARGE)
+        self.engine.finish(meta, decided, total, self.clock(), payload=body, served=served)
+        rmeta = decided.response
         if too_large or not fits or (not rmeta.cacheable and rmeta.status < 500):
             return GO_DIRECT
-        if parts is None or rmeta.status >= 500:
+        if body is None or rmeta.status >= 500:
             return None  # nothing to share: one follower fetches next
         return Shared(rmeta, body, meta.headers)
 
@@ -359,51 +334,25 @@ class Fetcher:
         request_time: float,
     ) -> None:
         """Decide and store a response no client waits for (a background refresh) as a
-        miss's is: its body read when a tier takes it, and stored in memory and on the disk
-        tier by the rules ``receive`` follows; counted as served to nobody."""
+        miss's is: its body read when memory or a tier takes it, and stored by the rules
+        ``receive`` follows; counted as served to nobody."""
         rmeta, length, fits = self._judge(meta, upstream, fields, request_time)
-        decision = await self.decide(meta, rmeta, length)
-        to_disk = self._to_disk(meta, rmeta, length, fits, FETCH_WHOLE, decision)
+        decided = await self.decide(meta, rmeta, length)
         parts: list[bytes] | None = None
         size = length or 0
-        if fits and (type(decision) is Keep or to_disk):
+        if fits and (type(decided.memory) is Keep or decided.tiers):
             body = await _read_up_to(upstream, self.max_object)
             parts, size = [body], len(body)
         too_large = size > self.max_object
-        self._settled(meta, rmeta, decision, size, parts, too_large, fits, to_disk, served=False)
+        if too_large:
+            parts = None
+        self._settled(meta, decided, size, parts, too_large, fits, served=False)
 
-    def settle_in_hand(
-        self, meta: RequestMeta, rmeta: ResponseMeta, decision: Keep | NotStored, body: bytes
-    ) -> None:
+    def settle_in_hand(self, meta: RequestMeta, decided: Decided, body: bytes) -> None:
         """``_settled`` for a whole body in hand, fetched whole, that no ``receive`` relayed
-        (a slice, or an object one slice held): stored, or counted, in memory and on the
-        disk tier when it takes it."""
-        size = len(body)
-        to_disk = self._to_disk(meta, rmeta, size, True, FETCH_WHOLE, decision)
-        self._settled(meta, rmeta, decision, size, [body], False, True, to_disk)
-
-    def _to_disk(
-        self,
-        meta: RequestMeta,
-        rmeta: ResponseMeta,
-        length: int | None,
-        fits: bool,
-        action: Fetch,
-        decision: Keep | NotStored,
-    ) -> bool:
-        """Whether the disk tier takes this response: asked once, at its head. Not one with
-        more tags than the store takes (the engine's ``decision``): no purge could reach it;
-        nor one that could never answer fresh (``NEVER_FRESH``: its record would be dropped
-        at its first read); and, for a tier that stands for the memory tier
-        (``follows_memory``), only what the memory admission keeps."""
-        disk = self.disk
-        if disk is None or not fits or decision is TOO_MANY_TAGS or decision is NEVER_FRESH:
-            return False
-        if disk.follows_memory and type(decision) is not Keep:
-            return False
-        # A cacheable 206 is a slice (``proxy.handler.slicing``): the cache stores no other.
-        part = rmeta.status == 206
-        return disk.wants(meta, rmeta, length, action.whole, self.clock(), part=part)
+        (a slice, or an object one slice held): stored, or counted, in memory and in the
+        tiers that take it."""
+        self._settled(meta, decided, len(body), [body], False, True)
 
     def response_meta(
         self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float
@@ -414,9 +363,7 @@ class Fetcher:
             allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
         )  # fmt: skip
 
-    async def decide(
-        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
-    ) -> Keep | NotStored:
+    async def decide(self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None) -> Decided:
         """``engine.on_response_head``, asking the fleet's filter first when there is one."""
         admitted = await self.ask_fleet(meta, rmeta, length)
         return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)

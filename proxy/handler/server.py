@@ -111,11 +111,11 @@ class Proxy:
         # common case: the same answer, counted the same.
         self.answer_hit = self.hits.answer
         self.plain_hits = self.hits.plain_hits
-        self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared, disk)
+        self.fetcher = Fetcher(config, engine, upstream, self.router, clock, shared)
         self.flights = self.fetcher.flights
         self.revalidation = Revalidation(self.fetcher)
         size = config.cache.slice_size
-        self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory) if size else None
+        self.slicer = Slicer(size, self.fetcher, config.cache.slice_memory, disk) if size else None
         self.uploads = Uploads(config, engine, upstream, self.router, clock)
         self.purges = Purges(config.server.purge_from)
         # Requests that failed after their answer's head went out: their connections closed.

@@ -64,11 +64,13 @@ from proxy.core.events import (
     FWD_URI_MISS,
     Fetch,
     Hit,
+    Keep,
     Outcome,
     RequestMeta,
     ResponseMeta,
 )
 from proxy.core.tiers import CHANGED
+from proxy.disk.store import DiskStore
 from proxy.handler.answers import abort, plain
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
@@ -179,7 +181,9 @@ class Slicer:
     """The answerer of GET misses from slices of ``size`` bytes, through ``fetcher``'s
     engine, origin and router."""
 
-    def __init__(self, size: int, fetcher: Fetcher, memory: int) -> None:
+    def __init__(
+        self, size: int, fetcher: Fetcher, memory: int, disk: DiskStore | None = None
+    ) -> None:
         self.size = size
         # Each slice in flight takes its body and what its client has not yet taken of it.
         self.room = SliceRoom(memory, 2 * size)
@@ -188,7 +192,7 @@ class Slicer:
         self.router = fetcher.router
         self.clock = fetcher.clock
         self.flights = fetcher.flights
-        self.disk = fetcher.disk
+        self.disk = disk
 
     async def answer(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
@@ -502,8 +506,9 @@ class Slicer:
         fetcher = self.fetcher
         size = len(part.body)
         if led:
-            outcome: Outcome = await fetcher.decide(target, rmeta, size)
-            fetcher.settle_in_hand(target, rmeta, outcome, part.body)
+            decided = await fetcher.decide(target, rmeta, size)
+            fetcher.settle_in_hand(target, decided, part.body)
+            outcome: Outcome | Keep = decided.memory
             if not whole and not rmeta.cacheable:
                 # No slice of it will be stored: its next requests need not be sliced.
                 self.engine.part_refused(meta, rmeta, self.clock())

@@ -179,7 +179,8 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
                 c[C_TOO_LARGE]++;
             }
         }
-        if (d != NULL) {
+        /* No tier is offered a body past the largest object: no copy of it is kept. */
+        if (d != NULL && size <= max_object) {
             long long length = q->lengths != NULL ? q->lengths[r]
                                                   : d->record_overhead + key_bytes + size;
             if (admission_observe(d->admission, h1, h2, size, now) < 0 ||
