@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint format bench clean
+.PHONY: test check demo lint format bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/pytest -n auto --maxprocesses=2
+
+# The inner loop: every unit and live test but those marked slow or perf (CI runs them all).
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/pytest -n auto --maxprocesses=2 -m "not slow and not perf"
 
 demo: $(STAMP)
 	$(BIN)/onehit-loadgen demo

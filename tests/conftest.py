@@ -390,6 +390,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.live if live else pytest.mark.unit)
 
 
+# A test that takes longer than this is marked ``slow``: ``make check`` leaves it out.
+SLOW_SECONDS = 3.0
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the tests that took longer than ``SLOW_SECONDS`` without a ``slow`` or ``perf``
+    mark, so the inner loop (``make check``) stays quick as tests are added."""
+    unmarked = sorted(
+        (report.duration, report.nodeid)
+        for report in terminalreporter.stats.get("passed", [])
+        if report.when == "call"
+        and report.duration > SLOW_SECONDS
+        and not {"slow", "perf"} & set(report.keywords)
+    )
+    if unmarked:
+        terminalreporter.section("tests over 3 s without a slow mark")
+        for duration, nodeid in reversed(unmarked):
+            terminalreporter.line(f"{duration:5.1f}s {nodeid}")
+
+
 @asynccontextmanager
 async def served(
     *args: str, port: int | None = None, token: str = ""

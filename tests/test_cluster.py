@@ -103,6 +103,7 @@ def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, 
     assert remote == cells("local") and len(remote) == 4
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_cluster_sweep_and_leaves_the_cluster_with_nothing_to_do(
     scheduler, tmp_path
 ):

@@ -153,6 +153,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_kill_at_any_moment_never_leaves_a_torn_or_wrong_body(tmp_path):
     rng = random.Random(7)
     here = os.path.dirname(__file__)

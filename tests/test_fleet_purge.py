@@ -94,6 +94,7 @@ async def test_hostile_messages_on_the_purge_channel_neither_stop_it_nor_flood_t
     assert len(fleet_lines) <= 3 and not any(r.exc_info for r in fleet_lines)
 
 
+@pytest.mark.slow
 async def test_a_subscriber_that_never_replies_costs_a_purge_its_wait_not_its_answer(
     redis_server, start_proxy
 ):

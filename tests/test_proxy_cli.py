@@ -167,6 +167,7 @@ async def test_workers_share_one_admission_window_so_a_second_request_is_stored(
         assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
+@pytest.mark.slow
 async def test_the_parent_shows_the_machines_what_if_memory_from_each_worker_disk_from_all(
     origin, tmp_path
 ):
@@ -238,6 +239,7 @@ def machine_secret(parent: int) -> str:
     raise AssertionError("no configuration handed to workers")
 
 
+@pytest.mark.slow
 async def test_a_worker_killed_is_replaced_and_shares_the_window_with_the_others(origin):
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
     async with served(*args) as (process, url, admin):

@@ -362,6 +362,7 @@ async def test_the_reload_flag_says_plainly_when_something_else_answers(tmp_path
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 async def test_a_worker_replaced_after_a_refused_reload_runs_the_machines_configuration(
     origin, tmp_path
 ):

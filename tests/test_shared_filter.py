@@ -171,6 +171,7 @@ async def redis_cluster():
         yield url
 
 
+@pytest.mark.slow
 async def test_a_redis_cluster_decides_exactly_as_one_node_and_the_local_filter(
     redis_server, redis_cluster
 ):

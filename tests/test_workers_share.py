@@ -83,6 +83,7 @@ async def test_two_workers_store_a_second_request_and_hit_the_third_whichever_an
     assert not scratch.exists(), "removed at the stop"
 
 
+@pytest.mark.slow
 async def test_a_scratch_tier_a_killed_parent_left_is_removed_by_the_next_start(origin):
     async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, _, admin):
         left = Path((await stats(admin))["shared_tier"]["path"])
@@ -95,6 +96,7 @@ async def test_a_scratch_tier_a_killed_parent_left_is_removed_by_the_next_start(
         await stop(process)
 
 
+@pytest.mark.slow
 async def test_with_a_disk_what_one_worker_stored_is_a_hit_through_the_other_after_a_restart(
     origin, tmp_path
 ):
@@ -165,6 +167,7 @@ async def test_a_purge_reaches_every_worker_and_the_shared_tier_once(origin):
         await stop(process)
 
 
+@pytest.mark.slow
 async def test_a_worker_killed_under_load_leaves_no_wrong_body_and_a_consistent_index(
     origin, tmp_path
 ):
@@ -240,6 +243,7 @@ async def test_the_tier_in_shared_memory_stays_within_the_cache_size(origin):
         await stop(process)
 
 
+@pytest.mark.slow
 async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_have_drained(
     origin, tmp_path
 ):
@@ -276,6 +280,7 @@ async def test_a_parent_killed_leaves_the_directory_claimed_until_its_workers_ha
         await stop(process)
 
 
+@pytest.mark.slow
 async def test_a_trace_through_two_workers_hits_as_through_one_process(origin, tmp_path):
     """The same [cache] size and disk, a Zipf trace replayed on sixteen connections (spread
     over the workers by the kernel: all on one worker once in 30,000 runs): the hit ratio
