@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
-from loadgen.processes import free_port, redis_process
+from loadgen.live.processes import free_port, redis_process
 
 BENCH_PROXY = Path(__file__).with_name("bench_proxy.py")
 

@@ -33,8 +33,8 @@ from pathlib import Path
 from aiohttp import web
 from bench_one_cache import child_pids, cpu_seconds
 
-from loadgen.nginx import main_context, nginx_binary
-from loadgen.processes import free_port
+from loadgen.live.nginx import main_context, nginx_binary
+from loadgen.live.processes import free_port
 
 HERE = Path(__file__).resolve().parent
 SIZES = {"1k": 1024, "16k": 16 << 10, "1m": 1 << 20}

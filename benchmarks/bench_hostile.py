@@ -26,7 +26,7 @@ from pathlib import Path
 from bench_miss import peak_rss
 from bench_proxy import run_server, spawn, wait_ready
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 
 
 def serve_origin(port: int) -> None:

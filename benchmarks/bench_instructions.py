@@ -45,7 +45,7 @@ from pathlib import Path
 
 from bench_proxy import spawn, wait_ready
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

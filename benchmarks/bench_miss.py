@@ -29,8 +29,8 @@ from pathlib import Path
 
 from bench_proxy import run_server, spawn, wait_ready
 
-from loadgen.nginx import nginx_binary, nginx_config
-from loadgen.processes import free_port
+from loadgen.live.nginx import nginx_binary, nginx_config
+from loadgen.live.processes import free_port
 
 SIZES = {"16KiB": 16 << 10, "4MiB": 4 << 20}
 CHUNK = 64 << 10

@@ -47,8 +47,8 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_workers import body_of, origin, proxy
 
-from loadgen.nginx import nginx_binary, nginx_config
-from loadgen.processes import free_port
+from loadgen.live.nginx import nginx_binary, nginx_config
+from loadgen.live.processes import free_port
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import libcachesim
 import numpy as np
 
-from loadgen.simulate import sweep
-from loadgen.trace import Trace, write_trace
-from loadgen.workload import WorkloadSpec, generate
+from loadgen.sim.simulate import sweep
+from loadgen.traces.trace import Trace, write_trace
+from loadgen.traces.workload import WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 SHARES = (0.001, 0.01, 0.1, 0.3, 0.6)

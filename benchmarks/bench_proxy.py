@@ -50,8 +50,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TypeVar
 
-from loadgen.nginx import nginx_binary, nginx_config
-from loadgen.processes import free_port
+from loadgen.live.nginx import nginx_binary, nginx_config
+from loadgen.live.processes import free_port
 
 SIZES = {"1k": 1024, "16k": 16 * 1024, "256k": 256 * 1024}
 BASELINE = "onehit at the baseline checkout"

@@ -1,6 +1,6 @@
 """onehit's policy family on real traces, beside libCacheSim's own policies in the same run.
 
-The traces are libCacheSim's (``loadgen/real_traces.py``: fetched on first use into
+The traces are libCacheSim's (``loadgen/traces/real_traces.py``: fetched on first use into
 ``~/.cache/onehit/traces``): CloudPhysics (block I/O) and the first 10M requests of Twitter's
 cache cluster 52. Cache sizes are shares of each trace's unique bytes (0.1% to 10%). onehit
 runs every admission x eviction pair asked (``--admissions``, ``--evictions``) with no
@@ -13,7 +13,7 @@ table; ``--report-dir DIR`` writes a report (``index.html``, plots, ``summary.md
 miss-ratio curves of the whole family, libCacheSim's beside onehit's, and onehit's hit ratio
 against the bytes it wrote (libCacheSim does not count writes).
 
-``--disk`` adds the flash question (``loadgen/flash.py``): behind a memory tier of
+``--disk`` adds the flash question (``loadgen/sim/flash.py``): behind a memory tier of
 ``--memory-share`` of the unique bytes (LRU), a disk tier of each of ``--disk-shares``, and at
 each the whole disk admission family (always, second hit, nth hit, probabilistic, size below,
 dynamic random at second hit's write rate), each rule's hit ratio against the bytes it wrote
@@ -38,11 +38,11 @@ from typing import Any
 
 import libcachesim
 
-from loadgen import report
-from loadgen.flash import flash_sweep
-from loadgen.real_traces import TRACES, TraceUnavailable, fetch
-from loadgen.simulate import policy_label, sweep
-from loadgen.trace import read_trace
+from loadgen.reports import report
+from loadgen.sim.flash import flash_sweep
+from loadgen.sim.simulate import policy_label, sweep
+from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
+from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.stats import METRICS
 from proxy.core.units import format_size
@@ -175,8 +175,8 @@ def main() -> None:
         if args.disk:
             started = time.perf_counter()
             disks = [round(unique * float(share)) for share in args.disk_shares.split(",")]
-            found = flash_sweep(trace, name, round(unique * args.memory_share), disks,
-                                say=lambda table: print("\n" + table))  # fmt: skip
+            found = flash_sweep(trace, name, round(unique * args.memory_share), disks)
+            print("\n" + report.flash_table(found))
             flash_cells += found
             print(f"\n  flash: {len(found)} two-tier cells in {time.perf_counter() - started:.1f}s")
     if args.json:

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from hdrh.histogram import HdrHistogram
 from redis.asyncio.cluster import RedisCluster
 
-from loadgen.processes import redis_cluster_process, redis_process
+from loadgen.live.processes import redis_cluster_process, redis_process
 from proxy.core.window import WindowedBloomFilter
 from proxy.fleet.shared import RedisWindow
 

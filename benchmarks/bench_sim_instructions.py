@@ -36,8 +36,8 @@ ADMISSIONS = ("always", "second-hit", "tinylfu", "adaptive")
 
 ONEHIT = f"""
 import sys
-from loadgen.simulate import simulate
-from loadgen.trace import read_trace
+from loadgen.sim.simulate import simulate
+from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 trace = read_trace(sys.argv[1])
 for eviction in {EVICTIONS!r}:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.simulate import sample_trace, sweep
-from loadgen.trace import read_trace
+from loadgen.sim.simulate import sample_trace, sweep
+from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 
 GEN_FLAGS = (

@@ -43,8 +43,8 @@ from pathlib import Path
 
 from bench_proxy import spawn, wait_ready
 
-from loadgen.nginx import main_context, nginx_binary
-from loadgen.processes import free_port
+from loadgen.live.nginx import main_context, nginx_binary
+from loadgen.live.processes import free_port
 
 MIB = 1 << 20
 OBJECT = 512 * MIB

@@ -35,8 +35,8 @@ from bench_proxy import (
     wait_ready,
 )
 
-from loadgen.nginx import nginx_binary, nginx_config
-from loadgen.processes import free_port
+from loadgen.live.nginx import nginx_binary, nginx_config
+from loadgen.live.processes import free_port
 
 
 def _nginx_tls(root: Path, port: int, origin: str, cert: Path, key: Path) -> Path:

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 
 
 @contextlib.asynccontextmanager

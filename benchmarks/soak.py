@@ -29,10 +29,10 @@ import aiohttp
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from loadgen.experiment_file import LiveSettings
-from loadgen.processes import Running, admin_metrics, onehit_process, origin_process
-from loadgen.trace import Trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.live.experiment_file import LiveSettings
+from loadgen.live.processes import Running, admin_metrics, onehit_process, origin_process
+from loadgen.traces.trace import Trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 
 MiB = 1 << 20
 FLOOD_FP_RATE = 0.01

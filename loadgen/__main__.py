@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from loadgen import report
-from loadgen.cluster import cluster_sweep
-from loadgen.real_traces import TRACES, TraceUnavailable, fetch
-from loadgen.report import render
-from loadgen.simulate import (
+from loadgen.reports import report
+from loadgen.reports.report import render
+from loadgen.sim.cluster import cluster_sweep
+from loadgen.sim.simulate import (
     Sample,
     SimResult,
     describe_cell,
@@ -26,10 +25,11 @@ from loadgen.simulate import (
     simulate,
     sweep,
 )
-from loadgen.split import split_table
-from loadgen.tiers import DiskSpec, tier_cells, tier_table
-from loadgen.trace import Trace, TraceError, read_trace, write_trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.split import split_table
+from loadgen.sim.tiers import DiskSpec, tier_cells
+from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
+from loadgen.traces.trace import Trace, TraceError, read_trace, write_trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import values
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
@@ -432,7 +432,7 @@ def _simulate_tiers(
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
-        print(tier_table(results, sizes))
+        print(report.tier_table(results, sizes))
     return 0
 
 
@@ -469,7 +469,7 @@ def _report_cell(done: int, total: int, result: SimResult) -> None:
 
 
 def _cmd_origin(args: argparse.Namespace) -> int:
-    from loadgen.origin import OriginConfig, start_origin
+    from loadgen.live.origin import OriginConfig, start_origin
 
     trace = _read_trace(args)
     config = OriginConfig(
@@ -493,7 +493,7 @@ def _cmd_origin(args: argparse.Namespace) -> int:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from loadgen.replay import ReplayConfig, replay
+    from loadgen.live.replay import ReplayConfig, replay
 
     trace = _read_trace(args)
     config = ReplayConfig(
@@ -524,8 +524,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from loadgen.experiment import run as run_experiment
-    from loadgen.experiment_file import load_experiment
+    from loadgen.live.experiment import run as run_experiment
+    from loadgen.live.experiment_file import load_experiment
 
     experiment = load_experiment(args.file)
     output = args.output or Path("reports") / args.file.stem
@@ -547,8 +547,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from loadgen.experiment import run as run_experiment
-    from loadgen.experiment_file import demo_experiment
+    from loadgen.live.experiment import run as run_experiment
+    from loadgen.live.experiment_file import demo_experiment
 
     experiment = demo_experiment(args.requests)
     written = run_experiment(experiment, args.output, workers=args.workers, say=_say)

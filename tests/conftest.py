@@ -20,8 +20,8 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from loadgen.processes import free_port
-from loadgen.trace import Trace
+from loadgen.live.processes import free_port
+from loadgen.traces.trace import Trace
 from proxy.config.settings import load
 from proxy.ops.service import Service
 

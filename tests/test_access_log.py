@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from conftest import base, until
 
-from loadgen.processes import onehit_process
+from loadgen.live.processes import onehit_process
 from proxy.ops.access_log import FIELDS
 
 # Apache's combined format exactly: host, ident, user, time, request line, status, bytes,

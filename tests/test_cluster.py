@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from loadgen.cluster import cluster_sweep
-from loadgen.simulate import sweep
-from loadgen.trace import read_trace, write_trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.cluster import cluster_sweep
+from loadgen.sim.simulate import sweep
+from loadgen.traces.trace import read_trace, write_trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 distributed = pytest.importorskip("distributed")

@@ -5,9 +5,9 @@ import libcachesim
 import numpy as np
 import pytest
 
-from loadgen.simulate import sample_trace, simulate, sweep
-from loadgen.trace import Trace, write_trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import sample_trace, simulate, sweep
+from loadgen.traces.trace import Trace, write_trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 LRU = AdmissionConfig(policy="always")

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadgen.experiment import run
-from loadgen.experiment_file import ExperimentError, demo_experiment, load_experiment
-from loadgen.processes import onehit_process
-from loadgen.trace import Trace, write_trace
+from loadgen.live.experiment import run
+from loadgen.live.experiment_file import ExperimentError, demo_experiment, load_experiment
+from loadgen.live.processes import onehit_process
+from loadgen.traces.trace import Trace, write_trace
 from proxy.core.admission import POLICIES
 from proxy.core.store import EVICTIONS
 
@@ -206,7 +206,7 @@ def test_live_cells_with_a_disk_tier_show_what_each_disk_was_written_and_spared(
 
 def test_free_ports_in_a_row_are_never_the_same():
     """A proxy's port and its admin's, picked one after the other, once came out equal."""
-    from loadgen.processes import free_port
+    from loadgen.live.processes import free_port
 
     picked = [free_port() for _ in range(64)]
     assert len(set(picked)) == 64

@@ -1,4 +1,4 @@
-"""The flash question (loadgen/flash.py): the disk admission family behind one memory tier, each
+"""The flash question (loadgen/sim/flash.py): the disk admission family behind one memory tier, each
 rule placed by hit ratio against the bytes it wrote, the Pareto front marked."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadgen.experiment import run
-from loadgen.experiment_file import ExperimentError, load_experiment
-from loadgen.flash import DYNAMIC, flash_sweep, mark_pareto, region_size
-from loadgen.tiers import DiskSpec, simulate_tiers
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.live.experiment import run
+from loadgen.live.experiment_file import ExperimentError, load_experiment
+from loadgen.sim.flash import DYNAMIC, flash_sweep, mark_pareto, region_size
+from loadgen.sim.tiers import DiskSpec, simulate_tiers
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 MEMORY = 256 << 10

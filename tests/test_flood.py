@@ -1,8 +1,8 @@
 """A scanner flooding never-repeated URLs: the filter rotates early instead of saturating, its
 false-positive rate and memory stay put, the flood is not stored, popular objects keep hitting."""
 
-from loadgen.simulate import build_engine
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import build_engine
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.events import Hit, RequestMeta, ResponseMeta
 

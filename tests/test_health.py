@@ -6,7 +6,7 @@ import shutil
 
 from conftest import admin, base
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 from proxy.config.settings import load
 from proxy.ops.service import Service
 from proxy.origin.health import WINDOW, OriginHealth

@@ -116,6 +116,33 @@ def test_a_planted_back_edge_is_caught():
         graph[planted[0]] = graph[planted[0]] - {planted[1]}
 
 
+# The load generator's layers, bottom up, one package each: workloads and traces; the offline
+# simulation over them; the reports of either's cells; live load and the experiments that use
+# all three; the command line.
+LOADGEN_LAYERS = {"traces": 0, "sim": 1, "reports": 2, "live": 3, "__main__": 4}
+
+
+def _loadgen_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The imports of ``graph`` that go up the load generator's layers."""
+    return [
+        f"{module} -> {dep}"
+        for module, deps in graph.items()
+        if module.startswith("loadgen.")
+        for dep in deps
+        if dep.startswith("loadgen.")
+        and LOADGEN_LAYERS[dep.split(".")[1]] > LOADGEN_LAYERS[module.split(".")[1]]
+    ]
+
+
+def test_the_load_generator_imports_down_its_layers_only():
+    """traces <- sim <- reports <- live <- the command line."""
+    graph = _graph()
+    assert {m.split(".")[1] for m in graph if m.startswith("loadgen.")} == set(LOADGEN_LAYERS)
+    assert not _loadgen_violations(graph)
+    graph["loadgen.sim.tiers"] = graph["loadgen.sim.tiers"] | {"loadgen.reports.report"}
+    assert _loadgen_violations(graph) == ["loadgen.sim.tiers -> loadgen.reports.report"]
+
+
 def test_every_module_of_the_proxy_is_in_a_layer():
     modules = [m for m in _graph() if m.startswith("proxy.")]
     assert all(m.split(".")[1] in LAYERS for m in modules), modules

@@ -12,8 +12,8 @@ from aiohttp import web
 from conftest import Clock, admin_purge, until
 from conftest import fetch_as_client as get
 
-from loadgen.simulate import build_engine
-from loadgen.tiers import DiskSpec
+from loadgen.sim.simulate import build_engine
+from loadgen.sim.tiers import DiskSpec
 from proxy.core import slices
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import DiskTier

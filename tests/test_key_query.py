@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import base
 
-from loadgen.trace import Trace
+from loadgen.traces.trace import Trace
 from proxy.config.settings import ConfigError, load
 from proxy.core.cachekey import KeyQuery
 

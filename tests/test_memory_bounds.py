@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from conftest import base
 
-from loadgen.processes import free_port, onehit_process
+from loadgen.live.processes import free_port, onehit_process
 
 GIB = 1 << 30
 CHUNK = b"\x5a" * (1 << 20)

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from conftest import admin, base
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMTOOL = shutil.which("promtool")

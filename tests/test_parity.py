@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import base, serve_trace
 
-from loadgen.simulate import simulate
-from loadgen.tiers import DiskSpec, model_tiers, simulate_tiers
-from loadgen.trace import Trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import simulate
+from loadgen.sim.tiers import DiskSpec, model_tiers, simulate_tiers
+from loadgen.traces.trace import Trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.events import RequestMeta
 from proxy.origin.body import fields_of

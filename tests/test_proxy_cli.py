@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from conftest import served, wait_healthy
 
-from loadgen.processes import free_port, onehit_process
+from loadgen.live.processes import free_port, onehit_process
 from proxy.__main__ import YOUNG_COLLECTION_THRESHOLD, main, worker_count
 from proxy.config.settings import DiskSection
 from proxy.disk.store import DiskStore

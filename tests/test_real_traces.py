@@ -9,7 +9,8 @@ import tarfile
 import pytest
 import zstandard
 
-from loadgen.real_traces import (
+from loadgen.sim.simulate import simulate
+from loadgen.traces.real_traces import (
     CLOUDPHYSICS_SIZES,
     CLOUDPHYSICS_TRUTH,
     DATA,
@@ -17,8 +18,7 @@ from loadgen.real_traces import (
     fetch,
     load,
 )
-from loadgen.simulate import simulate
-from loadgen.trace import read_trace
+from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 
 TWITTER_LINES = (

@@ -252,7 +252,7 @@ async def test_the_reload_flag_asks_the_running_proxy_and_says_what_it_did(origi
 
 
 async def test_new_listen_addresses_are_taken_and_connections_on_the_old_go_on(origin, tmp_path):
-    from loadgen.processes import free_port
+    from loadgen.live.processes import free_port
 
     path = tmp_path / "proxy.toml"
 
@@ -302,7 +302,7 @@ async def test_reloads_at_once_move_the_listener_once_each_and_leave_one(origin)
     """Two reloads asked together (a SIGHUP storm, two POST /reload) run one after the other:
     the second moves on from where the first left the listener, and nothing it opened is left
     listening, during the run or after the stop."""
-    from loadgen.processes import free_port
+    from loadgen.live.processes import free_port
 
     ports = [free_port(), free_port(), free_port()]
     reads = iter(ports)

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from conftest import admin, base
 
-from loadgen.origin import OriginConfig, start_origin
-from loadgen.replay import ReplayConfig, cache_outcome, replay
-from loadgen.trace import Trace, write_trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.live.origin import OriginConfig, start_origin
+from loadgen.live.replay import ReplayConfig, cache_outcome, replay
+from loadgen.traces.trace import Trace, write_trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 
 SIZES = SizeSpec.parse("lognormal:median=1KiB,sigma=1,max=32KiB")
 # How early the event loop may run a timer: it runs those due within its clock's resolution.

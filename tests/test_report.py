@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from loadgen.report import (
+from loadgen.reports.report import (
     _space_text,
     add_space_saved,
     headline,

@@ -9,7 +9,7 @@ import redis.asyncio as aioredis
 from conftest import REDIS, base, until
 from redis.asyncio.cluster import RedisCluster
 
-from loadgen.processes import redis_cluster_process
+from loadgen.live.processes import redis_cluster_process
 from proxy.__main__ import collect_for_serving
 from proxy.core.window import WindowedBloomFilter
 from proxy.fleet.shared import RedisWindow

@@ -4,8 +4,8 @@ from collections import OrderedDict
 
 import pytest
 
-from loadgen.simulate import CHUNK, simulate, space_saved, sweep
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import CHUNK, simulate, space_saved, sweep
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.store import ENTRY_OVERHEAD
 

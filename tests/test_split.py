@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadgen.simulate import simulate
-from loadgen.split import simulate_split, split_table
-from loadgen.trace import Trace
+from loadgen.sim.simulate import simulate
+from loadgen.sim.split import simulate_split, split_table
+from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig
 
 SECOND_HIT = AdmissionConfig(policy="second-hit", window=3600.0)

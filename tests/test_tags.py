@@ -10,7 +10,7 @@ import aiohttp
 from conftest import admin_purge, base
 from conftest import fetch_as_client as get
 
-from loadgen.simulate import build_engine
+from loadgen.sim.simulate import build_engine
 from proxy.core.admission import AdmissionConfig
 from proxy.core.events import TOO_MANY_TAGS, RequestMeta, ResponseMeta
 from proxy.core.tags import MAX_TAGS, response_tags

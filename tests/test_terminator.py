@@ -14,7 +14,7 @@ import pytest
 import trustme
 from conftest import until
 
-from loadgen.processes import free_port
+from loadgen.live.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HAPROXY, CURL = shutil.which("haproxy"), shutil.which("curl")

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.simulate import simulate
-from loadgen.tiers import DiskSpec, model_tiers, simulate_tiers
-from loadgen.trace import Trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import simulate
+from loadgen.sim.tiers import DiskSpec, model_tiers, simulate_tiers
+from loadgen.traces.trace import Trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 ALWAYS = AdmissionConfig(policy="always")

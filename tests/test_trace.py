@@ -4,8 +4,15 @@ import numpy as np
 import pytest
 import zstandard
 
-from loadgen.trace import ORACLE_DTYPE, Trace, TraceError, next_access, read_trace, write_trace
-from loadgen.workload import WorkloadSpec, generate
+from loadgen.traces.trace import (
+    ORACLE_DTYPE,
+    Trace,
+    TraceError,
+    next_access,
+    read_trace,
+    write_trace,
+)
+from loadgen.traces.workload import WorkloadSpec, generate
 
 
 @pytest.fixture

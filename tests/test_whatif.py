@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from conftest import admin, base, serve_trace
 
-from loadgen.simulate import sample_trace, simulate
-from loadgen.tiers import DiskSpec, simulate_tiers
-from loadgen.trace import Trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.sim.simulate import sample_trace, simulate
+from loadgen.sim.tiers import DiskSpec, simulate_tiers
+from loadgen.traces.trace import Trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import ConfigError, load
 from proxy.core._native import hash64, sample_point
 from proxy.core.admission import AdmissionConfig

@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 from conftest import Origin, serve_trace, served, until
 
-from loadgen.processes import free_port
-from loadgen.replay import ReplayConfig, replay
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.live.processes import free_port
+from loadgen.live.replay import ReplayConfig, replay
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import DiskSection
 from proxy.disk.directory import claimed
 from proxy.disk.store import CHECKPOINT, DiskStore

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 
 
 def counts(trace) -> np.ndarray:
@@ -110,7 +110,7 @@ def test_a_crawler_sweeps_the_catalogues_tail_in_order_each_url_once_a_sweep():
 def test_crawler_requests_mostly_miss_and_second_hit_keeps_them_out():
     """Half the requests a sweep: LRU stores every crawled URL and evicts what would have hit;
     second hit, whose window is shorter than a sweep, stores none of them."""
-    from loadgen.simulate import simulate
+    from loadgen.sim.simulate import simulate
     from proxy.core.admission import AdmissionConfig
 
     spec = WorkloadSpec(objects=20_000, requests=100_000, one_hit_share=0.0, crawler_share=0.5,

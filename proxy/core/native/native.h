@@ -17,9 +17,9 @@
  * - An Admission is one admission policy (always, second-hit, nth-hit, tinylfu,
  *   probabilistic, size-below, adaptive).
  * - simulate_chunk drives a StoreIndex and an Admission over a trace's arrays with the cache
- *   engine's rules for a cacheable response (see loadgen/simulate.py); simulate_tiers the
+ *   engine's rules for a cacheable response (see loadgen/sim/simulate.py); simulate_tiers the
  *   same loop with a disk tier behind it (a DiskIndex, its Admission and WriteBudget: see
- *   loadgen/tiers.py).
+ *   loadgen/sim/tiers.py).
  * - index_fields and end_to_end read header fields as rfc9111.Fields and rfc9111.end_to_end
  *   do (lower-cased names, as str.lower gives them).
  *

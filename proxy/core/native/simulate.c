@@ -3,7 +3,7 @@
  *
  * One loop (replay) keeps the cache engine's rules for a cacheable response of a trace
  * (proxy/core/engine.py), with a disk tier behind the memory tier when one is given
- * (proxy/core/disk.py, the rules of loadgen/tiers.py's model):
+ * (proxy/core/disk.py, the rules of loadgen/sim/tiers.py's model):
  *
  * - a fresh memory hit is answered from memory; a stale one is fetched again, the disk not
  *   asked;

@@ -5,7 +5,7 @@
 
 /* When each key's record was written (key hash -> time), kept only with a finite ttl: open
  * addressing, key 0 empty (a hash of 0 kept as 1, as the disk index keeps it), never shrunk,
- * as loadgen/tiers.py's model keeps a dict. */
+ * as loadgen/sim/tiers.py's model keeps a dict. */
 static int written_grow(Written *w) {
     uint64_t size = w->keys == NULL ? 1024 : (w->mask + 1) * 2;
     uint64_t *keys = PyMem_Calloc((size_t)size, sizeof(uint64_t));

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from loadgen.cells import Cell, flash_group
+from loadgen.sim.cells import Cell, flash_group
 from proxy.core.units import format_size
 
 # More swept sizes than this and their labels would crowd the axis: powers of ten instead.
@@ -372,7 +372,7 @@ def draw_all(cells: Sequence[Cell], directory: Path) -> list[Path]:
     return [p for p in drawn if p is not None]
 
 
-# The disk admission family's curves (``loadgen.flash``): a colour and a marker each.
+# The disk admission family's curves (``loadgen.sim.flash``): a colour and a marker each.
 _FLASH_STYLES = {
     "always": ("#555555", "s"),
     "second-hit": ("#1f77b4", "o"),

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from loadgen.trace import Trace, read_trace, write_trace
+from loadgen.traces.trace import Trace, read_trace, write_trace
 
 PACKAGE = "libcachesim==0.3.5"
 DATA = "src/libCacheSim/data/"

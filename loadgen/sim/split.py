@@ -12,7 +12,7 @@ Rules this module keeps:
   memory all the workers' policies map (``make_policy(shared=...)``, as ``proxy.ops.machine``
   shares it), recorded in the order the requests arrive; a policy without a window (or one
   whose state is its store's, like tinylfu) stays per worker either way.
-* The loop is the compiled one of ``loadgen.simulate``, driven over each run of consecutive
+* The loop is the compiled one of ``loadgen.sim.simulate``, driven over each run of consecutive
   requests that go to one worker; the counters are the workers' summed.
 """
 
@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from loadgen.simulate import SimResult, build_engine, key_arrays, policy_label
-from loadgen.trace import Trace
+from loadgen.sim.simulate import SimResult, build_engine, key_arrays, policy_label
+from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig, shared_window_size
 from proxy.core.replay import replay
 from proxy.core.stats import combine

@@ -17,7 +17,7 @@ import mmh3
 import numpy as np
 from aiohttp import web
 
-from loadgen.trace import Trace
+from loadgen.traces.trace import Trace
 
 PREFIX = "/obj/"
 LAST_MODIFIED = "Mon, 01 Jan 2024 00:00:00 GMT"

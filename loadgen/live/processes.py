@@ -25,9 +25,9 @@ from typing import IO, Any
 
 import aiohttp
 
-from loadgen.experiment_file import LiveSettings, PolicySpec
-from loadgen.nginx import BALANCER_PROBE, nginx_balancer_config, nginx_binary, nginx_config
-from loadgen.trace import Trace, write_trace
+from loadgen.live.experiment_file import LiveSettings, PolicySpec
+from loadgen.live.nginx import BALANCER_PROBE, nginx_balancer_config, nginx_binary, nginx_config
+from loadgen.traces.trace import Trace, write_trace
 
 # The ports ``free_port`` handed out lately: the kernel may give a port just released again at
 # once, and two picked in a row (a proxy's and its admin's) must differ.

@@ -6,7 +6,7 @@ An experiment file (``config/experiments/*.toml``)::
     title = "..."
     mode = "both"                      # "simulate", "live" or "both"
     cache_sizes = ["0.5%", "2%"]       # bytes, or a share of each trace's distinct bytes
-    [[workloads]]                      # keys of loadgen.workload.WorkloadSpec, plus `name`
+    [[workloads]]                      # keys of loadgen.traces.workload.WorkloadSpec, plus `name`
     name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace)
     alpha = 0.8
     [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
@@ -19,7 +19,7 @@ An experiment file (``config/experiments/*.toml``)::
     [live]
     concurrency = 8                    # or rate = 2000 (open loop); origin_latency = "2ms"
     disk_size = "32MiB"                # a disk tier behind each live onehit (default: none)
-    [flash]                            # simulated: the disk admission family (loadgen.flash)
+    [flash]                            # simulated: the disk admission family (loadgen.sim.flash)
     memory = "0.1%"                    # one memory tier (a share of distinct bytes, or bytes)
     disk_sizes = ["2.5%", "10%", "25%"]  # behind it, a disk tier of each of these sizes
     memory_admission = "always"        # the memory tier's admission
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from loadgen.nginx import BALANCING
-from loadgen.simulate import policy_label
-from loadgen.trace import Trace, read_trace
-from loadgen.workload import SizeSpec, WorkloadSpec, generate
+from loadgen.live.nginx import BALANCING
+from loadgen.sim.simulate import policy_label
+from loadgen.traces.trace import Trace, read_trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import read_toml
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
@@ -65,7 +65,7 @@ class LiveSettings:
 
 @dataclass(frozen=True)
 class FlashSettings:
-    """The flash question for each workload (``loadgen.flash``): the disk admission family
+    """The flash question for each workload (``loadgen.sim.flash``): the disk admission family
     behind one memory tier, at each disk size (sizes as ``cache_sizes`` takes them)."""
 
     memory: str = "0.1%"

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.cells import Cell, flash_group
-from loadgen.simulate import SimResult, space_saved
+from loadgen.sim.cells import Cell, flash_group
+from loadgen.sim.simulate import SimResult, space_saved
 from proxy.core.units import format_size
 
 BASELINE = "always"
@@ -343,7 +343,7 @@ FLASH_COLUMNS = ("disk", "rule", "hit ratio", "vs always", "disk written", "of a
 
 
 def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
-    """One row a flash cell (``loadgen.flash``): its hit ratio and writes against admitting
+    """One row a flash cell (``loadgen.sim.flash``): its hit ratio and writes against admitting
     all at the same disk size."""
     always = {flash_group(c): c for c in cells if c["policy"] == "always"}
     rows = []
@@ -358,6 +358,34 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
             share, "yes" if c["pareto"] else "",
         ])  # fmt: skip
     return rows
+
+
+def flash_table(cells: Sequence[Cell]) -> str:
+    """The cells of one flash sweep (``loadgen.sim.flash``) as an aligned table, headed by the
+    trace and the memory tier."""
+    head = {(c["workload"], c["memory_bytes"]) for c in cells}
+    title = "; ".join(f"{w}, memory {format_size(m)}" for w, m in sorted(head))
+    return f"{title}\n" + aligned(FLASH_COLUMNS, flash_rows(cells), left=2)
+
+
+TIER_COLUMNS = ("policies", "memory", "hit ratio", "memory hits", "disk hits", "disk written",
+                "disk spared")  # fmt: skip
+
+
+def tier_table(results: Sequence[SimResult], sizes: dict[int, str]) -> str:
+    """One row per two-tier run (``loadgen.sim.tiers``): the hit ratio of both tiers, and
+    what the disk was written and spared."""
+    rows = []
+    for r in results:
+        s = r.stats
+        requests = s["requests"] or 1
+        rows.append([
+            r.label, sizes.get(r.cache_bytes, format_size(r.cache_bytes)),
+            f"{s['hit_ratio']:.4f}", f"{s['hits_from_memory'] / requests:.4f}",
+            f"{s['hits_from_disk'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
+            format_size(int(s["disk_bytes_not_written"])),
+        ])  # fmt: skip
+    return aligned(TIER_COLUMNS, rows)
 
 
 WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x",
@@ -436,7 +464,7 @@ def render(directory: Path) -> list[Path]:
     add_space_saved(cells)
     summary = directory / "summary.md"
     summary.write_text(summary_markdown(results))
-    from loadgen import plots  # matplotlib is imported only when plots are drawn
+    from loadgen.reports import plots  # matplotlib is imported only when plots are drawn
 
     images = plots.draw_all(cells, directory)
     if drawn := plots.flash(results.get("flash", []), directory):

@@ -18,20 +18,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loadgen import report
-from loadgen.cluster import cluster_sweep
-from loadgen.experiment_file import Experiment, FlashSettings, Workload
-from loadgen.flash import flash_sweep
-from loadgen.nginx import nginx_binary
-from loadgen.processes import (
+from loadgen.live.experiment_file import Experiment, FlashSettings, Workload
+from loadgen.live.nginx import nginx_binary
+from loadgen.live.processes import (
     admin_stats,
     nginx_cell,
     onehit_cell,
     origin_process,
     redis_process,
 )
-from loadgen.replay import ReplayConfig, replay
-from loadgen.simulate import (
+from loadgen.live.replay import ReplayConfig, replay
+from loadgen.reports import report
+from loadgen.sim.cluster import cluster_sweep
+from loadgen.sim.flash import flash_sweep
+from loadgen.sim.simulate import (
     Sample,
     SimResult,
     describe_cell,
@@ -39,7 +39,7 @@ from loadgen.simulate import (
     sample_trace,
     sweep,
 )
-from loadgen.trace import Trace
+from loadgen.traces.trace import Trace
 from proxy.core.stats import METRICS, combine
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.units import format_size
@@ -122,8 +122,10 @@ def _flash_cells(
     memory = next(iter(resolve_sizes([settings.memory], trace, "[flash] memory")))
     disks = list(resolve_sizes(settings.disk_sizes, trace, "[flash] disk size"))
     say(f"{workload}: the flash tier, {len(disks)} disk sizes behind {format_size(memory)}")
-    return flash_sweep(trace, workload, memory, disks, memory_admission=settings.memory_admission,
-                       entry_overhead=ENTRY_OVERHEAD, workers=workers, say=say)  # fmt: skip
+    cells = flash_sweep(trace, workload, memory, disks, entry_overhead=ENTRY_OVERHEAD,
+                        memory_admission=settings.memory_admission, workers=workers)  # fmt: skip
+    say(report.flash_table(cells))
+    return cells
 
 
 # What the live cells keep of their disk tiers' /stats, and the table of it.

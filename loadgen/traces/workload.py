@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from loadgen.trace import Trace
+from loadgen.traces.trace import Trace
 from proxy.core.units import format_size, parse_size
 
 

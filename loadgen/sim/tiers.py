@@ -33,9 +33,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from loadgen.report import aligned
-from loadgen.simulate import SimResult, build_engine, key_arrays, policy_label
-from loadgen.trace import Trace
+from loadgen.sim.simulate import SimResult, build_engine, key_arrays, policy_label
+from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
@@ -43,7 +42,6 @@ from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
 from proxy.core.replay import replay_tiers
 from proxy.core.store import ENTRY_OVERHEAD
-from proxy.core.units import format_size
 
 _STORED = ResponseMeta(cacheable=True)
 
@@ -208,26 +206,6 @@ def model_tiers(
         if find(key) is not None:
             written[key] = now
     return _result(engine, tier, trace, disk, admission, eviction, started)
-
-
-TIER_COLUMNS = ("policies", "memory", "hit ratio", "memory hits", "disk hits", "disk written",
-                "disk spared")  # fmt: skip
-
-
-def tier_table(results: list[SimResult], sizes: dict[int, str]) -> str:
-    """One row per two-tier run: the hit ratio of both tiers, and what the disk was written
-    and spared."""
-    rows = []
-    for r in results:
-        s = r.stats
-        requests = s["requests"] or 1
-        rows.append([
-            r.label, sizes.get(r.cache_bytes, format_size(r.cache_bytes)),
-            f"{s['hit_ratio']:.4f}", f"{s['hits_from_memory'] / requests:.4f}",
-            f"{s['hits_from_disk'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
-            format_size(int(s["disk_bytes_not_written"])),
-        ])  # fmt: skip
-    return aligned(TIER_COLUMNS, rows)
 
 
 def tier_cells(

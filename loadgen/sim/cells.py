@@ -1,5 +1,5 @@
-"""What a report is built of: cells, plain JSON-able dicts (see ``loadgen.report``), and how
-the flash question's cells (``loadgen.flash``) are grouped for comparison."""
+"""What a report is built of: cells, plain JSON-able dicts (see ``loadgen.reports.report``), and how
+the flash question's cells (``loadgen.sim.flash``) are grouped for comparison."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The flash question: which disk admission rule earns its writes. For one trace, a memory tier
 and several disk sizes, every rule of the disk admission family runs in the compiled two-tier
-loop (``loadgen.tiers.simulate_tiers``), and each is placed by its hit ratio (memory and disk)
+loop (``loadgen.sim.tiers.simulate_tiers``), and each is placed by its hit ratio (memory and disk)
 against the bytes it wrote to the device.
 
 The family, each rule a curve over its parameter:
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from loadgen.cells import flash_group
-from loadgen.report import FLASH_COLUMNS, aligned, flash_rows
-from loadgen.tiers import DiskSpec, simulate_tiers
-from loadgen.trace import Trace
+from loadgen.sim.cells import flash_group
+from loadgen.sim.tiers import DiskSpec, simulate_tiers
+from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.units import format_size
 
@@ -124,7 +123,6 @@ def flash_sweep(
     memory_admission: str = "always",
     entry_overhead: int = 0,
     workers: int | None = None,
-    say: Callable[[str], None] | None = None,
 ) -> list[FlashCell]:
     """Every rule of the family at every disk size behind one memory tier of ``memory_bytes``
     (admitting by ``memory_admission``), in worker processes that share the trace by fork;
@@ -154,8 +152,6 @@ def flash_sweep(
     cells = [_cell(workload, p, s) for p, s in results.items()]
     cells.sort(key=lambda c: (c["disk_bytes"], _order(c)))
     mark_pareto(cells)
-    if say is not None:
-        say(flash_table(cells))
     return cells
 
 
@@ -196,10 +192,3 @@ def mark_pareto(cells: Sequence[FlashCell]) -> None:
             )
             for o in peers
         )
-
-
-def flash_table(cells: Sequence[FlashCell]) -> str:
-    """The cells of one sweep as an aligned table, headed by the trace and the memory tier."""
-    head = {(c["workload"], c["memory_bytes"]) for c in cells}
-    title = "; ".join(f"{w}, memory {format_size(m)}" for w, m in sorted(head))
-    return f"{title}\n" + aligned(FLASH_COLUMNS, flash_rows(cells), left=2)

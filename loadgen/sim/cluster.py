@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from loadgen.simulate import SimResult, sweep
-from loadgen.trace import Columns, read_trace
-from loadgen.workload import WorkloadSpec, generate
+from loadgen.sim.simulate import SimResult, sweep
+from loadgen.traces.trace import Columns, read_trace
+from loadgen.traces.workload import WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 
 

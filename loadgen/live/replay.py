@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from hdrh.histogram import HdrHistogram
 
-from loadgen.origin import PREFIX
-from loadgen.trace import Trace
+from loadgen.live.origin import PREFIX
+from loadgen.traces.trace import Trace
 
 MAX_LATENCY_US = 120_000_000
 OPEN_LOOP_IN_FLIGHT = 10_000

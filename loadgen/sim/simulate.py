@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.trace import Trace
+from loadgen.traces.trace import Trace
 from proxy.core._native import hash_ids
 from proxy.core.admission import AdmissionConfig
 from proxy.core.engine import CacheEngine

@@ -1,0 +1,1 @@
+"""Workloads and traces: generated Zipf traces, trace files, the real traces fetched."""
