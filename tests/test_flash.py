@@ -112,6 +112,7 @@ def test_a_region_leaves_at_least_sixteen_regions_and_is_a_power_of_two():
         assert disk // size >= 16 or size == 4096
 
 
+@pytest.mark.slow
 def test_the_ready_flash_experiment_reports_the_family_and_its_plot(tmp_path):
     experiment = load_experiment("config/experiments/flash.toml")
     small = WorkloadSpec(objects=3_000, requests=20_000, alpha=0.8, one_hit_share=0.3,

@@ -456,3 +456,59 @@ def test_a_soft_purge_marks_an_entry_already_stale_too():
     assert engine.purge("tags", ["t"], 20.0, soft=True).count == 0  # nothing fresh to mark
     asks = RequestMeta(URL, headers=(("Cache-Control", "max-stale=3600"),))
     assert not engine.lookup(asks, 21.0).serve_stale
+
+
+async def test_a_response_a_purge_reached_in_flight_leaves_a_copy_stored_since_the_purge(
+    origin, start_proxy, tmp_path
+):
+    """Request A went out before a purge and its answer comes last; B went out after it and
+    was stored. A's head says purged-in-flight and takes nothing away: B's copy is newer than
+    A's, and the next request is a hit on it (before: A's head deleted it, and the next
+    request went to the origin)."""
+    clock = Clock()
+    release, asked = asyncio.Event(), asyncio.Event()
+    versions = iter(range(1, 10))
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        n = next(versions)
+        if n == 1:
+            asked.set()
+            await release.wait()
+        fields = {"Cache-Control": "max-age=600", "ETag": f'"v{n}"'}
+        return web.Response(body=f"v{n}".encode() * 100, headers=fields)
+
+    origin.responder = responder
+    proxy = await start_proxy(clock=clock, admission__policy="always",
+                              disk__path=str(tmp_path), **DISK)  # fmt: skip
+    a = asyncio.ensure_future(get(proxy, "/x"))
+    await asyncio.wait_for(asked.wait(), 5)
+    clock.now += 1
+    await admin_purge(proxy, {"url": "http://example.test/x"})
+    clock.now += 1
+    # A precondition keeps B off A's flight: it goes to the origin after the purge.
+    _, headers, body = await get(proxy, "/x", **{"If-Match": "*"})
+    assert body[:2] == b"v2" and "stored" in headers["Cache-Status"], headers["Cache-Status"]
+    release.set()
+    _, headers, body = await a
+    assert body[:2] == b"v1" and "purged-in-flight" in headers["Cache-Status"]
+    _, headers, body = await get(proxy, "/x")
+    assert body[:2] == b"v2" and "hit" in headers["Cache-Status"], headers["Cache-Status"]
+
+
+async def test_a_cookie_request_neither_reads_nor_writes_the_disk_tier(
+    origin, start_proxy, tmp_path
+):
+    """A request answered for its user alone (a cookie) is fetched as it was asked: no tier
+    is read for it, and none is written with its response, however often it comes."""
+    body = b"c" * 5000
+    origin.set("/a", body=body, headers={"Cache-Control": "public, max-age=600"})
+    settings = {"disk__path": str(tmp_path), **DISK, "admission__policy": "size-below:1KiB"}
+    first = await start_proxy(**settings)
+    assert (await get(first, "/a"))[2] == body
+    assert first.proxy.disk.tier.counters.admissions == 1
+    await first.stop()
+    again = await start_proxy(**settings)
+    for _ in range(5):
+        status, _, got = await get(again, "/a", Cookie="session=abc")
+        assert status == 200 and got == body
+    assert again.proxy.disk.tier.counters.admissions == 0

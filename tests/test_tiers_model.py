@@ -222,14 +222,16 @@ class TwoTiers(RuleBasedStateMachine):
             headers["If-None-Match"] = f'"{b.version}-{lang or "-"}"'
         status, answer = self.run(self._send(method, url, headers))
         self._check(url, lang, status, answer)
-        if method == "GET" and "; stored" in answer.get("Cache-Status", ""):
+        stored = "; stored" in answer.get("Cache-Status", "")
+        if method == "GET" and stored and "fwd=bypass" not in answer["Cache-Status"]:
             self._on_disk_as_in_memory(url, answer["ETag"])
 
     def _on_disk_as_in_memory(self, url: str, etag: str) -> None:
-        """Every response memory stores, the disk takes (its admission here takes all): the
-        memory entries of ``url`` this answer stored have a record of their key on disk,
-        of the same response. (One memory no longer holds was not stored by this answer's
-        end, or was evicted since: nothing to compare.)"""
+        """Every response memory stores from a fetch made for the cache (not a hit-for-miss
+        pass), the disk takes (its admission here takes all): the memory entries of ``url``
+        this answer stored have a record of their key on disk, of the same response. (One
+        memory no longer holds was not stored by this answer's end, or was evicted since:
+        nothing to compare.)"""
         proxy = self.service.proxy
         store = proxy.engine.store
         stored = [key for key in store if url_of(key) == f"http://{HOST}{url}"

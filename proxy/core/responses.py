@@ -157,15 +157,20 @@ class ResponseDecisions(Removals):
         now: float,
         *,
         admitted: bool | None = None,
+        whole: bool = True,
     ) -> Decided:
         """Decide from the head of a response fetched from the origin whether memory will
         keep its body and which tiers behind the store write it (``length``: its
-        Content-Length, None when unknown).
+        Content-Length, None when unknown). Only a response fetched for the cache
+        (``whole``, ``Fetch.whole``) is offered to the tiers: one fetched as the client asked
+        (a cookie's, a hit-for-miss pass, a precondition's) answers a request no tier is
+        read for, and would only make the device write it again each time.
         ``admitted``: the admission answer when the driver already asked an asynchronous
         backend (see ``admission_pending``); None asks the engine's own policy."""
         self.counters.origin_fetches += 1
         memory = self._decide(request, response, length, now, admitted, True)
-        return Decided(memory, response, self._offer(request, response, length, memory, now))
+        tiers = self._offer(request, response, length, memory, now) if whole else ()
+        return Decided(memory, response, tiers)
 
     def finish(
         self,
@@ -287,18 +292,19 @@ class ResponseDecisions(Removals):
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
+        if known and self.recent_purges and self.purged_since(request.key, response):
+            # A purge made since its request went out reaches it: no tier stores it, and its
+            # Cache-Status says so (one made before its body ends is caught as it is stored,
+            # ``_settle``). What the tiers hold of its key is either older than the purge, and
+            # went with it, or stored since, and newer than this: both are left as they are.
+            c.purged_in_flight += 1
+            return PURGED_IN_FLIGHT
         if known:
             self._varies_now(request.key, response.vary)
         key, stored = self._storage_key(request, response)
         if known:
             for tier in self.behind:
                 tier.forget(key, SUPERSEDED)
-            if self.recent_purges and self.purged_since(key, response):
-                # A purge made since its request went out reaches it: no tier stores it,
-                # and its Cache-Status says so (one made before its body ends is caught as
-                # it is stored, ``_settle``).
-                c.purged_in_flight += 1
-                return self._superseded(key, known, PURGED_IN_FLIGHT)
         # A response without fields is the simulator's (a trace's sizes alone): nothing to
         # judge. With a grace, one may yet answer while the origin fails: it is written.
         if (

@@ -8,7 +8,8 @@ Rules it keeps:
   so every path that stores a response (a miss, a background refresh, a slice) reaches them
   all by one rule. Never offered: a response that is not cacheable, larger than the store's
   largest object, that could never answer fresh, that a purge could not reach by every tag,
-  or one a purge made since its request went out reaches.
+  one a purge made since its request went out reaches, or one fetched as the client asked
+  rather than for the cache (a cookie's, a hit-for-miss pass: no tier is read for those).
 * Every removal the engine decides reaches every tier, through ``CacheEngine`` and nothing
   else: an unsafe method (RFC 9111 section 4.4), a response that supersedes the stored one and
   may not be stored itself (section 4.3.4's replacement, ``private`` or ``no-store``), a

@@ -208,9 +208,9 @@ class Fetcher:
         headers = fields_of(upstream)
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decided = (
-            self.engine.on_response_head(meta, rmeta, length, self.clock())
+            self.engine.on_response_head(meta, rmeta, length, self.clock(), whole=action.whole)
             if self.shared is None
-            else await self.decide(meta, rmeta, length)
+            else await self.decide(meta, rmeta, length, whole=action.whole)
         )
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
@@ -363,10 +363,13 @@ class Fetcher:
             allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
         )  # fmt: skip
 
-    async def decide(self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None) -> Decided:
+    async def decide(
+        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, *, whole: bool = True
+    ) -> Decided:
         """``engine.on_response_head``, asking the fleet's filter first when there is one."""
         admitted = await self.ask_fleet(meta, rmeta, length)
-        return self.engine.on_response_head(meta, rmeta, length, self.clock(), admitted=admitted)
+        return self.engine.on_response_head(meta, rmeta, length, self.clock(),
+                                            admitted=admitted, whole=whole)  # fmt: skip
 
     async def ask_fleet(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
