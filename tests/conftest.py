@@ -390,22 +390,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.live if live else pytest.mark.unit)
 
 
-# A test that takes longer than this is marked ``slow``: ``make check`` leaves it out.
+# A test that takes longer than this (setting up, running and tearing down) should be marked
+# ``slow``: ``make check`` leaves those out.
 SLOW_SECONDS = 3.0
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Name the tests that took longer than ``SLOW_SECONDS`` without a ``slow`` or ``perf``
-    mark, so the inner loop (``make check``) stays quick as tests are added."""
-    unmarked = sorted(
-        (report.duration, report.nodeid)
-        for report in terminalreporter.stats.get("passed", [])
-        if report.when == "call"
-        and report.duration > SLOW_SECONDS
-        and not {"slow", "perf"} & set(report.keywords)
-    )
+    """Name the tests that took longer than ``SLOW_SECONDS``, fixtures included, without a
+    ``slow`` or ``perf`` mark, so the inner loop (``make check``) stays quick as tests are
+    added."""
+    took: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) and not {"slow", "perf"} & set(report.keywords):
+                took[report.nodeid] = took.get(report.nodeid, 0.0) + report.duration
+    unmarked = sorted((d, nodeid) for nodeid, d in took.items() if d > SLOW_SECONDS)
     if unmarked:
-        terminalreporter.section("tests over 3 s without a slow mark")
+        terminalreporter.section(f"tests over {SLOW_SECONDS:g} s without a slow mark")
         for duration, nodeid in reversed(unmarked):
             terminalreporter.line(f"{duration:5.1f}s {nodeid}")
 

@@ -81,9 +81,10 @@ def test_every_removal_the_engine_decides_reaches_the_tier_behind_the_store(remo
     before = tier.find(URL)
     REMOVALS[removal](engine)
     after = tier.find(URL)
-    # A newer response the tier takes is written after the older copy, in its place.
-    written = removal == "a newer response" and after is not None and after.offset > before.offset
-    assert after is None or written, f"{removal} left the disk's copy"
+    if removal == "a newer response":  # the tier takes it: written after the older copy
+        assert after is not None and after.offset > before.offset
+    else:
+        assert after is None, f"{removal} left the disk's copy"
     # The slices and variants of the URL are found only after their anchors: gone with them.
     assert tier.find(slices.anchor_key(URL)) is None
 
@@ -236,6 +237,19 @@ def test_a_purge_made_before_a_responses_head_arrived_keeps_it_from_every_tier_a
     engine.finish(RequestMeta(URL), decided, 100, 6.0, payload=b"x" * 100)
     assert engine.store.peek(URL) is None and tier.find(URL) is None
     assert engine.counters.purged_in_flight == 1
+
+
+def test_a_purge_made_while_the_body_arrives_keeps_it_from_every_tier():
+    """Its head came before the purge: the purge is caught as the body ends, for memory and
+    for the tiers that took it at its head."""
+    engine, tier = two_tiers()
+    engine.recent_purges = RecentPurges(horizon=60.0)
+    response = TAGGED._replace(requested_at=4.0)
+    decided = engine.on_response_head(RequestMeta(URL), response, 100, 4.5)
+    assert decided.tiers == (tier,)
+    engine.purge("url", URL, 5.0)
+    engine.finish(RequestMeta(URL), decided, 100, 6.0, payload=b"x" * 100)
+    assert engine.store.peek(URL) is None and tier.find(URL) is None
 
 
 def test_rfc9111_4_a_newer_response_the_store_cannot_keep_takes_its_older_copy_away():

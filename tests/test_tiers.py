@@ -119,7 +119,6 @@ def drawn_traces(draw) -> Trace:
     budget=st.sampled_from([0.0, 3_000.0]),
     named_record=st.booleans(),
 )
-@pytest.mark.slow
 def test_the_compiled_loop_counts_as_the_model_does(
     trace, memory, admission, eviction, disk_admission, regions, ttl, overhead, max_object,
     budget, named_record,

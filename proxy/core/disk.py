@@ -314,8 +314,8 @@ class DiskTier:
     def offer(self, key: str, size: int, length: int, now: float) -> Slot | None:
         """A response of ``size`` body bytes, a record of ``length`` bytes, fetched for
         ``key``: where it is written when the tier takes it (``admit``, then placed and
-        ``recorded``), else None. The simulator's path; the live tier writes the record
-        between the two."""
+        ``recorded``), else None: ``admit`` and ``put`` in one call, for a key and its
+        record's length alone."""
         if not self.admit(key, size, length, now):
             return None
         placement = self.regions.place(length)

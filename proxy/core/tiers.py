@@ -107,7 +107,8 @@ class Tier(Protocol):
     def put(
         self, request: RequestMeta, response: ResponseMeta, body: object, size: int, now: float
     ) -> None:
-        """Write what ``takes`` took: ``body`` (the driver's payload, ``size`` bytes), whole."""
+        """Write what ``takes`` took: ``body`` (the driver's payload, ``size`` bytes: the
+        proxy's bytes; None from the simulator, which keeps no bodies), whole."""
         ...
 
     def forget(self, key: str, why: str) -> bool:

@@ -258,7 +258,8 @@ class DiskStore:
     ) -> None:
         """``proxy.core.tiers.Tier.put``: the record of a response ``takes`` took, under its
         URL, its variant's key or its slice's."""
-        assert isinstance(body, bytes), "the proxy's payloads are bytes"
+        if not isinstance(body, bytes):
+            raise TypeError(f"a record's body is bytes, not {type(body).__name__}")
         if response.vary:
             self.write_variant(request.key, response, request.headers, body, now)
         elif response.status == 206:
