@@ -239,6 +239,25 @@ def test_a_purge_made_before_a_responses_head_arrived_keeps_it_from_every_tier_a
     assert engine.counters.purged_in_flight == 1
 
 
+def test_a_collapsed_requests_sighting_is_offered_to_the_tiers_as_memory_takes_it():
+    """A request answered by another's fetch counts as a sighting for the disk's admission as
+    for memory's: the fetch's own was the first, the follower's the second, and the disk takes
+    it then (before: only the fetch was ever offered, so a burst never reached the disk)."""
+    engine = build_engine(1 << 20, ALWAYS)
+    second_hit = AdmissionConfig(policy="second-hit")
+    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=second_hit).tier()
+    engine.behind = (tier,)
+    other = RequestMeta("http://a/burst")
+    decided = engine.on_response_head(other, TAGGED, 100, 1.0)
+    assert decided.tiers == ()  # the disk's first sighting
+    engine.finish(other, decided, 100, 1.0, payload=b"b" * 100)
+    assert tier.find(other.key) is None
+    engine.on_shared(other, TAGGED, 100, 1.0, payload=b"b" * 100)
+    assert tier.find(other.key) is not None
+    engine.on_shared(other, TAGGED, 100, 1.0, payload=b"b" * 100)  # held: not written again
+    assert tier.counters.admissions == 1
+
+
 def test_a_purge_made_while_the_body_arrives_keeps_it_from_every_tier():
     """Its head came before the purge: the purge is caught as the body ends, for memory and
     for the tiers that took it at its head."""

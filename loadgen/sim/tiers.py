@@ -30,13 +30,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 
 from loadgen.sim.simulate import SimResult, build_engine, key_arrays, policy_label
 from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
+from proxy.core.disk import (
+    ASSUMED_META,
+    RECORD_HEADER,
+    DiskTier,
+    WriteBudget,
+    assumed_record_length,
+)
 from proxy.core.engine import CacheEngine
 from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
 from proxy.core.regions import Regions
@@ -75,11 +82,9 @@ class DiskSpec:
 
     def tier(self) -> DiskTier:
         regions = Regions(self.region_size, self.size // self.region_size)
+        length = self.record_length or partial(assumed_record_length, meta=self.meta_bytes)
         return DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate),
-                        record_length=self.record_length or self._record_length)  # fmt: skip
-
-    def _record_length(self, key: str, size: int) -> int:
-        return RECORD_HEADER + len(key.encode()) + self.meta_bytes + size
+                        record_length=length)  # fmt: skip
 
 
 def simulate_tiers(

@@ -106,10 +106,10 @@ def record_key(request: RequestMeta, response: ResponseMeta) -> str:
     return request.key
 
 
-def assumed_record_length(key: str, size: int) -> int:
-    """A record's bytes for a body of ``size`` bytes under ``key`` with ``ASSUMED_META`` bytes
-    of meta: what a simulated tier counts when it is not told (``DiskTier.record_length``)."""
-    return RECORD_HEADER + len(key.encode()) + ASSUMED_META + size
+def assumed_record_length(key: str, size: int, meta: int = ASSUMED_META) -> int:
+    """A record's bytes for a body of ``size`` bytes under ``key`` with ``meta`` bytes of meta:
+    what a simulated tier counts when it is not told (``DiskTier.record_length``)."""
+    return RECORD_HEADER + len(key.encode()) + meta + size
 
 
 def slots(dump: bytes) -> list[tuple[int, Slot]]:
@@ -169,7 +169,7 @@ class DiskTier:
     follow_bans: Callable[[], None] | None = field(default=None, repr=False)
     # The bytes of the record of a body of ``size`` bytes under ``key``, as the simulator
     # counts it (``takes``, ``put``; the live tier writes records of its own length).
-    record_length: Callable[[str, int], int] = field(default=None, repr=False)  # type: ignore[assignment]
+    record_length: Callable[[str, int], int] = field(default=assumed_record_length, repr=False)
     admission: AdmissionPolicy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -182,8 +182,6 @@ class DiskTier:
             )
         if self.index is None:
             self.index = DiskIndex(self.regions.regions)
-        if self.record_length is None:
-            self.record_length = assumed_record_length
         if name == "auto":
             self.admission = self._auto()
             return

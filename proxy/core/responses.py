@@ -210,11 +210,24 @@ class ResponseDecisions(Removals):
         c.origin_bytes += size
         c.bytes_served += size
         decision = self._decide(request, response, size, now, None, True)
+        return self._in_hand(request, response, decision, size, now, response.payload)
+
+    def _in_hand(
+        self,
+        request: RequestMeta,
+        response: ResponseMeta,
+        decision: Keep | NotStored,
+        size: int,
+        now: float,
+        payload: object,
+    ) -> Outcome:
+        """``finish`` of a decided response whose whole body is in hand: offered to the tiers,
+        stored in memory, written to the tiers that took it."""
         if not self.behind:
-            return self._settle(request, decision, size, now, response.payload)
+            return self._settle(request, decision, size, now, payload)
         tiers = self._offer(request, response, size, decision, now)
-        outcome = self._settle(request, decision, size, now, response.payload)
-        self._write_behind(request, response, tiers, response.payload, size, now)
+        outcome = self._settle(request, decision, size, now, payload)
+        self._write_behind(request, response, tiers, payload, size, now)
         return outcome
 
     def _offer(
@@ -265,12 +278,15 @@ class ResponseDecisions(Removals):
     ) -> Outcome:
         """A response another request fetched (single flight) answered this one: a sighting
         of its URL, not an origin fetch. It is stored (with ``payload``) if this sighting
-        admits it and no other request stored it already."""
+        admits it and no other request stored it already, and offered to the tiers as a
+        sighting too: a tier that did not take it at its fetch (its admission, or memory's
+        for a tier that follows memory) may take it now; one that holds it takes it no
+        more."""
         c = self.counters
         c.collapsed += 1
         c.bytes_served += size
         decision = self._decide(request, response, size, now, admitted, False)
-        return self._settle(request, decision, size, now, payload)
+        return self._in_hand(request, response, decision, size, now, payload)
 
     def _decide(
         self,
