@@ -38,8 +38,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from proxy.config.settings import load
+from proxy.core.keys import url_of
 from proxy.core.store import Entry
-from proxy.core.tiers import url_of
 from proxy.disk.directory import release
 from proxy.ops.service import Service
 

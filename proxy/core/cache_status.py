@@ -32,6 +32,12 @@ SLICE_MEMORY = "slice-memory"  # [cache] slice_memory stayed full: the slice was
 CLIENT_LEFT = "client-left"  # the client went before its request was forwarded
 
 
+def ttl_of(lifetime: float, age: float) -> int:
+    """A hit's ``ttl``: the seconds of freshness it has left (negative once stale), truncated
+    toward zero, as the compiled hit path's ``render`` writes it too."""
+    return int(lifetime - age)
+
+
 def hit(ttl: int | None = None, detail: str | None = None) -> str:
     """A response answered from a stored one."""
     value = HIT if ttl is None else f"{HIT_TTL}{ttl}"

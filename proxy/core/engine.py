@@ -100,6 +100,7 @@ from proxy.core.events import (
     Revalidate,
     Stale,
 )
+from proxy.core.keys import url_of
 from proxy.core.purges import RecentPurges
 from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
@@ -304,7 +305,7 @@ class CacheEngine(ResponseDecisions):
         has no variants here (they are selected on fields), a variant (``vary``: the names it
         is selected on) when its URL's variants here are selected on the same names, or it has
         none, and are not all taken."""
-        url = entry.key.partition("\0")[0] if vary else entry.key
+        url = url_of(entry.key) if vary else entry.key
         if not self.store.fits(entry.size):
             return
         if vary:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from proxy.core import slices
 from proxy.core.events import Purged
+from proxy.core.keys import url_of, whole_url
 from proxy.core.purges import RecentPurges
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex
-from proxy.core.tiers import CHANGED, PURGE, UNSAFE, Tier, forgotten_keys, whole_url
+from proxy.core.tiers import CHANGED, PURGE, UNSAFE, Tier, forgotten_keys
 from proxy.core.variants import Variants
 
 
@@ -100,7 +101,7 @@ class Removals:
     def purge_prefix(self, prefix: str) -> int:
         """Remove every stored URL starting with ``prefix`` (with its variants and slices),
         from every tier; how many entries the store held."""
-        urls = {key.split("\0", 1)[0] for key in self.stored_keys(prefix=prefix)}
+        urls = {url_of(key) for key in self.stored_keys(prefix=prefix)}
         removed = sum(self._delete_url(url) for url in urls)
         self._purge_behind("prefix", prefix)
         return removed

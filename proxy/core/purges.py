@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from proxy.core.tiers import url_of
+from proxy.core.keys import url_of
 
 # Purges remembered at most (273 a second over a 60 s horizon): about 200 bytes each, whatever
 # the URL's length (3.2 MiB in all, measured with tracemalloc).

@@ -30,19 +30,13 @@ from proxy.core.events import (
     Store,
 )
 from proxy.core.invalidation import Removals
+from proxy.core.keys import url_of
 from proxy.core.rfc9110 import Headers, get_first
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
-from proxy.core.tiers import (
-    SUPERSEDED,
-    UNSTORABLE,
-    VARIES,
-    Tier,
-    own_record,
-    url_of,
-)
+from proxy.core.tiers import SUPERSEDED, UNSTORABLE, VARIES, Tier, own_record
 from proxy.core.variants import Variants, variant_key
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past

@@ -22,10 +22,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from proxy.core import rfc9110
+from proxy.core.keys import part_key
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 
-_MARK = "\0slice "
+_MARK = part_key("", "slice ")
 _NONE: frozenset[int] = frozenset()
 
 
@@ -48,7 +49,7 @@ def anchor_key(url: str) -> str:
     """The key under which a tier behind the store (the disk) keeps the anchor of ``url``'s
     slices: only slices written after it are of the object as it stands (see the disk's
     ``write_slice``)."""
-    return url + "\0slices"
+    return part_key(url, "slices")
 
 
 def bounds(n: int, size: int, length: int) -> tuple[int, int]:

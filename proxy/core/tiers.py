@@ -20,8 +20,8 @@ Rules it keeps:
   inherits every removal by implementing ``Tier``.
 * ``forget(key, why)`` names either a URL, and then the URL goes with every variant and slice
   of it, or one stored part of it (a variant's key, a slice's, an anchor's, or the URL's own
-  record alone, ``own_record``: they hold ``\\0``, which no URL does; ``whole_url`` tells
-  them apart).
+  record alone, ``own_record``: ``proxy.core.keys``, whose ``whole_url`` tells them
+  apart).
 * ``ban(value, by_tag)`` removes every record of a key starting with ``value`` (a purge by
   prefix) or whose response carries the tag ``value``, written before the ban.
 * A tier that persists journals each removal before ``forget`` or ``ban`` returns, and
@@ -43,6 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from proxy.core import slices, variants
+from proxy.core.keys import part_key, whole_url
 
 if TYPE_CHECKING:
     from proxy.core.events import RequestMeta, ResponseMeta
@@ -59,22 +60,12 @@ PURGE = "purge"  # an operator's purge (by URL, prefix or tag; soft where nothin
 
 
 # Marks a URL's own record alone (``own_record``), without its variants and slices.
-_OWN = "\0own"
+_OWN = part_key("", "own")
 
 
 def own_record(url: str) -> str:
     """The key that names to ``forget`` only ``url``'s own, unvaried record."""
     return url + _OWN
-
-
-def whole_url(key: str) -> bool:
-    """Whether ``key`` names a URL (with everything stored of it), not one stored part."""
-    return "\0" not in key
-
-
-def url_of(key: str) -> str:
-    """The URL a store key is of: a variant's or a slice's key begins with its URL."""
-    return key.partition("\0")[0]
 
 
 def forgotten_keys(key: str) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 from proxy.core import rfc9111
 from proxy.core.events import RequestMeta
+from proxy.core.keys import part_key, url_of, whole_url
 from proxy.core.store import Entry
 
 
@@ -71,8 +72,8 @@ class Variants:
             return
         for item in gone:
             key = item if isinstance(item, str) else item.key
-            url, sep, _ = key.partition("\0")
-            known = urls.get(url) if sep else None
+            url = url_of(key)
+            known = None if whole_url(key) else urls.get(url)
             if known is not None:
                 known[1].discard(key)
                 if not known[1]:
@@ -85,7 +86,7 @@ class Variants:
 
 def variant(url: str, selected: tuple[tuple[str, str], ...]) -> str:
     """The store key of ``url``'s variant selected by the field values ``selected``."""
-    return url + "\0" + "\0".join(f"{name}={value}" for name, value in selected)
+    return part_key(url, *(f"{name}={value}" for name, value in selected))
 
 
 def variant_key(url: str, names: tuple[str, ...], request_headers: rfc9111.Headers) -> str:
@@ -98,4 +99,4 @@ def anchor_key(url: str) -> str:
     """The key under which a tier behind the store (the disk) keeps the names ``url``'s
     variants are selected on: only variants written after it are found (see the disk's
     ``write_variant``). No variant has it: a variant's key holds ``name=value``."""
-    return url + "\0vary"
+    return part_key(url, "vary")

@@ -58,6 +58,7 @@ from proxy.core.disk import (
     slots,
 )
 from proxy.core.events import RequestMeta, ResponseMeta
+from proxy.core.keys import url_of, whole_url
 from proxy.core.regions import Regions, SharedRegions
 from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
@@ -365,7 +366,7 @@ class DiskStore:
         while no anchor of its variants lies after it; a variant only after that anchor, with
         no own record after the anchor; a slice only after its anchor (``lookup_request``,
         ``anchored``)."""
-        url, part, _ = key.partition("\0")
+        url, part = url_of(key), not whole_url(key)
         slot = self.tier.find(key)
         if slot is None:
             return False

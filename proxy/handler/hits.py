@@ -27,7 +27,7 @@ from typing import Any
 from aiohttp import HttpVersion11
 
 from proxy.core._native import hash64
-from proxy.core.cache_status import DISK, HIT_TTL
+from proxy.core.cache_status import DISK, HIT_TTL, ttl_of
 from proxy.core.cached import VIA, cached_head, hit_head, render
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
@@ -217,7 +217,7 @@ class HitAnswers:
         if head is None:
             return None
         age = int(hit.age)
-        ttl = int(entry.lifetime - hit.age)
+        ttl = ttl_of(entry.lifetime, hit.age)
         per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % http_date().encode()

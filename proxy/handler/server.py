@@ -36,7 +36,7 @@ from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config
 from proxy.core import events
 from proxy.core.admission import key_sample, make_policy
-from proxy.core.cache_status import CLIENT_LEFT, DISK, ERROR, forwarded, refused
+from proxy.core.cache_status import CLIENT_LEFT, DISK, ERROR, forwarded, refused, ttl_of
 from proxy.core.cache_status import hit as hit_status
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
@@ -308,8 +308,7 @@ class Proxy:
                 if action.refresh:
                     self.revalidation.refresh_in_background(meta, url, action.entry)
                 x_cache = "HIT" if action.fresh else "STALE"
-                ttl = int(action.entry.lifetime - action.age)
-                status = hit_status(ttl)
+                status = hit_status(ttl_of(action.entry.lifetime, action.age))
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
@@ -363,7 +362,7 @@ class Proxy:
                 return None
             return await self._act(request, meta, url, action)
         engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
-        status = hit_status(int(hit.entry.lifetime - hit.age), DISK)
+        status = hit_status(ttl_of(hit.entry.lifetime, hit.age), DISK)
         return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 
     async def close(self) -> None:

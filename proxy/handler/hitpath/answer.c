@@ -130,17 +130,19 @@ static Py_ssize_t decimal(char *out, long long n) {
 }
 
 /* The answer's bytes: the fixed head, the per-hit fields (detail: what follows the ttl in
- * Cache-Status), the blank line, and the body when it is joined. */
+ * Cache-Status), the blank line, and the body when it is joined. The ttl and Age are whole
+ * seconds truncated toward zero, as proxy.core.cache_status.ttl_of and int() give them. */
 PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
-                 const char *detail, PyObject *body, int head, long long ttl, long long age,
+                 const char *detail, PyObject *body, int head, double lifetime, double age,
                  PyObject *status) {
     char numbers[96];
-    Py_ssize_t nlen = decimal(numbers, ttl), detail_len = (Py_ssize_t)strlen(detail);
+    Py_ssize_t nlen = decimal(numbers, (long long)(lifetime - age));
+    Py_ssize_t detail_len = (Py_ssize_t)strlen(detail);
     memcpy(numbers + nlen, detail, detail_len);
     nlen += detail_len;
     memcpy(numbers + nlen, "\r\nAge: ", 7);
     nlen += 7;
-    nlen += decimal(numbers + nlen, age);
+    nlen += decimal(numbers + nlen, (long long)age);
     memcpy(numbers + nlen, "\r\n", 2);
     nlen += 2;
     PyObject *date = NULL;
@@ -250,7 +252,7 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
      * which then counts it once, as it finds it. */
     PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
     result = render(self, PyBytes_AS_STRING(fixed), PyBytes_GET_SIZE(fixed), dated, "", body,
-                    head, (long long)(lifetime - age), (long long)age, status);
+                    head, lifetime, age, status);
     if (result != NULL && count_hit(self, key, entry, hash, now_obj) < 0)
         Py_CLEAR(result);
 done:

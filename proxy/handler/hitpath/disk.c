@@ -285,7 +285,7 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     /* Rendered first, then counted and kept: a render that fails leaves the request to the
      * handler, which then counts it once, as it finds it. */
     result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
-                    head, (long long)(lifetime - age), (long long)age, parts[0]);
+                    head, lifetime, age, parts[0]);
     if (result == NULL) {
         Py_DECREF(record);
         goto done;

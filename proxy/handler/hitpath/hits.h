@@ -135,7 +135,7 @@ int plain_request(PlainHits *self, PyObject *msg, int *head, PyObject **path);
 /* answer.c */
 PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head);
 PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
-                 const char *detail, PyObject *body, int head, long long ttl, long long age,
+                 const char *detail, PyObject *body, int head, double lifetime, double age,
                  PyObject *status);
 
 /* disk.c */
