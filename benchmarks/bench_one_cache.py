@@ -125,8 +125,8 @@ def index_agrees(directory: Path, size: int, region: int) -> tuple[bool, int]:
     record of its key in the region files; and how many slots."""
     store = DiskStore(DiskSection(path=str(directory), size=size, region_size=region))
     try:
-        agrees, held = store.agrees_with_files()
-        return agrees and store.scanned == 0, held
+        agrees, held = store.keeping.agrees_with_files()
+        return agrees and store.keeping.scanned == 0, held
     finally:
         store.close()
 

@@ -402,7 +402,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     took: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
-            if getattr(report, "when", None) and not {"slow", "perf"} & set(report.keywords):
+            if isinstance(report, pytest.TestReport) and not {"slow", "perf"} & set(
+                report.keywords
+            ):
                 took[report.nodeid] = took.get(report.nodeid, 0.0) + report.duration
     unmarked = sorted((d, nodeid) for nodeid, d in took.items() if d > SLOW_SECONDS)
     if unmarked:

@@ -15,8 +15,8 @@ from conftest import admin_purge, base
 from conftest import fetch_as_client as get
 
 from proxy.disk import store as disk_store
+from proxy.disk.reads import READ_INLINE
 from proxy.disk.record_meta import record_stamp as stamp
-from proxy.disk.store import READ_INLINE
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
         "cache__max_object_size": "256KiB"}  # fmt: skip

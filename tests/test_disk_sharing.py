@@ -53,7 +53,7 @@ class Machine:
         for store in (*self.workers, self.parent):
             store.log.close()
             store.journal.close()
-        claim = self.parent.claim
+        claim = self.parent.keeping.claim
         assert claim is not None
         release(claim)
 
@@ -67,10 +67,10 @@ def test_what_one_worker_writes_the_other_reads_and_what_it_forgets_the_other_mi
     machine = Machine(str(tmp_path))
     one, two = machine.worker(0), machine.worker(1)
     write(one, "http://a/x", b"from one")
-    found = two.lookup("http://a/x", Entry)
+    found = two.reads.lookup("http://a/x", Entry)
     assert found is not None and found.payload == b"from one"
     assert one.forget("http://a/x", "unsafe")
-    assert two.lookup("http://a/x", Entry) is None
+    assert two.reads.lookup("http://a/x", Entry) is None
     assert machine.parent.stats()["objects"] == 0
     machine.close()
 
@@ -83,12 +83,12 @@ def test_a_purge_by_prefix_one_worker_took_reaches_a_worker_that_started_before_
     write(one, "http://a/old")
     late = machine.worker(1)  # started, and not yet in the parent's list of workers
     one.ban("http://a/", by_tag=False)
-    slot = late.reader_index.get(hash64("http://a/old")[0])
+    slot = late.reads.index.get(hash64("http://a/old")[0])
     assert slot is not None, "the index still holds the record: the ban drops it at a read"
     assert late.tier.bans, "the compiled reader's get brought the ban in"
-    assert late.lookup("http://a/old", Entry) is None
+    assert late.reads.lookup("http://a/old", Entry) is None
     write(late, "http://a/new")
-    assert one.lookup("http://a/new", Entry) is not None, "a record after the ban stays"
+    assert one.reads.lookup("http://a/new", Entry) is not None, "a record after the ban stays"
     machine.close()
 
 
@@ -101,7 +101,7 @@ def test_a_record_read_torn_is_dropped_only_where_the_reader_found_it(tmp_path):
     one.forget("http://a/x", "unsafe")
     write(one, "http://a/x", b"second")
     assert old is not None and two.tier.drop("http://a/x", at=old) is None
-    found = two.lookup("http://a/x", Entry)
+    found = two.reads.lookup("http://a/x", Entry)
     assert found is not None and found.payload == b"second"
     machine.close()
 
@@ -125,8 +125,8 @@ def test_what_workers_journaled_a_single_process_takes_up_after_them(tmp_path):
         else:
             machine.crash()
         alone = DiskStore(machine.section)
-        assert alone.lookup("http://a/x", Entry) is None, "purged by prefix"
-        assert alone.lookup("http://b/y", Entry) is None, "forgotten"
+        assert alone.reads.lookup("http://a/x", Entry) is None, "purged by prefix"
+        assert alone.reads.lookup("http://b/y", Entry) is None, "forgotten"
         alone.close()
         assert not list(directory.glob("drops-*.log")) and not list(directory.glob("bans-*"))
 
@@ -170,7 +170,7 @@ def test_a_replacement_keeps_the_drops_of_the_worker_it_replaces_until_a_checkpo
     assert (tmp_path / "drops-0.log").stat().st_size > 0, "no checkpoint holds the drop yet"
     machine.crash()
     alone = DiskStore(machine.section)
-    assert alone.lookup("http://a/x", Entry) is None
+    assert alone.reads.lookup("http://a/x", Entry) is None
     alone.close()
 
 
@@ -188,6 +188,6 @@ def test_after_a_crash_each_purge_is_kept_once_whatever_number_of_workers_kept_i
     machine.crash()
     alone = DiskStore(machine.section)
     assert len(alone.tier.bans) == 600
-    assert alone.lookup("http://kept/after", Entry) is not None, "not purged with everything"
-    assert alone.lookup("http://p7/x", Entry) is None
+    assert alone.reads.lookup("http://kept/after", Entry) is not None, "not purged with everything"
+    assert alone.reads.lookup("http://p7/x", Entry) is None
     alone.close()

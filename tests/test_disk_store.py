@@ -20,9 +20,11 @@ from proxy.core import slices
 from proxy.core.events import RequestMeta, ResponseMeta
 from proxy.core.store import Entry
 from proxy.core.tiers import PURGE
+from proxy.disk.checkpoint import CHECKPOINT
 from proxy.disk.directory import DiskDirectoryError, release
 from proxy.disk.journal import DROPS
-from proxy.disk.store import CHECKPOINT, READ_INLINE, DiskStore
+from proxy.disk.reads import READ_INLINE
+from proxy.disk.store import DiskStore
 
 STORED = ResponseMeta(cacheable=True, lifetime=600.0, headers=(("Cache-Control", "max-age=600"),))
 
@@ -48,7 +50,7 @@ def crash(store: DiskStore) -> None:
     """What a kill leaves: no checkpoint at the end, the files closed and the directory's lock
     given up (the kernel's part in a real crash)."""
     store.log.close()
-    release(store._lock)
+    release(store.keeping._lock)
 
 
 def test_a_clean_stop_checkpoints_and_the_next_start_scans_nothing(tmp_path):
@@ -58,9 +60,9 @@ def test_a_clean_stop_checkpoints_and_the_next_start_scans_nothing(tmp_path):
     store.close()
     assert (tmp_path / CHECKPOINT).exists()
     again = DiskStore(section(tmp_path))
-    assert (again.from_checkpoint, again.scanned) == (200, 0)
+    assert (again.keeping.from_checkpoint, again.keeping.scanned) == (200, 0)
     for key in keys:
-        entry = again.lookup(key, Entry)
+        entry = again.reads.lookup(key, Entry)
         assert entry is not None and entry.payload == body_of(key) and entry.status == 200
     again.close()
 
@@ -76,14 +78,15 @@ def test_a_record_invalidated_before_a_crash_stays_gone_and_one_written_after_st
     write(store, ["http://a/y"])  # stored anew after its purge, elsewhere in the ring
     crash(store)
     again = DiskStore(section(tmp_path))
-    assert again.lookup("http://a/x", Entry) is None and again.lookup("http://a/z", Entry) is None
-    entry = again.lookup("http://a/y", Entry)
+    assert again.reads.lookup("http://a/x", Entry) is None
+    assert again.reads.lookup("http://a/z", Entry) is None
+    entry = again.reads.lookup("http://a/y", Entry)
     assert entry is not None and entry.payload == body_of("http://a/y")
     assert again.stats()["dropped_again"] == 2  # x and z: y's new record is not the one dropped
     again.close()  # its checkpoint holds the drops: the journal starts again
     assert not (tmp_path / DROPS).exists() or (tmp_path / DROPS).stat().st_size == 0
     last = DiskStore(section(tmp_path))
-    assert last.lookup("http://a/x", Entry) is None and last.stats()["dropped_again"] == 0
+    assert last.reads.lookup("http://a/x", Entry) is None and last.stats()["dropped_again"] == 0
     last.close()
 
 
@@ -94,14 +97,14 @@ def test_after_a_crash_only_the_records_written_since_the_checkpoint_are_scanned
     write(store, [f"later{i}" for i in range(30)])
     crash(store)
     again = DiskStore(section(tmp_path))
-    assert (again.from_checkpoint, again.scanned) == (50, 30)
-    assert all(again.lookup(f"k{i}", Entry) is not None for i in range(50))
-    assert all(again.lookup(f"later{i}", Entry) is not None for i in range(30))
+    assert (again.keeping.from_checkpoint, again.keeping.scanned) == (50, 30)
+    assert all(again.reads.lookup(f"k{i}", Entry) is not None for i in range(50))
+    assert all(again.reads.lookup(f"later{i}", Entry) is not None for i in range(30))
     # Appends go on after the last whole record, and a checkpoint then holds all.
     write(again, ["newest"])
     again.close()
     last = DiskStore(section(tmp_path))
-    assert (last.from_checkpoint, last.scanned) == (81, 0)
+    assert (last.keeping.from_checkpoint, last.keeping.scanned) == (81, 0)
     last.close()
 
 
@@ -114,8 +117,8 @@ def test_a_damaged_checkpoint_means_every_region_is_scanned(tmp_path):
     data[-1] ^= 0xFF
     path.write_bytes(bytes(data))
     again = DiskStore(section(tmp_path))
-    assert (again.from_checkpoint, again.scanned) == (0, 40)
-    assert all(again.lookup(f"k{i}", Entry) is not None for i in range(40))
+    assert (again.keeping.from_checkpoint, again.keeping.scanned) == (0, 40)
+    assert all(again.reads.lookup(f"k{i}", Entry) is not None for i in range(40))
     again.close()
 
 
@@ -126,8 +129,8 @@ def test_a_checkpoint_leaves_out_the_regions_evicted_since(tmp_path):
     write(store, [f"new{i}" for i in range(15000)])  # 4.5 MB: turns the ring of 3 over
     crash(store)
     again = DiskStore(section(tmp_path, size=3 << 20))
-    assert all(again.lookup(f"old{i}", Entry) is None for i in range(100))
-    assert again.lookup("new14999", Entry) is not None
+    assert all(again.reads.lookup(f"old{i}", Entry) is None for i in range(100))
+    assert again.reads.lookup("new14999", Entry) is not None
     assert again.tier.regions.capacity_bytes >= again.tier.bytes_held
     again.close()
 
@@ -169,7 +172,7 @@ def test_a_kill_at_any_moment_never_leaves_a_torn_or_wrong_body(tmp_path):
         store = DiskStore(section(tmp_path))
         found = 0
         for i in range(200_000):  # past any key a writer reached
-            entry = store.lookup(f"http://a/{i}", Entry)
+            entry = store.reads.lookup(f"http://a/{i}", Entry)
             if entry is not None:
                 assert entry.payload == body_of(f"http://a/{i}"), (round_, i)
                 found += 1
@@ -197,11 +200,13 @@ async def test_a_large_record_is_read_off_the_loop_and_a_purge_during_the_read_w
     for key, body in bodies.items():
         assert store.takes(RequestMeta(key), STORED, len(body), True, 0.0)
         store.write(key, STORED, body, time.time())
-    assert store.lookup(small, Entry, READ_INLINE) and not store.lookup(large, Entry, READ_INLINE)
+    assert store.reads.lookup(small, Entry, READ_INLINE) and not store.reads.lookup(
+        large, Entry, READ_INLINE
+    )
     for key, body in bodies.items():
-        entry = await store.lookup_off_loop(key, Entry)
+        entry = await store.reads.lookup_off_loop(key, Entry)
         assert entry is not None and entry.payload == body
-    reading = asyncio.ensure_future(store.lookup_off_loop(large, Entry))
+    reading = asyncio.ensure_future(store.reads.lookup_off_loop(large, Entry))
     await asyncio.sleep(0)  # the read is now on a worker thread
     assert store.invalidate(large)
     assert await reading is None  # purged while it was read: never served
@@ -221,18 +226,18 @@ async def test_only_slices_written_after_their_objects_anchor_are_found(tmp_path
     url = "http://a/video"
     keys = [slices.slice_key(url, n) for n in range(3)]
     for n in (0, 1):
-        store.write_slice(keys[n], slice_meta(n, '"v1"'), b"x" * 100, 0.0)
-    assert store.anchored(url, keys[0]) and store.anchored(url, keys[1])
-    store.write_slice(keys[2], slice_meta(2, '"v2"'), b"y" * 100, 0.0)
-    assert [store.anchored(url, key) for key in keys] == [False, False, True]
+        store.anchors.write_slice(keys[n], slice_meta(n, '"v1"'), b"x" * 100, 0.0)
+    assert store.anchors.anchored(url, keys[0]) and store.anchors.anchored(url, keys[1])
+    store.anchors.write_slice(keys[2], slice_meta(2, '"v2"'), b"y" * 100, 0.0)
+    assert [store.anchors.anchored(url, key) for key in keys] == [False, False, True]
     store.close()
     again = DiskStore(section(tmp_path))
-    assert [again.anchored(url, key) for key in keys] == [False, False, True]
+    assert [again.anchors.anchored(url, key) for key in keys] == [False, False, True]
     assert again.forget(url, PURGE) is False  # no record of the URL itself; its anchor went
-    assert not again.anchored(url, keys[2])
+    assert not again.anchors.anchored(url, keys[2])
     again.close()
     third = DiskStore(section(tmp_path))
-    assert not third.anchored(url, keys[2])
+    assert not third.anchors.anchored(url, keys[2])
     third.close()
 
 
@@ -243,18 +248,18 @@ async def test_only_variants_written_after_their_urls_anchor_are_found(tmp_path)
     url = "http://a/page"
     by_encoding = STORED._replace(vary=("accept-encoding",))
     gzip, plain = (("Accept-Encoding", "gzip"),), (("Accept-Encoding", "identity"),)
-    store.write_variant(url, by_encoding, gzip, b"zipped", 0.0)
-    store.write_variant(url, by_encoding, plain, b"plain", 0.0)
+    store.anchors.write_variant(url, by_encoding, gzip, b"zipped", 0.0)
+    store.anchors.write_variant(url, by_encoding, plain, b"plain", 0.0)
     for asked, body in ((gzip, b"zipped"), (plain, b"plain")):
-        found = await store.lookup_request(RequestMeta(url, headers=asked), Entry)
+        found = await store.anchors.lookup_request(RequestMeta(url, headers=asked), Entry)
         assert found is not None and (found[0].payload, found[1]) == (body, ("accept-encoding",))
     by_language = STORED._replace(vary=("accept-language",))
-    store.write_variant(url, by_language, (("Accept-Language", "fr"),), b"fr", 0.0)
-    assert await store.lookup_request(RequestMeta(url, headers=gzip), Entry) is None
+    store.anchors.write_variant(url, by_language, (("Accept-Language", "fr"),), b"fr", 0.0)
+    assert await store.anchors.lookup_request(RequestMeta(url, headers=gzip), Entry) is None
     french = RequestMeta(url, headers=(("Accept-Language", "fr"),))
-    assert (await store.lookup_request(french, Entry))[0].payload == b"fr"
+    assert (await store.anchors.lookup_request(french, Entry))[0].payload == b"fr"
     store.forget(url, PURGE)
-    assert await store.lookup_request(french, Entry) is None
+    assert await store.anchors.lookup_request(french, Entry) is None
     store.close()
 
 
@@ -316,13 +321,13 @@ def test_a_link_planted_as_the_next_region_file_is_never_written_through(tmp_pat
     (directory / "region-0000000000.log").symlink_to(victim)
     store = DiskStore(section(directory))  # found at start: removed, not followed
     write(store, ["http://a/x"])
-    assert store.lookup("http://a/x", Entry) is not None
+    assert store.reads.lookup("http://a/x", Entry) is not None
     store.close()
     directory = tmp_path / "other"
     store = DiskStore(section(directory))
     (directory / "region-0000000000.log").symlink_to(victim)  # planted while it runs
     write(store, ["http://a/y"])  # refused: the device is the proxy's own
-    assert store.lookup("http://a/y", Entry) is None
+    assert store.reads.lookup("http://a/y", Entry) is None
     store.close()
     assert victim.read_bytes() == b"precious"
 
@@ -334,7 +339,7 @@ def test_bans_nested_past_the_parsers_depth_purge_everything_and_the_tier_starts
     store.close()
     (tmp_path / "bans.json").write_text(bans)
     again = DiskStore(section(tmp_path))
-    assert again.lookup("http://a/x", Entry) is None  # unreadable bans may hide a purge
+    assert again.reads.lookup("http://a/x", Entry) is None  # unreadable bans may hide a purge
     again.close()
 
 
@@ -349,11 +354,12 @@ def test_a_drop_journaled_after_a_torn_one_is_read_back_whole(tmp_path):
     with open(tmp_path / DROPS, "ab") as journal:
         journal.write(b"\x01\x02\x03")  # the start of an entry the crash cut
     again = DiskStore(section(tmp_path))
-    assert again.lookup("http://a/x", Entry) is None
+    assert again.reads.lookup("http://a/x", Entry) is None
     assert again.invalidate("http://a/y") and again.durable()
     crash(again)
     last = DiskStore(section(tmp_path))
-    assert last.lookup("http://a/y", Entry) is None and last.lookup("http://a/x", Entry) is None
+    assert last.reads.lookup("http://a/y", Entry) is None
+    assert last.reads.lookup("http://a/x", Entry) is None
     assert last.stats()["dropped_again"] == 2
     last.close()
 
@@ -367,7 +373,8 @@ def test_a_journal_that_cannot_be_read_purges_what_it_may_have_dropped(tmp_path)
     (tmp_path / DROPS).rename(tmp_path / "elsewhere")
     (tmp_path / DROPS).symlink_to(tmp_path / "elsewhere")  # never followed: unreadable
     again = DiskStore(section(tmp_path))
-    assert again.lookup("http://a/x", Entry) is None and again.lookup("http://a/y", Entry) is None
+    assert again.reads.lookup("http://a/x", Entry) is None
+    assert again.reads.lookup("http://a/y", Entry) is None
     write(again, ["http://a/z"])  # written after the purge: kept
-    assert again.lookup("http://a/z", Entry) is not None
+    assert again.reads.lookup("http://a/z", Entry) is not None
     again.close()

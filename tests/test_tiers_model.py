@@ -183,7 +183,7 @@ class TwoTiers(RuleBasedStateMachine):
         disk = service.proxy.disk
         disk.log.close()
         disk.journal.close()
-        release(disk._lock)
+        release(disk.keeping._lock)
 
     # Rules
 
@@ -237,7 +237,7 @@ class TwoTiers(RuleBasedStateMachine):
         stored = [key for key in store if url_of(key) == f"http://{HOST}{url}"
                   and dict(store.peek(key).headers).get("ETag") == etag]  # fmt: skip
         for key in stored:
-            record = proxy.disk.lookup(key, Entry)
+            record = proxy.disk.reads.lookup(key, Entry)
             assert record is not None, f"{key!r}: stored in memory, not on disk"
             assert dict(record.headers).get("ETag") == etag, (key, record.headers)
 

@@ -22,8 +22,9 @@ from loadgen.live.processes import free_port
 from loadgen.live.replay import ReplayConfig, replay
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import DiskSection
+from proxy.disk.checkpoint import CHECKPOINT
 from proxy.disk.directory import claimed
-from proxy.disk.store import CHECKPOINT, DiskStore
+from proxy.disk.store import DiskStore
 from proxy.ops.workers import BATCH_BYTES, MachineForgets
 
 pytestmark = pytest.mark.live
@@ -214,9 +215,9 @@ async def test_a_worker_killed_under_load_leaves_no_wrong_body_and_a_consistent_
     assert wrong == []
     store = DiskStore(DiskSection(path=str(tmp_path), size=4 << 20, region_size=256 << 10))
     try:
-        assert store.scanned == 0, "the parent's checkpoint describes the files"
-        agrees, held = store.agrees_with_files()
-        assert agrees and held == store.from_checkpoint > 0
+        assert store.keeping.scanned == 0, "the parent's checkpoint describes the files"
+        agrees, held = store.keeping.agrees_with_files()
+        assert agrees and held == store.keeping.from_checkpoint > 0
     finally:
         store.close()
 

@@ -40,9 +40,10 @@ from proxy.core.events import (
     fast_path_may_take,
 )
 from proxy.core.store import Entry
+from proxy.disk.reads import READ_INLINE
 from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
-from proxy.disk.store import READ_INLINE, DiskStore
+from proxy.disk.store import DiskStore
 from proxy.front.lane import JOIN_BELOW, RawRequestMessage
 from proxy.handler._hits import PlainHits
 from proxy.handler.answers import span
@@ -107,7 +108,7 @@ class HitAnswers:
         self.follow_engine()
         if disk is not None:
             self.plain_hits.attach_disk(
-                index=disk.reader_index, fds=disk.log.read_fds, bans=disk.tier.bans,
+                index=disk.reads.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
                 checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=disk.stamp,
                 read_inline=READ_INLINE,
@@ -250,7 +251,9 @@ class HitAnswers:
         ``READ_INLINE``, or that the page cache does not hold, is left to the handler, which
         reads it off the loop); nothing counted."""
         assert self.disk is not None
-        entry = self.disk.lookup(meta.key, self.engine.entry_type, READ_INLINE, warm_only=True)
+        entry = self.disk.reads.lookup(
+            meta.key, self.engine.entry_type, READ_INLINE, warm_only=True
+        )
         return None if entry is None else self.engine.answers_from(meta, entry, now)
 
     def follow_engine(self) -> None:

@@ -152,7 +152,7 @@ class Proxy:
         engine.client_revalidation = c.client_revalidation
         engine.variants.max_per_url = c.max_variants
         if self.disk is not None:
-            self.disk.max_variants = c.max_variants
+            self.disk.anchors.max_variants = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)
         self.purges = Purges(config.server.purge_from)
@@ -349,7 +349,7 @@ class Proxy:
         asked. A large record is read off the event loop."""
         assert self.disk is not None
         engine = self.engine
-        found = await self.disk.lookup_request(meta, engine.entry_type)
+        found = await self.disk.anchors.lookup_request(meta, engine.entry_type)
         now = self.clock()
         if found is None:
             engine.missed_behind(self.disk)

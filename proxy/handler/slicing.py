@@ -354,7 +354,7 @@ class Slicer:
         smeta = self._slice_meta(meta, n)
         if self.engine.fresh(smeta, self.clock()) is not None:
             return True
-        return self.disk is not None and self.disk.anchored(meta.key, smeta.key)
+        return self.disk is not None and self.disk.anchors.anchored(meta.key, smeta.key)
 
     async def _stored(self, meta: RequestMeta, n: int, like: Piece | None) -> Piece | None:
         """Slice ``n`` from memory, else from the disk tier, when a fresh one of ``like``'s
@@ -371,9 +371,9 @@ class Slicer:
         """``_stored`` from the disk tier alone (read whole: it takes room)."""
         engine, disk = self.engine, self.disk
         smeta = self._slice_meta(meta, n)
-        if disk is None or not disk.anchored(meta.key, smeta.key):
+        if disk is None or not disk.anchors.anchored(meta.key, smeta.key):
             return None
-        behind = await disk.lookup_off_loop(smeta.key, engine.entry_type)
+        behind = await disk.reads.lookup_off_loop(smeta.key, engine.entry_type)
         found = self._piece(smeta, n, like, engine.slice_hit(smeta, self.clock(), behind, disk))
         return None if found is None else replace(found, from_disk=True)
 

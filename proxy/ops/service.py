@@ -148,7 +148,7 @@ class Service:
             if config.disk.path:
                 disk = DiskStore(config.disk, hidden_fields(config), sharing)
                 disk.forgotten = forgotten
-                disk.max_variants = config.cache.max_variants
+                disk.anchors.max_variants = config.cache.max_variants
                 if sharing is None:  # a machine's tier is its parent's to judge
                     disk.key_rules(key_rules(config), purge=True)
             if disk is not None:

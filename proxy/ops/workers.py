@@ -180,7 +180,7 @@ class Workers:
                      *tier.argv, "--config-fd", str(handed.fd)]  # fmt: skip
         # The tier's claim too: held while any worker lives, so a parent started after a crash
         # is refused while the last one's workers still drain and write into the tier.
-        claim = tier.store.claim
+        claim = tier.store.keeping.claim
         self.fds: tuple[int, ...] = (
             *tier.fds, *(() if claim is None else (claim,)), handed.fd
         )  # fmt: skip
