@@ -29,7 +29,8 @@ from proxy.core.whatif import (
     WhatIf,
     merged_curves,
 )
-from proxy.ops.workers import SAMPLE_BATCHES, MachineGhosts, MachineSamples
+from proxy.ops.machine_admin import MachineGhosts
+from proxy.ops.workers import SAMPLE_BATCHES, MachineSamples
 
 SIZES = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=32KiB")
 

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from aiohttp import web
 
@@ -87,76 +87,89 @@ def _host_name(host: str) -> str:
     return host.partition(":")[0]
 
 
-def admin_app(
-    proxy: Proxy,
-    started: float | None = None,
-    reloader: Callable[[], Awaitable[Reloaded]] | None = None,
-    answers: Callable[[], dict[str, Any]] | None = None,
-    machine_secret: str = "",
-) -> web.Application:
-    """The admin API of one process; ``reloader`` reads the configuration again (``POST
-    /reload``; without one, a reload is refused); ``answers``, the data port's answers
-    (``proxy.ops.answer_metrics``) as ``/metrics`` gives them; ``machine_secret``, what
-    the other processes of its machine show (a worker's)."""
-    started = time.time() if started is None else started
-    readiness_checks = readiness.Readiness(proxy)
+class ProcessAdmin:
+    """The admin API of one process (``admin_application``); ``reloader`` reads the
+    configuration again (``POST /reload``; without one, a reload is refused); ``answers``,
+    the data port's answers (``proxy.ops.answer_metrics``) as ``/metrics`` gives them;
+    ``machine_secret``, what the other processes of its machine show (a worker's)."""
 
-    async def reload(request: web.Request) -> web.Response:
-        done = await reloader() if reloader is not None else Reloaded(refused=NO_SOURCE)
+    def __init__(
+        self,
+        proxy: Proxy,
+        started: float | None = None,
+        reloader: Callable[[], Awaitable[Reloaded]] | None = None,
+        answers: Callable[[], dict[str, Any]] | None = None,
+        machine_secret: str = "",
+    ) -> None:
+        self.proxy = proxy
+        self.started = time.time() if started is None else started
+        self.reloader = reloader
+        self.answers = answers
+        self.machine_secret = machine_secret
+        self.readiness_checks = readiness.Readiness(proxy)
+
+    def machines_own(self) -> dict[str, Handler]:
+        """``POST /forget``, where workers share a tier: keys another worker forgot there,
+        which this one forgets in memory."""
+        disk = self.proxy.disk
+        return {} if disk is None or disk.sharing is None else {"/forget": self.forget}
+
+    async def reload(self, request: web.Request) -> web.Response:
+        done = await self.reloader() if self.reloader is not None else Reloaded(refused=NO_SOURCE)
         return web.json_response(done.as_json(), status=409 if done.refused else 200)
 
-    async def stats(request: web.Request) -> web.Response:
-        engine = proxy.engine
+    async def stats(self, request: web.Request) -> web.Response:
+        engine = self.proxy.engine
         body = {
             "metrics": engine.stats(),
-            "filter": _filter_health(proxy),
+            "filter": _filter_health(self.proxy),
             "store": {
                 "entries": len(engine.store),
                 "bytes_used": engine.store.bytes_used,
                 "capacity_bytes": engine.store.capacity_bytes,
                 "max_object_bytes": engine.store.max_object_bytes,
             },
-            "shared_filter": None if proxy.shared is None else proxy.shared.stats(),
+            "shared_filter": None if self.proxy.shared is None else self.proxy.shared.stats(),
             "fleet_purges": None
-            if proxy.fleet is None
+            if self.proxy.fleet is None
             else {
-                "instance": proxy.fleet.id[:12],
-                "received": proxy.fleet.received,
+                "instance": self.proxy.fleet.id[:12],
+                "received": self.proxy.fleet.received,
             },
-            "disk": None if proxy.disk is None else proxy.disk.stats(),
-            "whatif": whatif_stats(proxy),
-            "in_flight_fetches": len(proxy.flights),
-            **proxy_counters(proxy),
-            "uptime_s": round(time.time() - started, 3),
-            "answers": None if answers is None else answers(),
+            "disk": None if self.proxy.disk is None else self.proxy.disk.stats(),
+            "whatif": whatif_stats(self.proxy),
+            "in_flight_fetches": len(self.proxy.flights),
+            **proxy_counters(self.proxy),
+            "uptime_s": round(time.time() - self.started, 3),
+            "answers": None if self.answers is None else self.answers(),
             "resident_bytes": resident_bytes(),
             "pid": os.getpid(),
-            "worker": _place(proxy),
+            "worker": _place(self.proxy),
             "collector": {
                 "threshold": gc.get_threshold(),
                 "frozen_objects": gc.get_freeze_count(),
                 "generations": gc.get_stats(),
             },
-            "config": proxy.config.summary(),
+            "config": self.proxy.config.summary(),
         }
         # A worker's what-if samples reach the parent before its stats do: the machine's
         # disk ghosts, which the parent answers with, have what this worker's curves had.
         # Not waited for long: a stalled parent must not stall the worker's own admin.
-        if proxy.samples is not None:
-            await proxy.samples.sent(within=SAMPLES_WAIT)
+        if self.proxy.samples is not None:
+            await self.proxy.samples.sent(within=SAMPLES_WAIT)
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
 
-    async def metrics(request: web.Request) -> web.Response:
-        text = process_text(started) + prometheus_text(proxy.engine.stats())
-        if answers is not None:
-            text += answer_text(answers())
-        text += prometheus_text(proxy_counters(proxy), PROXY_METRICS)
-        if proxy.disk is not None:
-            text += disk_prometheus_text(proxy.disk.stats())
-        if (whatif := whatif_stats(proxy)) is not None:
+    async def metrics(self, request: web.Request) -> web.Response:
+        text = process_text(self.started) + prometheus_text(self.proxy.engine.stats())
+        if self.answers is not None:
+            text += answer_text(self.answers())
+        text += prometheus_text(proxy_counters(self.proxy), PROXY_METRICS)
+        if self.proxy.disk is not None:
+            text += disk_prometheus_text(self.proxy.disk.stats())
+        if (whatif := whatif_stats(self.proxy)) is not None:
             text += whatif_prometheus_text(whatif)
-        if proxy.shared is not None:
-            shared = proxy.shared
+        if self.proxy.shared is not None:
+            shared = self.proxy.shared
             text += prometheus_text(
                 {"filter_fallbacks": shared.fallbacks,
                  "filter_remote_decisions": shared.remote_decisions,
@@ -167,18 +180,18 @@ def admin_app(
             )  # fmt: skip
         return metrics_response(text)
 
-    async def healthz(request: web.Request) -> web.Response:
+    async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def readyz(request: web.Request) -> web.Response:
-        found = await readiness_checks.checks()
+    async def readyz(self, request: web.Request) -> web.Response:
+        found = await self.readiness_checks.checks()
         ready = all(check.ok for check in found)
         return web.json_response(
             {"ready": ready, "checks": [check.as_json() for check in found]},
             status=200 if ready else 503,
         )
 
-    async def purge(request: web.Request) -> web.Response:
+    async def purge(self, request: web.Request) -> web.Response:
         params = dict(request.query)
         if request.can_read_body:
             try:
@@ -186,7 +199,7 @@ def admin_app(
             except (ValueError, TypeError, RecursionError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
         try:
-            selector = _purged(params, proxy.router)
+            selector = _purged(params, self.proxy.router)
         except ValueError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         if selector is None:
@@ -199,42 +212,41 @@ def admin_app(
             )
         kind, value = selector
         soft = params.get("soft") in (True, "true", "1")
+        proxy = self.proxy
         answer: dict[str, object] = apply_purge(proxy.engine, kind, value, proxy.clock(), soft=soft)
         if kind != "tags":  # the key it used, as the cache keys it (Host as clients send it)
             answer[kind if kind == "prefix" else "key"] = value
-        if proxy.fleet is not None:
+        if self.proxy.fleet is not None:
             purge = {"kind": kind, "value": value, "soft": soft}
-            answer["fleet"] = await proxy.fleet.publish(purge)
+            answer["fleet"] = await self.proxy.fleet.publish(purge)
         return web.json_response(answer)
 
-    async def filter_reset(request: web.Request) -> web.Response:
-        proxy.engine.admission.reset(time.time())
+    async def filter_reset(self, request: web.Request) -> web.Response:
+        self.proxy.engine.admission.reset(time.time())
         return web.json_response({"reset": True})
 
-    async def forget(request: web.Request) -> web.Response:
+    async def forget(self, request: web.Request) -> web.Response:
         named = await forgotten_keys_of(request)
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        now, engine = proxy.clock(), proxy.engine
+        now, engine = self.proxy.clock(), self.proxy.engine
         if named.purge:  # as its own purge, put on the device once for the batch
             removed = engine.purge_urls(named.keys, now).count
         else:
             removed = sum(engine.forgotten_elsewhere(key, now) for key in named.keys)
         return web.json_response({"removed": removed})
 
-    shares_tier = proxy.disk is not None and proxy.disk.sharing is not None
-    return admin_application(
-        proxy.config.admin,
-        stats=stats,
-        metrics=metrics,
-        healthz=healthz,
-        readyz=readyz,
-        purge=purge,
-        filter_reset=filter_reset,
-        reload=reload,
-        forget=forget if shares_tier else None,
-        machine_secret=machine_secret,
-    )
+
+def admin_app(
+    proxy: Proxy,
+    started: float | None = None,
+    reloader: Callable[[], Awaitable[Reloaded]] | None = None,
+    answers: Callable[[], dict[str, Any]] | None = None,
+    machine_secret: str = "",
+) -> web.Application:
+    """The admin application of one process (``ProcessAdmin``)."""
+    admin = ProcessAdmin(proxy, started, reloader, answers, machine_secret)
+    return admin_application(proxy.config.admin, admin)
 
 
 class Forgotten(NamedTuple):
@@ -313,39 +325,42 @@ def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
     return None
 
 
-def admin_application(
-    config: AdminSection,
-    *,
-    stats: Handler,
-    metrics: Handler,
-    healthz: Handler,
-    readyz: Handler,
-    purge: Handler,
-    filter_reset: Handler,
-    reload: Handler,
-    forget: Handler | None = None,
-    whatif: Handler | None = None,
-    machine_secret: str = "",
-) -> web.Application:
+class Admin(Protocol):
+    """What answers the admin API: one process (``ProcessAdmin``) or the machine's workers,
+    through their parent (``proxy.ops.machine_admin.MachineAdmin``)."""
+
+    machine_secret: str
+
+    async def stats(self, request: web.Request) -> web.Response: ...
+    async def metrics(self, request: web.Request) -> web.Response: ...
+    async def healthz(self, request: web.Request) -> web.Response: ...
+    async def readyz(self, request: web.Request) -> web.Response: ...
+    async def purge(self, request: web.Request) -> web.Response: ...
+    async def filter_reset(self, request: web.Request) -> web.Response: ...
+    async def reload(self, request: web.Request) -> web.Response: ...
+
+    def machines_own(self) -> dict[str, Handler]:
+        """The routes only the processes of the machine call (``POST /forget``, ``POST
+        /whatif``), by path."""
+        ...
+
+
+def admin_application(config: AdminSection, admin: Admin) -> web.Application:
     """The admin API's one route table, behind ``guard_middleware``: a single proxy and a fleet
-    of workers answer the same endpoints; ``forget`` (``POST /forget``), where workers share
-    a tier: keys one worker forgot there, which the others forget in memory; ``whatif``
-    (``POST /whatif``), a parent's: a worker's what-if samples, for the shared tier's ghosts.
-    Those two are the machine's own: taken only with its secret (``machine_secret``,
-    ``proxy.ops.handoff``), 403 without."""
+    of workers answer the same endpoints. The machine's own routes (``Admin.machines_own``)
+    are taken only with its secret (``machine_secret``, ``proxy.ops.handoff``), 403
+    without."""
     app = web.Application(middlewares=[guard_middleware(config.token, config.listen[0])])
     app.on_response_prepare.append(_name_the_server)
-    app.router.add_get("/stats", stats)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_post("/purge", purge)
-    app.router.add_post("/filter/reset", filter_reset)
-    app.router.add_post("/reload", reload)
-    if forget is not None:
-        app.router.add_post("/forget", _machines_own(forget, machine_secret))
-    if whatif is not None:
-        app.router.add_post("/whatif", _machines_own(whatif, machine_secret))
+    app.router.add_get("/stats", admin.stats)
+    app.router.add_get("/metrics", admin.metrics)
+    app.router.add_get("/healthz", admin.healthz)
+    app.router.add_get("/readyz", admin.readyz)
+    app.router.add_post("/purge", admin.purge)
+    app.router.add_post("/filter/reset", admin.filter_reset)
+    app.router.add_post("/reload", admin.reload)
+    for path, handler in admin.machines_own().items():
+        app.router.add_post(path, _machines_own(handler, admin.machine_secret))
     return app
 
 

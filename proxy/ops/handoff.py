@@ -112,3 +112,12 @@ class HandedConfig:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def machine_headers(token: str, secret: str) -> dict[str, str]:
+    """What a process of the machine shows another's admin: the admin token, when there is
+    one, and the machine's secret (``proxy.ops.handoff``)."""
+    headers = {SECRET_FIELD: secret}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers

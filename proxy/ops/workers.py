@@ -21,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -36,23 +34,11 @@ from aiohttp import web
 
 from proxy.config.settings import Config
 from proxy.core.admission import shared_window_size
-from proxy.core.stats import combine
-from proxy.core.whatif import DiskGhosts, Sample, Samples, merged_curves
-from proxy.disk.sharing import LOADED, combine_stats
+from proxy.core.whatif import Sample, Samples
 from proxy.ops import machine
-from proxy.ops.admin import (
-    PROXY_METRICS,
-    admin_application,
-    disk_prometheus_text,
-    forgotten_keys_of,
-    metrics_response,
-    prometheus_text,
-    whatif_prometheus_text,
-    whatif_samples_of,
-)
-from proxy.ops.answer_metrics import combined, process_text
-from proxy.ops.answer_metrics import prometheus as answer_text
-from proxy.ops.handoff import SECRET_FIELD, HandedConfig
+from proxy.ops.admin import admin_application
+from proxy.ops.handoff import HandedConfig, machine_headers
+from proxy.ops.machine_admin import TO_PARENT_WAIT, MachineAdmin
 from proxy.ops.reload import (
     LIVE,
     NO_SOURCE,
@@ -74,12 +60,6 @@ BATCH_BYTES = 256 << 10
 # sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
 SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
-# Seconds a worker waits for its parent's answer to what it sends (``ToParent``); the parent's
-# admin for a worker's answer to a call it fans out, and to a removal another worker sent,
-# within that worker's own wait.
-TO_PARENT_WAIT = 5.0
-FAN_OUT_WAIT = 30.0
-FORGET_WAIT = TO_PARENT_WAIT - 2.0
 
 
 async def serve_workers(
@@ -103,7 +83,8 @@ async def serve_workers(
     workers = Workers(reachable(config.admin.listen), window, tier, handed)
     workers.publish(config)
     reloads = Reloads(config, read_config, workers)
-    runner = web.AppRunner(fleet_admin(config, workers, reloads), access_log=None)
+    runner = web.AppRunner(admin_application(config.admin, MachineAdmin(config, workers, reloads)),
+                           access_log=None)  # fmt: skip
     supervising: asyncio.Future[None] | None = None
     checkpoints: asyncio.Future[None] | None = None
     codes: list[int] = []
@@ -285,33 +266,6 @@ class Workers:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
-
-
-def _per_worker(per_worker: list[Any], admins: list[str | None]) -> str:
-    """One series per worker place: whether it answered, and its own counts."""
-    ordered = sorted(per_worker, key=lambda w: w.get("worker") or 0)
-    up = [f'onehit_worker_up{{worker="{i}"}} {int(a is not None)}' for i, a in enumerate(admins)]
-    requests = [f'onehit_worker_requests_total{{worker="{w.get("worker")}"}} '
-                f'{w["metrics"]["requests"]}' for w in ordered]  # fmt: skip
-    memory = [f'onehit_worker_resident_memory_bytes{{worker="{w.get("worker")}"}} '
-              f'{w.get("resident_bytes", 0)}' for w in ordered]  # fmt: skip
-    return "\n".join([
-        "# HELP onehit_worker_up Whether the worker in this place answered the scrape",
-        "# TYPE onehit_worker_up gauge", *up,
-        "# HELP onehit_worker_requests_total GET/HEAD requests each worker took",
-        "# TYPE onehit_worker_requests_total counter", *requests,
-        "# HELP onehit_worker_resident_memory_bytes Each worker's resident memory",
-        "# TYPE onehit_worker_resident_memory_bytes gauge", *memory,
-    ]) + "\n"  # fmt: skip
-
-
-def machine_headers(token: str, secret: str) -> dict[str, str]:
-    """What a process of the machine shows another's admin: the admin token, when there is
-    one, and the machine's secret (``proxy.ops.handoff``)."""
-    headers = {SECRET_FIELD: secret}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    return headers
 
 
 def reachable(listen: tuple[str, int]) -> str:
@@ -501,62 +455,6 @@ class MachineSamples(ToParent):
         self.dropped += count
 
 
-class MachineGhosts:
-    """The ghosts of the disk tier the workers share, and of its alternatives, kept by the
-    parent (``Config.disk_what_if`` of the configuration a worker runs: the parent's,
-    ``config()``, with its tier's ``overrides``; none where the shared tier stands for
-    memory), fed by every worker's samples (``MachineSamples``); built afresh when a reload
-    changes what they are built of, as a worker's own ghosts are. A batch sampled at another
-    rate than theirs (a worker that has not reloaded yet) is left out with its count
-    (``left_out``); a worker replaced in its place (another process) has its memory ghosts
-    begin afresh, as its memory tier does."""
-
-    def __init__(self, config: Callable[[], Config], overrides: dict[str, object]) -> None:
-        self.config = config
-        self.overrides = overrides
-        self.seen: Config | None = None  # the parent's configuration the ghosts follow
-        self.key: tuple[object, ...] | None = None
-        self.ghosts: DiskGhosts | None = None
-        self.pids: dict[int, int] = {}  # the process that last fed each place
-        self.left_out = 0
-
-    def current(self) -> DiskGhosts | None:
-        config = self.config()
-        if config is self.seen:  # no reload since: nothing to derive again
-            return self.ghosts
-        self.seen = config
-        view = worker_view(config, self.overrides) if config.disk.path else None
-        key = None if view is None else view.what_if_key()
-        if key != self.key:
-            self.key = key
-            self.ghosts = None if view is None else view.disk_what_if()
-            self.pids.clear()
-        return self.ghosts
-
-    def feed(self, batch: Samples) -> int:
-        """Feed ``batch`` to the ghosts; the requests it replayed (0: none taken)."""
-        ghosts = self.current()
-        if ghosts is None:
-            return 0
-        if batch.rate != ghosts.rate:
-            self.left_out += 1
-            return 0
-        if self.pids.setdefault(batch.place, batch.pid) != batch.pid:
-            ghosts.restart(batch.place)
-            self.pids[batch.place] = batch.pid
-        ghosts.feed(batch.place, batch.sample, batch.requests)
-        return len(batch.sample.times)
-
-
-class Refused(Exception):
-    """A worker's admin refused a call (``status``, a 4xx, with its ``answer``)."""
-
-    def __init__(self, status: int, answer: Any) -> None:
-        super().__init__(status)
-        self.status = status
-        self.answer = answer
-
-
 def die_with_parent(parent: int) -> None:
     """Have the kernel send this worker SIGTERM (a drain) when the parent ``parent`` dies,
     however it dies: a worker left behind would hold the port and serve on its own."""
@@ -565,193 +463,3 @@ def die_with_parent(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent:  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-def fleet_admin(config: Config, workers: Workers, reloads: Reloads) -> web.Application:
-    """The parent's admin app: every call is fanned out to the workers' own admin listeners.
-    A worker being replaced, or not answering, is left out and said so (``missing``): its
-    memory is empty or gone, so a purge has nothing to remove there, and the bans the others
-    took reach it through the shared tier. When no worker takes a purge, it is refused (503,
-    try again). A worker's refusal (a 4xx, the same from every worker) is the answer."""
-    headers = machine_headers(config.admin.token, workers.handed.secret)
-    shared = workers.window is not None  # the workers map one admission window
-    started = time.time()
-    ghosts = MachineGhosts(lambda: reloads.config, workers.tier.overrides)
-
-    async def each(
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        but: int | None = None,
-        within: float = FAN_OUT_WAIT,
-    ) -> tuple[list[Any], int]:
-        """The answers of the workers (``but`` the one in that place) that gave one within
-        ``within`` seconds, and how many did not; ``Refused`` when one refused the call (a
-        4xx: the same from every worker)."""
-        timeout = aiohttp.ClientTimeout(total=within)
-        async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
-
-            async def one(admin: str) -> Any:
-                json_body = body if body is not None or method != "POST" else {}
-                async with session.request(method, f"{admin}{path}", json=json_body) as r:
-                    answer = await (r.json() if r.content_type == "application/json"
-                                    else r.text())  # fmt: skip
-                    if 400 <= r.status < 500:
-                        raise Refused(r.status, answer)
-                    r.raise_for_status()
-                    return answer
-
-            admins = [a for i, a in enumerate(workers.admins) if a is not None and i != but]
-            answers = await asyncio.gather(*(one(a) for a in admins), return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, Refused):
-                raise answer
-        given = [a for a in answers if not isinstance(a, BaseException)]
-        return given, len(workers.admins) - (but is not None) - len(given)
-
-    async def stats(request: web.Request) -> web.Response:
-        per_worker, missing = await each("GET", "/stats")
-        body = {
-            "workers": per_worker,
-            "sum": combine([w["metrics"] for w in per_worker], shared_filter=shared),
-            "disk": machine_disk(per_worker),
-            "whatif": machine_whatif(per_worker),
-            "worker_count": len(workers.admins),
-            "missing": missing,
-            "workers_replaced": workers.replaced,
-            "shared_tier": {
-                "path": workers.tier.store.log.directory.as_posix(),
-                "in_memory": workers.tier.scratch is not None,
-            },
-        }
-        return web.json_response(body, dumps=lambda o: json.dumps(o, indent=2))
-
-    async def metrics(request: web.Request) -> web.Response:
-        per_worker, _ = await each("GET", "/stats")
-        text = process_text(started)
-        text += prometheus_text(combine([w["metrics"] for w in per_worker], shared_filter=shared))
-        text += answer_text(combined([w["answers"] for w in per_worker if w.get("answers")]))
-        own = {name: sum(w.get(name, 0) for w in per_worker) for name in PROXY_METRICS}
-        text += prometheus_text(own, PROXY_METRICS)
-        disk = machine_disk(per_worker)
-        if disk:
-            text += disk_prometheus_text(disk)
-        whatif = machine_whatif(per_worker)
-        if whatif is not None:
-            text += whatif_prometheus_text(whatif)
-        return metrics_response(text + _per_worker(per_worker, workers.admins))
-
-    def machine_whatif(per_worker: list[Any]) -> dict[str, Any] | None:
-        """The machine's what-if: the workers' memory curves as one (``merged_curves``:
-        their private memory tiers together), the curves of the shared disk's ghosts, which
-        every worker feeds, and the batches of samples they never took."""
-        found = [w["whatif"] for w in per_worker if w.get("whatif")]
-        if not found:
-            return None
-        curves = merged_curves([w["curves"] for w in found])
-        disk = ghosts.current()
-        dropped = sum(w.get("batches_dropped", 0) for w in found) + ghosts.left_out
-        return {"sample": found[0]["sample"],
-                "curves": curves + ([] if disk is None else disk.curves()),
-                "batches_dropped": dropped}  # fmt: skip
-
-    async def whatif(request: web.Request) -> web.Response:
-        batch = await whatif_samples_of(request, len(workers.admins))
-        if batch is None:
-            return web.json_response({"error": "give a worker's samples (Samples.as_json)"},
-                                     status=400)  # fmt: skip
-        return web.json_response({"fed": ghosts.feed(batch)})
-
-    def machine_disk(per_worker: list[Any]) -> dict[str, int | float | None]:
-        """The shared tier's stats: the workers' own counts summed, what it holds once, and
-        what its loading found, which only the parent knows."""
-        disks = [w["disk"] for w in per_worker if w.get("disk")]
-        if not disks:
-            return {}
-        loaded = workers.tier.store.stats()
-        return {**combine_stats(disks), **{key: loaded[key] for key in LOADED}}
-
-    async def healthz(request: web.Request) -> web.Response:
-        _, missing = await each("GET", "/healthz")
-        if missing:
-            return web.Response(status=503, text=f"{missing} worker(s) not answering\n")
-        return web.Response(text="ok\n")
-
-    async def readyz(request: web.Request) -> web.Response:
-        """Ready when every worker is: each one's checks, a worker not answering as one."""
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-
-            async def one(place: int, admin: str | None) -> dict[str, Any]:
-                if admin is not None:
-                    try:
-                        async with session.get(f"{admin}/readyz") as r:
-                            return {"worker": place, **(await r.json())}
-                    except (aiohttp.ClientError, TimeoutError, ValueError):
-                        pass
-                silent = {"name": "worker", "ok": False, "reason": "not answering"}
-                return {"worker": place, "ready": False, "checks": [silent]}
-
-            answers = await asyncio.gather(*(one(i, a) for i, a in enumerate(workers.admins)))
-        ready = all(a["ready"] for a in answers)
-        return web.json_response({"ready": ready, "workers": answers}, status=200 if ready else 503)
-
-    async def fan_out(request: web.Request) -> web.Response:
-        body = None
-        if request.can_read_body:
-            try:
-                body = await request.json()
-            except (ValueError, TypeError, RecursionError):
-                return web.json_response({"error": "body must be JSON"}, status=400)
-        query = f"?{request.query_string}" if request.query_string else ""
-        try:
-            answers, missing = await each("POST", request.path + query, body)
-        except Refused as refused:
-            return web.json_response(refused.answer, status=refused.status)
-        if not answers:
-            # Every worker is being replaced: none took it, and a ban kept by none would not
-            # reach the shared tier. Asked again in a second, they will.
-            return web.json_response(
-                {"error": "no worker is running to take it (each is being replaced): try "
-                          "again", "missing": missing},
-                status=503, headers={"Retry-After": "1"},
-            )  # fmt: skip
-        removed = sum(a.get("removed", 0) for a in answers)
-        return web.json_response({"workers": answers, "removed": removed, "missing": missing})
-
-    async def reload(request: web.Request) -> web.Response:
-        done = reloads.judge()
-        if done.refused:
-            return web.json_response(done.as_json(), status=409)
-        try:
-            answers, missing = await each("POST", "/reload", {})
-        except Refused as refused:  # a worker refused what the parent took
-            return web.json_response(refused.answer, status=refused.status)
-        return web.json_response({**done.as_json(), "workers": answers, "missing": missing})
-
-    async def forget(request: web.Request) -> web.Response:
-        named = await forgotten_keys_of(request)
-        if named is None:
-            return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        body = {"keys": named.keys, "purge": named.purge}
-        # Within the worker's own wait for this answer: a stalled sibling is counted missing.
-        answers, missing = await each("POST", "/forget", body, but=named.sender,
-                                      within=FORGET_WAIT)  # fmt: skip
-        return web.json_response(
-            {"removed": sum(a.get("removed", 0) for a in answers), "missing": missing}
-        )
-
-    return admin_application(
-        config.admin,
-        stats=stats,
-        metrics=metrics,
-        healthz=healthz,
-        readyz=readyz,
-        purge=fan_out,
-        filter_reset=fan_out,
-        reload=reload,
-        forget=forget,
-        whatif=whatif,
-        machine_secret=workers.handed.secret,
-    )
