@@ -50,7 +50,7 @@ def crash(store: DiskStore) -> None:
     """What a kill leaves: no checkpoint at the end, the files closed and the directory's lock
     given up (the kernel's part in a real crash)."""
     store.log.close()
-    release(store.keeping._lock)
+    release(store.keeping.claim)
 
 
 def test_a_clean_stop_checkpoints_and_the_next_start_scans_nothing(tmp_path):

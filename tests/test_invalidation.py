@@ -545,3 +545,30 @@ async def test_a_cookie_request_neither_reads_nor_writes_the_disk_tier(
         status, _, got = await get(again, "/a", Cookie="session=abc")
         assert status == 200 and got == body
     assert again.proxy.disk.tier.counters.admissions == 0
+
+
+async def test_a_burst_collapsed_onto_one_fetch_reaches_the_disk_on_its_second_sighting(
+    origin, start_proxy, tmp_path
+):
+    """Three requests collapsed onto one fetch are three sightings for the disk's second-hit
+    admission as for memory's: the fetch's own is the first, a follower's the second, and the
+    disk takes the response then, once (before: only the fetch was ever offered)."""
+    asked, release = asyncio.Event(), asyncio.Event()
+
+    async def responder(request: web.Request) -> web.StreamResponse:
+        asked.set()
+        await release.wait()
+        return web.Response(body=b"b" * 1000, headers={"Cache-Control": "max-age=600"})
+
+    origin.responder = responder
+    proxy = await start_proxy(admission__policy="second-hit", disk__path=str(tmp_path),
+                              **{**DISK, "disk__policy": "second-hit"})  # fmt: skip
+    first = asyncio.ensure_future(get(proxy, "/burst"))
+    await asyncio.wait_for(asked.wait(), 5)
+    followers = [asyncio.ensure_future(get(proxy, "/burst")) for _ in range(2)]
+    await until(lambda: proxy.proxy.flights.waiting("http://example.test/burst") == 2)
+    release.set()
+    for answer in await asyncio.gather(first, *followers):
+        assert answer[0] == 200 and answer[2] == b"b" * 1000
+    assert proxy.proxy.disk.tier.counters.admissions == 1
+    assert proxy.proxy.disk.tier.find("http://example.test/burst") is not None

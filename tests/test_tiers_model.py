@@ -183,7 +183,7 @@ class TwoTiers(RuleBasedStateMachine):
         disk = service.proxy.disk
         disk.log.close()
         disk.journal.close()
-        release(disk.keeping._lock)
+        release(disk.keeping.claim)
 
     # Rules
 

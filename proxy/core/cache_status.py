@@ -33,8 +33,9 @@ CLIENT_LEFT = "client-left"  # the client went before its request was forwarded
 
 
 def ttl_of(lifetime: float, age: float) -> int:
-    """A hit's ``ttl``: the seconds of freshness it has left (negative once stale), truncated
-    toward zero, as the compiled hit path's ``render`` writes it too."""
+    """A hit's ``ttl``: the seconds of freshness it has left, truncated toward zero (0 in the
+    first second past its freshness, negative after), as the compiled hit path's ``render``
+    writes it too."""
     return int(lifetime - age)
 
 

@@ -165,7 +165,7 @@ class DiskTier:
     index: DiskIndex | SharedIndex | None = field(default=None, repr=False)
     admission_memory: SharedMemory | None = field(default=None, repr=False)
     # Called before each ``find``: brings in the bans the other workers of the machine took
-    # (``proxy.disk.store``); None for a tier of one process.
+    # (``proxy.disk.keeping``); None for a tier of one process.
     follow_bans: Callable[[], None] | None = field(default=None, repr=False)
     # The bytes of the record of a body of ``size`` bytes under ``key``, as the simulator
     # counts it (``takes``, ``put``; the live tier writes records of its own length).

@@ -1,8 +1,9 @@
 """The store's keys, one scheme for every tier and both drivers.
 
 * A URL's own entry is stored under the URL (its key, ``proxy.core.cachekey``).
-* Every part stored of a URL (a variant, a slice, the anchors a tier finds them after, the
-  URL's own record alone) is stored under the URL, ``PART`` and the part's name. ``PART`` is
+* Every part stored of a URL (a variant, a slice, the anchors a tier finds them after) is
+  stored under the URL, ``PART`` and the part's name, and so is named the URL's own record
+  alone, without its parts (``tiers.own_record``, a name for ``forget``). ``PART`` is
   NUL, which no URL holds (a request target or Host with one is refused), so the URL a key
   is of, and whether it names a whole URL, are read from the key alone.
 """

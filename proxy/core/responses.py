@@ -267,7 +267,7 @@ class ResponseDecisions(Removals):
         size: int,
         now: float,
         *,
-        payload: object = None,
+        payload: object,
         admitted: bool | None = None,
     ) -> Outcome:
         """A response another request fetched (single flight) answered this one: a sighting

@@ -66,10 +66,8 @@ class DiskStore:
         count = section.size // section.region_size
         admission = AdmissionConfig(policy=section.policy, window=section.window)
         budget = WriteBudget(section.max_write_rate)
-        # The index the workers of a machine share (None: the process's own), and whether
-        # this process is one of them (else it loads the tier, and writes its checkpoints).
+        # The index the workers of a machine share (None: the process's own).
         self.shared: SharedIndex | None = None
-        self.worker = sharing is not None and sharing.worker is not None
         if sharing is None:
             self.tier = DiskTier(Regions(section.region_size, count), admission, budget=budget)
         else:
@@ -101,7 +99,8 @@ class DiskStore:
         now: float,
     ) -> bool:
         """``proxy.core.tiers.Tier.takes``: a GET of any status memory stores (a variant is
-        written by ``write_variant``) or a slice's 206 under its slice key (``write_slice``),
+        written after its anchor, ``Anchors.write_variant``) or a slice's 206 under its slice
+        key (``Anchors.write_slice``),
         when the tier's admission takes it, which counts the sighting of what would be
         written: the URL, or the variant the request selects (so each variant is asked for
         as often as a URL is before the device takes it, and a client cycling a varied

@@ -43,7 +43,7 @@ How a GET miss goes when slicing is on:
   take none.
 * With a disk tier, slices are written to it too (its own admission, slice by slice) and
   read back on a memory miss; a purge of the URL, or a change of version, reaches them there
-  (``DiskStore.write_slice``).
+  (``proxy.disk.anchors``).
 """
 
 from __future__ import annotations
