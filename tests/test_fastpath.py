@@ -480,7 +480,7 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
 
     server = service.proxy_runner.server
     assert isinstance(server, HitServer)
-    server.answers = (broken,)
+    server.answers = (server.answers[0], broken)  # the answerer after the compiled one
     with caplog.at_level(logging.ERROR, logger="onehit.http"):
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")

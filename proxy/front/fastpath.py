@@ -75,7 +75,9 @@ class HitServer(ProxyServer):
     """``ProxyServer`` whose connections begin with a ``Front`` that tries ``answers``, in
     order, and runs the other plain requests in its lane (started by ``start``: by default
     the work of ``handler``), before aiohttp's request handler. ``hit_log`` logs the answers
-    of ``answers`` (None: they are not logged); the access logger, those of the lane."""
+    of ``answers`` (None: they are not logged); the access logger, those of the lane. With
+    ``answer_bytes``, the first of ``answers`` is its form for a parsed request: a request
+    ``answer_bytes`` read whole and declined is not asked of it again."""
 
     def __init__(
         self,
@@ -117,6 +119,12 @@ class HitServer(ProxyServer):
         self.answered: Counter[int] = Counter()  # the hits answered as read, by status
         self.fronts: set[Front] = set()
         self.draining = False
+
+    @property
+    def answers_after_bytes(self) -> tuple[AnswerHit, ...]:
+        """What a request ``answer_bytes`` read whole and declined is asked of: the answerers
+        but its own form for a parsed request."""
+        return self.answers[1:] if self.answer_bytes is not None else self.answers
 
     def __call__(self) -> Front:  # type: ignore[override]
         return Front(self)
@@ -294,10 +302,12 @@ class Front(SendWatch, FlowControl):
             self._hand_over(data[start:])
             return -1
         answered = None
-        # False: nothing stored for its URL, in memory or on disk, which ends the search.
+        # False: nothing stored for its URL, in memory or on disk, which ends the search;
+        # None: read whole and declined by the compiled answerer, which is not asked again.
         if found is None or found[1] is not False:
+            answers = self._answers if found is None else self._server.answers_after_bytes
             try:
-                for answer in self._answers:
+                for answer in answers:
                     answered = answer(message, self._remote, self._scheme)
                     if answered is not None:
                         break
