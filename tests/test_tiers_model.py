@@ -379,6 +379,23 @@ def test_rfc9111_4_3_4_a_304_that_makes_it_uncacheable_reaches_the_disk_copy(dir
     ])  # fmt: skip
 
 
+def test_rfc9111_4_3_4_a_304_to_a_clients_own_conditional_updates_what_it_validates():
+    """A hit-for-miss pass sends the client's If-None-Match to the origin as it came; the 304
+    it gets makes the URL private: the variant stored meanwhile is not served after (before:
+    the 304 passed through and the stored variant answered the next request)."""
+    drive([
+        ("origin_changes", {**CHANGE, "directive": "private", "max_age": 0,
+                            "answers_304": False}),
+        ("request", GET),  # private: the URL passes for a while (hit-for-miss)
+        ("origin_changes", {**CHANGE, "directive": "public", "max_age": 1, "vary": True,
+                            "answers_304": False}),
+        ("request", {**GET, "lang": "en"}),  # passed, and stored
+        ("origin_changes", {**CHANGE, "directive": "private", "answers_304": True}),
+        ("request", {**GET, "kind": "if-none-match"}),  # a private 304, passed through
+        ("request", {**GET, "lang": "en"}),
+    ])  # fmt: skip
+
+
 def test_rfc9111_4_3_4_a_304_that_shortens_the_lifetime_reaches_the_disk_copy():
     drive([
         ("request", GET),  # max-age=3 on disk

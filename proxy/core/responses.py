@@ -526,6 +526,13 @@ class ResponseDecisions(Removals):
         user alone, and a client must not empty what every client shares by sending a cookie.
         (Section 4.4 requires no removal here; the stored copy is still the URL's newest public
         answer, served within its own freshness.)"""
+        if response.status == 304 and not (
+            request.method != "GET"
+            or response.reason in _REQUEST_REASONS
+            or self._credentialed(request)
+        ):
+            self._validated_elsewhere(request, response, now)
+            return
         if (
             response.status >= 500
             or response.status in rfc9111.ANSWERS_ITS_REQUEST
@@ -539,6 +546,25 @@ class ResponseDecisions(Removals):
         # stopped varying, and a tier behind the store may hold variants the store does not
         # know. The safe side of a response that may not be kept.
         self.invalidate(request.key, SUPERSEDED)
+
+    def _validated_elsewhere(
+        self, request: RequestMeta, response: ResponseMeta, now: float
+    ) -> None:
+        """A 304 that answered a client's own conditional, asked of the origin as it was sent
+        (RFC 9111 section 4.3.4 has it update the stored responses it validates): the one the
+        request selects, when it carries the validator the 304 names, is refreshed as a
+        revalidation's is (fields, times, storability and Vary, in every tier). When none is
+        selected and the 304 makes the representation one a shared cache may not store
+        (``private``, ``no-store``), what is stored of the URL goes from every tier: a copy of
+        it may lie in one."""
+        headers = response.headers
+        entry = self.store.peek(self.variants.key(request))
+        if entry is not None and _validates(headers, entry.headers):
+            self._refresh(entry, headers, response.requested_at, now)
+            return
+        ok, _ = rfc9111.storable("GET", 200, (), headers, allow_set_cookie=True)
+        if not ok:
+            self.invalidate(request.key, UNSTORABLE)
 
     def _credentialed(self, request: RequestMeta) -> bool:
         return bool(request.headers) and (
@@ -579,3 +605,13 @@ class ResponseDecisions(Removals):
         if response.vary:
             key = variant_key(url, response.vary, request.headers)
         return key, key in self.store or url in self.variants
+
+
+def _validates(headers_304: Headers, stored: Headers) -> bool:
+    """Whether a 304's validator names the stored response (RFC 9111 section 4.3.4): its
+    entity tag, else its Last-Modified, the same as the stored one's."""
+    etag = get_first(headers_304, "ETag")
+    if etag is not None:
+        return get_first(stored, "ETag") == etag
+    modified = get_first(headers_304, "Last-Modified")
+    return modified is not None and get_first(stored, "Last-Modified") == modified

@@ -113,9 +113,11 @@ class Anchors:
         anchor = self.tier.find(variants.anchor_key(url))
         own = self.tier.find(url)
         if anchor is None or (own is not None and _after(own, anchor)):
-            entry = await self.reader.lookup_off_loop(url, entry_type)
+            if own is None:
+                return None
+            entry = await self.reader.lookup_off_loop(url, entry_type, own)
             return None if entry is None else (entry, ())
-        names = await self.reader.lookup_off_loop(variants.anchor_key(url), Entry)
+        names = await self.reader.lookup_off_loop(variants.anchor_key(url), Entry, anchor)
         if names is None:
             return None
         vary = rfc9111.vary_names(names.headers)
@@ -123,7 +125,7 @@ class Anchors:
         slot = self.tier.find(key)
         if slot is None or not _after(slot, anchor):
             return None
-        entry = await self.reader.lookup_off_loop(key, entry_type)
+        entry = await self.reader.lookup_off_loop(key, entry_type, slot)
         return None if entry is None else (entry, vary)
 
     def reachable(self, key: str) -> bool:

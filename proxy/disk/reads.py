@@ -78,11 +78,14 @@ class RecordReader:
             return None
         return self._entry(key, slot, found, entry_type)
 
-    async def lookup_off_loop(self, key: str, entry_type: type[Entry]) -> Entry | None:
+    async def lookup_off_loop(
+        self, key: str, entry_type: type[Entry], slot: Slot | None = None
+    ) -> Entry | None:
         """``lookup``, read on the event loop only when the record is no longer than
         ``READ_INLINE`` and the page cache holds it, else on a worker thread; one moved,
-        purged or evicted while the thread read it is a miss."""
-        slot = self.tier.find(key)
+        purged or evicted while the thread read it is a miss. ``slot``: where the index
+        said the record lies, when the caller has just asked it (not asked again)."""
+        slot = self.tier.find(key) if slot is None else slot
         if slot is None:
             return None
         if slot.length <= READ_INLINE:
