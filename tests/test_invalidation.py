@@ -572,3 +572,48 @@ async def test_a_burst_collapsed_onto_one_fetch_reaches_the_disk_on_its_second_s
         assert answer[0] == 200 and answer[2] == b"b" * 1000
     assert proxy.proxy.disk.tier.counters.admissions == 1
     assert proxy.proxy.disk.tier.find("http://example.test/burst") is not None
+
+
+def _passed_304(engine: CacheEngine, headers, requested_at: float, now: float):
+    """A 304 to a client's own conditional, fetched as it came (not for the cache)."""
+    request = RequestMeta(URL, headers=(("If-Match", '"v1"'),))
+    response = response_meta(request, 304, headers, requested_at, now)
+    decided = engine.on_response_head(request, response, 0, now, whole=False)
+    engine.finish(request, decided, 0, now, payload=None)
+
+
+def test_rfc9111_4_3_4_a_passed_304_freshens_the_stored_response_it_names():
+    engine, _ = two_tiers()
+    entry = engine.store.peek(URL)
+    _passed_304(engine, (("ETag", '"v1"'), ("Cache-Control", "max-age=900")), 700.0, 700.0)
+    assert entry.lifetime == 900 and entry.stored_at == 700.0
+
+
+def test_a_passed_304_from_before_a_soft_purge_leaves_the_purge_standing():
+    """Its request went out before the purge: the entry the purge marked stale stays stale
+    (before: the 304 refreshed it, and the purged version answered as fresh)."""
+    engine, _ = two_tiers()
+    engine.recent_purges = RecentPurges(horizon=60.0)
+    entry = engine.store.peek(URL)
+    engine.purge("url", URL, 5.0, soft=True)
+    stale_from = entry.lifetime
+    _passed_304(engine, (("ETag", '"v1"'), ("Cache-Control", "max-age=900")), 4.0, 6.0)
+    assert entry.soft_purged and entry.lifetime == stale_from
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        (("ETag", '"v1"'), ("ETag", '"v2"'), ("Cache-Control", "max-age=900")),
+        (("Cache-Control", "max-age=900"),),
+        (("ETag", '"v2"'), ("Cache-Control", "max-age=900")),
+    ],
+    ids=["two entity tags", "no validator", "another entity tag"],
+)
+def test_a_passed_304_that_does_not_name_the_stored_response_refreshes_nothing(headers):
+    """Two entity tags name none (a broken origin); none names only what the client sent,
+    which need not be the stored response's; another names another response."""
+    engine, _ = two_tiers()
+    entry = engine.store.peek(URL)
+    _passed_304(engine, headers, 700.0, 700.0)
+    assert entry.lifetime == 600.0 and entry.stored_at == 0.0

@@ -559,7 +559,11 @@ class ResponseDecisions(Removals):
         it may lie in one."""
         headers = response.headers
         entry = self.store.peek(self.variants.key(request))
-        if entry is not None and _validates(headers, entry.headers):
+        if entry is not None and _names_it(headers, entry.headers):
+            purges = self.recent_purges
+            if purges and purges.reach(entry.key, entry.tags, response.requested_at):
+                self.counters.purged_in_flight += 1  # a purge since it went out stands
+                return
             self._refresh(entry, headers, response.requested_at, now)
             return
         ok, _ = rfc9111.storable("GET", 200, (), headers, allow_set_cookie=True)
@@ -607,11 +611,9 @@ class ResponseDecisions(Removals):
         return key, key in self.store or url in self.variants
 
 
-def _validates(headers_304: Headers, stored: Headers) -> bool:
-    """Whether a 304's validator names the stored response (RFC 9111 section 4.3.4): its
-    entity tag, else its Last-Modified, the same as the stored one's."""
-    etag = get_first(headers_304, "ETag")
-    if etag is not None:
-        return get_first(stored, "ETag") == etag
-    modified = get_first(headers_304, "Last-Modified")
-    return modified is not None and get_first(stored, "Last-Modified") == modified
+def _names_it(headers_304: Headers, stored: Headers) -> bool:
+    """Whether a 304 to a client's own conditional selects ``stored`` for update: it names a
+    validator of its own (the validators the client sent need not be the stored response's)
+    and that validator selects it (``rfc9111.validates``)."""
+    named = get_first(headers_304, "ETag") or get_first(headers_304, "Last-Modified")
+    return named is not None and rfc9111.validates(stored, headers_304)
