@@ -302,7 +302,8 @@ class Front(SendWatch, FlowControl):
             self._hand_over(data[start:])
             return -1
         answered = None
-        # False: nothing stored for its URL, in memory or on disk, which ends the search;
+        # False: nothing stored for its URL that may answer on the loop (in memory, or on disk
+        # in the page cache), which ends the search;
         # None: read whole and declined by the compiled answerer, which is not asked again.
         if found is None or found[1] is not False:
             answers = self._answers if found is None else self._server.answers_after_bytes

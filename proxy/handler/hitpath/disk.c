@@ -10,7 +10,8 @@
  * - It reads through the descriptors RegionLog keeps open (read_fds) and declines a region
  *   with none, or whose file was removed by hand (no link left), a record longer than
  *   read_inline, or one the page cache does not hold all of (RWF_NOWAIT): the handler reads
- *   those off the event loop.
+ *   those off the event loop (a record the page cache does not hold is said as False: the
+ *   Python answerer, which reads only what the page cache holds, is not asked).
  * - It declines a record a ban (DiskTier.bans: a purge by prefix or by tag) may purge, so
  *   that the proxy drops it, in one place.
  * - It answers only what the stored head may answer as it was rendered: the record's meta
@@ -179,9 +180,10 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
 }
 
 /* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
- * nothing under: the answer tuple, Py_False when neither the disk holds a record for it nor
- * may answer it (the handler fetches it, as answer_hit would have it), NULL without an
- * exception to decline (answer_hit decides), or NULL with one on error. */
+ * nothing under: the answer tuple, Py_False when the disk holds no record for it, may not
+ * answer it, or holds one the page cache does not (no answerer can answer it on the loop:
+ * the handler fetches it, or reads the record off the loop), NULL without an exception to
+ * decline (answer_hit decides), or NULL with one on error. */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
     PyObject *region = NULL, *fields = NULL, *directives = NULL, *body = NULL, *parts[6] = {0},
              *result = NULL;
@@ -234,6 +236,12 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
         do
             got = pread((int)fd, buf, (size_t)length, (off_t)offset);
         while (got < 0 && errno == EINTR);
+    if (got < 0 && errno == EAGAIN) {
+        /* Not in the page cache: no answerer reads it on the loop, the handler reads it off
+         * the loop; said as "nothing to answer here" so none is asked. */
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
     if (got != (ssize_t)length || memcmp(buf, MAGIC, 4) != 0 || u32_at(buf + 4) != length)
         goto done;
     Py_ssize_t stored_key_len = u16_at(buf + 12), meta_len = u32_at(buf + 14);

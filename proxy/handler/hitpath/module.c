@@ -240,8 +240,9 @@ static PyMethodDef PlainHits_methods[] = {
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
      "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"
-     "request whose URL has nothing stored (no answerer can answer it as a hit); None,\n"
-     "nothing counted, otherwise."},
+     "request whose URL has nothing stored, or only a disk record the page cache does not\n"
+     "hold (no answerer can answer it as a hit on the event loop); None, nothing counted,\n"
+     "otherwise."},
     {"answer_bytes", (PyCFunction)(void (*)(void))PlainHits_answer_bytes, METH_FASTCALL,
      "answer_bytes(data, start) -> (end, bytes, body or b'', status) | (end, False) |\n"
      "    (end, None) | None\n\n"
