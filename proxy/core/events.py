@@ -16,7 +16,6 @@ immutable events, as h11 models a protocol's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -248,20 +247,11 @@ ANSWERED_FIELDS = frozenset({*CONDITIONALS, "range", "if-range"})
 CLIENT_ASKS = ANSWERED_FIELDS | frozenset(PRECONDITIONS)
 RULE_FIELDS = CLIENT_ASKS | {"cookie", "cache-control", "pragma"}
 # Request fields that keep a hit off a fast path, whatever is stored: a precondition, and a
-# body's framing (a GET with content passes the cache by).
+# body's framing (a GET with content passes the cache by). What a request carries of
+# ``RULE_FIELDS`` the rules then read as on any path.
 NOT_FAST = frozenset({*PRECONDITIONS, "transfer-encoding", "content-length"})
 # The fetches ``plan`` asks for, made once: each is immutable.
 FETCH_WHOLE = Fetch(FWD_URI_MISS, whole=True, collapse=True)
 FETCH_AS_ASKED = Fetch(FWD_URI_MISS, whole=False, collapse=False)
 FETCH_BYPASS = Fetch(FWD_BYPASS, whole=False, collapse=False)
 FETCH_STALE = Fetch(FWD_STALE, whole=False, collapse=False)
-
-
-def fast_path_may_take(method: str, http11_kept_alive: bool, names: AbstractSet[str]) -> bool:
-    """Whether a request may be answered from a stored response as soon as it is parsed,
-    by a driver's fast path: a GET or HEAD, in HTTP/1.1 on a connection kept alive (nothing
-    to frame but the answer), whose lower-cased field ``names`` hold none of ``NOT_FAST``.
-    What it carries of ``RULE_FIELDS`` the rules then read as on any path."""
-    return (
-        (method == "GET" or method == "HEAD") and http11_kept_alive and names.isdisjoint(NOT_FAST)
-    )

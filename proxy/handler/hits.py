@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import HttpVersion11
-
 from proxy.core._native import hash64
 from proxy.core.cache_status import DISK, HIT_TTL, ttl_of
 from proxy.core.cached import VIA, cached_head, hit_head, render
@@ -37,14 +35,13 @@ from proxy.core.events import (
     Answer,
     Hit,
     RequestMeta,
-    fast_path_may_take,
 )
 from proxy.core.store import Entry
 from proxy.disk.reads import READ_INLINE
 from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
 from proxy.disk.store import DiskStore
-from proxy.front.lane import JOIN_BELOW, RawRequestMessage
+from proxy.front.lane import JOIN_BELOW, RawRequestMessage, lane_may_answer
 from proxy.handler._hits import PlainHits
 from proxy.handler.answers import span
 from proxy.handler.routing import Router, fields_size, hosts, key_origin
@@ -138,21 +135,17 @@ class HitAnswers:
 
     def _plain(self, message: RawRequestMessage) -> tuple[tuple[str, str], set[str]] | None:
         """The routed host (name, as sent) and the lower-cased field names of a request a
-        plain hit may answer: no upgrade nor body, a method and fields the fast path takes, a
-        path and fields within the limits, a routed host; None for any other."""
+        plain hit may answer: one the lane may answer (``lane_may_answer``: a GET or HEAD
+        kept alive, no body nor upgrade), carrying none of ``NOT_FAST``, its path and fields
+        within the limits, its host routed; None for any other."""
+        if not lane_may_answer(message):
+            return None
         fields = message.headers
         names = set(map(str.lower, fields))
-        kept_alive = message.version == HttpVersion11 and not message.should_close
-        if (
-            message.upgrade
-            or message.chunked
-            or not fast_path_may_take(message.method, kept_alive, names)
-        ):
-            return None
         path = message.path
         router = self.router
         if (
-            not path.startswith("/")
+            not names.isdisjoint(NOT_FAST)
             or len(path) > router.max_url
             or fields_size(message.raw_headers) > router.max_headers
         ):
