@@ -18,9 +18,10 @@ from proxy.core import slices
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import DiskTier
 from proxy.core.engine import CacheEngine
-from proxy.core.events import RequestMeta, ResponseMeta
+from proxy.core.events import FETCH_WHOLE, Behind, FromCache, RequestMeta, ResponseMeta
 from proxy.core.purges import RecentPurges
 from proxy.core.responses import response_meta
+from proxy.core.store import Entry
 from proxy.core.tags import MAX_TAGS
 
 DISK = {"disk__size": "8MiB", "disk__region_size": "1MiB", "cache__size": "1MiB",
@@ -617,3 +618,22 @@ def test_a_passed_304_that_does_not_name_the_stored_response_refreshes_nothing(h
     entry = engine.store.peek(URL)
     _passed_304(engine, headers, 700.0, 700.0)
     assert entry.lifetime == 600.0 and entry.stored_at == 0.0
+
+
+def test_the_plan_asks_the_tier_behind_memory_and_its_answer_is_judged_by_the_engine():
+    """One plan over both tiers: a request memory holds nothing for is ``Behind`` (the tier
+    first, then the fetch); what the tier holds is judged by the engine (``found_behind``):
+    a fresh copy answers, counted as the tier's hit; none gives back the fetch."""
+    engine, tier = two_tiers()
+    other = RequestMeta("http://a/other")
+    action = engine.plan(other, 1.0)
+    assert action == Behind(FETCH_WHOLE)
+    assert engine.found_behind(tier, other, None, 1.0, action.then) is FETCH_WHOLE
+    assert tier.counters.misses == 1
+    record = Entry(URL, 100, 0.0, 600.0, 0.0, TAGGED.headers, {}, b"x" * 100)
+    engine.invalidate(URL)  # memory no longer holds it: the tier's copy answers
+    found = engine.found_behind(tier, RequestMeta(URL), (record, ()), 1.0, FETCH_WHOLE)
+    assert type(found) is FromCache and found.behind and found.fresh
+    assert tier.counters.hits == 1 and engine.store.peek(URL) is not None  # kept in memory
+    engine.behind = ()
+    assert engine.plan(other, 1.0) is FETCH_WHOLE  # no tier: the fetch itself

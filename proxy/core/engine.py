@@ -87,6 +87,7 @@ from proxy.core.events import (
     URI_MISS,
     Action,
     Answer,
+    Behind,
     Bypass,
     Fetch,
     FromCache,
@@ -433,7 +434,44 @@ class CacheEngine(ResponseDecisions):
         )
 
     def plan(self, request: RequestMeta, now: float) -> Action:
-        """What the driver does with ``request`` (see the module's rules)."""
+        """What the driver does with ``request`` (see the module's rules): with a tier behind
+        the memory store, a request memory holds nothing for asks it first (``Behind``)."""
+        action = self._plan(request, now)
+        if (
+            self.behind
+            and (type(action) is Fetch or type(action) is Refuse)
+            and action.reason == FWD_URI_MISS
+        ):
+            return Behind(action)
+        return action
+
+    def found_behind(
+        self,
+        tier: Tier,
+        request: RequestMeta,
+        found: tuple[Entry, tuple[str, ...]] | None,
+        now: float,
+        then: Fetch | Refuse,
+    ) -> Action:
+        """What ``tier``'s answer to a ``Behind`` makes of ``request``: ``found``, the entry it
+        holds for it and the names it was selected on (or None). A fresh one answers
+        (``FromCache``, counted as the tier's hit and kept in memory: ``hit_behind``); a
+        stale one is served stale, revalidated or refused as one in memory is
+        (``stale_behind``); anything else is ``then``, the tier's miss counted."""
+        if found is not None:
+            entry, vary = found
+            hit = self.answers_from(request, entry, now)
+            if hit is not None:
+                self.hit_behind(tier, request.key, hit.entry, now, vary=vary)
+                return FromCache(hit.entry, hit.age, behind=True)
+            action = self.stale_behind(tier, request, entry, now, vary=vary)
+            if action is not None:
+                return action
+        self.missed_behind(tier)
+        return then
+
+    def _plan(self, request: RequestMeta, now: float) -> Action:
+        """``plan``, memory alone."""
         found = self.lookup(request, now)
         if type(found) is Hit:
             return FromCache(found.entry, found.age)

@@ -4,7 +4,8 @@ immutable events, as h11 models a protocol's.
 * A request is a ``RequestMeta`` (its key, method, fields); an origin response a
   ``ResponseMeta`` (built by ``responses.response_meta``).
 * ``lookup`` finds a ``Hit``, ``Stale``, ``Miss`` or ``Bypass``; ``plan`` gives one ``Action``:
-  ``FromCache``, ``Revalidate``, ``Fetch`` or ``Refuse``; a response head is ``Keep`` or
+  ``FromCache``, ``Revalidate``, ``Fetch`` or ``Refuse``, or ``Behind`` (ask the tier behind
+  memory first, then one of those); a response head is ``Keep`` or
   ``NotStored`` for memory (``responses.Decided`` adds the tiers that write it), and a finished
   one a ``Store`` or ``NotStored``; a client's conditional or
   Range is answered as an ``Answer``.
@@ -126,6 +127,7 @@ class FromCache:
     age: float
     fresh: bool = True
     refresh: bool = False
+    behind: bool = False  # a tier behind the memory store held it (``Behind``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +175,15 @@ class Refuse:
     reason: str
 
 
-Action = FromCache | Revalidate | Fetch | Refuse
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """The memory store holds nothing for the request: ask the tier behind it what it holds
+    (``CacheEngine.found_behind`` judges that), and do ``then`` when it answers nothing."""
+
+    then: Fetch | Refuse
+
+
+Action = FromCache | Revalidate | Fetch | Refuse | Behind
 
 # What becomes of a response.
 

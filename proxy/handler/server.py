@@ -45,6 +45,7 @@ from proxy.core.events import (
     FWD_BYPASS,
     FWD_REQUEST,
     Action,
+    Behind,
     Fetch,
     FromCache,
     Refuse,
@@ -308,16 +309,20 @@ class Proxy:
                 if action.refresh:
                     self.revalidation.refresh_in_background(meta, url, action.entry)
                 x_cache = "HIT" if action.fresh else "STALE"
-                status = hit_status(ttl_of(action.entry.lifetime, action.age))
+                ttl = ttl_of(action.entry.lifetime, action.age)
+                status = hit_status(ttl, DISK if action.behind else None)
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
+            case Behind():
+                # The tier behind memory: a large record is read off the event loop.
+                assert self.disk is not None
+                found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type)
+                now = self.clock()
+                action = self.engine.found_behind(self.disk, meta, found, now, action.then)
+                return await self._act(request, meta, url, action)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
             case Fetch(reason=events.FWD_METHOD):
                 return await self.uploads.pass_through(request, meta, url)
-            case Fetch(reason=events.FWD_URI_MISS) if self.disk is not None and (
-                disk_hit := await self._from_disk(request, meta, url)
-            ):
-                return disk_hit
             case Fetch(reason=events.FWD_URI_MISS, whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
             case Fetch(reason=events.FWD_URI_MISS) if (
@@ -330,40 +335,10 @@ class Proxy:
                 return await self.fetcher.collapsed_fetch(request, meta, url, action)
             case Fetch():
                 return (await self.fetcher.fetch(request, meta, url, action))[0]
-            case Refuse(reason=events.FWD_URI_MISS) if self.disk is not None and (
-                disk_hit := await self._from_disk(request, meta, url)
-            ):
-                return disk_hit  # only-if-cached: the disk may hold it
             case Refuse():
                 return plain(action.status, action.text, forwarded(action.reason))
             case _:
                 assert_never(action)
-
-    async def _from_disk(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str
-    ) -> web.StreamResponse | None:
-        """The answer from the disk tier to a memory miss, when it holds a whole record (the
-        URL's, or the variant ``meta`` selects): a fresh one answers; a stale one, kept in
-        memory too, is a stored response like any other (served stale where the rules
-        allow, else revalidated: ``CacheEngine.stale_behind``). None, and the origin is
-        asked. A large record is read off the event loop."""
-        assert self.disk is not None
-        engine = self.engine
-        found = await self.disk.anchors.lookup_request(meta, engine.entry_type)
-        now = self.clock()
-        if found is None:
-            engine.missed_behind(self.disk)
-            return None
-        hit = engine.answers_from(meta, found[0], now)
-        if hit is None:
-            action = engine.stale_behind(self.disk, meta, found[0], now, vary=found[1])
-            if action is None:
-                engine.missed_behind(self.disk)
-                return None
-            return await self._act(request, meta, url, action)
-        engine.hit_behind(self.disk, meta.key, hit.entry, now, vary=found[1])
-        status = hit_status(ttl_of(hit.entry.lifetime, hit.age), DISK)
-        return self.fetcher.from_cache(meta, hit.entry, hit.age, status, "HIT")
 
     async def close(self) -> None:
         """Cancel the background work still running."""
