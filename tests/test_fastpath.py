@@ -148,10 +148,11 @@ async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start
     await stored(service)
     reader, writer = await connect(service)
     try:
+        fronts = service.proxy_runner.server.fronts
         for path in (b"/hit", b"/new", b"/hit"):
             writer.write(b"GET %s HTTP/1.1\r\nHost: example.test\r\n\r\n" % path)
             await read_response(reader)
-            await asyncio.sleep(0.05)  # the handler finishes its request
+            await until(lambda: all(front.lane_idle for front in fronts))  # the miss ended
     finally:
         writer.close()
     assert service.proxy.fast_hits == 2
@@ -644,7 +645,8 @@ async def test_hits_read_from_their_bytes_or_parsed_are_answered_alike_in_order(
         answers = [await read_response(reader) for _ in range(3)]
         writer.write(HIT[:9])
         await writer.drain()
-        await asyncio.sleep(0.05)
+        fronts = service.proxy_runner.server.fronts
+        await until(lambda: any(front.held == HIT[:9] for front in fronts))  # read apart
         writer.write(
             HIT[9:] + b"GET /hit HTTP/1.1\r\nHost: example.test\r\nX-Odd: caf\xc3\xa9\r\n\r\n"
         )

@@ -187,6 +187,11 @@ class Front(SendWatch, FlowControl):
         """The request bytes held behind the lane's request."""
         return self._buffer
 
+    @property
+    def lane_idle(self) -> bool:
+        """Whether no request of this connection is in its lane: the next is read at once."""
+        return self._lane is None
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
