@@ -637,3 +637,21 @@ def test_the_plan_asks_the_tier_behind_memory_and_its_answer_is_judged_by_the_en
     assert tier.counters.hits == 1 and engine.store.peek(URL) is not None  # kept in memory
     engine.behind = ()
     assert engine.plan(other, 1.0) is FETCH_WHOLE  # no tier: the fetch itself
+
+
+@pytest.mark.parametrize("path", ["passed through", "a revalidation"])
+def test_a_304_that_makes_it_private_removes_it_even_after_a_purge_since_it_went_out(path):
+    """The purge stands (nothing is refreshed), but a 304 saying the response is now private
+    still takes it away: a soft-purged entry kept would be served stale to everyone (before:
+    the purge check returned first, and it stayed)."""
+    engine, _ = two_tiers()
+    engine.recent_purges = RecentPurges(horizon=60.0)
+    entry = engine.store.peek(URL)
+    engine.purge("url", URL, 5.0, soft=True)
+    private = (("ETag", '"v1"'), ("Cache-Control", "private"))
+    if path == "passed through":
+        _passed_304(engine, private, 4.0, 6.0)
+    else:
+        engine.on_not_modified(entry, private, 4.0, 6.0)
+    assert engine.store.peek(URL) is None
+    assert engine.counters.purged_in_flight == 1

@@ -466,7 +466,9 @@ class ResponseDecisions(Removals):
         may not store, it is removed from every tier; otherwise each tier behind the store
         takes the refreshed fields and times for its copy (``Tier.refreshed``), whether or not
         memory still holds it. A purge made since the revalidation went out stands: then the
-        304 refreshes nothing, in any tier (``purged_in_flight``)."""
+        304 refreshes nothing, in any tier (``purged_in_flight``), though one that makes the
+        entry a response a shared cache may not store still removes it (a soft-purged entry
+        would otherwise be served stale)."""
         c = self.counters
         c.revalidated += 1
         c.origin_fetches += 1
@@ -475,6 +477,8 @@ class ResponseDecisions(Removals):
             c.bytes_served += entry.size
         if self.recent_purges and self.recent_purges.reach(entry.key, entry.tags, request_time):
             c.purged_in_flight += 1
+            if not _storable_after(entry, headers_304):
+                self.forget(entry.key, UNSTORABLE)
             return entry
         if served:
             self.store.record_hit(entry)
@@ -561,11 +565,10 @@ class ResponseDecisions(Removals):
         entry = self.store.peek(self.variants.key(request))
         if entry is not None and _names_it(headers, entry.headers):
             purges = self.recent_purges
-            if purges and purges.reach(entry.key, entry.tags, response.requested_at):
-                self.counters.purged_in_flight += 1  # a purge since it went out stands
+            if not (purges and purges.reach(entry.key, entry.tags, response.requested_at)):
+                self._refresh(entry, headers, response.requested_at, now)
                 return
-            self._refresh(entry, headers, response.requested_at, now)
-            return
+            self.counters.purged_in_flight += 1  # a purge since it went out stands
         ok, _ = rfc9111.storable("GET", 200, (), headers, allow_set_cookie=True)
         if not ok:
             self.invalidate(request.key, UNSTORABLE)
@@ -617,3 +620,10 @@ def _names_it(headers_304: Headers, stored: Headers) -> bool:
     and that validator selects it (``rfc9111.validates``)."""
     named = get_first(headers_304, "ETag") or get_first(headers_304, "Last-Modified")
     return named is not None and rfc9111.validates(stored, headers_304)
+
+
+def _storable_after(entry: Entry, headers_304: Headers) -> bool:
+    """Whether ``entry``, its fields updated by a 304's, is still a response a shared cache
+    may store (``rfc9111.storable``, the response's rules alone)."""
+    headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
+    return rfc9111.storable("GET", entry.status, (), headers, allow_set_cookie=True)[0]

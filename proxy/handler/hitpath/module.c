@@ -7,9 +7,9 @@
  *   bytes (but for the clock), the same counters moved in the same way. Anything else it
  *   declines, and the proxy's own rules decide: it never refuses and never sends a request
  *   to aiohttp's handler itself. It declines with False a plain request whose URL has
- *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, which
- *   answer_hit would decline too (so the caller need not ask it), and with None anything
- *   else.
+ *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, or only
+ *   a disk record the page cache does not hold, which answer_hit would decline too (so the
+ *   caller need not ask it), and with None anything else.
  * - With a disk tier, a plain request whose URL memory holds nothing for is answered from
  *   its disk record when disk.c may (a whole, fresh record with the head this proxy
  *   renders), and counted and kept in memory by the proxy's own `kept`.
