@@ -308,7 +308,7 @@ def test_purge_prefix_removes_matching_urls_only():
     e = engine("always")
     for url in ("http://h/img/1", "http://h/img/2", "http://h/css/1"):
         origin(e, get(url), 0.0, 200, ("Cache-Control", "max-age=60"))
-    assert e.purge_prefix("http://h/img/") == 2
+    assert e.purge("prefix", "http://h/img/", 1.0).count == 2
     assert e.stats()["entries"] == 1
 
 

@@ -51,7 +51,7 @@ Rules this module keeps:
   CDN-Cache-Control), as with ``Authorization``. A stored response never carries a
   ``Set-Cookie``.
 * Purge tags (``proxy.core.tags``: ``Surrogate-Key``, ``Cache-Tag``) are indexed for the
-  entries stored, each charged to its entry; ``purge_tags`` removes every entry carrying one
+  entries stored, each charged to its entry; ``_purge_tags`` removes every entry carrying one
   of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
   must reach it whichever of its tags it names.
 * Slices (``proxy.core.slices``): a driver that fetches a large object as byte ranges stores
@@ -292,15 +292,15 @@ class CacheEngine(ResponseDecisions):
         ``entry``, fresh for it (``answers_from``), as a hit of that tier (``_count_hit``).
         ``counted``: ``plan`` counted the request already,
         as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
-        in the store too (``promote``)."""
+        in the store too (``_promote``)."""
         self._count_hit(AS_MISS if counted else UNCOUNTED, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
         self._served(key, entry, now)
-        self.promote(entry, vary)
+        self._promote(entry, vary)
 
-    def promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
+    def _promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Keep ``entry``, which a tier behind the store answered from, in the store too when
         it fits (counted among ``admissions``, as ``promoted``): a whole response when its URL
         has no variants here (they are selected on fields), a variant (``vary``: the names it
@@ -399,7 +399,7 @@ class CacheEngine(ResponseDecisions):
     ) -> Hit | None:
         """The stored slice (``request``: the client's request, keyed as the slice), or the
         one ``tier`` behind the store was asked for (``behind``: what it found, then kept in
-        the store too, as ``promote`` does), that answers fresh, counted as read and moved as
+        the store too, as ``_promote`` does), that answers fresh, counted as read and moved as
         a hit is; None when it does not."""
         entry = self.store.peek(request.key) if tier is None else behind
         hit = None if entry is None else self.answers_from(request, entry, now)
@@ -412,7 +412,7 @@ class CacheEngine(ResponseDecisions):
                 self._from_store(request.key, hit.entry, now)
             else:
                 self._served(request.key, hit.entry, now)
-                self.promote(behind)
+                self._promote(behind)
         return hit
 
     def sliced(self, fetched: int, mismatched: bool, *, from_disk: bool = False) -> None:
@@ -457,14 +457,14 @@ class CacheEngine(ResponseDecisions):
         holds for it and the names it was selected on (or None). A fresh one answers
         (``FromCache``, counted as the tier's hit and kept in memory: ``hit_behind``); a
         stale one is served stale, revalidated or refused as one in memory is
-        (``stale_behind``); anything else is ``then``, the tier's miss counted."""
+        (``_stale_behind``); anything else is ``then``, the tier's miss counted."""
         if found is not None:
             entry, vary = found
             hit = self.answers_from(request, entry, now)
             if hit is not None:
                 self.hit_behind(tier, request.key, hit.entry, now, vary=vary)
                 return FromCache(hit.entry, hit.age, behind=True)
-            action = self.stale_behind(tier, request, entry, now, vary=vary)
+            action = self._stale_behind(tier, request, entry, now, vary=vary)
             if action is not None:
                 return action
         self.missed_behind(tier)
@@ -514,7 +514,7 @@ class CacheEngine(ResponseDecisions):
         conditions = tuple(rfc9111.conditional_headers(entry.headers))
         return Revalidate(entry, found.age, conditions, self._may_serve_on_error(found, request))
 
-    def stale_behind(
+    def _stale_behind(
         self,
         tier: Tier,
         request: RequestMeta,
@@ -526,7 +526,7 @@ class CacheEngine(ResponseDecisions):
         """What is done with ``entry``, which ``tier`` behind the store holds for ``request``
         and which does not answer it fresh (``answers_from``), when it is of use: served stale
         where the rules allow, revalidated with its validators, or kept to answer if the
-        origin fails (RFC 9111 section 4, 5861). It is then kept in the store (``promote``),
+        origin fails (RFC 9111 section 4, 5861). It is then kept in the store (``_promote``),
         a stored response like any other, and counted as the tier's (``stale_from_disk``,
         ``revalidated_from_disk``). None, and the request is fetched as a miss (the tier
         answered nothing), when it is of no use so (no validator, no stale answer allowed),
@@ -545,7 +545,7 @@ class CacheEngine(ResponseDecisions):
             type(action) is Revalidate and (action.conditions or action.on_error)
         ):
             return None  # a plain refetch (a HEAD's, or one with no validator)
-        self.promote(entry, vary)
+        self._promote(entry, vary)
         if self.store.peek(entry.key) is not entry:
             return None
         # The tier answered when its record did, stale; a revalidation is the origin's answer.

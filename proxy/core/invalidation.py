@@ -91,17 +91,17 @@ class Removals:
             tier.forget(slices.anchor_key(url), CHANGED)
         return removed
 
-    def purge_tags(self, tags: list[str]) -> int:
+    def _purge_tags(self, tags: list[str]) -> int:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
         every tier; how many the store held."""
         removed = sum(self._delete(key) for key in self.tags.tagged(tags))
         self._purge_behind("tags", tags)
         return removed
 
-    def purge_prefix(self, prefix: str) -> int:
+    def _purge_prefix(self, prefix: str) -> int:
         """Remove every stored URL starting with ``prefix`` (with its variants and slices),
         from every tier; how many entries the store held."""
-        urls = {url_of(key) for key in self.stored_keys(prefix=prefix)}
+        urls = {url_of(key) for key in self._stored_keys(prefix=prefix)}
         removed = sum(self._delete_url(url) for url in urls)
         self._purge_behind("prefix", prefix)
         return removed
@@ -109,7 +109,7 @@ class Removals:
     def purge(self, kind: str, value: str | list[str], now: float, *, soft: bool = False) -> Purged:
         """An operator's purge of what ``kind`` ("url": a cache key, "prefix" or "tags") and
         ``value`` name, from every tier: removed, or (``soft``) marked stale where a tier can
-        mark it (``soft_purge``); a tier that cannot removes it. Answers
+        mark it (``_soft_purge``); a tier that cannot removes it. Answers
         once every tier made it durable (``Tier.durable``). A response fetched since before
         it is not stored after it (``RecentPurges``)."""
         count = self._purge(kind, value, now, soft)
@@ -125,14 +125,14 @@ class Removals:
         """``purge`` but for its durability: how many entries the store held."""
         self.recent_purges.made(kind, value, now)
         if soft:
-            count = self.soft_purge(self.stored_keys(**{kind: value}), now)
+            count = self._soft_purge(self._stored_keys(**{kind: value}), now)
             self._purge_behind(kind, value)
             return count
         if kind == "url":
             return self.invalidate(value, PURGE)  # type: ignore[arg-type]
         if kind == "prefix":
-            return self.purge_prefix(value)  # type: ignore[arg-type]
-        return self.purge_tags(value)  # type: ignore[arg-type]
+            return self._purge_prefix(value)  # type: ignore[arg-type]
+        return self._purge_tags(value)  # type: ignore[arg-type]
 
     def _durable(self) -> bool:
         """Whether every tier behind the store put what it was told on its device."""
@@ -150,7 +150,7 @@ class Removals:
                 for tag in value:
                     tier.ban(tag, by_tag=True)
 
-    def stored_keys(
+    def _stored_keys(
         self,
         *,
         url: str | None = None,
@@ -166,7 +166,7 @@ class Removals:
             return {key for key in self.store if key.startswith(prefix)}
         return self.tags.tagged(tags or ())
 
-    def soft_purge(self, keys: set[str], now: float) -> int:
+    def _soft_purge(self, keys: set[str], now: float) -> int:
         """Mark the fresh entries of ``keys`` stale at ``now`` (soft purge): the next request
         revalidates one, or is answered with it stale where the response's own
         ``stale-while-revalidate`` or ``stale-if-error`` allow (never for what a client
