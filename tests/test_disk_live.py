@@ -267,6 +267,67 @@ async def test_a_record_the_page_cache_does_not_hold_is_served_whole_from_disk(
     assert origin.hits["/cold"] == 2
 
 
+class CountingIndex:
+    """A disk tier's index that counts the lookups asked of it (``get``)."""
+
+    def __init__(self, index) -> None:
+        self.index = index
+        self.gets = 0
+
+    def get(self, key_hash):
+        self.gets += 1
+        return self.index.get(key_hash)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getattr__(self, name):
+        return getattr(self.index, name)
+
+
+async def test_a_cold_disk_hit_asks_the_index_three_times_past_the_compiled_reader(
+    origin, start_proxy, tmp_path, monkeypatch
+):
+    """The walk of a cold disk hit (docs/architecture.md): past the compiled reader's one
+    lookup, which declines a record the page cache does not hold, the handler asks the index
+    for the variants' anchor, the URL's record, and again after its off-loop read; the
+    request is routed once (its meta made there alone), and nothing else asks (before: the
+    Python answerer looked it up and routed it again, and the read looked it up again)."""
+    for path in ("/cold", "/warm"):
+        origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for path in ("/cold", "/cold", "/warm", "/warm"):
+        assert (await get(first, path))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    # A disk hit in the same region file: the compiled reader learns the host, and the region
+    # file is opened, as in a proxy that has served a while.
+    assert "detail=disk" in (await get(second, "/warm"))[1]["Cache-Status"]
+    tier, router = second.proxy.disk.tier, second.proxy.router
+    counting = tier.index = CountingIndex(tier.index)  # the compiled reader keeps its own
+    routed: list[str] = []
+
+    def counted(name: str):
+        step = getattr(router, name)
+
+        def counting_step(*args, **kwargs):
+            routed.append(name)
+            return step(*args, **kwargs)
+
+        return counting_step
+
+    for name in ("route", "meta"):
+        monkeypatch.setattr(router, name, counted(name))
+    fd = os.open(next(tmp_path.glob("region-*.log")), os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    status, headers, body = await get(second, "/cold")
+    assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
+    assert counting.gets <= 3 and routed == ["route", "meta"], (counting.gets, routed)
+
+
 async def test_rfc9111_4_1_variants_reach_the_disk_and_each_request_gets_its_own_back(
     origin, start_proxy, tmp_path
 ):
