@@ -655,3 +655,17 @@ def test_a_304_that_makes_it_private_removes_it_even_after_a_purge_since_it_went
         engine.on_not_modified(entry, private, 4.0, 6.0)
     assert engine.store.peek(URL) is None
     assert engine.counters.purged_in_flight == 1
+
+
+def test_a_304_that_gives_a_tag_a_purge_reached_since_it_went_out_refreshes_nothing():
+    """A purge by tag made while a revalidation was out reaches what its 304 tags: the entry
+    is not refreshed (before: only the tags the entry carried were asked, and the 304 gave
+    it the purged tag and a new lifetime)."""
+    engine, _ = two_tiers()
+    engine.recent_purges = RecentPurges(horizon=60.0)
+    entry = engine.store.peek(URL)
+    engine.purge("tags", ["t9"], 5.0)
+    tagged_now = (("ETag", '"v1"'), ("Surrogate-Key", "t9"), ("Cache-Control", "max-age=900"))
+    engine.on_not_modified(entry, tagged_now, 4.0, 6.0)
+    assert entry.lifetime == 600.0 and "t9" not in entry.tags
+    assert engine.counters.purged_in_flight == 1

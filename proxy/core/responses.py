@@ -35,7 +35,7 @@ from proxy.core.rfc9110 import Headers, get_first
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
-from proxy.core.tags import TagIndex, storable_tags
+from proxy.core.tags import TagIndex, response_tags, storable_tags
 from proxy.core.tiers import SUPERSEDED, UNSTORABLE, VARIES, Tier, own_record
 from proxy.core.variants import Variants, variant_key
 
@@ -475,7 +475,7 @@ class ResponseDecisions(Removals):
         if served:
             c.hit_bytes += entry.size
             c.bytes_served += entry.size
-        if self.recent_purges and self.recent_purges.reach(entry.key, entry.tags, request_time):
+        if self._reached_since(entry, headers_304, request_time):
             c.purged_in_flight += 1
             if not _storable_after(entry, headers_304):
                 self.forget(entry.key, UNSTORABLE)
@@ -484,6 +484,15 @@ class ResponseDecisions(Removals):
             self.store.record_hit(entry)
         self._refresh(entry, headers_304, request_time, now)
         return entry
+
+    def _reached_since(self, entry: Entry, headers_304: Headers, request_time: float) -> bool:
+        """Whether a purge made since a 304's request went out (at ``request_time``) reaches
+        ``entry``: by its key, a tag it carries, or a tag the 304 gives it."""
+        purges = self.recent_purges
+        if not purges:
+            return False
+        tags = (*entry.tags, *response_tags(headers_304))
+        return purges.reach(entry.key, tags, request_time)
 
     def _refresh(self, entry: Entry, headers_304: Headers, request_time: float, now: float) -> None:
         """``on_not_modified``'s refresh of ``entry``, in the store and every tier."""
@@ -564,8 +573,7 @@ class ResponseDecisions(Removals):
         headers = response.headers
         entry = self.store.peek(self.variants.key(request))
         if entry is not None and _names_it(headers, entry.headers):
-            purges = self.recent_purges
-            if not (purges and purges.reach(entry.key, entry.tags, response.requested_at)):
+            if not self._reached_since(entry, headers, response.requested_at):
                 self._refresh(entry, headers, response.requested_at, now)
                 return
             self.counters.purged_in_flight += 1  # a purge since it went out stands
