@@ -244,6 +244,16 @@ async def test_a_record_too_large_to_read_on_the_loop_is_served_by_the_handler_f
     assert origin.hits["/big"] == 2
 
 
+def drop_from_page_cache(path) -> None:
+    """Have the kernel drop ``path``'s pages from the page cache: its next read goes to the
+    device, as after a cold start."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 async def test_a_record_the_page_cache_does_not_hold_is_served_whole_from_disk(
     origin, start_proxy, tmp_path
 ):
@@ -255,12 +265,7 @@ async def test_a_record_the_page_cache_does_not_hold_is_served_whole_from_disk(
         assert (await get(first, "/cold"))[0] == 200
     await first.stop()  # the region's bytes reach the device at the checkpoint
     second = await start_proxy(disk__path=str(tmp_path), **DISK)
-    region = next(tmp_path.glob("region-*.log"))
-    fd = os.open(region, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_from_page_cache(next(tmp_path.glob("region-*.log")))
     status, headers, body = await get(second, "/cold")
     assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
     assert (await admin_stats(second))["disk"]["hits"] == 1
@@ -318,11 +323,7 @@ async def test_a_cold_disk_hit_asks_the_index_three_times_past_the_compiled_read
 
     for name in ("route", "meta"):
         monkeypatch.setattr(router, name, counted(name))
-    fd = os.open(next(tmp_path.glob("region-*.log")), os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_from_page_cache(next(tmp_path.glob("region-*.log")))
     status, headers, body = await get(second, "/cold")
     assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
     assert counting.gets <= 3 and routed == ["route", "meta"], (counting.gets, routed)

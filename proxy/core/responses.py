@@ -302,7 +302,7 @@ class ResponseDecisions(Removals):
             c.uncacheable += 1
             self._refused(request, response, now)
             return NotStored(response.reason or "uncacheable")
-        if known and self.recent_purges and self.purged_since(request.key, response):
+        if known and self.purged_since(request.key, response):
             # A purge made since its request went out reaches it: no tier stores it, and its
             # Cache-Status says so (one made before its body ends is caught as it is stored,
             # ``_settle``). What the tiers hold of its key is either older than the purge, and
@@ -512,8 +512,7 @@ class ResponseDecisions(Removals):
         entry.soft_purged = False
         self.tags.forget((entry,))
         # The request that revalidated is not the rules' to judge here: only the response's.
-        ok, _ = rfc9111.storable("GET", entry.status, (), headers, allow_set_cookie=True)
-        tags = storable_tags(headers) if ok else None
+        tags = storable_tags(headers) if _shared_may_store(entry.status, headers) else None
         if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
             self.forget(entry.key, UNSTORABLE)
@@ -577,8 +576,7 @@ class ResponseDecisions(Removals):
                 self._refresh(entry, headers, response.requested_at, now)
                 return
             self.counters.purged_in_flight += 1  # a purge since it went out stands
-        ok, _ = rfc9111.storable("GET", 200, (), headers, allow_set_cookie=True)
-        if not ok:
+        if not _shared_may_store(200, headers):
             self.invalidate(request.key, UNSTORABLE)
 
     def _credentialed(self, request: RequestMeta) -> bool:
@@ -632,6 +630,13 @@ def _names_it(headers_304: Headers, stored: Headers) -> bool:
 
 def _storable_after(entry: Entry, headers_304: Headers) -> bool:
     """Whether ``entry``, its fields updated by a 304's, is still a response a shared cache
-    may store (``rfc9111.storable``, the response's rules alone)."""
+    may store."""
     headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
-    return rfc9111.storable("GET", entry.status, (), headers, allow_set_cookie=True)[0]
+    return _shared_may_store(entry.status, headers)
+
+
+def _shared_may_store(status: int, headers: Headers) -> bool:
+    """Whether a response of ``status`` with ``headers`` is one a shared cache may store, by
+    the response's rules alone (``rfc9111.storable``): the request that brought it, a
+    revalidation or a client's own conditional, is not judged here."""
+    return rfc9111.storable("GET", status, (), headers, allow_set_cookie=True)[0]

@@ -112,7 +112,7 @@ class Anchors:
         url = request.key
         anchor = self.tier.find(variants.anchor_key(url))
         own = self.tier.find(url)
-        if anchor is None or (own is not None and _after(own, anchor)):
+        if _own_found(own, anchor):
             if own is None:
                 return None
             entry = await self.reader.lookup_off_loop(url, entry_type, own)
@@ -141,10 +141,8 @@ class Anchors:
             return self.anchored(url, key)
         anchor = self.tier.find(variants.anchor_key(url))
         if not part:
-            return anchor is None or _after(slot, anchor)
-        own = self.tier.find(url)
-        return (anchor is not None and _after(slot, anchor)
-                and (own is None or not _after(own, anchor)))  # fmt: skip
+            return _own_found(slot, anchor)
+        return not _own_found(self.tier.find(url), anchor) and _after(slot, anchor)
 
     def anchored(self, url: str, key: str) -> bool:
         """Whether the slice record ``key`` of ``url``'s object lies after the anchor of its
@@ -152,6 +150,13 @@ class Anchors:
         anchor = self.tier.find(slices.anchor_key(url))
         slot = None if anchor is None else self.tier.find(key)
         return slot is not None and _after(slot, anchor)
+
+
+def _own_found(own: Slot | None, anchor: Slot | None) -> bool:
+    """Whether a lookup of a URL finds its own record (at ``own``), not a variant: no anchor
+    of its variants (at ``anchor``) lies after it. When one does, the variants written after
+    the anchor are found instead."""
+    return anchor is None or (own is not None and _after(own, anchor))
 
 
 def _after(slot: Slot, anchor: Slot) -> bool:

@@ -343,10 +343,7 @@ class Fetcher:
         if fits and (type(decided.memory) is Keep or decided.tiers):
             body = await _read_up_to(upstream, self.max_object)
             parts, size = [body], len(body)
-        too_large = size > self.max_object
-        if too_large:
-            parts = None
-        self._settled(meta, decided, size, parts, too_large, fits, served=False)
+        self._settled(meta, decided, size, parts, size > self.max_object, fits, served=False)
 
     def settle_in_hand(self, meta: RequestMeta, decided: Decided, body: bytes) -> None:
         """``_settled`` for a whole body in hand, fetched whole, that no ``receive`` relayed
