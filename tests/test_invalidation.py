@@ -295,7 +295,7 @@ def test_a_response_that_starts_to_vary_takes_the_unvaried_copy_with_it(kept):
     varied = ResponseMeta(lifetime=60.0, vary=("accept-language",))
     engine.on_response(RequestMeta(URL, headers=(("Accept-Language", "fr"),)), varied, 10, 1.0)
     assert engine.store.peek(URL) is None and tier.find(URL) is None
-    assert (engine.varies(URL)) is kept
+    assert (URL in engine.variants) is kept
 
 
 def test_a_304_for_an_entry_purged_meanwhile_refreshes_nothing_and_indexes_no_tag():

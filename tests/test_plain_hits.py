@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.config.settings import load
-from proxy.core.events import RequestMeta
+from proxy.core.events import FETCH_WHOLE, RequestMeta
 from proxy.core.responses import response_meta
+from proxy.handler.hits import Planned
 from proxy.handler.routing import hosts
 from proxy.handler.server import Proxy
 from proxy.ops.service import build_engine
@@ -68,13 +69,20 @@ class Pair:
         return message
 
     def answers(self, request: bytes):
-        """(compiled answer, Python answer) to ``request``; a first ``answer_hit`` on each
-        proxy has rendered the entry's head and made its Host known, as a live proxy's first
-        hit does."""
+        """(compiled answer, Python answer) to ``request``, each None when it declined; a
+        first ``answer_hit`` on each proxy has rendered the entry's head and made its Host
+        known, as a live proxy's first hit does. A request the compiled answer declines is
+        then planned on its proxy as a live one plans it (``answer_hit``, which the lane
+        carries out), so that both engines have counted it."""
         message = self.parse(request)
         compiled = self.compiled.plain_hits.answer(message, "127.0.0.1", "http")
+        if type(compiled) is not tuple:
+            self.compiled.answer_hit(message, "127.0.0.1", "http")
         python = self.python.answer_hit(message, "127.0.0.1", "http")
-        return compiled, python
+        return (
+            compiled if type(compiled) is tuple else None,
+            python if type(python) is tuple else None,
+        )
 
     def warm(self, request: bytes) -> None:
         message = self.parse(request)
@@ -207,9 +215,18 @@ async def test_a_plain_request_for_a_url_with_nothing_stored_is_declined_as_a_mi
     pair.store("/a", b"x" * 100, DATED)
     pair.warm(get())
     before = pair.compiled.engine.stats()
-    compiled, python = pair.answers(get("/nothing"))
-    assert compiled is False and python is None
-    assert pair.compiled.engine.stats() == before == pair.python.engine.stats()
+    message = pair.parse(get("/nothing"))
+    assert pair.compiled.plain_hits.answer(message, "", "") is False
+    assert pair.compiled.engine.stats() == before
+    # The Python answerer routes and plans it, as the handler would (a miss, counted once),
+    # and hands the plan to the lane, which carries it out.
+    python = pair.python.answer_hit(message, "", "")
+    assert type(python) is Planned and python.action is FETCH_WHOLE
+    assert python.url == "http://127.0.0.1:9/nothing"
+    after = pair.python.engine.stats()
+    assert (after["requests"], after["misses"], after["hits"]) == (
+        before["requests"] + 1, before["misses"] + 1, before["hits"],
+    )  # fmt: skip
     # Stored but stale: the rules judge it, so None.
     pair.now = NOW + 601
     assert pair.compiled.plain_hits.answer(pair.parse(get()), "", "") is None

@@ -12,9 +12,7 @@ Rules this module keeps:
   or response says must be revalidated (``no-cache``, request ``max-age``/``min-fresh``), is
   ``Stale`` (a miss; ``serve_stale`` says whether RFC 9111/5861 allow answering with it while
   revalidating). Nothing stored is a ``Miss``.
-* ``fresh`` (and ``fresh_plain``, for a request without Cookie, Cache-Control or Pragma)
-  peeks for a driver that writes hits itself: the hit ``lookup`` would find, with nothing
-  counted or moved; ``served`` then counts it exactly as ``lookup`` does.
+* ``fresh`` peeks: the hit ``lookup`` would find, with nothing counted or moved.
 * ``plan`` on top of it: ``only-if-cached`` never contacts the origin (a stale entry answers only
   when it may be served stale; else 504, section 5.2.1.7). A GET miss fetches the whole
   representation (``Fetch.whole``): the client's conditionals and Range are answered from what
@@ -100,6 +98,7 @@ from proxy.core.events import (
     RequestSample,
     Revalidate,
     Stale,
+    Step,
 )
 from proxy.core.keys import url_of
 from proxy.core.purges import RecentPurges
@@ -210,35 +209,11 @@ class CacheEngine(ResponseDecisions):
 
     def fresh(self, request: RequestMeta, now: float) -> Hit | None:
         """The stored response that answers ``request`` as a hit, or None; nothing is counted
-        or moved. A driver with a faster way to answer a hit peeks here, and then calls
-        ``served`` (counted exactly as ``lookup`` counts a hit) or ``plan``."""
+        or moved."""
         if request.method not in CACHEABLE_METHODS:
             return None
         entry = self.store.peek(self.variants.key(request))
         return None if entry is None else self.answers_from(request, entry, now)
-
-    def fresh_plain(self, key: str, now: float) -> Hit | None:
-        """``fresh`` for a GET or HEAD of ``key`` whose fields the driver has checked hold
-        none the rules read (Cookie, Cache-Control, Pragma), so none are scanned. None when
-        the URL has variants: they are selected on fields."""
-        if self.variants and key in self.variants:
-            return None
-        entry = self.store.peek(key)
-        if entry is None:
-            return None
-        age = entry.age(now)
-        return Hit(entry, age) if _fresh(entry, age, _NO_DIRECTIVES) else None
-
-    def plain_miss(self, key: str) -> bool:
-        """Whether ``plan`` answers a GET or HEAD of ``key`` without the fields the rules read
-        (as for ``fresh_plain``) with a ``uri-miss`` fetch, which a tier behind the store may
-        answer instead: nothing stored for it, no variants, not remembered as uncacheable.
-        Nothing is counted."""
-        return (
-            key not in self.variants
-            and self.store.peek(key) is None
-            and key not in self._uncacheable
-        )
 
     def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
         """Whether ``entry`` (stored, or found in a tier behind the store: the disk) answers
@@ -336,13 +311,9 @@ class CacheEngine(ResponseDecisions):
         """``tier`` behind the store had no fresh answer to a memory miss."""
         tier.answered(False)
 
-    def varies(self, key: str) -> bool:
-        """Whether the URL ``key`` has stored variants (its hits are chosen on fields)."""
-        return key in self.variants
-
     def hit_state(self) -> HitState:
-        """The objects ``fresh_plain`` and ``served`` work on; they stay the same objects for
-        the engine's life."""
+        """The objects a compiled answerer of plain hits finds and counts hits in, as
+        ``lookup`` does (``HitState``); they stay the same objects for the engine's life."""
         observe = self.admission.observe if self.admission.observes else None
         store = self.store
         whatif = self.whatif
@@ -350,14 +321,6 @@ class CacheEngine(ResponseDecisions):
                         self._uncacheable, None if whatif is None else whatif.record,
                         0 if whatif is None else whatif.below,
                         0 if whatif is None else whatif.sample_key)  # fmt: skip
-
-    def served(self, key: str, hit: Hit, now: float) -> Hit:
-        """Count ``hit`` (from ``fresh``) on the URL ``key`` as answered, as ``lookup``
-        would have."""
-        self.store.touch(hit.entry)
-        self._count_hit(UNCOUNTED)
-        self._from_store(key, hit.entry, now)
-        return hit
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted
@@ -452,7 +415,7 @@ class CacheEngine(ResponseDecisions):
         found: tuple[Entry, tuple[str, ...]] | None,
         now: float,
         then: Fetch | Refuse,
-    ) -> Action:
+    ) -> Step:
         """What ``tier``'s answer to a ``Behind`` makes of ``request``: ``found``, the entry it
         holds for it and the names it was selected on (or None). A fresh one answers
         (``FromCache``, counted as the tier's hit and kept in memory: ``hit_behind``); a
@@ -500,7 +463,7 @@ class CacheEngine(ResponseDecisions):
         ) and "no-store" not in rfc9111.request_directives(headers)
         return self._plain_fetch(request, now, whole=whole)
 
-    def _on_stale(self, request: RequestMeta, found: Stale, offline: bool) -> Action:
+    def _on_stale(self, request: RequestMeta, found: Stale, offline: bool) -> Step:
         """What is done with a response that is not fresh for ``request``: served stale where
         the rules allow, revalidated with its validators, or (``offline``: only-if-cached) a
         504. Nothing is counted: the caller counts a stale answer (``served_stale``)."""
@@ -522,7 +485,7 @@ class CacheEngine(ResponseDecisions):
         now: float,
         *,
         vary: tuple[str, ...] = (),
-    ) -> Action | None:
+    ) -> Step | None:
         """What is done with ``entry``, which ``tier`` behind the store holds for ``request``
         and which does not answer it fresh (``answers_from``), when it is of use: served stale
         where the rules allow, revalidated with its validators, or kept to answer if the

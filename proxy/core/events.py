@@ -81,16 +81,16 @@ class RequestSample(Protocol):
 
 
 class HitState(NamedTuple):
-    """What ``fresh_plain`` and ``served`` read and change, for a compiled driver that finds
-    and counts plain hits itself: it must find a hit as ``fresh_plain`` does and count it as
-    ``served`` does."""
+    """What ``CacheEngine.lookup`` reads and changes for a hit, for a compiled driver that
+    finds and counts plain hits itself (a GET or HEAD carrying none of ``RULE_FIELDS``): it
+    must find a hit, and count it, as ``lookup`` does."""
 
     entries: dict[int, Entry]  # the store's entries by their key's hash
-    vary: dict[str, Any]  # URLs with stored variants (``fresh_plain`` declines them)
+    vary: dict[str, Any]  # URLs with stored variants (a plain hit declines them)
     index: StoreIndex  # the store's eviction order and hit counts
     counters: Counters
     observe: Callable[[str, int, float], None] | None  # the admission's, when it observes
-    uncacheable: Mapping[str, Any]  # URLs remembered uncacheable (``plain_miss`` holds not)
+    uncacheable: Mapping[str, Any]  # URLs remembered uncacheable (``plan`` passes them by)
     whatif: Callable[[str, int, float], None] | None  # the what-if's record, when there is one
     sample_below: int  # the hits whose sample point is below it are the what-if's to record
     sample_key: int  # the what-if sample's secret (``proxy.core.whatif``)
@@ -183,7 +183,9 @@ class Behind:
     then: Fetch | Refuse
 
 
-Action = FromCache | Revalidate | Fetch | Refuse | Behind
+# What a driver carries out in one step; a ``Behind`` is answered with one of them.
+Step = FromCache | Revalidate | Fetch | Refuse
+Action = Step | Behind
 
 # What becomes of a response.
 
@@ -247,7 +249,7 @@ PURGED_IN_FLIGHT = NotStored("purged-in-flight")
 # A stored response that a request with a cookie may not be answered with.
 PRIVATE_MISS = Miss("cookie")
 # The request fields the cache's rules read, and no others: a GET or HEAD carrying none of
-# them is answered by its key alone (``fresh_plain``), on every path. One list, which the
+# them is found by its key alone (``HitState``), on every path. One list, which the
 # proxy's paths (the compiled one included) take from here.
 CONDITIONALS = ("if-none-match", "if-modified-since")  # a match is answered 304 (RFC 9110 13.1)
 PRECONDITIONS = ("if-match", "if-unmodified-since")  # the origin's to judge

@@ -323,14 +323,14 @@ class Front(SendWatch, FlowControl):
                 )
                 answered = None
         self._last = started
-        if answered:
+        if type(answered) is tuple:
             self._write(answered[0], answered[1])
             self._server.answered[answered[2]] += 1
             if self._hit_log is not None:
                 self._log(self._hit_log, LoggedRequest(message, self._remote),
                           LoggedResponse(*answered), started)  # fmt: skip
             return end
-        self._run_lane(message)
+        self._run_lane(message, None if answered is None or answered is False else answered)
         return end
 
     def _parse(self, head: bytes) -> RawRequestMessage | None:
@@ -406,10 +406,10 @@ class Front(SendWatch, FlowControl):
         self._lane_free()
         self._go_on()
 
-    def _run_lane(self, message: RawRequestMessage) -> None:
-        """Answer ``message`` in the lane."""
+    def _run_lane(self, message: RawRequestMessage, carried: Any = None) -> None:
+        """Answer ``message`` in the lane, with what an answerer made of it (``carried``)."""
         self._server.requests_count += 1
-        request = LaneRequest(message, self._remote, self._scheme, self, self._loop)
+        request = LaneRequest(message, self._remote, self._scheme, self, self._loop, carried)
         work = self._start(request)
         if isinstance(work, Pending):
             self._lane = work

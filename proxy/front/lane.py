@@ -35,10 +35,13 @@ from proxy.wire.seam import AnsweredRequest, FieldWriter
 JOIN_BELOW = 64 << 10
 
 
-# A plain fresh hit's whole answer (bytes to write, then a body to write apart or b"", and the
-# status); None when the next answerer, and after the last the lane or aiohttp's handler, is
-# to answer; False when no answerer could answer it as a hit (nothing is stored for it).
-AnswerHit = Callable[[RawRequestMessage, str, str], "tuple[bytes, bytes, int] | bool | None"]
+# A plain fresh hit's whole answer (a tuple: bytes to write, then a body to write apart or
+# b"", and the status); None when the next answerer, and after the last the lane or aiohttp's
+# handler, is to answer; False when no answerer could answer it as a hit (nothing is stored
+# for it); any other object is what the answerer made of a request it did not answer (the
+# proxy's plan for it), which the lane's request carries to the handler (``carried``), and no
+# answerer after it is asked.
+AnswerHit = Callable[[RawRequestMessage, str, str], Any]
 
 
 # The answer to the request at ``data[start:]`` as its bytes came (``PlainHits.answer_bytes``):
@@ -166,8 +169,8 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
-    __slots__ = ("_lane", "_loop", "_writer", "answer", "raw_headers", "scheme", "started",
-                 "transport")  # fmt: skip
+    __slots__ = ("_lane", "_loop", "_writer", "answer", "carried", "raw_headers", "scheme",
+                 "started", "transport")  # fmt: skip
 
     body_exists = False
     can_read_body = False
@@ -181,8 +184,11 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
         scheme: str,
         lane: Lane,
         loop: asyncio.AbstractEventLoop,
+        carried: Any = None,
     ) -> None:
         super().__init__(message, remote)
+        # What an answerer that did not answer it made of it (``AnswerHit``), or None.
+        self.carried = carried
         self.scheme = scheme
         self._lane = lane
         self._loop = loop

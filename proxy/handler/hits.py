@@ -1,21 +1,25 @@
-"""Plain fresh hits answered as soon as they are parsed: the Python answerer and its compiled
+"""Plain requests answered as soon as they are parsed: the Python answerer and its compiled
 common case, which give the same bytes and counts as the request handler.
 
 * Plain: GET or HEAD, HTTP/1.1 keep-alive, an origin-form target and fields within the limits,
   a routed Host, no body, no precondition (a validator or a Range is answered from the stored
-  response: 304, 206, 416), and a stored response whose status has a body. Anything else is
-  declined, with nothing counted, and the request handler answers it.
+  response: 304, 206, 416). Anything else is declined, with nothing counted, and the request
+  handler answers it.
+* A plain request is routed and planned once (``CacheEngine.plan``, which counts it). A fresh
+  hit is delivered at once; anything else (a miss, a stale entry, a record to read off the
+  event loop) goes to the lane as planned (``Planned``), and the handler carries out that
+  plan: the request is neither routed nor planned, nor counted, again.
+* A URL memory holds nothing for (``Behind``) is asked of its disk record when the page cache
+  holds it and it is short enough to read on the event loop, and judged as the handler judges
+  it (``CacheEngine.found_behind``: a hit from disk, kept in memory too).
 * The head every hit on an entry writes the same is rendered once per stored response
   (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
   ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
   the origin sent none, ``Date``.
-* A URL memory holds nothing for is answered from its disk record when it has one, whole,
-  fresh, and short enough and in the page cache to read on the event loop (``from_disk``),
-  with the head rendered when the record was written; counted as the handler counts it (a
-  hit from disk, ``CacheEngine.hit_behind``), and kept in memory too.
-* The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a hit, in
-  memory as ``CacheEngine.fresh_plain`` and ``served`` do and on disk as ``answer`` does, and
-  writes the bytes ``answer`` would; what it declines ``answer`` decides.
+* The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a fresh
+  hit, in memory as ``plan`` does and on disk as ``found_behind`` does (``hit_behind``), and
+  writes the bytes ``answer`` would; what it declines it has counted nothing for, and
+  ``answer`` decides.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.config.logs import HTTP_ERRORS
 from proxy.core._native import hash64
 from proxy.core.cache_status import DISK, HIT_TTL, ttl_of
 from proxy.core.cached import VIA, cached_head, hit_head, render
@@ -32,8 +37,10 @@ from proxy.core.events import (
     ANSWERED_FIELDS,
     NOT_FAST,
     RULE_FIELDS,
+    Action,
     Answer,
-    Hit,
+    Behind,
+    FromCache,
     RequestMeta,
 )
 from proxy.core.store import Entry
@@ -64,6 +71,17 @@ class ServedEntry(Entry):
     head at its next hit."""
 
     rendered: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A request the answerers routed and the engine planned, and did not answer: the lane's
+    handler carries out ``action`` for it (``Proxy.start``), neither routing nor planning it
+    again, so the engine counts it once."""
+
+    meta: RequestMeta
+    url: str
+    action: Action
 
 
 class HitAnswers:
@@ -118,26 +136,45 @@ class HitAnswers:
 
     def answer(
         self, message: RawRequestMessage, remote: str, scheme: str
-    ) -> tuple[bytes, bytes, int] | None:
+    ) -> tuple[bytes, bytes, int] | Planned | None:
         """The whole answer to a plain fresh hit, in memory or on disk (bytes to write, then
-        a large body to write apart or b"", and the status), counted as the handler counts
-        one; None, with nothing counted, for any other request. Three steps: the request is
-        one a plain hit may answer (``_plain``), a fresh response is found for it in memory or
-        on disk (``_found``), and it is delivered (``_deliver``), from either source alike."""
+        a large body to write apart or b"", and the status); else, for a request a plain hit
+        may answer, what the engine planned for it (``Planned``), which the lane carries out
+        without routing or planning it again; None, with nothing counted, for any other.
+        Three steps: the request is one a plain hit may answer (``_plain``), routed and
+        planned once, as the handler would (``CacheEngine.plan``, which counts it; a
+        ``Behind`` asked of the disk when the page cache holds its record), and a fresh
+        answer from either tier delivered (``_deliver``)."""
         plain = self._plain(message)
         if plain is None:
             return None
-        host_pair, names = plain
-        found = self._found(message, host_pair, names, remote, scheme)
-        if found is None:
+        host_pair, names, origin = plain
+        meta = self.router.meta(message.method, host_pair, message.path, message.headers,
+                                remote, scheme)  # fmt: skip
+        now = self.clock()
+        try:
+            action = self.engine.plan(meta, now)
+        except Exception:
+            # The handler makes the plan again, and answers and logs the failure as its own.
             return None
-        return self._deliver(message.method, names, *found)
+        try:
+            if type(action) is Behind:
+                action = self._behind(meta, action, now)
+            if type(action) is FromCache and action.fresh:
+                out = self._deliver(message.method, names, meta, action)
+                if out is not None:
+                    self.answered += 1
+                    return out
+        except Exception:
+            # A bug here costs speed, never the count: the handler carries the plan out.
+            HTTP_ERRORS.exception("answering %s %s as parsed failed", meta.method, message.path)
+        return Planned(meta, origin + message.path, action)
 
-    def _plain(self, message: RawRequestMessage) -> tuple[tuple[str, str], set[str]] | None:
-        """The routed host (name, as sent) and the lower-cased field names of a request a
-        plain hit may answer: one the lane may answer (``lane_may_answer``: a GET or HEAD
-        kept alive, no body nor upgrade), carrying none of ``NOT_FAST``, its path and fields
-        within the limits, its host routed; None for any other."""
+    def _plain(self, message: RawRequestMessage) -> tuple[tuple[str, str], set[str], str] | None:
+        """The routed host (name, as sent), the lower-cased field names and the origin of a
+        request a plain hit may answer: one the lane may answer (``lane_may_answer``: a GET or
+        HEAD kept alive, no body nor upgrade), carrying none of ``NOT_FAST``, its path and
+        fields within the limits, its host routed; None for any other."""
         if not lane_may_answer(message):
             return None
         fields = message.headers
@@ -152,56 +189,36 @@ class HitAnswers:
             return None
         host = fields.get("Host")
         host_pair = None if host is None else hosts(host)
-        if host_pair is None or not router.routed(host_pair[0]):
+        origin = None if host_pair is None else router.origin(host_pair[0])
+        if origin is None:
             return None
         if len(self.routed_hosts) < ROUTED_HOSTS_MAX:
             self.routed_hosts[host.encode("utf-8", "surrogateescape")] = key_origin(host_pair[1])
-        return host_pair, names
+        return host_pair, names, origin
 
-    def _found(
-        self,
-        message: RawRequestMessage,
-        host_pair: tuple[str, str],
-        names: set[str],
-        remote: str,
-        scheme: str,
-    ) -> tuple[str, Hit, RequestMeta | None, bool, float] | None:
-        """The fresh stored response to a plain request: (its key, the hit, the request's
-        meta where one was made, whether the disk answered, now); None when neither memory
-        nor (read on the loop) the disk holds one. Nothing counted."""
-        router, engine = self.router, self.engine
-        now = self.clock()
-        meta = None
-        key = router.key(host_pair, message.path)
-        if names.isdisjoint(RULE_FIELDS) and not engine.varies(key):
-            hit = engine.fresh_plain(key, now)
-        else:
-            meta = router.meta(message.method, host_pair, message.path, message.headers, remote,
-                               scheme)  # fmt: skip
-            hit = engine.fresh(meta, now)
-        if hit is not None:
-            return key, hit, meta, False, now
-        if meta is not None or self.disk is None or not engine.plain_miss(key):
-            return None
-        meta = router.meta(message.method, host_pair, message.path, message.headers, remote,
-                           scheme)  # fmt: skip
-        hit = self.from_disk(meta, now)
-        return None if hit is None else (key, hit, meta, True, now)
+    def _behind(self, meta: RequestMeta, behind: Behind, now: float) -> Action:
+        """What the disk makes of ``behind``, a request memory holds nothing for, when its
+        record is short enough and in the page cache to read on the event loop
+        (``READ_INLINE``; a damaged one is dropped): ``CacheEngine.found_behind``'s verdict.
+        Else ``behind`` itself, for the handler, which reads off the loop (a record the
+        page cache does not hold, or a URL whose variants memory holds: they are found
+        after their anchor)."""
+        disk, engine = self.disk, self.engine
+        if disk is None or meta.key in engine.variants:
+            return behind
+        entry = disk.reads.lookup(meta.key, engine.entry_type, READ_INLINE, warm_only=True)
+        if entry is None:
+            return behind
+        return engine.found_behind(disk, meta, (entry, ()), now, behind.then)
 
     def _deliver(
-        self,
-        method: str,
-        names: set[str],
-        key: str,
-        hit: Hit,
-        meta: RequestMeta | None,
-        on_disk: bool,
-        now: float,
+        self, method: str, names: set[str], meta: RequestMeta, found: FromCache
     ) -> tuple[bytes, bytes, int] | None:
-        """The answer from ``hit``, wherever it was found, counted as the handler counts one
-        (a disk hit kept in memory too); None when its head cannot be rendered here."""
-        router, engine = self.router, self.engine
-        entry = hit.entry
+        """The answer from ``found``, whichever tier held it (counted where it was found:
+        ``CacheEngine.plan``, ``found_behind``); None when its head cannot be rendered here,
+        and the handler answers it."""
+        router = self.router
+        entry = found.entry
         rendered = getattr(entry, "rendered", None)
         if rendered is None or rendered[2] is not entry.headers:
             rendered = _render(entry, router.hidden)
@@ -210,44 +227,23 @@ class HitAnswers:
         head, dated, _ = rendered
         if head is None:
             return None
-        age = int(hit.age)
-        ttl = ttl_of(entry.lifetime, hit.age)
-        per_hit = (_PER_DISK_HIT if on_disk else _PER_HIT) % (ttl, age)
+        age = int(found.age)
+        ttl = ttl_of(entry.lifetime, found.age)
+        per_hit = (_PER_DISK_HIT if found.behind else _PER_HIT) % (ttl, age)
         if not dated:
             per_hit += b"Date: %s\r\n" % http_date().encode()
         body = entry.payload
         status = entry.status
-        if meta is not None and not names.isdisjoint(ANSWERED_FIELDS):
-            answer = engine.answer(meta, entry.status, entry.headers, len(entry.payload))
+        if not names.isdisjoint(ANSWERED_FIELDS):
+            answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
             if answer.status != entry.status:
                 head, body = _render_part(entry, answer, router.hidden)
                 status = answer.status
         if method == "HEAD":
-            out = b"".join((head, per_hit, b"\r\n")), b"", status
-        elif len(body) < JOIN_BELOW:
-            out = b"".join((head, per_hit, b"\r\n", body)), b"", status
-        else:
-            out = b"".join((head, per_hit, b"\r\n")), body, status
-        # Counted once rendered: an answer that fails to render is the handler's, which
-        # counts it once, as it finds it.
-        if on_disk:
-            assert self.disk is not None
-            engine.hit_behind(self.disk, key, entry, now, counted=False)
-        else:
-            engine.served(key, hit, now)
-        self.answered += 1
-        return out
-
-    def from_disk(self, meta: RequestMeta, now: float) -> Hit | None:
-        """The disk's fresh answer to ``meta``, a request the memory store holds nothing for,
-        read on the event loop, or None (a damaged record is dropped; one over
-        ``READ_INLINE``, or that the page cache does not hold, is left to the handler, which
-        reads it off the loop); nothing counted."""
-        assert self.disk is not None
-        entry = self.disk.reads.lookup(
-            meta.key, self.engine.entry_type, READ_INLINE, warm_only=True
-        )
-        return None if entry is None else self.engine.answers_from(meta, entry, now)
+            return b"".join((head, per_hit, b"\r\n")), b"", status
+        if len(body) < JOIN_BELOW:
+            return b"".join((head, per_hit, b"\r\n", body)), b"", status
+        return b"".join((head, per_hit, b"\r\n")), body, status
 
     def follow_engine(self) -> None:
         """The compiled answerer takes what the engine now has it feed: the admission's

@@ -108,20 +108,21 @@ class Router:
         host_pair = hosts(target.netloc if target is not None else request.host)
         if host_pair is None:
             return plain(400, "invalid Host")
-        route_host = host_pair[0]
-        origin = self.routes.get(route_host)
-        if origin is None and not absolute:
-            origin = self.routes.get("")
+        origin = self.origin(host_pair[0], absolute=absolute)
         if origin is None:
-            return plain(421, f"no route for host {route_host!r}")
+            return plain(421, f"no route for host {host_pair[0]!r}")
         path = request.rel_url.raw_path_qs if absolute else request.raw_path
         meta = self.meta(request.method, host_pair, path, request.headers, request.remote or "",
                          request.scheme)  # fmt: skip
         return meta, origin + path
 
-    def routed(self, route_host: str) -> bool:
-        """Whether a request naming ``route_host`` has an origin to go to."""
-        return route_host in self.routes or "" in self.routes
+    def origin(self, route_host: str, *, absolute: bool = False) -> str | None:
+        """The origin a request naming ``route_host`` goes to: its route's, else (for an
+        origin-form target) the default origin's; None when it has none."""
+        origin = self.routes.get(route_host)
+        if origin is None and not absolute:
+            return self.routes.get("")
+        return origin
 
     @property
     def queries_as_sent(self) -> bool:

@@ -59,7 +59,7 @@ from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest
 from proxy.handler.answers import close, plain
 from proxy.handler.fetch import Fetcher
-from proxy.handler.hits import HitAnswers
+from proxy.handler.hits import HitAnswers, Planned
 from proxy.handler.pending import PendingMiss, raising
 from proxy.handler.purging import OtherWorkers, Purges
 from proxy.handler.revalidation import Revalidation
@@ -263,24 +263,35 @@ class Proxy:
         return await self._act(request, meta, url, self.engine.plan(meta, self.clock()))
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
-        """Begin a request of a connection's lane (``proxy.front.fastpath``). A plain GET miss
-        (no client conditional or Range, no fleet filter to ask) is sent at once on an idle
-        pooled origin connection, and answered in the callback that brings its whole
-        response (``PendingMiss``): no task, and no wait for the loop's next turn. Any other
-        request gets the work that answers it as ``handle`` does, the engine's plan made."""
+        """Begin a request of a connection's lane (``proxy.front.fastpath``), from the plan the
+        answerers made for it when they did (``request.carried``: ``Planned``), which is not
+        made again. A plain GET miss (no client conditional or Range, no fleet filter to
+        ask) is sent at once on an idle pooled origin connection, and answered in the
+        callback that brings its whole response (``PendingMiss``): no task, and no wait for
+        the loop's next turn. Any other request gets the work that answers it as ``handle``
+        does, the engine's plan made."""
+        planned: Planned | None = request.carried
         if self.shared is not None or self.disk is not None or self.slicer is not None:
-            return self.handle(request)
+            if planned is None:
+                return self.handle(request)
+            return self.handle(request, self._act(request, planned.meta, planned.url,
+                                                  planned.action))  # fmt: skip
         try:
-            return self._start(request)
+            return self._start(request, planned)
         except Exception as exc:
             return self.handle(request, raising(exc))  # logged and answered as ``handle`` does
 
-    def _start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
-        routed = self.router.route(request)
-        if type(routed) is not tuple:
-            return self.handle(request, _given(routed))
-        meta, url = routed
-        action = self.engine.plan(meta, self.clock())
+    def _start(
+        self, request: LaneRequest, planned: Planned | None
+    ) -> Awaitable[web.StreamResponse] | PendingMiss:
+        if planned is not None:
+            meta, url, action = planned.meta, planned.url, planned.action
+        else:
+            routed = self.router.route(request)
+            if type(routed) is not tuple:
+                return self.handle(request, _given(routed))
+            meta, url = routed
+            action = self.engine.plan(meta, self.clock())
         if action is not FETCH_WHOLE or not CLIENT_ASKS.isdisjoint(meta.headers.by_name):
             return self.handle(request, self._act(request, meta, url, action))
         fetcher = self.fetcher
@@ -303,7 +314,13 @@ class Proxy:
     async def _act(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Action
     ) -> web.StreamResponse:
-        """Carry out the engine's ``action`` for ``request``."""
+        """Carry out the engine's ``action`` for ``request``: a ``Behind`` is asked of the tier
+        behind memory first, and what it found decides the one step taken."""
+        if type(action) is Behind:
+            # The tier behind memory: a large record is read off the event loop.
+            assert self.disk is not None
+            found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type)
+            action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)
         match action:
             case FromCache():
                 if action.refresh:
@@ -312,13 +329,6 @@ class Proxy:
                 ttl = ttl_of(action.entry.lifetime, action.age)
                 status = hit_status(ttl, DISK if action.behind else None)
                 return self.fetcher.from_cache(meta, action.entry, action.age, status, x_cache)
-            case Behind():
-                # The tier behind memory: a large record is read off the event loop.
-                assert self.disk is not None
-                found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type)
-                now = self.clock()
-                action = self.engine.found_behind(self.disk, meta, found, now, action.then)
-                return await self._act(request, meta, url, action)
             case Revalidate():
                 return await self.revalidation.revalidate(request, meta, url, action)
             case Fetch(reason=events.FWD_METHOD):

@@ -1,4 +1,4 @@
-/* A plain fresh hit found, counted and rendered, as CacheEngine.fresh_plain and served do. */
+/* A plain fresh hit found, counted and rendered, as CacheEngine.lookup does. */
 #include "hits.h"
 
 /* The stored entry for key when it answers a plain request fresh at now (a new reference;
@@ -57,7 +57,7 @@ decline:
     return NULL;
 }
 
-/* Count a hit on entry as CacheEngine.served does; -1 on error. */
+/* Count a hit on entry as CacheEngine.lookup does; -1 on error. */
 static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *hash,
                      PyObject *now) {
     PyObject *one = PyLong_FromLong(1), *size = get(entry, &attrs[A_SIZE]);

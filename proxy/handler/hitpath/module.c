@@ -20,8 +20,7 @@
  *   variants, and a stored entry that is fresh with no request directives, carries no
  *   `no-cache`, and whose head the proxy has rendered from its current fields
  *   (`ServedEntry.rendered`, whose third item is the `headers` it was rendered from).
- * - A hit is found and counted as CacheEngine.fresh_plain and CacheEngine.served find and
- *   count it: the entry by its key's hash and its key, its age as Entry.age computes it, and
+ * - A hit is found and counted as CacheEngine.lookup finds and counts one: the entry by its key's hash and its key, its age as Entry.age computes it, and
  *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, the
  *   admission's observe when it observes, and the what-if's record for the hits of its
  *   sample (a sample point of its key's hash, keyed by sample_key, below sample_below).
