@@ -167,7 +167,7 @@ def test_rfc9111_4_1_vary_stores_one_variant_per_selecting_header_value():
     assert e.lookup(br, 1.0) == Miss("uri-miss")
     origin(e, br, 1.0, 200, ("Cache-Control", "max-age=60"), vary)
     assert isinstance(e.lookup(br, 2.0), Hit) and isinstance(e.lookup(gz, 2.0), Hit)
-    assert e.invalidate("/a") == 2 and e.lookup(gz, 3.0) == Miss("uri-miss")
+    assert e.removals.invalidate("/a") == 2 and e.lookup(gz, 3.0) == Miss("uri-miss")
 
 
 def test_second_hit_counts_a_url_not_its_variants():
@@ -306,7 +306,7 @@ def test_purge_prefix_removes_matching_urls_only():
     e = engine("always")
     for url in ("http://h/img/1", "http://h/img/2", "http://h/css/1"):
         origin(e, get(url), 0.0, 200, ("Cache-Control", "max-age=60"))
-    assert e.purge("prefix", "http://h/img/", 1.0).count == 2
+    assert e.removals.purge("prefix", "http://h/img/", 1.0).count == 2
     assert e.stats()["entries"] == 1
 
 
@@ -437,9 +437,9 @@ def test_the_vary_index_holds_only_stored_variants():
     for i in range(500):
         request = get("/v", ("User-Agent", f"agent {i}"))
         origin(e, request, float(i), 200, ("Cache-Control", "max-age=60"), ("Vary", "User-Agent"))
-    assert len(store) == 20 and e.variant_index_size() == 20
-    e.invalidate("/v")
-    assert len(store) == 0 and e.variant_index_size() == 0
+    assert len(store) == 20 and e.variants.size() == 20
+    e.removals.invalidate("/v")
+    assert len(store) == 0 and e.variants.size() == 0
 
 
 @pytest.mark.parametrize(

@@ -69,10 +69,10 @@ REMOVALS: dict[str, Callable[[CacheEngine], object]] = {
     "now varies": lambda e: e.on_response(
         RequestMeta(URL), ResponseMeta(lifetime=60.0, vary=("accept",)), 1, 1.0
     ),
-    "purge": lambda e: e.purge("url", URL, 1.0),
-    "soft purge": lambda e: e.purge("url", URL, 1.0, soft=True),
-    "purge by prefix": lambda e: e.purge("prefix", "http://a/", 1.0),
-    "soft purge by prefix": lambda e: e.purge("prefix", "http://a/", 1.0, soft=True),
+    "purge": lambda e: e.removals.purge("url", URL, 1.0),
+    "soft purge": lambda e: e.removals.purge("url", URL, 1.0, soft=True),
+    "purge by prefix": lambda e: e.removals.purge("prefix", "http://a/", 1.0),
+    "soft purge by prefix": lambda e: e.removals.purge("prefix", "http://a/", 1.0, soft=True),
 }
 
 
@@ -116,7 +116,7 @@ def test_a_304_the_simulators_tier_cannot_match_to_its_copy_forgets_the_copy(cas
 @pytest.mark.parametrize("soft", [False, True])
 def test_a_purge_by_tag_reaches_the_tier_behind_the_store(soft):
     engine, tier = two_tiers()
-    purged = engine.purge("tags", ["t1"], 1.0, soft=soft)
+    purged = engine.removals.purge("tags", ["t1"], 1.0, soft=soft)
     assert purged.count == 1 and purged.durable
     # The index holds hashes, not tags: the ban is met when a record carrying it is read.
     assert [(tag, by_tag) for tag, _, _, by_tag in tier.bans] == [("t1", True)]
@@ -140,7 +140,7 @@ def test_a_private_answer_to_a_request_with_credentials_leaves_the_shared_copy(c
 
 def test_slices_of_a_changed_object_leave_every_tier():
     engine, tier = two_tiers()
-    engine.remove_slices(URL)
+    engine.removals.remove_slices(URL)
     assert tier.find(slices.anchor_key(URL)) is None and tier.find(URL) is not None
 
 
@@ -230,8 +230,8 @@ def test_a_purge_made_before_a_responses_head_arrived_keeps_it_from_every_tier_a
     """Its request went out before the purge: the head already says it is not stored
     (Cache-Status tells no "stored"), and neither memory nor the disk takes it."""
     engine, tier = two_tiers()
-    engine.recent_purges = RecentPurges(horizon=60.0)
-    engine.purge("url", URL, 5.0)
+    engine.recent_purges.horizon = 60.0
+    engine.removals.purge("url", URL, 5.0)
     response = TAGGED._replace(requested_at=4.0)
     decided = engine.on_response_head(RequestMeta(URL), response, 100, 6.0)
     assert decided.memory.reason == "purged-in-flight" and decided.tiers == ()
@@ -263,11 +263,11 @@ def test_a_purge_made_while_the_body_arrives_keeps_it_from_every_tier():
     """Its head came before the purge: the purge is caught as the body ends, for memory and
     for the tiers that took it at its head."""
     engine, tier = two_tiers()
-    engine.recent_purges = RecentPurges(horizon=60.0)
+    engine.recent_purges.horizon = 60.0
     response = TAGGED._replace(requested_at=4.0)
     decided = engine.on_response_head(RequestMeta(URL), response, 100, 4.5)
     assert decided.tiers == (tier,)
-    engine.purge("url", URL, 5.0)
+    engine.removals.purge("url", URL, 5.0)
     engine.finish(RequestMeta(URL), decided, 100, 6.0, payload=b"x" * 100)
     assert engine.store.peek(URL) is None and tier.find(URL) is None
 
@@ -303,10 +303,10 @@ def test_a_304_for_an_entry_purged_meanwhile_refreshes_nothing_and_indexes_no_ta
     write the purged record back, nor leave the entry's tags indexed for nothing."""
     engine, tier = two_tiers()
     entry = engine.store.peek(URL)
-    engine.purge("tags", ["t1"], 1.0)
+    engine.removals.purge("tags", ["t1"], 1.0)
     engine.on_not_modified(entry, (("Cache-Control", "max-age=60"),), 2.0, 2.0)
     assert tier.find(URL) is None and len(engine.tags) == 0
-    assert engine.purge("tags", ["t1"], 3.0).count == 0
+    assert engine.removals.purge("tags", ["t1"], 3.0).count == 0
 
 
 async def answered_after(origin, asking, meanwhile, response: web.Response):
@@ -487,7 +487,7 @@ def test_a_soft_purge_marks_an_entry_already_stale_too():
     engine.on_response(
         RequestMeta(URL), ResponseMeta(lifetime=10.0, headers=(("Cache-Tag", "t"),)), 5, 0.0
     )
-    assert engine.purge("tags", ["t"], 20.0, soft=True).count == 0  # nothing fresh to mark
+    assert engine.removals.purge("tags", ["t"], 20.0, soft=True).count == 0  # nothing fresh to mark
     asks = RequestMeta(URL, headers=(("Cache-Control", "max-stale=3600"),))
     assert not engine.lookup(asks, 21.0).serve_stale
 
@@ -594,9 +594,9 @@ def test_a_passed_304_from_before_a_soft_purge_leaves_the_purge_standing():
     """Its request went out before the purge: the entry the purge marked stale stays stale
     (before: the 304 refreshed it, and the purged version answered as fresh)."""
     engine, _ = two_tiers()
-    engine.recent_purges = RecentPurges(horizon=60.0)
+    engine.recent_purges.horizon = 60.0
     entry = engine.store.peek(URL)
-    engine.purge("url", URL, 5.0, soft=True)
+    engine.removals.purge("url", URL, 5.0, soft=True)
     stale_from = entry.lifetime
     _passed_304(engine, (("ETag", '"v1"'), ("Cache-Control", "max-age=900")), 4.0, 6.0)
     assert entry.soft_purged and entry.lifetime == stale_from
@@ -631,7 +631,7 @@ def test_the_plan_asks_the_tier_behind_memory_and_its_answer_is_judged_by_the_en
     assert engine.found_behind(tier, other, None, 1.0, action.then) is FETCH_WHOLE
     assert tier.counters.misses == 1
     record = Entry(URL, 100, 0.0, 600.0, 0.0, TAGGED.headers, {}, b"x" * 100)
-    engine.invalidate(URL)  # memory no longer holds it: the tier's copy answers
+    engine.removals.invalidate(URL)  # memory no longer holds it: the tier's copy answers
     found = engine.found_behind(tier, RequestMeta(URL), (record, ()), 1.0, FETCH_WHOLE)
     assert type(found) is FromCache and found.behind and found.fresh
     assert tier.counters.hits == 1 and engine.store.peek(URL) is not None  # kept in memory
@@ -645,9 +645,9 @@ def test_a_304_that_makes_it_private_removes_it_even_after_a_purge_since_it_went
     still takes it away: a soft-purged entry kept would be served stale to everyone (before:
     the purge check returned first, and it stayed)."""
     engine, _ = two_tiers()
-    engine.recent_purges = RecentPurges(horizon=60.0)
+    engine.recent_purges.horizon = 60.0
     entry = engine.store.peek(URL)
-    engine.purge("url", URL, 5.0, soft=True)
+    engine.removals.purge("url", URL, 5.0, soft=True)
     private = (("ETag", '"v1"'), ("Cache-Control", "private"))
     if path == "passed through":
         _passed_304(engine, private, 4.0, 6.0)
@@ -662,9 +662,9 @@ def test_a_304_that_gives_a_tag_a_purge_reached_since_it_went_out_refreshes_noth
     is not refreshed (before: only the tags the entry carried were asked, and the 304 gave
     it the purged tag and a new lifetime)."""
     engine, _ = two_tiers()
-    engine.recent_purges = RecentPurges(horizon=60.0)
+    engine.recent_purges.horizon = 60.0
     entry = engine.store.peek(URL)
-    engine.purge("tags", ["t9"], 5.0)
+    engine.removals.purge("tags", ["t9"], 5.0)
     tagged_now = (("ETag", '"v1"'), ("Surrogate-Key", "t9"), ("Cache-Control", "max-age=900"))
     engine.on_not_modified(entry, tagged_now, 4.0, 6.0)
     assert entry.lifetime == 600.0 and "t9" not in entry.tags

@@ -169,6 +169,16 @@ def test_rfc5861_stale_while_revalidate_and_stale_if_error():
     assert stale_ok(35, response=sie, origin_failed=True)
 
 
+def test_rfc9111_4_2_4_without_grace_a_response_exactly_its_lifetime_old_is_not_served_on_error():
+    """Fresh means younger than its lifetime: at exactly its lifetime a response is stale, and
+    with no grace and no stale-if-error nothing lets it answer for a failed origin (before,
+    ``staleness <= grace`` held at 0 stale seconds with no grace at all)."""
+    assert not r.may_serve_stale(10.0, 10.0, {}, {}, origin_failed=True)
+    assert r.may_serve_stale(10.0, 10.0, {}, {}, origin_failed=True, grace=5.0)
+    assert r.may_serve_stale(10.0, 15.0, {}, {}, origin_failed=True, grace=5.0)
+    assert not r.may_serve_stale(10.0, 15.5, {}, {}, origin_failed=True, grace=5.0)
+
+
 def test_rfc9213_2_1_a_quoted_max_age_leaves_cache_control_no_store_in_force():
     headers = [("CDN-Cache-Control", 'max-age="10000"'), ("Cache-Control", "no-store")]
     assert r.storable("GET", 200, [], headers) == (False, "no-store")

@@ -267,7 +267,7 @@ async def test_slices_of_another_version_are_refetched_and_never_stitched(origin
     status, headers, body = await get(service, "/video")
     assert (status, headers["ETag"], body) == (200, '"v2"', content(2, 0, video.length - 1))
     video.version = 3  # stored slice 1 (v2) is older than a freshly fetched first slice
-    engine.forget(slices.slice_key(f"{KEY}/video", 0), PURGE)
+    engine.removals.forget(slices.slice_key(f"{KEY}/video", 0), PURGE)
     status, headers, body = await get(service, "/video", Range=f"bytes=0-{2 * size - 1}")
     assert (status, headers["ETag"], body) == (206, '"v3"', content(3, 0, 2 * size - 1))
 
@@ -454,7 +454,7 @@ async def test_a_purge_or_a_new_version_reaches_the_slices_on_disk(origin, start
     await second.stop()
     other.version = 2  # slice 0 of version 1 on disk begins an answer; slice 1 is version 2
     third = await start_proxy(disk__path=str(tmp_path), **DISK)
-    third.proxy.engine.forget(slices.slice_key(f"{KEY}/other", 1), PURGE)
+    third.proxy.engine.removals.forget(slices.slice_key(f"{KEY}/other", 1), PURGE)
     url = base(third) + "/other"
     async with (
         aiohttp.ClientSession() as session,

@@ -33,15 +33,16 @@ def test_a_purge_by_tag_removes_the_entries_carrying_it_and_no_other():
     engine = build_engine(1 << 20, AdmissionConfig(policy="always"))
     for key, tags in (("http://a/1", "p1 all"), ("http://a/2", "p2 all"), ("http://a/3", "")):
         engine.on_response(RequestMeta(key), tagged(tags), 100, 0.0)
-    assert engine.purge("tags", ["p1"], 3.0).count == 1
+    assert engine.removals.purge("tags", ["p1"], 3.0).count == 1
     assert engine.store.peek("http://a/1") is None and engine.store.peek("http://a/2")
-    assert engine.purge("tags", ["all", "nothing"], 3.0).count == 1
+    assert engine.removals.purge("tags", ["all", "nothing"], 3.0).count == 1
     assert engine.store.peek("http://a/3") is not None and len(engine.tags) == 0
     # A stored response refreshed with other tags is indexed under the new ones only.
     engine.on_response(RequestMeta("http://a/3"), tagged("old"), 100, 1.0)
     engine.on_response(RequestMeta("http://a/3"), tagged("new"), 100, 2.0)
-    assert set(engine.tags.keys) == {"new"} and engine.purge("tags", ["old"], 3.0).count == 0
-    engine.invalidate("http://a/3")
+    assert set(engine.tags.keys) == {"new"}
+    assert engine.removals.purge("tags", ["old"], 3.0).count == 0
+    engine.removals.invalidate("http://a/3")
     assert len(engine.tags) == 0
 
 

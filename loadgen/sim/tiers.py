@@ -7,7 +7,7 @@ The rules, which the live disk tier will keep:
 * The memory tier first, by the engine's own rules (``CacheEngine.lookup`` and
   ``on_response``, as the live proxy drives them).
 * A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
-  no origin fetch, counted and kept in memory too (``CacheEngine.hit_behind``), as the live
+  no origin fetch, counted and kept in memory too (``CacheEngine.found_behind``), as the live
   proxy counts and keeps it.
 * A miss of both fetches from the origin: the memory tier decides as always, and the disk
   tier's own admission decides whether the response is written to disk (``DiskTier.offer``),
@@ -45,7 +45,7 @@ from proxy.core.disk import (
     assumed_record_length,
 )
 from proxy.core.engine import CacheEngine
-from proxy.core.events import Hit, RequestMeta, ResponseMeta, Stale
+from proxy.core.events import Behind, FromCache, RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.replay import replay_tiers
 from proxy.core.store import ENTRY_OVERHEAD
@@ -176,9 +176,9 @@ def model_tiers(
     eviction: str = "lru",
 ) -> SimResult:
     """``simulate_tiers``, each request through the engine's and the disk tier's Python rules
-    (``CacheEngine.lookup``, ``on_response`` and ``hit_behind``, ``DiskTier.find``), as the
-    live proxy drives them: the engine offers each response to the disk tier and writes it
-    there (``proxy.core.tiers.Tier.takes`` and ``put``)."""
+    as the live proxy drives them (``CacheEngine.plan``, then ``found_behind`` with what
+    ``DiskTier.find`` holds, then ``on_response``): the engine offers each response to the
+    disk tier and writes it there (``proxy.core.tiers.Tier.takes`` and ``put``)."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
     written: dict[str, float] = {}  # key -> when its record was written
@@ -187,25 +187,22 @@ def model_tiers(
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()
-    lookup, on_response = engine.lookup, engine.on_response
-    hit_behind, missed_behind = engine.hit_behind, engine.missed_behind
-    answers_from = engine.answers_from
+    plan, found_behind, on_response = engine.plan, engine.found_behind, engine.on_response
     entry_type = engine.entry_type
     find = tier.find
     started = time.perf_counter()
     for name, size, now in zip(keys, sizes, times, strict=True):
         key = key_prefix + name
         request = RequestMeta(key)
-        found = lookup(request, now)
-        if type(found) is Hit:
+        action = plan(request, now)
+        if type(action) is FromCache:
             continue
-        if type(found) is not Stale:  # memory holds nothing: the disk is asked
+        if type(action) is Behind:  # memory holds nothing: the disk is asked
+            found = None
             if find(key) is not None:
-                record = entry_type(key, size, written[key], ttl, 0.0, (), {}, None)
-                if answers_from(request, record, now) is not None:  # fresh, as the proxy rules
-                    hit_behind(tier, key, record, now)
-                    continue
-            missed_behind(tier)
+                found = (entry_type(key, size, written[key], ttl, 0.0, (), {}, None), ())
+            if type(found_behind(tier, request, found, now, action.then)) is FromCache:
+                continue
         on_response(request, stored, size, now)
         # The fetch made the tier forget its older record: one found now was written now.
         if find(key) is not None:

@@ -37,20 +37,21 @@ Rules this module keeps:
   refreshes the stored one, keeping its status, and re-charges its size; each tier behind
   takes the refreshed fields and times for its copy (``Tier.refreshed``); refreshed into a
   response that may not be stored (``private``, ``no-store``), or no longer stored itself
-  (purged or evicted meanwhile), it goes from every tier. Every removal goes
-  through ``proxy.core.tiers``.
+  (purged or evicted meanwhile), it goes from every tier. Every removal goes through the
+  engine's ``removals`` (``proxy.core.invalidation``: an operator's purges too), and from
+  there through ``proxy.core.tiers``.
 * Variants (``Vary``) are stored under the URL plus the selecting request header values; the
   admission policy sees only the URL. The index of a URL's variants holds only stored variants:
   a variant leaves it when evicted or deleted, so it is bounded by the store's byte budget.
-  ``invalidate`` removes a URL with all its variants.
+  ``Removals.invalidate`` removes a URL with all its variants.
 * Cookies (as Varnish's built-in policy): a request carrying a cookie that is not ignored is
   never answered from a stored response, nor collapsed with another request, and its response
   is stored only when it is meant for shared caches (``public``, ``s-maxage``,
   CDN-Cache-Control), as with ``Authorization``. A stored response never carries a
   ``Set-Cookie``.
 * Purge tags (``proxy.core.tags``: ``Surrogate-Key``, ``Cache-Tag``) are indexed for the
-  entries stored, each charged to its entry; ``_purge_tags`` removes every entry carrying one
-  of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
+  entries stored, each charged to its entry; a purge of tags (``Removals.purge``) removes
+  every entry carrying one of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
   must reach it whichever of its tags it names.
 * Slices (``proxy.core.slices``): a driver that fetches a large object as byte ranges stores
   each under its slice key, judged and admitted as a response of its own; the slice index
@@ -100,6 +101,7 @@ from proxy.core.events import (
     Stale,
     Step,
 )
+from proxy.core.invalidation import Removals
 from proxy.core.keys import url_of
 from proxy.core.purges import RecentPurges
 from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
@@ -165,15 +167,15 @@ class CacheEngine(ResponseDecisions):
         # The class of the entries stored: a driver's subclass keeps what it derives from an
         # entry (the proxy's rendered head) beside it, and the core never reads it.
         self.entry_type: type[Entry] = Entry
-        # The tiers behind the store (the disk): every removal reaches them too
-        # (``proxy.core.tiers``).
-        self.behind: tuple[Tier, ...] = ()
         # Ghost caches fed a sample of the requests answered (``proxy.core.whatif``), or None.
         self.whatif: RequestSample | None = None
         self.variants = Variants(max_variants)
         self.tags = TagIndex()
         self.slices = SliceIndex()
         self.recent_purges = RecentPurges()
+        self.removals = Removals(store, self.variants, self.tags, self.slices, self.counters,
+                                 self.recent_purges)  # fmt: skip
+        self._behind: tuple[Tier, ...] = ()
         # "honour" a client's no-cache, max-age, min-fresh at most once a second per URL, or
         # "ignore" them; when a client last made each URL revalidate.
         self.client_revalidation = client_revalidation
@@ -182,6 +184,16 @@ class CacheEngine(ResponseDecisions):
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
         )
+
+    @property
+    def behind(self) -> tuple[Tier, ...]:
+        """The tiers behind the store (the disk): asked on a memory miss (``Behind``),
+        offered what memory is offered, and reached by every removal (``Removals``)."""
+        return self._behind
+
+    @behind.setter
+    def behind(self, tiers: tuple[Tier, ...]) -> None:
+        self._behind = self.removals.behind = tiers
 
     # Requests
 
@@ -213,9 +225,9 @@ class CacheEngine(ResponseDecisions):
         if request.method not in CACHEABLE_METHODS:
             return None
         entry = self.store.peek(self.variants.key(request))
-        return None if entry is None else self.answers_from(request, entry, now)
+        return None if entry is None else self._answers_from(request, entry, now)
 
-    def answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
+    def _answers_from(self, request: RequestMeta, entry: Entry, now: float) -> Hit | None:
         """Whether ``entry`` (stored, or found in a tier behind the store: the disk) answers
         ``request`` fresh; nothing is counted."""
         if request.method not in CACHEABLE_METHODS or self._private(request, entry):
@@ -264,7 +276,7 @@ class CacheEngine(ResponseDecisions):
         vary: tuple[str, ...] = (),
     ) -> None:
         """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
-        ``entry``, fresh for it (``answers_from``), as a hit of that tier (``_count_hit``).
+        ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``).
         ``counted``: ``plan`` counted the request already,
         as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
         in the store too (``_promote``)."""
@@ -307,7 +319,7 @@ class CacheEngine(ResponseDecisions):
         c.admissions += 1
         c.bytes_written += entry.size
 
-    def missed_behind(self, tier: Tier) -> None:
+    def _missed_behind(self, tier: Tier) -> None:
         """``tier`` behind the store had no fresh answer to a memory miss."""
         tier.answered(False)
 
@@ -365,7 +377,7 @@ class CacheEngine(ResponseDecisions):
         the store too, as ``_promote`` does), that answers fresh, counted as read and moved as
         a hit is; None when it does not."""
         entry = self.store.peek(request.key) if tier is None else behind
-        hit = None if entry is None else self.answers_from(request, entry, now)
+        hit = None if entry is None else self._answers_from(request, entry, now)
         if tier is not None:
             tier.answered(hit is not None)
         if hit is not None:
@@ -392,16 +404,22 @@ class CacheEngine(ResponseDecisions):
 
     def _private(self, request: RequestMeta, entry: Entry) -> bool:
         """``request`` carries a cookie and ``entry`` is not meant for shared caches."""
-        return self.carries_cookie(request) and not rfc9111.meant_for_shared_caches(
+        return self._carries_cookie(request) and not rfc9111.meant_for_shared_caches(
             entry.headers, entry.directives
         )
 
-    def plan(self, request: RequestMeta, now: float) -> Action:
+    def plan(self, request: RequestMeta, now: float, *, content: bool = False) -> Action:
         """What the driver does with ``request`` (see the module's rules): with a tier behind
-        the memory store, a request memory holds nothing for asks it first (``Behind``)."""
+        the memory store, a request memory holds nothing for asks it first (``Behind``).
+        ``content``: the request carries a body; a GET or HEAD with one passes the cache by
+        (counted as a bypass): content in either has no defined meaning (RFC 9110 section
+        9.3.1), and the cache keys on none."""
+        if content and request.method in CACHEABLE_METHODS:
+            self.counters.bypass += 1
+            return FETCH_BYPASS
         action = self._plan(request, now)
         if (
-            self.behind
+            self._behind
             and (type(action) is Fetch or type(action) is Refuse)
             and action.reason == FWD_URI_MISS
         ):
@@ -423,14 +441,14 @@ class CacheEngine(ResponseDecisions):
         (``_stale_behind``); anything else is ``then``, the tier's miss counted."""
         if found is not None:
             entry, vary = found
-            hit = self.answers_from(request, entry, now)
+            hit = self._answers_from(request, entry, now)
             if hit is not None:
                 self.hit_behind(tier, request.key, hit.entry, now, vary=vary)
                 return FromCache(hit.entry, hit.age, behind=True)
             action = self._stale_behind(tier, request, entry, now, vary=vary)
             if action is not None:
                 return action
-        self.missed_behind(tier)
+        self._missed_behind(tier)
         return then
 
     def _plan(self, request: RequestMeta, now: float) -> Action:
@@ -452,7 +470,7 @@ class CacheEngine(ResponseDecisions):
             return action
         if offline:
             return Refuse(504, "only-if-cached: not in cache", FWD_URI_MISS)
-        if found is PRIVATE_MISS or self.carries_cookie(request):
+        if found is PRIVATE_MISS or self._carries_cookie(request):
             # Answered for this user alone: never shared with another request's fetch.
             return FETCH_BYPASS
         # A precondition other than a validator check (If-Match, If-Unmodified-Since) is the
@@ -487,7 +505,7 @@ class CacheEngine(ResponseDecisions):
         vary: tuple[str, ...] = (),
     ) -> Step | None:
         """What is done with ``entry``, which ``tier`` behind the store holds for ``request``
-        and which does not answer it fresh (``answers_from``), when it is of use: served stale
+        and which does not answer it fresh (``_answers_from``), when it is of use: served stale
         where the rules allow, revalidated with its validators, or kept to answer if the
         origin fails (RFC 9111 section 4, 5861). It is then kept in the store (``_promote``),
         a stored response like any other, and counted as the tier's (``stale_from_disk``,
@@ -531,7 +549,7 @@ class CacheEngine(ResponseDecisions):
             del self._uncacheable[request.key]
         return FETCH_WHOLE if whole and request.method == "GET" else FETCH_AS_ASKED
 
-    def carries_cookie(self, request: RequestMeta) -> bool:
+    def _carries_cookie(self, request: RequestMeta) -> bool:
         """Whether ``request`` sends a cookie that is not ignored (see the module's rules)."""
         return bool(request.headers) and rfc9111.carries_cookie(
             request.headers, self.ignore_cookies
@@ -574,18 +592,13 @@ class CacheEngine(ResponseDecisions):
         c.bytes_served += entry.size
         self.store.record_hit(entry)
 
-    def pass_by(self) -> None:
-        """Count a request the driver sends past the cache whatever its method says (a GET
-        or HEAD with content, on which the cache keys nothing)."""
-        self.counters.bypass += 1
-
     def on_unsafe_response(self, request: RequestMeta, status: int, now: float) -> int:
         """RFC 9111 section 4.4: a successful unsafe method invalidates its URL (at ``now``:
         a GET fetched since before it is not stored after it)."""
         if not rfc9111.invalidates(request.method, status):
             return 0
         self.recent_purges.url(request.key, now)
-        return self.invalidate(request.key)
+        return self.removals.invalidate(request.key)
 
     def stats(self) -> dict[str, int | float]:
         """Every metric at this instant (see ``proxy.core.stats.METRICS``)."""
@@ -593,10 +606,6 @@ class CacheEngine(ResponseDecisions):
         return snapshot(
             self.counters, self.store, admission.filter_stats(), admission.policy_stats()
         )
-
-    def variant_index_size(self) -> int:
-        """Store keys the Vary index holds: never more than the stored variants."""
-        return self.variants.size()
 
     # Internals
 

@@ -1,7 +1,17 @@
-"""What the engine removes, and from where: every removal it decides goes to the memory store
-and, through the one contract of ``proxy.core.tiers``, to every tier behind it. The third part
-of ``CacheEngine``, beside its plan (``engine``) and its decisions on responses
-(``responses``).
+"""What the cache removes, and from where: every removal the engine decides, and every one an
+operator or another worker asks for, goes to the memory store and, through the one contract of
+``proxy.core.tiers``, to every tier behind it (``behind``).
+
+* ``invalidate`` removes a URL with its variants and slices (an unsafe method's success, a
+  response that may not be stored, one that starts to vary); ``forget`` one stored key;
+  ``remove_slices`` an object's slices when its version changed under them.
+* ``purge`` is an operator's: a URL, a prefix or tags, removed or (``soft``) marked stale,
+  remembered (``RecentPurges``) so that a response fetched since before it is not stored
+  after it, and answered once every tier made it durable.
+* ``forgotten_elsewhere``: another process that shares the tiers (a worker of the same
+  machine) removed a key from them; this one's memory lets it go too.
+* ``resize`` and every eviction leave the variant, tag and slice indexes as they leave the
+  store (``gone``).
 """
 
 from __future__ import annotations
@@ -19,15 +29,26 @@ from proxy.core.variants import Variants
 
 
 class Removals:
-    """``CacheEngine``'s removals, over the state the engine holds."""
+    """The removals from ``store`` (and its indexes: ``variants``, ``tags``, ``slices``) and
+    from the tiers ``behind`` it; ``recent_purges`` remembers the purges, ``counters`` counts
+    the soft ones."""
 
-    store: CacheStore
-    counters: Counters
-    variants: Variants
-    tags: TagIndex
-    slices: SliceIndex
-    behind: tuple[Tier, ...]
-    recent_purges: RecentPurges
+    def __init__(
+        self,
+        store: CacheStore,
+        variants: Variants,
+        tags: TagIndex,
+        slice_index: SliceIndex,
+        counters: Counters,
+        recent_purges: RecentPurges,
+    ) -> None:
+        self.store = store
+        self.variants = variants
+        self.tags = tags
+        self.slices = slice_index
+        self.counters = counters
+        self.recent_purges = recent_purges
+        self.behind: tuple[Tier, ...] = ()
 
     def invalidate(self, url: str, why: str = UNSAFE) -> int:
         """Remove ``url`` and every stored variant and slice of it, from the store and from
@@ -45,23 +66,23 @@ class Removals:
         not stored after); how many entries went."""
         self.recent_purges.url(key, now)
         own = forgotten_keys(key)[0]
-        return self._delete_url(own) if whole_url(key) else int(self._delete(own))
+        return self._delete_url(own) if whole_url(key) else int(self.delete(own))
 
     def _delete_url(self, url: str) -> int:
         """Remove ``url`` and its variants and slices from the store alone; how many went."""
         return sum(
-            self._delete(key) for key in (url, *self.variants.pop(url), *self.slices.pop(url))
+            self.delete(key) for key in (url, *self.variants.pop(url), *self.slices.pop(url))
         )
 
     def forget(self, key: str, why: str) -> bool:
         """Remove the entry stored under ``key`` (a URL's own, a variant's or a slice's) from
         the store and from every tier behind it; whether the store held one."""
-        gone = self._delete(key)
+        gone = self.delete(key)
         for tier in self.behind:
             tier.forget(key, why)
         return gone
 
-    def _gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+    def gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
         """``entries`` left the store: they leave the variant, tag and slice indexes too."""
         self.variants.forget(entries)
         self.tags.forget(entries)
@@ -71,22 +92,22 @@ class Removals:
         """The memory tier takes a new size (``CacheStore.resize``): what it evicts leaves
         the indexes as every eviction does; how many entries it evicted."""
         gone = self.store.resize(capacity_bytes, max_object_bytes)
-        self._gone(gone)
+        self.gone(gone)
         return len(gone)
 
-    def _delete(self, key: str) -> bool:
+    def delete(self, key: str) -> bool:
         """Remove the entry stored under ``key`` from the store (and it from the indexes),
         and from no other tier; whether one was."""
         gone = self.store.delete(key)
         if gone is None:
             return False
-        self._gone((gone,))
+        self.gone((gone,))
         return True
 
     def remove_slices(self, url: str) -> int:
         """Remove the stored slices of ``url`` (its version changed under them), from every
         tier; how many the store held."""
-        removed = sum(self._delete(key) for key in self.slices.pop(url))
+        removed = sum(self.delete(key) for key in self.slices.pop(url))
         for tier in self.behind:
             tier.forget(slices.anchor_key(url), CHANGED)
         return removed
@@ -94,7 +115,7 @@ class Removals:
     def _purge_tags(self, tags: list[str]) -> int:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
         every tier; how many the store held."""
-        removed = sum(self._delete(key) for key in self.tags.tagged(tags))
+        removed = sum(self.delete(key) for key in self.tags.tagged(tags))
         self._purge_behind("tags", tags)
         return removed
 

@@ -124,10 +124,11 @@ def _directives(response: ResponseMeta) -> rfc9111.Directives:
     return rfc9111.response_directives(response.headers) if response.headers else {}
 
 
-class ResponseDecisions(Removals):
+class ResponseDecisions:
     """``CacheEngine``'s decisions on responses, over the state the engine holds; what they
     remove goes through its removals (``Removals``)."""
 
+    removals: Removals
     store: CacheStore
     admission: AdmissionPolicy
     counters: Counters
@@ -138,7 +139,7 @@ class ResponseDecisions(Removals):
     grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
-    behind: tuple[Tier, ...]
+    _behind: tuple[Tier, ...]
     whatif: RequestSample | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
@@ -217,7 +218,7 @@ class ResponseDecisions(Removals):
     ) -> Outcome:
         """``finish`` of a decided response whose whole body is in hand: offered to the tiers,
         stored in memory, written to the tiers that took it."""
-        if not self.behind:
+        if not self._behind:
             return self._settle(request, decision, size, now, payload)
         tiers = self._offer(request, response, size, decision, now)
         outcome = self._settle(request, decision, size, now, payload)
@@ -234,11 +235,11 @@ class ResponseDecisions(Removals):
     ) -> tuple[Tier, ...]:
         """The tiers behind the store that take a fetched response, memory having decided
         ``memory`` (``proxy.core.tiers``: what no tier is offered)."""
-        if not self.behind or not response.cacheable or memory in _NO_TIER:
+        if not self._behind or not response.cacheable or memory in _NO_TIER:
             return ()
         kept = type(memory) is Keep
         return tuple(
-            tier for tier in self.behind if tier.takes(request, response, length, kept, now)
+            tier for tier in self._behind if tier.takes(request, response, length, kept, now)
         )
 
     def _write_behind(
@@ -313,7 +314,7 @@ class ResponseDecisions(Removals):
             self._varies_now(request.key, response.vary)
         key, stored = self._storage_key(request, response)
         if known:
-            for tier in self.behind:
+            for tier in self._behind:
                 tier.forget(key, SUPERSEDED)
         # A response without fields is the simulator's (a trace's sizes alone): nothing to
         # judge. With a grace, one may yet answer while the origin fails: it is written.
@@ -360,18 +361,18 @@ class ResponseDecisions(Removals):
             if self.variants.selected_on(url, vary):
                 return
             if url in self.variants or self.store.peek(url) is not None:
-                self.invalidate(url, VARIES)
+                self.removals.invalidate(url, VARIES)
             else:  # a tier's variants are selected on names it checks as it writes one
-                for tier in self.behind:
+                for tier in self._behind:
                     tier.forget(own_record(url), VARIES)
         elif url in self.variants:
-            self.invalidate(url, VARIES)  # a tier's anchor goes with the URL's own record
+            self.removals.invalidate(url, VARIES)  # a tier's anchor goes with the URL's own record
 
     def _superseded(self, key: str, known: bool, why: NotStored) -> NotStored:
         """``why`` a response fetched (``known``) for ``key`` is not kept: the store's older
         copy of ``key`` goes too."""
         if known:
-            self._delete(key)
+            self.removals.delete(key)
         return why
 
     def _settle(
@@ -399,7 +400,7 @@ class ResponseDecisions(Removals):
         if not self.store.fits(size):
             c.too_large += 1
             self._pass_for_a_while(request, now)
-            self._delete(decision.key)  # superseded by this response, which is not kept
+            self.removals.delete(decision.key)  # superseded by this response, which is not kept
             return TOO_LARGE
         response = decision.response
         url = request.key
@@ -424,7 +425,7 @@ class ResponseDecisions(Removals):
             evicted = self._put(entry)
         except ValueError:  # the body fits, but with headers past the overhead estimate it does not
             c.too_large += 1
-            self._delete(decision.key)
+            self.removals.delete(decision.key)
             return TOO_LARGE
         c.admissions += 1
         c.bytes_written += size
@@ -478,7 +479,7 @@ class ResponseDecisions(Removals):
         if self._reached_since(entry, headers_304, request_time):
             c.purged_in_flight += 1
             if not _storable_after(entry, headers_304):
-                self.forget(entry.key, UNSTORABLE)
+                self.removals.forget(entry.key, UNSTORABLE)
             return entry
         if served:
             self.store.record_hit(entry)
@@ -502,7 +503,7 @@ class ResponseDecisions(Removals):
             # It now varies otherwise (RFC 9110 section 15.4.5: a 304 carries the Vary a 200
             # would): stored under a key chosen by the old fields, it would answer requests
             # that select other variants. What is stored of the URL goes, from every tier.
-            self.invalidate(url_of(entry.key), VARIES)
+            self.removals.invalidate(url_of(entry.key), VARIES)
             return
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
@@ -515,18 +516,18 @@ class ResponseDecisions(Removals):
         tags = storable_tags(headers) if _shared_may_store(entry.status, headers) else None
         if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
-            self.forget(entry.key, UNSTORABLE)
+            self.removals.forget(entry.key, UNSTORABLE)
         else:
             entry.tags = tags
             if self.store.peek(entry.key) is entry:
                 self.tags.add(entry)
-                self._gone(self.store.recharge(entry))
+                self.removals.gone(self.store.recharge(entry))
             # Memory may have evicted it while it was revalidated, or never held it (a disk
             # record too large for memory), and another worker may have written a newer
             # record: a tier's copy is refreshed only if it carries the validators the 304
             # answered, so neither a newer response nor one a purge reached since is.
             held = self.store.peek(entry.key) is entry
-            for tier in self.behind:
+            for tier in self._behind:
                 tier.refreshed(entry, validated, held)
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
@@ -557,7 +558,7 @@ class ResponseDecisions(Removals):
         # Every variant goes, not only the one the request selects: the response may have
         # stopped varying, and a tier behind the store may hold variants the store does not
         # know. The safe side of a response that may not be kept.
-        self.invalidate(request.key, SUPERSEDED)
+        self.removals.invalidate(request.key, SUPERSEDED)
 
     def _validated_elsewhere(
         self, request: RequestMeta, response: ResponseMeta, now: float
@@ -577,7 +578,7 @@ class ResponseDecisions(Removals):
                 return
             self.counters.purged_in_flight += 1  # a purge since it went out stands
         if not _shared_may_store(200, headers):
-            self.invalidate(request.key, UNSTORABLE)
+            self.removals.invalidate(request.key, UNSTORABLE)
 
     def _credentialed(self, request: RequestMeta) -> bool:
         return bool(request.headers) and (
@@ -595,7 +596,7 @@ class ResponseDecisions(Removals):
             self.tags.forget((replaced,))
         self.tags.add(entry)
         self.slices.add(entry.key)
-        self._gone(evicted)
+        self.removals.gone(evicted)
         return evicted
 
     def part_refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:

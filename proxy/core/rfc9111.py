@@ -407,7 +407,8 @@ def may_serve_stale(
     sie = delta_seconds(cc.get("stale-if-error")) or delta_seconds(req.get("stale-if-error"))
     if origin_failed and sie is not None and staleness <= sie:
         return True
-    return origin_failed and staleness <= grace
+    # No grace is none at all: a response exactly its lifetime old is stale already.
+    return origin_failed and grace > 0 and staleness <= grace
 
 
 def only_if_cached(request_headers: Headers) -> bool:

@@ -80,7 +80,7 @@ def apply_purge(
     """Purge what ``kind`` ("url": a cache key, "prefix", "tags") and ``value`` name, from
     every tier, marking it stale (``soft``) where that is kept; the answer a purge gets,
     whichever port it came on."""
-    purged = engine.purge(kind, value, now, soft=soft)
+    purged = engine.removals.purge(kind, value, now, soft=soft)
     answer: dict[str, object] = {"stale" if soft else "removed": purged.count}
     if not purged.durable:
         answer["durable"] = False

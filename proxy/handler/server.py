@@ -42,7 +42,6 @@ from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     CLIENT_ASKS,
     FETCH_WHOLE,
-    FWD_BYPASS,
     FWD_REQUEST,
     Action,
     Behind,
@@ -147,7 +146,7 @@ class Proxy:
         that nothing else changed, and purges what the new rules key otherwise."""
         engine, c, old = self.engine, config.cache, self.config.cache
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
-            engine.resize(c.size, c.max_object_size)
+            engine.removals.resize(c.size, c.max_object_size)
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
         engine.client_revalidation = c.client_revalidation
@@ -254,13 +253,8 @@ class Proxy:
             return await self.purges.answer(
                 request, meta, self.engine, self.clock, self.fleet, self.others
             )
-        if request.body_exists and request.method in ("GET", "HEAD"):
-            # Content in a GET has no defined meaning (RFC 9110 section 9.3.1) and the cache
-            # keys on none: the request goes to the origin whole, past the cache. Sent without
-            # its body, its length would have the origin read the next request as the body.
-            self.engine.pass_by()
-            return await self.uploads.pass_through(request, meta, url, FWD_BYPASS)
-        return await self._act(request, meta, url, self.engine.plan(meta, self.clock()))
+        action = self.engine.plan(meta, self.clock(), content=request.body_exists)
+        return await self._act(request, meta, url, action)
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
         """Begin a request of a connection's lane (``proxy.front.fastpath``), from the plan the
@@ -333,6 +327,10 @@ class Proxy:
                 return await self.revalidation.revalidate(request, meta, url, action)
             case Fetch(reason=events.FWD_METHOD):
                 return await self.uploads.pass_through(request, meta, url)
+            case Fetch() if request.body_exists:
+                # A GET or HEAD with content, passed by: sent without its body, its length
+                # would have the origin read the next request as the body.
+                return await self.uploads.pass_through(request, meta, url, action.reason)
             case Fetch(reason=events.FWD_URI_MISS, whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
             case Fetch(reason=events.FWD_URI_MISS) if (

@@ -328,7 +328,7 @@ class Slicer:
                         part = "failed"
                 if not isinstance(part, Piece):
                     if part == "changed":
-                        self.engine.remove_slices(meta.key)
+                        self.engine.removals.remove_slices(meta.key)
                     engine.sliced(fetched, mismatched=part == "changed")
                     abort(request)
                     return out
@@ -387,7 +387,7 @@ class Slicer:
         entry = hit.entry
         found = piece(entry.headers, entry.payload, n, self.size, like, hit.age)
         if found is None:
-            self.engine.forget(smeta.key, CHANGED)
+            self.engine.removals.forget(smeta.key, CHANGED)
         return found
 
     async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:

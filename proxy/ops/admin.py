@@ -231,9 +231,9 @@ class ProcessAdmin:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
         now, engine = self.proxy.clock(), self.proxy.engine
         if named.purge:  # as its own purge, put on the device once for the batch
-            removed = engine.purge_urls(named.keys, now).count
+            removed = engine.removals.purge_urls(named.keys, now).count
         else:
-            removed = sum(engine.forgotten_elsewhere(key, now) for key in named.keys)
+            removed = sum(engine.removals.forgotten_elsewhere(key, now) for key in named.keys)
         return web.json_response({"removed": removed})
 
 

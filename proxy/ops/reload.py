@@ -142,7 +142,7 @@ async def reload(
     purged = keys_built_otherwise(proxy.config, new)
     proxy.reconfigure(new)
     for prefix in purged:
-        proxy.engine.purge("prefix", prefix, proxy.clock())
+        proxy.engine.removals.purge("prefix", prefix, proxy.clock())
     disk = proxy.disk
     if purged and disk is not None and disk.sharing is None:  # a machine's parent keeps them
         disk.key_rules(key_rules(new), purge=False)
