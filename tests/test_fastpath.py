@@ -11,10 +11,12 @@ import socket
 import tracemalloc
 
 import pytest
+from aiohttp import web
 from conftest import base, read_request, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
 from proxy.front.fastpath import HOLD_LIMIT, HitServer
+from proxy.front.life import State
 from proxy.handler import hits as hits_module
 from proxy.ops.service import Service
 from proxy.wire.dates import http_date
@@ -141,6 +143,55 @@ async def test_pipelined_requests_are_answered_in_order_when_a_miss_sits_between
     assert [dict(f)["x-cache"] for _, f, _ in answers] == x_cache
     assert service.proxy.fast_hits == fast
     assert answers[1][2] == b"hello from the origin" and origin.hits["/slow"] == 1
+
+
+async def test_a_connection_moves_through_the_life_table_as_it_is_served(origin, start_proxy):
+    """The front's state (``proxy.front.life``) is where the connection is: reading between
+    answers, answering while a miss waits on the origin, begun once the miss's head went out,
+    handed over at a request it does not take."""
+    gate = asyncio.Event()
+
+    async def gated(request: web.Request) -> web.StreamResponse:
+        if request.path == "/stream":  # its head and a first part, the rest after the gate
+            response = web.StreamResponse(headers={"Content-Length": "8"})
+            await response.prepare(request)
+            await response.write(b"firs")
+            await gate.wait()
+            await response.write(b"t ok")
+            return response
+        if request.path == "/slow":
+            await gate.wait()
+        return web.Response(body=b"late", headers={"Cache-Control": "max-age=600"})
+
+    origin.responder = gated
+    service = await start_proxy()
+    await stored(service)
+    server = service.proxy_runner.server
+    await until(lambda: not server.fronts)  # the connections that stored /hit closed
+    reader, writer = await connect(service)
+    try:
+        await until(lambda: server.fronts)
+        [front] = server.fronts
+        assert front.state is State.READING
+        writer.write(HIT)
+        await read_response(reader)
+        assert front.state is State.READING
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        await until(lambda: front.state is State.ANSWERING)
+        gate.set()
+        assert (await read_response(reader))[2] == b"late"
+        await until(lambda: front.state is State.READING)
+        gate.clear()
+        writer.write(b"GET /stream HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        await until(lambda: front.state is State.BEGUN)  # relayed as it comes: its head is out
+        gate.set()
+        assert (await read_response(reader))[2] == b"first ok"
+        await until(lambda: front.state is State.READING)
+        writer.write(b"GET /hit HTTP/1.1\r\nHost: example.test\r\nContent-Length: 1\r\n\r\nx")
+        await read_response(reader)
+        assert front.state is State.HANDED_OVER and front.handed_over
+    finally:
+        writer.close()
 
 
 async def test_after_a_miss_the_connection_answers_hits_fast_again(origin, start_proxy):
@@ -285,9 +336,10 @@ async def test_a_client_that_pipelines_and_never_reads_holds_a_bounded_buffer(or
     reader, writer = await connect(service)
     writer.write(HIT * count)
     await writer.drain()
-    await asyncio.sleep(0.5)
     server = service.proxy_runner.server
     assert server is not None
+    # Until the proxy can write no more: its connection stopped writing to the client.
+    await until(lambda: server.connections and all(h.writing_paused for h in server.connections))
     buffered = max(h.transport.get_write_buffer_size() for h in server.connections if h.transport)
     assert buffered < 1 << 20
     answers = [await read_response(reader) for _ in range(count)]
@@ -323,7 +375,8 @@ async def test_a_client_that_pipelines_misses_and_never_reads_holds_a_bounded_bu
     writer.write(b"".join(b"GET /miss-%d HTTP/1.1\r\nHost: example.test\r\n\r\n" % i
                           for i in range(count)))  # fmt: skip
     await writer.drain()
-    await asyncio.sleep(1)
+    # Until the proxy can write no more: the connection stopped writing, and handed over.
+    await until(lambda: any(h.writing_paused for h in server.connections))
     assert handler.transport.get_write_buffer_size() < 1 << 20
     answers = [await read_response(reader) for _ in range(count)]
     writer.close()

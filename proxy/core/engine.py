@@ -51,8 +51,8 @@ Rules this module keeps:
   ``Set-Cookie``.
 * Purge tags (``proxy.core.tags``: ``Surrogate-Key``, ``Cache-Tag``) are indexed for the
   entries stored, each charged to its entry; a purge of tags (``Removals.purge``) removes
-  every entry carrying one of them. A response with more than ``MAX_TAGS`` is not stored (``too-many-tags``): a purge
-  must reach it whichever of its tags it names.
+  every entry carrying one of them. A response with more than ``MAX_TAGS`` is not stored
+  (``too-many-tags``): a purge must reach it whichever of its tags it names.
 * Slices (``proxy.core.slices``): a driver that fetches a large object as byte ranges stores
   each under its slice key, judged and admitted as a response of its own; the slice index
   holds the stored ones, so a purge of the URL removes them. ``slice_hit`` finds and counts a

@@ -13,6 +13,8 @@ them, and the connection handed to aiohttp's request handler at the first one it
   aiohttp's protocol (``web.Server``'s, through the transport's ``set_protocol``), which
   serves it to its end. The front answers one request at a time and hands over only between
   answers, so requests keep their order; each gets the handler's answer, counters and log line.
+* Where the connection is (reading, answering, its answer begun, a body's rest sending,
+  handed over, closed) is ``proxy.front.life``'s table, told every event here.
 * While the lane answers, the bytes after its request are held up to ``HOLD_LIMIT``, then
   reading stops. A hit's body past ``PIECE`` bytes goes to the transport a piece at a time as
   it drains. A connection with nothing to answer closes after ``[server] idle_timeout``; a
@@ -49,6 +51,7 @@ from proxy.front.lane import (
     Written,
     lane_may_answer,
 )
+from proxy.front.life import Event, Life, State
 from proxy.wire.seam import PIECE, FlowControl, ProxyServer, SendWatch
 
 
@@ -153,9 +156,9 @@ class Front(SendWatch, FlowControl):
     requests in its lane, and the rest handed to aiohttp's handler."""
 
     __slots__ = (
-        "_access_logger", "_answer_bytes", "_answers", "_buffer", "_closing", "_drained",
-        "_ended", "_hit_log", "_idle", "_lane", "_last", "_parser", "_proxied", "_remote",
-        "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent", "handed_over",
+        "_access_logger", "_answer_bytes", "_answers", "_buffer", "_drained", "_ended",
+        "_hit_log", "_idle", "_lane", "_last", "_life", "_parser", "_proxied", "_remote",
+        "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent",
     )  # fmt: skip
 
     def __init__(self, server: HitServer) -> None:
@@ -172,14 +175,15 @@ class Front(SendWatch, FlowControl):
         self._hit_log = hit_log if hit_log is not None and hit_log.enabled else None
         self._parser: HttpRequestParser | None = None
         self._buffer = b""  # bytes received and not yet answered or handed over
+        # Where the connection is (``proxy.front.life``), and the work of the request in
+        # progress, when there is one.
+        self._life = Life()
         self._lane: asyncio.Task[None] | Pending | None = None
         self._remote = ""
         self._scheme = "http"
-        self._closing = False  # no request after the one in the lane
         self._last = 0.0  # when the connection last answered, or opened
         self._idle: asyncio.TimerHandle | None = None
         self._ended: asyncio.Future[None] | None = None  # a graceful shutdown's wait
-        self.handed_over = False
         self._proxied = not server.proxy_protocol  # whether its PROXY header was read
 
     @property
@@ -188,9 +192,19 @@ class Front(SendWatch, FlowControl):
         return self._buffer
 
     @property
+    def state(self) -> State:
+        """Where the connection is (``proxy.front.life``)."""
+        return self._life.state
+
+    @property
     def lane_idle(self) -> bool:
-        """Whether no request of this connection is in its lane: the next is read at once."""
-        return self._lane is None
+        """Whether no request of this connection is in progress: the next is read at once."""
+        return not self._life.busy
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether aiohttp's protocol serves the connection now."""
+        return self._life.state is State.HANDED_OVER
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -212,7 +226,7 @@ class Front(SendWatch, FlowControl):
         self._buffer += data
         if not self._proxied and not self._read_proxy_header():
             return
-        if self._lane is not None:
+        if self._life.busy:
             if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
                 self.hold_reading()
             return
@@ -251,6 +265,7 @@ class Front(SendWatch, FlowControl):
             self._idle = None
         # The lane's request goes on (its fetch may still be stored); its writes find the
         # transport closed.
+        self._life.on(Event.LOST)
         super().connection_lost(exc)
 
     def _go_on(self) -> None:
@@ -258,8 +273,8 @@ class Front(SendWatch, FlowControl):
         data = self._buffer
         start = 0
         transport = self.transport
-        while start < len(data) and self._lane is None:
-            if transport is None or transport.is_closing() or self._closing:
+        while start < len(data) and self._life.state is State.READING:
+            if transport is None or transport.is_closing():
                 break
             if self.writing_paused:
                 self._hand_over(data[start:])  # a client that does not read: aiohttp waits
@@ -355,6 +370,7 @@ class Front(SendWatch, FlowControl):
         return messages[0][0]
 
     def _write(self, head: bytes, body: bytes | memoryview) -> None:
+        """Write a hit's answer: whole, or its body's rest as the transport drains."""
         transport = self.transport
         assert transport is not None
         self._server.requests_count += 1
@@ -364,6 +380,8 @@ class Front(SendWatch, FlowControl):
             transport.writelines((head, body))
         else:
             self._send_large(head, body)
+            return
+        self._life.on(Event.HIT)
 
     def _log(self, logger: Any, request: Any, response: Any, started: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one."""
@@ -377,8 +395,11 @@ class Front(SendWatch, FlowControl):
         assert self.transport is not None
         self.transport.writelines((head, view[:PIECE]))
         rest = self._write_while_taken(view[PIECE:])
-        if rest is not None:
+        if rest is None:
+            self._life.on(Event.HIT)
+        else:
             self._lane = _Unsent(rest)
+            self._life.on(Event.HIT_IN_PART)
 
     def _write_while_taken(self, rest: memoryview) -> memoryview | None:
         """Write pieces of ``rest`` until writing pauses; what is left of it, if anything."""
@@ -404,11 +425,16 @@ class Front(SendWatch, FlowControl):
             unsent.rest = rest
             return
         self._lane_free()
+        if self._life.on(Event.SENT) is State.CLOSED:
+            if self.transport is not None:
+                self.transport.close()
+            return
         self._go_on()
 
     def _run_lane(self, message: RawRequestMessage, carried: Any = None) -> None:
         """Answer ``message`` in the lane, with what an answerer made of it (``carried``)."""
         self._server.requests_count += 1
+        self._life.on(Event.TO_LANE)
         request = LaneRequest(message, self._remote, self._scheme, self, self._loop, carried)
         work = self._start(request)
         if isinstance(work, Pending):
@@ -437,6 +463,10 @@ class Front(SendWatch, FlowControl):
             self._lane_free()
         self._lane_done(request, response, written)
 
+    def lane_begun(self) -> None:
+        """The lane's answer's head went out: a failure now closes the connection."""
+        self._life.on(Event.HEAD_OUT)
+
     def lane_answered(self, request: LaneRequest, response: Written) -> None:
         self._lane_free()
         self._lane_done(request, response, True)
@@ -461,7 +491,8 @@ class Front(SendWatch, FlowControl):
         self._last = self._loop.time()
         if response is not None and self._access_logger is not None:
             self._log(self._access_logger, request, response, request.started)
-        if not written or not response.keep_alive or self._closing:  # type: ignore[union-attr]
+        kept = written and response.keep_alive  # type: ignore[union-attr]
+        if self._life.on(Event.ANSWERED if kept else Event.CLOSE) is State.CLOSED:
             if self.transport is not None:
                 self.transport.close()
             return
@@ -470,8 +501,8 @@ class Front(SendWatch, FlowControl):
     def _hand_over(self, data: bytes) -> None:
         """Give the connection to aiohttp's handler, which reads ``data`` first."""
         transport = self.transport
-        assert transport is not None and self._lane is None
-        self.handed_over = True
+        assert transport is not None
+        self._life.on(Event.NOT_PLAIN)
         self._server.fronts.discard(self)
         if self._idle is not None:
             self._idle.cancel()
@@ -500,17 +531,17 @@ class Front(SendWatch, FlowControl):
         self._idle = None
         if self.transport is None:
             return
-        if self._lane is not None:
+        if self._life.busy:
             self._last = self._loop.time()  # not idle: look again an idle timeout from now
         elif self._loop.time() >= self._last + self._server.keepalive_timeout:
+            self._life.on(Event.IDLE)
             self.transport.close()
             return
         self._watch_idle()
 
     def drain(self) -> None:
         """Answer no request after the one in progress (a graceful shutdown)."""
-        self._closing = True
-        if self._lane is None and self.transport is not None:
+        if self._life.on(Event.DRAIN) is State.CLOSED and self.transport is not None:
             self.transport.close()
 
     async def shutdown(self, timeout: float | None) -> None:

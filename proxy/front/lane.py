@@ -69,9 +69,12 @@ class Pending:
 
 class Lane(Protocol):
     """The connection a lane's request came on: its flow control (``FlowControl``) for its
-    writer, and what ends or goes on with a ``Pending`` request."""
+    writer, what is told when the request's answer begins (``lane_begun``), and what ends or
+    goes on with a ``Pending`` request."""
 
     transport: asyncio.Transport | None
+
+    def lane_begun(self) -> None: ...
 
     def lane_answered(self, request: LaneRequest, response: Written) -> None: ...
 
@@ -221,7 +224,12 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
         else:
             transport.writelines((head, body))
         written = self.answer = Written(head, body, status)
+        self._lane.lane_begun()
         return written
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        self.answer = response
+        self._lane.lane_begun()
 
     def answered(self, response: Written) -> None:
         """A ``Pending`` request was answered, whole, by ``write_at_once``."""

@@ -1,0 +1,139 @@
+"""A front connection's life as one table: where it is, the events that move it, and where each
+takes it. The front (``proxy.front.fastpath.Front``) tells its ``Life`` every event and reads
+its state from it alone; nothing here does I/O, so every path is tested without a socket.
+
+Rules the table keeps:
+
+* Requests are answered one at a time, in order: a request is read, and a hit answered, only
+  while ``READING``; one in the lane, or a body's rest still going out, holds the bytes after
+  it until it ends.
+* The connection is handed to aiohttp's protocol only between answers (from ``READING``), and
+  is the front's no more after that.
+* Once an answer's head went out (``BEGUN``), a failure closes the connection: a second
+  status line would be read as the answer to the client's next request.
+* A graceful shutdown (``DRAIN``) answers nothing after the request in progress: it closes at
+  once when there is none, else once that one ends (the ``LAST_`` states).
+* An idle timeout closes only a connection with nothing in progress.
+* A connection lost, or closed, stays closed: what the lane still ends finds it so.
+* Any other event is impossible where it comes (``LifeError``): a bug, never a wrong answer
+  written.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class State(enum.Enum):
+    """Where a front connection is."""
+
+    READING = "reading"  # nothing in progress: the next request is read and answered
+    ANSWERING = "answering"  # a request in the lane, its answer not begun
+    BEGUN = "begun"  # the lane's answer's head went out
+    SENDING = "sending"  # a hit's body going out as the transport drains
+    LAST_ANSWERING = "last-answering"  # ANSWERING, and nothing after it (a shutdown)
+    LAST_BEGUN = "last-begun"
+    LAST_SENDING = "last-sending"
+    HANDED_OVER = "handed-over"  # aiohttp's protocol serves the connection
+    CLOSED = "closed"
+
+
+class Event(enum.Enum):
+    """What happens to a front connection."""
+
+    HIT = "hit"  # a hit answered whole as it was read
+    HIT_IN_PART = "hit-in-part"  # a hit whose body's rest waits for the transport to drain
+    SENT = "sent"  # that rest went out
+    TO_LANE = "to-lane"  # a request went to the lane
+    HEAD_OUT = "head-out"  # the lane's answer's head went out
+    ANSWERED = "answered"  # the lane's answer went out whole, the connection kept alive
+    CLOSE = "close"  # the lane's answer ended and the connection closes (cut, failed, not kept)
+    NOT_PLAIN = "not-plain"  # a request the front does not take: aiohttp's protocol takes over
+    DRAIN = "drain"  # a graceful shutdown
+    IDLE = "idle"  # the idle timeout came
+    LOST = "lost"  # the transport closed
+
+
+S, E = State, Event
+
+# (state, event) -> the next state. A pair missing is an event that cannot come there.
+TABLE: dict[tuple[State, Event], State] = {
+    (S.READING, E.HIT): S.READING,
+    (S.READING, E.HIT_IN_PART): S.SENDING,
+    (S.READING, E.TO_LANE): S.ANSWERING,
+    (S.READING, E.NOT_PLAIN): S.HANDED_OVER,
+    (S.READING, E.DRAIN): S.CLOSED,
+    (S.READING, E.IDLE): S.CLOSED,
+    (S.ANSWERING, E.HEAD_OUT): S.BEGUN,
+    (S.ANSWERING, E.ANSWERED): S.READING,
+    (S.ANSWERING, E.CLOSE): S.CLOSED,
+    (S.ANSWERING, E.DRAIN): S.LAST_ANSWERING,
+    (S.ANSWERING, E.IDLE): S.ANSWERING,
+    (S.BEGUN, E.ANSWERED): S.READING,
+    (S.BEGUN, E.CLOSE): S.CLOSED,
+    (S.BEGUN, E.DRAIN): S.LAST_BEGUN,
+    (S.BEGUN, E.IDLE): S.BEGUN,
+    (S.SENDING, E.SENT): S.READING,
+    (S.SENDING, E.DRAIN): S.LAST_SENDING,
+    (S.SENDING, E.IDLE): S.SENDING,
+    (S.LAST_ANSWERING, E.HEAD_OUT): S.LAST_BEGUN,
+    (S.LAST_ANSWERING, E.ANSWERED): S.CLOSED,
+    (S.LAST_ANSWERING, E.CLOSE): S.CLOSED,
+    (S.LAST_ANSWERING, E.DRAIN): S.LAST_ANSWERING,
+    (S.LAST_ANSWERING, E.IDLE): S.LAST_ANSWERING,
+    (S.LAST_BEGUN, E.ANSWERED): S.CLOSED,
+    (S.LAST_BEGUN, E.CLOSE): S.CLOSED,
+    (S.LAST_BEGUN, E.DRAIN): S.LAST_BEGUN,
+    (S.LAST_BEGUN, E.IDLE): S.LAST_BEGUN,
+    (S.LAST_SENDING, E.SENT): S.CLOSED,
+    (S.LAST_SENDING, E.DRAIN): S.LAST_SENDING,
+    (S.LAST_SENDING, E.IDLE): S.LAST_SENDING,
+    # Handed over, the connection is aiohttp's: a shutdown or a timeout is its to judge.
+    (S.HANDED_OVER, E.DRAIN): S.HANDED_OVER,
+    (S.HANDED_OVER, E.IDLE): S.HANDED_OVER,
+    (S.HANDED_OVER, E.LOST): S.HANDED_OVER,
+    # What the lane still ends, or a shutdown, finds the connection closed.
+    **{
+        (S.CLOSED, event): S.CLOSED
+        for event in (E.HEAD_OUT, E.ANSWERED, E.CLOSE, E.SENT, E.DRAIN, E.IDLE, E.LOST)
+    },
+    **{(state, E.LOST): S.CLOSED for state in State if state not in (S.HANDED_OVER, S.CLOSED)},
+}
+
+# The states with a request in progress (in the lane, or a body's rest going out).
+BUSY = frozenset({S.ANSWERING, S.BEGUN, S.SENDING, S.LAST_ANSWERING, S.LAST_BEGUN,
+                  S.LAST_SENDING})  # fmt: skip
+# The states whose answer's head went out: a failure now closes the connection.
+ANSWER_BEGUN = frozenset({S.BEGUN, S.SENDING, S.LAST_BEGUN, S.LAST_SENDING})
+
+
+class LifeError(RuntimeError):
+    """An event that cannot come where the connection is: a bug in the front."""
+
+
+class Life:
+    """One connection's place in ``TABLE``, from ``READING``."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state = State.READING
+
+    def on(self, event: Event) -> State:
+        """Move on ``event``; the state it leads to. ``LifeError`` for an event that cannot
+        come here, and the state stays."""
+        following = TABLE.get((self.state, event))
+        if following is None:
+            raise LifeError(f"{event.value} cannot come to a connection {self.state.value}")
+        self.state = following
+        return following
+
+    @property
+    def busy(self) -> bool:
+        """A request is in progress: the bytes after it wait."""
+        return self.state in BUSY
+
+    @property
+    def answer_begun(self) -> bool:
+        """The answer in progress has put its head on the wire."""
+        return self.state in ANSWER_BEGUN

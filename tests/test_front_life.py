@@ -1,0 +1,125 @@
+"""A front connection's life (``proxy.front.life``): the table, walked without a socket, holds
+the rules the front keeps, and the front itself moves through it as a connection is served."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from proxy.front.life import ANSWER_BEGUN, BUSY, TABLE, Event, Life, LifeError, State
+
+E, S = Event, State
+
+
+def walk(*events: Event) -> Life:
+    life = Life()
+    for event in events:
+        life.on(event)
+    return life
+
+
+# Each case: the events a connection meets, and where they leave it.
+WALKS = {
+    "hits, one after another": ((E.HIT, E.HIT, E.HIT), S.READING),
+    "a large hit's body going out, then the next request": ((E.HIT_IN_PART, E.SENT, E.HIT),
+                                                            S.READING),
+    "a miss in the lane, answered whole": ((E.TO_LANE, E.HEAD_OUT, E.ANSWERED), S.READING),
+    "a miss written at once, by the callback": ((E.TO_LANE, E.HEAD_OUT, E.ANSWERED, E.HIT),
+                                                 S.READING),
+    "an answer not kept alive": ((E.TO_LANE, E.HEAD_OUT, E.CLOSE), S.CLOSED),
+    "a failure before the head went out": ((E.TO_LANE, E.CLOSE), S.CLOSED),
+    "a failure after the head went out": ((E.TO_LANE, E.HEAD_OUT, E.CLOSE), S.CLOSED),
+    "a request the front does not take, between answers": ((E.HIT, E.NOT_PLAIN), S.HANDED_OVER),
+    "a shutdown with nothing in progress": ((E.HIT, E.DRAIN), S.CLOSED),
+    "a shutdown during a miss: answered, then closed": (
+        (E.TO_LANE, E.DRAIN, E.HEAD_OUT, E.ANSWERED), S.CLOSED),
+    "a shutdown during a large hit's body: sent, then closed": (
+        (E.HIT_IN_PART, E.DRAIN, E.SENT), S.CLOSED),
+    "an idle timeout during a slow miss leaves it": ((E.TO_LANE, E.IDLE, E.HEAD_OUT),
+                                                      S.BEGUN),
+    "an idle timeout with nothing in progress": ((E.HIT, E.IDLE), S.CLOSED),
+    "the client leaves during a miss, which ends after": (
+        (E.TO_LANE, E.LOST, E.HEAD_OUT, E.ANSWERED), S.CLOSED),
+    "a shutdown after the connection was handed over is aiohttp's": (
+        (E.NOT_PLAIN, E.DRAIN, E.IDLE), S.HANDED_OVER),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", WALKS)
+def test_a_connection_walks_the_table_to_where_its_events_lead(name):
+    events, end = WALKS[name]
+    assert walk(*events).state is end
+
+
+# Events that cannot come where the connection is: each a bug in the front.
+IMPOSSIBLE = {
+    "a hit read while a miss is in the lane": (E.TO_LANE, E.HIT),
+    "a second request in the lane": (E.TO_LANE, E.TO_LANE),
+    "a hit read while a body's rest is going out": (E.HIT_IN_PART, E.HIT),
+    "handed over in the middle of an answer": (E.TO_LANE, E.NOT_PLAIN),
+    "handed over while a body's rest is going out": (E.HIT_IN_PART, E.NOT_PLAIN),
+    "a second head for one answer": (E.TO_LANE, E.HEAD_OUT, E.HEAD_OUT),
+    "a head with nothing in the lane": (E.HEAD_OUT,),
+    "a lane answer with nothing in the lane": (E.ANSWERED,),
+    "a request read after a shutdown closed it": (E.DRAIN, E.TO_LANE),
+    "a hit written after the connection was handed over": (E.NOT_PLAIN, E.HIT),
+    "a request read after the connection closed": (E.TO_LANE, E.LOST, E.TO_LANE),
+}
+
+
+@pytest.mark.parametrize("name", IMPOSSIBLE)
+def test_an_event_that_cannot_come_is_refused_and_the_state_stays(name):
+    *before, last = IMPOSSIBLE[name]
+    life = walk(*before)
+    where = life.state
+    with pytest.raises(LifeError):
+        life.on(last)
+    assert life.state is where
+
+
+def test_only_a_connection_between_answers_reads_a_request_or_is_handed_over():
+    for event in (E.HIT, E.HIT_IN_PART, E.TO_LANE, E.NOT_PLAIN):
+        assert {state for state, on in TABLE if on is event} == {S.READING}
+
+
+def test_after_an_answers_head_a_failure_closes_the_connection_and_never_reads_on():
+    """Once the head went out, no second status line: every way out of a begun answer but a
+    whole, kept-alive one closes the connection."""
+    for state in ANSWER_BEGUN:
+        for event in Event:
+            following = TABLE.get((state, event))
+            if following is S.READING:
+                assert event in (E.ANSWERED, E.SENT), (state, event)
+        if state in (S.BEGUN, S.LAST_BEGUN):
+            assert TABLE[(state, E.CLOSE)] is S.CLOSED
+
+
+def test_a_shutdown_answers_nothing_after_the_request_in_progress():
+    for state in State:
+        following = TABLE.get((state, E.DRAIN))
+        assert following is not None, state
+        assert following not in (S.READING, S.ANSWERING, S.BEGUN, S.SENDING), state
+        for event in Event:  # nothing from there leads back to reading
+            assert TABLE.get((following, event)) is not S.READING, (state, event)
+
+
+def test_an_idle_timeout_closes_only_a_connection_with_nothing_in_progress():
+    for state in BUSY:
+        assert TABLE[(state, E.IDLE)] is state
+    assert TABLE[(S.READING, E.IDLE)] is S.CLOSED
+
+
+def test_every_state_reaches_its_end_and_an_end_stays_one():
+    ends = {S.CLOSED, S.HANDED_OVER}
+    for state in State:
+        reached, frontier = {state}, [state]
+        while frontier:
+            here = frontier.pop()
+            for (where, _), following in TABLE.items():
+                if where is here and following not in reached:
+                    reached.add(following)
+                    frontier.append(following)
+        assert reached & ends, state
+    for end, event in itertools.product(ends, Event):
+        assert TABLE.get((end, event), end) is end
