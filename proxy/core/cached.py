@@ -117,9 +117,15 @@ def status_line(status: int) -> str:
 
 def render(head: CachedHead) -> bytes:
     """The status line and fields of ``head`` as bytes, each line CRLF-terminated, without
-    the per-answer fields or the blank line: what a fast path writes before them. Field
-    bytes that a parser decoded with surrogateescape go out as they came."""
-    lines = [status_line(head.status), *(f"{k}: {v}" for k, v in head.fields)]
+    the per-answer fields or the blank line: what a fast path writes before them."""
+    return render_fields(head.status, head.fields)
+
+
+def render_fields(status: int, fields: tuple[tuple[str, str], ...]) -> bytes:
+    """A ``status`` line and ``fields`` as bytes, each line CRLF-terminated, without the
+    blank line. Field bytes that a parser decoded with surrogateescape go out as they
+    came."""
+    lines = [status_line(status), *(f"{k}: {v}" for k, v in fields)]
     return ("\r\n".join(lines) + "\r\n").encode("utf-8", "surrogateescape")
 
 

@@ -3,9 +3,9 @@ response, a stored or shared body answered whole, and the marks every answer car
 
 * Every answer carries ``Cache-Status`` (RFC 9211), ``X-Cache`` and ``Via``; cached ones carry
   ``Age``. The proxy names itself in ``Via``, never in ``Server``.
-* A body in hand (stored, or shared by a collapsed fetch) is answered with the head
-  ``cached_head`` renders, as every path writes it, and the part of the body that head says:
-  a memoryview of it, never a copy.
+* A body in hand (stored in any tier, shared by a collapsed fetch, or stitched from slices) is
+  answered with the one deliver step's head (``delivered``), on every path, and the part of
+  the body that head says: a memoryview of it, never a copy.
 * An origin's interim (1xx) responses reach an HTTP/1.1 client before its answer (RFC 9110
   section 15.2), except a 100 Continue, which the proxy answers itself.
 """
@@ -117,12 +117,35 @@ def whole(
 ) -> web.Response:
     """A response whose body is in hand (stored, or shared by a collapsed fetch), as
     ``answer`` (the engine's, to the client's conditionals and single byte range: 304, 206,
-    416) says: the head ``cached_head`` renders, as every path writes it."""
-    head = cached_head(status, headers, answer.status, answer.first, answer.last, len(body),
+    416) says: ``delivered``'s head, and the part of the body it carries."""
+    head, fields = delivered(status, headers, answer, len(body), cache_status, x_cache, age,
+                             hidden)  # fmt: skip
+    return RelayedWhole(status=answer.status, headers=fields, body=span(body, head))
+
+
+def delivered(
+    stored_status: int,
+    headers: tuple[tuple[str, str], ...],
+    answer: Answer,
+    size: int,
+    cache_status: str,
+    x_cache: str,
+    age: float,
+    hidden: frozenset[str] = frozenset(),
+) -> tuple[CachedHead, tuple[tuple[str, str], ...]]:
+    """The deliver step's head, one for every answer given from a response in hand, from
+    any tier: the ``answer`` (the engine's: the stored status, or a 304, 206 or 416) from a
+    ``stored_status`` response with ``headers`` and a body of ``size`` bytes; its
+    ``CachedHead`` (the body it carries: ``span``) and every field it writes, the
+    per-answer ones last (``per_answer``: ``Cache-Status``, ``Age``, and a ``Date`` where the
+    stored response has none). Written whole (``whole``), stitched from slices
+    (``proxy.handler.slicing``), or as bytes by the hits answered as parsed
+    (``proxy.handler.hits``), whose plain ones write the same head rendered once per entry
+    (``hit_head``) with the per-answer fields added per hit, as the compiled hit does."""
+    head = cached_head(stored_status, headers, answer.status, answer.first, answer.last, size,
                        x_cache=x_cache, via=VIA, hidden=hidden)  # fmt: skip
     date = None if head.dated else http_date()
-    fields = (*head.fields, *per_answer(cache_status, age, date))
-    return RelayedWhole(status=answer.status, headers=fields, body=span(body, head))
+    return head, (*head.fields, *per_answer(cache_status, age, date))
 
 
 def span(body: bytes, head: CachedHead) -> bytes | memoryview:

@@ -12,10 +12,11 @@ common case, which give the same bytes and counts as the request handler.
 * A URL memory holds nothing for (``Behind``) is asked of its disk record when the page cache
   holds it and it is short enough to read on the event loop, and judged as the handler judges
   it (``CacheEngine.found_behind``: a hit from disk, kept in memory too).
-* The head every hit on an entry writes the same is rendered once per stored response
-  (``cached_head``) and kept beside it (``ServedEntry``), for as long as its fields are the
-  ones it was rendered from; each hit adds only its ``Cache-Status`` ttl, ``Age`` and, where
-  the origin sent none, ``Date``.
+* A hit is delivered with the head every answer from a response in hand has
+  (``proxy.handler.answers.delivered``). The part every plain hit on an entry writes the same
+  is rendered once per stored response and kept beside it (``ServedEntry``), for as long as
+  its fields are the ones it was rendered from; each hit adds only its ``Cache-Status`` ttl,
+  ``Age`` and, where the origin sent none, ``Date``.
 * The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a fresh
   hit, in memory as ``plan`` does and on disk as ``found_behind`` does (``hit_behind``), and
   writes the bytes ``answer`` would; what it declines it has counted nothing for, and
@@ -30,15 +31,14 @@ from typing import Any
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.core._native import hash64
-from proxy.core.cache_status import DISK, HIT_TTL, ttl_of
-from proxy.core.cached import VIA, cached_head, hit_head, render
+from proxy.core.cache_status import DISK, HIT_TTL, hit, ttl_of
+from proxy.core.cached import hit_head, render_fields
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
     ANSWERED_FIELDS,
     NOT_FAST,
     RULE_FIELDS,
     Action,
-    Answer,
     Behind,
     FromCache,
     RequestMeta,
@@ -50,7 +50,7 @@ from proxy.disk.region_log import checksum
 from proxy.disk.store import DiskStore
 from proxy.front.lane import JOIN_BELOW, RawRequestMessage, lane_may_answer
 from proxy.handler._hits import PlainHits
-from proxy.handler.answers import span
+from proxy.handler.answers import delivered, span
 from proxy.handler.routing import Router, fields_size, hosts, key_origin
 from proxy.wire.dates import http_date
 
@@ -227,18 +227,24 @@ class HitAnswers:
         head, dated, _ = rendered
         if head is None:
             return None
-        age = int(found.age)
         ttl = ttl_of(entry.lifetime, found.age)
-        per_hit = (_PER_DISK_HIT if found.behind else _PER_HIT) % (ttl, age)
-        if not dated:
-            per_hit += b"Date: %s\r\n" % http_date().encode()
         body = entry.payload
         status = entry.status
+        answer = None
         if not names.isdisjoint(ANSWERED_FIELDS):
-            answer = self.engine.answer(meta, entry.status, entry.headers, len(entry.payload))
-            if answer.status != entry.status:
-                head, body = _render_part(entry, answer, router.hidden)
-                status = answer.status
+            answer = self.engine.answer(meta, status, entry.headers, len(body))
+        if answer is not None and answer.status != status:
+            # A part of the stored response (304, 206, 416): the deliver step's head, whole.
+            cache_status = hit(ttl, DISK if found.behind else None)
+            part, fields = delivered(status, entry.headers, answer, len(body), cache_status,
+                                     "HIT", found.age, router.hidden)  # fmt: skip
+            head, per_hit = render_fields(answer.status, fields), b""
+            body, status = span(body, part), answer.status
+        else:
+            # The same head, rendered once per entry: the per-answer fields added per hit.
+            per_hit = (_PER_DISK_HIT if found.behind else _PER_HIT) % (ttl, int(found.age))
+            if not dated:
+                per_hit += b"Date: %s\r\n" % http_date().encode()
         if method == "HEAD":
             return b"".join((head, per_hit, b"\r\n")), b"", status
         if len(body) < JOIN_BELOW:
@@ -275,14 +281,3 @@ def _render(
     if not isinstance(entry.payload, bytes):
         return None, False, headers
     return (*hit_head(entry.status, headers, len(entry.payload), hidden), headers)
-
-
-def _render_part(
-    entry: Entry, answer: Answer, hidden: frozenset[str]
-) -> tuple[bytes, bytes | memoryview]:
-    """The head (without its per-answer fields) and body of a 304, 206 or 416 from
-    ``entry``: a part of the stored body, never a copy."""
-    size = len(entry.payload)
-    head = cached_head(entry.status, entry.headers, answer.status, answer.first, answer.last,
-                       size, x_cache="HIT", via=VIA, hidden=hidden)  # fmt: skip
-    return render(head), span(entry.payload, head)

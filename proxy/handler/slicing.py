@@ -58,7 +58,6 @@ from aiohttp import web
 
 from proxy.core import slices
 from proxy.core.cache_status import ORIGIN_ERROR, SLICE_MEMORY, SLICES, forwarded, hit
-from proxy.core.cached import VIA, cached_head, per_answer
 from proxy.core.events import (
     FWD_PARTIAL,
     FWD_URI_MISS,
@@ -71,13 +70,12 @@ from proxy.core.events import (
 )
 from proxy.core.tiers import CHANGED
 from proxy.disk.store import DiskStore
-from proxy.handler.answers import abort, plain
+from proxy.handler.answers import abort, delivered, plain
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.origin.upstream import UpstreamError, UpstreamResponse
-from proxy.wire.dates import http_date
 from proxy.wire.seam import Relayed
 
 log = logging.getLogger("onehit.proxy")
@@ -303,10 +301,8 @@ class Slicer:
             some = not fetched or any(self._fresh(meta, i) for i in islice(wanted, LOOK_AHEAD))
             fwd = FWD_PARTIAL if some else FWD_URI_MISS
             cache_status, x_cache = forwarded(fwd, detail=SLICES), "MISS"
-        head = cached_head(200, first.fields, status, low, high, length, x_cache=x_cache,
-                           via=VIA, hidden=self.router.hidden)  # fmt: skip
-        date = None if head.dated else http_date()
-        fields = (*head.fields, *per_answer(cache_status, first.age, date))
+        _, fields = delivered(200, first.fields, answer, length, cache_status, x_cache,
+                              first.age, self.router.hidden)  # fmt: skip
         out = Relayed(status=status, headers=fields)
         await out.prepare(request)
         from_disk = first.from_disk
