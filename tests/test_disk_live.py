@@ -290,14 +290,16 @@ class CountingIndex:
         return getattr(self.index, name)
 
 
-async def test_a_cold_disk_hit_asks_the_index_three_times_past_the_compiled_reader(
+async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_reader(
     origin, start_proxy, tmp_path, monkeypatch
 ):
-    """The walk of a cold disk hit (docs/architecture.md): past the compiled reader's one
-    lookup, which declines a record the page cache does not hold, the handler asks the index
-    for the variants' anchor, the URL's record, and again after its off-loop read; the
-    request is routed once (its meta made there alone), and nothing else asks (before: the
-    Python answerer looked it up and routed it again, and the read looked it up again)."""
+    """The walk of a cold disk hit (docs/architecture.md): the compiled reader's one lookup
+    finds a record the page cache does not hold and hands where it lies to the handler
+    (``ColdRecord``), which asks the index only for the variants' anchor and, when its read
+    went off the loop, again after it (the record may have moved meanwhile); the request is
+    routed once (its meta made there alone), and nothing else asks (before: the handler
+    asked for the URL's record again, three lookups; at 3d9ec66 the Python answerer looked
+    it up and routed it again too)."""
     for path in ("/cold", "/warm"):
         origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
     first = await start_proxy(disk__path=str(tmp_path), **DISK)
@@ -323,10 +325,21 @@ async def test_a_cold_disk_hit_asks_the_index_three_times_past_the_compiled_read
 
     for name in ("route", "meta"):
         monkeypatch.setattr(router, name, counted(name))
+    log = second.proxy.disk.log
+    read = log.read
+
+    def still_cold(slot, key, *, warm_only=False):
+        # The compiled reader's read may have the kernel read ahead: the handler's read
+        # must still go off the loop, as on a busy device.
+        if warm_only:
+            raise BlockingIOError
+        return read(slot, key)
+
+    monkeypatch.setattr(log, "read", still_cold)
     drop_from_page_cache(next(tmp_path.glob("region-*.log")))
     status, headers, body = await get(second, "/cold")
     assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
-    assert counting.gets <= 3 and routed == ["route", "meta"], (counting.gets, routed)
+    assert counting.gets == 2 and routed == ["route", "meta"], (counting.gets, routed)
 
 
 async def test_rfc9111_4_1_variants_reach_the_disk_and_each_request_gets_its_own_back(

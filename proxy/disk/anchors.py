@@ -103,15 +103,17 @@ class Anchors:
         self.write(key, response, body, stored_at)
 
     async def lookup_request(
-        self, request: RequestMeta, entry_type: type[Entry]
+        self, request: RequestMeta, entry_type: type[Entry], own: Slot | None = None
     ) -> tuple[Entry, tuple[str, ...]] | None:
         """The entry the disk holds for ``request`` (``lookup_off_loop``): the URL's own
         record, or, when the anchor of its variants lies after that, the variant the request
         selects, written after the anchor; with the names it was selected on (none for the
-        URL's own)."""
+        URL's own). ``own``: where the URL's own record lies, when a reader found it just
+        now (``ColdRecord``): the index is not asked for it again."""
         url = request.key
         anchor = self.tier.find(variants.anchor_key(url))
-        own = self.tier.find(url)
+        if own is None:
+            own = self.tier.find(url)
         if _own_found(own, anchor):
             if own is None:
                 return None

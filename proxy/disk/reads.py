@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 
 from proxy.core._native import DiskIndex, SharedIndex
 from proxy.core.disk import DiskTier, Slot
@@ -28,6 +29,22 @@ from proxy.disk.sharing import FollowingIndex
 # a large copy nor a slow device holds up the other connections. A 1 MiB body with its key and
 # meta (a slice of the usual size) is within it.
 READ_INLINE = (1 << 20) + (16 << 10)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdRecord:
+    """The record of a URL that the compiled reader found at ``slot`` and the page cache does
+    not hold: the handler reads it off the event loop from there, without asking the index
+    for it again (one moved, purged or evicted meanwhile is a miss, as after any off-loop
+    read)."""
+
+    key: str
+    slot: Slot
+
+
+def cold_record(key: str, region: int, offset: int, length: int) -> ColdRecord:
+    """A ``ColdRecord``, as the compiled reader hands one over."""
+    return ColdRecord(key, Slot(region, offset, length))
 
 
 def raw(key: str) -> bytes:

@@ -322,10 +322,13 @@ class Front(SendWatch, FlowControl):
             self._hand_over(data[start:])
             return -1
         answered = None
-        # False: nothing stored for its URL that may answer on the loop (in memory, or on disk
-        # in the page cache), which ends the search;
-        # None: read whole and declined by the compiled answerer, which is not asked again.
-        if found is None or found[1] is not False:
+        # None: read whole and declined by the compiled answerer, which is not asked again;
+        # False: nothing stored for its URL that may answer on the loop, which ends the
+        # search; anything else: what it learned (a record to read off the loop), which
+        # ends it too and goes to the lane with the request.
+        if found is not None and found[1] is not None:
+            answered = found[1]
+        else:
             answers = self._answers if found is None else self._server.answers_after_bytes
             try:
                 for answer in answers:

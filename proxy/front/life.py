@@ -24,34 +24,35 @@ from __future__ import annotations
 import enum
 
 
-class State(enum.Enum):
+# Small integers (``IntEnum``): every hit moves a connection, and the move is a list index.
+class State(enum.IntEnum):
     """Where a front connection is."""
 
-    READING = "reading"  # nothing in progress: the next request is read and answered
-    ANSWERING = "answering"  # a request in the lane, its answer not begun
-    BEGUN = "begun"  # the lane's answer's head went out
-    SENDING = "sending"  # a hit's body going out as the transport drains
-    LAST_ANSWERING = "last-answering"  # ANSWERING, and nothing after it (a shutdown)
-    LAST_BEGUN = "last-begun"
-    LAST_SENDING = "last-sending"
-    HANDED_OVER = "handed-over"  # aiohttp's protocol serves the connection
-    CLOSED = "closed"
+    READING = 0  # nothing in progress: the next request is read and answered
+    ANSWERING = 1  # a request in the lane, its answer not begun
+    BEGUN = 2  # the lane's answer's head went out
+    SENDING = 3  # a hit's body going out as the transport drains
+    LAST_ANSWERING = 4  # ANSWERING, and nothing after it (a shutdown)
+    LAST_BEGUN = 5
+    LAST_SENDING = 6
+    HANDED_OVER = 7  # aiohttp's protocol serves the connection
+    CLOSED = 8
 
 
-class Event(enum.Enum):
+class Event(enum.IntEnum):
     """What happens to a front connection."""
 
-    HIT = "hit"  # a hit answered whole as it was read
-    HIT_IN_PART = "hit-in-part"  # a hit whose body's rest waits for the transport to drain
-    SENT = "sent"  # that rest went out
-    TO_LANE = "to-lane"  # a request went to the lane
-    HEAD_OUT = "head-out"  # the lane's answer's head went out
-    ANSWERED = "answered"  # the lane's answer went out whole, the connection kept alive
-    CLOSE = "close"  # the lane's answer ended and the connection closes (cut, failed, not kept)
-    NOT_PLAIN = "not-plain"  # a request the front does not take: aiohttp's protocol takes over
-    DRAIN = "drain"  # a graceful shutdown
-    IDLE = "idle"  # the idle timeout came
-    LOST = "lost"  # the transport closed
+    HIT = 0  # a hit answered whole as it was read
+    HIT_IN_PART = 1  # a hit whose body's rest waits for the transport to drain
+    SENT = 2  # that rest went out
+    TO_LANE = 3  # a request went to the lane
+    HEAD_OUT = 4  # the lane's answer's head went out
+    ANSWERED = 5  # the lane's answer went out whole, the connection kept alive
+    CLOSE = 6  # the lane's answer ended and the connection closes (cut, failed, not kept)
+    NOT_PLAIN = 7  # a request the front does not take: aiohttp's protocol takes over
+    DRAIN = 8  # a graceful shutdown
+    IDLE = 9  # the idle timeout came
+    LOST = 10  # the transport closed
 
 
 S, E = State, Event
@@ -100,6 +101,11 @@ TABLE: dict[tuple[State, Event], State] = {
     **{(state, E.LOST): S.CLOSED for state in State if state not in (S.HANDED_OVER, S.CLOSED)},
 }
 
+# ``TABLE`` by state, then event: what ``Life.on`` reads.
+_NEXT: list[list[State | None]] = [
+    [TABLE.get((state, event)) for event in Event] for state in State
+]
+
 # The states with a request in progress (in the lane, or a body's rest going out).
 BUSY = frozenset({S.ANSWERING, S.BEGUN, S.SENDING, S.LAST_ANSWERING, S.LAST_BEGUN,
                   S.LAST_SENDING})  # fmt: skip
@@ -122,9 +128,9 @@ class Life:
     def on(self, event: Event) -> State:
         """Move on ``event``; the state it leads to. ``LifeError`` for an event that cannot
         come here, and the state stays."""
-        following = TABLE.get((self.state, event))
+        following = _NEXT[self.state][event]
         if following is None:
-            raise LifeError(f"{event.value} cannot come to a connection {self.state.value}")
+            raise LifeError(f"{event.name} cannot come to a connection {self.state.name}")
         self.state = following
         return following
 

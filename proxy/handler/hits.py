@@ -44,7 +44,7 @@ from proxy.core.events import (
     RequestMeta,
 )
 from proxy.core.store import Entry
-from proxy.disk.reads import READ_INLINE
+from proxy.disk.reads import READ_INLINE, cold_record
 from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
 from proxy.disk.store import DiskStore
@@ -125,7 +125,8 @@ class HitAnswers:
             self.plain_hits.attach_disk(
                 index=disk.reads.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
-                checksum=checksum, kept=self._kept_record, meta=RecordMeta, stamp=disk.stamp,
+                checksum=checksum, kept=self._kept_record, cold=cold_record, meta=RecordMeta,
+                stamp=disk.stamp,
                 read_inline=READ_INLINE,
             )  # fmt: skip
 

@@ -52,6 +52,7 @@ from proxy.core.events import (
     Revalidate,
 )
 from proxy.core.whatif import Sample
+from proxy.disk.reads import ColdRecord
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges
 from proxy.fleet.shared import SharedSecondHit
@@ -244,7 +245,9 @@ class Proxy:
         close(request)
         return begun
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(
+        self, request: web.BaseRequest, cold: ColdRecord | None = None
+    ) -> web.StreamResponse:
         routed = self.router.route(request)
         if type(routed) is not tuple:
             return routed
@@ -254,7 +257,7 @@ class Proxy:
                 request, meta, self.engine, self.clock, self.fleet, self.others
             )
         action = self.engine.plan(meta, self.clock(), content=request.body_exists)
-        return await self._act(request, meta, url, action)
+        return await self._act(request, meta, url, action, cold)
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
         """Begin a request of a connection's lane (``proxy.front.fastpath``), from the plan the
@@ -264,10 +267,11 @@ class Proxy:
         callback that brings its whole response (``PendingMiss``): no task, and no wait for
         the loop's next turn. Any other request gets the work that answers it as ``handle``
         does, the engine's plan made."""
-        planned: Planned | None = request.carried
+        carried = request.carried
+        planned = carried if type(carried) is Planned else None
         if self.shared is not None or self.disk is not None or self.slicer is not None:
-            if planned is None:
-                return self.handle(request)
+            if planned is None:  # or a cold disk record the compiled reader found
+                return self.handle(request, self._handle(request, carried))
             return self.handle(request, self._act(request, planned.meta, planned.url,
                                                   planned.action))  # fmt: skip
         try:
@@ -306,14 +310,21 @@ class Proxy:
         return PendingMiss(fetcher, self.handle, request, meta, url, flight, sent, request_time)
 
     async def _act(
-        self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Action
+        self,
+        request: web.BaseRequest,
+        meta: RequestMeta,
+        url: str,
+        action: Action,
+        cold: ColdRecord | None = None,
     ) -> web.StreamResponse:
         """Carry out the engine's ``action`` for ``request``: a ``Behind`` is asked of the tier
-        behind memory first, and what it found decides the one step taken."""
+        behind memory first (``cold``: where the compiled reader found the URL's record, not
+        in the page cache), and what it found decides the one step taken."""
         if type(action) is Behind:
             # The tier behind memory: a large record is read off the event loop.
             assert self.disk is not None
-            found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type)
+            own = cold.slot if cold is not None and cold.key == meta.key else None
+            found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type, own)
             action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)
         match action:
             case FromCache():

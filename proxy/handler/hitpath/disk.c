@@ -180,10 +180,11 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
 }
 
 /* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
- * nothing under: the answer tuple, Py_False when the disk holds no record for it, may not
- * answer it, or holds one the page cache does not (no answerer can answer it on the loop:
- * the handler fetches it, or reads the record off the loop), NULL without an exception to
- * decline (answer_hit decides), or NULL with one on error. */
+ * nothing under: the answer tuple; Py_False when the disk holds no record for it or may not
+ * answer it (the handler fetches it); what disk_cold makes of one the page cache does not
+ * hold (no answerer can answer it on the loop: the handler reads it off the loop, from where
+ * it lies); NULL without an exception to decline (answer_hit decides), or NULL with one on
+ * error. */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
     PyObject *region = NULL, *fields = NULL, *directives = NULL, *body = NULL, *parts[6] = {0},
              *result = NULL;
@@ -238,8 +239,8 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
         while (got < 0 && errno == EINTR);
     if (got < 0 && errno == EAGAIN) {
         /* Not in the page cache: no answerer reads it on the loop, the handler reads it off
-         * the loop; said as "nothing to answer here" so none is asked. */
-        result = Py_NewRef(Py_False);
+         * the loop, from where it was just found. */
+        result = PyObject_CallFunction(self->disk_cold, "OOLL", key, region, offset, length);
         goto done;
     }
     if (got != (ssize_t)length || memcmp(buf, MAGIC, 4) != 0 || u32_at(buf + 4) != length)

@@ -42,6 +42,7 @@ typedef struct {
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
     PyObject *disk_kept;   /* kept(key, body, RecordMeta): counts a disk hit, keeps it */
+    PyObject *disk_cold;   /* cold(key, region, offset, length): a record to read off the loop */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
     char *scratch; /* the buffer disk records are read into */

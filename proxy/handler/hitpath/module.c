@@ -7,9 +7,11 @@
  *   bytes (but for the clock), the same counters moved in the same way. Anything else it
  *   declines, and the proxy's own rules decide: it never refuses and never sends a request
  *   to aiohttp's handler itself. It declines with False a plain request whose URL has
- *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, or only
- *   a disk record the page cache does not hold, which answer_hit would decline too (so the
- *   caller need not ask it), and with None anything else.
+ *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, which
+ *   answer_hit would decline too (so the caller need not ask it); with what `cold` makes of
+ *   a disk record the page cache does not hold (where it lies: the handler reads it off the
+ *   loop without asking the index again, and no answerer is asked); and with None anything
+ *   else.
  * - With a disk tier, a plain request whose URL memory holds nothing for is answered from
  *   its disk record when disk.c may (a whole, fresh record with the head this proxy
  *   renders), and counted and kept in memory by the proxy's own `kept`.
@@ -56,6 +58,7 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->uncacheable);
     Py_VISIT(self->checksum);
     Py_VISIT(self->disk_kept);
+    Py_VISIT(self->disk_cold);
     return 0;
 }
 
@@ -80,6 +83,7 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->uncacheable);
     Py_CLEAR(self->checksum);
     Py_CLEAR(self->disk_kept);
+    Py_CLEAR(self->disk_cold);
     return 0;
 }
 
@@ -135,14 +139,14 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"index",    "fds",  "bans",        "uncacheable", "checksum",
-                            "kept",     "meta", "stamp",       "read_inline", NULL};
-    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept, *meta;
+    static char *names[] = {"index", "fds",   "bans",        "uncacheable", "checksum", "kept",
+                            "cold",  "meta",  "stamp",       "read_inline", NULL};
+    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept, *cold, *meta;
     unsigned long stamp;
     Py_ssize_t read_inline;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOO!kn", names, &index, &PyDict_Type, &fds, &PyList_Type, &bans,
-                                     &uncacheable, &checksum, &kept, &PyType_Type, &meta, &stamp,
-                                     &read_inline))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOOO!kn", names, &index, &PyDict_Type,
+                                     &fds, &PyList_Type, &bans, &uncacheable, &checksum, &kept,
+                                     &cold, &PyType_Type, &meta, &stamp, &read_inline))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)meta, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "meta is a tuple's type (RecordMeta)");
@@ -159,6 +163,7 @@ static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject
     Py_XSETREF(self->uncacheable, Py_NewRef(uncacheable));
     Py_XSETREF(self->checksum, Py_NewRef(checksum));
     Py_XSETREF(self->disk_kept, Py_NewRef(kept));
+    Py_XSETREF(self->disk_cold, Py_NewRef(cold));
     self->stamp = stamp;
     self->read_inline = read_inline;
     Py_RETURN_NONE;
@@ -234,7 +239,8 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 static PyMethodDef PlainHits_methods[] = {
     {"attach_disk", (PyCFunction)(void (*)(void))PlainHits_attach_disk,
      METH_VARARGS | METH_KEYWORDS,
-     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, meta, stamp, read_inline):\n"
+     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, cold, meta, stamp,\n"
+     "read_inline):\n"
      "answer plain hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
