@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
@@ -236,6 +237,20 @@ async def raw_origin() -> AsyncIterator[Callable[[RawHandler], Awaitable[str]]]:
 async def read_request(reader: asyncio.StreamReader) -> bytes:
     """The request head a raw origin received (up to the blank line)."""
     return await reader.readuntil(b"\r\n\r\n")
+
+
+def cold_reads(log: Any) -> None:
+    """Have ``log`` (a disk tier's ``RegionLog``) find no record in the page cache from now
+    on: every read the handler makes goes off the event loop, as on a busy device, whatever
+    the kernel has read ahead."""
+    read = log.read
+
+    def cold(slot: Any, key: bytes, *, warm_only: bool = False) -> Any:
+        if warm_only:
+            raise BlockingIOError
+        return read(slot, key)
+
+    log.read = cold
 
 
 async def until(holds: Callable[[], object], timeout: float = 10.0) -> None:

@@ -11,7 +11,7 @@ from email.utils import formatdate
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import admin_purge, base
+from conftest import admin_purge, base, cold_reads
 from conftest import fetch_as_client as get
 
 from proxy.disk import store as disk_store
@@ -325,17 +325,9 @@ async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_re
 
     for name in ("route", "meta"):
         monkeypatch.setattr(router, name, counted(name))
-    log = second.proxy.disk.log
-    read = log.read
-
-    def still_cold(slot, key, *, warm_only=False):
-        # The compiled reader's read may have the kernel read ahead: the handler's read
-        # must still go off the loop, as on a busy device.
-        if warm_only:
-            raise BlockingIOError
-        return read(slot, key)
-
-    monkeypatch.setattr(log, "read", still_cold)
+    # The compiled reader's read may have the kernel read ahead: the handler's read must still
+    # go off the loop.
+    cold_reads(second.proxy.disk.log)
     drop_from_page_cache(next(tmp_path.glob("region-*.log")))
     status, headers, body = await get(second, "/cold")
     assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]

@@ -9,7 +9,7 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp import web
-from conftest import Clock, Origin, admin_purge, base, proxy_in_front
+from conftest import Clock, Origin, admin_purge, base, cold_reads, proxy_in_front
 from conftest import fetch_as_client as get
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -198,15 +198,7 @@ async def revalidate_while_memory_evicts(origin, proxy, case: str) -> None:
             assert (await get(proxy, f"/fill{i}"))[0] == 200
         assert not any(key.endswith("/x") for key in proxy.proxy.engine.store), "evicted /x"
         if case == "not in the page cache":
-            log = proxy.proxy.disk.log
-            read = log.read
-
-            def cold(slot, key, *, warm_only=False):
-                if warm_only:
-                    raise BlockingIOError
-                return read(slot, key)
-
-            log.read = cold
+            cold_reads(proxy.proxy.disk.log)
     finally:
         answer.set()
     status, _, body = await revalidating
