@@ -334,6 +334,47 @@ async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_re
     assert counting.gets == 2 and routed == ["route", "meta"], (counting.gets, routed)
 
 
+@pytest.mark.parametrize("kind", ["url", "prefix"])
+@pytest.mark.parametrize("read", ["on the loop", "off the loop"])
+async def test_a_purge_after_a_cold_records_decline_and_before_its_read_is_honoured(
+    origin, start_proxy, tmp_path, kind, read
+):
+    """The compiled reader hands where a cold record lies to the lane (``ColdRecord``); a
+    purge that lands before the lane's task reads it (an admin purge, a PURGE on another
+    connection, another worker's removal) wins: the read at that place is a miss, whether
+    the page cache holds the record by then or not, and the origin's new response answers
+    (before: read on the loop, the purged record answered and went back into memory)."""
+    for path in ("/cold", "/warm"):
+        origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for path in ("/cold", "/cold", "/warm", "/warm"):
+        assert (await get(first, path))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    assert "detail=disk" in (await get(second, "/warm"))[1]["Cache-Status"]
+    origin.set("/cold", body=b"N" * 5000, headers={"Cache-Control": "max-age=600"})
+    proxy, region = second.proxy, next(tmp_path.glob("region-*.log"))
+    handle = proxy._handle
+    carried = []
+
+    async def purged_in_between(request, cold=None):
+        carried.append(cold)
+        value = "http://example.test/cold" if kind == "url" else "http://example.test/co"
+        proxy.engine.removals.purge(kind, value, time.time())
+        if read == "on the loop":
+            region.read_bytes()  # the page cache holds the record again
+        return await handle(request, cold)
+
+    proxy._handle = purged_in_between
+    if read == "off the loop":
+        cold_reads(proxy.disk.log)
+    drop_from_page_cache(region)
+    status, headers, body = await get(second, "/cold")
+    assert carried and carried[0] is not None and carried[0].key.endswith("/cold")
+    assert (status, body) == (200, b"N" * 5000), headers["Cache-Status"]
+    assert (await get(second, "/cold"))[2] == b"N" * 5000
+
+
 async def test_rfc9111_4_1_variants_reach_the_disk_and_each_request_gets_its_own_back(
     origin, start_proxy, tmp_path
 ):

@@ -108,17 +108,22 @@ class Anchors:
         """The entry the disk holds for ``request`` (``lookup_off_loop``): the URL's own
         record, or, when the anchor of its variants lies after that, the variant the request
         selects, written after the anchor; with the names it was selected on (none for the
-        URL's own). ``own``: where the URL's own record lies, when a reader found it just
-        now (``ColdRecord``): the index is not asked for it again."""
+        URL's own). ``own``: where the URL's own record lay when a reader found it on an
+        earlier turn of the loop (``ColdRecord``): not looked up before the read, and asked
+        after it whether it still lies there."""
         url = request.key
         anchor = self.tier.find(variants.anchor_key(url))
+        carried = own is not None
         if own is None:
             own = self.tier.find(url)
         if _own_found(own, anchor):
             if own is None:
                 return None
-            entry = await self.reader.lookup_off_loop(url, entry_type, own)
+            entry = await self.reader.lookup_off_loop(url, entry_type, own, found_before=carried)
             return None if entry is None else (entry, ())
+        if carried:
+            # Written before the anchor when it was found: it may have been written again.
+            return await self.lookup_request(request, entry_type)
         names = await self.reader.lookup_off_loop(variants.anchor_key(url), Entry, anchor)
         if names is None:
             return None

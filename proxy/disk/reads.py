@@ -33,10 +33,11 @@ READ_INLINE = (1 << 20) + (16 << 10)
 
 @dataclass(frozen=True, slots=True)
 class ColdRecord:
-    """The record of a URL that the compiled reader found at ``slot`` and the page cache does
-    not hold: the handler reads it off the event loop from there, without asking the index
-    for it again (one moved, purged or evicted meanwhile is a miss, as after any off-loop
-    read)."""
+    """The record of a URL that the compiled reader found at ``slot`` and the page cache did
+    not hold: the handler reads it from there, off the event loop (or on it, when the kernel
+    has read it ahead since), without looking it up first; the index is asked after the
+    read whether it still lies there (one purged, written again or evicted since is a
+    miss)."""
 
     key: str
     slot: Slot
@@ -96,21 +97,32 @@ class RecordReader:
         return self._entry(key, slot, found, entry_type)
 
     async def lookup_off_loop(
-        self, key: str, entry_type: type[Entry], slot: Slot | None = None
+        self,
+        key: str,
+        entry_type: type[Entry],
+        slot: Slot | None = None,
+        *,
+        found_before: bool = False,
     ) -> Entry | None:
         """``lookup``, read on the event loop only when the record is no longer than
         ``READ_INLINE`` and the page cache holds it, else on a worker thread; one moved,
         purged or evicted while the thread read it is a miss. ``slot``: where the index
-        said the record lies, when the caller has just asked it (not asked again)."""
+        said the record lies, when the caller has just asked it (not asked again); or, with
+        ``found_before``, on an earlier turn of the loop (``ColdRecord``), when a purge, a
+        write or another worker may have moved it since: the index is asked after the read
+        whichever way it went."""
         slot = self.tier.find(key) if slot is None else slot
         if slot is None:
             return None
         if slot.length <= READ_INLINE:
             try:
-                return self._entry(key, slot, self.log.read(slot, raw(key), warm_only=True),
-                                   entry_type)  # fmt: skip
+                found = self.log.read(slot, raw(key), warm_only=True)
             except BlockingIOError:
                 pass
+            else:
+                if found_before and self.tier.find(key) != slot:
+                    return None
+                return self._entry(key, slot, found, entry_type)
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, self.log.read_apart, slot, raw(key))
         if self.tier.find(key) != slot:
