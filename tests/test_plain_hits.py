@@ -1,5 +1,5 @@
 """The compiled plain hit (``Proxy.plain_hits``, ``proxy/handler/hitpath/``): for every request it
-answers, the bytes ``Proxy.answer_hit`` would write and the counts ``CacheEngine.served`` would
+answers, the bytes ``Proxy.answer_hit`` would write and the counts ``CacheEngine.lookup`` would
 make; every other request it declines, counting nothing.
 
 Each test drives two proxies over engines in the same state and on the same clock: one asks

@@ -4,7 +4,7 @@ be written.
 
 The rules, which the live disk tier will keep:
 
-* The memory tier first, by the engine's own rules (``CacheEngine.lookup`` and
+* The memory tier first, by the engine's own rules (``CacheEngine.plan`` and
   ``on_response``, as the live proxy drives them).
 * A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
   no origin fetch, counted and kept in memory too (``CacheEngine.found_behind``), as the live

@@ -5,8 +5,9 @@ Rules this module keeps:
 * A driver (the live proxy) asks ``plan`` what to do with a request and gets one action, a small
   frozen dataclass: ``FromCache`` (answer from a stored response), ``Revalidate`` (ask the origin
   about a stored one), ``Fetch`` (go to the origin) or ``Refuse`` (answer with an error, no origin
-  contact). The offline simulator calls ``lookup`` and ``on_response`` directly: the same
-  counting, the same store, the same admission.
+  contact), or ``Behind`` (ask the tier behind the store first; ``found_behind`` judges
+  what it holds). The offline simulator's model drives ``plan``, ``found_behind`` and
+  ``on_response`` as the proxy does: the same counting, the same store, the same admission.
 * ``lookup``: a method other than GET or HEAD is a ``Bypass`` (counted apart). A fresh entry is a
   ``Hit`` (counted; the entry's hit count goes up). An entry that is expired, or that the request
   or response says must be revalidated (``no-cache``, request ``max-age``/``min-fresh``), is

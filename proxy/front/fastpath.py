@@ -51,7 +51,7 @@ from proxy.front.lane import (
     Written,
     lane_may_answer,
 )
-from proxy.front.life import Event, Life, State
+from proxy.front.life import SENDING_STATES, Event, Life, State
 from proxy.wire.seam import PIECE, FlowControl, ProxyServer, SendWatch
 
 
@@ -68,6 +68,13 @@ def require_strict_parser() -> None:
             "parser; unset AIOHTTP_NO_EXTENSIONS or reinstall aiohttp from a wheel"
         )
 
+
+# The moves every request makes, their members read off their enums once: reading one off
+# its class costs as much as the move itself.
+_PROXY_HEADER, _READING, _CLOSED = State.PROXY_HEADER, State.READING, State.CLOSED
+_HIT, _TO_LANE, _HEAD_OUT, _ANSWERED, _CLOSE = (
+    Event.HIT, Event.TO_LANE, Event.HEAD_OUT, Event.ANSWERED, Event.CLOSE
+)  # fmt: skip
 
 # Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
 # of a request in part): past it, reading stops until the lane's request ends.
@@ -157,7 +164,7 @@ class Front(SendWatch, FlowControl):
 
     __slots__ = (
         "_access_logger", "_answer_bytes", "_answers", "_buffer", "_drained", "_ended",
-        "_hit_log", "_idle", "_lane", "_last", "_life", "_parser", "_proxied", "_remote",
+        "_hit_log", "_idle", "_lane", "_last", "_life", "_parser", "_remote",
         "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent",
     )  # fmt: skip
 
@@ -177,14 +184,13 @@ class Front(SendWatch, FlowControl):
         self._buffer = b""  # bytes received and not yet answered or handed over
         # Where the connection is (``proxy.front.life``), and the work of the request in
         # progress, when there is one.
-        self._life = Life()
+        self._life = Life(State.PROXY_HEADER if server.proxy_protocol else State.READING)
         self._lane: asyncio.Task[None] | Pending | None = None
         self._remote = ""
         self._scheme = "http"
         self._last = 0.0  # when the connection last answered, or opened
         self._idle: asyncio.TimerHandle | None = None
         self._ended: asyncio.Future[None] | None = None  # a graceful shutdown's wait
-        self._proxied = not server.proxy_protocol  # whether its PROXY header was read
 
     @property
     def held(self) -> bytes:
@@ -224,7 +230,7 @@ class Front(SendWatch, FlowControl):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        if not self._proxied and not self._read_proxy_header():
+        if self._life.state is _PROXY_HEADER and not self._read_proxy_header():
             return
         if self._life.busy:
             if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
@@ -249,7 +255,7 @@ class Front(SendWatch, FlowControl):
         if client is not None:
             self._remote = client
         self._buffer = self._buffer[end:]
-        self._proxied = True
+        self._life.on(Event.HEADER)
         if not self._server.lane and self.transport is not None:  # all to aiohttp's handler
             self._hand_over(self._buffer)
             return False
@@ -273,7 +279,7 @@ class Front(SendWatch, FlowControl):
         data = self._buffer
         start = 0
         transport = self.transport
-        while start < len(data) and self._life.state is State.READING:
+        while start < len(data) and self._life.state is _READING:
             if transport is None or transport.is_closing():
                 break
             if self.writing_paused:
@@ -384,7 +390,7 @@ class Front(SendWatch, FlowControl):
         else:
             self._send_large(head, body)
             return
-        self._life.on(Event.HIT)
+        self._life.on(_HIT)
 
     def _log(self, logger: Any, request: Any, response: Any, started: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one."""
@@ -399,7 +405,7 @@ class Front(SendWatch, FlowControl):
         self.transport.writelines((head, view[:PIECE]))
         rest = self._write_while_taken(view[PIECE:])
         if rest is None:
-            self._life.on(Event.HIT)
+            self._life.on(_HIT)
         else:
             self._lane = _Unsent(rest)
             self._life.on(Event.HIT_IN_PART)
@@ -418,9 +424,10 @@ class Front(SendWatch, FlowControl):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        unsent = self._lane
-        if type(unsent) is not _Unsent:
+        if self._life.state not in SENDING_STATES:
             return
+        unsent = self._lane
+        assert type(unsent) is _Unsent
         # Nothing else writes on the connection while the body's rest is unsent: the
         # requests after it are held in the lane's place.
         rest = self._write_while_taken(unsent.rest)
@@ -428,7 +435,7 @@ class Front(SendWatch, FlowControl):
             unsent.rest = rest
             return
         self._lane_free()
-        if self._life.on(Event.SENT) is State.CLOSED:
+        if self._life.on(Event.SENT) is _CLOSED:
             if self.transport is not None:
                 self.transport.close()
             return
@@ -437,7 +444,7 @@ class Front(SendWatch, FlowControl):
     def _run_lane(self, message: RawRequestMessage, carried: Any = None) -> None:
         """Answer ``message`` in the lane, with what an answerer made of it (``carried``)."""
         self._server.requests_count += 1
-        self._life.on(Event.TO_LANE)
+        self._life.on(_TO_LANE)
         request = LaneRequest(message, self._remote, self._scheme, self, self._loop, carried)
         work = self._start(request)
         if isinstance(work, Pending):
@@ -467,8 +474,9 @@ class Front(SendWatch, FlowControl):
         self._lane_done(request, response, written)
 
     def lane_begun(self) -> None:
-        """The lane's answer's head went out: a failure now closes the connection."""
-        self._life.on(Event.HEAD_OUT)
+        """The lane's answer's head went out: from now on the answer ends whole, or the
+        connection closes."""
+        self._life.on(_HEAD_OUT)
 
     def lane_answered(self, request: LaneRequest, response: Written) -> None:
         self._lane_free()
@@ -494,8 +502,15 @@ class Front(SendWatch, FlowControl):
         self._last = self._loop.time()
         if response is not None and self._access_logger is not None:
             self._log(self._access_logger, request, response, request.started)
-        kept = written and response.keep_alive  # type: ignore[union-attr]
-        if self._life.on(Event.ANSWERED if kept else Event.CLOSE) is State.CLOSED:
+        # Not kept: not whole, not kept alive, or cut by the handler (``Proxy._cut``).
+        transport = self.transport
+        kept = (
+            written
+            and response.keep_alive  # type: ignore[union-attr]
+            and transport is not None
+            and not transport.is_closing()
+        )
+        if self._life.on(_ANSWERED if kept else _CLOSE) is _CLOSED:
             if self.transport is not None:
                 self.transport.close()
             return
@@ -505,7 +520,7 @@ class Front(SendWatch, FlowControl):
         """Give the connection to aiohttp's handler, which reads ``data`` first."""
         transport = self.transport
         assert transport is not None
-        self._life.on(Event.NOT_PLAIN)
+        self._life.on(Event.HAND_OVER)
         self._server.fronts.discard(self)
         if self._idle is not None:
             self._idle.cancel()
@@ -534,24 +549,24 @@ class Front(SendWatch, FlowControl):
         self._idle = None
         if self.transport is None:
             return
-        if self._life.busy:
-            self._last = self._loop.time()  # not idle: look again an idle timeout from now
-        elif self._loop.time() >= self._last + self._server.keepalive_timeout:
-            self._life.on(Event.IDLE)
-            self.transport.close()
-            return
+        now = self._loop.time()
+        if now >= self._last + self._server.keepalive_timeout:
+            if self._life.on(Event.IDLE) is _CLOSED:
+                self.transport.close()
+                return
+            self._last = now  # a request in progress: look again an idle timeout from now
         self._watch_idle()
 
     def drain(self) -> None:
         """Answer no request after the one in progress (a graceful shutdown)."""
-        if self._life.on(Event.DRAIN) is State.CLOSED and self.transport is not None:
+        if self._life.on(Event.DRAIN) is _CLOSED and self.transport is not None:
             self.transport.close()
 
     async def shutdown(self, timeout: float | None) -> None:
         """Wait up to ``timeout`` for the lane's request, then close; one still running is
         cancelled, as the handler's would be."""
         self.drain()
-        if self._lane is not None:
+        if self._life.busy:
             self._ended = self._loop.create_future()
             try:
                 await asyncio.wait_for(self._ended, timeout)

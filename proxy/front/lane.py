@@ -38,16 +38,17 @@ JOIN_BELOW = 64 << 10
 # A plain fresh hit's whole answer (a tuple: bytes to write, then a body to write apart or
 # b"", and the status); None when the next answerer, and after the last the lane or aiohttp's
 # handler, is to answer; False when no answerer could answer it as a hit (nothing is stored
-# for it); any other object is what the answerer made of a request it did not answer (the
-# proxy's plan for it), which the lane's request carries to the handler (``carried``), and no
-# answerer after it is asked.
+# for it); any other object is what the answerer learned of a request it did not answer (the
+# proxy's: its plan, or where a record the page cache does not hold lies), which the lane's
+# request carries to the handler (``carried``), and no answerer after it is asked.
 AnswerHit = Callable[[RawRequestMessage, str, str], Any]
 
 
 # The answer to the request at ``data[start:]`` as its bytes came (``PlainHits.answer_bytes``):
 # (end, answer bytes, body or b"", status) for a hit; (end, False) for a whole plain request
-# with nothing stored, (end, None) for one the other answerers are to judge; None when the
-# bytes are not one whole plain request.
+# with nothing stored, (end, what it learned) for one the lane is to answer with that (a
+# record the page cache does not hold), (end, None) for one the other answerers are to
+# judge; None when the bytes are not one whole plain request.
 AnswerBytes = Callable[[bytes, int], "tuple[Any, ...] | None"]
 
 # What starts a lane's request: the work answering it, or a ``Pending`` one. It never raises:

@@ -4,13 +4,17 @@ its state from it alone; nothing here does I/O, so every path is tested without 
 
 Rules the table keeps:
 
+* A connection behind a load balancer that sends the PROXY protocol reads that header first
+  (``PROXY_HEADER``), and nothing else until it has.
 * Requests are answered one at a time, in order: a request is read, and a hit answered, only
   while ``READING``; one in the lane, or a body's rest still going out, holds the bytes after
   it until it ends.
 * The connection is handed to aiohttp's protocol only between answers (from ``READING``), and
-  is the front's no more after that.
-* Once an answer's head went out (``BEGUN``), a failure closes the connection: a second
-  status line would be read as the answer to the client's next request.
+  is the front's no more after that: no event comes to it then.
+* Once an answer's head went out (``BEGUN``), the answer ends whole or the connection closes:
+  a second status line would be read as the answer to the client's next request (the
+  handler, which knows it from the request's ``answer``, cuts the connection, and the
+  front's ``CLOSE`` ends it here).
 * A graceful shutdown (``DRAIN``) answers nothing after the request in progress: it closes at
   once when there is none, else once that one ends (the ``LAST_`` states).
 * An idle timeout closes only a connection with nothing in progress.
@@ -28,15 +32,16 @@ import enum
 class State(enum.IntEnum):
     """Where a front connection is."""
 
-    READING = 0  # nothing in progress: the next request is read and answered
-    ANSWERING = 1  # a request in the lane, its answer not begun
-    BEGUN = 2  # the lane's answer's head went out
-    SENDING = 3  # a hit's body going out as the transport drains
-    LAST_ANSWERING = 4  # ANSWERING, and nothing after it (a shutdown)
-    LAST_BEGUN = 5
-    LAST_SENDING = 6
-    HANDED_OVER = 7  # aiohttp's protocol serves the connection
-    CLOSED = 8
+    PROXY_HEADER = 0  # its PROXY protocol header not read yet
+    READING = 1  # nothing in progress: the next request is read and answered
+    ANSWERING = 2  # a request in the lane, its answer not begun
+    BEGUN = 3  # the lane's answer's head went out
+    SENDING = 4  # a hit's body going out as the transport drains
+    LAST_ANSWERING = 5  # ANSWERING, and nothing after it (a shutdown)
+    LAST_BEGUN = 6
+    LAST_SENDING = 7
+    HANDED_OVER = 8  # aiohttp's protocol serves the connection
+    CLOSED = 9
 
 
 class Event(enum.IntEnum):
@@ -49,20 +54,25 @@ class Event(enum.IntEnum):
     HEAD_OUT = 4  # the lane's answer's head went out
     ANSWERED = 5  # the lane's answer went out whole, the connection kept alive
     CLOSE = 6  # the lane's answer ended and the connection closes (cut, failed, not kept)
-    NOT_PLAIN = 7  # a request the front does not take: aiohttp's protocol takes over
+    HAND_OVER = 7  # aiohttp's protocol takes over (a request the front does not take, a
+    # client that does not read, a server whose lane is off)
     DRAIN = 8  # a graceful shutdown
     IDLE = 9  # the idle timeout came
     LOST = 10  # the transport closed
+    HEADER = 11  # the PROXY protocol header was read
 
 
 S, E = State, Event
 
 # (state, event) -> the next state. A pair missing is an event that cannot come there.
 TABLE: dict[tuple[State, Event], State] = {
+    (S.PROXY_HEADER, E.HEADER): S.READING,
+    (S.PROXY_HEADER, E.DRAIN): S.CLOSED,
+    (S.PROXY_HEADER, E.IDLE): S.CLOSED,
     (S.READING, E.HIT): S.READING,
     (S.READING, E.HIT_IN_PART): S.SENDING,
     (S.READING, E.TO_LANE): S.ANSWERING,
-    (S.READING, E.NOT_PLAIN): S.HANDED_OVER,
+    (S.READING, E.HAND_OVER): S.HANDED_OVER,
     (S.READING, E.DRAIN): S.CLOSED,
     (S.READING, E.IDLE): S.CLOSED,
     (S.ANSWERING, E.HEAD_OUT): S.BEGUN,
@@ -89,10 +99,6 @@ TABLE: dict[tuple[State, Event], State] = {
     (S.LAST_SENDING, E.SENT): S.CLOSED,
     (S.LAST_SENDING, E.DRAIN): S.LAST_SENDING,
     (S.LAST_SENDING, E.IDLE): S.LAST_SENDING,
-    # Handed over, the connection is aiohttp's: a shutdown or a timeout is its to judge.
-    (S.HANDED_OVER, E.DRAIN): S.HANDED_OVER,
-    (S.HANDED_OVER, E.IDLE): S.HANDED_OVER,
-    (S.HANDED_OVER, E.LOST): S.HANDED_OVER,
     # What the lane still ends, or a shutdown, finds the connection closed.
     **{
         (S.CLOSED, event): S.CLOSED
@@ -103,14 +109,14 @@ TABLE: dict[tuple[State, Event], State] = {
 
 # ``TABLE`` by state, then event: what ``Life.on`` reads.
 _NEXT: list[list[State | None]] = [
-    [TABLE.get((state, event)) for event in Event] for state in State
+    [TABLE.get((state, event)) for event in sorted(Event)] for state in sorted(State)
 ]
 
 # The states with a request in progress (in the lane, or a body's rest going out).
 BUSY = frozenset({S.ANSWERING, S.BEGUN, S.SENDING, S.LAST_ANSWERING, S.LAST_BEGUN,
                   S.LAST_SENDING})  # fmt: skip
-# The states whose answer's head went out: a failure now closes the connection.
-ANSWER_BEGUN = frozenset({S.BEGUN, S.SENDING, S.LAST_BEGUN, S.LAST_SENDING})
+# The states a large hit's body drains in.
+SENDING_STATES = frozenset({S.SENDING, S.LAST_SENDING})
 
 
 class LifeError(RuntimeError):
@@ -118,12 +124,12 @@ class LifeError(RuntimeError):
 
 
 class Life:
-    """One connection's place in ``TABLE``, from ``READING``."""
+    """One connection's place in ``TABLE``, from ``start``."""
 
     __slots__ = ("state",)
 
-    def __init__(self) -> None:
-        self.state = State.READING
+    def __init__(self, start: State = State.READING) -> None:
+        self.state = start
 
     def on(self, event: Event) -> State:
         """Move on ``event``; the state it leads to. ``LifeError`` for an event that cannot
@@ -138,8 +144,3 @@ class Life:
     def busy(self) -> bool:
         """A request is in progress: the bytes after it wait."""
         return self.state in BUSY
-
-    @property
-    def answer_begun(self) -> bool:
-        """The answer in progress has put its head on the wire."""
-        return self.state in ANSWER_BEGUN

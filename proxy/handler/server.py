@@ -260,22 +260,23 @@ class Proxy:
         return await self._act(request, meta, url, action, cold)
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
-        """Begin a request of a connection's lane (``proxy.front.fastpath``), from the plan the
-        answerers made for it when they did (``request.carried``: ``Planned``), which is not
-        made again. A plain GET miss (no client conditional or Range, no fleet filter to
-        ask) is sent at once on an idle pooled origin connection, and answered in the
-        callback that brings its whole response (``PendingMiss``): no task, and no wait for
-        the loop's next turn. Any other request gets the work that answers it as ``handle``
-        does, the engine's plan made."""
-        carried = request.carried
-        planned = carried if type(carried) is Planned else None
+        """Begin a request of a connection's lane (``proxy.front.fastpath``), from what the
+        answerers learned of it (``request.carried``): the plan they made (``Planned``), which
+        is not made again, or where the compiled reader found its disk record
+        (``ColdRecord``), which is read from there. A plain GET miss (no client conditional or
+        Range, no fleet filter to ask) is sent at once on an idle pooled origin connection,
+        and answered in the callback that brings its whole response (``PendingMiss``): no
+        task, and no wait for the loop's next turn. Any other request gets the work that
+        answers it as ``handle`` does, the engine's plan made."""
+        carried: Planned | ColdRecord | None = request.carried
         if self.shared is not None or self.disk is not None or self.slicer is not None:
-            if planned is None:  # or a cold disk record the compiled reader found
-                return self.handle(request, self._handle(request, carried))
-            return self.handle(request, self._act(request, planned.meta, planned.url,
-                                                  planned.action))  # fmt: skip
+            match carried:
+                case Planned(meta=meta, url=url, action=action):
+                    return self.handle(request, self._act(request, meta, url, action))
+                case ColdRecord() | None:
+                    return self.handle(request, self._handle(request, carried))
         try:
-            return self._start(request, planned)
+            return self._start(request, carried if type(carried) is Planned else None)
         except Exception as exc:
             return self.handle(request, raising(exc))  # logged and answered as ``handle`` does
 
@@ -323,6 +324,8 @@ class Proxy:
         if type(action) is Behind:
             # The tier behind memory: a large record is read off the event loop.
             assert self.disk is not None
+            # The compiled reader keys a URL as the router does, or declines it; a reload
+            # since it read the request may key it otherwise.
             own = cold.slot if cold is not None and cold.key == meta.key else None
             found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type, own)
             action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)

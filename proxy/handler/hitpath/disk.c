@@ -10,8 +10,9 @@
  * - It reads through the descriptors RegionLog keeps open (read_fds) and declines a region
  *   with none, or whose file was removed by hand (no link left), a record longer than
  *   read_inline, or one the page cache does not hold all of (RWF_NOWAIT): the handler reads
- *   those off the event loop (a record the page cache does not hold is said as False: the
- *   Python answerer, which reads only what the page cache holds, is not asked).
+ *   those off the event loop (a record the page cache does not hold is said as what
+ *   disk_cold makes of where it lies, a ColdRecord: the Python answerer, which reads only
+ *   what the page cache holds, is not asked, and the handler reads it from there).
  * - It declines a record a ban (DiskTier.bans: a purge by prefix or by tag) may purge, so
  *   that the proxy drops it, in one place.
  * - It answers only what the stored head may answer as it was rendered: the record's meta

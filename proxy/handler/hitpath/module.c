@@ -22,7 +22,8 @@
  *   variants, and a stored entry that is fresh with no request directives, carries no
  *   `no-cache`, and whose head the proxy has rendered from its current fields
  *   (`ServedEntry.rendered`, whose third item is the `headers` it was rendered from).
- * - A hit is found and counted as CacheEngine.lookup finds and counts one: the entry by its key's hash and its key, its age as Entry.age computes it, and
+ * - A hit is found and counted as CacheEngine.lookup finds and counts one: the entry by its
+ *   key's hash and its key, its age as Entry.age computes it, and
  *   requests, hits, hit_bytes, bytes_served, the index's touch and record_hit, the
  *   admission's observe when it observes, and the what-if's record for the hits of its
  *   sample (a sample point of its key's hash, keyed by sample_key, below sample_below).
@@ -243,17 +244,18 @@ static PyMethodDef PlainHits_methods[] = {
      "read_inline):\n"
      "answer plain hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
-     "answer(message, *ignored) -> (bytes, body or b'', status) | False | None\n\n"
+     "answer(message, *ignored) -> (bytes, body or b'', status) | False | ColdRecord | None\n\n"
      "The whole answer to a plain fresh hit, counted; False, nothing counted, for a plain\n"
-     "request whose URL has nothing stored, or only a disk record the page cache does not\n"
-     "hold (no answerer can answer it as a hit on the event loop); None, nothing counted,\n"
-     "otherwise."},
+     "request whose URL has nothing stored; what attach_disk's cold makes of a disk record\n"
+     "the page cache does not hold (no answerer can answer it as a hit on the event loop:\n"
+     "the handler reads it from where it lies); None, nothing counted, otherwise."},
     {"answer_bytes", (PyCFunction)(void (*)(void))PlainHits_answer_bytes, METH_FASTCALL,
      "answer_bytes(data, start) -> (end, bytes, body or b'', status) | (end, False) |\n"
-     "    (end, None) | None\n\n"
+     "    (end, ColdRecord) | (end, None) | None\n\n"
      "answer() for the request at data[start:] as its bytes came, when they begin with one\n"
-     "whole plain request (see parse_plain), which ends at data[end]: its answer, or False or\n"
-     "None as answer() gives them (None too when it carries a declined field). None alone,\n"
+     "whole plain request (see parse_plain), which ends at data[end]: its answer, or False, a\n"
+     "ColdRecord or None as answer() gives them (None too when it carries a declined field).\n"
+     "None alone,\n"
      "nothing counted, when data[start:] is anything else: aiohttp's parser is to read it."},
     {NULL, NULL, 0, NULL},
 };
