@@ -115,12 +115,6 @@ def status_line(status: int) -> str:
     return f"HTTP/1.1 {status} {REASONS.get(status, '')}"
 
 
-def render(head: CachedHead) -> bytes:
-    """The status line and fields of ``head`` as bytes, each line CRLF-terminated, without
-    the per-answer fields or the blank line: what a fast path writes before them."""
-    return render_fields(head.status, head.fields)
-
-
 def render_fields(status: int, fields: tuple[tuple[str, str], ...]) -> bytes:
     """A ``status`` line and ``fields`` as bytes, each line CRLF-terminated, without the
     blank line. Field bytes that a parser decoded with surrogateescape go out as they
@@ -147,4 +141,4 @@ def hit_head(
         return None, False
     head = cached_head(status, headers, status, 0, size - 1, size, x_cache="HIT", via=VIA,
                        hidden=hidden)  # fmt: skip
-    return render(head), head.dated
+    return render_fields(head.status, head.fields), head.dated

@@ -79,6 +79,7 @@ from proxy.core.events import (
     FETCH_BYPASS,
     FETCH_STALE,
     FETCH_WHOLE,
+    FETCH_WITH_CONTENT,
     FWD_STALE,
     FWD_URI_MISS,
     METHOD_BYPASS,
@@ -176,7 +177,6 @@ class CacheEngine(ResponseDecisions):
         self.recent_purges = RecentPurges()
         self.removals = Removals(store, self.variants, self.tags, self.slices, self.counters,
                                  self.recent_purges)  # fmt: skip
-        self._behind: tuple[Tier, ...] = ()
         # "honour" a client's no-cache, max-age, min-fresh at most once a second per URL, or
         # "ignore" them; when a client last made each URL revalidate.
         self.client_revalidation = client_revalidation
@@ -189,12 +189,13 @@ class CacheEngine(ResponseDecisions):
     @property
     def behind(self) -> tuple[Tier, ...]:
         """The tiers behind the store (the disk): asked on a memory miss (``Behind``),
-        offered what memory is offered, and reached by every removal (``Removals``)."""
-        return self._behind
+        offered what memory is offered, and reached by every removal (``Removals``, which
+        holds them)."""
+        return self.removals.behind
 
     @behind.setter
     def behind(self, tiers: tuple[Tier, ...]) -> None:
-        self._behind = self.removals.behind = tiers
+        self.removals.behind = tiers
 
     # Requests
 
@@ -266,22 +267,26 @@ class CacheEngine(ResponseDecisions):
             self._revalidated[key] = now
         return req
 
-    def hit_behind(
+    def kept_from_disk(self, tier: Tier, key: str, entry: Entry, now: float) -> None:
+        """Count a plain request for the URL ``key`` that a compiled reader answered from
+        ``entry``, ``tier``'s fresh record, without planning it: as ``plan`` and
+        ``found_behind`` together count such a hit, and keep it (``_hit_behind``)."""
+        self._hit_behind(tier, key, entry, now, UNCOUNTED)
+
+    def _hit_behind(
         self,
         tier: Tier,
         key: str,
         entry: Entry,
         now: float,
-        *,
-        counted: bool = True,
+        before: int = AS_MISS,
         vary: tuple[str, ...] = (),
     ) -> None:
         """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
-        ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``).
-        ``counted``: ``plan`` counted the request already,
-        as a miss; else (a plain hit answered as parsed) it is counted now. The entry is kept
-        in the store too (``_promote``)."""
-        self._count_hit(AS_MISS if counted else UNCOUNTED, from_disk=True)
+        ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``;
+        ``before``: how its request was counted until then). The entry is kept in the store
+        too (``_promote``)."""
+        self._count_hit(before, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
@@ -319,10 +324,6 @@ class CacheEngine(ResponseDecisions):
         c.promoted += 1
         c.admissions += 1
         c.bytes_written += entry.size
-
-    def _missed_behind(self, tier: Tier) -> None:
-        """``tier`` behind the store had no fresh answer to a memory miss."""
-        tier.answered(False)
 
     def hit_state(self) -> HitState:
         """The objects a compiled answerer of plain hits finds and counts hits in, as
@@ -417,10 +418,10 @@ class CacheEngine(ResponseDecisions):
         9.3.1), and the cache keys on none."""
         if content and request.method in CACHEABLE_METHODS:
             self.counters.bypass += 1
-            return FETCH_BYPASS
+            return FETCH_WITH_CONTENT
         action = self._plan(request, now)
         if (
-            self._behind
+            self.removals.behind
             and (type(action) is Fetch or type(action) is Refuse)
             and action.reason == FWD_URI_MISS
         ):
@@ -437,19 +438,19 @@ class CacheEngine(ResponseDecisions):
     ) -> Step:
         """What ``tier``'s answer to a ``Behind`` makes of ``request``: ``found``, the entry it
         holds for it and the names it was selected on (or None). A fresh one answers
-        (``FromCache``, counted as the tier's hit and kept in memory: ``hit_behind``); a
+        (``FromCache``, counted as the tier's hit and kept in memory: ``_hit_behind``); a
         stale one is served stale, revalidated or refused as one in memory is
         (``_stale_behind``); anything else is ``then``, the tier's miss counted."""
         if found is not None:
             entry, vary = found
             hit = self._answers_from(request, entry, now)
             if hit is not None:
-                self.hit_behind(tier, request.key, hit.entry, now, vary=vary)
+                self._hit_behind(tier, request.key, hit.entry, now, vary=vary)
                 return FromCache(hit.entry, hit.age, behind=True)
             action = self._stale_behind(tier, request, entry, now, vary=vary)
             if action is not None:
                 return action
-        self._missed_behind(tier)
+        tier.answered(False)
         return then
 
     def _plan(self, request: RequestMeta, now: float) -> Action:

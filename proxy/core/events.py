@@ -159,11 +159,13 @@ class Fetch:
     conditionals and Range, and answer them from it. ``collapse``: share the fetch with
     concurrent requests for the same URL. ``reason`` is the Cache-Status ``fwd`` value:
     ``uri-miss``, ``method``, ``stale`` (a HEAD on a stale entry), or ``bypass`` (the URL was
-    uncacheable a moment ago: hit-for-miss)."""
+    uncacheable a moment ago: hit-for-miss). ``content``: the request's body goes with it (a
+    GET or HEAD that carries one, passed by)."""
 
     reason: str
     whole: bool
     collapse: bool
+    content: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,4 +268,5 @@ NOT_FAST = frozenset({*PRECONDITIONS, "transfer-encoding", "content-length"})
 FETCH_WHOLE = Fetch(FWD_URI_MISS, whole=True, collapse=True)
 FETCH_AS_ASKED = Fetch(FWD_URI_MISS, whole=False, collapse=False)
 FETCH_BYPASS = Fetch(FWD_BYPASS, whole=False, collapse=False)
+FETCH_WITH_CONTENT = Fetch(FWD_BYPASS, whole=False, collapse=False, content=True)
 FETCH_STALE = Fetch(FWD_STALE, whole=False, collapse=False)

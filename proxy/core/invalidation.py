@@ -11,7 +11,7 @@ operator or another worker asks for, goes to the memory store and, through the o
 * ``forgotten_elsewhere``: another process that shares the tiers (a worker of the same
   machine) removed a key from them; this one's memory lets it go too.
 * ``resize`` and every eviction leave the variant, tag and slice indexes as they leave the
-  store (``gone``).
+  store (``left_memory``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Removals:
         """Remove ``url`` and every stored variant and slice of it, from the store and from
         every tier behind it (``proxy.core.tiers``); how many entries went (a tier's record
         of the URL counted as one)."""
-        removed = self._delete_url(url)
+        removed = self._drop_url_from_memory(url)
         for tier in self.behind:
             removed += tier.forget(url, why)
         return removed
@@ -66,23 +66,26 @@ class Removals:
         not stored after); how many entries went."""
         self.recent_purges.url(key, now)
         own = forgotten_keys(key)[0]
-        return self._delete_url(own) if whole_url(key) else int(self.delete(own))
+        return (
+            self._drop_url_from_memory(own) if whole_url(key) else int(self.drop_from_memory(own))
+        )
 
-    def _delete_url(self, url: str) -> int:
+    def _drop_url_from_memory(self, url: str) -> int:
         """Remove ``url`` and its variants and slices from the store alone; how many went."""
         return sum(
-            self.delete(key) for key in (url, *self.variants.pop(url), *self.slices.pop(url))
+            self.drop_from_memory(key)
+            for key in (url, *self.variants.pop(url), *self.slices.pop(url))
         )
 
     def forget(self, key: str, why: str) -> bool:
         """Remove the entry stored under ``key`` (a URL's own, a variant's or a slice's) from
         the store and from every tier behind it; whether the store held one."""
-        gone = self.delete(key)
+        gone = self.drop_from_memory(key)
         for tier in self.behind:
             tier.forget(key, why)
         return gone
 
-    def gone(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
+    def left_memory(self, entries: list[Entry] | tuple[Entry, ...]) -> None:
         """``entries`` left the store: they leave the variant, tag and slice indexes too."""
         self.variants.forget(entries)
         self.tags.forget(entries)
@@ -92,22 +95,22 @@ class Removals:
         """The memory tier takes a new size (``CacheStore.resize``): what it evicts leaves
         the indexes as every eviction does; how many entries it evicted."""
         gone = self.store.resize(capacity_bytes, max_object_bytes)
-        self.gone(gone)
+        self.left_memory(gone)
         return len(gone)
 
-    def delete(self, key: str) -> bool:
+    def drop_from_memory(self, key: str) -> bool:
         """Remove the entry stored under ``key`` from the store (and it from the indexes),
         and from no other tier; whether one was."""
         gone = self.store.delete(key)
         if gone is None:
             return False
-        self.gone((gone,))
+        self.left_memory((gone,))
         return True
 
     def remove_slices(self, url: str) -> int:
         """Remove the stored slices of ``url`` (its version changed under them), from every
         tier; how many the store held."""
-        removed = sum(self.delete(key) for key in self.slices.pop(url))
+        removed = sum(self.drop_from_memory(key) for key in self.slices.pop(url))
         for tier in self.behind:
             tier.forget(slices.anchor_key(url), CHANGED)
         return removed
@@ -115,7 +118,7 @@ class Removals:
     def _purge_tags(self, tags: list[str]) -> int:
         """Remove every stored entry (each variant on its own) carrying any of ``tags``, from
         every tier; how many the store held."""
-        removed = sum(self.delete(key) for key in self.tags.tagged(tags))
+        removed = sum(self.drop_from_memory(key) for key in self.tags.tagged(tags))
         self._purge_behind("tags", tags)
         return removed
 
@@ -123,7 +126,7 @@ class Removals:
         """Remove every stored URL starting with ``prefix`` (with its variants and slices),
         from every tier; how many entries the store held."""
         urls = {url_of(key) for key in self._stored_keys(prefix=prefix)}
-        removed = sum(self._delete_url(url) for url in urls)
+        removed = sum(self._drop_url_from_memory(url) for url in urls)
         self._purge_behind("prefix", prefix)
         return removed
 

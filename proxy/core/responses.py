@@ -139,7 +139,6 @@ class ResponseDecisions:
     grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
-    _behind: tuple[Tier, ...]
     whatif: RequestSample | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
     _uncacheable: LRUCache[str, tuple[float, int]]
@@ -218,7 +217,7 @@ class ResponseDecisions:
     ) -> Outcome:
         """``finish`` of a decided response whose whole body is in hand: offered to the tiers,
         stored in memory, written to the tiers that took it."""
-        if not self._behind:
+        if not self.removals.behind:
             return self._settle(request, decision, size, now, payload)
         tiers = self._offer(request, response, size, decision, now)
         outcome = self._settle(request, decision, size, now, payload)
@@ -235,11 +234,13 @@ class ResponseDecisions:
     ) -> tuple[Tier, ...]:
         """The tiers behind the store that take a fetched response, memory having decided
         ``memory`` (``proxy.core.tiers``: what no tier is offered)."""
-        if not self._behind or not response.cacheable or memory in _NO_TIER:
+        if not self.removals.behind or not response.cacheable or memory in _NO_TIER:
             return ()
         kept = type(memory) is Keep
         return tuple(
-            tier for tier in self._behind if tier.takes(request, response, length, kept, now)
+            tier
+            for tier in self.removals.behind
+            if tier.takes(request, response, length, kept, now)
         )
 
     def _write_behind(
@@ -314,7 +315,7 @@ class ResponseDecisions:
             self._varies_now(request.key, response.vary)
         key, stored = self._storage_key(request, response)
         if known:
-            for tier in self._behind:
+            for tier in self.removals.behind:
                 tier.forget(key, SUPERSEDED)
         # A response without fields is the simulator's (a trace's sizes alone): nothing to
         # judge. With a grace, one may yet answer while the origin fails: it is written.
@@ -363,7 +364,7 @@ class ResponseDecisions:
             if url in self.variants or self.store.peek(url) is not None:
                 self.removals.invalidate(url, VARIES)
             else:  # a tier's variants are selected on names it checks as it writes one
-                for tier in self._behind:
+                for tier in self.removals.behind:
                     tier.forget(own_record(url), VARIES)
         elif url in self.variants:
             self.removals.invalidate(url, VARIES)  # a tier's anchor goes with the URL's own record
@@ -372,7 +373,7 @@ class ResponseDecisions:
         """``why`` a response fetched (``known``) for ``key`` is not kept: the store's older
         copy of ``key`` goes too."""
         if known:
-            self.removals.delete(key)
+            self.removals.drop_from_memory(key)
         return why
 
     def _settle(
@@ -400,7 +401,9 @@ class ResponseDecisions:
         if not self.store.fits(size):
             c.too_large += 1
             self._pass_for_a_while(request, now)
-            self.removals.delete(decision.key)  # superseded by this response, which is not kept
+            self.removals.drop_from_memory(
+                decision.key
+            )  # superseded by this response, which is not kept
             return TOO_LARGE
         response = decision.response
         url = request.key
@@ -425,7 +428,7 @@ class ResponseDecisions:
             evicted = self._put(entry)
         except ValueError:  # the body fits, but with headers past the overhead estimate it does not
             c.too_large += 1
-            self.removals.delete(decision.key)
+            self.removals.drop_from_memory(decision.key)
             return TOO_LARGE
         c.admissions += 1
         c.bytes_written += size
@@ -521,13 +524,13 @@ class ResponseDecisions:
             entry.tags = tags
             if self.store.peek(entry.key) is entry:
                 self.tags.add(entry)
-                self.removals.gone(self.store.recharge(entry))
+                self.removals.left_memory(self.store.recharge(entry))
             # Memory may have evicted it while it was revalidated, or never held it (a disk
             # record too large for memory), and another worker may have written a newer
             # record: a tier's copy is refreshed only if it carries the validators the 304
             # answered, so neither a newer response nor one a purge reached since is.
             held = self.store.peek(entry.key) is entry
-            for tier in self._behind:
+            for tier in self.removals.behind:
                 tier.refreshed(entry, validated, held)
 
     def _refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:
@@ -596,7 +599,7 @@ class ResponseDecisions:
             self.tags.forget((replaced,))
         self.tags.add(entry)
         self.slices.add(entry.key)
-        self.removals.gone(evicted)
+        self.removals.left_memory(evicted)
         return evicted
 
     def part_refused(self, request: RequestMeta, response: ResponseMeta, now: float) -> None:

@@ -341,9 +341,9 @@ class Proxy:
                 return await self.revalidation.revalidate(request, meta, url, action)
             case Fetch(reason=events.FWD_METHOD):
                 return await self.uploads.pass_through(request, meta, url)
-            case Fetch() if request.body_exists:
-                # A GET or HEAD with content, passed by: sent without its body, its length
-                # would have the origin read the next request as the body.
+            case Fetch(content=True):
+                # Sent without its body, its length would have the origin read the next
+                # request as the body.
                 return await self.uploads.pass_through(request, meta, url, action.reason)
             case Fetch(reason=events.FWD_URI_MISS, whole=True) if self.slicer is not None:
                 return await self.slicer.answer(request, meta, url, action)
