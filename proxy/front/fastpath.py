@@ -51,7 +51,7 @@ from proxy.front.lane import (
     Written,
     lane_may_answer,
 )
-from proxy.front.life import SENDING_STATES, Event, Life, State
+from proxy.front.life import BUSY, SENDING_STATES, Event, Life, State
 from proxy.wire.seam import PIECE, FlowControl, ProxyServer, SendWatch
 
 
@@ -72,8 +72,8 @@ def require_strict_parser() -> None:
 # The moves every request makes, their members read off their enums once: reading one off
 # its class costs as much as the move itself.
 _PROXY_HEADER, _READING, _CLOSED = State.PROXY_HEADER, State.READING, State.CLOSED
-_HIT, _TO_LANE, _HEAD_OUT, _ANSWERED, _CLOSE = (
-    Event.HIT, Event.TO_LANE, Event.HEAD_OUT, Event.ANSWERED, Event.CLOSE
+_TO_LANE, _HEAD_OUT, _ANSWERED, _CLOSE = (
+    Event.TO_LANE, Event.HEAD_OUT, Event.ANSWERED, Event.CLOSE
 )  # fmt: skip
 
 # Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
@@ -230,9 +230,10 @@ class Front(SendWatch, FlowControl):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
-        if self._life.state is _PROXY_HEADER and not self._read_proxy_header():
+        state = self._life.state
+        if state is _PROXY_HEADER and not self._read_proxy_header():
             return
-        if self._life.busy:
+        if state in BUSY:
             if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
                 self.hold_reading()
             return
@@ -379,7 +380,8 @@ class Front(SendWatch, FlowControl):
         return messages[0][0]
 
     def _write(self, head: bytes, body: bytes | memoryview) -> None:
-        """Write a hit's answer: whole, or its body's rest as the transport drains."""
+        """Write a hit's answer: whole (the connection stays ``READING``), or its body's
+        rest as the transport drains (``SENDING``)."""
         transport = self.transport
         assert transport is not None
         self._server.requests_count += 1
@@ -389,8 +391,6 @@ class Front(SendWatch, FlowControl):
             transport.writelines((head, body))
         else:
             self._send_large(head, body)
-            return
-        self._life.on(_HIT)
 
     def _log(self, logger: Any, request: Any, response: Any, started: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one."""
@@ -404,9 +404,7 @@ class Front(SendWatch, FlowControl):
         assert self.transport is not None
         self.transport.writelines((head, view[:PIECE]))
         rest = self._write_while_taken(view[PIECE:])
-        if rest is None:
-            self._life.on(_HIT)
-        else:
+        if rest is not None:
             self._lane = _Unsent(rest)
             self._life.on(Event.HIT_IN_PART)
 

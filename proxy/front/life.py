@@ -8,7 +8,8 @@ Rules the table keeps:
   (``PROXY_HEADER``), and nothing else until it has.
 * Requests are answered one at a time, in order: a request is read, and a hit answered, only
   while ``READING``; one in the lane, or a body's rest still going out, holds the bytes after
-  it until it ends.
+  it until it ends. A hit answered whole as it was read leaves the connection ``READING``:
+  it is no event (the commonest request moves nothing, and costs no call).
 * The connection is handed to aiohttp's protocol only between answers (from ``READING``), and
   is the front's no more after that: no event comes to it then.
 * Once an answer's head went out (``BEGUN``), the answer ends whole or the connection closes:
@@ -47,19 +48,18 @@ class State(enum.IntEnum):
 class Event(enum.IntEnum):
     """What happens to a front connection."""
 
-    HIT = 0  # a hit answered whole as it was read
-    HIT_IN_PART = 1  # a hit whose body's rest waits for the transport to drain
-    SENT = 2  # that rest went out
-    TO_LANE = 3  # a request went to the lane
-    HEAD_OUT = 4  # the lane's answer's head went out
-    ANSWERED = 5  # the lane's answer went out whole, the connection kept alive
-    CLOSE = 6  # the lane's answer ended and the connection closes (cut, failed, not kept)
-    HAND_OVER = 7  # aiohttp's protocol takes over (a request the front does not take, a
+    HIT_IN_PART = 0  # a hit whose body's rest waits for the transport to drain
+    SENT = 1  # that rest went out
+    TO_LANE = 2  # a request went to the lane
+    HEAD_OUT = 3  # the lane's answer's head went out
+    ANSWERED = 4  # the lane's answer went out whole, the connection kept alive
+    CLOSE = 5  # the lane's answer ended and the connection closes (cut, failed, not kept)
+    HAND_OVER = 6  # aiohttp's protocol takes over (a request the front does not take, a
     # client that does not read, a server whose lane is off)
-    DRAIN = 8  # a graceful shutdown
-    IDLE = 9  # the idle timeout came
-    LOST = 10  # the transport closed
-    HEADER = 11  # the PROXY protocol header was read
+    DRAIN = 7  # a graceful shutdown
+    IDLE = 8  # the idle timeout came
+    LOST = 9  # the transport closed
+    HEADER = 10  # the PROXY protocol header was read
 
 
 S, E = State, Event
@@ -69,7 +69,6 @@ TABLE: dict[tuple[State, Event], State] = {
     (S.PROXY_HEADER, E.HEADER): S.READING,
     (S.PROXY_HEADER, E.DRAIN): S.CLOSED,
     (S.PROXY_HEADER, E.IDLE): S.CLOSED,
-    (S.READING, E.HIT): S.READING,
     (S.READING, E.HIT_IN_PART): S.SENDING,
     (S.READING, E.TO_LANE): S.ANSWERING,
     (S.READING, E.HAND_OVER): S.HANDED_OVER,
