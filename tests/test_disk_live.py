@@ -290,6 +290,22 @@ class CountingIndex:
         return getattr(self.index, name)
 
 
+async def restarted_over_disk(origin, start_proxy, tmp_path):
+    """A proxy started over a disk tier that holds ``/cold`` and ``/warm`` (5,000 bytes of
+    "c" each, stored by a proxy before it), its memory empty, after one disk hit on
+    ``/warm``, in the same region file: the compiled reader knows the host and reads through
+    the region file's descriptor, as in a proxy that has served a while."""
+    for path in ("/cold", "/warm"):
+        origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for path in ("/cold", "/cold", "/warm", "/warm"):
+        assert (await get(first, path))[0] == 200
+    await first.stop()
+    second = await start_proxy(disk__path=str(tmp_path), **DISK)
+    assert "detail=disk" in (await get(second, "/warm"))[1]["Cache-Status"]
+    return second
+
+
 async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_reader(
     origin, start_proxy, tmp_path, monkeypatch
 ):
@@ -300,16 +316,7 @@ async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_re
     routed once (its meta made there alone), and nothing else asks (before: the handler
     asked for the URL's record again, three lookups; at 3d9ec66 the Python answerer looked
     it up and routed it again too)."""
-    for path in ("/cold", "/warm"):
-        origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
-    first = await start_proxy(disk__path=str(tmp_path), **DISK)
-    for path in ("/cold", "/cold", "/warm", "/warm"):
-        assert (await get(first, path))[0] == 200
-    await first.stop()
-    second = await start_proxy(disk__path=str(tmp_path), **DISK)
-    # A disk hit in the same region file: the compiled reader learns the host, and the region
-    # file is opened, as in a proxy that has served a while.
-    assert "detail=disk" in (await get(second, "/warm"))[1]["Cache-Status"]
+    second = await restarted_over_disk(origin, start_proxy, tmp_path)
     tier, router = second.proxy.disk.tier, second.proxy.router
     counting = tier.index = CountingIndex(tier.index)  # the compiled reader keeps its own
     routed: list[str] = []
@@ -344,14 +351,7 @@ async def test_a_purge_after_a_cold_records_decline_and_before_its_read_is_honou
     connection, another worker's removal) wins: the read at that place is a miss, whether
     the page cache holds the record by then or not, and the origin's new response answers
     (before: read on the loop, the purged record answered and went back into memory)."""
-    for path in ("/cold", "/warm"):
-        origin.set(path, body=b"c" * 5000, headers={"Cache-Control": "max-age=600"})
-    first = await start_proxy(disk__path=str(tmp_path), **DISK)
-    for path in ("/cold", "/cold", "/warm", "/warm"):
-        assert (await get(first, path))[0] == 200
-    await first.stop()
-    second = await start_proxy(disk__path=str(tmp_path), **DISK)
-    assert "detail=disk" in (await get(second, "/warm"))[1]["Cache-Status"]
+    second = await restarted_over_disk(origin, start_proxy, tmp_path)
     origin.set("/cold", body=b"N" * 5000, headers={"Cache-Control": "max-age=600"})
     proxy, region = second.proxy, next(tmp_path.glob("region-*.log"))
     handle = proxy._handle
