@@ -163,6 +163,9 @@ class CacheEngine(ResponseDecisions):
         self.store = store
         self.admission = admission
         self.hit_for_miss = hit_for_miss
+        # A backend the driver awaits decides admission (the fleet's shared filter): the
+        # engine asks for its answer (``ASK_ADMISSION``) instead of consulting its policy.
+        self.admission_elsewhere = False
         self.grace = grace
         self.ignore_cookies = ignore_cookies
         self.counters = Counters()

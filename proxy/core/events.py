@@ -185,6 +185,16 @@ class Behind:
     then: Fetch | Refuse
 
 
+class AskAdmission:
+    """The engine's own policy is not the one to ask: a backend the driver awaits (the
+    fleet's shared filter) says whether this sighting admits the response. The driver asks
+    it, then gives the engine its answer (``admitted``); nothing was counted or changed."""
+
+    __slots__ = ()
+
+
+ASK_ADMISSION = AskAdmission()
+
 # What a driver carries out in one step; a ``Behind`` is answered with one of them.
 Step = FromCache | Revalidate | Fetch | Refuse
 Action = Step | Behind

@@ -13,6 +13,7 @@ from cachetools import LRUCache
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.events import (
+    ASK_ADMISSION,
     COLLAPSED,
     CUT_SHORT,
     FIRST_SIGHTING,
@@ -21,6 +22,7 @@ from proxy.core.events import (
     TOO_LARGE,
     TOO_MANY_TAGS,
     TOO_MANY_VARIANTS,
+    AskAdmission,
     Keep,
     NotStored,
     Outcome,
@@ -136,6 +138,7 @@ class ResponseDecisions:
     tags: TagIndex
     slices: SliceIndex
     hit_for_miss: float
+    admission_elsewhere: bool
     grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
@@ -152,15 +155,18 @@ class ResponseDecisions:
         *,
         admitted: bool | None = None,
         whole: bool = True,
-    ) -> Decided:
+    ) -> Decided | AskAdmission:
         """Decide from the head of a response fetched from the origin whether memory will
         keep its body and which tiers behind the store write it (``length``: its
         Content-Length, None when unknown). Only a response fetched for the cache
         (``whole``, ``Fetch.whole``) is offered to the tiers: one fetched as the client asked
         (a cookie's, a hit-for-miss pass, a precondition's) answers a request no tier is
         read for, and would only make the device write it again each time.
-        ``admitted``: the admission answer when the driver already asked an asynchronous
-        backend (see ``admission_pending``); None asks the engine's own policy."""
+        ``admitted``: the answer of the backend that decides admission when the engine's
+        own policy does not (``admission_elsewhere``), which the engine asks for
+        (``ASK_ADMISSION``) when it would consult a policy."""
+        if admitted is None and self.admission_elsewhere and self._asks(request, response, length):
+            return ASK_ADMISSION
         self.counters.origin_fetches += 1
         memory = self._decide(request, response, length, now, admitted, True)
         tiers = self._offer(request, response, length, memory, now) if whole else ()
@@ -271,13 +277,15 @@ class ResponseDecisions:
         *,
         payload: object,
         admitted: bool | None = None,
-    ) -> Outcome:
+    ) -> Outcome | AskAdmission:
         """A response another request fetched (single flight) answered this one: a sighting
         of its URL, not an origin fetch. It is stored (with ``payload``) if this sighting
         admits it and no other request stored it already, and offered to the tiers as a
         sighting too: a tier that did not take it at its fetch (its admission, or memory's
         for a tier that follows memory) may take it now; one that holds it takes it no
-        more."""
+        more. ``admitted``: as for ``on_response_head``."""
+        if admitted is None and self.admission_elsewhere and self._asks(request, response, size):
+            return ASK_ADMISSION
         c = self.counters
         c.collapsed += 1
         c.bytes_served += size
@@ -446,11 +454,9 @@ class ResponseDecisions:
             tags = (storable_tags(response.headers) if response.headers else ()) or ()
         return self.recent_purges.reach(key, tags, response.requested_at)
 
-    def admission_pending(
-        self, request: RequestMeta, response: ResponseMeta, length: int | None
-    ) -> bool:
-        """Whether ``on_response_head`` for this response would consult the admission policy:
-        a driver with an asynchronous backend asks it first, and only then."""
+    def _asks(self, request: RequestMeta, response: ResponseMeta, length: int | None) -> bool:
+        """Whether deciding this response would consult the admission policy: what a backend
+        the driver awaits is asked first (``ASK_ADMISSION``), and only then."""
         if not response.cacheable or (length is not None and not self.store.fits(length)):
             return False
         return not self._storage_key(request, response)[1]

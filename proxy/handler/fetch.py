@@ -27,13 +27,16 @@ from proxy.core import rfc9111
 from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import (
+    ASK_ADMISSION,
     CLIENT_ASKS,
     FETCH_WHOLE,
     FWD_URI_MISS,
     TOO_LARGE,
     Answer,
+    AskAdmission,
     Fetch,
     Keep,
+    Outcome,
     RequestMeta,
     ResponseMeta,
 )
@@ -135,10 +138,7 @@ class Fetcher:
     async def _collapsed(self, meta: RequestMeta, shared: Shared) -> web.StreamResponse:
         """Answer from the response another request fetched; it counts as this request's
         sighting of the URL too, so a burst of misses can store it."""
-        size = len(shared.body)
-        admitted = await self.ask_fleet(meta, shared.meta, size)
-        outcome = self.engine.on_shared(meta, shared.meta, size, self.clock(),
-                                        payload=shared.body, admitted=admitted)  # fmt: skip
+        outcome = await self.shared_sighting(meta, shared.meta, len(shared.body), shared.body)
         status = forwarded(FWD_URI_MISS, outcome=outcome, collapsed=True)
         age = shared.meta.initial_age
         return self.cached(meta, shared.meta.status, shared.meta.headers, shared.body, status,
@@ -207,11 +207,11 @@ class Fetcher:
         when it was fetched whole."""
         headers = fields_of(upstream)
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
-        decided = (
-            self.engine.on_response_head(meta, rmeta, length, self.clock(), whole=action.whole)
-            if self.shared is None
-            else await self.decide(meta, rmeta, length, whole=action.whole)
+        decided = self.engine.on_response_head(
+            meta, rmeta, length, self.clock(), whole=action.whole
         )
+        if decided is ASK_ADMISSION:
+            decided = await self.decide(meta, rmeta, length, whole=action.whole)
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
             upstream.close()
@@ -245,6 +245,7 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decided = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        assert type(decided) is Decided, "PendingMiss is not taken with a fleet's filter"
         _, _, arrived, parts, out = self._relay(
             request, meta, upstream, FETCH_WHOLE, flight, headers, decided, fits
         )
@@ -363,19 +364,34 @@ class Fetcher:
     async def decide(
         self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None, *, whole: bool = True
     ) -> Decided:
-        """``engine.on_response_head``, asking the fleet's filter first when there is one."""
-        admitted = await self.ask_fleet(meta, rmeta, length)
-        return self.engine.on_response_head(meta, rmeta, length, self.clock(),
-                                            admitted=admitted, whole=whole)  # fmt: skip
+        """``engine.on_response_head``, with the fleet's filter's answer when the engine asks
+        for it (``ASK_ADMISSION``)."""
+        decided = self.engine.on_response_head(meta, rmeta, length, self.clock(), whole=whole)
+        if decided is ASK_ADMISSION:
+            admitted = await self._ask_fleet(meta, length)
+            decided = self.engine.on_response_head(meta, rmeta, length, self.clock(),
+                                                   admitted=admitted, whole=whole)  # fmt: skip
+        assert type(decided) is Decided
+        return decided
 
-    async def ask_fleet(
-        self, meta: RequestMeta, rmeta: ResponseMeta, length: int | None
-    ) -> bool | None:
-        """The fleet's admission answer when the engine would consult its policy (the one
-        place a response awaits the admission backend); None without a fleet."""
-        if self.shared is not None and self.engine.admission_pending(meta, rmeta, length):
-            return await self.shared.admit(meta.key, length or 0, self.clock())
-        return None
+    async def shared_sighting(
+        self, meta: RequestMeta, rmeta: ResponseMeta, size: int, payload: bytes
+    ) -> Outcome:
+        """``engine.on_shared`` for a request another's fetch answered, with the fleet's
+        filter's answer when the engine asks for it (``ASK_ADMISSION``)."""
+        outcome = self.engine.on_shared(meta, rmeta, size, self.clock(), payload=payload)
+        if outcome is ASK_ADMISSION:
+            admitted = await self._ask_fleet(meta, size)
+            outcome = self.engine.on_shared(meta, rmeta, size, self.clock(), payload=payload,
+                                            admitted=admitted)  # fmt: skip
+        assert not isinstance(outcome, AskAdmission)
+        return outcome
+
+    async def _ask_fleet(self, meta: RequestMeta, length: int | None) -> bool:
+        """The fleet's admission answer (the one place a response awaits the admission
+        backend)."""
+        assert self.shared is not None
+        return await self.shared.admit(meta.key, length or 0, self.clock())
 
 
 def _asks(request: web.BaseRequest) -> bool:

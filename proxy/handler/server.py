@@ -123,6 +123,7 @@ class Proxy:
         self.answers_cut = 0
         if disk is not None:
             engine.behind = (disk,)
+        engine.admission_elsewhere = shared is not None
         self.sample_key = 0
         self.key_sample(secrets.randbits(64))
 

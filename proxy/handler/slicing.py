@@ -509,9 +509,7 @@ class Slicer:
                 # No slice of it will be stored: its next requests need not be sliced.
                 self.engine.part_refused(meta, rmeta, self.clock())
         else:
-            admitted = await fetcher.ask_fleet(target, rmeta, size)
-            outcome = self.engine.on_shared(target, rmeta, size, self.clock(),
-                                            payload=part.body, admitted=admitted)  # fmt: skip
+            outcome = await fetcher.shared_sighting(target, rmeta, size, part.body)
         if not whole:
             return None
         return forwarded(FWD_URI_MISS, outcome=outcome, collapsed=not led)
