@@ -270,7 +270,7 @@ class CacheEngine(ResponseDecisions):
             self._revalidated[key] = now
         return req
 
-    def kept_from_disk(self, tier: Tier, key: str, entry: Entry, now: float) -> None:
+    def _kept_from_tier(self, tier: Tier, key: str, entry: Entry, now: float) -> None:
         """Count a plain request for the URL ``key`` that a compiled reader answered from
         ``entry``, ``tier``'s fresh record, without planning it: as ``plan`` and
         ``found_behind`` together count such a hit, and keep it (``_hit_behind``)."""
@@ -337,7 +337,8 @@ class CacheEngine(ResponseDecisions):
         return HitState(store.by_hash, self.variants.urls, store.index, self.counters, observe,
                         self._uncacheable, None if whatif is None else whatif.record,
                         0 if whatif is None else whatif.below,
-                        0 if whatif is None else whatif.sample_key)  # fmt: skip
+                        0 if whatif is None else whatif.sample_key,
+                        self._kept_from_tier)  # fmt: skip
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted

@@ -18,9 +18,9 @@ common case, which give the same bytes and counts as the request handler.
   its fields are the ones it was rendered from; each hit adds only its ``Cache-Status`` ttl,
   ``Age`` and, where the origin sent none, ``Date``.
 * The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a fresh
-  hit, in memory as ``plan`` does and on disk as ``found_behind`` does (``kept_from_disk``), and
-  writes the bytes ``answer`` would; what it declines it has counted nothing for, and
-  ``answer`` decides.
+  hit, in memory as ``plan`` does and on disk as ``found_behind`` does
+  (``HitState.kept_from_tier``), and writes the bytes ``answer`` would; what it declines it
+  has counted nothing for, and ``answer`` decides.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class HitAnswers:
         self.routed_hosts: dict[bytes, str] = {}
         engine.entry_type = ServedEntry
         state = engine.hit_state()
+        self.kept_from_tier = state.kept_from_tier
         self.plain_hits = PlainHits(
             entries=state.entries,
             vary=state.vary,
@@ -270,7 +271,7 @@ class HitAnswers:
         ``body`` and its ``meta``, decoded) as ``answer`` counts one it read itself."""
         assert self.disk is not None
         entry = record_entry(key, meta, body, self.engine.entry_type)
-        self.engine.kept_from_disk(self.disk, key, entry, self.clock())
+        self.kept_from_tier(self.disk, key, entry, self.clock())
 
 
 def _render(
