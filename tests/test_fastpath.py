@@ -833,3 +833,69 @@ async def test_a_hit_the_compiled_path_fails_to_render_is_counted_once_by_the_ha
     [(status, _, body)] = await exchange(service, request)
     assert (status, body) == (200, b"hello")
     assert counters.hits == before + 1 and not failing
+
+
+LARGE = bytes(range(256)) * (32 << 10)  # 8 MiB: drained a piece at a time (SENDING)
+
+
+async def large_stored(origin, start_proxy, **settings) -> Service:
+    origin.set("/big", body=LARGE, headers={"Cache-Control": "max-age=600"})
+    service = await start_proxy(admission__policy="always", cache__max_object_size="16MiB",
+                                cache__size="64MiB", **settings)  # fmt: skip
+    await exchange(service, b"GET /big HTTP/1.1\r\nHost: example.test\r\n\r\n")
+    return service
+
+
+async def read_slowly(
+    reader: asyncio.StreamReader, length: int, pause: float, slow_for: int = 0
+) -> bytes:
+    """``length`` body bytes after a head, a read at a time: the first ``slow_for`` reads
+    ``pause`` seconds apart, the rest at once."""
+    await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    body, reads = b"", 0
+    while len(body) < length:
+        chunk = await asyncio.wait_for(reader.read(length - len(body)), 5)
+        if not chunk:
+            break
+        body += chunk
+        reads += 1
+        if reads <= slow_for:
+            await asyncio.sleep(pause)
+    return body
+
+
+async def test_the_idle_timeout_counts_from_the_end_of_a_large_hits_body(origin, start_proxy):
+    """A body drained for longer than the idle timeout leaves the client the whole timeout
+    after it (before: the timeout counted from its last check during the drain, and closed
+    the connection just after the answer ended)."""
+    service = await large_stored(origin, start_proxy, server__idle_timeout="500ms")
+    reader, writer = await connect(service)
+    try:
+        writer.write(b"GET /big HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        # Over 1 s of sending, then the rest read at once: the body ends just before that.
+        assert await read_slowly(reader, len(LARGE), pause=0.15, slow_for=8) == LARGE
+        await asyncio.sleep(0.3)
+        writer.write(HIT.replace(b"/hit", b"/big"))
+        assert await read_slowly(reader, len(LARGE), pause=0) == LARGE
+    finally:
+        writer.close()
+
+
+async def test_a_shutdown_that_gives_up_a_large_hits_body_logs_no_error(origin, start_proxy):
+    """A graceful shutdown whose wait ends while a hit's body is still going out (the client
+    reads nothing) closes the connection, and nothing fails when the transport drains after
+    (before: ``resume_writing`` found the body's rest gone and raised)."""
+    errors: list[dict] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: errors.append(context))
+    service = await large_stored(origin, start_proxy, server__drain_timeout="300ms")
+    reader, writer = await connect(service)
+    try:
+        writer.write(b"GET /big HTTP/1.1\r\nHost: example.test\r\n\r\n")
+        server = service.proxy_runner.server
+        await until(lambda: any(front.state is State.SENDING for front in server.fronts))
+        await asyncio.wait_for(service.proxy_runner.cleanup(), 5)
+        while await asyncio.wait_for(reader.read(1 << 20), 5):
+            pass  # what the transport held: then the end of the connection
+    finally:
+        writer.close()
+    assert not errors, errors

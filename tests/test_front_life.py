@@ -36,6 +36,10 @@ WALKS = {
         (E.TO_LANE, E.DRAIN, E.HEAD_OUT, E.ANSWERED), S.CLOSED),
     "a shutdown during a large hit's body: sent, then closed": (
         (E.HIT_IN_PART, E.DRAIN, E.SENT), S.CLOSED),
+    "a shutdown that waited its time for a large hit's body: given up": (
+        (E.HIT_IN_PART, E.DRAIN, E.CLOSE, E.SENT), S.CLOSED),
+    "a shutdown that waited its time for a miss: given up": (
+        (E.TO_LANE, E.DRAIN, E.HEAD_OUT, E.CLOSE), S.CLOSED),
     "an idle timeout during a slow miss leaves it": ((E.TO_LANE, E.IDLE, E.HEAD_OUT),
                                                       S.BEGUN),
     "an idle timeout with nothing in progress": ((E.IDLE,), S.CLOSED),

@@ -433,6 +433,8 @@ class Front(SendWatch, FlowControl):
             unsent.rest = rest
             return
         self._lane_free()
+        # The answer ended now: the idle timeout counts from here, as after a lane's answer.
+        self._last = self._loop.time()
         if self._life.on(Event.SENT) is _CLOSED:
             if self.transport is not None:
                 self.transport.close()
@@ -574,6 +576,7 @@ class Front(SendWatch, FlowControl):
                     lane.cancel()
                     if not isinstance(lane, asyncio.Task):
                         self._lane_free()
+                self._life.on(_CLOSE)
         if self.transport is not None:
             self.transport.close()
 

@@ -53,7 +53,8 @@ class Event(enum.IntEnum):
     TO_LANE = 2  # a request went to the lane
     HEAD_OUT = 3  # the lane's answer's head went out
     ANSWERED = 4  # the lane's answer went out whole, the connection kept alive
-    CLOSE = 5  # the lane's answer ended and the connection closes (cut, failed, not kept)
+    CLOSE = 5  # the answer in progress ended and the connection closes (cut, failed, not
+    # kept, or given up by a shutdown that waited its time)
     HAND_OVER = 6  # aiohttp's protocol takes over (a request the front does not take, a
     # client that does not read, a server whose lane is off)
     DRAIN = 7  # a graceful shutdown
@@ -84,6 +85,7 @@ TABLE: dict[tuple[State, Event], State] = {
     (S.BEGUN, E.DRAIN): S.LAST_BEGUN,
     (S.BEGUN, E.IDLE): S.BEGUN,
     (S.SENDING, E.SENT): S.READING,
+    (S.SENDING, E.CLOSE): S.CLOSED,
     (S.SENDING, E.DRAIN): S.LAST_SENDING,
     (S.SENDING, E.IDLE): S.SENDING,
     (S.LAST_ANSWERING, E.HEAD_OUT): S.LAST_BEGUN,
@@ -96,6 +98,7 @@ TABLE: dict[tuple[State, Event], State] = {
     (S.LAST_BEGUN, E.DRAIN): S.LAST_BEGUN,
     (S.LAST_BEGUN, E.IDLE): S.LAST_BEGUN,
     (S.LAST_SENDING, E.SENT): S.CLOSED,
+    (S.LAST_SENDING, E.CLOSE): S.CLOSED,
     (S.LAST_SENDING, E.DRAIN): S.LAST_SENDING,
     (S.LAST_SENDING, E.IDLE): S.LAST_SENDING,
     # What the lane still ends, or a shutdown, finds the connection closed.
