@@ -341,6 +341,24 @@ async def test_a_cold_disk_hit_asks_the_index_at_most_twice_past_the_compiled_re
     assert counting.gets == 2 and routed == ["route", "meta"], (counting.gets, routed)
 
 
+async def test_a_cold_disk_hit_the_python_answerer_plans_is_looked_up_once_by_it(
+    origin, start_proxy, tmp_path
+):
+    """A request the compiled reader declines for its fields (here ``Cache-Control``) is
+    planned by the Python answerer, which finds the record not in the page cache and hands
+    where it lies to the handler with the plan (``Planned.cold``): its own lookup, the
+    variants' anchor and the check after the read, three in all (before: four, the handler
+    looking the record up again)."""
+    second = await restarted_over_disk(origin, start_proxy, tmp_path)
+    tier = second.proxy.disk.tier
+    counting = tier.index = CountingIndex(tier.index)
+    cold_reads(second.proxy.disk.log)
+    drop_from_page_cache(next(tmp_path.glob("region-*.log")))
+    status, headers, body = await get(second, "/cold", **{"Cache-Control": "max-stale=60"})
+    assert (status, body) == (200, b"c" * 5000) and "detail=disk" in headers["Cache-Status"]
+    assert counting.gets == 3, counting.gets
+
+
 @pytest.mark.parametrize("kind", ["url", "prefix"])
 @pytest.mark.parametrize("read", ["on the loop", "off the loop"])
 async def test_a_purge_after_a_cold_records_decline_and_before_its_read_is_honoured(

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from dataclasses import dataclass
 
 from proxy.core._native import DiskIndex, SharedIndex
@@ -75,25 +74,34 @@ class RecordReader:
             return self.tier.index
         return FollowingIndex(self.tier.index, self.tier.follow_bans)
 
-    def lookup(
-        self,
-        key: str,
-        entry_type: type[Entry],
-        longest: float = math.inf,
-        *,
-        warm_only: bool = False,
-    ) -> Entry | None:
+    def lookup(self, key: str, entry_type: type[Entry], *, warm_only: bool = False) -> Entry | None:
         """The entry ``key``'s record holds, read back whole on the event loop, or None: no
-        record, one longer than ``longest`` bytes or (``warm_only``) one the page cache does
-        not hold all of (left unread), or one not whole (dropped). The caller counts whether
-        it answered (``DiskTier.answered``)."""
+        record, (``warm_only``) one the page cache does not hold all of (left unread), or
+        one not whole (dropped). The caller counts whether it answered
+        (``DiskTier.answered``)."""
         slot = self.tier.find(key)
-        if slot is None or slot.length > longest:
+        if slot is None:
             return None
         try:
             found = self.log.read(slot, raw(key), warm_only=warm_only)
         except BlockingIOError:
             return None
+        return self._entry(key, slot, found, entry_type)
+
+    def lookup_warm(self, key: str, entry_type: type[Entry]) -> Entry | ColdRecord | None:
+        """``lookup`` of a record the page cache holds, read on the event loop: its entry;
+        where it lies (``ColdRecord``) when it is longer than ``READ_INLINE`` or the page
+        cache does not hold all of it, for a read off the loop that need not look it up
+        again; None when there is no record, or one not whole (dropped)."""
+        slot = self.tier.find(key)
+        if slot is None:
+            return None
+        if slot.length > READ_INLINE:
+            return ColdRecord(key, slot)
+        try:
+            found = self.log.read(slot, raw(key), warm_only=True)
+        except BlockingIOError:
+            return ColdRecord(key, slot)
         return self._entry(key, slot, found, entry_type)
 
     async def lookup_off_loop(

@@ -44,7 +44,7 @@ from proxy.core.events import (
     RequestMeta,
 )
 from proxy.core.store import Entry
-from proxy.disk.reads import READ_INLINE, cold_record
+from proxy.disk.reads import READ_INLINE, ColdRecord, cold_record
 from proxy.disk.record_meta import RecordMeta, record_entry
 from proxy.disk.region_log import checksum
 from proxy.disk.store import DiskStore
@@ -82,6 +82,9 @@ class Planned:
     meta: RequestMeta
     url: str
     action: Action
+    # Where the URL's disk record lies, when the answerer found one the page cache does not
+    # hold (the handler reads it from there).
+    cold: ColdRecord | None = None
 
 
 class HitAnswers:
@@ -159,9 +162,10 @@ class HitAnswers:
         except Exception:
             # The handler makes the plan again, and answers and logs the failure as its own.
             return None
+        cold = None
         try:
             if type(action) is Behind:
-                action = self._behind(meta, action, now)
+                action, cold = self._behind(meta, action, now)
             if type(action) is FromCache and action.fresh:
                 out = self._deliver(message.method, names, meta, action)
                 if out is not None:
@@ -170,7 +174,7 @@ class HitAnswers:
         except Exception:
             # A bug here costs speed, never the count: the handler carries the plan out.
             HTTP_ERRORS.exception("answering %s %s as parsed failed", meta.method, message.path)
-        return Planned(meta, origin + message.path, action)
+        return Planned(meta, origin + message.path, action, cold)
 
     def _plain(self, message: RawRequestMessage) -> tuple[tuple[str, str], set[str], str] | None:
         """The routed host (name, as sent), the lower-cased field names and the origin of a
@@ -198,20 +202,22 @@ class HitAnswers:
             self.routed_hosts[host.encode("utf-8", "surrogateescape")] = key_origin(host_pair[1])
         return host_pair, names, origin
 
-    def _behind(self, meta: RequestMeta, behind: Behind, now: float) -> Action:
+    def _behind(
+        self, meta: RequestMeta, behind: Behind, now: float
+    ) -> tuple[Action, ColdRecord | None]:
         """What the disk makes of ``behind``, a request memory holds nothing for, when its
         record is short enough and in the page cache to read on the event loop
         (``READ_INLINE``; a damaged one is dropped): ``CacheEngine.found_behind``'s verdict.
-        Else ``behind`` itself, for the handler, which reads off the loop (a record the
-        page cache does not hold, or a URL whose variants memory holds: they are found
-        after their anchor)."""
+        Else ``behind`` itself, for the handler, which reads off the loop, with where the
+        record lies when it found one (``ColdRecord``; a URL whose variants memory holds
+        is the handler's alone: they are found after their anchor)."""
         disk, engine = self.disk, self.engine
         if disk is None or meta.key in engine.variants:
-            return behind
-        entry = disk.reads.lookup(meta.key, engine.entry_type, READ_INLINE, warm_only=True)
-        if entry is None:
-            return behind
-        return engine.found_behind(disk, meta, (entry, ()), now, behind.then)
+            return behind, None
+        found = disk.reads.lookup_warm(meta.key, engine.entry_type)
+        if found is None or type(found) is ColdRecord:
+            return behind, found
+        return engine.found_behind(disk, meta, (found, ()), now, behind.then), None
 
     def _deliver(
         self, method: str, names: set[str], meta: RequestMeta, found: FromCache

@@ -272,8 +272,8 @@ class Proxy:
         carried: Planned | ColdRecord | None = request.carried
         if self.shared is not None or self.disk is not None or self.slicer is not None:
             match carried:
-                case Planned(meta=meta, url=url, action=action):
-                    return self.handle(request, self._act(request, meta, url, action))
+                case Planned(meta=meta, url=url, action=action, cold=cold):
+                    return self.handle(request, self._act(request, meta, url, action, cold))
                 case ColdRecord() | None:
                     return self.handle(request, self._handle(request, carried))
         try:
