@@ -81,6 +81,18 @@ async def test_json_lines_each_load_with_every_field(origin, start_proxy, client
     assert records[7]["user_agent"] == 'evil" 200 9 "x\\y caf\u00e9'
 
 
+async def test_durations_are_microseconds_of_the_answer_not_of_the_loops_clock(
+    origin, start_proxy, client, tmp_path
+):
+    """``duration_us`` counts microseconds: a hit answered as read and a miss answered in the
+    lane take tens or hundreds of them (before: the loop's clock, which uvloop keeps in whole
+    milliseconds, logged most hits as 0 and the rest as multiples of 1000)."""
+    lines = await _logged(origin, start_proxy, client, tmp_path, "json")
+    durations = [json.loads(line)["duration_us"] for line in lines]
+    assert all(d > 0 for d in durations[:4]), durations  # the miss, the hits, the HEAD
+    assert any(d % 1000 for d in durations), durations
+
+
 @pytest.mark.parametrize("log_format", ["json", "combined"])
 async def test_a_host_or_target_that_is_not_utf8_is_logged_as_valid_utf8(
     origin, start_proxy, tmp_path, log_format

@@ -32,6 +32,7 @@ import asyncio
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Sequence
+from time import perf_counter
 from typing import Any
 
 from aiohttp import EMPTY_PAYLOAD, web
@@ -299,6 +300,9 @@ class Front(SendWatch, FlowControl):
         request begins; -1 when more bytes must come first, or the connection was handed
         over."""
         started = self._loop.time()
+        # A log line's duration from a clock of microseconds: uvloop's time is in whole
+        # milliseconds, a hit's is tens of microseconds.
+        began = perf_counter() if self._hit_log is not None else 0.0
         found = None
         if self._answer_bytes is not None:
             try:
@@ -313,7 +317,7 @@ class Front(SendWatch, FlowControl):
             self._server.answered[found[3]] += 1
             if self._hit_log is not None:
                 self._log(self._hit_log, ReadRequest(data[start:end], self._remote),
-                          LoggedResponse(*found[1:]), started)  # fmt: skip
+                          LoggedResponse(*found[1:]), began)  # fmt: skip
             return end
         if found is None:
             end = data.find(b"\r\n\r\n", start) + 4
@@ -353,7 +357,7 @@ class Front(SendWatch, FlowControl):
             self._server.answered[answered[2]] += 1
             if self._hit_log is not None:
                 self._log(self._hit_log, LoggedRequest(message, self._remote),
-                          LoggedResponse(*answered), started)  # fmt: skip
+                          LoggedResponse(*answered), began)  # fmt: skip
             return end
         self._run_lane(message, None if answered is None or answered is False else answered)
         return end
@@ -392,9 +396,10 @@ class Front(SendWatch, FlowControl):
         else:
             self._send_large(head, body)
 
-    def _log(self, logger: Any, request: Any, response: Any, started: float) -> None:
-        """The access log line of an answer written here, as aiohttp's handler logs one."""
-        logger.log(request, response, self._loop.time() - started)
+    def _log(self, logger: Any, request: Any, response: Any, began: float) -> None:
+        """The access log line of an answer written here, as aiohttp's handler logs one
+        (``began``: when its request was read, by ``perf_counter``)."""
+        logger.log(request, response, perf_counter() - began)
 
     def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
         """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes

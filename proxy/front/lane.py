@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 from typing import Any, Protocol
 
 from aiohttp import EMPTY_PAYLOAD, web
@@ -199,7 +200,7 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
         self.transport = lane.transport
         self._writer: FieldWriter | None = None
         self.raw_headers = message.raw_headers
-        self.started = loop.time()
+        self.started = perf_counter()  # for its log line's duration, in microseconds
         # The answer whose head went out (written at once, or handed to the writer): once
         # there is one, nothing else may be written as this request's answer.
         self.answer: LoggedResponse | web.StreamResponse | None = None
