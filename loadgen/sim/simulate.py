@@ -227,14 +227,14 @@ _SHARED_TRACE: Trace | Sample | None = None
 
 def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> SimResult:
     assert _SHARED_TRACE is not None
-    return simulate(
-        _SHARED_TRACE,
-        cell.cache_bytes,
-        cell.admission,
-        max_object_bytes=max_object_bytes,
-        entry_overhead=entry_overhead,
-        eviction=cell.eviction,
-    )
+    return _cell(_SHARED_TRACE, cell, max_object_bytes, entry_overhead)
+
+
+def _cell(
+    trace: Trace | Sample, cell: Cell, max_object_bytes: int | None, entry_overhead: int
+) -> SimResult:
+    return simulate(trace, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes,
+                    entry_overhead=entry_overhead, eviction=cell.eviction)  # fmt: skip
 
 
 Policy = AdmissionConfig | tuple[AdmissionConfig, str]
@@ -259,14 +259,7 @@ def sweep(
     results: dict[Cell, SimResult] = {}
     if workers == 1:
         for cell in cells:
-            result = simulate(
-                trace,
-                cell.cache_bytes,
-                cell.admission,
-                max_object_bytes=max_object_bytes,
-                entry_overhead=entry_overhead,
-                eviction=cell.eviction,
-            )
+            result = _cell(trace, cell, max_object_bytes, entry_overhead)
             results[cell] = result
             if report:
                 report(len(results), len(cells), result)

@@ -94,8 +94,12 @@ class RecordReader:
         cache does not hold all of it, for a read off the loop that need not look it up
         again; None when there is no record, or one not whole (dropped)."""
         slot = self.tier.find(key)
-        if slot is None:
-            return None
+        return None if slot is None else self._on_loop(key, slot, entry_type)
+
+    def _on_loop(self, key: str, slot: Slot, entry_type: type[Entry]) -> Entry | ColdRecord | None:
+        """The record at ``slot`` read on the event loop when it is no longer than
+        ``READ_INLINE`` and the page cache holds all of it (``_entry``'s verdict), else
+        ``ColdRecord``: left for a read off the loop."""
         if slot.length > READ_INLINE:
             return ColdRecord(key, slot)
         try:
@@ -122,15 +126,11 @@ class RecordReader:
         slot = self.tier.find(key) if slot is None else slot
         if slot is None:
             return None
-        if slot.length <= READ_INLINE:
-            try:
-                found = self.log.read(slot, raw(key), warm_only=True)
-            except BlockingIOError:
-                pass
-            else:
-                if found_before and self.tier.find(key) != slot:
-                    return None
-                return self._entry(key, slot, found, entry_type)
+        inline = self._on_loop(key, slot, entry_type)
+        if type(inline) is not ColdRecord:
+            if found_before and self.tier.find(key) != slot:
+                return None
+            return inline
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(None, self.log.read_apart, slot, raw(key))
         if self.tier.find(key) != slot:

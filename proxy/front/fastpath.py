@@ -164,7 +164,8 @@ class Front(SendWatch, FlowControl):
     requests in its lane, and the rest handed to aiohttp's handler."""
 
     __slots__ = (
-        "_access_logger", "_answer_bytes", "_answers", "_buffer", "_drained", "_ended",
+        "_access_logger", "_answer_bytes", "_answers", "_answers_after", "_buffer", "_drained",
+        "_ended",
         "_hit_log", "_idle", "_lane", "_last", "_life", "_parser", "_remote",
         "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent",
     )  # fmt: skip
@@ -174,6 +175,7 @@ class Front(SendWatch, FlowControl):
         self._init_watch(server.send_timeout)
         self._server = server
         self._answers = server.answers
+        self._answers_after = server.answers_after_bytes
         self._start = server.start
         self._answer_bytes = server.answer_bytes
         # As aiohttp's handler: whether to log is decided per connection, when it opens.
@@ -340,7 +342,7 @@ class Front(SendWatch, FlowControl):
         if found is not None and found[1] is not None:
             answered = found[1]
         else:
-            answers = self._answers if found is None else self._server.answers_after_bytes
+            answers = self._answers if found is None else self._answers_after
             try:
                 for answer in answers:
                     answered = answer(message, self._remote, self._scheme)
