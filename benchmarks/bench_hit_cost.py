@@ -1,19 +1,23 @@
 """What a hit costs onehit as operators run it, beside nginx ``proxy_cache`` in the same run:
-CPU-seconds of the server's processes (``/proc``) per request, the access log on in both.
+CPU-seconds of the server's processes (``/proc``) per request, the access log on in both, then
+off in both.
 
-Cells: bodies of 1 KiB, 16 KiB and 1 MiB, hit from memory (100 URLs, a memory tier that holds
-them all) and from the disk tier (onehit's memory tier a few MiB, its disk holding every URL:
-2,000 URLs, 200 of 1 MiB; nginx's cache is always on disk, the page cache warm). Each server
-is one process pinned to the second core, ``wrk`` (one thread, 32 connections, URLs at random)
-to the first. Both write their access log to a file: onehit its shipped ``combined`` format,
-nginx its default ``combined`` log. Before each cell every URL is asked three times; then
-the cell runs ``--seconds`` of load. Printed per cell: microseconds of CPU per request for
+Cells: bodies of 1 KiB, 16 KiB, 64 KiB and 1 MiB, hit from memory (100 URLs, a memory tier that
+holds them all) and from the disk tier (onehit's memory tier a few MiB, its disk holding every
+URL: 2,000 URLs, 200 of 1 MiB; nginx's cache is always on disk, the page cache warm). Each
+server is one process pinned to the second core, ``wrk`` (one thread, 32 connections, URLs at
+random) to the first. With the log on, both write it to a file: onehit its shipped ``combined``
+format (its shipped buffering), nginx its default ``combined`` log (unbuffered, nginx's
+default). With it off, a last row is nginx answering 1 KiB with ``return 200`` from its
+configuration (no cache at all: the ceiling). Before each cell every URL is asked three times;
+then the cell runs ``--seconds`` of load. Printed per cell: microseconds of CPU per request for
 each server, and nginx's over onehit's (its efficiency beside nginx: above 1, onehit spends
 less). onehit's share of hits from disk (its /stats) is printed beside the disk cells.
 ``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
-and this checkout's cost over it.
+and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells.
 
     .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
+        [--sizes 1k,64k] [--sources memory,disk] [--logs on,off]
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from loadgen.live.nginx import main_context, nginx_binary
 from loadgen.live.processes import free_port
 
 HERE = Path(__file__).resolve().parent
-SIZES = {"1k": 1024, "16k": 16 << 10, "1m": 1 << 20}
+SIZES = {"1k": 1024, "16k": 16 << 10, "64k": 64 << 10, "1m": 1 << 20}
 SERVER_CORE, LOAD_CORE = ("taskset", "-c", "1"), ("taskset", "-c", "0")
 
 
@@ -117,13 +121,20 @@ async def measure(pids: list[int], port: int, prefix: str, urls: int, seconds: f
 
 
 async def onehit_cost(
-    cwd: Path, origin_url: str, settings: list[str], prefix: str, urls: int, seconds: float
+    cwd: Path,
+    origin_url: str,
+    settings: list[str],
+    prefix: str,
+    urls: int,
+    seconds: float,
+    log: bool,
 ) -> tuple[float, float]:
-    """onehit (from the checkout ``cwd``): CPU µs per request, and its share of hits from
-    disk."""
+    """onehit (from the checkout ``cwd``, its access log on or off): CPU µs per request, and
+    its share of hits from disk."""
     work = Path(tempfile.mkdtemp(prefix="onehit-bench-hit-"))
     port, admin = free_port(), free_port()
-    sets = [*settings, "server.access_log=true", f"server.access_log_file={work}/access.log"]
+    sets = [*settings, f"server.access_log={str(log).lower()}",
+            f"server.access_log_file={work}/access.log"]  # fmt: skip
     if any(s.startswith("disk.") for s in settings):
         sets.append(f"disk.path={work}/disk")
     flags = [arg for s in sets for arg in ("--set", s)]
@@ -144,25 +155,34 @@ async def onehit_cost(
         shutil.rmtree(work, ignore_errors=True)
 
 
-async def nginx_cost(nginx: str, origin_url: str, prefix: str, urls: int, seconds: float) -> float:
-    """nginx ``proxy_cache`` (one worker, its cache on disk, its access log to a file): CPU
-    µs per request."""
+async def nginx_cost(
+    nginx: str,
+    origin_url: str,
+    prefix: str,
+    urls: int,
+    seconds: float,
+    log: bool,
+    returns: bool = False,
+) -> float:
+    """nginx ``proxy_cache`` (one worker, its cache on disk, its access log to a file or off):
+    CPU µs per request; ``returns``: nginx answering 1 KiB from its configuration instead."""
     root = Path(tempfile.mkdtemp(prefix="onehit-bench-nginx-"))
     port = free_port()
     config = root / "nginx.conf"
+    location = (f'return 200 "{"x" * 1024}";' if returns else """proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_cache onehit;
+            proxy_cache_min_uses 2;""")  # fmt: skip
     config.write_text(f"""{main_context(root)}
 http {{
-    access_log {root}/access.log;
+    access_log {f"{root}/access.log" if log else "off"};
     upstream origin {{ server {origin_url.removeprefix("http://")}; keepalive 64; }}
     proxy_cache_path {root}/cache levels=1:2 keys_zone=onehit:32m max_size=2g;
     server {{
         listen 127.0.0.1:{port};
         location / {{
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_cache onehit;
-            proxy_cache_min_uses 2;
+            {location}
         }}
     }}
 }}
@@ -183,6 +203,9 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--baseline", help="another checkout of onehit to measure beside this")
+    parser.add_argument("--sizes", default=",".join(SIZES), help="of " + ",".join(SIZES))
+    parser.add_argument("--sources", default="memory,disk")
+    parser.add_argument("--logs", default="on,off", help="the access log on, off, or both")
     args = parser.parse_args()
     nginx = nginx_binary()
     if nginx is None or shutil.which("wrk") is None or shutil.which("taskset") is None:
@@ -190,30 +213,45 @@ async def main() -> None:
     port = free_port()
     runner = await origin(port)
     origin_url = f"http://127.0.0.1:{port}"
+    sizes, sources = args.sizes.split(","), args.sources.split(",")
+    logs = [state == "on" for state in args.logs.split(",")]
     rows = []
     try:
-        for size, source, urls, settings in cells():
-            prefix = f"/{size}/"
-            ours, from_disk = await onehit_cost(HERE.parent, origin_url, settings, prefix, urls,
-                                                args.seconds)  # fmt: skip
-            theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds)
-            before = None
-            if args.baseline:
-                before, _ = await onehit_cost(Path(args.baseline), origin_url, settings, prefix,
-                                              urls, args.seconds)  # fmt: skip
-            rows.append((size, source, ours, theirs, from_disk, before))
+        for log in logs:
+            for size, source, urls, settings in cells():
+                if size not in sizes or source not in sources:
+                    continue
+                prefix = f"/{size}/"
+                ours, from_disk = await onehit_cost(HERE.parent, origin_url, settings, prefix,
+                                                    urls, args.seconds, log)  # fmt: skip
+                theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)
+                before = None
+                if args.baseline:
+                    before, _ = await onehit_cost(Path(args.baseline), origin_url, settings,
+                                                  prefix, urls, args.seconds, log)  # fmt: skip
+                rows.append((log, size, source, ours, theirs, from_disk, before))
+        ceiling = None
+        if False in logs and "1k" in sizes and "memory" in sources:
+            ceiling = await nginx_cost(nginx, origin_url, "/1k/", 100, args.seconds, False,
+                                       returns=True)  # fmt: skip
     finally:
         await runner.cleanup()
-    print(f"\nCPU µs per hit, access log on in both ({args.seconds:g} s of wrk per cell)")
-    head = (f"{'body':>5} {'from':>7} {'onehit':>9} {'nginx':>9} {'nginx/onehit':>13} "
-            f"{'disk hits':>10}")  # fmt: skip
+    print(f"\nCPU µs per hit ({args.seconds:g} s of wrk per cell)")
+    head = (f"{'log':>3} {'body':>5} {'from':>7} {'onehit':>9} {'nginx':>9} "
+            f"{'nginx/onehit':>13} {'disk hits':>10}")  # fmt: skip
     print(head + (f" {'baseline':>9} {'onehit/baseline':>16}" if args.baseline else ""))
-    for size, source, ours, theirs, from_disk, before in rows:
-        line = (f"{size:>5} {source:>7} {ours:>9.1f} {theirs:>9.1f} {theirs / ours:>13.2f} "
-                f"{from_disk:>10.0%}")  # fmt: skip
+    for log, size, source, ours, theirs, from_disk, before in rows:
+        line = (f"{'on' if log else 'off':>3} {size:>5} {source:>7} {ours:>9.1f} "
+                f"{theirs:>9.1f} {theirs / ours:>13.2f} {from_disk:>10.0%}")  # fmt: skip
         if before is not None:
             line += f" {before:>9.1f} {ours / before:>16.2f}"
         print(line)
+    if ceiling is not None:
+        ours = next(r[3] for r in rows if not r[0] and r[1] == "1k" and r[2] == "memory")
+        print(
+            f"nginx return 200 (1 KiB, log off): {ceiling:.1f} µs; "
+            f"onehit's 1 KiB memory hit against it: {ceiling / ours:.2f}"
+        )
 
 
 if __name__ == "__main__":

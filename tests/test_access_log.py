@@ -133,7 +133,8 @@ async def test_combined_lines_match_apaches_format_even_with_hostile_fields(
 async def test_a_log_file_moved_away_is_written_again_after_sigusr1(origin, tmp_path):
     log = tmp_path / "access.log"
     settings = {"server.access_log": "true", "server.access_log_format": "json",
-                "server.access_log_file": str(log)}  # fmt: skip
+                "server.access_log_file": str(log),
+                "server.access_log_flush": "50ms"}  # fmt: skip
     async with onehit_process(origin.url, settings) as proxy, aiohttp.ClientSession() as client:
 
         async def get(path: str) -> None:
@@ -164,3 +165,32 @@ def test_the_guide_and_the_documented_configuration_name_every_json_field():
     toml = (root / "config/proxy.toml").read_text()
     assert [f for f in FIELDS if f"`{f}`" not in guide] == []
     assert [f for f in FIELDS if f not in toml] == []
+
+
+async def test_every_hit_is_logged_across_a_reopen_and_a_stop_the_interval_never_came(
+    origin, tmp_path
+):
+    log = tmp_path / "access.log"
+    settings = {"server.access_log": "true", "server.access_log_format": "json",
+                "server.access_log_file": str(log), "server.access_log_flush": "1h"}  # fmt: skip
+    async with onehit_process(origin.url, settings) as proxy, aiohttp.ClientSession() as client:
+
+        async def get(count: int) -> None:
+            for _ in range(count):
+                async with client.get(proxy.url + "/h") as r:
+                    assert r.status == 200 and await r.read()
+
+        await get(40)  # a miss, the miss that stores, then hits from the compiled path
+        assert _lines(log) == []  # held: the buffer is not full, the interval an hour away
+        rotated = tmp_path / "access.log.1"
+        log.rename(rotated)
+        proxy.process.send_signal(signal.SIGUSR1)
+        await until(lambda: log.exists())
+        assert len(_lines(rotated)) == 40  # written to the file it was, before it moved on
+        await get(25)
+        proxy.process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proxy.process.wait(), 15) == 0
+    after = [json.loads(line) for line in _lines(log)]
+    assert len(after) == 25
+    assert {line["cache_status"].split(";")[1].strip() for line in after} == {"hit"}
+    assert {line["target"] for line in after} == {"/h"}

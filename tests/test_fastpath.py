@@ -460,12 +460,18 @@ async def test_an_answer_as_parsed_or_in_the_lane_writes_the_handlers_access_log
                                     server__access_log_format=log_format,
                                     server__fast_hits=fast_hits)  # fmt: skip
         await stored(service, path if path.startswith("/hit") else "/hit?q=1")
+        service.access_file.flush()  # the lines of storing it, held until the next interval
         before = len(log.read_text().splitlines())
         await exchange(
             service,
             f"GET {path} HTTP/1.1\r\nHost: example.test\r\nUser-Agent: t/1\r\n\r\n".encode(),
         )
-        await until(lambda log=log, before=before: len(log.read_text().splitlines()) > before)
+
+        def written(log=log, before=before, service=service) -> bool:
+            service.access_file.flush()
+            return len(log.read_text().splitlines()) > before
+
+        await until(written)
         [line] = log.read_text().splitlines()[before:]
         # What differs between any two requests: the time, the duration, the ttl, the id.
         lines.append(re.sub(r'\[.*?\]|"time":"[^"]+"|"duration_us":\d+|ttl=\d+|'

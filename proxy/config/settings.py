@@ -56,6 +56,14 @@ class ServerSection:
     access_log_file: str = values.setting(
         "", values.string, "file the access log is appended to (reopened on SIGUSR1); empty: stderr"
     )
+    access_log_buffer: int = values.setting(
+        64 << 10,
+        values.optional_size,
+        "access log bytes held before they are written; 0: each line as it is made",
+    )
+    access_log_flush: float = values.setting(
+        1.0, values.duration, "the access log's held lines are written at least this often"
+    )
     workers: int = values.setting(
         1, values.workers, "processes serving the port as one cache, or auto: one per core"
     )

@@ -47,7 +47,6 @@ from proxy.front.lane import (
     LoggedRequest,
     LoggedResponse,
     Pending,
-    ReadRequest,
     StartLane,
     Written,
     lane_may_answer,
@@ -85,8 +84,9 @@ HOLD_LIMIT = 256 << 10
 class HitServer(ProxyServer):
     """``ProxyServer`` whose connections begin with a ``Front`` that tries ``answers``, in
     order, and runs the other plain requests in its lane (started by ``start``: by default
-    the work of ``handler``), before aiohttp's request handler. ``hit_log`` logs the answers
-    of ``answers`` (None: they are not logged); the access logger, those of the lane. With
+    the work of ``handler``), before aiohttp's request handler. ``hit_log`` (an
+    ``AccessLog``) logs the answers of ``answers``, those read as they came by its compiled
+    ``lines`` (None: they are not logged); the access logger, those of the lane. With
     ``answer_bytes``, the first of ``answers`` is its form for a parsed request: a request
     ``answer_bytes`` read whole and declined is not asked of it again."""
 
@@ -165,7 +165,7 @@ class Front(SendWatch, FlowControl):
 
     __slots__ = (
         "_access_logger", "_answer_bytes", "_answers", "_answers_after", "_buffer", "_drained",
-        "_ended",
+        "_ended", "_hit_lines",
         "_hit_log", "_idle", "_lane", "_last", "_life", "_parser", "_remote",
         "_scheme", "_send_timeout", "_sending", "_server", "_start", "_unsent",
     )  # fmt: skip
@@ -183,6 +183,8 @@ class Front(SendWatch, FlowControl):
         self._access_logger = logger if logger is not None and logger.enabled else None
         hit_log = server.hit_log
         self._hit_log = hit_log if hit_log is not None and hit_log.enabled else None
+        # The compiled lines a hit read as it came is logged by (``LogLines.hit``).
+        self._hit_lines = None if self._hit_log is None else self._hit_log.lines
         self._parser: HttpRequestParser | None = None
         self._buffer = b""  # bytes received and not yet answered or handed over
         # Where the connection is (``proxy.front.life``), and the work of the request in
@@ -317,9 +319,8 @@ class Front(SendWatch, FlowControl):
             self._last = started
             self._write(found[1], found[2])
             self._server.answered[found[3]] += 1
-            if self._hit_log is not None:
-                self._log(self._hit_log, ReadRequest(data[start:end], self._remote),
-                          LoggedResponse(*found[1:]), began)  # fmt: skip
+            if self._hit_lines is not None:
+                self._hit_lines.hit(data, start, end, self._remote, *found[1:], began)
             return end
         if found is None:
             end = data.find(b"\r\n\r\n", start) + 4

@@ -12,8 +12,7 @@ handler without aiohttp's request handler, and the objects they are answered wit
 * The answerers' signatures: of a hit from a parsed request (``AnswerHit``) or from its
   bytes (``AnswerBytes``), and of what starts a lane's request (``StartLane``).
 * What an access logger reads of a request or an answer written here (``LoggedRequest``,
-  ``ReadRequest``, ``LoggedResponse``) is what it reads of aiohttp's, so the log line is the
-  same.
+  ``LoggedResponse``) is what it reads of aiohttp's, so the log line is the same.
 """
 
 from __future__ import annotations
@@ -114,30 +113,6 @@ class LoggedRequest:
 
     path_qs = property(lambda self: str(self._message.url))
     host = property(lambda self: self.headers.get("Host"))
-
-
-class ReadRequest:
-    """What the access loggers read of a request answered from its bytes (``head``: one
-    whole plain request, ``PlainHits.answer_bytes`` says), read from them as a log asks."""
-
-    __slots__ = ("_head", "remote")
-
-    version = HttpVersion11
-
-    def __init__(self, head: bytes, remote: str) -> None:
-        self._head = head
-        self.remote = remote
-
-    method = property(lambda self: self._head.partition(b" ")[0].decode("ascii"))
-    raw_path = property(lambda self: self._head.split(b" ", 2)[1].decode("ascii"))
-    path_qs = raw_path
-    host = property(lambda self: self.headers.get("Host"))
-
-    @property
-    def headers(self) -> CIMultiDict[str]:
-        lines = self._head.decode("ascii").split("\r\n")[1:]
-        fields = (line.partition(":") for line in lines if line)
-        return CIMultiDict((name, value.strip(" \t")) for name, _, value in fields)
 
 
 class LoggedResponse:

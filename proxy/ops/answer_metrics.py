@@ -31,6 +31,7 @@ from aiohttp.abc import AbstractAccessLogger
 
 from proxy.core.cache_status import HIT
 from proxy.handler.routing import Router
+from proxy.ops.access_log import AccessLog
 
 # Seconds; the histogram's upper bounds (+Inf last).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -175,13 +176,13 @@ class Recorder(AbstractAccessLogger):
 
     metrics: AnswerMetrics
     router: Router
-    log_to: AbstractAccessLogger | None
+    log_to: AccessLog | None
     # A Host's route label, for the Hosts seen first; under _ROUTES, the table they follow.
     labels: dict[Any, Any]
 
     @classmethod
     def for_service(
-        cls, metrics: AnswerMetrics, router: Router, log_to: AbstractAccessLogger | None
+        cls, metrics: AnswerMetrics, router: Router, log_to: AccessLog | None
     ) -> type[Recorder]:
         return type("ServiceRecorder", (cls,), {"__slots__": (), "metrics": metrics,
                                                 "router": router, "log_to": log_to,

@@ -34,7 +34,7 @@ from proxy.front.fastpath import HitServer, require_strict_parser
 from proxy.handler.purging import OtherWorkers
 from proxy.handler.routing import hidden_fields
 from proxy.handler.server import Proxy, SampleSink
-from proxy.ops.access_log import AccessLog, AccessLogFile, access_logger
+from proxy.ops.access_log import AccessLog, AccessLogFile
 from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
 from proxy.ops.handoff import sample_key
@@ -180,10 +180,13 @@ class Service:
                 proxy.fleet.start()
             access = None
             if config.server.access_log:
-                access = access_logger(config.server.access_log_file)
-                undo.callback(access[1].close)
+                logs = config.server
+                access = AccessLogFile(logs.access_log_file, logs.access_log_format,
+                                       logs.access_log_buffer, logs.access_log_flush)  # fmt: skip
+                undo.callback(access.close)
+                access.start()
             answers = AnswerMetrics()
-            server = _proxy_server(config, proxy, None if access is None else access[0], answers)
+            server = _proxy_server(config, proxy, access, answers)
             proxy_runner = web.ServerRunner(server, shutdown_timeout=config.server.drain_timeout)
             fast: dict[int, int] = getattr(server, "answered", {})
             holder: list[Service] = []  # the admin's reloads reach the service once it exists
@@ -206,7 +209,7 @@ class Service:
             service.read_config = read_config
             service.shares_admission = shared_window is not None
             service.moves_listeners = not reuse_port
-            service.access_file = None if access is None else access[1]
+            service.access_file = access
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
                     checkpoint_every(disk, config.disk.checkpoint_interval)
@@ -326,7 +329,7 @@ def _site(
 
 
 def _proxy_server(
-    config: Config, proxy: Proxy, access: logging.Logger | None, answers: AnswerMetrics
+    config: Config, proxy: Proxy, access: AccessLogFile | None, answers: AnswerMetrics
 ) -> web.Server:
     """The data port's server: aiohttp's limits and access log as configured, every answer
     recorded in ``answers``, and the compiled hit path in front of the handler unless
@@ -342,9 +345,9 @@ def _proxy_server(
         "logger": HTTP_ERRORS,
         "send_timeout": config.server.send_timeout,
     }
-    log = None if access is None else AccessLog(access, config.server.access_log_format)
+    log = None if access is None else AccessLog(access.lines)
     # Every answer the handler and the lane write is recorded, then logged when logging is on.
-    server_kwargs["access_log"] = access or logging.getLogger("onehit.access")
+    server_kwargs["access_log"] = logging.getLogger("onehit.access")
     server_kwargs["access_log_class"] = Recorder.for_service(answers, proxy.router, log)
     proxied = config.server.proxy_protocol
     if config.server.fast_hits:

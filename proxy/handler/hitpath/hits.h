@@ -139,6 +139,9 @@ PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int d
                  const char *detail, PyObject *body, int head, double lifetime, double age,
                  PyObject *status);
 
+/* log.c */
+extern PyTypeObject LogLinesType;
+
 /* disk.c */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head);
 

@@ -303,12 +303,13 @@ PyMODINIT_FUNC PyInit__hits(void) {
     init_tables();
     if (attrs_init() < 0)
         return NULL;
-    if (PyType_Ready(&PlainHitsType) < 0)
+    if (PyType_Ready(&PlainHitsType) < 0 || PyType_Ready(&LogLinesType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&hits_module);
     if (module == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(module, "PlainHits", (PyObject *)&PlainHitsType) < 0) {
+    if (PyModule_AddObjectRef(module, "PlainHits", (PyObject *)&PlainHitsType) < 0 ||
+        PyModule_AddObjectRef(module, "LogLines", (PyObject *)&LogLinesType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
