@@ -67,18 +67,18 @@ def test_the_compiled_record_reader_reads_what_decode_meta_reads(
             config = load(env={}, overrides=overrides)
             disk = DiskStore(config.disk, hidden_fields(config))
             seen = []
-            kept = HitAnswers._kept_record
+            kept = HitAnswers._promoted_record
 
             def recorded(self, key, body, meta):  # what the compiled reader hands the proxy
                 seen.append(meta)
                 kept(self, key, body, meta)
 
-            HitAnswers._kept_record = recorded
+            HitAnswers._promoted_record = recorded
             try:
                 proxy = Proxy(config, build_engine(config), Upstream(config.upstream),
                               clock=lambda: NOW, disk=disk)  # fmt: skip
             finally:
-                HitAnswers._kept_record = kept
+                HitAnswers._promoted_record = kept
             headers = [("Cache-Control", ", ".join([f"max-age={max_age}", *directives])),
                        ("Age", str(arrived_age)), *fields]  # fmt: skip
             if dated:

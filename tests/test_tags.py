@@ -180,11 +180,13 @@ async def test_the_tag_fields_are_the_caches_own_and_left_out_of_every_answer(
     assert "HIT" in [x for _, x, _ in seen]
     assert all(names.isdisjoint({"surrogate-key", "cache-tag"}) for _, _, names in seen)
     await service.stop()
-    again = await start_proxy(disk__path=str(tmp_path), **DISK)  # a disk hit
-    status, headers, _ = await get(again, "/t")
-    assert status == 200 and "detail=disk" in headers["Cache-Status"]
-    assert {k.lower() for k in headers}.isdisjoint({"surrogate-key", "cache-tag"})
-    assert (await admin_purge(again, {"tags": ["k3"]}))["removed"] == 1  # the tags were kept
+    again = await start_proxy(disk__path=str(tmp_path), **DISK)
+    for _ in range(2):  # disk hits: the second, memory's admission takes
+        status, headers, _ = await get(again, "/t")
+        assert status == 200 and "detail=disk" in headers["Cache-Status"]
+        assert {k.lower() for k in headers}.isdisjoint({"surrogate-key", "cache-tag"})
+    # The tags were kept: the copy in memory, made from the record, is purged by one.
+    assert (await admin_purge(again, {"tags": ["k3"]}))["removed"] == 1
     passing = await start_proxy(cache__strip_surrogate_keys=False)
     for _ in range(2):
         headers = (await get(passing, "/t"))[1]

@@ -246,8 +246,9 @@ def sampled(keys: list[str], start: float) -> Sample:
 
 def test_a_machines_disk_ghosts_keep_each_workers_memory_tier_and_share_the_disk():
     """Under --workers one disk is behind every worker's private memory tier: what one worker
-    wrote is a disk hit through the other, which then holds it in its own memory; a worker's
-    memory ghost never answers for another's. A batch that arrives late is replayed at the
+    wrote is a disk hit through the other, which holds it in its own memory once that
+    memory's admission takes it (its second sighting there); a worker's memory ghost never
+    answers for another's. A batch that arrives late is replayed at the
     latest time seen, never earlier."""
     memory = MemoryShape(1 << 20, AdmissionConfig(policy="second-hit"))
     disk = DiskShape(64 << 20, 1 << 20, AdmissionConfig(policy="always"))
@@ -259,7 +260,7 @@ def test_a_machines_disk_ghosts_keep_each_workers_memory_tier_and_share_the_disk
     assert (curve["tier"], curve["sampled"], curve["miss_ratio"]) == ("disk", 5, 2 / 5)
     first, second = (ghosts.ghosts[0].fronts[place].counters for place in (0, 1))
     assert (first.requests, first.hits) == (2, 0)
-    assert (second.requests, second.hits, second.hits_from_disk) == (3, 3, 2)
+    assert (second.requests, second.hits, second.hits_from_disk, second.promoted) == (3, 3, 3, 1)
     assert ghosts.latest == 20.0
 
 

@@ -117,7 +117,7 @@ from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
 # How a hit's request was counted before it was known to be one (``CacheEngine._count_hit``).
-AS_REQUEST, AS_MISS, UNCOUNTED = range(3)
+AS_REQUEST, AS_MISS = range(2)
 
 _NO_DIRECTIVES: rfc9111.Directives = {}
 # What a client sends to have a fresh stored response revalidated (RFC 9111 sections 5.2.1.1,
@@ -270,12 +270,6 @@ class CacheEngine(ResponseDecisions):
             self._revalidated[key] = now
         return req
 
-    def _kept_from_tier(self, tier: Tier, key: str, entry: Entry, now: float) -> None:
-        """Count a plain request for the URL ``key`` that a compiled reader answered from
-        ``entry``, ``tier``'s fresh record, without planning it: as ``plan`` and
-        ``found_behind`` together count such a hit, and keep it (``_hit_behind``)."""
-        self._hit_behind(tier, key, entry, now, UNCOUNTED)
-
     def _hit_behind(
         self,
         tier: Tier,
@@ -288,13 +282,21 @@ class CacheEngine(ResponseDecisions):
         """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
         ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``;
         ``before``: how its request was counted until then). The entry is kept in the store
-        too (``_promote``)."""
+        too (``_promote``) when the store's admission takes it, as it would a response
+        fetched for that memory miss: under ``second-hit`` with the auto window (which
+        remembers about as many keys as memory holds), a record hit again before memory could
+        have kept it is copied up, one whose hits are further apart than memory's turnover is
+        not, so a small memory tier in front of a large disk is not rewritten on every disk
+        hit. The compiled hit path (``proxy/handler/hitpath/disk.c``) and the simulator's loop
+        (``simulate.c``) mirror this rule, held equal by ``tests/test_plain_hits.py`` and
+        ``tests/test_tiers.py``."""
         self._count_hit(before, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
         self._served(key, entry, now)
-        self._promote(entry, vary)
+        if self.admission.admit(key, entry.size, now):
+            self._promote(entry, vary)
 
     def _promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Keep ``entry``, which a tier behind the store answered from, in the store too when
@@ -338,20 +340,17 @@ class CacheEngine(ResponseDecisions):
                         self._uncacheable, None if whatif is None else whatif.record,
                         0 if whatif is None else whatif.below,
                         0 if whatif is None else whatif.sample_key,
-                        self._kept_from_tier)  # fmt: skip
+                        self.admission.admit, self._promote)  # fmt: skip
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted
         (the compiled hit path mirrors it, held equal by ``tests/test_plain_hits.py``, as the
         compiled simulator's loop does, held equal by ``tests/test_tiers.py``).
         ``before``: how its request was counted until it was known to be a hit: as a request
-        (``AS_REQUEST``, ``lookup``), as a miss (``AS_MISS``, ``plan``) or not yet
-        (``UNCOUNTED``, a hit answered as it was parsed)."""
+        (``AS_REQUEST``, ``lookup``) or as a miss (``AS_MISS``, ``plan``)."""
         c = self.counters
         if before == AS_MISS:
             c.misses -= 1
-        elif before == UNCOUNTED:
-            c.requests += 1
         c.hits += 1
         c.hits_from_disk += from_disk
 

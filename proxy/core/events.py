@@ -83,8 +83,9 @@ class RequestSample(Protocol):
 class HitState(NamedTuple):
     """What ``CacheEngine.lookup`` reads and changes for a hit, for a compiled driver that
     finds and counts plain hits itself (a GET or HEAD carrying none of ``RULE_FIELDS``): it
-    must find a hit, and count it, as ``lookup`` does; and how it counts a hit it answered
-    from a tier behind the store (``kept_from_tier``): the compiled driver's whole contract
+    must find a hit, and count it, as ``lookup`` does; and a hit it answered from a tier
+    behind the store as ``_hit_behind`` does: counted, then kept in the store (``promote``)
+    when the store's admission (``admit``) takes it. The compiled driver's whole contract
     with the engine."""
 
     entries: dict[int, Entry]  # the store's entries by their key's hash
@@ -96,8 +97,8 @@ class HitState(NamedTuple):
     whatif: Callable[[str, int, float], None] | None  # the what-if's record, when there is one
     sample_below: int  # the hits whose sample point is below it are the what-if's to record
     sample_key: int  # the what-if sample's secret (``proxy.core.whatif``)
-    # (tier, key, entry, now): count a fresh record a tier held for a plain request, and keep it
-    kept_from_tier: Callable[[Any, str, Entry, float], None]
+    admit: Callable[[str, int, float], bool]  # the store's admission: keep a tier's hit?
+    promote: Callable[[Entry], None]  # keep a tier's hit in the store, counted as promoted
 
 
 @dataclass(frozen=True, slots=True)

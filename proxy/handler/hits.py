@@ -18,9 +18,10 @@ common case, which give the same bytes and counts as the request handler.
   its fields are the ones it was rendered from; each hit adds only its ``Cache-Status`` ttl,
   ``Age`` and, where the origin sent none, ``Date``.
 * The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a fresh
-  hit, in memory as ``plan`` does and on disk as ``found_behind`` does
-  (``HitState.kept_from_tier``), and writes the bytes ``answer`` would; what it declines it
-  has counted nothing for, and ``answer`` decides.
+  hit, in memory as ``plan`` does and on disk as ``found_behind`` does (kept in memory only
+  when the store's admission takes it: ``HitState.admit``, ``HitState.promote``), and writes
+  the bytes ``answer`` would; what it declines it has counted nothing for, and ``answer``
+  decides.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class HitAnswers:
         self.routed_hosts: dict[bytes, str] = {}
         engine.entry_type = ServedEntry
         state = engine.hit_state()
-        self.kept_from_tier = state.kept_from_tier
+        self.promote = state.promote
         self.plain_hits = PlainHits(
             entries=state.entries,
             vary=state.vary,
@@ -129,7 +130,9 @@ class HitAnswers:
             self.plain_hits.attach_disk(
                 index=disk.reads.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
-                checksum=checksum, kept=self._kept_record, cold=cold_record, meta=RecordMeta,
+                checksum=checksum, promote=self._promoted_record, counters=disk.tier.counters,
+                observe=disk.tier.admission.observe if disk.tier.admission.observes else None,
+                cold=cold_record, meta=RecordMeta,
                 stamp=disk.stamp,
                 read_inline=READ_INLINE,
             )  # fmt: skip
@@ -265,19 +268,19 @@ class HitAnswers:
         replaced either)."""
         state = self.engine.hit_state()
         plain = self.plain_hits
-        plain.observe, plain.whatif, plain.sample_below, plain.sample_key = (
+        plain.observe, plain.whatif, plain.sample_below, plain.sample_key, plain.admit = (
             state.observe,
             state.whatif,
             state.sample_below,
             state.sample_key,
+            state.admit,
         )
 
-    def _kept_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
-        """Count a plain hit the compiled answerer read from ``key``'s disk record (its
-        ``body`` and its ``meta``, decoded) as ``answer`` counts one it read itself."""
-        assert self.disk is not None
-        entry = record_entry(key, meta, body, self.engine.entry_type)
-        self.kept_from_tier(self.disk, key, entry, self.clock())
+    def _promoted_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
+        """Keep in memory a plain hit the compiled answerer read from ``key``'s disk record
+        (its ``body`` and its ``meta``, decoded), counted there, which the store's admission
+        took (``HitState.promote``)."""
+        self.promote(record_entry(key, meta, body, self.engine.entry_type))
 
 
 def _render(

@@ -8,7 +8,8 @@
  * - a fresh memory hit is answered from memory; a stale one is fetched again, the disk not
  *   asked;
  * - a memory miss asks the disk: a record fresh by the trace's ttl (from when it was written)
- *   is a hit from disk, kept in memory too (promoted, no admission asked) when it fits;
+ *   is a hit from disk, kept in memory too (promoted) when memory's admission takes it (asked
+ *   as for a fetched response) and it fits;
  * - a fetched response goes to memory if the admission (asked only for a key memory does not
  *   hold) takes it and it fits; one too large drops a stale copy it supersedes. The disk
  *   forgets its record of the key (the fetched response is the newest), then its own
@@ -138,7 +139,9 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
                     goto fail;
                 c[C_HIT_BYTES] += size;
                 c[C_BYTES_SERVED] += size;
-                if (size <= max_object) {
+                int admitted = admission_admit(a, h1, h2, size, now);
+                if (admitted < 0) goto fail;
+                if (admitted && size <= max_object) {
                     int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars
                                                                   : size, written);
                     if (kept < 0) goto fail;

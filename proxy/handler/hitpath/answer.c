@@ -57,6 +57,35 @@ decline:
     return NULL;
 }
 
+/* observe(key, size, now), unless observe is None; -1 on error. */
+int call_observer(PyObject *observe, PyObject *key, PyObject *size, PyObject *now) {
+    if (observe == Py_None)
+        return 0;
+    PyObject *args[] = {key, size, now};
+    PyObject *r = PyObject_Vectorcall(observe, args, 3, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* The what-if's record of a hit of its sample (the hit counted already): what it raises is
+ * its own, reported, never the answer's (a request counted and then answered again would
+ * count twice). */
+void record_sampled(PlainHits *self, PyObject *key, PyObject *size, PyObject *hash,
+                    PyObject *now) {
+    if (self->whatif == NULL || self->whatif == Py_None)
+        return;
+    unsigned long long h = PyLong_AsUnsignedLongLong(hash);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_WriteUnraisable(self->whatif);
+    } else if (sample_point(h, self->sample_key) < self->sample_below) {
+        PyObject *args[] = {key, size, now};
+        PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
+        if (r == NULL)
+            PyErr_WriteUnraisable(self->whatif);
+        Py_XDECREF(r);
+    }
+}
+
 /* Count a hit on entry as CacheEngine.lookup does; -1 on error. */
 static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *hash,
                      PyObject *now) {
@@ -73,13 +102,8 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
         Py_DECREF(r);
     } else if (PyErr_Occurred())
         goto done;
-    if (self->observe != Py_None) {
-        PyObject *args[] = {key, size, now};
-        PyObject *r = PyObject_Vectorcall(self->observe, args, 3, NULL);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    }
+    if (call_observer(self->observe, key, size, now) < 0)
+        goto done;
     if (attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
         attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
         attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
@@ -93,20 +117,7 @@ static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *
         goto done;
     self->answered++;
     rc = 0;
-    /* Last, once the hit is counted: what the what-if raises is its own (reported, never the
-     * answer's: a request counted and then answered again would count twice). */
-    if (self->whatif != NULL && self->whatif != Py_None) {
-        unsigned long long h = PyLong_AsUnsignedLongLong(hash);
-        if (h == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_WriteUnraisable(self->whatif);
-        } else if (sample_point(h, self->sample_key) < self->sample_below) {
-            PyObject *args[] = {key, size, now};
-            PyObject *r = PyObject_Vectorcall(self->whatif, args, 3, NULL);
-            if (r == NULL)
-                PyErr_WriteUnraisable(self->whatif);
-            Py_XDECREF(r);
-        }
-    }
+    record_sampled(self, key, size, hash, now);
 done:
     Py_XDECREF(one);
     Py_XDECREF(size);

@@ -5,7 +5,7 @@ Attr attrs[A_COUNT] = {
     {"method"}, {"version"}, {"should_close"}, {"upgrade"}, {"chunked"}, {"path"},
     {"raw_headers"}, {"key"}, {"initial_age"}, {"stored_at"}, {"lifetime"}, {"directives"},
     {"rendered"}, {"headers"}, {"status"}, {"payload"}, {"size"}, {"requests"}, {"hits"}, {"hit_bytes"},
-    {"bytes_served"},
+    {"bytes_served"}, {"hits_from_disk"},
 };
 
 PyObject *s_touch, *s_record_hit, *s_no_cache;

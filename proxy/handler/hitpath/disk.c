@@ -18,8 +18,10 @@
  * - It answers only what the stored head may answer as it was rendered: the record's meta
  *   carries the render stamp of this proxy, the PLAIN flag (no `no-cache` to revalidate), and
  *   a fresh age, computed as Entry.age computes it; else it declines.
- * - Counting and keeping the hit in memory are the proxy's (disk_kept), as for the hits
- *   HitAnswers.answer reads itself.
+ * - A hit is counted as CacheEngine._hit_behind counts one (count_disk_hit): the request and
+ *   the hit, from disk, the disk tier's own hit, both admissions' observe and the what-if's
+ *   sample; then the store's admission (`admit`) says whether it is kept in memory too, and
+ *   only then is the proxy called (disk_promote), to make the entry and keep it.
  */
 #include "hits.h"
 
@@ -180,6 +182,50 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
     return 0;
 }
 
+/* Count a hit on key's disk record (body, record: its RecordMeta) as CacheEngine._hit_behind
+ * counts one, then keep it in memory when the store's admission takes it; -1 on an error
+ * before anything was counted. Once the hit is counted, what the admission or the proxy's
+ * promote raise is reported, never the answer's: a request counted and then answered again
+ * would count twice. */
+static int count_disk_hit(PlainHits *self, PyObject *key, PyObject *hash, PyObject *body,
+                          PyObject *record, double now) {
+    PyObject *one = PyLong_FromLong(1), *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body)),
+             *when = PyFloat_FromDouble(now);
+    int rc = -1;
+    if (one == NULL || size == NULL || when == NULL)
+        goto done;
+    if (attr_add(self->counters, &attrs[A_REQUESTS], one) < 0 ||
+        attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
+        attr_add(self->counters, &attrs[A_HITS_FROM_DISK], one) < 0 ||
+        attr_add(self->disk_counters, &attrs[A_HITS], one) < 0 ||
+        call_observer(self->disk_observe, key, size, when) < 0 ||
+        call_observer(self->observe, key, size, when) < 0 ||
+        attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
+        attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
+        goto done;
+    rc = 0;
+    self->answered++;
+    record_sampled(self, key, size, hash, when);
+    PyObject *args[] = {key, size, when};
+    PyObject *admitted = PyObject_Vectorcall(self->admit, args, 3, NULL);
+    int keep = admitted == NULL ? -1 : PyObject_IsTrue(admitted);
+    Py_XDECREF(admitted);
+    if (keep < 0) {
+        PyErr_WriteUnraisable(self->admit);
+    } else if (keep) {
+        PyObject *promote_args[] = {key, body, record};
+        PyObject *kept = PyObject_Vectorcall(self->disk_promote, promote_args, 3, NULL);
+        if (kept == NULL)
+            PyErr_WriteUnraisable(self->disk_promote);
+        Py_XDECREF(kept);
+    }
+done:
+    Py_XDECREF(one);
+    Py_XDECREF(size);
+    Py_XDECREF(when);
+    return rc;
+}
+
 /* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
  * nothing under: the answer tuple; Py_False when the disk holds no record for it or may not
  * answer it (the handler fetches it); what disk_cold makes of one the page cache does not
@@ -296,19 +342,9 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
      * handler, which then counts it once, as it finds it. */
     result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
                     head, lifetime, age, parts[0]);
-    if (result == NULL) {
-        Py_DECREF(record);
-        goto done;
-    }
-    PyObject *args[] = {key, body, record};
-    PyObject *kept = PyObject_Vectorcall(self->disk_kept, args, 3, NULL);
-    Py_DECREF(record);
-    if (kept == NULL) {
+    if (result != NULL && count_disk_hit(self, key, hash, body, record, now) < 0)
         Py_CLEAR(result);
-        goto done;
-    }
-    Py_DECREF(kept);
-    self->answered++;
+    Py_DECREF(record);
 done:
     Py_XDECREF(region);
     Py_XDECREF(fields);

@@ -41,7 +41,10 @@ typedef struct {
     PyObject *disk_bans;   /* list: DiskTier.bans, (prefix or tag, region, offset, by_tag) */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
     PyObject *checksum;    /* region_log.checksum */
-    PyObject *disk_kept;   /* kept(key, body, RecordMeta): counts a disk hit, keeps it */
+    PyObject *disk_promote; /* promote(key, body, RecordMeta): keeps a disk hit in memory */
+    PyObject *disk_counters; /* the disk tier's DiskCounters */
+    PyObject *disk_observe;  /* the disk admission's observe, or None */
+    PyObject *admit;         /* the store's admission: is a disk hit kept in memory too? */
     PyObject *disk_cold;   /* cold(key, region, offset, length): a record to read off the loop */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
@@ -63,7 +66,8 @@ typedef struct {
 enum {
     A_METHOD, A_VERSION, A_SHOULD_CLOSE, A_UPGRADE, A_CHUNKED, A_PATH, A_RAW_HEADERS,
     A_KEY, A_INITIAL_AGE, A_STORED_AT, A_LIFETIME, A_DIRECTIVES, A_RENDERED, A_HEADERS,
-    A_STATUS, A_PAYLOAD, A_SIZE, A_REQUESTS, A_HITS, A_HIT_BYTES, A_BYTES_SERVED, A_COUNT
+    A_STATUS, A_PAYLOAD, A_SIZE, A_REQUESTS, A_HITS, A_HIT_BYTES, A_BYTES_SERVED,
+    A_HITS_FROM_DISK, A_COUNT
 };
 
 extern Attr attrs[A_COUNT];
@@ -134,6 +138,9 @@ int scan_fields(PlainHits *self, PyObject *raw, PyObject **host);
 int plain_request(PlainHits *self, PyObject *msg, int *head, PyObject **path);
 
 /* answer.c */
+int call_observer(PyObject *observe, PyObject *key, PyObject *size, PyObject *now);
+void record_sampled(PlainHits *self, PyObject *key, PyObject *size, PyObject *hash,
+                    PyObject *now);
 PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head);
 PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
                  const char *detail, PyObject *body, int head, double lifetime, double age,

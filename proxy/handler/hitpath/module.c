@@ -14,7 +14,8 @@
  *   else.
  * - With a disk tier, a plain request whose URL memory holds nothing for is answered from
  *   its disk record when disk.c may (a whole, fresh record with the head this proxy
- *   renders), and counted and kept in memory by the proxy's own `kept`.
+ *   renders), counted as CacheEngine._hit_behind counts one, and kept in memory (the proxy's
+ *   own `promote`) when the store's admission (`admit`) takes it.
  * - Plain: GET or HEAD, HTTP/1.1 keep-alive, no body or upgrade, an origin-form target within
  *   the URL limit, header fields within their limit and none of the `declined` names (the
  *   fields the HTTP rules read: validators, Range, Cache-Control, Cookie...), a Host the proxy
@@ -58,7 +59,10 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->disk_bans);
     Py_VISIT(self->uncacheable);
     Py_VISIT(self->checksum);
-    Py_VISIT(self->disk_kept);
+    Py_VISIT(self->disk_promote);
+    Py_VISIT(self->disk_counters);
+    Py_VISIT(self->disk_observe);
+    Py_VISIT(self->admit);
     Py_VISIT(self->disk_cold);
     return 0;
 }
@@ -83,7 +87,10 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->disk_bans);
     Py_CLEAR(self->uncacheable);
     Py_CLEAR(self->checksum);
-    Py_CLEAR(self->disk_kept);
+    Py_CLEAR(self->disk_promote);
+    Py_CLEAR(self->disk_counters);
+    Py_CLEAR(self->disk_observe);
+    Py_CLEAR(self->admit);
     Py_CLEAR(self->disk_cold);
     return 0;
 }
@@ -132,6 +139,8 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
         Py_XDECREF(old[i]);
     if (self->whatif == NULL)
         self->whatif = Py_NewRef(Py_None);
+    if (self->admit == NULL)
+        self->admit = Py_NewRef(Py_None);
     self->query_as_sent = 1;
     self->max_url = max_url;
     self->max_headers = max_headers;
@@ -140,14 +149,17 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
 }
 
 static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"index", "fds",   "bans",        "uncacheable", "checksum", "kept",
-                            "cold",  "meta",  "stamp",       "read_inline", NULL};
-    PyObject *index, *fds, *bans, *uncacheable, *checksum, *kept, *cold, *meta;
+    static char *names[] = {"index",  "fds",      "bans",    "uncacheable", "checksum",
+                            "promote", "counters", "observe", "cold",        "meta",
+                            "stamp",   "read_inline", NULL};
+    PyObject *index, *fds, *bans, *uncacheable, *checksum, *promote, *counters, *observe, *cold,
+        *meta;
     unsigned long stamp;
     Py_ssize_t read_inline;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOOO!kn", names, &index, &PyDict_Type,
-                                     &fds, &PyList_Type, &bans, &uncacheable, &checksum, &kept,
-                                     &cold, &PyType_Type, &meta, &stamp, &read_inline))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "$OO!O!OOOOOOO!kn", names, &index, &PyDict_Type,
+                                     &fds, &PyList_Type, &bans, &uncacheable, &checksum,
+                                     &promote, &counters, &observe, &cold, &PyType_Type, &meta,
+                                     &stamp, &read_inline))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)meta, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "meta is a tuple's type (RecordMeta)");
@@ -163,7 +175,9 @@ static PyObject *PlainHits_attach_disk(PlainHits *self, PyObject *args, PyObject
     Py_XSETREF(self->disk_bans, Py_NewRef(bans));
     Py_XSETREF(self->uncacheable, Py_NewRef(uncacheable));
     Py_XSETREF(self->checksum, Py_NewRef(checksum));
-    Py_XSETREF(self->disk_kept, Py_NewRef(kept));
+    Py_XSETREF(self->disk_promote, Py_NewRef(promote));
+    Py_XSETREF(self->disk_counters, Py_NewRef(counters));
+    Py_XSETREF(self->disk_observe, Py_NewRef(observe));
     Py_XSETREF(self->disk_cold, Py_NewRef(cold));
     self->stamp = stamp;
     self->read_inline = read_inline;
@@ -240,8 +254,8 @@ static PyObject *PlainHits_get_answered(PlainHits *self, void *closure) {
 static PyMethodDef PlainHits_methods[] = {
     {"attach_disk", (PyCFunction)(void (*)(void))PlainHits_attach_disk,
      METH_VARARGS | METH_KEYWORDS,
-     "attach_disk(*, index, fds, bans, uncacheable, checksum, kept, cold, meta, stamp,\n"
-     "read_inline):\n"
+     "attach_disk(*, index, fds, bans, uncacheable, checksum, promote, counters, observe,\n"
+     "cold, meta, stamp, read_inline):\n"
      "answer plain hits from the disk tier's records too (see disk.c)"},
     {"answer", (PyCFunction)(void (*)(void))PlainHits_answer, METH_FASTCALL,
      "answer(message, *ignored) -> (bytes, body or b'', status) | False | ColdRecord | None\n\n"
@@ -272,6 +286,8 @@ static PyMemberDef PlainHits_members[] = {
      "the what-if sample's secret (sample.h)"},
     {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
      "the admission's observe, or None (a reload may change the admission)"},
+    {"admit", T_OBJECT, offsetof(PlainHits, admit), 0,
+     "the admission's admit(key, size, now): whether a disk hit is kept in memory too"},
     {NULL}};
 
 static PyGetSetDef PlainHits_getset[] = {
