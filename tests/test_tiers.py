@@ -161,3 +161,26 @@ def test_nth_hit_in_front_of_an_empty_disk_starts_writing():
     disk = DiskSpec(32 << 20, region_size=1 << 20, admission=AdmissionConfig(policy="nth-hit:4"))
     s = simulate_tiers(rounds, 64 << 10, ALWAYS, disk, entry_overhead=0).stats
     assert s["disk_admissions"] == keys and s["disk_hits"] > 4 * keys
+
+
+def test_a_disk_hit_is_kept_in_memory_only_when_hit_again_within_memorys_turnover():
+    """A record whose hits are 4,000 keys apart is not copied into a memory tier of 64 objects
+    on each hit (it would only evict another; before, every disk hit was); one hit twice in a
+    row is, on its second disk hit. Memory's admission (second hit) takes both."""
+    keys = 4_000
+    ids = np.tile(np.arange(keys, dtype=np.uint64), 6)
+    apart = Trace(np.arange(len(ids), dtype=np.float64), ids, np.full(len(ids), 1000))
+    disk = DiskSpec(64 << 20, region_size=1 << 20, admission=ALWAYS)
+    second_hit = AdmissionConfig(policy="second-hit")
+    args = (apart, 64 * 1000, second_hit, disk)
+    s = simulate_tiers(*args, entry_overhead=0).stats
+    assert s == model_tiers(*args, entry_overhead=0).stats
+    assert s["hits"] == 5 * keys and s["hits_from_disk"] > 0.99 * 5 * keys
+    assert s["promoted"] < 0.02 * s["hits_from_disk"]  # false positives of the filter only
+    twice = np.repeat(np.arange(keys, dtype=np.uint64), 3)  # each key thrice in a row
+    close = Trace(np.arange(len(twice), dtype=np.float64), twice, np.full(len(twice), 1000))
+    s = simulate_tiers(close, 64 * 1000, second_hit, disk, entry_overhead=0).stats
+    # The first is fetched and written to disk, the second a disk hit, the third kept (but
+    # where memory's filter took a first sighting for a second, a false positive).
+    assert s["hits"] == 2 * keys and s["hits_from_disk"] > 0.98 * 2 * keys
+    assert 0.98 * keys < s["promoted"] <= keys

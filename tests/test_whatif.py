@@ -247,8 +247,8 @@ def sampled(keys: list[str], start: float) -> Sample:
 def test_a_machines_disk_ghosts_keep_each_workers_memory_tier_and_share_the_disk():
     """Under --workers one disk is behind every worker's private memory tier: what one worker
     wrote is a disk hit through the other, which holds it in its own memory once that
-    memory's admission takes it (its second sighting there); a worker's memory ghost never
-    answers for another's. A batch that arrives late is replayed at the
+    memory's admission and promotion filter take it (its second disk hit there); a worker's
+    memory ghost never answers for another's. A batch that arrives late is replayed at the
     latest time seen, never earlier."""
     memory = MemoryShape(1 << 20, AdmissionConfig(policy="second-hit"))
     disk = DiskShape(64 << 20, 1 << 20, AdmissionConfig(policy="always"))

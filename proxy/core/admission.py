@@ -301,6 +301,24 @@ def _second_hit(
     return CompiledPolicy("second-hit", Admission("second-hit", window=window), window)
 
 
+# The fewest sightings a promotion filter remembers per generation: a memory tier of a few
+# objects still tells a record hit again at once from one hit once.
+PROMOTION_MIN_KEYS = 64
+
+
+def promotion_filter(admission: AdmissionPolicy, store: CacheStore) -> AdmissionPolicy | None:
+    """What a hit from a tier behind ``store`` must pass, beside ``admission``, to be kept in
+    the store too: None when the store admits everything (``always``); else a second hit
+    within about the store's turnover, a filter whose generations are sized, at each rotation,
+    by the objects the store holds (at least ``PROMOTION_MIN_KEYS``). A record whose hits are
+    further apart than the store could keep it is then not copied up on every hit: copying
+    it would only evict another."""
+    if admission.name == "always":
+        return None
+    config = AdmissionConfig(window="auto", min_keys=PROMOTION_MIN_KEYS)
+    return _second_hit(config, store)
+
+
 def _seconds(config: AdmissionConfig) -> float:
     seconds = float(config.window)
     if not seconds > 0 or math.isinf(seconds):

@@ -70,7 +70,7 @@ from __future__ import annotations
 from cachetools import LRUCache
 
 from proxy.core import rfc9110, rfc9111
-from proxy.core.admission import AdmissionPolicy
+from proxy.core.admission import AdmissionPolicy, promotion_filter
 from proxy.core.cache_status import GRACE, STALE_IF_ERROR
 from proxy.core.events import (
     ANSWERED_FIELDS,
@@ -161,7 +161,7 @@ class CacheEngine(ResponseDecisions):
         client_revalidation: str = "honour",
     ) -> None:
         self.store = store
-        self.admission = admission
+        self.use_admission(admission)
         self.hit_for_miss = hit_for_miss
         # A backend the driver awaits decides admission (the fleet's shared filter): the
         # engine asks for its answer (``ASK_ADMISSION``) instead of consulting its policy.
@@ -188,6 +188,12 @@ class CacheEngine(ResponseDecisions):
         self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
             HIT_FOR_MISS_BYTES, getsizeof=_second
         )
+
+    def use_admission(self, admission: AdmissionPolicy) -> None:
+        """Admit by ``admission`` from now on, and keep the hits of a tier behind the store
+        by it and its ``promotion_filter``."""
+        self.admission = admission
+        self.promotion = promotion_filter(admission, self.store)
 
     @property
     def behind(self) -> tuple[Tier, ...]:
@@ -282,21 +288,27 @@ class CacheEngine(ResponseDecisions):
         """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
         ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``;
         ``before``: how its request was counted until then). The entry is kept in the store
-        too (``_promote``) when the store's admission takes it, as it would a response
-        fetched for that memory miss: under ``second-hit`` with the auto window (which
-        remembers about as many keys as memory holds), a record hit again before memory could
-        have kept it is copied up, one whose hits are further apart than memory's turnover is
-        not, so a small memory tier in front of a large disk is not rewritten on every disk
-        hit. The compiled hit path (``proxy/handler/hitpath/disk.c``) and the simulator's loop
-        (``simulate.c``) mirror this rule, held equal by ``tests/test_plain_hits.py`` and
-        ``tests/test_tiers.py``."""
+        too (``_promote``) when ``_promotes`` says so. The compiled hit path
+        (``proxy/handler/hitpath/disk.c``) and the simulator's loop (``simulate.c``) mirror
+        this, held equal by ``tests/test_disk_live.py`` and ``tests/test_tiers.py``."""
         self._count_hit(before, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
         self._served(key, entry, now)
-        if self.admission.admit(key, entry.size, now):
+        if self._promotes(key, entry.size, now):
             self._promote(entry, vary)
+
+    def _promotes(self, key: str, size: int, now: float) -> bool:
+        """Whether a hit on ``key`` (``size`` bytes) from a tier behind the store is kept in
+        the store too: when the store's admission takes it, as it would the response fetched
+        for that memory miss, and its ``promotion`` filter (a second hit within about the
+        store's turnover) does; a small memory tier in front of a large disk is then not
+        rewritten on every disk hit."""
+        admitted = self.admission.admit(key, size, now)
+        # Asked whatever the admission said, as the admission is: each counts every sighting.
+        again = self.promotion is None or self.promotion.admit(key, size, now)
+        return admitted and again
 
     def _promote(self, entry: Entry, vary: tuple[str, ...] = ()) -> None:
         """Keep ``entry``, which a tier behind the store answered from, in the store too when
@@ -340,7 +352,9 @@ class CacheEngine(ResponseDecisions):
                         self._uncacheable, None if whatif is None else whatif.record,
                         0 if whatif is None else whatif.below,
                         0 if whatif is None else whatif.sample_key,
-                        self.admission.admit, self._promote)  # fmt: skip
+                        self.admission.admit,
+                        None if self.promotion is None else self.promotion.admit,
+                        self._promote)  # fmt: skip
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted

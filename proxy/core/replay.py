@@ -99,7 +99,8 @@ def replay_tiers(
     if lengths is not None and len(lengths) and int(lengths.min()) < 0:
         raise ValueError("a record's length is never negative")
     deltas = simulate_tiers(
-        engine.store.index, compiled_admission(engine.admission), tier.index,
+        engine.store.index, compiled_admission(engine.admission),
+        None if engine.promotion is None else compiled_admission(engine.promotion), tier.index,
         compiled_admission(tier.admission), tier.budget,
         (regions.region_size, regions.regions, *regions.span()), times, keys.ids, sizes,
         keys.prefix, keys.prefix_chars, ttl, engine.store.entry_overhead,

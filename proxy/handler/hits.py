@@ -19,7 +19,7 @@ common case, which give the same bytes and counts as the request handler.
   ``Age`` and, where the origin sent none, ``Date``.
 * The compiled answerer (``plain_hits``, ``proxy/handler/hitpath/``) finds and counts a fresh
   hit, in memory as ``plan`` does and on disk as ``found_behind`` does (kept in memory only
-  when the store's admission takes it: ``HitState.admit``, ``HitState.promote``), and writes
+  when the store's admission and its promotion filter take it: ``HitState``), and writes
   the bytes ``answer`` would; what it declines it has counted nothing for, and ``answer``
   decides.
 """
@@ -47,7 +47,7 @@ from proxy.core.events import (
 from proxy.core.store import Entry
 from proxy.disk.reads import READ_INLINE, ColdRecord, cold_record
 from proxy.disk.record_meta import RecordMeta, record_entry
-from proxy.disk.region_log import checksum
+from proxy.disk.region_log import CHECKSUM_HASH
 from proxy.disk.store import DiskStore
 from proxy.front.lane import JOIN_BELOW, RawRequestMessage, lane_may_answer
 from proxy.handler._hits import PlainHits
@@ -130,7 +130,7 @@ class HitAnswers:
             self.plain_hits.attach_disk(
                 index=disk.reads.index, fds=disk.log.read_fds, bans=disk.tier.bans,
                 uncacheable=state.uncacheable,
-                checksum=checksum, promote=self._promoted_record, counters=disk.tier.counters,
+                checksum=CHECKSUM_HASH, promote=self._promoted_record, counters=disk.tier.counters,
                 observe=disk.tier.admission.observe if disk.tier.admission.observes else None,
                 cold=cold_record, meta=RecordMeta,
                 stamp=disk.stamp,
@@ -268,13 +268,13 @@ class HitAnswers:
         replaced either)."""
         state = self.engine.hit_state()
         plain = self.plain_hits
-        plain.observe, plain.whatif, plain.sample_below, plain.sample_key, plain.admit = (
+        plain.observe, plain.whatif, plain.sample_below, plain.sample_key = (
             state.observe,
             state.whatif,
             state.sample_below,
             state.sample_key,
-            state.admit,
         )
+        plain.admit, plain.promotes = state.admit, state.promotes
 
     def _promoted_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Keep in memory a plain hit the compiled answerer read from ``key``'s disk record

@@ -162,7 +162,7 @@ class Proxy:
         plain.query_as_sent = self.router.queries_as_sent
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
         if config.admission_config() != self.config.admission_config():
-            engine.admission = make_policy(config.admission_config(), engine.store)
+            engine.use_admission(make_policy(config.admission_config(), engine.store))
         if config.what_if_key() != self.config.what_if_key():
             engine.whatif = config.what_if(machine=self.machine)
             if engine.whatif is not None:

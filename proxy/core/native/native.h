@@ -553,7 +553,8 @@ typedef struct {
 
 /* A disk tier as the loop drives it: its index, admission and budget, its ring (live regions
  * oldest..next-1, the last open at fill), the bytes a record has besides its key and body,
- * when each record was written (with a finite ttl) and the counts c. */
+ * when each record was written (with a finite ttl), the counts c, and the memory tier's
+ * promotion filter for its hits (NULL: none). */
 typedef struct Disk {
     DiskIndexObject *index;
     AdmissionObject *admission;
@@ -563,6 +564,7 @@ typedef struct Disk {
     long long record_overhead;
     Written written;
     long long *c;
+    AdmissionObject *promotion;
 } Disk;
 
 /* Whether the disk answers a memory miss of h1 at now: its record fresh by ttl (from when it

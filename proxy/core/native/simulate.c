@@ -9,7 +9,7 @@
  *   asked;
  * - a memory miss asks the disk: a record fresh by the trace's ttl (from when it was written)
  *   is a hit from disk, kept in memory too (promoted) when memory's admission takes it (asked
- *   as for a fetched response) and it fits;
+ *   as for a fetched response), then the promotion filter (CacheEngine._promotes), and it fits;
  * - a fetched response goes to memory if the admission (asked only for a key memory does not
  *   hold) takes it and it fits; one too large drops a stale copy it supersedes. The disk
  *   forgets its record of the key (the fetched response is the newest), then its own
@@ -140,7 +140,10 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
                 c[C_HIT_BYTES] += size;
                 c[C_BYTES_SERVED] += size;
                 int admitted = admission_admit(a, h1, h2, size, now);
-                if (admitted < 0) goto fail;
+                int again = d->promotion == NULL
+                                ? 1 : admission_admit(d->promotion, h1, h2, size, now);
+                if (admitted < 0 || again < 0) goto fail;
+                admitted = admitted && again;
                 if (admitted && size <= max_object) {
                     int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars
                                                                   : size, written);
@@ -285,27 +288,35 @@ PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
 }
 
 PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"index", "admission", "disk_index", "disk_admission", "budget",
-                             "ring", "times", "ids", "sizes", "prefix", "prefix_chars", "ttl",
-                             "entry_overhead", "max_object_bytes", "record_overhead", "lengths",
-                             "names_h1", "names_h2", "names_chars", NULL};
-    PyObject *index_obj, *admission_obj, *dindex_obj, *dadmission_obj, *budget_obj;
+    static char *kwlist[] = {"index", "admission", "promotion", "disk_index", "disk_admission",
+                             "budget", "ring", "times", "ids", "sizes", "prefix",
+                             "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
+                             "record_overhead", "lengths", "names_h1", "names_h2",
+                             "names_chars", NULL};
+    PyObject *index_obj, *admission_obj, *promotion_obj, *dindex_obj, *dadmission_obj,
+        *budget_obj;
     PyObject *objs[7] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
     Py_buffer prefix;
     long long prefix_chars, overhead, max_object, record_overhead;
     long long region_size, regions, oldest, next, fill;
     double ttl;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "O!O!O!O!O!(LLLLL)OOOy*LdLLL|OOOO", kwlist, &IndexType, &index_obj,
-            &AdmissionType, &admission_obj, &DiskIndexType, &dindex_obj, &AdmissionType,
+            args, kwds, "O!O!OO!O!O!(LLLLL)OOOy*LdLLL|OOOO", kwlist, &IndexType, &index_obj,
+            &AdmissionType, &admission_obj, &promotion_obj, &DiskIndexType, &dindex_obj,
+            &AdmissionType,
             &dadmission_obj, &WriteBudgetType, &budget_obj, &region_size, &regions, &oldest,
             &next, &fill, &objs[0], &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
             &overhead, &max_object, &record_overhead, &objs[3], &objs[4], &objs[5], &objs[6]))
         return NULL;
+    if (promotion_obj != Py_None && !PyObject_TypeCheck(promotion_obj, &AdmissionType)) {
+        PyErr_SetString(PyExc_TypeError, "promotion is an Admission, or None");
+        return NULL;
+    }
     long long c[T_COUNT] = {0};
     Disk d = {(DiskIndexObject *)dindex_obj, (AdmissionObject *)dadmission_obj,
               (WriteBudgetObject *)budget_obj, region_size, regions, oldest, next, fill,
-              record_overhead, {0}, c};
+              record_overhead, {0}, c,
+              promotion_obj == Py_None ? NULL : (AdmissionObject *)promotion_obj};
     Requests q;
     Views v = {.held = 0};
     PyObject *result = NULL;

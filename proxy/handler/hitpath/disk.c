@@ -20,8 +20,9 @@
  *   a fresh age, computed as Entry.age computes it; else it declines.
  * - A hit is counted as CacheEngine._hit_behind counts one (count_disk_hit): the request and
  *   the hit, from disk, the disk tier's own hit, both admissions' observe and the what-if's
- *   sample; then the store's admission (`admit`) says whether it is kept in memory too, and
- *   only then is the proxy called (disk_promote), to make the entry and keep it.
+ *   sample; then the store's admission (`admit`) and its promotion filter (`promotes`) say
+ *   whether it is kept in memory too (CacheEngine._promotes), and only then is the proxy
+ *   called (disk_promote), to make the entry and keep it.
  */
 #include "hits.h"
 
@@ -110,7 +111,30 @@ malformed:
     return NULL;
 }
 
-/* The record's checksum holds over buf[12:n]; -1 with an exception set on error. */
+/* Whether the pairs at p + *at fit before p + n, as pairs_at would read them (as_dict: a
+ * value may be absent), *at moved past them: pairs_at's judgement, no object made. */
+static int pairs_fit(const char *p, Py_ssize_t n, Py_ssize_t *at, int as_dict) {
+    if (*at + 2 > n)
+        return 0;
+    Py_ssize_t count = u16_at(p + *at), i = *at + 2;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (i + 6 > n)
+            return 0;
+        Py_ssize_t name_len = u16_at(p + i);
+        uint32_t value_len = u32_at(p + i + 2);
+        int valued = value_len != NO_VALUE;
+        i += 6;
+        if (name_len > n - i || (valued && (Py_ssize_t)value_len > n - i - name_len) ||
+            (!valued && !as_dict))
+            return 0;
+        i += name_len + (valued ? (Py_ssize_t)value_len : 0);
+    }
+    *at = i;
+    return 1;
+}
+
+/* The record's checksum holds over buf[12:n] (the low 32 bits of checksum_hash, the only
+ * bits its field keeps); -1 with an exception set on error. */
 static int checksum_holds(PlainHits *self, const char *buf, Py_ssize_t n) {
     PyObject *view = PyMemoryView_FromMemory((char *)buf + 12, n - 12, PyBUF_READ);
     if (view == NULL)
@@ -119,11 +143,11 @@ static int checksum_holds(PlainHits *self, const char *buf, Py_ssize_t n) {
     Py_DECREF(view);
     if (sum == NULL)
         return -1;
-    unsigned long value = PyLong_AsUnsignedLong(sum);
+    unsigned long long value = PyLong_AsUnsignedLongLong(sum);
     Py_DECREF(sum);
-    if (value == (unsigned long)-1 && PyErr_Occurred())
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    return value == u32_at(buf + 8);
+    return (uint32_t)value == u32_at(buf + 8);
 }
 
 /* Where the index places key's record: *region (a new reference), *offset, *length; 0 when
@@ -182,13 +206,14 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
     return 0;
 }
 
-/* Count a hit on key's disk record (body, record: its RecordMeta) as CacheEngine._hit_behind
- * counts one, then keep it in memory when the store's admission takes it; -1 on an error
- * before anything was counted. Once the hit is counted, what the admission or the proxy's
- * promote raise is reported, never the answer's: a request counted and then answered again
- * would count twice. */
+/* Count a hit on key's disk record (body: its body) as CacheEngine._hit_behind counts one:
+ * 1 when the store's admission and promotion filter then take it (CacheEngine._promotes: it
+ * is to be kept in memory too), 0 when not, -1
+ * on an error before anything was counted. Once the hit is counted, what the admission
+ * raises is reported, never the answer's (a request counted and then answered again would
+ * count twice), and the hit is not kept. */
 static int count_disk_hit(PlainHits *self, PyObject *key, PyObject *hash, PyObject *body,
-                          PyObject *record, double now) {
+                          double now) {
     PyObject *one = PyLong_FromLong(1), *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body)),
              *when = PyFloat_FromDouble(now);
     int rc = -1;
@@ -203,27 +228,61 @@ static int count_disk_hit(PlainHits *self, PyObject *key, PyObject *hash, PyObje
         attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
         attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
         goto done;
-    rc = 0;
     self->answered++;
     record_sampled(self, key, size, hash, when);
     PyObject *args[] = {key, size, when};
-    PyObject *admitted = PyObject_Vectorcall(self->admit, args, 3, NULL);
-    int keep = admitted == NULL ? -1 : PyObject_IsTrue(admitted);
-    Py_XDECREF(admitted);
-    if (keep < 0) {
-        PyErr_WriteUnraisable(self->admit);
-    } else if (keep) {
-        PyObject *promote_args[] = {key, body, record};
-        PyObject *kept = PyObject_Vectorcall(self->disk_promote, promote_args, 3, NULL);
-        if (kept == NULL)
-            PyErr_WriteUnraisable(self->disk_promote);
-        Py_XDECREF(kept);
+    /* Both asked, whatever the first said: each counts every sighting. */
+    PyObject *asked[] = {self->admit, self->promotes};
+    rc = 1;
+    for (int i = 0; i < 2; i++) {
+        if (asked[i] == Py_None)
+            continue;
+        PyObject *says = PyObject_Vectorcall(asked[i], args, 3, NULL);
+        int yes = says == NULL ? -1 : PyObject_IsTrue(says);
+        Py_XDECREF(says);
+        if (yes < 0)
+            PyErr_WriteUnraisable(asked[i]);
+        rc = rc && yes > 0;
     }
 done:
     Py_XDECREF(one);
     Py_XDECREF(size);
     Py_XDECREF(when);
     return rc;
+}
+
+/* The RecordMeta of a record whose meta (m, meta_len bytes, its head head_len) disk_answer has
+ * judged: made as tuple.__new__ makes it, its fields in order, no Python frame; NULL with an
+ * exception set on error. */
+static PyObject *make_record_meta(PlainHits *self, const char *m, Py_ssize_t meta_len,
+                             Py_ssize_t head_len, PyObject *status) {
+    Py_ssize_t at = META_SIZE + head_len;
+    PyObject *fields = pairs_at(m, meta_len, &at, 0);
+    PyObject *directives = fields ? pairs_at(m, meta_len, &at, 1) : NULL;
+    PyObject *stored_at = PyFloat_FromDouble(f64_at(m + 2)),
+             *lifetime = PyFloat_FromDouble(f64_at(m + 10)),
+             *initial_age = PyFloat_FromDouble(f64_at(m + 18)),
+             *head = PyBytes_FromStringAndSize(m + META_SIZE, head_len),
+             *dated = PyBool_FromLong((unsigned char)m[26] & FLAG_DATED), *record = NULL;
+    if (directives != NULL && stored_at && lifetime && initial_age && head && dated) {
+        PyObject *items = PyTuple_Pack(8, status, stored_at, lifetime, initial_age, head, dated,
+                                       fields, directives);
+        PyObject *wrapped = items ? PyTuple_Pack(1, items) : NULL;
+        Py_XDECREF(items);
+        if (wrapped != NULL)
+            record = PyTuple_Type.tp_new((PyTypeObject *)self->record_meta, wrapped, NULL);
+        Py_XDECREF(wrapped);
+    } else if (!PyErr_Occurred()) {
+        PyErr_SetString(PyExc_ValueError, "a record's meta no longer reads");
+    }
+    Py_XDECREF(fields);
+    Py_XDECREF(directives);
+    Py_XDECREF(stored_at);
+    Py_XDECREF(lifetime);
+    Py_XDECREF(initial_age);
+    Py_XDECREF(head);
+    Py_XDECREF(dated);
+    return record;
 }
 
 /* The answer to a plain request (head: HEAD) for key, whose hash the memory store holds
@@ -233,8 +292,7 @@ done:
  * it lies); NULL without an exception to decline (answer_hit decides), or NULL with one on
  * error. */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
-    PyObject *region = NULL, *fields = NULL, *directives = NULL, *body = NULL, *parts[6] = {0},
-             *result = NULL;
+    PyObject *region = NULL, *body = NULL, *status = NULL, *result = NULL;
     int uncacheable = PySequence_Contains(self->uncacheable, key);
     if (uncacheable != 0)
         return uncacheable < 0 ? NULL : Py_NewRef(Py_False);
@@ -311,46 +369,36 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     if (!answers_plain(age, lifetime))
         goto done;
     Py_ssize_t at = META_SIZE + head_len;
-    fields = pairs_at(m, meta_len, &at, 0);
-    directives = fields ? pairs_at(m, meta_len, &at, 1) : NULL;
-    body = directives ? PyBytes_FromStringAndSize(buf + body_at, length - body_at) : NULL;
-    if (body == NULL)
+    if (!pairs_fit(m, meta_len, &at, 0) || !pairs_fit(m, meta_len, &at, 1))
         goto done;
-    /* RecordMeta's status, stored_at, lifetime, initial_age, head and dated; then its
-     * headers and directives. */
-    parts[0] = PyLong_FromLong(u16_at(m));
-    parts[1] = PyFloat_FromDouble(stored_at);
-    parts[2] = PyFloat_FromDouble(lifetime);
-    parts[3] = PyFloat_FromDouble(initial_age);
-    parts[4] = PyBytes_FromStringAndSize(m + META_SIZE, head_len);
-    parts[5] = PyBool_FromLong(flags & FLAG_DATED);
-    for (size_t i = 0; i < 6; i++)
-        if (parts[i] == NULL)
-            goto done;
-    /* A RecordMeta made as tuple.__new__ makes it: its fields in order, no Python frame. */
-    PyObject *items = PyTuple_Pack(8, parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
-                                   fields, directives);
-    PyObject *wrapped = items ? PyTuple_Pack(1, items) : NULL;
-    Py_XDECREF(items);
-    if (wrapped == NULL)
-        goto done;
-    PyObject *record = PyTuple_Type.tp_new((PyTypeObject *)self->record_meta, wrapped, NULL);
-    Py_DECREF(wrapped);
-    if (record == NULL)
+    body = PyBytes_FromStringAndSize(buf + body_at, length - body_at);
+    status = body ? PyLong_FromLong(u16_at(m)) : NULL;
+    if (status == NULL)
         goto done;
     /* Rendered first, then counted and kept: a render that fails leaves the request to the
      * handler, which then counts it once, as it finds it. */
     result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
-                    head, lifetime, age, parts[0]);
-    if (result != NULL && count_disk_hit(self, key, hash, body, record, now) < 0)
+                    head, lifetime, age, status);
+    int admitted = result == NULL ? -1 : count_disk_hit(self, key, hash, body, now);
+    if (admitted < 0) {
         Py_CLEAR(result);
-    Py_DECREF(record);
+        goto done;
+    }
+    /* Kept in memory too: the entry is the proxy's to make, from the record's meta. The hit
+     * is counted: what this raises is reported, never the answer's. */
+    if (admitted) {
+        PyObject *record = make_record_meta(self, m, meta_len, head_len, status);
+        PyObject *promote_args[] = {key, body, record};
+        PyObject *kept =
+            record ? PyObject_Vectorcall(self->disk_promote, promote_args, 3, NULL) : NULL;
+        if (kept == NULL)
+            PyErr_WriteUnraisable(self->disk_promote);
+        Py_XDECREF(kept);
+        Py_XDECREF(record);
+    }
 done:
     Py_XDECREF(region);
-    Py_XDECREF(fields);
-    Py_XDECREF(directives);
     Py_XDECREF(body);
-    for (size_t i = 0; i < 6; i++)
-        Py_XDECREF(parts[i]);
+    Py_XDECREF(status);
     return result;
 }

@@ -40,11 +40,12 @@ typedef struct {
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */
     PyObject *disk_bans;   /* list: DiskTier.bans, (prefix or tag, region, offset, by_tag) */
     PyObject *uncacheable; /* URLs remembered uncacheable: the handler's, not a disk hit */
-    PyObject *checksum;    /* region_log.checksum */
+    PyObject *checksum;    /* region_log.CHECKSUM_HASH: a checksum is its low 32 bits */
     PyObject *disk_promote; /* promote(key, body, RecordMeta): keeps a disk hit in memory */
     PyObject *disk_counters; /* the disk tier's DiskCounters */
     PyObject *disk_observe;  /* the disk admission's observe, or None */
     PyObject *admit;         /* the store's admission: is a disk hit kept in memory too? */
+    PyObject *promotes;      /* and then the promotion filter's, or None */
     PyObject *disk_cold;   /* cold(key, region, offset, length): a record to read off the loop */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;

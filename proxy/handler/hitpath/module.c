@@ -63,6 +63,7 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->disk_counters);
     Py_VISIT(self->disk_observe);
     Py_VISIT(self->admit);
+    Py_VISIT(self->promotes);
     Py_VISIT(self->disk_cold);
     return 0;
 }
@@ -91,6 +92,7 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->disk_counters);
     Py_CLEAR(self->disk_observe);
     Py_CLEAR(self->admit);
+    Py_CLEAR(self->promotes);
     Py_CLEAR(self->disk_cold);
     return 0;
 }
@@ -141,6 +143,8 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
         self->whatif = Py_NewRef(Py_None);
     if (self->admit == NULL)
         self->admit = Py_NewRef(Py_None);
+    if (self->promotes == NULL)
+        self->promotes = Py_NewRef(Py_None);
     self->query_as_sent = 1;
     self->max_url = max_url;
     self->max_headers = max_headers;
@@ -288,6 +292,9 @@ static PyMemberDef PlainHits_members[] = {
      "the admission's observe, or None (a reload may change the admission)"},
     {"admit", T_OBJECT, offsetof(PlainHits, admit), 0,
      "the admission's admit(key, size, now): whether a disk hit is kept in memory too"},
+    {"promotes", T_OBJECT, offsetof(PlainHits, promotes), 0,
+     "the promotion filter's admit(key, size, now), asked once admit takes a disk hit, or\n"
+     "None"},
     {NULL}};
 
 static PyGetSetDef PlainHits_getset[] = {
