@@ -875,7 +875,14 @@ async def test_the_idle_timeout_counts_from_the_end_of_a_large_hits_body(origin,
     after it (before: the timeout counted from its last check during the drain, and closed
     the connection just after the answer ended)."""
     service = await large_stored(origin, start_proxy, server__idle_timeout="500ms")
-    reader, writer = await connect(service)
+    # A small receive buffer: the kernel cannot take the body's rest while the client reads
+    # slowly (loopback's own grows to megabytes, more so on a busy machine), so its sending
+    # ends only as the client reads it.
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    client.connect(service.proxy_address)
+    client.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=client)
     try:
         writer.write(b"GET /big HTTP/1.1\r\nHost: example.test\r\n\r\n")
         # Over 1 s of sending, then the rest read at once: the body ends just before that.
