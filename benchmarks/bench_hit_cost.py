@@ -14,7 +14,9 @@ then the cell runs ``--seconds`` of load. Printed per cell: microseconds of CPU 
 each server, and nginx's over onehit's (its efficiency beside nginx: above 1, onehit spends
 less). onehit's share of hits from disk (its /stats) is printed beside the disk cells.
 ``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
-and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells.
+and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells;
+``--workers N`` runs onehit with ``--workers N`` (every process on the server's core: the
+CPU of all of them counts).
 
     .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
         [--sizes 1k,64k] [--sources memory,disk] [--logs on,off]
@@ -128,9 +130,11 @@ async def onehit_cost(
     urls: int,
     seconds: float,
     log: bool,
+    workers: int = 1,
 ) -> tuple[float, float]:
-    """onehit (from the checkout ``cwd``, its access log on or off): CPU µs per request, and
-    its share of hits from disk."""
+    """onehit (from the checkout ``cwd``, its access log on or off, ``workers`` processes
+    serving the port): CPU µs per request of all its processes, and its share of hits from
+    disk (with workers, from the tier behind each worker's memory)."""
     work = Path(tempfile.mkdtemp(prefix="onehit-bench-hit-"))
     port, admin = free_port(), free_port()
     sets = [*settings, f"server.access_log={str(log).lower()}",
@@ -140,14 +144,18 @@ async def onehit_cost(
     flags = [arg for s in sets for arg in ("--set", s)]
     process = subprocess.Popen(
         [*SERVER_CORE, sys.executable, "-m", "proxy", "--origin", origin_url, "--listen",
-         f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}", *flags],
+         f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin}", "--workers",
+         str(workers), *flags],
         cwd=cwd, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         await wait_listening(admin)
-        per = await measure([process.pid], port, prefix, urls, seconds)
+        await wait_listening(port)
+        pids = [process.pid, *child_pids(process.pid)]
+        per = await measure(pids, port, prefix, urls, seconds)
         with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats") as r:
-            metrics = json.load(r)["metrics"]
+            stats = json.load(r)
+        metrics = stats["metrics"] if "metrics" in stats else stats["sum"]  # a machine's: summed
         return per, metrics["hits_from_disk"] / max(1, metrics["hits"])
     finally:
         process.send_signal(signal.SIGTERM)
@@ -206,6 +214,12 @@ async def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES), help="of " + ",".join(SIZES))
     parser.add_argument("--sources", default="memory,disk")
     parser.add_argument("--logs", default="on,off", help="the access log on, off, or both")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="onehit's --workers (all pinned to the server's core)",
+    )
     args = parser.parse_args()
     nginx = nginx_binary()
     if nginx is None or shutil.which("wrk") is None or shutil.which("taskset") is None:
@@ -223,12 +237,14 @@ async def main() -> None:
                     continue
                 prefix = f"/{size}/"
                 ours, from_disk = await onehit_cost(HERE.parent, origin_url, settings, prefix,
-                                                    urls, args.seconds, log)  # fmt: skip
+                                                    urls, args.seconds, log,
+                                                    args.workers)  # fmt: skip
                 theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)
                 before = None
                 if args.baseline:
                     before, _ = await onehit_cost(Path(args.baseline), origin_url, settings,
-                                                  prefix, urls, args.seconds, log)  # fmt: skip
+                                                  prefix, urls, args.seconds, log,
+                                                  args.workers)  # fmt: skip
                 rows.append((log, size, source, ours, theirs, from_disk, before))
         ceiling = None
         if False in logs and "1k" in sizes and "memory" in sources:
@@ -236,7 +252,7 @@ async def main() -> None:
                                        returns=True)  # fmt: skip
     finally:
         await runner.cleanup()
-    print(f"\nCPU µs per hit ({args.seconds:g} s of wrk per cell)")
+    print(f"\nCPU µs per hit ({args.seconds:g} s of wrk per cell, onehit --workers {args.workers})")
     head = (f"{'log':>3} {'body':>5} {'from':>7} {'onehit':>9} {'nginx':>9} "
             f"{'nginx/onehit':>13} {'disk hits':>10}")  # fmt: skip
     print(head + (f" {'baseline':>9} {'onehit/baseline':>16}" if args.baseline else ""))
