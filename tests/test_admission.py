@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.core._native import Admission, StoreIndex, hash64
-from proxy.core.admission import AdmissionConfig, key_sample, make_policy, parse_policy
+from proxy.core.admission import (
+    PROMOTION_MIN_KEYS,
+    AdmissionConfig,
+    key_sample,
+    make_policy,
+    parse_policy,
+    promotion_filter,
+)
 from proxy.core.disk import DiskTier
 from proxy.core.regions import Regions
 from proxy.core.store import CacheStore
@@ -149,3 +156,15 @@ def test_auto_and_adaptive_sample_keys_chosen_by_a_secret_not_by_their_hash():
         sampled[key] = tier.admission.native.sampled
     assert sampled[0] == len(chosen)
     assert 20 < sampled[0x5EC2E7 | 1] < 110  # about 1/16 of them, as of any 1,000 URLs
+
+
+def test_the_promotion_filter_is_none_under_always_and_else_a_second_hit_of_memorys_turnover():
+    store = CacheStore(1 << 20)
+    assert promotion_filter(make_policy(AdmissionConfig(policy="always"), store), store) is None
+    for policy in ("second-hit", "tinylfu", "nth-hit:3"):
+        promotion = promotion_filter(make_policy(AdmissionConfig(policy=policy), store), store)
+        assert promotion is not None and promotion.name == "second-hit"
+        # Sized by the objects memory holds: none yet, so its smallest share.
+        assert promotion.window.generation_share == PROMOTION_MIN_KEYS
+        assert not promotion.admit("http://a/x", 100, 1.0)
+        assert promotion.admit("http://a/x", 100, 2.0)  # the second disk hit

@@ -549,3 +549,37 @@ async def test_a_response_that_could_never_answer_fresh_costs_the_disk_no_write(
     stats = await admin_stats(proxy)
     assert stats["metrics"]["uncacheable"] >= 1
     assert (stats["disk"]["admissions"], stats["disk"]["bytes_written"]) == (0, 0)
+
+
+async def test_a_disk_hit_memorys_admission_takes_is_kept_only_on_its_second_disk_hit(
+    origin, start_proxy, tmp_path
+):
+    """Memory's admission saw the URL when it was fetched, so it takes the first disk hit; the
+    promotion filter (a second disk hit within memory's turnover) does not, until the second:
+    the same on the compiled path and the handler's (a copy of the rule that skipped the
+    filter would keep the first)."""
+    origin.set("/p", body=b"p" * 3000, headers={"Cache-Control": "max-age=600"})
+    seen = []
+    for fast_hits in (True, False):
+        service = await start_proxy(disk__path=str(tmp_path / str(fast_hits)),
+                                    disk__policy="always", server__fast_hits=fast_hits,
+                                    **DISK)  # fmt: skip
+        counted = []
+        for _ in range(4):  # a miss written to disk, two disk hits, a memory hit
+            status, headers, body = await get(service, "/p")
+            assert (status, body) == (200, b"p" * 3000)
+            metrics = (await admin_stats(service))["metrics"]
+            status_field = headers["Cache-Status"]
+            where = "disk" if "detail=disk" in status_field else "memory"
+            counted.append(((status_field.split("; ")[1], where), metrics["promoted"],
+                            metrics["entries"]))  # fmt: skip
+        if fast_hits:
+            assert service.proxy.hits.plain_hits.answered == 2
+        seen.append(counted)
+        await service.stop()
+    assert seen[0] == seen[1]
+    assert [(where, promoted, entries) for (_, where), promoted, entries in seen[0][1:]] == [
+        ("disk", 0, 0),
+        ("disk", 1, 1),
+        ("memory", 1, 1),
+    ]

@@ -232,3 +232,46 @@ def test_a_swap_writes_what_is_held_to_the_descriptor_before():
     fcntl.fcntl(first, fcntl.F_SETFL, os.O_NONBLOCK)
     assert b"/one" in os.read(first, 1 << 16)
     assert [line.split('"')[1] for line in taken(lines, read)] == ["GET /two HTTP/1.1"]
+
+
+def test_processes_sharing_a_pipe_never_split_a_line_of_each_other():
+    """Two processes write 64 KiB batches of long JSON lines to one pipe (the workers' stderr):
+    each write to a pipe is at most PIPE_BUF bytes of whole lines, which the kernel keeps
+    whole, so every line the reader gets is one line of one writer."""
+    read, write = os.pipe()
+    children = []
+    for writer in range(2):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child's)
+            os.close(read)
+            lines = LogLines(write, True, 64 << 10)
+            for n in range(600):
+                lines.entry(5, "::1", "GET", f"/{writer}/{n}/" + "x" * 700, None, "HTTP/1.1",
+                            200, 0, None, None, None, None, None)  # fmt: skip
+            lines.flush()
+            os._exit(0)
+        children.append(pid)
+    os.close(write)
+    out = b""
+    while chunk := os.read(read, 1 << 12):
+        out += chunk
+    os.close(read)
+    for pid in children:
+        assert os.waitpid(pid, 0)[1] == 0
+    targets = [json.loads(line)["target"] for line in out.decode("ascii").splitlines()]
+    assert sorted(targets) == sorted(f"/{w}/{n}/" + "x" * 700 for w in range(2) for n in range(600))
+
+
+def test_a_log_that_loses_lines_says_so_at_its_next_flush(caplog, tmp_path):
+    from proxy.ops.access_log import AccessLogFile
+
+    log = AccessLogFile(str(tmp_path / "a.log"), "combined", 0, 1.0)
+    full = os.open("/dev/full", os.O_WRONLY)
+    os.close(log.lines.swap(full))
+    log.lines.entry(5, "::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    log.flush()
+    assert "writing the access log" in caplog.text and "1 lines lost" in caplog.text
+    caplog.clear()
+    log.flush()  # nothing new lost: nothing said
+    assert caplog.text == ""
+    log.close()

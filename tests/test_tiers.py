@@ -180,6 +180,7 @@ def test_a_disk_hit_is_kept_in_memory_only_when_hit_again_within_memorys_turnove
     twice = np.repeat(np.arange(keys, dtype=np.uint64), 3)  # each key thrice in a row
     close = Trace(np.arange(len(twice), dtype=np.float64), twice, np.full(len(twice), 1000))
     s = simulate_tiers(close, 64 * 1000, second_hit, disk, entry_overhead=0).stats
+    assert s == model_tiers(close, 64 * 1000, second_hit, disk, entry_overhead=0).stats
     # The first is fetched and written to disk, the second a disk hit, the third kept (but
     # where memory's filter took a first sighting for a second, a false positive).
     assert s["hits"] == 2 * keys and s["hits_from_disk"] > 0.98 * 2 * keys

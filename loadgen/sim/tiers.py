@@ -7,8 +7,9 @@ The rules, which the live disk tier will keep:
 * The memory tier first, by the engine's own rules (``CacheEngine.plan`` and
   ``on_response``, as the live proxy drives them).
 * A memory miss asks the disk tier (``DiskTier.find``): a disk hit is answered from disk, with
-  no origin fetch, counted and kept in memory too (``CacheEngine.found_behind``), as the live
-  proxy counts and keeps it.
+  no origin fetch, counted, and kept in memory too when memory's admission and its promotion
+  filter take it (``CacheEngine.found_behind``, ``_promotes``), as the live proxy counts and
+  keeps it.
 * A miss of both fetches from the origin: the memory tier decides as always, and the disk
   tier's own admission decides whether the response is written to disk (``DiskTier.offer``),
   as a record of ``DiskSpec.record_length`` bytes (given the live encoder's, as the parity

@@ -282,16 +282,15 @@ class CacheEngine(ResponseDecisions):
         key: str,
         entry: Entry,
         now: float,
-        before: int = AS_MISS,
         vary: tuple[str, ...] = (),
     ) -> None:
-        """Count a request for the URL ``key`` that ``tier`` (behind the store) answered from
-        ``entry``, fresh for it (``_answers_from``), as a hit of that tier (``_count_hit``;
-        ``before``: how its request was counted until then). The entry is kept in the store
-        too (``_promote``) when ``_promotes`` says so. The compiled hit path
-        (``proxy/handler/hitpath/disk.c``) and the simulator's loop (``simulate.c``) mirror
-        this, held equal by ``tests/test_disk_live.py`` and ``tests/test_tiers.py``."""
-        self._count_hit(before, from_disk=True)
+        """Count a request for the URL ``key``, planned as a miss, that ``tier`` (behind the
+        store) answered from ``entry``, fresh for it (``_answers_from``), as a hit of that tier
+        (``_count_hit``). The entry is kept in the store too (``_promote``) when ``_promotes``
+        says so. The compiled hit path (``proxy/handler/hitpath/disk.c``, which counts a
+        request it never planned) and the simulator's loop (``simulate.c``) mirror this, held
+        equal by ``tests/test_disk_live.py`` and ``tests/test_tiers.py``."""
+        self._count_hit(AS_MISS, from_disk=True)
         tier.answered(True)
         tier.served(key, entry.size, now)
         # Counted before it is kept: the promoted entry's own hits are those memory serves.
@@ -304,7 +303,8 @@ class CacheEngine(ResponseDecisions):
         the store too: when the store's admission takes it, as it would the response fetched
         for that memory miss, and its ``promotion`` filter (a second hit within about the
         store's turnover) does; a small memory tier in front of a large disk is then not
-        rewritten on every disk hit."""
+        rewritten on every disk hit. Both are this process's own, as the store is: under a
+        fleet's admission (``admission_elsewhere``) a hit from disk asks no other process."""
         admitted = self.admission.admit(key, size, now)
         # Asked whatever the admission said, as the admission is: each counts every sighting.
         again = self.promotion is None or self.promotion.admit(key, size, now)
@@ -344,7 +344,9 @@ class CacheEngine(ResponseDecisions):
 
     def hit_state(self) -> HitState:
         """The objects a compiled answerer of plain hits finds and counts hits in, as
-        ``lookup`` does (``HitState``); they stay the same objects for the engine's life."""
+        ``lookup`` does (``HitState``): the same objects for the engine's life but the
+        admission's (``observe``, ``admit``, ``promotion_admit``) and the what-if's, which a
+        reload may replace (the driver asks again then)."""
         observe = self.admission.observe if self.admission.observes else None
         store = self.store
         whatif = self.whatif
@@ -358,8 +360,9 @@ class CacheEngine(ResponseDecisions):
 
     def _count_hit(self, before: int, *, from_disk: bool = False) -> None:
         """Count a hit, whichever tier and path answered it: the one place hits are counted
-        (the compiled hit path mirrors it, held equal by ``tests/test_plain_hits.py``, as the
-        compiled simulator's loop does, held equal by ``tests/test_tiers.py``).
+        (the compiled hit path mirrors it, from memory and from disk, held equal by
+        ``tests/test_plain_hits.py`` and ``tests/test_disk_live.py``, as the compiled
+        simulator's loop does, held equal by ``tests/test_tiers.py``).
         ``before``: how its request was counted until it was known to be a hit: as a request
         (``AS_REQUEST``, ``lookup``) or as a miss (``AS_MISS``, ``plan``)."""
         c = self.counters
@@ -393,8 +396,8 @@ class CacheEngine(ResponseDecisions):
     ) -> Hit | None:
         """The stored slice (``request``: the client's request, keyed as the slice), or the
         one ``tier`` behind the store was asked for (``behind``: what it found, then kept in
-        the store too, as ``_promote`` does), that answers fresh, counted as read and moved as
-        a hit is; None when it does not."""
+        the store too when ``_promotes`` says so), that answers fresh, counted as read and
+        moved as a hit is; None when it does not."""
         entry = self.store.peek(request.key) if tier is None else behind
         hit = None if entry is None else self._answers_from(request, entry, now)
         if tier is not None:
@@ -406,7 +409,8 @@ class CacheEngine(ResponseDecisions):
                 self._from_store(request.key, hit.entry, now)
             else:
                 self._served(request.key, hit.entry, now)
-                self._promote(behind)
+                if self._promotes(request.key, behind.size, now):
+                    self._promote(behind)
         return hit
 
     def sliced(self, fetched: int, mismatched: bool, *, from_disk: bool = False) -> None:
@@ -455,7 +459,8 @@ class CacheEngine(ResponseDecisions):
     ) -> Step:
         """What ``tier``'s answer to a ``Behind`` makes of ``request``: ``found``, the entry it
         holds for it and the names it was selected on (or None). A fresh one answers
-        (``FromCache``, counted as the tier's hit and kept in memory: ``_hit_behind``); a
+        (``FromCache``, counted as the tier's hit, kept in memory when ``_promotes`` says so:
+        ``_hit_behind``); a
         stale one is served stale, revalidated or refused as one in memory is
         (``_stale_behind``); anything else is ``then``, the tier's miss counted."""
         if found is not None:

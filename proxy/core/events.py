@@ -85,8 +85,8 @@ class HitState(NamedTuple):
     finds and counts plain hits itself (a GET or HEAD carrying none of ``RULE_FIELDS``): it
     must find a hit, and count it, as ``lookup`` does; and a hit it answered from a tier
     behind the store as ``_hit_behind`` does: counted, then kept in the store (``promote``)
-    when the store's admission (``admit``) takes it and the promotion filter (``promotes``,
-    None: none) does. The compiled driver's whole contract with the engine."""
+    when the store's admission (``admit``) takes it and the promotion filter
+    (``promotion_admit``, None: none) does. The compiled driver's whole contract with the engine."""
 
     entries: dict[int, Entry]  # the store's entries by their key's hash
     vary: dict[str, Any]  # URLs with stored variants (a plain hit declines them)
@@ -98,7 +98,7 @@ class HitState(NamedTuple):
     sample_below: int  # the hits whose sample point is below it are the what-if's to record
     sample_key: int  # the what-if sample's secret (``proxy.core.whatif``)
     admit: Callable[[str, int, float], bool]  # the store's admission: keep a tier's hit?
-    promotes: Callable[[str, int, float], bool] | None  # and then the promotion filter
+    promotion_admit: Callable[[str, int, float], bool] | None  # and the promotion filter's
     promote: Callable[[Entry], None]  # keep a tier's hit in the store, counted as promoted
 
 

@@ -181,8 +181,7 @@ class Front(SendWatch, FlowControl):
         # As aiohttp's handler: whether to log is decided per connection, when it opens.
         logger = server.access_logger
         self._access_logger = logger if logger is not None and logger.enabled else None
-        hit_log = server.hit_log
-        self._hit_log = hit_log if hit_log is not None and hit_log.enabled else None
+        self._hit_log = server.hit_log
         # The compiled lines a hit read as it came is logged by (``LogLines.hit``).
         self._hit_lines = None if self._hit_log is None else self._hit_log.lines
         self._parser: HttpRequestParser | None = None
@@ -312,7 +311,10 @@ class Front(SendWatch, FlowControl):
                 self._write(head, body)
                 self._server.answered[status] += 1
                 if lines is not None:
-                    lines.hit(data, start, end, self._remote, head, body, status, began)
+                    try:
+                        lines.hit(data, start, end, self._remote, head, body, status, began)
+                    except Exception:  # the answer went out: a log's fault is only logged
+                        HTTP_ERRORS.exception("an access log line failed")
                 start = end
                 continue
             end = self._answer_at(data, start, found, began)

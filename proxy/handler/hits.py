@@ -11,7 +11,8 @@ common case, which give the same bytes and counts as the request handler.
   plan: the request is neither routed nor planned, nor counted, again.
 * A URL memory holds nothing for (``Behind``) is asked of its disk record when the page cache
   holds it and it is short enough to read on the event loop, and judged as the handler judges
-  it (``CacheEngine.found_behind``: a hit from disk, kept in memory too).
+  it (``CacheEngine.found_behind``: a hit from disk, kept in memory too when
+  ``CacheEngine._promotes`` says so).
 * A hit is delivered with the head every answer from a response in hand has
   (``proxy.handler.answers.delivered``). The part every plain hit on an entry writes the same
   is rendered once per stored response and kept beside it (``ServedEntry``), for as long as
@@ -274,7 +275,7 @@ class HitAnswers:
             state.sample_below,
             state.sample_key,
         )
-        plain.admit, plain.promotes = state.admit, state.promotes
+        plain.admit, plain.promotion_admit = state.admit, state.promotion_admit
 
     def _promoted_record(self, key: str, body: bytes, meta: RecordMeta) -> None:
         """Keep in memory a plain hit the compiled answerer read from ``key``'s disk record

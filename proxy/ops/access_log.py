@@ -23,7 +23,8 @@ Lines are formatted by the compiled ``LogLines`` (the hits the front answers as 
 never reach the interpreter) and written as nginx's ``buffer=``/``flush=`` write them: in
 batches, when ``[server] access_log_buffer`` bytes are held (0: each line as it is made) and
 every ``access_log_flush``; on SIGUSR1's reopen and at a clean stop, everything held is
-written first, so no line is lost but to a crash (at most one interval's). They go to stderr
+written first, so no line is lost but to a crash (at most one interval's) or to a log that
+cannot take them (counted, and said in the error log). They go to stderr
 or to ``[server] access_log_file``; ``AccessLogFile.reopen`` (SIGUSR1, as nginx's
 ``-s reopen``) starts writing to a file of that name again, for logrotate.
 """
@@ -63,8 +64,6 @@ class AccessLog:
 
     __slots__ = ("lines",)
 
-    enabled = True
-
     def __init__(self, lines: LogLines) -> None:
         self.lines = lines
 
@@ -101,6 +100,7 @@ class AccessLogFile:
         self.interval = flush
         self.lines = LogLines(_append(path) if path else 2, log_format == "json", buffer)
         self._timer: asyncio.TimerHandle | None = None
+        self._lost = 0  # the lines lost that were said
 
     def start(self) -> None:
         """Write what is held every ``flush`` seconds, on the running loop."""
@@ -112,12 +112,20 @@ class AccessLogFile:
         self._timer = asyncio.get_running_loop().call_later(self.interval, self._tick)
 
     def flush(self) -> None:
-        """Write what is held; a write that failed is logged, with the lines lost so far."""
+        """Write what is held; a write that failed, or lines dropped since the last flush
+        (the log did not take them: past what the buffer holds), are logged, with the lines
+        lost so far."""
+        where = self.path or "stderr"
         try:
             self.lines.flush()
         except OSError as exc:
             _ERRORS.error("writing the access log to %s failed (%s): %d lines lost so far",
-                          self.path or "stderr", exc, self.lines.lost)  # fmt: skip
+                          where, exc, self.lines.lost)  # fmt: skip
+        else:
+            if self.lines.lost > self._lost:
+                _ERRORS.error("the access log (%s) did not take its lines in time: %d lines "
+                              "lost so far", where, self.lines.lost)  # fmt: skip
+        self._lost = self.lines.lost
 
     def reopen(self) -> None:
         self.flush()

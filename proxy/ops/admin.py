@@ -222,7 +222,10 @@ class ProcessAdmin:
         return web.json_response(answer)
 
     async def filter_reset(self, request: web.Request) -> web.Response:
-        self.proxy.engine.admission.reset(time.time())
+        engine, now = self.proxy.engine, time.time()
+        engine.admission.reset(now)
+        if engine.promotion is not None:  # the sightings of disk hits, memory's too
+            engine.promotion.reset(now)
         return web.json_response({"reset": True})
 
     async def forget(self, request: web.Request) -> web.Response:

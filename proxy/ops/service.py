@@ -347,6 +347,8 @@ def _proxy_server(
     }
     log = None if access is None else AccessLog(access.lines)
     # Every answer the handler and the lane write is recorded, then logged when logging is on.
+    # aiohttp makes its access logger (the recorder) only when given a logger: the recorder
+    # writes to none of it (its lines go to ``log``).
     server_kwargs["access_log"] = logging.getLogger("onehit.access")
     server_kwargs["access_log_class"] = Recorder.for_service(answers, proxy.router, log)
     proxied = config.server.proxy_protocol

@@ -141,11 +141,13 @@ static Py_ssize_t decimal(char *out, long long n) {
 }
 
 /* The answer's bytes: the fixed head, the per-hit fields (detail: what follows the ttl in
- * Cache-Status), the blank line, and the body when it is joined. The ttl and Age are whole
- * seconds truncated toward zero, as proxy.core.cache_status.ttl_of and int() give them. */
+ * Cache-Status), the blank line, and the body (body_len bytes at body) when it is joined;
+ * one that is not is answered as body_obj, which holds those bytes. The ttl and Age are
+ * whole seconds truncated toward zero, as proxy.core.cache_status.ttl_of and int() give
+ * them. */
 PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
-                 const char *detail, PyObject *body, int head, double lifetime, double age,
-                 PyObject *status) {
+                 const char *detail, const char *body, Py_ssize_t body_len, PyObject *body_obj,
+                 int head, double lifetime, double age, PyObject *status) {
     char numbers[96];
     Py_ssize_t nlen = decimal(numbers, (long long)(lifetime - age));
     Py_ssize_t detail_len = (Py_ssize_t)strlen(detail);
@@ -171,7 +173,8 @@ PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int d
             return NULL;
         }
     }
-    Py_ssize_t body_len = head ? 0 : PyBytes_GET_SIZE(body);
+    if (head)
+        body_len = 0;
     int join = !head && body_len < self->join_below;
     const char *parts[] = {fixed,
                            PyBytes_AS_STRING(self->per_hit),
@@ -180,7 +183,7 @@ PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int d
                            date_text,
                            dated ? "" : "\r\n",
                            "\r\n",
-                           join ? PyBytes_AS_STRING(body) : ""};
+                           join ? body : ""};
     Py_ssize_t lens[] = {fixed_len,
                          PyBytes_GET_SIZE(self->per_hit),
                          nlen,
@@ -203,7 +206,7 @@ PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int d
     Py_XDECREF(date);
     if (out == NULL)
         return NULL;
-    PyObject *rest = join || head ? PyBytes_FromStringAndSize(NULL, 0) : Py_NewRef(body);
+    PyObject *rest = join || head ? PyBytes_FromStringAndSize(NULL, 0) : Py_NewRef(body_obj);
     if (rest == NULL) {
         Py_DECREF(out);
         return NULL;
@@ -262,8 +265,9 @@ PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head) 
     /* Rendered first, then counted: a render that fails leaves the request to the handler,
      * which then counts it once, as it finds it. */
     PyObject *fixed = PyTuple_GET_ITEM(rendered, 0);
-    result = render(self, PyBytes_AS_STRING(fixed), PyBytes_GET_SIZE(fixed), dated, "", body,
-                    head, lifetime, age, status);
+    result = render(self, PyBytes_AS_STRING(fixed), PyBytes_GET_SIZE(fixed), dated, "",
+                    PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), body, head, lifetime, age,
+                    status);
     if (result != NULL && count_hit(self, key, entry, hash, now_obj) < 0)
         Py_CLEAR(result);
 done:

@@ -20,7 +20,7 @@
  *   a fresh age, computed as Entry.age computes it; else it declines.
  * - A hit is counted as CacheEngine._hit_behind counts one (count_disk_hit): the request and
  *   the hit, from disk, the disk tier's own hit, both admissions' observe and the what-if's
- *   sample; then the store's admission (`admit`) and its promotion filter (`promotes`) say
+ *   sample; then the store's admission (`admit`) and its promotion filter (`promotion_admit`) say
  *   whether it is kept in memory too (CacheEngine._promotes), and only then is the proxy
  *   called (disk_promote), to make the entry and keep it.
  */
@@ -206,34 +206,46 @@ static int banned(PlainHits *self, PyObject *key, PyObject *region, long long of
     return 0;
 }
 
-/* Count a hit on key's disk record (body: its body) as CacheEngine._hit_behind counts one:
- * 1 when the store's admission and promotion filter then take it (CacheEngine._promotes: it
- * is to be kept in memory too), 0 when not, -1
- * on an error before anything was counted. Once the hit is counted, what the admission
- * raises is reported, never the answer's (a request counted and then answered again would
- * count twice), and the hit is not kept. */
-static int count_disk_hit(PlainHits *self, PyObject *key, PyObject *hash, PyObject *body,
+/* Count a hit on key's disk record (a body of body_len bytes) as CacheEngine._hit_behind
+ * counts one: 1 when the store's admission and promotion filter then take it
+ * (CacheEngine._promotes: it is to be kept in memory too), 0 when not; -1, nothing counted,
+ * when the objects it counts with cannot be made. Once counting began, what fails (an
+ * observer, the admission) is reported, never the answer's: a request counted and then
+ * answered again would count twice; the hit is then not kept. */
+static int count_disk_hit(PlainHits *self, PyObject *key, PyObject *hash, Py_ssize_t body_len,
                           double now) {
-    PyObject *one = PyLong_FromLong(1), *size = PyLong_FromSsize_t(PyBytes_GET_SIZE(body)),
+    PyObject *one = PyLong_FromLong(1), *size = PyLong_FromSsize_t(body_len),
              *when = PyFloat_FromDouble(now);
     int rc = -1;
     if (one == NULL || size == NULL || when == NULL)
         goto done;
-    if (attr_add(self->counters, &attrs[A_REQUESTS], one) < 0 ||
-        attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
-        attr_add(self->counters, &attrs[A_HITS_FROM_DISK], one) < 0 ||
-        attr_add(self->disk_counters, &attrs[A_HITS], one) < 0 ||
-        call_observer(self->disk_observe, key, size, when) < 0 ||
-        call_observer(self->observe, key, size, when) < 0 ||
-        attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
-        attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
-        goto done;
+    rc = 1;
+    Attr *engine_counts[] = {&attrs[A_REQUESTS], &attrs[A_HITS], &attrs[A_HITS_FROM_DISK]};
+    for (size_t i = 0; i < 3; i++)
+        if (attr_add(self->counters, engine_counts[i], one) < 0) {
+            PyErr_WriteUnraisable(self->counters);
+            rc = 0;
+        }
+    if (attr_add(self->disk_counters, &attrs[A_HITS], one) < 0) {
+        PyErr_WriteUnraisable(self->disk_counters);
+        rc = 0;
+    }
+    PyObject *observers[] = {self->disk_observe, self->observe};
+    for (size_t i = 0; i < 2; i++)
+        if (call_observer(observers[i], key, size, when) < 0) {
+            PyErr_WriteUnraisable(observers[i]);
+            rc = 0;
+        }
+    if (attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
+        attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0) {
+        PyErr_WriteUnraisable(self->counters);
+        rc = 0;
+    }
     self->answered++;
     record_sampled(self, key, size, hash, when);
-    PyObject *args[] = {key, size, when};
     /* Both asked, whatever the first said: each counts every sighting. */
-    PyObject *asked[] = {self->admit, self->promotes};
-    rc = 1;
+    PyObject *args[] = {key, size, when};
+    PyObject *asked[] = {self->admit, self->promotion_admit};
     for (int i = 0; i < 2; i++) {
         if (asked[i] == Py_None)
             continue;
@@ -292,7 +304,7 @@ static PyObject *make_record_meta(PlainHits *self, const char *m, Py_ssize_t met
  * it lies); NULL without an exception to decline (answer_hit decides), or NULL with one on
  * error. */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head) {
-    PyObject *region = NULL, *body = NULL, *status = NULL, *result = NULL;
+    PyObject *region = NULL, *record_bytes = NULL, *body = NULL, *status = NULL, *result = NULL;
     int uncacheable = PySequence_Contains(self->uncacheable, key);
     if (uncacheable != 0)
         return uncacheable < 0 ? NULL : Py_NewRef(Py_False);
@@ -327,8 +339,16 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
         self->scratch_size = (Py_ssize_t)length;
     }
     /* One buffer for every read, warm in the CPU's caches; the event loop waits for the read
-     * either way, so the lock is kept. */
+     * either way, so the lock is kept. A record whose body may go out apart from the head
+     * (join_below) is read into a buffer of its own instead, which the answer then holds:
+     * its body is not copied again. */
     char *buf = self->scratch;
+    if (!head && length >= self->join_below) {
+        record_bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+        if (record_bytes == NULL)
+            goto done;
+        buf = PyBytes_AS_STRING(record_bytes);
+    }
     ssize_t got;
 #ifdef RWF_NOWAIT
     /* Only what the page cache holds: a read the device must answer is the handler's, on a
@@ -371,15 +391,24 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     Py_ssize_t at = META_SIZE + head_len;
     if (!pairs_fit(m, meta_len, &at, 0) || !pairs_fit(m, meta_len, &at, 1))
         goto done;
-    body = PyBytes_FromStringAndSize(buf + body_at, length - body_at);
-    status = body ? PyLong_FromLong(u16_at(m)) : NULL;
+    Py_ssize_t body_len = (Py_ssize_t)length - body_at;
+    /* The body apart from the head: a view of the record's own buffer (read into one, as
+     * the record is at least as long as its body). */
+    if (!head && body_len >= self->join_below) {
+        PyObject *whole = PyMemoryView_FromObject(record_bytes);
+        body = whole ? PySequence_GetSlice(whole, body_at, (Py_ssize_t)length) : NULL;
+        Py_XDECREF(whole);
+        if (body == NULL)
+            goto done;
+    }
+    status = PyLong_FromLong(u16_at(m));
     if (status == NULL)
         goto done;
     /* Rendered first, then counted and kept: a render that fails leaves the request to the
      * handler, which then counts it once, as it finds it. */
-    result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk", body,
-                    head, lifetime, age, status);
-    int admitted = result == NULL ? -1 : count_disk_hit(self, key, hash, body, now);
+    result = render(self, m + META_SIZE, head_len, flags & FLAG_DATED, "; detail=disk",
+                    buf + body_at, body_len, body, head, lifetime, age, status);
+    int admitted = result == NULL ? -1 : count_disk_hit(self, key, hash, body_len, now);
     if (admitted < 0) {
         Py_CLEAR(result);
         goto done;
@@ -388,16 +417,19 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
      * is counted: what this raises is reported, never the answer's. */
     if (admitted) {
         PyObject *record = make_record_meta(self, m, meta_len, head_len, status);
-        PyObject *promote_args[] = {key, body, record};
+        PyObject *payload = record ? PyBytes_FromStringAndSize(buf + body_at, body_len) : NULL;
+        PyObject *promote_args[] = {key, payload, record};
         PyObject *kept =
-            record ? PyObject_Vectorcall(self->disk_promote, promote_args, 3, NULL) : NULL;
+            payload ? PyObject_Vectorcall(self->disk_promote, promote_args, 3, NULL) : NULL;
         if (kept == NULL)
             PyErr_WriteUnraisable(self->disk_promote);
         Py_XDECREF(kept);
+        Py_XDECREF(payload);
         Py_XDECREF(record);
     }
 done:
     Py_XDECREF(region);
+    Py_XDECREF(record_bytes);
     Py_XDECREF(body);
     Py_XDECREF(status);
     return result;

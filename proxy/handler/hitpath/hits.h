@@ -45,7 +45,7 @@ typedef struct {
     PyObject *disk_counters; /* the disk tier's DiskCounters */
     PyObject *disk_observe;  /* the disk admission's observe, or None */
     PyObject *admit;         /* the store's admission: is a disk hit kept in memory too? */
-    PyObject *promotes;      /* and then the promotion filter's, or None */
+    PyObject *promotion_admit;      /* and then the promotion filter's, or None */
     PyObject *disk_cold;   /* cold(key, region, offset, length): a record to read off the loop */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
@@ -144,8 +144,8 @@ void record_sampled(PlainHits *self, PyObject *key, PyObject *size, PyObject *ha
                     PyObject *now);
 PyObject *answer_key(PlainHits *self, PyObject *host, PyObject *path, int head);
 PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int dated,
-                 const char *detail, PyObject *body, int head, double lifetime, double age,
-                 PyObject *status);
+                 const char *detail, const char *body, Py_ssize_t body_len, PyObject *body_obj,
+                 int head, double lifetime, double age, PyObject *status);
 
 /* log.c */
 extern PyTypeObject LogLinesType;

@@ -11,7 +11,9 @@
  *   combined, with Apache's escapes (\", \\, \xhh for a byte outside printable ASCII).
  * - Lines are appended whole to a buffer, written to the descriptor when the buffer passes
  *   `limit` bytes and on flush() (the owner's timer, a reopen, the stop); a limit of 0 writes
- *   each line as it is made. What the descriptor does not take now stays, up to HOLD times the
+ *   each line as it is made. A write holds whole lines only: to a file (O_APPEND) any number,
+ *   to a pipe or socket at most PIPE_BUF bytes of them, which the kernel keeps whole, so the
+ *   lines of processes that share the descriptor never interleave within a line. What the descriptor does not take now stays, up to HOLD times the
  *   limit (at least HOLD_MIN bytes); a line past that is dropped and counted (`lost`), so memory
  *   stays bounded when the log cannot be written. A write error drops what was held, counted;
  *   the next flush() raises it, once.
@@ -21,6 +23,8 @@
 #include "hits.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,6 +37,7 @@ typedef struct {
     char *buf;
     Py_ssize_t len, cap, limit;
     int fd;
+    Py_ssize_t atomic; /* the most one write keeps whole (a pipe's PIPE_BUF), or 0: any */
     int json;
     int error; /* errno of a failed write not yet raised, or 0 */
     unsigned long long lines, lost, ids;
@@ -288,12 +293,35 @@ static unsigned long long count_lines(const char *p, Py_ssize_t n) {
     return lines;
 }
 
+/* What one write to fd keeps whole: a pipe's or a socket's PIPE_BUF (several workers may
+ * write to one stderr pipe), anything to a file (O_APPEND). */
+static Py_ssize_t atomic_for(int fd) {
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+        return PIPE_BUF;
+    return 0;
+}
+
+/* How much of the buffer from `done` the next write takes: all of it, or where fd keeps only
+ * `atomic` bytes whole, the whole lines that fit (a line longer than that alone). */
+static Py_ssize_t next_chunk(LogLines *self, Py_ssize_t done) {
+    Py_ssize_t rest = self->len - done;
+    if (!self->atomic || rest <= self->atomic)
+        return rest;
+    const char *p = self->buf + done;
+    for (Py_ssize_t i = self->atomic; i > 0; i--)
+        if (p[i - 1] == '\n')
+            return i;
+    const char *end = memchr(p, '\n', rest);
+    return end ? end - p + 1 : rest;
+}
+
 /* Write the buffer's whole lines to the descriptor: what it does not take now (EAGAIN) stays;
  * on an error, what was held is dropped and counted, and the error kept for flush(). */
 static void write_out(LogLines *self) {
     Py_ssize_t done = 0;
     while (done < self->len && self->fd >= 0) {
-        ssize_t n = write(self->fd, self->buf + done, self->len - done);
+        ssize_t n = write(self->fd, self->buf + done, next_chunk(self, done));
         if (n > 0) {
             done += n;
             continue;
@@ -390,6 +418,7 @@ static int LogLines_init(LogLines *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->fd = fd;
+    self->atomic = atomic_for(fd);
     self->json = json;
     self->limit = limit;
     self->second = LLONG_MIN;
@@ -526,6 +555,7 @@ static PyObject *LogLines_swap(LogLines *self, PyObject *arg) {
     write_out(self);
     int old = self->fd;
     self->fd = (int)fd;
+    self->atomic = atomic_for(self->fd);
     return PyLong_FromLong(old);
 }
 

@@ -15,7 +15,8 @@
  * - With a disk tier, a plain request whose URL memory holds nothing for is answered from
  *   its disk record when disk.c may (a whole, fresh record with the head this proxy
  *   renders), counted as CacheEngine._hit_behind counts one, and kept in memory (the proxy's
- *   own `promote`) when the store's admission (`admit`) takes it.
+ *   own `promote`) when the store's admission (`admit`) and its promotion filter
+ *   (`promotion_admit`) take it (CacheEngine._promotes).
  * - Plain: GET or HEAD, HTTP/1.1 keep-alive, no body or upgrade, an origin-form target within
  *   the URL limit, header fields within their limit and none of the `declined` names (the
  *   fields the HTTP rules read: validators, Range, Cache-Control, Cookie...), a Host the proxy
@@ -63,7 +64,7 @@ static int PlainHits_traverse(PlainHits *self, visitproc visit, void *arg) {
     Py_VISIT(self->disk_counters);
     Py_VISIT(self->disk_observe);
     Py_VISIT(self->admit);
-    Py_VISIT(self->promotes);
+    Py_VISIT(self->promotion_admit);
     Py_VISIT(self->disk_cold);
     return 0;
 }
@@ -92,7 +93,7 @@ static int PlainHits_clear(PlainHits *self) {
     Py_CLEAR(self->disk_counters);
     Py_CLEAR(self->disk_observe);
     Py_CLEAR(self->admit);
-    Py_CLEAR(self->promotes);
+    Py_CLEAR(self->promotion_admit);
     Py_CLEAR(self->disk_cold);
     return 0;
 }
@@ -143,8 +144,8 @@ static int PlainHits_init(PlainHits *self, PyObject *args, PyObject *kwds) {
         self->whatif = Py_NewRef(Py_None);
     if (self->admit == NULL)
         self->admit = Py_NewRef(Py_None);
-    if (self->promotes == NULL)
-        self->promotes = Py_NewRef(Py_None);
+    if (self->promotion_admit == NULL)
+        self->promotion_admit = Py_NewRef(Py_None);
     self->query_as_sent = 1;
     self->max_url = max_url;
     self->max_headers = max_headers;
@@ -292,9 +293,9 @@ static PyMemberDef PlainHits_members[] = {
      "the admission's observe, or None (a reload may change the admission)"},
     {"admit", T_OBJECT, offsetof(PlainHits, admit), 0,
      "the admission's admit(key, size, now): whether a disk hit is kept in memory too"},
-    {"promotes", T_OBJECT, offsetof(PlainHits, promotes), 0,
-     "the promotion filter's admit(key, size, now), asked once admit takes a disk hit, or\n"
-     "None"},
+    {"promotion_admit", T_OBJECT, offsetof(PlainHits, promotion_admit), 0,
+     "the promotion filter's admit(key, size, now), asked beside admit of every disk hit\n"
+     "(both must take it to keep it in memory), or None"},
     {NULL}};
 
 static PyGetSetDef PlainHits_getset[] = {
