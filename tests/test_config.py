@@ -68,6 +68,10 @@ def test_routes_from_the_environment():
         ('[cache]\neviction = "fifo"\n', "[cache] eviction = 'fifo': expected one of lru, s3fifo"),
         ('[server]\nevent_loop = "fast"\n', "[server] event_loop = 'fast': expected 'auto'"),
         ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
+        (
+            '[server]\naccess_log_buffer = "1TiB"\n',
+            "[server] access_log_buffer = '1TiB': expected a size of at most 64 MiB",
+        ),
         ('[server]\nworkers = "two"\n', "[server] workers = 'two': expected a positive count"),
         ('[server]\nlisten = "8080"\n', "expected host:port"),
         ("[cache]\nsize = [\n", "not valid TOML"),

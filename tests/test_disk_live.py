@@ -583,3 +583,36 @@ async def test_a_disk_hit_memorys_admission_takes_is_kept_only_on_its_second_dis
         ("disk", 1, 1),
         ("memory", 1, 1),
     ]
+
+
+# What the observer raises is reported as Python reports an exception it cannot raise.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_hit_whose_observer_fails_is_counted_once_from_either_tier(
+    origin, start_proxy, tmp_path
+):
+    """An admission's observe that raises is reported; the hit, counted already on the
+    compiled path, is answered there, not counted again by the handler (before: -1 sent it
+    on, and one request counted three times)."""
+    origin.set("/o", body=b"o" * 3000, headers={"Cache-Control": "max-age=600"})
+    origin.set("/m", body=b"m" * 3000, headers={"Cache-Control": "max-age=600"})
+    first = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    for _ in range(2):
+        assert (await get(first, "/o"))[0] == 200
+    await first.stop()
+    service = await start_proxy(disk__path=str(tmp_path), disk__policy="always", **DISK)
+    for _ in range(3):  # /m is stored in memory; /o's region opened (the Python reader's)
+        assert (await get(service, "/m"))[0] == (await get(service, "/o"))[0] == 200
+
+    def failing(key, size, now):
+        raise RuntimeError("observer")
+
+    plain = service.proxy.hits.plain_hits
+    plain.observe = failing
+    for path in ("/m", "/o"):
+        before, answered = (await admin_stats(service))["metrics"], plain.answered
+        status, headers, _ = await get(service, path)
+        after = (await admin_stats(service))["metrics"]
+        assert status == 200 and headers["Cache-Status"].startswith("onehit; hit")
+        assert plain.answered == answered + 1, path  # answered where it was counted
+        assert {k: after[k] - before[k] for k in ("requests", "hits", "misses")} == {
+            "requests": 1, "hits": 1, "misses": 0}, path  # fmt: skip

@@ -58,8 +58,8 @@ class ServerSection:
     )
     access_log_buffer: int = values.setting(
         64 << 10,
-        values.optional_size,
-        "access log bytes held before they are written; 0: each line as it is made",
+        values.log_buffer,
+        "access log bytes held before they are written (at most 64 MiB); 0: each line at once",
     )
     access_log_flush: float = values.setting(
         1.0, values.duration, "the access log's held lines are written at least this often"

@@ -141,6 +141,13 @@ def optional_size(value: Any) -> int:
     return size
 
 
+def log_buffer(value: Any) -> int:
+    size = parse_size(value)
+    if not 0 <= size <= 64 << 20:
+        raise ValueError("expected a size of at most 64 MiB, like 64KiB, or 0 to write each line")
+    return size
+
+
 def duration(value: Any) -> float:
     seconds = parse_duration(value)
     if seconds <= 0:

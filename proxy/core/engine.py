@@ -550,6 +550,8 @@ class CacheEngine(ResponseDecisions):
             type(action) is Revalidate and (action.conditions or action.on_error)
         ):
             return None  # a plain refetch (a HEAD's, or one with no validator)
+        # Kept whatever _promotes would say: not a hit but a response memory must hold, for
+        # its revalidation to refresh or its stale answer to be served from.
         self._promote(entry, vary)
         if self.store.peek(entry.key) is not entry:
             return None

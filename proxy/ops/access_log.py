@@ -129,9 +129,13 @@ class AccessLogFile:
 
     def reopen(self) -> None:
         self.flush()
-        if not self.path:
+        if not self.path or self.closed:  # a SIGUSR1 while the service stops: nothing to open
             return
         os.close(self.lines.swap(_append(self.path)))
+
+    @property
+    def closed(self) -> bool:
+        return self.lines.fd < 0
 
     def close(self) -> None:
         if self._timer is not None:

@@ -86,37 +86,38 @@ void record_sampled(PlainHits *self, PyObject *key, PyObject *size, PyObject *ha
     }
 }
 
-/* Count a hit on entry as CacheEngine.lookup does; -1 on error. */
+/* Call the index's method on hash when entry is still stored under it; what it raises is
+ * reported. */
+static void index_call(PlainHits *self, PyObject *method, PyObject *entry, PyObject *hash) {
+    PyObject *stored = PyDict_GetItemWithError(self->entries, hash);
+    PyObject *r = stored == entry ? PyObject_CallMethodOneArg(self->index, method, hash) : NULL;
+    if (r == NULL && PyErr_Occurred())
+        PyErr_WriteUnraisable(self->index);
+    Py_XDECREF(r);
+}
+
+/* Count a hit on entry as CacheEngine.lookup does; -1, nothing counted, when the objects it
+ * counts with cannot be made. Once counting began, what fails (the index, an observer) is
+ * reported, never the answer's: a request counted and then answered again would count
+ * twice. */
 static int count_hit(PlainHits *self, PyObject *key, PyObject *entry, PyObject *hash,
                      PyObject *now) {
     PyObject *one = PyLong_FromLong(1), *size = get(entry, &attrs[A_SIZE]);
     int rc = -1;
     if (one == NULL || size == NULL)
         goto done;
+    rc = 0;
     if (attr_add(self->counters, &attrs[A_REQUESTS], one) < 0)
-        goto done;
-    if (PyDict_GetItemWithError(self->entries, hash) == entry) {
-        PyObject *r = PyObject_CallMethodOneArg(self->index, s_touch, hash);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else if (PyErr_Occurred())
-        goto done;
+        PyErr_WriteUnraisable(self->counters);
+    index_call(self, s_touch, entry, hash);
     if (call_observer(self->observe, key, size, now) < 0)
-        goto done;
+        PyErr_WriteUnraisable(self->observe);
     if (attr_add(self->counters, &attrs[A_HITS], one) < 0 ||
         attr_add(self->counters, &attrs[A_HIT_BYTES], size) < 0 ||
         attr_add(self->counters, &attrs[A_BYTES_SERVED], size) < 0)
-        goto done;
-    if (PyDict_GetItemWithError(self->entries, hash) == entry) {
-        PyObject *r = PyObject_CallMethodOneArg(self->index, s_record_hit, hash);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else if (PyErr_Occurred())
-        goto done;
+        PyErr_WriteUnraisable(self->counters);
+    index_call(self, s_record_hit, entry, hash);
     self->answered++;
-    rc = 0;
     record_sampled(self, key, size, hash, now);
 done:
     Py_XDECREF(one);

@@ -274,6 +274,8 @@ static int add_line(LogLines *self, const Fields *f) {
 
 /* The most the buffer holds while the descriptor does not take it. */
 static Py_ssize_t hold_max(LogLines *self) {
+    if (self->limit > PY_SSIZE_T_MAX / HOLD)
+        return PY_SSIZE_T_MAX;
     Py_ssize_t most = HOLD * self->limit;
     return most < HOLD_MIN ? HOLD_MIN : most;
 }
@@ -334,8 +336,11 @@ static void write_out(LogLines *self) {
         self->lost += count_lines(self->buf + done, self->len - done);
         done = self->len;
     }
-    if (self->fd < 0)
-        done = self->len; /* no descriptor: nothing to keep them for */
+    if (self->fd < 0 && done < self->len) {
+        /* No descriptor (closed): nothing to keep them for; dropped, counted. */
+        self->lost += count_lines(self->buf + done, self->len - done);
+        done = self->len;
+    }
     memmove(self->buf, self->buf + done, self->len - done);
     self->len -= done;
 }
@@ -589,6 +594,7 @@ static PyMemberDef LogLines_members[] = {
      "lines dropped: not written (an error), or past what the buffer holds"},
     {"limit", T_PYSSIZET, offsetof(LogLines, limit), READONLY,
      "bytes held before they are written"},
+    {"fd", T_INT, offsetof(LogLines, fd), READONLY, "the descriptor written to, or -1"},
     {NULL}};
 
 static PyGetSetDef LogLines_getset[] = {
