@@ -87,8 +87,15 @@ static int put(LogLines *self, const char *s, Py_ssize_t n) {
 
 static int put_number(LogLines *self, long long value) {
     char text[24];
-    int n = snprintf(text, sizeof text, "%lld", value);
-    return put(self, text, n);
+    int n = 0;
+    unsigned long long u = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
+    do {
+        text[sizeof text - 1 - n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (value < 0)
+        text[sizeof text - 1 - n++] = '-';
+    return put(self, text + sizeof text - n, n);
 }
 
 static int put_json_char(LogLines *self, Py_UCS4 c) {
@@ -217,9 +224,18 @@ static int add_line(LogLines *self, const Fields *f) {
     stamp(self, second);
     int failed;
     if (self->json) {
-        char when[80];
-        int n = snprintf(when, sizeof when, "{\"time\":\"%s.%06lldZ\",\"client\":",
-                         self->stamp_json, micro);
+        /* {"time":"YYYY-MM-DDTHH:MM:SS.ffffffZ","client": */
+        char when[64];
+        int n = 0;
+        memcpy(when, "{\"time\":\"", 9);
+        n += 9;
+        memcpy(when + n, self->stamp_json, 19);
+        n += 19;
+        when[n++] = '.';
+        for (int shift = 100000; shift; shift /= 10)
+            when[n++] = (char)('0' + (micro / shift) % 10);
+        memcpy(when + n, "Z\",\"client\":", 12);
+        n += 12;
         Text id = f->request_id;
         char made[40];
         if (!client_id(&id)) {
