@@ -96,16 +96,16 @@ fields = st.fixed_dictionaries({
     "request_id": st.one_of(st.none(), sent, st.from_regex(_CLIENT_ID, fullmatch=True)),
 })  # fmt: skip
 moments = st.integers(0, 4102444800 * 10**6)  # the epoch to 2100
+# LogLines.entry's text and number fields, in its order (after the duration, before now).
+ENTRY_FIELDS = ("client", "method", "target", "host", "protocol", "status", "bytes",
+                "cache_status", "user_agent", "referer", "request_id")  # fmt: skip
 
 
 @settings(max_examples=150, deadline=None)
 @given(fields, moments)
 def test_a_json_line_is_what_json_dumps_writes_of_its_fields(f, now_us):
     lines, read = lines_of("json")
-    args = [f[name] for name in ("client", "method", "target", "host", "protocol", "status",
-                                 "bytes", "cache_status", "user_agent", "referer",
-                                 "request_id")]  # fmt: skip
-    lines.entry(f["duration_us"], *args, now_us)
+    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us)
     [line] = taken(lines, read)
     made = json.loads(line)["request_id"]
     given_id = f["request_id"]
@@ -120,10 +120,7 @@ def test_a_json_line_is_what_json_dumps_writes_of_its_fields(f, now_us):
 @given(fields, moments)
 def test_a_combined_line_is_apaches_with_its_escapes(f, now_us):
     lines, read = lines_of("combined")
-    args = [f[name] for name in ("client", "method", "target", "host", "protocol", "status",
-                                 "bytes", "cache_status", "user_agent", "referer",
-                                 "request_id")]  # fmt: skip
-    lines.entry(f["duration_us"], *args, now_us)
+    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us)
     assert taken(lines, read) == [combined_line(now_us - f["duration_us"], f)]
 
 

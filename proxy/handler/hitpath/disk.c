@@ -59,6 +59,21 @@ static double f64_at(const char *p) {
     return v;
 }
 
+/* The pair at p + *i, before p + n (record_meta: its name's (u16) and value's (u32,
+ * NO_VALUE: none, which only as_dict allows) lengths, then name and value): the lengths, and
+ * *i moved to its name; 0 when it does not fit. */
+static int pair_at(const char *p, Py_ssize_t n, Py_ssize_t *i, int as_dict, Py_ssize_t *name_len,
+                   uint32_t *value_len) {
+    if (*i + 6 > n)
+        return 0;
+    *name_len = u16_at(p + *i);
+    *value_len = u32_at(p + *i + 2);
+    int valued = *value_len != NO_VALUE;
+    *i += 6;
+    return !(*name_len > n - *i || (valued && (Py_ssize_t)*value_len > n - *i - *name_len) ||
+             (!valued && !as_dict));
+}
+
 /* The pairs encoded at p + *at, before p + n (record_meta: their count, then each as its
  * name's (u16) and value's (u32, NO_VALUE: none) lengths, name, value), as record_meta
  * decodes them: a dict of str to str or None (as_dict), else a tuple of (str, str) pairs,
@@ -72,15 +87,11 @@ static PyObject *pairs_at(const char *p, Py_ssize_t n, Py_ssize_t *at, int as_di
     if (pairs == NULL)
         return NULL;
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (i + 6 > n)
+        Py_ssize_t name_len;
+        uint32_t value_len;
+        if (!pair_at(p, n, &i, as_dict, &name_len, &value_len))
             goto malformed;
-        Py_ssize_t name_len = u16_at(p + i);
-        uint32_t value_len = u32_at(p + i + 2);
         int valued = value_len != NO_VALUE;
-        i += 6;
-        if (name_len > n - i || (valued && (Py_ssize_t)value_len > n - i - name_len) ||
-            (!valued && !as_dict))
-            goto malformed;
         PyObject *name = PyUnicode_DecodeUTF8(p + i, name_len, "surrogateescape"), *value;
         i += name_len;
         if (valued) {
@@ -118,16 +129,11 @@ static int pairs_fit(const char *p, Py_ssize_t n, Py_ssize_t *at, int as_dict) {
         return 0;
     Py_ssize_t count = u16_at(p + *at), i = *at + 2;
     for (Py_ssize_t k = 0; k < count; k++) {
-        if (i + 6 > n)
+        Py_ssize_t name_len;
+        uint32_t value_len;
+        if (!pair_at(p, n, &i, as_dict, &name_len, &value_len))
             return 0;
-        Py_ssize_t name_len = u16_at(p + i);
-        uint32_t value_len = u32_at(p + i + 2);
-        int valued = value_len != NO_VALUE;
-        i += 6;
-        if (name_len > n - i || (valued && (Py_ssize_t)value_len > n - i - name_len) ||
-            (!valued && !as_dict))
-            return 0;
-        i += name_len + (valued ? (Py_ssize_t)value_len : 0);
+        i += name_len + (value_len != NO_VALUE ? (Py_ssize_t)value_len : 0);
     }
     *at = i;
     return 1;
