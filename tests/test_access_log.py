@@ -9,7 +9,7 @@ from datetime import datetime
 
 import aiohttp
 import pytest
-from conftest import base, until
+from conftest import base, served, until
 
 from loadgen.live.processes import onehit_process
 from proxy.ops.access_log import FIELDS
@@ -194,3 +194,29 @@ async def test_every_hit_is_logged_across_a_reopen_and_a_stop_the_interval_never
     assert len(after) == 25
     assert {line["cache_status"].split(";")[1].strip() for line in after} == {"hit"}
     assert {line["target"] for line in after} == {"/h"}
+
+
+async def test_every_answer_of_two_workers_is_one_whole_line_after_a_stop(origin, tmp_path):
+    """--workers 2 appending to one file, lines held (the interval an hour away) and written
+    in batches at the stop: every answer of either worker is there once, whole."""
+    log = tmp_path / "access.log"
+    settings = {"server.workers": "2", "server.access_log": "true",
+                "server.access_log_format": "json", "server.access_log_file": str(log),
+                "server.access_log_flush": "1h", "upstream.origin": origin.url}  # fmt: skip
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    async with served(*args) as (process, url, admin):
+        connector = aiohttp.TCPConnector(limit=16, force_close=True)  # new connections
+        async with aiohttp.ClientSession(connector=connector) as client:
+
+            async def get(n: int) -> None:
+                async with client.get(url + f"/w{n % 20}?n={n}") as r:
+                    assert r.status == 200 and await r.read()
+
+            await asyncio.gather(*(get(n) for n in range(400)))
+            async with client.get(admin + "/stats") as r:
+                answered = [w["metrics"]["requests"] for w in (await r.json())["workers"]]
+        assert len(answered) == 2 and min(answered) > 0  # both workers answered
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), 15) == 0
+    records = [json.loads(line) for line in _lines(log)]
+    assert sorted(r["target"] for r in records) == sorted(f"/w{n % 20}?n={n}" for n in range(400))
