@@ -180,6 +180,9 @@ async def proxy_in_front(
         "server.listen": "127.0.0.1:0",
         "admin.listen": "127.0.0.1:0",
         "server.access_log": False,
+        # A test that logs reads its lines at once: they are written every 20 ms, not every
+        # second (tests/test_access_log.py holds lines an hour, to see them written at a stop).
+        "server.access_log_flush": "20ms",
         "upstream.connect_timeout": "2s",
         "upstream.read_timeout": "2s",
     }
