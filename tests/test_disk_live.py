@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from email.utils import formatdate
 
@@ -617,62 +616,3 @@ async def test_a_hit_whose_observer_fails_is_counted_once_from_either_tier(
         assert plain.answered == answered + 1, path  # answered where it was counted
         assert {k: after[k] - before[k] for k in ("requests", "hits", "misses")} == {
             "requests": 1, "hits": 1, "misses": 0}, path  # fmt: skip
-
-
-@pytest.mark.parametrize("slow", [False, True])
-async def test_a_long_disk_body_goes_out_by_sendfile_byte_for_byte_as_its_record(
-    origin, start_proxy, tmp_path, monkeypatch, slow
-):
-    """A disk hit's body of 64 KiB or more is answered as its record's range of the region
-    file (``FileRange``) and handed to ``sendfile``: the client gets the record's body byte
-    for byte, and with a client that reads slowly (the socket takes part of it) the rest goes
-    through the transport, in order."""
-    from proxy.front import fastpath
-    from proxy.handler._hits import FileRange
-
-    body = bytes(range(256)) * 3600  # 900 KiB
-    origin.set("/long", body=body, headers={"Cache-Control": "max-age=600"})
-    # Memory takes a URL at its tenth sighting: every hit here is a disk hit.
-    settings = {**DISK, "disk__path": str(tmp_path), "disk__policy": "always",
-                "cache__size": "4MiB", "cache__max_object_size": "2MiB",
-                "admission__policy": "nth-hit:10"}  # fmt: skip
-    first = await start_proxy(**settings)
-    assert (await get(first, "/long"))[2] == body
-    await first.stop()
-    service = await start_proxy(**settings)
-    again = await get(service, "/long")  # the region opened by the Python reader
-    assert again[2] == body and "detail=disk" in again[1]["Cache-Status"]
-    request = b"GET /long HTTP/1.1\r\nHost: example.test\r\n\r\n"
-    found = service.proxy.hits.plain_hits.answer_bytes(request, 0)
-    assert type(found[2]) is FileRange and len(found[2]) == len(body)
-    assert os.pread(found[2].fd, found[2].length, found[2].offset) == body
-    sent = []
-    real = os.sendfile
-
-    def counted(out: int, fd: int, offset: int, count: int) -> int:
-        done = real(out, fd, offset, count)
-        sent.append(done)
-        return done
-
-    monkeypatch.setattr(fastpath.os, "sendfile", counted)
-    client = socket.socket()
-    if slow:  # six at once, read late: more than the socket's buffers take (4 MiB at most)
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
-    client.connect(service.proxy_address)
-    client.setblocking(False)
-    reader, writer = await asyncio.open_connection(sock=client)
-    try:
-        for _ in range(1 if slow else 2):
-            writer.write(request * 6 if slow else request)
-            if slow:
-                await asyncio.sleep(0.3)
-            for _ in range(6 if slow else 1):
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-                assert b"detail=disk" in head
-                assert await asyncio.wait_for(reader.readexactly(len(body)), 10) == body
-    finally:
-        writer.close()
-    # Slow: some sendfile took part of its body (the rest written through the transport), and
-    # the answers held behind a body's rest were sent as it drained.
-    assert 2 <= len(sent) <= 6 and all(0 <= n <= len(body) for n in sent)
-    assert (sum(sent) < 6 * len(body)) if slow else (sent == [len(body)] * 2)

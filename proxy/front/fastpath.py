@@ -29,7 +29,6 @@ the shape aiohttp's writer drives: none of aiohttp's request handler's fields.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections import Counter
 from collections.abc import Awaitable, Sequence
@@ -53,7 +52,6 @@ from proxy.front.lane import (
     lane_may_answer,
 )
 from proxy.front.life import BUSY, SENDING_STATES, Event, Life, State
-from proxy.handler._hits import FileRange
 from proxy.wire.seam import PIECE, FlowControl, ProxyServer, SendWatch
 
 
@@ -397,45 +395,18 @@ class Front(SendWatch, FlowControl):
         parser.message_consumed()
         return messages[0][0]
 
-    def _write(self, head: bytes, body: bytes | memoryview | FileRange) -> None:
+    def _write(self, head: bytes, body: bytes | memoryview) -> None:
         """Write a hit's answer: whole (the connection stays ``READING``), or its body's
         rest as the transport drains (``SENDING``)."""
         transport = self.transport
         assert transport is not None
         self._server.requests_count += 1
-        if type(body) is FileRange:
-            self._send_file(head, body)
-        elif not body:
+        if not body:
             transport.write(head)
         elif len(body) <= PIECE:
             transport.writelines((head, body))
         else:
             self._send_large(head, body)
-
-    def _send_file(self, head: bytes, body: FileRange) -> None:
-        """Write ``head``, then ``body``'s range of its file with ``sendfile``, the kernel
-        reading the page cache into the socket: what the socket takes now. The rest (a full
-        socket, a transport holding bytes, TLS) is read from the file now, while its
-        descriptor is the one the answer was read from, and written as a large body is."""
-        transport = self.transport
-        assert transport is not None
-        transport.write(head)
-        sent = 0
-        if self._scheme == "http" and not transport.get_write_buffer_size():
-            sock = transport.get_extra_info("socket")
-            try:
-                sent = os.sendfile(sock.fileno(), body.fd, body.offset, body.length)
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:  # the client left, or sendfile refused: the transport says which
-                pass
-        if sent < body.length:
-            rest = os.pread(body.fd, body.length - sent, body.offset + sent)
-            view = memoryview(rest)
-            left = self._write_while_taken(view)
-            if left is not None:
-                self._lane = _Unsent(left)
-                self._life.on(Event.HIT_IN_PART)
 
     def _log(self, logger: Any, request: Any, response: Any, began: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one

@@ -137,11 +137,6 @@ class HitAnswers:
                 stamp=disk.stamp,
                 read_inline=READ_INLINE,
             )  # fmt: skip
-            # A long body goes from the page cache to the socket (sendfile), where only this
-            # process writes the region files: under --workers another could write a region
-            # again between the record's check and the send.
-            if disk.sharing is None:
-                self.plain_hits.sendfile_from = JOIN_BELOW
 
     @property
     def fast_hits(self) -> int:

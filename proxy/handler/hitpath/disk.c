@@ -349,9 +349,7 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
      * (join_below) is read into a buffer of its own instead, which the answer then holds:
      * its body is not copied again. */
     char *buf = self->scratch;
-    /* A body the kernel may send from the file needs only the scratch buffer to be checked. */
-    int from_file = !head && self->sendfile_from > 0 && length >= self->sendfile_from;
-    if (!head && !from_file && length >= self->join_below) {
+    if (!head && length >= self->join_below) {
         record_bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
         if (record_bytes == NULL)
             goto done;
@@ -400,18 +398,9 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     if (!pairs_fit(m, meta_len, &at, 0) || !pairs_fit(m, meta_len, &at, 1))
         goto done;
     Py_ssize_t body_len = (Py_ssize_t)length - body_at;
-    /* The body apart from the head: the record's range of its file, for sendfile; else a
-     * view of the record's own buffer, or (a record read into scratch for sendfile whose
-     * body turned out shorter) a copy. */
-    if (from_file && body_len >= self->sendfile_from) {
-        body = file_range(&FileRangeType, (int)fd, offset + body_at, body_len);
-        if (body == NULL)
-            goto done;
-    } else if (!head && body_len >= self->join_below && record_bytes == NULL) {
-        body = PyBytes_FromStringAndSize(buf + body_at, body_len);
-        if (body == NULL)
-            goto done;
-    } else if (!head && body_len >= self->join_below) {
+    /* The body apart from the head: a view of the record's own buffer (read into one, as
+     * the record is at least as long as its body). */
+    if (!head && body_len >= self->join_below) {
         PyObject *whole = PyMemoryView_FromObject(record_bytes);
         body = whole ? PySequence_GetSlice(whole, body_at, (Py_ssize_t)length) : NULL;
         Py_XDECREF(whole);

@@ -49,7 +49,6 @@ typedef struct {
     PyObject *disk_cold;   /* cold(key, region, offset, length): a record to read off the loop */
     unsigned long stamp;   /* the record stamp a stored head must carry */
     Py_ssize_t read_inline;
-    Py_ssize_t sendfile_from; /* a disk body this long or longer is a FileRange; 0: none is */
     char *scratch; /* the buffer disk records are read into */
     Py_ssize_t scratch_size;
 } PlainHits;
@@ -150,15 +149,6 @@ PyObject *render(PlainHits *self, const char *fixed, Py_ssize_t fixed_len, int d
 
 /* log.c */
 extern PyTypeObject LogLinesType;
-
-/* filerange.c */
-typedef struct {
-    PyObject_HEAD
-    int fd;
-    long long offset, length;
-} FileRange;
-extern PyTypeObject FileRangeType;
-PyObject *file_range(PyTypeObject *type, int fd, long long offset, long long length);
 
 /* disk.c */
 PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now, int head);

@@ -291,9 +291,6 @@ static PyMemberDef PlainHits_members[] = {
      "the what-if sample's secret (sample.h)"},
     {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
      "the admission's observe, or None (a reload may change the admission)"},
-    {"sendfile_from", T_PYSSIZET, offsetof(PlainHits, sendfile_from), 0,
-     "a disk hit's body this long or longer is answered as a FileRange of its record, for\n"
-     "sendfile (0: none is); the record is read and checked first, as any"},
     {"admit", T_OBJECT, offsetof(PlainHits, admit), 0,
      "the admission's admit(key, size, now): whether a disk hit is kept in memory too"},
     {"promotion_admit", T_OBJECT, offsetof(PlainHits, promotion_admit), 0,
@@ -330,15 +327,13 @@ PyMODINIT_FUNC PyInit__hits(void) {
     init_tables();
     if (attrs_init() < 0)
         return NULL;
-    if (PyType_Ready(&PlainHitsType) < 0 || PyType_Ready(&LogLinesType) < 0 ||
-        PyType_Ready(&FileRangeType) < 0)
+    if (PyType_Ready(&PlainHitsType) < 0 || PyType_Ready(&LogLinesType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&hits_module);
     if (module == NULL)
         return NULL;
     if (PyModule_AddObjectRef(module, "PlainHits", (PyObject *)&PlainHitsType) < 0 ||
-        PyModule_AddObjectRef(module, "LogLines", (PyObject *)&LogLinesType) < 0 ||
-        PyModule_AddObjectRef(module, "FileRange", (PyObject *)&FileRangeType) < 0) {
+        PyModule_AddObjectRef(module, "LogLines", (PyObject *)&LogLinesType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
