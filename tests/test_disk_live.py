@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import time
 from email.utils import formatdate
 
@@ -616,3 +617,47 @@ async def test_a_hit_whose_observer_fails_is_counted_once_from_either_tier(
         assert plain.answered == answered + 1, path  # answered where it was counted
         assert {k: after[k] - before[k] for k in ("requests", "hits", "misses")} == {
             "requests": 1, "hits": 1, "misses": 0}, path  # fmt: skip
+
+
+@pytest.mark.parametrize("slow", [False, True])
+async def test_a_long_disk_body_is_answered_byte_for_byte_as_its_record(
+    origin, start_proxy, tmp_path, slow
+):
+    """A compiled disk hit's body of 64 KiB or more is read into a buffer of its own and
+    answered as a view of it, never copied again: the client gets the record's body byte for
+    byte, and with six asked at once and read late (more than the socket's buffers take) the
+    answers behind a body's rest wait for it, in order."""
+    body = bytes(range(256)) * 3600  # 900 KiB
+    origin.set("/long", body=body, headers={"Cache-Control": "max-age=600"})
+    # Memory takes a URL at its tenth sighting: every hit here is a disk hit.
+    settings = {**DISK, "disk__path": str(tmp_path), "disk__policy": "always",
+                "cache__size": "4MiB", "cache__max_object_size": "2MiB",
+                "admission__policy": "nth-hit:10"}  # fmt: skip
+    first = await start_proxy(**settings)
+    assert (await get(first, "/long"))[2] == body
+    await first.stop()
+    service = await start_proxy(**settings)
+    again = await get(service, "/long")  # the region opened by the Python reader
+    assert again[2] == body and "detail=disk" in again[1]["Cache-Status"]
+    request = b"GET /long HTTP/1.1\r\nHost: example.test\r\n\r\n"
+    found = service.proxy.hits.plain_hits.answer_bytes(request, 0)
+    assert type(found[2]) is memoryview and found[2] == body
+    answered = service.proxy.hits.plain_hits.answered
+    client = socket.socket()
+    if slow:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+    client.connect(service.proxy_address)
+    client.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=client)
+    asked = 6 if slow else 1
+    try:
+        writer.write(request * asked)
+        if slow:
+            await asyncio.sleep(0.3)
+        for _ in range(asked):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert b"detail=disk" in head
+            assert await asyncio.wait_for(reader.readexactly(len(body)), 10) == body
+    finally:
+        writer.close()
+    assert service.proxy.hits.plain_hits.answered == answered + asked  # all compiled
