@@ -274,7 +274,7 @@ def test_a_log_that_loses_lines_says_so_at_its_next_flush(caplog, tmp_path):
     log.close()
 
 
-def test_a_reopen_after_the_log_closed_opens_nothing(tmp_path):
+def test_a_reopen_after_the_log_closed_opens_nothing(tmp_path, caplog):
     """SIGUSR1 while the service stops: the log is closed, and stays so (before: a new file
     was opened, never closed, and the reopen raised on the closed descriptor)."""
     from proxy.ops.access_log import AccessLogFile
@@ -287,3 +287,4 @@ def test_a_reopen_after_the_log_closed_opens_nothing(tmp_path):
     log.lines.entry(5, "::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
     log.flush()
     assert (log.lines.pending, log.lines.lost) == (0, 1)  # dropped, and counted
+    assert "was closed: 1 lines lost" in caplog.text

@@ -123,8 +123,9 @@ class AccessLogFile:
                           where, exc, self.lines.lost)  # fmt: skip
         else:
             if self.lines.lost > self._lost:
-                _ERRORS.error("the access log (%s) did not take its lines in time: %d lines "
-                              "lost so far", where, self.lines.lost)  # fmt: skip
+                why = "was closed" if self.closed else "did not take its lines in time"
+                _ERRORS.error("the access log (%s) %s: %d lines lost so far",
+                              where, why, self.lines.lost)  # fmt: skip
         self._lost = self.lines.lost
 
     def reopen(self) -> None:
