@@ -24,10 +24,11 @@ them and its disk tier both: every request a hit from disk (compiled, from the p
 against the same minimal cache. ``--whatif 0,0.01,1``: onehit once per what-if sample
 (``[whatif] sample``) instead of at its default, for what the ghosts cost a request (with
 ``--hits``, one URL: at 0.01 it is outside the sample, so that run costs the check alone, and
-at 1 every hit is recorded).
+at 1 every hit is recorded). ``--log``: onehit a second time with its access log on (its
+shipped ``combined`` format and buffering, to a file), for what a line costs a request.
 
     .venv/bin/python benchmarks/bench_instructions.py [--baseline DIR] [--post | --hits |
-        --disk-hits] [--whatif RATES]
+        --disk-hits] [--whatif RATES] [--log]
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def main() -> None:
     kind.add_argument("--hits", action="store_true", help="GETs of one stored URL")
     kind.add_argument("--disk-hits", action="store_true", help="GETs answered from disk")
     parser.add_argument("--whatif", help="what-if samples to run onehit at, like 0,0.01,1")
+    parser.add_argument("--log", action="store_true", help="onehit with its access log on too")
     args = parser.parse_args()
     # numpy's OpenBLAS starts a pool of threads that spin waiting for work the proxy never
     # gives them: their instructions follow the wall clock, and swung the counts by 40%.
@@ -139,12 +141,16 @@ def main() -> None:
     sources = {
         "onehit" if rate is None else f"onehit whatif={rate}": (ROOT, rate) for rate in samples
     } | ({"onehit@baseline": (Path(args.baseline).resolve(), None)} if args.baseline else {})
+    if args.log:
+        sources["onehit, access log on"] = (ROOT, None)
     disks = Path(tempfile.mkdtemp(prefix="onehit-bench-disk-"))
     for name, (source, rate) in sources.items():
         port = free_port()
+        logged = name.endswith("access log on")
         command = [py, "-m", "proxy", "--origin", origin, "--listen", f"127.0.0.1:{port}",
                    "--admin-listen", f"127.0.0.1:{free_port()}", "--admission", "always",
-                   "--cache-size", "1GiB", "--set", "server.access_log=false",
+                   "--cache-size", "1GiB", "--set", f"server.access_log={str(logged).lower()}",
+                   "--set", f"server.access_log_file={disks / 'access.log'}",
                    "--set", "server.event_loop=asyncio"]  # fmt: skip
         if rate is not None:
             command += ["--set", f"whatif.sample={rate}"]
