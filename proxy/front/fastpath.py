@@ -281,9 +281,9 @@ class Front(SendWatch, FlowControl):
 
     def _go_on(self) -> None:
         """Answer what the buffer holds, in order, until it is empty or the lane is busy. A
-        plain hit the compiled answerer answers from the request's bytes is written here, in
-        the loop (a Python call less per hit, about a tenth of a small hit's cost); anything
-        else is ``_answer_at``'s."""
+        hit is written here, in the loop, whether the compiled answerer answered it from the
+        request's bytes or an answerer as parsed (``_answer_at``): one place writes a hit, a
+        Python call less per hit (about a tenth of a small hit's cost)."""
         data = self._buffer
         start = 0
         transport = self.transport
@@ -305,45 +305,61 @@ class Front(SendWatch, FlowControl):
                 except Exception:
                     # A bug here costs speed, never the answer: the parser reads the request.
                     HTTP_ERRORS.exception("answering a request as its bytes came failed")
+            message = None
             if found is not None and len(found) == 4:
                 end, head, body, status = found
-                self._last = self._loop.time()
-                self._write(head, body)
-                self._server.answered[status] += 1
-                if lines is not None:
-                    try:
+            else:
+                end, answered, message = self._answer_at(data, start, found)
+                if answered is None:
+                    if end < 0:
+                        if self.handed_over:
+                            return
+                        break  # a request in part: more bytes first
+                    start = end  # the lane's
+                    continue
+                head, body, status = answered
+            self._last = self._loop.time()
+            self._server.requests_count += 1
+            if not body:
+                transport.write(head)
+            elif len(body) <= PIECE:
+                transport.writelines((head, body))
+            else:
+                self._send_large(head, body)
+            self._server.answered[status] += 1
+            if lines is not None:
+                try:
+                    if message is None:
                         lines.hit(data, start, end, self._remote, head, body, status, began)
-                    except Exception:  # the answer went out: a log's fault is only logged
-                        HTTP_ERRORS.exception("an access log line failed")
-                start = end
-                continue
-            end = self._answer_at(data, start, found, began)
-            if end < 0:
-                if self.handed_over:
-                    return
-                break  # a request in part: more bytes first
+                    else:
+                        self._log(self._hit_log, LoggedRequest(message, self._remote),
+                                  LoggedResponse(head, body, status), began)  # fmt: skip
+                except Exception:  # the answer went out: a log's fault is only logged
+                    HTTP_ERRORS.exception("an access log line failed")
             start = end
         self._buffer = data[start:] if start else data
 
-    def _answer_at(self, data: bytes, start: int, found: Any, began: float) -> int:
-        """Answer the request at ``data[start:]``, which the compiled answerer read whole and
-        declined or did not read (``found``: what it said), or hand the connection over:
-        where the next request begins; -1 when more bytes must come first, or the connection
-        was handed over."""
-        started = self._loop.time()
+    def _answer_at(
+        self, data: bytes, start: int, found: Any
+    ) -> tuple[int, tuple[bytes, Any, int] | None, RawRequestMessage | None]:
+        """The request at ``data[start:]``, which the compiled answerer read whole and
+        declined or did not read (``found``: what it said), as parsed: where the next request
+        begins, and its hit's answer (head, body, status) with the message, for ``_go_on`` to
+        write; no answer when it went to the lane. (-1, None, None) when more bytes must come
+        first, or the connection was handed over."""
         if found is None:
             end = data.find(b"\r\n\r\n", start) + 4
             if end < 4:
                 rest = data[start:]
                 if len(rest) > self._server.head_limit or b"\n" in rest.replace(b"\r\n", b""):
                     self._hand_over(rest)  # too long, or a bare LF: the parser refuses it
-                return -1
+                return -1, None, None
         else:
             end = found[0]
         message = self._parse(data[start:end])
         if message is None or not lane_may_answer(message):
             self._hand_over(data[start:])
-            return -1
+            return -1, None, None
         answered = None
         # None: read whole and declined by the compiled answerer, which is not asked again;
         # False: nothing stored for its URL that may answer on the loop, which ends the
@@ -363,16 +379,11 @@ class Front(SendWatch, FlowControl):
                     "answering %s %s as parsed failed", message.method, message.path
                 )
                 answered = None
-        self._last = started
         if type(answered) is tuple:
-            self._write(answered[0], answered[1])
-            self._server.answered[answered[2]] += 1
-            if self._hit_log is not None:
-                self._log(self._hit_log, LoggedRequest(message, self._remote),
-                          LoggedResponse(*answered), began)  # fmt: skip
-            return end
+            return end, answered, message
+        self._last = self._loop.time()
         self._run_lane(message, None if answered is None or answered is False else answered)
-        return end
+        return end, None, None
 
     def _parse(self, head: bytes) -> RawRequestMessage | None:
         """``head``, one request's head, as aiohttp's handler would parse it; None when the
@@ -394,19 +405,6 @@ class Front(SendWatch, FlowControl):
             return None
         parser.message_consumed()
         return messages[0][0]
-
-    def _write(self, head: bytes, body: bytes | memoryview) -> None:
-        """Write a hit's answer: whole (the connection stays ``READING``), or its body's
-        rest as the transport drains (``SENDING``)."""
-        transport = self.transport
-        assert transport is not None
-        self._server.requests_count += 1
-        if not body:
-            transport.write(head)
-        elif len(body) <= PIECE:
-            transport.writelines((head, body))
-        else:
-            self._send_large(head, body)
 
     def _log(self, logger: Any, request: Any, response: Any, began: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one
