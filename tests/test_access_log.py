@@ -220,3 +220,21 @@ async def test_every_answer_of_two_workers_is_one_whole_line_after_a_stop(origin
         assert await asyncio.wait_for(process.wait(), 15) == 0
     records = [json.loads(line) for line in _lines(log)]
     assert sorted(r["target"] for r in records) == sorted(f"/w{n % 20}?n={n}" for n in range(400))
+
+
+async def test_a_request_aiohttps_handler_answers_is_timed_in_microseconds_too(
+    origin, start_proxy, client, tmp_path
+):
+    """A POST (the connection handed to aiohttp's handler) is timed from when it was read by
+    ``perf_counter`` (before: aiohttp's loop clock, whole milliseconds under uvloop, so its
+    durations were multiples of 1000)."""
+    log = tmp_path / "access.log"
+    service = await start_proxy(server__access_log=True, server__access_log_format="json",
+                                server__access_log_file=str(log))  # fmt: skip
+    for _ in range(5):
+        async with client.post(base(service) + "/form", data=b"body",
+                               headers={"Host": "example.test"}) as r:  # fmt: skip
+            await r.read()
+    await until(lambda: len(_lines(log)) == 5)
+    durations = [json.loads(line)["duration_us"] for line in _lines(log)]
+    assert all(d > 0 for d in durations) and any(d % 1000 for d in durations), durations

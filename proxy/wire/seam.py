@@ -60,6 +60,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from time import perf_counter
 from typing import Any
 
 from aiohttp import ClientConnectionResetError, hdrs, web
@@ -324,7 +325,9 @@ class ProxyServer(web.Server):
         writer = FieldWriter(protocol, self._loop)  # in place of the plain one aiohttp made
         request = ProxyRequest(message, payload, protocol, writer, task, self._loop)
         client = getattr(protocol, "client", None)
-        return request if client is None else request.clone(remote=client)
+        made = request if client is None else request.clone(remote=client)
+        made.started = perf_counter()
+        return made
 
 
 class Listener(web.TCPSite):
@@ -374,11 +377,14 @@ class RelayedWhole(Relayed, web.Response):
 
 class ProxyRequest(web.BaseRequest):
     """aiohttp's request, keeping the answer whose head was handed to its writer
-    (``answer``; None before one was): a request knows whether its answer has begun."""
+    (``answer``; None before one was): a request knows whether its answer has begun. And
+    when it was read (``started``, by ``perf_counter``): aiohttp times its access log by the
+    loop's clock, which uvloop keeps in whole milliseconds."""
 
-    ATTRS = web.BaseRequest.ATTRS | frozenset({"answer"})
+    ATTRS = web.BaseRequest.ATTRS | frozenset({"answer", "started"})
 
     answer: web.StreamResponse | None = None
+    started = 0.0
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         self.answer = response
