@@ -136,9 +136,17 @@ static int put_json_text(LogLines *self, const Text *t) {
     for (Py_ssize_t i = 0; i < t->n && ascii; i++)
         ascii = (unsigned char)t->p[i] < 0x80;
     if (ascii) {
-        for (Py_ssize_t i = 0; i < t->n; i++)
-            if (put_json_char(self, (unsigned char)t->p[i]) < 0)
+        /* Runs of characters JSON writes as they are go in at once; the others escaped. */
+        Py_ssize_t run = 0;
+        for (Py_ssize_t i = 0; i <= t->n; i++) {
+            unsigned char c = i < t->n ? (unsigned char)t->p[i] : 0;
+            if (i < t->n && c >= ' ' && c <= '~' && c != '"' && c != '\\')
+                continue;
+            if (put(self, t->p + run, i - run) < 0 ||
+                (i < t->n && put_json_char(self, c) < 0))
                 return -1;
+            run = i + 1;
+        }
     } else {
         PyObject *text = PyUnicode_DecodeUTF8(t->p, t->n, "replace");
         if (text == NULL)
@@ -391,28 +399,54 @@ static int text_arg(PyObject *arg, Text *t, PyObject **hold) {
     return -1;
 }
 
-/* The value of the first field `name` (lower case, with its colon) among the head's field
- * lines, trimmed of spaces and tabs as aiohttp's parser trims it. */
-static Text field(const char *p, const char *end, const char *name, Py_ssize_t len) {
-    Text t = {NULL, 0, 0};
-    while (p < end) {
+/* A field's name as a head is searched for it: lower case, with its colon. */
+typedef struct {
+    const char *name;
+    Py_ssize_t len;
+} Name;
+
+static const Name REQUEST_FIELDS[] = {
+    {"host:", 5}, {"user-agent:", 11}, {"referer:", 8}, {"x-request-id:", 13}};
+static const Name STATUS_FIELD[] = {{"cache-status:", 13}};
+
+/* The value of the first field of each of `names` among a head's field lines from p to end,
+ * in one pass, into *out[i] (not present when there is none), trimmed of spaces and tabs as
+ * aiohttp's parser trims them. */
+static void fields_of(const char *p, const char *end, const Name *names, Text *const *out,
+                      int count) {
+    int left = count;
+    for (int i = 0; i < count; i++)
+        *out[i] = (Text){NULL, 0, 0};
+    while (p < end && left) {
         const char *eol = memchr(p, '\r', end - p);
         if (eol == NULL || eol == p)
             break;
-        if (eol - p >= len && strncasecmp(p, name, len) == 0) {
+        for (int i = 0; i < count; i++) {
+            Py_ssize_t len = names[i].len;
+            if (out[i]->present || eol - p < len || strncasecmp(p, names[i].name, len) != 0)
+                continue;
             const char *v = p + len, *e = eol;
             while (v < e && (*v == ' ' || *v == '\t'))
                 v++;
             while (e > v && (e[-1] == ' ' || e[-1] == '\t'))
                 e--;
-            t.p = v;
-            t.n = e - v;
-            t.present = 1;
-            return t;
+            *out[i] = (Text){v, e - v, 1};
+            left--;
+            break;
         }
         p = eol + 2;
     }
-    return t;
+}
+
+/* The Cache-Status field of an answer's head (bytes), from the line after its status line. */
+static Text head_status(PyObject *head) {
+    const char *h = PyBytes_AS_STRING(head), *e = h + PyBytes_GET_SIZE(head);
+    const char *first = memchr(h, '\n', e - h);
+    Text status = {NULL, 0, 0};
+    Text *out[] = {&status};
+    if (first != NULL)
+        fields_of(first + 1, e, STATUS_FIELD, out, 1);
+    return status;
 }
 
 static long long now_us(clockid_t clock) {
@@ -498,15 +532,9 @@ static PyObject *LogLines_hit(LogLines *self, PyObject *const *args, Py_ssize_t 
     f.method = (Text){p, space - p, 1};
     f.target = (Text){target, space2 - target, 1};
     f.protocol = (Text){space2 + 1, line_end - space2 - 1, 1};
-    const char *fields = line_end + 2;
-    f.host = field(fields, last, "host:", 5);
-    f.user_agent = field(fields, last, "user-agent:", 11);
-    f.referer = field(fields, last, "referer:", 8);
-    f.request_id = field(fields, last, "x-request-id:", 13);
-    const char *h = PyBytes_AS_STRING(args[4]);
-    const char *head_end = h + PyBytes_GET_SIZE(args[4]);
-    const char *first = memchr(h, '\n', head_end - h);
-    f.cache_status = first ? field(first + 1, head_end, "cache-status:", 13) : (Text){0};
+    Text *wanted[] = {&f.host, &f.user_agent, &f.referer, &f.request_id};
+    fields_of(line_end + 2, last, REQUEST_FIELDS, wanted, 4);
+    f.cache_status = head_status(args[4]);
     f.duration_us = llround((now_us(CLOCK_MONOTONIC) / 1e6 - PyFloat_AS_DOUBLE(args[7])) * 1e6);
     f.began_us = now_us(CLOCK_REALTIME) - f.duration_us;
     f.status = status;
@@ -544,11 +572,8 @@ static PyObject *LogLines_entry(LogLines *self, PyObject *const *args, Py_ssize_
         failed = text_arg(args[i], texts[i - 1], &held[i]) < 0;
     }
     /* A head in bytes stands for the Cache-Status field it carries. */
-    if (!failed && PyBytes_Check(args[8])) {
-        const char *h = PyBytes_AS_STRING(args[8]), *e = h + PyBytes_GET_SIZE(args[8]);
-        const char *first = memchr(h, '\n', e - h);
-        f.cache_status = first ? field(first + 1, e, "cache-status:", 13) : (Text){0};
-    }
+    if (!failed && PyBytes_Check(args[8]))
+        f.cache_status = head_status(args[8]);
     if (!failed)
         failed = add_line(self, &f) < 0;
     for (int i = 0; i < 12; i++)
