@@ -1,6 +1,7 @@
 """The compiled policy core (proxy/core/native/), the common case of a response's caching
 rules (proxy/core/_response_rules.c), the proxy's compiled plain hit
-(proxy/handler/hitpath/) and its parser of plain origin responses (proxy/origin/_origin.c);
+(proxy/handler/hitpath/), its parser of plain origin responses (proxy/origin/_origin.c) and
+the front connection's read loop (proxy/front/_loop.c);
 everything else is in pyproject.toml."""
 
 from glob import glob
@@ -28,6 +29,7 @@ def in_parts(name: str, directory: str) -> Extension:
             *glob(f"{directory}/*.h"),
             "proxy/core/native/age.h",
             "proxy/core/native/sample.h",
+            "proxy/core/native/slots.h",
         ],
         extra_compile_args=[*FLAGS, "-flto"],
         extra_link_args=["-flto", "-O3"],
@@ -44,5 +46,11 @@ setup(
         ),
         in_parts("proxy.handler._hits", "proxy/handler/hitpath"),
         Extension("proxy.origin._origin", ["proxy/origin/_origin.c"], extra_compile_args=FLAGS),
+        Extension(
+            "proxy.front._loop",
+            ["proxy/front/_loop.c"],
+            depends=["proxy/core/native/slots.h"],
+            extra_compile_args=FLAGS,
+        ),
     ]
 )

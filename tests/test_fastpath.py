@@ -547,6 +547,56 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
     assert "answering GET /hit as parsed failed" in caplog.text
 
 
+async def test_a_failure_reading_a_request_from_its_bytes_leaves_it_to_the_parser(
+    origin, start_proxy, caplog, monkeypatch
+):
+    """The compiled loop logs what the answerer of a request's bytes raised, with its
+    traceback, and the request is parsed and answered as any other."""
+    monkeypatch.setattr(HTTP_ERRORS, "filters", [OneLineEvery()])
+    service = await start_proxy()
+    await stored(service)
+
+    def broken(data, start):
+        raise RuntimeError("a bug reading bytes")
+
+    server = service.proxy_runner.server
+    assert isinstance(server, HitServer)
+    server.answer_bytes = broken
+    with caplog.at_level(logging.ERROR, logger="onehit.http"):
+        answers = await exchange(service, HIT * 2, count=2)
+    assert [(status, dict(fields)["x-cache"], body) for status, fields, body in answers] == [
+        (200, "HIT", b"hello from the origin")
+    ] * 2
+    assert "answering a request as its bytes came failed" in caplog.text
+    assert "RuntimeError('a bug reading bytes') at " in caplog.text  # where it was raised
+
+
+async def test_a_hit_whose_log_line_fails_is_answered_and_its_connection_goes_on(
+    origin, start_proxy, caplog, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(HTTP_ERRORS, "filters", [OneLineEvery()])
+    service = await start_proxy(server__access_log=True,
+                                server__access_log_file=str(tmp_path / "access.log"))  # fmt: skip
+    await stored(service)
+
+    class FailingLines:
+        """The log's lines, but a hit's line fails."""
+
+        def hit(self, *args):
+            raise RuntimeError("a log that fails")
+
+    server = service.proxy_runner.server
+    assert isinstance(server, HitServer)
+    server.hit_log.lines = FailingLines()
+    fast = service.proxy.fast_hits
+    with caplog.at_level(logging.ERROR, logger="onehit.http"):
+        answers = await exchange(service, HIT * 3, count=3)
+    assert [(status, body) for status, _, body in answers] == [(200, b"hello from the origin")] * 3
+    assert service.proxy.fast_hits == fast + 3
+    assert "an access log line failed" in caplog.text
+    assert "RuntimeError('a log that fails') at " in caplog.text
+
+
 MISS_SHAPES = {
     "typical": b"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nServer: origin\r\n"
     b'Content-Type: text/plain\r\nCache-Control: max-age=600\r\nETag: "v1"\r\n'

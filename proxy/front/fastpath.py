@@ -39,7 +39,7 @@ from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.http import HttpProcessingError, HttpRequestParser, RawRequestMessage
 
 from proxy.config.logs import HTTP_ERRORS
-from proxy.front import proxy_protocol
+from proxy.front import _loop, proxy_protocol
 from proxy.front.lane import (
     AnswerBytes,
     AnswerHit,
@@ -71,7 +71,7 @@ def require_strict_parser() -> None:
 
 # The moves every request makes, their members read off their enums once: reading one off
 # its class costs as much as the move itself.
-_PROXY_HEADER, _READING, _CLOSED = State.PROXY_HEADER, State.READING, State.CLOSED
+_CLOSED = State.CLOSED
 _TO_LANE, _HEAD_OUT, _ANSWERED, _CLOSE = (
     Event.TO_LANE, Event.HEAD_OUT, Event.ANSWERED, Event.CLOSE
 )  # fmt: skip
@@ -79,6 +79,8 @@ _TO_LANE, _HEAD_OUT, _ANSWERED, _CLOSE = (
 # Request bytes a front holds while it answers (aiohttp's handler holds 32 requests and 64 KiB
 # of a request in part): past it, reading stops until the lane's request ends.
 HOLD_LIMIT = 256 << 10
+
+_loop.rules(State.READING, State.PROXY_HEADER, State.HANDED_OVER, BUSY, HOLD_LIMIT, PIECE)
 
 
 class HitServer(ProxyServer):
@@ -232,16 +234,15 @@ class Front(SendWatch, FlowControl):
         if self._server.draining:
             self.drain()
 
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        state = self._life.state
-        if state is _PROXY_HEADER and not self._read_proxy_header():
-            return
-        if state in BUSY:
-            if len(self._buffer) > HOLD_LIMIT and not self.reading_paused:
-                self.hold_reading()
-            return
-        self._go_on()
+    # The read loop is compiled (``proxy/front/_loop.c``): ``data_received`` keeps the bytes,
+    # reads a PROXY header first, holds them while a request is in progress (reading stops
+    # past ``HOLD_LIMIT``), else ``_go_on`` answers what the buffer holds, in order, until it
+    # is empty or the connection stops reading. A plain fresh hit the compiled answerer reads
+    # from its bytes is written (a body past ``PIECE`` by ``_send_large``), counted and logged
+    # there; any other request goes through ``_answer_at``, and a client that does not read
+    # is handed over. One place writes a hit, with no Python frame on its way.
+    data_received = _loop.data_received
+    _go_on = _loop.go_on
 
     def _read_proxy_header(self) -> bool:
         """Take the PROXY protocol header the buffer begins with: whether it was whole (the
@@ -278,66 +279,6 @@ class Front(SendWatch, FlowControl):
         # transport closed.
         self._life.on(Event.LOST)
         super().connection_lost(exc)
-
-    def _go_on(self) -> None:
-        """Answer what the buffer holds, in order, until it is empty or the lane is busy. A
-        hit is written here, in the loop, whether the compiled answerer answered it from the
-        request's bytes or an answerer as parsed (``_answer_at``): one place writes a hit, a
-        Python call less per hit (about a tenth of a small hit's cost)."""
-        data = self._buffer
-        start = 0
-        transport = self.transport
-        answer_bytes = self._answer_bytes
-        lines = self._hit_lines
-        while start < len(data) and self._life.state is _READING:
-            if transport is None or transport.is_closing():
-                break
-            if self.writing_paused:
-                self._hand_over(data[start:])  # a client that does not read: aiohttp waits
-                return
-            # A log line's duration from a clock of microseconds: uvloop's time is in whole
-            # milliseconds, a hit's is tens of microseconds.
-            began = perf_counter() if lines is not None else 0.0
-            found = None
-            if answer_bytes is not None:
-                try:
-                    found = answer_bytes(data, start)
-                except Exception:
-                    # A bug here costs speed, never the answer: the parser reads the request.
-                    HTTP_ERRORS.exception("answering a request as its bytes came failed")
-            message = None
-            if found is not None and len(found) == 4:
-                end, head, body, status = found
-            else:
-                end, answered, message = self._answer_at(data, start, found)
-                if answered is None:
-                    if end < 0:
-                        if self.handed_over:
-                            return
-                        break  # a request in part: more bytes first
-                    start = end  # the lane's
-                    continue
-                head, body, status = answered
-            self._last = self._loop.time()
-            self._server.requests_count += 1
-            if not body:
-                transport.write(head)
-            elif len(body) <= PIECE:
-                transport.writelines((head, body))
-            else:
-                self._send_large(head, body)
-            self._server.answered[status] += 1
-            if lines is not None:
-                try:
-                    if message is None:
-                        lines.hit(data, start, end, self._remote, head, body, status, began)
-                    else:
-                        self._log(self._hit_log, LoggedRequest(message, self._remote),
-                                  LoggedResponse(head, body, status), began)  # fmt: skip
-                except Exception:  # the answer went out: a log's fault is only logged
-                    HTTP_ERRORS.exception("an access log line failed")
-            start = end
-        self._buffer = data[start:] if start else data
 
     def _answer_at(
         self, data: bytes, start: int, found: Any
@@ -405,6 +346,19 @@ class Front(SendWatch, FlowControl):
             return None
         parser.message_consumed()
         return messages[0][0]
+
+    def _log_parsed(
+        self, message: RawRequestMessage, head: bytes, body: Any, status: int, began: float
+    ) -> None:
+        """The log line of a hit ``_answer_at`` answered as parsed (``began``: when its
+        request was read, by ``perf_counter``)."""
+        self._log(self._hit_log, LoggedRequest(message, self._remote),
+                  LoggedResponse(head, body, status), began)  # fmt: skip
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """Log ``exc``, raised in the compiled loop doing ``what``: the request or its answer
+        goes on without what failed."""
+        HTTP_ERRORS.error(what, exc_info=exc)
 
     def _log(self, logger: Any, request: Any, response: Any, began: float) -> None:
         """The access log line of an answer written here, as aiohttp's handler logs one

@@ -23,16 +23,6 @@ int attrs_init(void) {
     return (s_touch == NULL || s_record_hit == NULL || s_no_cache == NULL) ? -1 : 0;
 }
 
-/* 1 true, 0 false, -1 error: the truth of obj.a. */
-int attr_true(PyObject *obj, Attr *a) {
-    PyObject *value = get(obj, a);
-    if (value == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return truth;
-}
-
 /* obj.a as a double; -1 with an exception set when it is not a number. */
 int attr_double(PyObject *obj, Attr *a, double *out) {
     PyObject *value = get(obj, a);
@@ -41,18 +31,4 @@ int attr_double(PyObject *obj, Attr *a, double *out) {
     *out = PyFloat_AsDouble(value);
     Py_DECREF(value);
     return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
-}
-
-/* obj.a += delta. */
-int attr_add(PyObject *obj, Attr *a, PyObject *delta) {
-    PyObject *value = get(obj, a);
-    if (value == NULL)
-        return -1;
-    PyObject *sum = PyNumber_Add(value, delta);
-    Py_DECREF(value);
-    if (sum == NULL)
-        return -1;
-    int rc = set(obj, a, sum);
-    Py_DECREF(sum);
-    return rc;
 }

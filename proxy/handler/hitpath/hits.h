@@ -10,6 +10,7 @@
 
 #include "../../core/native/age.h"
 #include "../../core/native/sample.h"
+#include "../../core/native/slots.h"
 #include <strings.h>
 
 typedef struct {
@@ -53,17 +54,6 @@ typedef struct {
     Py_ssize_t scratch_size;
 } PlainHits;
 
-/* An attribute, read and written straight in its slot when the object's type keeps it in one
- * (a __slots__ member, a Cython object field), else through getattr and setattr. Looking
- * attributes up by name was most of this path's time. */
-typedef struct {
-    const char *text;
-    PyObject *name;
-    PyTypeObject *type; /* the type last seen, or NULL */
-    Py_ssize_t offset;  /* where that type keeps the attribute, or -1: not in a slot */
-    int writable;
-} Attr;
-
 enum {
     A_METHOD, A_VERSION, A_SHOULD_CLOSE, A_UPGRADE, A_CHUNKED, A_PATH, A_RAW_HEADERS,
     A_KEY, A_INITIAL_AGE, A_STORED_AT, A_LIFETIME, A_DIRECTIVES, A_RENDERED, A_HEADERS,
@@ -73,48 +63,6 @@ enum {
 
 extern Attr attrs[A_COUNT];
 extern PyObject *s_touch, *s_record_hit, *s_no_cache;
-
-/* The slot of a's member in obj, or NULL when obj's type keeps a elsewhere. */
-static inline PyObject **slot(PyObject *obj, Attr *a) {
-    PyTypeObject *type = Py_TYPE(obj);
-    if (type != a->type) {
-        /* Held, so that no other type can take its address while it is remembered. */
-        Py_XSETREF(a->type, (PyTypeObject *)Py_NewRef(type));
-        a->offset = -1;
-        PyObject *descr = PyObject_GetAttr((PyObject *)type, a->name);
-        if (descr == NULL) {
-            PyErr_Clear();
-            return NULL;
-        }
-        if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
-            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
-            if ((member->type == T_OBJECT_EX || member->type == T_OBJECT) &&
-                !(member->flags & READ_RESTRICTED)) {
-                a->offset = member->offset;
-                a->writable = !(member->flags & READONLY);
-            }
-        }
-        Py_DECREF(descr);
-    }
-    return a->offset < 0 ? NULL : (PyObject **)((char *)obj + a->offset);
-}
-
-/* obj.a, a new reference; NULL with an exception set when it has none. */
-static inline PyObject *get(PyObject *obj, Attr *a) {
-    PyObject **at = slot(obj, a);
-    if (at != NULL && *at != NULL)
-        return Py_NewRef(*at);
-    return PyObject_GetAttr(obj, a->name);
-}
-
-/* obj.a = value; -1 with an exception set when it cannot be. */
-static inline int set(PyObject *obj, Attr *a, PyObject *value) {
-    PyObject **at = slot(obj, a);
-    if (at == NULL || !a->writable)
-        return PyObject_SetAttr(obj, a->name, value);
-    Py_XSETREF(*at, Py_NewRef(value));
-    return 0;
-}
 
 /* What parse_plain found of one request. */
 typedef struct {
@@ -127,9 +75,7 @@ typedef struct {
 
 /* attrs.c */
 int attrs_init(void);
-int attr_true(PyObject *obj, Attr *a);
 int attr_double(PyObject *obj, Attr *a, double *out);
-int attr_add(PyObject *obj, Attr *a, PyObject *delta);
 
 /* read.c */
 void init_tables(void);
