@@ -105,6 +105,7 @@ from proxy.core.events import (
 )
 from proxy.core.invalidation import Removals
 from proxy.core.keys import url_of
+from proxy.core.lru import ChargedLRU
 from proxy.core.purges import RecentPurges
 from proxy.core.responses import HIT_FOR_MISS_BYTES, ResponseDecisions
 from proxy.core.rfc9110 import Headers
@@ -185,8 +186,8 @@ class CacheEngine(ResponseDecisions):
         self.client_revalidation = client_revalidation
         self._revalidated: LRUCache[str, float] = LRUCache(CLIENT_REVALIDATED_URLS)
         # URL -> (until when it goes straight to the origin, bytes it is charged)
-        self._uncacheable: LRUCache[str, tuple[float, int]] = LRUCache(
-            HIT_FOR_MISS_BYTES, getsizeof=_second
+        self._uncacheable: ChargedLRU[str, tuple[float, int]] = ChargedLRU(
+            HIT_FOR_MISS_BYTES, _second
         )
 
     def use_admission(self, admission: AdmissionPolicy) -> None:

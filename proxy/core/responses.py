@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from cachetools import LRUCache
-
 from proxy.core import rfc9111
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.events import (
@@ -33,6 +31,7 @@ from proxy.core.events import (
 )
 from proxy.core.invalidation import Removals
 from proxy.core.keys import url_of
+from proxy.core.lru import ChargedLRU
 from proxy.core.rfc9110 import Headers, get_first
 from proxy.core.slices import SliceIndex
 from proxy.core.stats import Counters
@@ -144,7 +143,7 @@ class ResponseDecisions:
     entry_type: type[Entry]
     whatif: RequestSample | None
     # URL -> (until when it goes straight to the origin, bytes it is charged)
-    _uncacheable: LRUCache[str, tuple[float, int]]
+    _uncacheable: ChargedLRU[str, tuple[float, int]]
 
     def on_response_head(
         self,
