@@ -30,6 +30,7 @@ def in_parts(name: str, directory: str) -> Extension:
             "proxy/core/native/age.h",
             "proxy/core/native/sample.h",
             "proxy/core/native/slots.h",
+            "proxy/core/native/clock.h",
         ],
         extra_compile_args=[*FLAGS, "-flto"],
         extra_link_args=["-flto", "-O3"],
@@ -49,7 +50,7 @@ setup(
         Extension(
             "proxy.front._loop",
             ["proxy/front/_loop.c"],
-            depends=["proxy/core/native/slots.h"],
+            depends=["proxy/core/native/slots.h", "proxy/core/native/clock.h"],
             extra_compile_args=FLAGS,
         ),
     ]

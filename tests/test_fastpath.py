@@ -15,7 +15,8 @@ from aiohttp import web
 from conftest import base, read_request, until
 
 from proxy.config.logs import HTTP_ERRORS, OneLineEvery
-from proxy.front.fastpath import HOLD_LIMIT, HitServer
+from proxy.front import _loop
+from proxy.front.fastpath import HOLD_LIMIT, Front, HitServer
 from proxy.front.life import State
 from proxy.handler import hits as hits_module
 from proxy.ops.service import Service
@@ -545,6 +546,14 @@ async def test_a_failure_answering_as_parsed_leaves_the_answer_to_the_handler(
         [(status, fields, body)] = await exchange(service, HIT)
     assert (status, dict(fields)["x-cache"], body) == (200, "HIT", b"hello from the origin")
     assert "answering GET /hit as parsed failed" in caplog.text
+
+
+def test_the_compiled_loop_finds_every_method_and_slot_it_asks_of_a_front_by_name():
+    """``proxy/front/_loop.c`` calls the front's methods and reads its slots by name: a rename
+    on either side fails here, not on the request that takes that branch."""
+    slots = {name for cls in Front.__mro__ for name in getattr(cls, "__slots__", ())}
+    assert [m for m in _loop.front_methods if not hasattr(Front, m)] == []
+    assert [f for f in _loop.front_slots if f not in slots] == []
 
 
 async def test_a_failure_reading_a_request_from_its_bytes_leaves_it_to_the_parser(

@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import re
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -168,6 +169,17 @@ def test_a_hit_read_from_its_bytes_logs_what_the_handler_would_of_the_same_reque
     assert re.sub(moment, "*", hit) == re.sub(moment, "*", handler)
     if json_format:
         assert json.loads(hit)["cache_status"] == "onehit; hit; ttl=5"
+
+
+def test_a_hits_duration_is_timed_by_perf_counters_clock():
+    """The compiled paths read a start taken by ``time.perf_counter`` against their own clock
+    (``core/native/clock.h``): a hit begun 20 ms ago logs about 20,000 us."""
+    head = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+    lines, read = lines_of("json")
+    lines.hit(head, 0, len(head), "::1", answer, b"", 200, time.perf_counter() - 0.02)
+    [line] = taken(lines, read)
+    assert 20_000 <= json.loads(line)["duration_us"] < 1_000_000
 
 
 def test_lines_are_held_until_the_limit_then_written_whole():

@@ -54,15 +54,19 @@ def test_membership_runs_no_python_code():
 
 
 OPS = st.lists(
-    st.tuples(st.sampled_from(["set", "get", "del"]), st.integers(0, 7), st.integers(1, 6)),
+    st.tuples(
+        st.sampled_from(["set", "get", "del", "pop", "popitem", "oldest", "clear", "copy"]),
+        st.integers(0, 7),
+        st.integers(1, 6),
+    ),
     max_size=60,
 )
 
 
 @given(OPS)
 def test_it_holds_the_most_recently_used_keys_within_the_limit(ops):
-    """Against a model (keys in order of use, oldest first): after every step the same keys
-    in the same order, their charges summed and at most the limit."""
+    """Against a model (keys in order of use, oldest first): after every step, whichever way
+    keys left, the same keys in the same order, their charges summed and at most the limit."""
     limit = 12
     lru: ChargedLRU[int, tuple[int, int]] = ChargedLRU(limit, _charge)
     model: list[tuple[int, int]] = []  # (key, charge), least recently used first
@@ -77,6 +81,21 @@ def test_it_holds_the_most_recently_used_keys_within_the_limit(ops):
             assert lru.get(key) == ((key, dict(model)[key]) if key in held else None)
             if key in held:
                 model = [(k, c) for k, c in model if k != key] + [(key, dict(model)[key])]
+        elif op in ("popitem", "oldest"):
+            if model:
+                gone = model.pop(-1 if op == "popitem" else 0)
+                assert lru.popitem(last=op == "popitem") == (gone[0], gone)
+            else:
+                with pytest.raises(KeyError):
+                    lru.popitem()
+        elif op == "clear":
+            lru.clear()
+            model = []
+        elif op == "copy":
+            lru = lru.copy()
+        elif op == "pop":
+            assert lru.pop(key, None) == ((key, dict(model)[key]) if key in held else None)
+            model = [(k, c) for k, c in model if k != key]
         elif key in held:
             del lru[key]
             model = [(k, c) for k, c in model if k != key]

@@ -1,28 +1,33 @@
 """``ChargedLRU``: a mapping whose values' charges sum to at most a limit, the least recently
-used forgotten first, as cachetools' ``LRUCache(limit, getsizeof=charge)`` keeps one; but its
-``in`` is the built-in dict's, so compiled code asks it with no Python frame (the disk tier's
-hit path asks every hit whether its URL was uncacheable a moment ago)."""
+used forgotten first, as cachetools' ``LRUCache(limit, getsizeof=charge)`` keeps one (but
+reading ``lru[key]`` does not make it recently used: ``get`` does); its ``in`` is the
+built-in dict's, so compiled code asks it with no Python frame (the disk tier's hit path
+asks every hit whether its URL was uncacheable a moment ago)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 K = TypeVar("K")
 V = TypeVar("V")
+
+_ABSENT: Any = object()
 
 
 class ChargedLRU(OrderedDict[K, V]):
     """Setting a key makes it the most recently used, and forgets the least recently used
     keys while the charges are over ``limit``; ``get`` of a key it holds makes it the most
-    recently used too. A value charged more than ``limit`` is refused (``ValueError``)."""
+    recently used too. A value charged more than ``limit`` is refused (``ValueError``).
+    Every way out (``del``, ``pop``, ``popitem``, ``clear``) keeps ``charged`` the sum of
+    the held values' charges: ``OrderedDict``'s own do not call ``__delitem__``."""
 
     def __init__(self, limit: int, charge: Callable[[V], int]) -> None:
         super().__init__()
         self.limit = limit
         self.charge = charge
-        self.charged = 0  # the sum of the held values' charges
+        self.charged = 0
 
     def __setitem__(self, key: K, value: V) -> None:
         size = self.charge(value)
@@ -44,3 +49,28 @@ class ChargedLRU(OrderedDict[K, V]):
             return default
         self.move_to_end(key)
         return super().__getitem__(key)
+
+    def pop(self, key: K, default: Any = _ABSENT) -> Any:
+        if key not in self:
+            if default is _ABSENT:
+                raise KeyError(key)
+            return default
+        value = super().__getitem__(key)
+        del self[key]
+        return value
+
+    def popitem(self, last: bool = True) -> tuple[K, V]:
+        if not self:
+            raise KeyError("popitem(): the mapping is empty")
+        key = next(reversed(self)) if last else next(iter(self))
+        return key, self.pop(key)
+
+    def clear(self) -> None:
+        super().clear()
+        self.charged = 0
+
+    def copy(self) -> ChargedLRU[K, V]:
+        copied: ChargedLRU[K, V] = ChargedLRU(self.limit, self.charge)
+        for key, value in self.items():
+            copied[key] = value
+        return copied

@@ -18,9 +18,8 @@
  *   the answer already went out. Anything else, or an exception raised writing, propagates to
  *   the event loop as it would from the Python loop.
  */
-#include "../core/native/slots.h"
-
-#include <time.h>
+#include "../core/native/slots.h" /* Python.h first: it sets the POSIX feature macros */
+#include "../core/native/clock.h"
 
 enum {
     F_BUFFER, F_LIFE, F_STATE, F_TRANSPORT, F_PAUSED, F_ANSWER_BYTES, F_HIT_LINES, F_SERVER,
@@ -58,26 +57,25 @@ static int busy(long state) {
     return state >= 0 && state < 64 && (busy_states >> state) & 1;
 }
 
-static double monotonic(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* The exception set, when it is an Exception, given with `why` to the front's _failed and
  * cleared: 0. -1 (still set) for anything else, or when _failed fails. */
 static int report(PyObject *front, PyObject *why) {
     if (!PyErr_ExceptionMatches(PyExc_Exception))
         return -1;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *value = PyErr_GetRaisedException();
+#else
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL)
         PyException_SetTraceback(value, tb);
-    PyObject *done = PyObject_CallMethodObjArgs(front, s_failed, why, value, NULL);
     Py_XDECREF(type);
-    Py_XDECREF(value);
     Py_XDECREF(tb);
+#endif
+    PyObject *done = PyObject_CallMethodObjArgs(front, s_failed, why, value, NULL);
+    Py_XDECREF(value);
     if (done == NULL)
         return -1;
     Py_DECREF(done);
@@ -207,7 +205,7 @@ static int go_on(PyObject *front) {
             keep = 0;
             break;
         }
-        double began = lines != Py_None ? monotonic() : 0.0;
+        double began = lines != Py_None ? perf_seconds() : 0.0;
         PyObject *found = NULL;
         if (answer_bytes != Py_None) {
             PyObject *at = PyLong_FromSsize_t(start);
@@ -274,9 +272,7 @@ static int go_on(PyObject *front) {
             status = PyTuple_GET_ITEM(answered, 2);
             message = PyTuple_GET_ITEM(parsed, 2);
         }
-        if ((end == -1 && PyErr_Occurred()) || !PyBytes_Check(head)) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_TypeError, "an answer's head is bytes");
+        if (end == -1 && PyErr_Occurred()) {
             rc = -1;
         } else {
             rc = deliver(front, transport, lines, data, start, end, head, body, status, message,
@@ -449,6 +445,27 @@ static int front_init(PyObject *module) {
             Py_XDECREF(method);
             return -1;
         }
+    }
+    /* What it asks of a front by name, for a test to hold Front to. */
+    PyObject *methods = PyTuple_Pack(8, s_read_proxy_header, s_answer_at, s_hand_over,
+                                     s_send_large, s_log_parsed, s_failed, s_reading_paused,
+                                     s_hold_reading);
+    if (methods == NULL || PyModule_AddObject(module, "front_methods", methods) < 0) {
+        Py_XDECREF(methods);
+        return -1;
+    }
+    PyObject *fields = PyTuple_New(0);
+    for (int i = 0; fields != NULL && i < F_COUNT; i++) {
+        if (i == F_STATE || i == F_REQUESTS_COUNT || i == F_ANSWERED)
+            continue; /* the Life's and the server's */
+        PyObject *one_more = PyTuple_Pack(1, fattrs[i].name);
+        PyObject *joined = one_more ? PySequence_Concat(fields, one_more) : NULL;
+        Py_XDECREF(one_more);
+        Py_SETREF(fields, joined);
+    }
+    if (fields == NULL || PyModule_AddObject(module, "front_slots", fields) < 0) {
+        Py_XDECREF(fields);
+        return -1;
     }
     PyObject *set_rules = PyCFunction_New(&rules_def, NULL);
     if (set_rules == NULL || PyModule_AddObject(module, "rules", set_rules) < 0) {

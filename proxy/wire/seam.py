@@ -81,7 +81,8 @@ class FlowControl(asyncio.Protocol):
     pauses while the transport's buffer is over its high-water mark
     (``until_writable``); reading pauses for a body's stream (``pause_reading``) or for a
     buffer the protocol holds itself (``hold_reading``), and the transport reads again only
-    once neither holds it.
+    once neither holds it. ``_paused`` is ``writing_paused``: the front's compiled loop
+    (``proxy/front/_loop.c``) reads the slot, as aiohttp's writer does.
     Subclasses declare ``__slots__`` of their own or none (then they have a ``__dict__``)."""
 
     __slots__ = ("_buffer_paused", "_drain_waiter", "_loop", "_paused", "_reading_paused",

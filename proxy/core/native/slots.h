@@ -9,7 +9,7 @@
 
 /* An attribute, read and written straight in its slot when the object's type keeps it in one
  * (a __slots__ member, a Cython object field), else through getattr and setattr. Looking
- * attributes up by name was most of this path's time. */
+ * attributes up by name was most of the compiled hit path's time. */
 typedef struct {
     const char *text;
     PyObject *name;
@@ -82,6 +82,16 @@ static inline int attr_add(PyObject *obj, Attr *a, PyObject *delta) {
     int rc = set(obj, a, sum);
     Py_DECREF(sum);
     return rc;
+}
+
+/* obj.a as a double; -1 with an exception set when it is not a number. */
+static inline int attr_double(PyObject *obj, Attr *a, double *out) {
+    PyObject *value = get(obj, a);
+    if (value == NULL)
+        return -1;
+    *out = PyFloat_AsDouble(value);
+    Py_DECREF(value);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
 #endif

@@ -1,4 +1,5 @@
-/* Attributes of entries, counters and messages, read and written in their slots. */
+/* The attributes of entries, counters and messages the hit path reads and writes in their
+ * slots (slots.h), and the strings it compares with, interned once. */
 #include "hits.h"
 
 Attr attrs[A_COUNT] = {
@@ -21,14 +22,4 @@ int attrs_init(void) {
     s_record_hit = PyUnicode_InternFromString("record_hit");
     s_no_cache = PyUnicode_InternFromString("no-cache");
     return (s_touch == NULL || s_record_hit == NULL || s_no_cache == NULL) ? -1 : 0;
-}
-
-/* obj.a as a double; -1 with an exception set when it is not a number. */
-int attr_double(PyObject *obj, Attr *a, double *out) {
-    PyObject *value = get(obj, a);
-    if (value == NULL)
-        return -1;
-    *out = PyFloat_AsDouble(value);
-    Py_DECREF(value);
-    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }

@@ -1,5 +1,5 @@
-/* The compiled plain hit's shared types: the PlainHits object, attributes read in their slots,
- * and what the request reader finds of a request. */
+/* The compiled plain hit's shared types: the PlainHits object, the attributes it reads in their
+ * slots (attrs.c), and what the request reader finds of a request. */
 #ifndef ONEHIT_HITS_H
 #define ONEHIT_HITS_H
 
@@ -11,6 +11,7 @@
 #include "../../core/native/age.h"
 #include "../../core/native/sample.h"
 #include "../../core/native/slots.h"
+#include "../../core/native/clock.h"
 #include <strings.h>
 
 typedef struct {
@@ -75,7 +76,6 @@ typedef struct {
 
 /* attrs.c */
 int attrs_init(void);
-int attr_double(PyObject *obj, Attr *a, double *out);
 
 /* read.c */
 void init_tables(void);

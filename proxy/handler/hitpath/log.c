@@ -535,7 +535,7 @@ static PyObject *LogLines_hit(LogLines *self, PyObject *const *args, Py_ssize_t 
     Text *wanted[] = {&f.host, &f.user_agent, &f.referer, &f.request_id};
     fields_of(line_end + 2, last, REQUEST_FIELDS, wanted, 4);
     f.cache_status = head_status(args[4]);
-    f.duration_us = llround((now_us(CLOCK_MONOTONIC) / 1e6 - PyFloat_AS_DOUBLE(args[7])) * 1e6);
+    f.duration_us = llround((perf_seconds() - PyFloat_AS_DOUBLE(args[7])) * 1e6);
     f.began_us = now_us(CLOCK_REALTIME) - f.duration_us;
     f.status = status;
     f.bytes = PyBytes_GET_SIZE(args[4]) + body;
