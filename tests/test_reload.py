@@ -133,6 +133,20 @@ async def test_a_new_route_and_admission_take_effect_for_the_next_request(
     assert await _get(client, service, "/once") == (200, "HIT")
 
 
+async def test_new_ttl_rules_are_taken_for_the_responses_stored_next(origin, reloadable, client):
+    service, path = reloadable
+    origin.set("/a", headers={})  # nothing fresh to say: stored only by a rule
+    origin.set("/b", headers={})
+    for _ in range(3):
+        assert await _get(client, service, "/a") == (200, "MISS")
+    _write(path, extra='[[ttl]]\ndefault = "1m"\n')
+    assert await _reload(client, service) == (
+        200, {"reloaded": True, "changed": ["ttl"], "purged": []}
+    )  # fmt: skip
+    answers = [await _get(client, service, "/b") for _ in range(3)]
+    assert answers[-1] == (200, "HIT") and origin.hits["/b"] == 2  # the second sighting stores
+
+
 async def test_a_configuration_that_does_not_load_or_needs_a_restart_changes_nothing(
     origin, reloadable, client, caplog
 ):

@@ -23,6 +23,8 @@ from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.ttl_rules import DEFAULT_STATUSES, NEVER_RULED, OVERRIDABLE, TtlRule
+from proxy.core.units import parse_duration
 from proxy.core.whatif import (
     DISK_ALTERNATIVES,
     MEMORY_ALTERNATIVES,
@@ -320,6 +322,7 @@ class Config:
     disk: DiskSection = DiskSection()
     whatif: WhatIfSection = WhatIfSection()
     routes: tuple[Route, ...] = ()
+    ttl: tuple[TtlRule, ...] = ()  # the operator's TTL rules, in order ([[ttl]])
 
     def admission_config(self) -> AdmissionConfig:
         a = self.admission
@@ -414,7 +417,8 @@ class Config:
             if r.key_query_sort is not None:
                 route["key_query_sort"] = r.key_query_sort
             routes.append(route)
-        return {**sections, "routes": routes}
+        ttl = [_ttl_setting(rule) for rule in self.ttl]
+        return {**sections, "routes": routes, "ttl": ttl}
 
     def summary(self) -> dict[str, object]:
         return {
@@ -465,16 +469,21 @@ def load(
     overrides: Mapping[str, Any] | None = None,
 ) -> Config:
     """Build the config: defaults, then the TOML file, then ``env``, then ``overrides``
-    (``"section.key" -> value``, from command-line flags; ``"routes"`` -> list of routes)."""
+    (``"section.key" -> value``, from command-line flags; ``"routes"`` -> list of routes,
+    ``"ttl"`` -> list of TTL rules)."""
     env = os.environ if env is None else env
     raw: dict[str, dict[str, tuple[Any, str]]] = {name: {} for name in SECTIONS}
     routes: list[tuple[dict[str, Any], str]] = []
+    ttl: list[tuple[dict[str, Any], str]] = []
     if path is not None:
-        _read_toml(Path(path), raw, routes)
+        _read_toml(Path(path), raw, routes, ttl)
     _read_env(env, raw, routes)
     for dotted, value in (overrides or {}).items():
         if dotted == "routes":
             routes = [(r, "command line") for r in value]
+            continue
+        if dotted == "ttl":
+            ttl = [(t, "command line") for t in value]
             continue
         section, _, key = dotted.partition(".")
         _check_key(section, key, "command line")
@@ -482,6 +491,7 @@ def load(
     config = Config(
         **{name: _build(cls, name, raw[name]) for name, cls in SECTIONS.items()},
         routes=tuple(_route(r, source) for r, source in routes),
+        ttl=tuple(_ttl_rule(t, source) for t, source in ttl),
     )
     if "max_object_size" not in raw["cache"] and config.cache.max_object_size > config.cache.size:
         # The default (16 MiB) is a ceiling for large caches, not a demand on small ones.
@@ -500,7 +510,7 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid TOML ({exc})") from None
 
 
-def _read_toml(path: Path, raw: dict, routes: list) -> None:
+def _read_toml(path: Path, raw: dict, routes: list, ttl: list) -> None:
     try:
         data = read_toml(path)
     except ValueError as exc:
@@ -513,6 +523,11 @@ def _read_toml(path: Path, raw: dict, routes: list) -> None:
                     f"{source}: routes must be [[routes]] tables with host and origin"
                 )
             routes.extend((r, source) for r in table)
+            continue
+        if name == "ttl":
+            if not isinstance(table, list):
+                raise ConfigError(f"{source}: ttl rules must be [[ttl]] tables")
+            ttl.extend((t, source) for t in table)
             continue
         _check_key(name, None, source)
         if not isinstance(table, dict):
@@ -589,6 +604,21 @@ def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
 _ROUTE_KEYS = {"host", "origin", "key_query", "key_query_sort"}
 
 
+def _ttl_setting(rule: TtlRule) -> dict[str, object]:
+    """A TTL rule as the file takes it (seconds for durations)."""
+    setting: dict[str, object] = {
+        "host": rule.host,
+        "path": rule.path,
+        "status": "any" if rule.statuses is None else sorted(rule.statuses),
+    }
+    for name in ("default", "min", "max"):
+        if getattr(rule, name) is not None:
+            setting[name] = getattr(rule, name)
+    if rule.override:
+        setting["override"] = sorted(rule.override)
+    return setting
+
+
 def _key_query_setting(value: tuple[str, tuple[str, ...]]) -> object:
     """A key_query as a file writes it: "all", "none", or {include = [...]}."""
     mode, names = value
@@ -616,6 +646,63 @@ def _route(table: Any, source: str) -> Route:
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host}: key_query: {exc}") from None
     return Route(host.lower(), origin, key_query, key_sort)
+
+
+_TTL_KEYS = {"host", "path", "status", "default", "min", "max", "override"}
+
+
+def _ttl_rule(table: Any, source: str) -> TtlRule:
+    """One ``[[ttl]]`` table as a rule (``proxy.core.ttl_rules``); ConfigError naming the key
+    and the fix."""
+    if not isinstance(table, dict) or not set(table) <= _TTL_KEYS or not table:
+        unknown = sorted(set(table) - _TTL_KEYS) if isinstance(table, dict) else []
+        raise ConfigError(
+            f"{source}: a [[ttl]] rule takes {', '.join(sorted(_TTL_KEYS))}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else f", got {table!r}")
+        )
+    where = f"{source}: [[ttl]] {table.get('host', '') or '*'}{table.get('path', '/')}"
+    host, path = table.get("host", ""), table.get("path", "/")
+    if not isinstance(host, str) or "/" in host or ":" in host:
+        raise ConfigError(f"{where}: host {host!r}: expected a host name without port, or none")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ConfigError(f"{where}: path {path!r}: expected a path prefix, like /static/")
+    statuses = table.get("status", sorted(DEFAULT_STATUSES))
+    if statuses == "any":
+        codes = None
+    elif isinstance(statuses, list) and statuses and all(
+        isinstance(c, int) and not isinstance(c, bool) and 200 <= c <= 599
+        and c not in NEVER_RULED for c in statuses
+    ):  # fmt: skip
+        codes = frozenset(statuses)
+    else:
+        raise ConfigError(
+            f'{where}: status {statuses!r}: expected "any" or a list of statuses from 200 '
+            f"to 599 but {', '.join(map(str, sorted(NEVER_RULED)))} (each answers its own "
+            "request), like [200, 301, 404]"
+        )
+    times: dict[str, float | None] = {}
+    for name in ("default", "min", "max"):
+        value = table.get(name)
+        try:
+            times[name] = None if value is None else parse_duration(value)
+        except ValueError:
+            times[name] = -1.0
+        if times[name] is not None and times[name] < 0:  # type: ignore[operator]
+            raise ConfigError(
+                f"{where}: {name} {value!r}: expected a duration of 0 or more, like 10m or 1h"
+            )
+    low, high = times["min"], times["max"]
+    if low is not None and high is not None and low > high:
+        raise ConfigError(f"{where}: min {table['min']!r} is above max {table['max']!r}")
+    override = table.get("override", [])
+    if not isinstance(override, list) or not set(override) <= set(OVERRIDABLE):
+        raise ConfigError(
+            f"{where}: override {override!r}: expected a list of {', '.join(OVERRIDABLE)} "
+            "(private only where the response is the same for every user)"
+        )
+    if times["default"] is None and low is None and high is None and not override:
+        raise ConfigError(f"{where}: sets nothing: give default, min, max or override")
+    return TtlRule(host.lower(), path, codes, times["default"], low, high, frozenset(override))
 
 
 def _check_whole(config: Config) -> None:

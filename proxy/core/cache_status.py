@@ -7,8 +7,9 @@ response says the cache did has one spelling, whichever path answered it.
 * ``forwarded``: the request went to the origin, ``fwd`` saying why (the engine's reasons,
   ``proxy.core.events.FWD_*``: ``uri-miss``, ``stale``, ``bypass``, ``method``,
   ``request``...); then ``fwd-status`` (the origin's status, when it differs from the one
-  sent), ``collapsed`` (answered from another request's fetch), and ``stored`` or a
-  ``detail`` saying why the response was not.
+  sent), ``collapsed`` (answered from another request's fetch), and ``stored`` (with
+  ``detail=ttl-rule`` when an operator's TTL rule set its lifetime) or a ``detail`` saying
+  why the response was not.
 * ``refused``: not forwarded at all (``detail``: ``client-left``).
 
 The compiled hit path writes the bytes of ``hit(ttl)`` and ``hit(ttl, DISK)`` itself; the tests
@@ -17,7 +18,7 @@ of the plain hits hold its answers equal to the Python paths', which build them 
 
 from __future__ import annotations
 
-from proxy.core.events import NotStored
+from proxy.core.events import Keep, NotStored
 
 CACHE = "onehit"
 HIT = f"{CACHE}; hit"  # what every hit begins with
@@ -30,6 +31,7 @@ ORIGIN_ERROR = "origin-error"
 ERROR = "error"  # the proxy failed: an internal error answered 500
 SLICE_MEMORY = "slice-memory"  # [cache] slice_memory stayed full: the slice was not fetched
 CLIENT_LEFT = "client-left"  # the client went before its request was forwarded
+TTL_RULE = "ttl-rule"  # an operator's TTL rule set how long it is fresh, or that it is stored
 
 
 def ttl_of(lifetime: float, age: float) -> int:
@@ -64,6 +66,8 @@ def forwarded(
         detail = outcome.reason
     elif outcome is not None:
         value += "; stored"
+        if type(outcome) is Keep and outcome.response.by_rule and detail is None:
+            detail = TTL_RULE
     return value if detail is None else f"{value}; detail={detail}"
 
 

@@ -114,6 +114,7 @@ from proxy.core.stats import Counters, snapshot
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, storable_tags
 from proxy.core.tiers import Tier
+from proxy.core.ttl_rules import TtlRules
 from proxy.core.variants import Variants
 
 CACHEABLE_METHODS = frozenset({"GET", "HEAD"})
@@ -160,8 +161,10 @@ class CacheEngine(ResponseDecisions):
         ignore_cookies: tuple[str, ...] = (),
         grace: float = 0.0,
         client_revalidation: str = "honour",
+        ttl_rules: TtlRules | None = None,
     ) -> None:
         self.store = store
+        self.ttl_rules = ttl_rules if ttl_rules is not None else TtlRules()
         self.use_admission(admission)
         self.hit_for_miss = hit_for_miss
         # A backend the driver awaits decides admission (the fleet's shared filter): the

@@ -56,6 +56,8 @@ class ResponseMeta(NamedTuple):
     # When its request went to the origin: a purge made since reaches it (``RecentPurges``);
     # -inf (a trace's response) none does.
     requested_at: float = float("-inf")
+    # Whether an operator's TTL rule set its lifetime or storing (``proxy.core.ttl_rules``).
+    by_rule: bool = False
 
 
 # What ``lookup`` found.

@@ -38,6 +38,7 @@ from proxy.core.stats import Counters
 from proxy.core.store import CacheStore, Entry
 from proxy.core.tags import TagIndex, response_tags, storable_tags
 from proxy.core.tiers import SUPERSEDED, UNSTORABLE, VARIES, Tier, own_record
+from proxy.core.ttl_rules import TtlRules, rule_response
 from proxy.core.variants import Variants, variant_key
 
 # Bytes of URLs remembered as uncacheable (hit-for-miss); least recently used forgotten past
@@ -81,16 +82,29 @@ def response_meta(
     allow_set_cookie: bool = False,
     ignored_cookies: tuple[str, ...] = (),
     payload: object = None,
+    rules: TtlRules | None = None,
 ) -> ResponseMeta:
-    """The engine's view of an origin response, by RFC 9111: storable or why not, lifetime,
-    the age it already had when it arrived, and what it varies on. Its ``headers`` are what
-    may be stored and shared: never a ``Set-Cookie``, whatever ``allow_set_cookie`` says (a
-    cookie set for one client is never replayed to another)."""
+    """The engine's view of an origin response, by RFC 9111 and the operator's TTL ``rules``:
+    storable or why not, lifetime, the age it already had when it arrived, and what it varies
+    on. Its ``headers`` are what may be stored and shared: never a ``Set-Cookie``, whatever
+    ``allow_set_cookie`` says (a cookie set for one client is never replayed to another)."""
     fields = headers if type(headers) is rfc9111.Fields else rfc9111.Fields(headers)
     ok, reason, lifetime, initial_age, vary, directives = rfc9111.response_rules(
         request.method, status, request.headers, fields, request_time, response_time,
         allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
     )  # fmt: skip
+    rule = rules.rule_for(request.key, status) if rules else None
+    by_rule = False
+    if rule is not None:
+        if not ok and rule.override:  # judged again, what the rule overrides as if absent
+            ok, reason = rfc9111.storable(
+                request.method, status, request.headers, fields,
+                allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
+                overridden=rule.override,
+            )  # fmt: skip
+        ruled = rule_response(rule, status, fields, ok, reason, lifetime, directives)
+        ok, reason, lifetime = ruled.storable, ruled.reason, ruled.lifetime
+        directives, by_rule = ruled.directives, ruled.by_rule
     if not rfc9111.PER_CLIENT_FIELDS.isdisjoint(fields.by_name):
         headers = shared_fields(headers)
     return ResponseMeta(
@@ -104,6 +118,7 @@ def response_meta(
         status=status,
         directives=directives,
         requested_at=request_time,
+        by_rule=by_rule,
     )
 
 
@@ -138,6 +153,7 @@ class ResponseDecisions:
     slices: SliceIndex
     hit_for_miss: float
     admission_elsewhere: bool
+    ttl_rules: TtlRules  # the operator's (``[[ttl]]``)
     grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
@@ -516,6 +532,11 @@ class ResponseDecisions:
         entry.headers = headers
         entry.directives = rfc9111.response_directives(headers)
         entry.lifetime = rfc9111.freshness_lifetime(entry.status, headers, now)
+        rule = self.ttl_rules.rule_for(entry.key, entry.status) if self.ttl_rules else None
+        if rule is not None:  # refreshed as it was stored: by its rule too
+            ruled = rule_response(rule, entry.status, headers, True, "", entry.lifetime,
+                                    entry.directives)  # fmt: skip
+            entry.lifetime, entry.directives = ruled.lifetime, ruled.directives
         entry.initial_age = rfc9111.current_age(headers_304, request_time, now, now)
         entry.stored_at = now
         entry.soft_purged = False

@@ -191,11 +191,13 @@ def storable(
     *,
     allow_set_cookie: bool = False,
     ignored_cookies: Sequence[str] = (),
+    overridden: frozenset[str] = frozenset(),
 ) -> tuple[bool, str]:
     """Whether a shared cache may store this response (section 3), and why not if it may not.
     A request with ``Authorization`` (section 3.5), or with a cookie not ``ignored``, makes a
     response storable only when it is meant for shared caches (``must-revalidate`` also does for
-    ``Authorization``, as section 3.5 says)."""
+    ``Authorization``, as section 3.5 says). The response directives ``overridden`` (an
+    operator's TTL rule's, ``proxy.core.ttl_rules``) are judged as if absent."""
     if method != "GET":  # a HEAD response has no body to store; other methods are not cached
         return False, "method"
     req = request_directives(request_headers)
@@ -209,6 +211,8 @@ def storable(
     if status < 200 or status in ANSWERS_ITS_REQUEST:
         return False, "status"
     cc = response_directives(response_headers)
+    if overridden:
+        cc = {k: v for k, v in cc.items() if k not in overridden}
     if "must-understand" in cc:
         if status not in UNDERSTOOD_STATUSES:
             return False, "status"
@@ -230,8 +234,8 @@ def storable(
         return False, "set-cookie"
     explicit = (
         "public" in cc
-        or delta_seconds(cc.get("s-maxage", None)) is not None
-        or delta_seconds(cc.get("max-age", None)) is not None
+        or delta_seconds(cc.get("s-maxage")) is not None
+        or delta_seconds(cc.get("max-age")) is not None
         or get_first(response_headers, "expires") is not None
     )
     if not explicit and status not in HEURISTICALLY_CACHEABLE:

@@ -355,10 +355,12 @@ class Fetcher:
     def response_meta(
         self, meta: RequestMeta, status: int, fields: rfc9111.Fields, request_time: float
     ) -> ResponseMeta:
-        """The engine's view of an origin response, under this proxy's cookie settings."""
+        """The engine's view of an origin response, under this proxy's cookie settings and
+        TTL rules."""
         return response_meta(
             meta, status, fields, request_time, self.clock(),
             allow_set_cookie=self.allow_set_cookie, ignored_cookies=self.engine.ignore_cookies,
+            rules=self.engine.ttl_rules,
         )  # fmt: skip
 
     async def decide(

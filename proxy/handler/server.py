@@ -51,6 +51,7 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
+from proxy.core.ttl_rules import TtlRules
 from proxy.core.whatif import Sample
 from proxy.disk.reads import ColdRecord
 from proxy.disk.store import DiskStore
@@ -151,6 +152,7 @@ class Proxy:
             engine.removals.resize(c.size, c.max_object_size)
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
+        engine.ttl_rules = TtlRules(config.ttl)
         engine.client_revalidation = c.client_revalidation
         engine.variants.max_per_url = c.max_variants
         if self.disk is not None:

@@ -3,7 +3,8 @@ that start after it, with no connection dropped and nothing cached lost but what
 memory tier evicts and what the new rules key or fetch otherwise (purged: ``KEYED``).
 
 What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the routes and
-the default origin, the fields passed to origins, ``purge_from``, the memory tier's size
+the default origin, the TTL rules (for the responses stored from then on), the fields passed
+to origins, ``purge_from``, the memory tier's size
 (shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
 ``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, and
 the admission policy of one process (its window starts afresh: every URL is a first sighting
@@ -30,10 +31,11 @@ from proxy.ops import preflight
 
 log = logging.getLogger("onehit")
 
-# section.key names a reload takes on; "routes" is the whole route table.
+# section.key names a reload takes on; "routes" is the whole route table, "ttl" every rule.
 LIVE = frozenset(
     {
         "routes",
+        "ttl",
         "upstream.origin",
         "server.forward_headers",
         "server.deny_headers",

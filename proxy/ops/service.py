@@ -26,6 +26,7 @@ from proxy.config.settings import Config
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.ttl_rules import TtlRules
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
@@ -86,6 +87,7 @@ def build_engine(
         store,
         make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
         hit_for_miss=c.hit_for_miss,
+        ttl_rules=TtlRules(config.ttl),
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,
