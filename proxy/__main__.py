@@ -11,6 +11,7 @@ import mmap
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
@@ -43,7 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) are held:
     # one sent while it starts (a worker told of a reload taken meanwhile) is handled then.
     hold_signals()
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["inspect"]:  # the subcommand's spelling of --inspect
+        given = ["--inspect", *given[1:]]
+    args = _parser().parse_args(given)
     overrides: dict[str, object] = {}
     for flag, key in (
         ("origin", "upstream.origin"),
@@ -70,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             generation, config, secret = handed.read()
         else:
             config = load(args.config, os.environ, overrides)
-        if not args.reload:  # the running proxy checks its own files, as its own user
+        if not args.reload and args.inspect is None:  # the running proxy checks its own files
             preflight.check(config)
     except (ConfigError, RuntimeError) as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
@@ -81,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.reload:
         return ask_reload(config)
+    if args.inspect is not None:
+        return ask_inspect(config, args.inspect)
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])
@@ -126,11 +132,28 @@ def ask_reload(config: Config) -> int:
     0 when the proxy reloaded, 1 when it refused (its reason printed), 2 when no onehit
     answered. The file read is the one the proxy will read: an admin listener or token moved
     in it is not the running one's yet (SIGHUP reaches the proxy wherever its admin is)."""
-    url = f"{reachable(config.admin.listen)}/reload"
+    answer = _ask_admin(config, "POST", "/reload")
+    return 2 if answer is None else 0 if answer.get("reloaded") else 1
+
+
+def ask_inspect(config: Config, url: str) -> int:
+    """``inspect URL`` (``--inspect``): ``GET /cache`` of the admin listener ``config`` names,
+    for ``url``, or the keys memory holds under it when it ends with ``*``; 0 when answered,
+    1 when the proxy refused the URL, 2 when no onehit answered."""
+    query = {"prefix": url[:-1], "limit": "1000"} if url.endswith("*") else {"url": url}
+    answer = _ask_admin(config, "GET", "/cache?" + urllib.parse.urlencode(query))
+    return 2 if answer is None else 1 if "error" in answer else 0
+
+
+def _ask_admin(config: Config, method: str, path: str) -> dict | None:
+    """The running proxy's JSON answer to ``method path`` on the admin listener ``config``
+    names (with its token), printed; None, said on stderr, when no onehit answered."""
+    url = f"{reachable(config.admin.listen)}{path}"
     headers = {"Content-Type": "application/json"}
     if config.admin.token:
         headers["Authorization"] = f"Bearer {config.admin.token}"
-    request = urllib.request.Request(url, data=b"{}", headers=headers, method="POST")
+    data = b"{}" if method == "POST" else None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     status = 200
     try:
         with urllib.request.urlopen(request, timeout=30) as r:
@@ -139,7 +162,7 @@ def ask_reload(config: Config) -> int:
         status, text = exc.code, exc.read()
     except OSError as exc:
         print(f"onehit-proxy: no proxy answered at {url}: {exc}", file=sys.stderr)
-        return 2
+        return None
     try:
         answer = json.loads(text or b"{}")
     except ValueError:
@@ -148,9 +171,9 @@ def ask_reload(config: Config) -> int:
         why = f"{url} answered {status}, not as onehit's admin does"
         print(f"onehit-proxy: {why} (is admin.listen the running proxy's?): {text[:200]!r}",
               file=sys.stderr)  # fmt: skip
-        return 2
+        return None
     print(json.dumps(answer, indent=2))
-    return 0 if answer.get("reloaded") else 1
+    return answer
 
 
 def worker_count(value: str) -> int:
@@ -201,6 +224,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="have the running proxy these settings name (its admin listener) read its "
         "configuration again, as SIGHUP does; print what changed, or why nothing did",
+    )
+    p.add_argument(
+        "--inspect",
+        metavar="URL",
+        help="print what the running proxy these settings name holds and thinks of URL "
+        "(its tiers, age, ttl, validators, hits, admission), or the keys it holds under URL "
+        "when it ends with *; also 'onehit-proxy inspect URL'",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)

@@ -308,6 +308,22 @@ async def test_a_trace_through_two_workers_hits_as_through_one_process(origin, t
     assert abs(written[1] / written[0] - 1) <= 0.05, written
 
 
+async def test_a_look_inside_asks_every_worker_and_shows_the_tier_they_share(origin):
+    origin.set("/q", body=b"v1", headers={"Cache-Control": "max-age=300"})
+    async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, url, admin):
+        await ask(url, ["/q"] * 20)
+        async with (
+            aiohttp.ClientSession() as client,
+            client.get(admin + "/cache", params={"url": url + "/q"}) as r,
+        ):
+            assert r.status == 200
+            seen = await r.json()
+        await stop(process)
+    assert seen["missing"] == 0 and len(seen["workers"]) == 2
+    # The tier they share stands for memory here: every worker sees its one record.
+    assert [w["disk"]["size"] for w in seen["workers"]] == [2, 2]
+
+
 async def test_a_purge_no_worker_can_take_is_refused_to_be_asked_again(origin):
     """Both workers killed: a purge kept by none would never reach the shared tier."""
     async with (

@@ -568,6 +568,12 @@ class CacheEngine(ResponseDecisions):
             self.counters.revalidated_from_disk += 1
         return action
 
+    def uncacheable_until(self, key: str) -> float | None:
+        """Until when ``key``'s requests go straight to the origin (hit-for-miss), if it was
+        uncacheable a moment ago; its place among those remembered is unchanged."""
+        remembered = self._uncacheable.peek(key)
+        return None if remembered is None else remembered[0]
+
     def _plain_fetch(self, request: RequestMeta, now: float, *, whole: bool = True) -> Fetch:
         """The fetch of a miss that may be shared, unless its URL was uncacheable a moment ago
         (hit-for-miss); ``whole`` when the request's fields allow it."""

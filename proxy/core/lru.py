@@ -50,6 +50,10 @@ class ChargedLRU(OrderedDict[K, V]):
         self.move_to_end(key)
         return super().__getitem__(key)
 
+    def peek(self, key: K) -> V | None:
+        """The value of ``key``, or None; its place in the order is unchanged."""
+        return super().get(key)
+
     def pop(self, key: K, default: Any = _ABSENT) -> Any:
         if key not in self:
             if default is _ABSENT:

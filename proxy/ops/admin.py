@@ -1,5 +1,6 @@
-"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, POST /purge,
-POST /filter/reset and POST /reload (the configuration read again, ``proxy.ops.reload``).
+"""The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, /cache (a look
+inside, ``proxy.ops.inspection``), POST /purge, POST /filter/reset and POST /reload (the
+configuration read again, ``proxy.ops.reload``).
 
 /healthz (the process answers) and /readyz (its origins, Redis and disk can be used, each with
 a reason) are always open. When a token is configured every other endpoint requires
@@ -26,7 +27,7 @@ from proxy.core.whatif import Samples
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
-from proxy.ops import readiness
+from proxy.ops import inspection, readiness
 from proxy.ops.answer_metrics import label, process_text, resident_bytes
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import SECRET_FIELD
@@ -221,6 +222,10 @@ class ProcessAdmin:
             answer["fleet"] = await self.proxy.fleet.publish(purge)
         return web.json_response(answer)
 
+    async def cache(self, request: web.Request) -> web.Response:
+        found = await look_inside(self.proxy, request.query)
+        return web.json_response(found, status=400 if "error" in found else 200)
+
     async def filter_reset(self, request: web.Request) -> web.Response:
         engine, now = self.proxy.engine, time.time()
         engine.admission.reset(now)
@@ -304,6 +309,23 @@ def apply_fleet_purge(proxy: Proxy, purge: dict[str, Any]) -> dict[str, object] 
     return apply_purge(proxy.engine, kind, value, proxy.clock(), soft=purge.get("soft") is True)
 
 
+async def look_inside(proxy: Proxy, query: Any) -> dict[str, Any]:
+    """``GET /cache``: ``?url=`` what is stored for a URL (``proxy.ops.inspection.describe``), or
+    ``?prefix=&limit=`` the keys memory holds under a prefix (``listing``); ``error`` when the
+    query names neither, or a URL the proxy would refuse."""
+    try:
+        if "url" in query:
+            return await inspection.describe(proxy, query["url"])
+        if "prefix" in query:
+            limit = int(query.get("limit", "100"))
+            if not 1 <= limit <= inspection.MAX_LIMIT:
+                raise ValueError(f"limit {limit}: expected 1 to {inspection.MAX_LIMIT}")
+            return await inspection.listing(proxy, cache_key(query["prefix"]), limit)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"error": "give ?url=http://host/path, or ?prefix=http://host/dir/&limit=100"}
+
+
 def _purged(params: dict[str, Any], router: Router) -> tuple[str, Any] | None:
     """What a purge names: ("url", its cache key), ("prefix", a key prefix) or ("tags", the
     tags, each once); None when it names none; ValueError for a host the proxy would refuse,
@@ -341,6 +363,7 @@ class Admin(Protocol):
     async def purge(self, request: web.Request) -> web.Response: ...
     async def filter_reset(self, request: web.Request) -> web.Response: ...
     async def reload(self, request: web.Request) -> web.Response: ...
+    async def cache(self, request: web.Request) -> web.Response: ...
 
     def machines_own(self) -> dict[str, Handler]:
         """The routes only the processes of the machine call (``POST /forget``, ``POST
@@ -362,6 +385,7 @@ def admin_application(config: AdminSection, admin: Admin) -> web.Application:
     app.router.add_post("/purge", admin.purge)
     app.router.add_post("/filter/reset", admin.filter_reset)
     app.router.add_post("/reload", admin.reload)
+    app.router.add_get("/cache", admin.cache)
     for path, handler in admin.machines_own().items():
         app.router.add_post(path, _machines_own(handler, admin.machine_secret))
     return app

@@ -89,6 +89,15 @@ class MachineAdmin:
     async def purge(self, request: web.Request) -> web.Response:
         return await self._fan_out(request)
 
+    async def cache(self, request: web.Request) -> web.Response:
+        """Each worker's look at its own memory and at the tier they share, by place."""
+        query = f"?{request.query_string}" if request.query_string else ""
+        try:
+            answers, missing = await self._each("GET", request.path + query)
+        except Refused as refused:
+            return web.json_response(refused.answer, status=refused.status)
+        return web.json_response({"workers": answers, "missing": missing})
+
     async def filter_reset(self, request: web.Request) -> web.Response:
         return await self._fan_out(request)
 
