@@ -307,8 +307,9 @@ async def _serve(
     admin_host, admin_port = service.admin_address
     # loadgen's experiments start the proxy on port 0 and read where it listens from this line.
     log.info(
-        "onehit listening on http://%s:%d (admin http://%s:%d), admission %s, cache %d bytes",
-        host, port, admin_host, admin_port, config.admission_config().label(), config.cache.size,
+        "onehit listening on %s://%s:%d (admin http://%s:%d), admission %s, cache %d bytes",
+        "https" if config.server.tls_cert else "http", host, port, admin_host, admin_port,
+        config.admission_config().label(), config.cache.size,
     )  # fmt: skip
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         # With the generation of the configuration it runs: one handed over since is taken.

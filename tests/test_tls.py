@@ -104,3 +104,70 @@ async def test_a_connection_that_never_begins_its_tls_handshake_is_closed_at_the
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the proxy
     finally:
         writer.close()
+
+
+def _issue(authority: trustme.CA, cert: str, key: str) -> None:
+    issued = authority.issue_cert("127.0.0.1", "localhost")
+    issued.cert_chain_pems[0].write_to_path(cert)
+    for pem in issued.cert_chain_pems[1:]:
+        pem.write_to_path(cert, append=True)
+    issued.private_key_pem.write_to_path(key)
+
+
+async def test_a_certificate_renewed_in_place_is_taken_by_a_reload_without_dropping_connections(
+    origin, authority, certificate, tmp_path
+):
+    from conftest import admin
+
+    from proxy.config.settings import load
+    from proxy.ops.service import Service
+
+    cert, key = certificate
+    path = tmp_path / "proxy.toml"
+    path.write_text(f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
+             "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
+
+    def read():
+        return load(path, env={}, overrides=flags)
+
+    service = await Service.start(read(), read_config=read)
+    try:
+        host, port = service.proxy_address
+        url = f"https://{host}:{port}/t"
+        renewed = trustme.CA()  # the renewed certificate, from an authority the old one is not
+        old_client = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=_client_context(authority), limit=1)
+        )
+        async with old_client:
+            async with old_client.get(url, headers={"Host": "example.test"}) as r:
+                assert r.status == 200
+            _issue(renewed, cert, key)  # certbot writes the files in place
+            async with (
+                aiohttp.ClientSession() as plain,
+                plain.post(admin(service) + "/reload", json={}) as r,
+            ):
+                assert (r.status, (await r.json())["reloaded"]) == (200, True)
+            # The connection open before goes on with the certificate it shook hands with.
+            async with old_client.get(url, headers={"Host": "example.test"}) as r:
+                assert r.status == 200
+        connector = aiohttp.TCPConnector(ssl=_client_context(renewed))
+        async with (
+            aiohttp.ClientSession(connector=connector) as new_client,
+            new_client.get(url, headers={"Host": "example.test"}) as r,
+        ):
+            assert r.status == 200  # a new handshake shows the renewed one
+        with pytest.raises(aiohttp.ClientConnectorCertificateError):
+            connector = aiohttp.TCPConnector(ssl=_client_context(authority))
+            async with aiohttp.ClientSession(connector=connector) as stale:
+                await stale.get(url, headers={"Host": "example.test"})
+        path.write_text("")  # TLS off: the listener's kind changes, which takes a restart
+        async with (
+            aiohttp.ClientSession() as plain,
+            plain.post(admin(service) + "/reload", json={}) as r,
+        ):
+            answer = await r.json()
+        assert r.status == 409 and "server.tls_cert" in answer["error"]
+        assert "restart" in answer["error"]
+    finally:
+        await service.stop()

@@ -149,7 +149,7 @@ class Running:
 # What onehit-proxy logs once both its listeners are bound. Started on port 0, the proxy is
 # given free ports by the kernel and this line says which: a port picked here and released
 # could be taken by another socket before the proxy bound it.
-LISTENING = re.compile(rb"onehit listening on (http://\S+) \(admin (http://[^)\s]+)\)")
+LISTENING = re.compile(rb"onehit listening on (https?://\S+) \(admin (http://[^)\s]+)\)")
 
 
 @contextlib.asynccontextmanager

@@ -6,8 +6,10 @@ What a reload may change (``LIVE``, and for one process ``LIVE_ADMISSION``): the
 the default origin, the TTL rules (for the responses stored from then on), the fields passed
 to origins, ``purge_from``, the memory tier's size
 (shrunk by evicting, as its policy evicts) and largest object, ``hit_for_miss``, ``grace``,
-``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, and
-the admission policy of one process (its window starts afresh: every URL is a first sighting
+``client_revalidation``, ``max_variants``, ``ignore_cookies`` and the cache key's query, the
+listener's TLS certificate and key (read again on every reload, so that one renewed in place
+is taken by the next handshakes; TLS turned on or off takes a restart), and the admission
+policy of one process (its window starts afresh: every URL is a first sighting
 again). A process of its own also moves its listeners to new addresses (``LISTENERS``): the
 new ones open first, then the old ones close, the connections they accepted going on.
 Anything else (the request limits, which aiohttp's parser takes at the start, the disk tier,
@@ -52,6 +54,10 @@ LIVE = frozenset(
         "cache.ignore_cookies",
         "cache.key_query",
         "cache.key_query_sort",
+        # A certificate renewed (certbot), or moved: loaded for the next handshakes. TLS
+        # turned on or off takes a restart (``judge``).
+        "server.tls_cert",
+        "server.tls_key",
     }
 )
 # What a cache key is made of, or a stored answer was fetched with: a reload that changes one
@@ -198,6 +204,8 @@ def judge(
         live -= LIVE_ADMISSION
     keys = changed_keys(old, new)
     restart = [k for k in keys if k not in live]
+    if bool(old.server.tls_cert) != bool(new.server.tls_cert):  # the listener's kind changes
+        restart += [k for k in ("server.tls_cert", "server.tls_key") if k in keys]
     if restart:
         return None, _refused(f"{', '.join(restart)} changed, which takes a restart")
     return new, Reloaded(tuple(keys))

@@ -108,6 +108,9 @@ class Service:
     checkpoints: asyncio.Task[None] | None = None
     flushes: asyncio.Task[None] | None = None
     access_file: AccessLogFile | None = None
+    # The listener's TLS context, which a reload loads a renewed certificate into: the next
+    # handshakes take it, the connections open keep theirs.
+    tls: ssl.SSLContext | None = None
     read_config: Callable[[], Config] | None = None
     shares_admission: bool = False
     moves_listeners: bool = True  # False for a worker: the port is the machine's
@@ -212,6 +215,7 @@ class Service:
             service.shares_admission = shared_window is not None
             service.moves_listeners = not reuse_port
             service.access_file = access
+            service.tls = server_context(config.server)
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
                     checkpoint_every(disk, config.disk.checkpoint_interval)
@@ -221,7 +225,7 @@ class Service:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
             await _site(
-                proxy_runner, config.server.listen, server_context(config.server), reuse_port,
+                proxy_runner, config.server.listen, service.tls, reuse_port,
                 handshake_timeout=config.server.idle_timeout,
             ).start()  # fmt: skip
             await _site(admin_runner, config.admin.listen).start()
@@ -268,6 +272,17 @@ class Service:
             )  # fmt: skip
             if not done.refused:
                 self.config = self.proxy.config
+                server = self.config.server
+                if self.tls is not None:  # checked loadable by the reload (preflight)
+                    said = logging.getLogger("onehit")
+                    try:
+                        self.tls.load_cert_chain(server.tls_cert, server.tls_key)
+                    except (OSError, ssl.SSLError) as exc:  # changed since it was checked
+                        said.error("the TLS certificate %s could not be read again: %s",
+                                   server.tls_cert, exc)  # fmt: skip
+                    else:
+                        said.info("reloaded: the TLS certificate %s, for the next handshakes",
+                                  server.tls_cert)  # fmt: skip
             return done
 
     def reload_soon(self) -> None:
@@ -289,8 +304,7 @@ class Service:
         moves = [
             (runner, address, context)
             for runner, old, address, context in (
-                (self.proxy_runner, self.config.server.listen, new.server.listen,
-                 server_context(new.server)),
+                (self.proxy_runner, self.config.server.listen, new.server.listen, self.tls),
                 (self.admin_runner, self.config.admin.listen, new.admin.listen, None),
             )
             if old != address
