@@ -25,7 +25,7 @@ from proxy.ops import preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, hold_signals, until_signalled
-from proxy.ops.shared_tier import worker_sharing
+from proxy.ops.shared_tier import check_workers, worker_sharing
 from proxy.ops.workers import (
     READY,
     MachineForgets,
@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load(args.config, os.environ, overrides)
         if not args.reload and args.inspect is None:  # the running proxy checks its own files
             preflight.check(config)
+            if config.server.workers > 1 and not args.worker:  # as each worker will run it
+                check_workers(config, config.server.workers)
     except (ConfigError, RuntimeError) as exc:
         print(f"onehit-proxy: {exc}", file=sys.stderr)
         return 2

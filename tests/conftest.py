@@ -433,12 +433,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 @asynccontextmanager
 async def served(
-    *args: str, port: int | None = None, token: str = ""
+    *args: str, port: int | None = None, token: str = "", within: float = 10.0
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, str, str]]:
     """``onehit-proxy`` run with ``args`` on ports picked here, as ``--workers`` needs (a single
     process is started on port 0 by ``onehit_process``): the process, its proxy URL and its
     admin URL, once healthy (``port``: the proxy's, for a restart that keeps its cache keys,
-    which hold the Host). Killed at the end unless it has exited."""
+    which hold the Host; ``within``: seconds it has to become healthy). Killed at the end
+    unless it has exited."""
     port, admin_port = port or free_port(), free_port()
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "proxy", *args,
@@ -449,7 +450,7 @@ async def served(
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         async with aiohttp.ClientSession(headers=headers) as client:
-            await wait_healthy(client, admin + "/healthz")
+            await wait_healthy(client, admin + "/healthz", within)
         yield process, f"http://127.0.0.1:{port}", admin
     finally:
         if process.returncode is None:

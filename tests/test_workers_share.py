@@ -131,6 +131,22 @@ async def test_with_a_disk_what_one_worker_stored_is_a_hit_through_the_other_aft
     assert sum(origin.hits[p] for p in paths) - fetched == len(paths) - len(from_disk)
 
 
+async def test_a_body_past_a_workers_memory_share_is_kept_on_the_machines_disk(origin, tmp_path):
+    """With 2 MiB of memory for the machine, each of two workers holds 1 MiB: a 1.5 MiB body,
+    within the machine's largest object (2 MiB), is kept by the disk tier they share and hit
+    from it, as one process would keep it (before: refused by every tier as too large)."""
+    body = bytes(range(256)) * 6144  # 1.5 MiB
+    origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
+    args = ("--workers", "2", "--origin", origin.url, "--cache-size", "2MiB",
+            "--set", f"disk.path={tmp_path}", "--set", "disk.size=16MiB",
+            "--set", "disk.region_size=4MiB", "--set", "disk.policy=always", *QUIET)  # fmt: skip
+    async with served(*args) as (process, url, _):
+        answers = await ask(url, ["/big"] * 8)
+        await stop(process)
+    assert {(status, got) for status, _, got in answers} == {(200, body)}
+    assert "detail=disk" in answers[-1][1] and origin.hits["/big"] <= 2
+
+
 async def test_a_removal_one_worker_decides_reaches_the_other_workers_memory(origin):
     """The origin turns a stored URL private: the worker that learns it forgets the URL in
     the shared tier and, through the parent, in the other worker's memory."""

@@ -496,7 +496,7 @@ def load(
     if "max_object_size" not in raw["cache"] and config.cache.max_object_size > config.cache.size:
         # The default (16 MiB) is a ceiling for large caches, not a demand on small ones.
         config = replace(config, cache=replace(config.cache, max_object_size=config.cache.size))
-    _check_whole(config)
+    check_config(config)
     return config
 
 
@@ -705,7 +705,9 @@ def _ttl_rule(table: Any, source: str) -> TtlRule:
     return TtlRule(host.lower(), path, codes, times["default"], low, high, frozenset(override))
 
 
-def _check_whole(config: Config) -> None:
+def check_config(config: Config) -> None:
+    """``ConfigError`` naming the key and the fix for the first rule across sections
+    ``config`` breaks (each key's own value was judged as it was read)."""
     if config.cache.size <= ENTRY_OVERHEAD:
         raise ConfigError(
             f"[cache] size = {config.cache.size}: too small to hold an entry (each is charged "

@@ -162,8 +162,13 @@ class CacheEngine(ResponseDecisions):
         grace: float = 0.0,
         client_revalidation: str = "honour",
         ttl_rules: TtlRules | None = None,
+        max_object_bytes: int | None = None,
     ) -> None:
         self.store = store
+        # None: memory's own (one process); a machine's workers give the machine's.
+        self.max_object_bytes = (
+            store.max_object_bytes if max_object_bytes is None else max_object_bytes
+        )
         self.ttl_rules = ttl_rules if ttl_rules is not None else TtlRules()
         self.use_admission(admission)
         self.hit_for_miss = hit_for_miss

@@ -257,6 +257,8 @@ class Answer(NamedTuple):
 URI_MISS = Miss(FWD_URI_MISS)
 METHOD_BYPASS = Bypass(FWD_METHOD)
 TOO_LARGE = NotStored("too-large")
+# Within the cache's largest object, past a worker's memory share: the tier behind keeps it.
+BEYOND_MEMORY = NotStored("beyond-memory")
 TOO_MANY_TAGS = NotStored("too-many-tags")
 # No freshness, none to guess from and no validator: never a hit, never revalidated.
 NEVER_FRESH = NotStored("never-fresh")

@@ -12,6 +12,7 @@ from proxy.core import rfc9111
 from proxy.core.admission import AdmissionPolicy
 from proxy.core.events import (
     ASK_ADMISSION,
+    BEYOND_MEMORY,
     COLLAPSED,
     CUT_SHORT,
     FIRST_SIGHTING,
@@ -154,6 +155,14 @@ class ResponseDecisions:
     hit_for_miss: float
     admission_elsewhere: bool
     ttl_rules: TtlRules  # the operator's (``[[ttl]]``)
+    # The largest body the cache keeps in any tier: memory's own largest (``store.fits``), or
+    # past it where memory is a worker's share and the tier behind is the machine's.
+    max_object_bytes: int
+
+    def fits(self, size: int) -> bool:
+        """Whether a body of ``size`` bytes is one the cache keeps (in some tier)."""
+        return size <= self.max_object_bytes
+
     grace: float
     ignore_cookies: tuple[str, ...]
     entry_type: type[Entry]
@@ -278,7 +287,7 @@ class ResponseDecisions:
         reaches. Written after the store took it: what the engine forgot as it did (the URL's
         old variants when the selecting fields change) is forgotten in every tier, and must
         not take this record with it."""
-        if not tiers or not self.store.fits(size) or self.purged_since(request.key, response):
+        if not tiers or not self.fits(size) or self.purged_since(request.key, response):
             return
         for tier in tiers:
             tier.put(request, response, payload, size, now)
@@ -358,7 +367,7 @@ class ResponseDecisions:
             return self._superseded(key, known, TOO_MANY_TAGS)
         if self.admission.observes:
             self.admission.observe(request.key, length or 0, now)
-        if length is not None and not self.store.fits(length):
+        if length is not None and not self.fits(length):
             c.too_large += 1
             self._pass_for_a_while(request, now)
             return self._superseded(key, known, TOO_LARGE)
@@ -421,13 +430,16 @@ class ResponseDecisions:
                 c.rejected_first_sighting += 1
                 c.bytes_not_written += size
             return decision
-        if not self.store.fits(size):
+        if not self.fits(size):
             c.too_large += 1
             self._pass_for_a_while(request, now)
             self.removals.drop_from_memory(
                 decision.key
             )  # superseded by this response, which is not kept
             return TOO_LARGE
+        if not self.store.fits(size):  # the cache's, but past this memory tier's largest
+            self.removals.drop_from_memory(decision.key)
+            return BEYOND_MEMORY
         response = decision.response
         url = request.key
         # What was stored under other selecting fields (or none) is unreachable now; a tier's
@@ -472,7 +484,7 @@ class ResponseDecisions:
     def _asks(self, request: RequestMeta, response: ResponseMeta, length: int | None) -> bool:
         """Whether deciding this response would consult the admission policy: what a backend
         the driver awaits is asked first (``ASK_ADMISSION``), and only then."""
-        if not response.cacheable or (length is not None and not self.store.fits(length)):
+        if not response.cacheable or (length is not None and not self.fits(length)):
             return False
         return not self._storage_key(request, response)[1]
 

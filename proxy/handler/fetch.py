@@ -95,8 +95,8 @@ class Fetcher:
 
     @property
     def max_object(self) -> int:
-        """The largest body kept: the store's as it is now (a reload may change it)."""
-        return self.engine.store.max_object_bytes
+        """The largest body the cache keeps, in any tier (``CacheEngine.max_object_bytes``)."""
+        return self.engine.max_object_bytes
 
     async def collapsed_fetch(
         self, request: web.BaseRequest, meta: RequestMeta, url: str, action: Fetch
@@ -314,7 +314,7 @@ class Fetcher:
         tiers that took it (``CacheEngine.finish``), and what collapsed requests may share
         of it."""
         body = b"".join(parts) if parts is not None else None
-        if body is None and type(decided.memory) is Keep and self.engine.store.fits(total):
+        if body is None and type(decided.memory) is Keep and self.engine.fits(total):
             # No copy was kept of a body the store would take: never store it empty. (A
             # copy dropped past the largest object leaves a size the store refuses, and
             # counts, as too large.)

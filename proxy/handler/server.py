@@ -149,7 +149,9 @@ class Proxy:
         that nothing else changed, and purges what the new rules key otherwise."""
         engine, c, old = self.engine, config.cache, self.config.cache
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
+            # One process's: a worker's sizes are its machine's, and take a restart.
             engine.removals.resize(c.size, c.max_object_size)
+            engine.max_object_bytes = engine.store.max_object_bytes
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
         engine.ttl_rules = TtlRules(config.ttl)

@@ -88,6 +88,9 @@ def build_engine(
         make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
         hit_for_miss=c.hit_for_miss,
         ttl_rules=TtlRules(config.ttl),
+        # A worker's memory is its share of the machine's; the tier they share keeps what
+        # the machine's largest object allows.
+        max_object_bytes=c.max_object_size if sharing is not None else None,
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,

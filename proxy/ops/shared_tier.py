@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from proxy.config.settings import Config, DiskSection
+from proxy.config.settings import MAX_REGION, Config, ConfigError, DiskSection, check_config
 from proxy.disk.directory import LOCK, claimed
 from proxy.disk.sharing import Sharing, shared_bytes
 from proxy.disk.store import DiskStore
@@ -64,33 +64,66 @@ class SharedTier:
             _sweep(self.scratch.parent)
 
 
+def worker_overrides(config: Config, workers: int, scratch: str) -> dict[str, object]:
+    """The settings each of ``workers`` workers of ``config`` runs with in place of the
+    configuration's (see the module's rules): its share of memory, and without a disk tier,
+    the tier in ``scratch`` that stands for memory. The one place they are derived: the
+    start (``open_shared_tier``) and ``--check-config`` (``check_workers``) both read them."""
+    if config.disk.path:
+        return {"cache.size": config.cache.size // workers}
+    region = min(MAX_REGION, max(MIN_REGION, config.cache.size // MEMORY_REGIONS))
+    return {
+        "cache.size": max(MIN_REGION, config.cache.size // (4 * workers)),
+        "disk.path": scratch,
+        "disk.size": max(2 * region, config.cache.size // region * region),
+        "disk.region_size": region,
+        "disk.policy": "always",
+        "disk.max_write_rate": 0,
+    }
+
+
+def check_workers(config: Config, workers: int) -> None:
+    """``ConfigError`` naming the key and a value that works, when ``workers`` workers of
+    ``config`` would not start: each worker's configuration (``worker_view``) judged as the
+    configuration itself is, and, without a disk tier, room on the file system the tier that
+    stands for memory is made on (a container's ``/dev/shm`` is 64 MiB by default)."""
+    overrides = worker_overrides(config, workers, str(_scratch_root()))
+    view = worker_view(config, overrides)
+    # A worker's memory keeps bodies up to its share, as its store clamps them; the tier
+    # behind keeps the rest up to the machine's largest object (``CacheEngine.fits``).
+    memory = replace(view.cache, max_object_size=min(view.cache.max_object_size, view.cache.size))
+    try:
+        check_config(replace(view, cache=memory))
+    except ConfigError as exc:
+        raise ConfigError(f"with {workers} workers, each worker's share: {exc}") from None
+    if config.disk.path:
+        return
+    needed = int(overrides["disk.size"])  # type: ignore[call-overload]
+    room = shutil.disk_usage(_scratch_root()).free
+    if room < needed:
+        raise ConfigError(
+            f"[cache] size = {config.cache.size}: with {workers} workers and no [disk] path, "
+            f"the tier standing for memory takes {needed} bytes of {_scratch_root()}, which has "
+            f"{room} free: set [cache] size to at most {room // 2} bytes, give the file system "
+            "more room (docker run --shm-size), or set [disk] path"
+        )
+
+
 def open_shared_tier(config: Config, workers: int) -> SharedTier:
     """Load the tier ``workers`` workers of ``config`` share (see the module's rules)."""
-    scratch = None
-    if config.disk.path:
+    scratch = None if config.disk.path else _scratch_directory()
+    overrides = worker_overrides(config, workers, str(scratch))
+    if scratch is None:
         section = config.disk
-        private = config.cache.size // workers
-        overrides = {"cache.size": private}
     else:
-        scratch = _scratch_directory()
-        region = max(MIN_REGION, config.cache.size // MEMORY_REGIONS)
         section = replace(
             DiskSection(),
             path=str(scratch),
-            size=max(2 * region, config.cache.size // region * region),
-            region_size=region,
+            size=int(overrides["disk.size"]),  # type: ignore[call-overload]
+            region_size=int(overrides["disk.region_size"]),  # type: ignore[call-overload]
             policy="always",
             max_write_rate=0,
         )
-        private = max(MIN_REGION, config.cache.size // (4 * workers))
-        overrides = {
-            "cache.size": private,
-            "disk.path": section.path,
-            "disk.size": section.size,
-            "disk.region_size": section.region_size,
-            "disk.policy": "always",
-            "disk.max_write_rate": 0,
-        }
     index_bytes, window_bytes = shared_bytes(section)
     fds = [machine.create(index_bytes, "onehit-tier-index")]
     try:
@@ -141,11 +174,16 @@ def worker_sharing(given: str, worker: int) -> Sharing:
     )
 
 
-def _scratch_directory() -> Path:
-    """A new directory for the shared memory tier, on ``/dev/shm`` where there is one; the
-    ones a killed parent left behind removed first."""
+def _scratch_root() -> Path:
+    """Where the shared memory tier is made: ``/dev/shm`` where there is one."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    root = Path(base or tempfile.gettempdir())
+    return Path(base or tempfile.gettempdir())
+
+
+def _scratch_directory() -> Path:
+    """A new directory for the shared memory tier (``_scratch_root``); the ones a killed
+    parent left behind removed first."""
+    root = _scratch_root()
     _sweep(root)
     return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=root))
 
