@@ -93,6 +93,26 @@ async def test_durations_are_microseconds_of_the_answer_not_of_the_loops_clock(
     assert any(d % 1000 for d in durations), durations
 
 
+async def test_the_origins_time_is_logged_for_what_asked_it_and_null_for_hits(
+    origin, start_proxy, client, tmp_path
+):
+    """``origin_us``: what a miss, a request passed through and an error waited on the
+    origin; null for every hit, which asked it nothing."""
+    origin.set("/slow", delay=0.05, headers={"Cache-Control": "max-age=60"})
+    lines = await _logged(origin, start_proxy, client, tmp_path, "json")
+    waits = [json.loads(line)["origin_us"] for line in lines]
+    # The two misses (the second stores it), the POST, the 404; the hits (a HEAD one too).
+    assert all(waits[i] > 0 for i in (0, 1, 4, 5)) and waits[2:4] + waits[6:7] == [None] * 3
+    log = tmp_path / "slow.log"
+    service = await start_proxy(server__access_log=True, server__access_log_format="json",
+                                server__access_log_file=str(log))  # fmt: skip
+    async with client.get(base(service) + "/slow", headers={"Host": "example.test"}) as r:
+        await r.read()
+    await until(lambda: len(_lines(log)) == 1)
+    record = json.loads(_lines(log)[0])
+    assert 50_000 <= record["origin_us"] <= record["duration_us"]
+
+
 @pytest.mark.parametrize("log_format", ["json", "combined"])
 async def test_a_host_or_target_that_is_not_utf8_is_logged_as_valid_utf8(
     origin, start_proxy, tmp_path, log_format

@@ -474,9 +474,10 @@ async def test_an_answer_as_parsed_or_in_the_lane_writes_the_handlers_access_log
 
         await until(written)
         [line] = log.read_text().splitlines()[before:]
-        # What differs between any two requests: the time, the duration, the ttl, the id.
-        lines.append(re.sub(r'\[.*?\]|"time":"[^"]+"|"duration_us":\d+|ttl=\d+|'
-                            r'"request_id":"[^"]+"', "*", line))  # fmt: skip
+        # What differs between any two requests: the time, the durations (the answer's and
+        # its wait on the origin), the ttl, the id.
+        lines.append(re.sub(r'\[.*?\]|"time":"[^"]+"|"duration_us":\d+|"origin_us":\d+|'
+                            r'ttl=\d+|"request_id":"[^"]+"', "*", line))  # fmt: skip
         if fast_hits:
             assert service.proxy.fast_hits == (1 if path.startswith("/hit") else 0)
     assert lines[0] == lines[1]

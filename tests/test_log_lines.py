@@ -42,6 +42,7 @@ def json_line(began_us: int, f: dict) -> str:
         "time": when.isoformat(timespec="microseconds").replace("+00:00", "Z"),
         **{name: _as_sent(f[name]) for name in ("client", "method", "target", "host", "protocol")},
         "status": f["status"], "bytes": f["bytes"], "duration_us": f["duration_us"],
+        "origin_us": f["origin_us"],
         **{name: _as_sent(f[name]) for name in ("cache_status", "user_agent", "referer")},
         "request_id": f["request_id"],
     }  # fmt: skip
@@ -61,6 +62,11 @@ def combined_line(began_us: int, f: dict) -> str:
         f'{f["bytes"] or "-"} "{_escaped(referer) if referer is not None else "-"}" '
         f'"{_escaped(agent) if agent is not None else "-"}"'
     )
+
+
+def plain(target: str) -> tuple:
+    """``LogLines.entry``'s arguments after the duration for a GET of ``target`` from ::1."""
+    return ("::1", "GET", target, None, "HTTP/1.1", 200, 0, None, None, None, None, None, None)
 
 
 def lines_of(log_format: str, limit: int = 1 << 20) -> tuple[LogLines, int]:
@@ -91,13 +97,15 @@ fields = st.fixed_dictionaries({
     "status": st.integers(100, 599),
     "bytes": st.integers(0, 1 << 40),
     "duration_us": st.integers(0, 10**9),
+    "origin_us": st.one_of(st.none(), st.integers(0, 10**9)),
     "cache_status": st.one_of(st.none(), st.text(max_size=60)),
     "user_agent": st.one_of(st.none(), sent, st.text(max_size=20)),
     "referer": st.one_of(st.none(), sent),
     "request_id": st.one_of(st.none(), sent, st.from_regex(_CLIENT_ID, fullmatch=True)),
 })  # fmt: skip
 moments = st.integers(0, 4102444800 * 10**6)  # the epoch to 2100
-# LogLines.entry's text and number fields, in its order (after the duration, before now).
+# LogLines.entry's text and number fields, in its order (after the duration, before now and
+# the origin's time).
 ENTRY_FIELDS = ("client", "method", "target", "host", "protocol", "status", "bytes",
                 "cache_status", "user_agent", "referer", "request_id")  # fmt: skip
 
@@ -106,7 +114,7 @@ ENTRY_FIELDS = ("client", "method", "target", "host", "protocol", "status", "byt
 @given(fields, moments)
 def test_a_json_line_is_what_json_dumps_writes_of_its_fields(f, now_us):
     lines, read = lines_of("json")
-    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us)
+    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us, f["origin_us"])
     [line] = taken(lines, read)
     made = json.loads(line)["request_id"]
     given_id = f["request_id"]
@@ -121,7 +129,7 @@ def test_a_json_line_is_what_json_dumps_writes_of_its_fields(f, now_us):
 @given(fields, moments)
 def test_a_combined_line_is_apaches_with_its_escapes(f, now_us):
     lines, read = lines_of("combined")
-    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us)
+    lines.entry(f["duration_us"], *(f[name] for name in ENTRY_FIELDS), now_us, f["origin_us"])
     assert taken(lines, read) == [combined_line(now_us - f["duration_us"], f)]
 
 
@@ -162,7 +170,7 @@ def test_a_hit_read_from_its_bytes_logs_what_the_handler_would_of_the_same_reque
     headers = message.headers
     lines.entry(0, "10.0.0.1", message.method, message.path, headers.get("Host"), "HTTP/1.1",
                 200, len(answer) + 3, answer, headers.get("User-Agent"), headers.get("Referer"),
-                headers.get("X-Request-ID"), 0)  # fmt: skip
+                headers.get("X-Request-ID"), 0, None)  # fmt: skip
     hit, handler = taken(lines, read)
     # Only when (and the id made for a line without one) may differ.
     moment = r'"time":"[^"]+"|"duration_us":\d+|\[[^]]+\]|"request_id":"[0-9a-f]{22}"'
@@ -184,7 +192,7 @@ def test_a_hits_duration_is_timed_by_perf_counters_clock():
 
 def test_lines_are_held_until_the_limit_then_written_whole():
     lines, read = lines_of("combined", limit=1000)
-    args = ("127.0.0.1", "GET", "/x", "h", "HTTP/1.1", 200, 10, None, None, None, None, 0)
+    args = ("127.0.0.1", "GET", "/x", "h", "HTTP/1.1", 200, 10, None, None, None, None, 0, None)
     lines.entry(5, *args)
     assert lines.pending > 0
     fcntl.fcntl(read, fcntl.F_SETFL, os.O_NONBLOCK)
@@ -199,7 +207,7 @@ def test_lines_are_held_until_the_limit_then_written_whole():
 
 def test_a_limit_of_zero_writes_each_line_as_it_is_made():
     lines, read = lines_of("json", limit=0)
-    lines.entry(5, "::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    lines.entry(5, *plain("/x"))
     assert lines.pending == 0
     assert json.loads(os.read(read, 1 << 16))["target"] == "/x"
 
@@ -207,7 +215,7 @@ def test_a_limit_of_zero_writes_each_line_as_it_is_made():
 def test_a_log_that_cannot_be_written_drops_its_lines_counted_and_says_so_once():
     full = os.open("/dev/full", os.O_WRONLY)
     lines = LogLines(full, True, 0)
-    args = ("::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    args = ("::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None, None)
     lines.entry(5, *args)
     lines.entry(5, *args)
     assert (lines.lines, lines.lost, lines.pending) == (2, 2, 0)
@@ -222,7 +230,8 @@ def test_what_a_stuck_log_holds_is_bounded():
     read, write = os.pipe()
     fcntl.fcntl(write, fcntl.F_SETFL, os.O_NONBLOCK)  # a reader that never reads: EAGAIN
     lines = LogLines(write, False, 4096)
-    args = ("::1", "GET", "/" + "x" * 500, None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    args = ("::1", "GET", "/" + "x" * 500, None, "HTTP/1.1", 200, 0, None, None, None, None, None,
+            None)  # fmt: skip
     for _ in range(20_000):
         lines.entry(5, *args)
     assert lines.lost > 0
@@ -234,10 +243,10 @@ def test_what_a_stuck_log_holds_is_bounded():
 
 def test_a_swap_writes_what_is_held_to_the_descriptor_before():
     lines, first = lines_of("combined")
-    lines.entry(5, "::1", "GET", "/one", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    lines.entry(5, *plain("/one"))
     read, write = os.pipe()
     assert lines.swap(write) > 0
-    lines.entry(5, "::1", "GET", "/two", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    lines.entry(5, *plain("/two"))
     fcntl.fcntl(first, fcntl.F_SETFL, os.O_NONBLOCK)
     assert b"/one" in os.read(first, 1 << 16)
     assert [line.split('"')[1] for line in taken(lines, read)] == ["GET /two HTTP/1.1"]
@@ -256,7 +265,7 @@ def test_processes_sharing_a_pipe_never_split_a_line_of_each_other():
             lines = LogLines(write, True, 64 << 10)
             for n in range(600):
                 lines.entry(5, "::1", "GET", f"/{writer}/{n}/" + "x" * 700, None, "HTTP/1.1",
-                            200, 0, None, None, None, None, None)  # fmt: skip
+                            200, 0, None, None, None, None, None, None)  # fmt: skip
             lines.flush()
             os._exit(0)
         children.append(pid)
@@ -277,7 +286,7 @@ def test_a_log_that_loses_lines_says_so_at_its_next_flush(caplog, tmp_path):
     log = AccessLogFile(str(tmp_path / "a.log"), "combined", 0, 1.0)
     full = os.open("/dev/full", os.O_WRONLY)
     os.close(log.lines.swap(full))
-    log.lines.entry(5, "::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    log.lines.entry(5, *plain("/x"))
     log.flush()
     assert "writing the access log" in caplog.text and "1 lines lost" in caplog.text
     caplog.clear()
@@ -296,7 +305,7 @@ def test_a_reopen_after_the_log_closed_opens_nothing(tmp_path, caplog):
     opened = len(os.listdir("/proc/self/fd"))
     log.reopen()
     assert log.closed and len(os.listdir("/proc/self/fd")) == opened
-    log.lines.entry(5, "::1", "GET", "/x", None, "HTTP/1.1", 200, 0, None, None, None, None, None)
+    log.lines.entry(5, *plain("/x"))
     log.flush()
     assert (log.lines.pending, log.lines.lost) == (0, 1)  # dropped, and counted
     assert "was closed: 1 lines lost" in caplog.text

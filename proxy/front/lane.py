@@ -149,8 +149,8 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
     """A request the lane answers: what the proxy's handler and aiohttp's responses read of a
     ``web.BaseRequest``, for a plain request (no body, keep-alive, origin-form)."""
 
-    __slots__ = ("_lane", "_loop", "_writer", "answer", "carried", "raw_headers", "scheme",
-                 "started", "transport")  # fmt: skip
+    __slots__ = ("_lane", "_loop", "_writer", "answer", "carried", "origin_wait", "raw_headers",
+                 "scheme", "started", "transport")  # fmt: skip
 
     body_exists = False
     can_read_body = False
@@ -176,6 +176,7 @@ class LaneRequest(AnsweredRequest, LoggedRequest):
         self._writer: FieldWriter | None = None
         self.raw_headers = message.raw_headers
         self.started = perf_counter()  # for its log line's duration, in microseconds
+        self.origin_wait: float | None = None  # seconds waited on the origin, if it was asked
         # The answer whose head went out (written at once, or handed to the writer): once
         # there is one, nothing else may be written as this request's answer.
         self.answer: LoggedResponse | web.StreamResponse | None = None

@@ -8,6 +8,9 @@ response, a stored or shared body answered whole, and the marks every answer car
   the body that head says: a memoryview of it, never a copy.
 * An origin's interim (1xx) responses reach an HTTP/1.1 client before its answer (RFC 9110
   section 15.2), except a 100 Continue, which the proxy answers itself.
+* The time an answer waited on the origin is counted on its request (``waited_on_origin``),
+  for its log line; a request answered without asking the origin (a hit, one that followed
+  another's fetch) waited none.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+from time import perf_counter
 
 from aiohttp import HttpVersion11, web
 
@@ -221,6 +225,14 @@ def at_once(
         f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{dated}\r\n"
     )
     return request.write_at_once(head.encode("utf-8", "surrogateescape"), arrived, upstream.status)
+
+
+def waited_on_origin(request: web.BaseRequest, began: float) -> None:
+    """Count the time since ``began`` (``perf_counter``), an origin exchange's from its
+    request to its response's head (or failure), on ``request``'s ``origin_wait``: its access
+    log line's ``origin_us``, summed over every exchange made for it (a slice each, a
+    revalidation)."""
+    request.origin_wait = (request.origin_wait or 0.0) + (perf_counter() - began)  # type: ignore[attr-defined]
 
 
 def interim(request: web.BaseRequest) -> Interim | None:

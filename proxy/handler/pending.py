@@ -11,6 +11,7 @@ lane's task, as the request handler would have gone on.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from time import perf_counter
 
 from aiohttp import web
 
@@ -18,6 +19,7 @@ from proxy.core import rfc9110
 from proxy.core.cached import MARKS
 from proxy.core.events import FETCH_WHOLE, RequestMeta
 from proxy.front.lane import LaneRequest, Pending
+from proxy.handler.answers import waited_on_origin
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import Fetcher, Shared
 from proxy.origin.pool import Fields, Sent
@@ -30,8 +32,8 @@ Handle = Callable[[web.BaseRequest, Awaitable[web.StreamResponse]], Awaitable[we
 class PendingMiss(Pending):
     """A plain GET miss in flight to the origin, outside any task."""
 
-    __slots__ = ("_fetcher", "_flight", "_handle", "_meta", "_request", "_request_time",
-                 "_sent", "_url")  # fmt: skip
+    __slots__ = ("_began", "_fetcher", "_flight", "_handle", "_meta", "_request",
+                 "_request_time", "_sent", "_url")  # fmt: skip
 
     def __init__(
         self,
@@ -52,6 +54,7 @@ class PendingMiss(Pending):
         self._flight = flight
         self._sent = sent
         self._request_time = request_time
+        self._began = perf_counter()  # the request went to the origin just now
         sent.offer(self._arrived, self._go_on)
 
     def _arrived(self, status: int, reason: str, fields: Fields, body: bytes) -> bool:
@@ -68,6 +71,7 @@ class PendingMiss(Pending):
             or not fetcher.router.hidden.isdisjoint(headers.by_name)
         ):
             return False
+        waited_on_origin(request, self._began)
         upstream = self._sent.whole(status, reason, fields, body)
         result: Shared | None = None
         try:
@@ -85,6 +89,7 @@ class PendingMiss(Pending):
     def _go_on(self) -> None:
         """The response is not to be answered here: the lane's task takes it from the pool."""
         request = self._request
+        waited_on_origin(request, self._began)  # the lane's fetch counts what is left
         work = self._fetcher.led_fetch(request, self._meta, self._url, FETCH_WHOLE,
                                        self._flight, self._sent, self._request_time)  # fmt: skip
         request.go_on(self._handle(request, work))

@@ -52,6 +52,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 from itertools import islice
+from time import perf_counter
 from typing import Literal
 
 from aiohttp import web
@@ -70,7 +71,7 @@ from proxy.core.events import (
 )
 from proxy.core.tiers import CHANGED
 from proxy.disk.store import DiskStore
-from proxy.handler.answers import abort, delivered, plain
+from proxy.handler.answers import abort, delivered, plain, waited_on_origin
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
@@ -230,7 +231,7 @@ class Slicer:
         result = None
         try:
             try:
-                upstream, request_time = await self._request(meta, url, n)
+                upstream, request_time = await self._request(request, meta, url, n)
             except UpstreamError as exc:
                 status = forwarded(FWD_URI_MISS, detail=ORIGIN_ERROR)
                 return plain(exc.status, exc.public, status)
@@ -318,7 +319,7 @@ class Slicer:
                         held = 2 * self.size
                         part = await self._on_disk(meta, i, first)
                         if part is None:
-                            part = await self._fetched(meta, url, i, first)
+                            part = await self._fetched(request, meta, url, i, first)
                             fetched += 1
                     else:
                         part = "failed"
@@ -386,13 +387,18 @@ class Slicer:
             self.engine.removals.forget(smeta.key, CHANGED)
         return found
 
-    async def _request(self, meta: RequestMeta, url: str, n: int) -> tuple[UpstreamResponse, float]:
-        """Ask the origin for slice ``n``; the response and when it was asked."""
+    async def _request(
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, n: int
+    ) -> tuple[UpstreamResponse, float]:
+        """Ask the origin for slice ``n`` for ``request``; the response and when it was
+        asked."""
         first = n * self.size
         asked = (("Range", f"bytes={first}-{first + self.size - 1}"),)
         headers = self.router.upstream_headers(meta, whole=True, extra=asked)
-        request_time = self.clock()
-        return await self.fetcher.upstream.request("GET", url, headers), request_time
+        request_time, began = self.clock(), perf_counter()
+        upstream = await self.fetcher.upstream.request("GET", url, headers)
+        waited_on_origin(request, began)
+        return upstream, request_time
 
     async def _read(
         self, meta: RequestMeta, n: int, upstream: UpstreamResponse, request_time: float
@@ -417,7 +423,7 @@ class Slicer:
         return headers, b"".join(parts), rmeta
 
     async def _fetched(
-        self, meta: RequestMeta, url: str, n: int, like: Piece
+        self, request: web.BaseRequest, meta: RequestMeta, url: str, n: int, like: Piece
     ) -> Piece | Literal["failed", "changed"]:
         """Slice ``n`` of ``like``'s object from the origin (or as a concurrent request's
         fetch of it brings it), kept when admitted; "failed" when the origin failed,
@@ -433,7 +439,7 @@ class Slicer:
         result = None
         try:
             try:
-                upstream, request_time = await self._request(meta, url, n)
+                upstream, request_time = await self._request(request, meta, url, n)
             except UpstreamError:
                 return "failed"
             async with upstream:

@@ -4,7 +4,10 @@
   request began, RFC 3339 in UTC with microseconds), ``client``, ``method``, ``target``,
   ``host``, ``protocol``, ``status``, ``bytes`` (every byte written for the answer, its head
   included, as Apache's ``%O``), ``duration_us`` (from the request's arrival to its last
-  byte handed to the socket), ``cache_status`` (``Cache-Status``), ``user_agent``,
+  byte handed to the socket), ``origin_us`` (the time it waited on the origin: from each
+  request sent for it to that response's head, summed over them, as nginx's
+  ``$upstream_header_time``; ``null`` when the origin was not asked: a hit, a request that
+  followed another's fetch), ``cache_status`` (``Cache-Status``), ``user_agent``,
   ``referer`` and ``request_id``. An absent field is ``null``.
 * ``combined``: Apache's combined format (GoAccess, AWStats, any log parser's
   ``COMBINEDAPACHELOG``): ``%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"``, with
@@ -41,7 +44,8 @@ from proxy.handler._hits import LogLines
 # The fields of a JSON line, in order (docs/operations.md and config/proxy.toml name them;
 # tests/test_access_log.py holds both to this).
 FIELDS = ("time", "client", "method", "target", "host", "protocol", "status", "bytes",
-          "duration_us", "cache_status", "user_agent", "referer", "request_id")  # fmt: skip
+          "duration_us", "origin_us", "cache_status", "user_agent", "referer",
+          "request_id")  # fmt: skip
 
 _ERRORS = logging.getLogger("onehit.proxy")
 
@@ -49,6 +53,10 @@ _ERRORS = logging.getLogger("onehit.proxy")
 def _protocol(request: Any) -> str:
     version = request.version
     return f"HTTP/{version.major}.{version.minor}"
+
+
+def _microseconds(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1e6)
 
 
 def _bytes(response: Any) -> int:
@@ -77,7 +85,7 @@ class AccessLog:
                 request.host, _protocol(request), response.status, _bytes(response),
                 head if head is not None else response.headers.get("Cache-Status"),
                 headers.get("User-Agent"), headers.get("Referer"), headers.get("X-Request-ID"),
-                None,
+                None, _microseconds(getattr(request, "origin_wait", None)),
             )  # fmt: skip
         except Exception:
             _ERRORS.exception("an access log line failed")

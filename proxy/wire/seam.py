@@ -382,10 +382,11 @@ class ProxyRequest(web.BaseRequest):
     when it was read (``started``, by ``perf_counter``): aiohttp times its access log by the
     loop's clock, which uvloop keeps in whole milliseconds."""
 
-    ATTRS = web.BaseRequest.ATTRS | frozenset({"answer", "started"})
+    ATTRS = web.BaseRequest.ATTRS | frozenset({"answer", "started", "origin_wait"})
 
     answer: web.StreamResponse | None = None
     started = 0.0
+    origin_wait: float | None = None  # seconds its answer waited on the origin, if it asked
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         self.answer = response

@@ -217,6 +217,7 @@ static int client_id(const Text *t) {
 /* What a line holds, its text fields as bytes. */
 typedef struct {
     long long began_us, duration_us, status, bytes;
+    long long origin_us; /* the time waited on the origin, or -1: none asked (null) */
     Text client, method, target, host, protocol, cache_status, user_agent, referer, request_id;
 } Fields;
 
@@ -261,6 +262,9 @@ static int add_line(LogLines *self, const Fields *f) {
                  PUT_LITERAL(self, ",\"bytes\":") < 0 || put_number(self, f->bytes) < 0 ||
                  PUT_LITERAL(self, ",\"duration_us\":") < 0 ||
                  put_number(self, f->duration_us) < 0 ||
+                 PUT_LITERAL(self, ",\"origin_us\":") < 0 ||
+                 (f->origin_us >= 0 ? put_number(self, f->origin_us)
+                                    : PUT_LITERAL(self, "null")) < 0 ||
                  PUT_LITERAL(self, ",\"cache_status\":") < 0 ||
                  put_json_text(self, &f->cache_status) < 0 ||
                  PUT_LITERAL(self, ",\"user_agent\":") < 0 ||
@@ -538,6 +542,7 @@ static PyObject *LogLines_hit(LogLines *self, PyObject *const *args, Py_ssize_t 
     f.duration_us = llround((perf_seconds() - PyFloat_AS_DOUBLE(args[7])) * 1e6);
     f.began_us = now_us(CLOCK_REALTIME) - f.duration_us;
     f.status = status;
+    f.origin_us = -1;
     f.bytes = PyBytes_GET_SIZE(args[4]) + body;
     int failed = add_line(self, &f);
     Py_XDECREF(hold);
@@ -547,14 +552,21 @@ static PyObject *LogLines_hit(LogLines *self, PyObject *const *args, Py_ssize_t 
 }
 
 static PyObject *LogLines_entry(LogLines *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 13) {
+    if (nargs != 14) {
         PyErr_SetString(PyExc_TypeError,
                         "entry(duration_us, client, method, target, host, protocol, status, "
-                        "bytes, cache_status, user_agent, referer, request_id, now_us)");
+                        "bytes, cache_status, user_agent, referer, request_id, now_us, "
+                        "origin_us)");
         return NULL;
     }
     Fields f;
     f.duration_us = PyLong_AsLongLong(args[0]);
+    f.origin_us = -1;
+    if (args[13] != Py_None) {
+        f.origin_us = PyLong_AsLongLong(args[13]);
+        if (f.origin_us < 0 && !PyErr_Occurred())
+            f.origin_us = 0; /* a clock that stepped back: nothing measurable waited */
+    }
     f.status = PyLong_AsLongLong(args[6]);
     f.bytes = PyLong_AsLongLong(args[7]);
     long long now = args[12] == Py_None ? now_us(CLOCK_REALTIME) : PyLong_AsLongLong(args[12]);
@@ -617,10 +629,11 @@ static PyMethodDef LogLines_methods[] = {
      "(time.perf_counter)."},
     {"entry", (PyCFunction)(void (*)(void))LogLines_entry, METH_FASTCALL,
      "entry(duration_us, client, method, target, host, protocol, status, bytes,\n"
-     "      cache_status, user_agent, referer, request_id, now_us)\n\n"
+     "      cache_status, user_agent, referer, request_id, now_us, origin_us)\n\n"
      "The line of an answer from its fields (text: str, bytes as sent, or None); a\n"
      "cache_status in bytes is the answer's head, which carries it; now_us: when the answer\n"
-     "ended, microseconds since the epoch (None: now)."},
+     "ended, microseconds since the epoch (None: now); origin_us: the microseconds it waited\n"
+     "on the origin (None: it asked none, logged null in json)."},
     {"flush", (PyCFunction)LogLines_flush, METH_NOARGS,
      "Write what the buffer holds; OSError for a write that failed since the last flush\n"
      "(its lines dropped and counted in lost)."},
