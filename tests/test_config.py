@@ -166,3 +166,20 @@ def test_a_small_cache_without_max_object_size_stores_objects_up_to_its_size():
     c = load(env={}, overrides={**ORIGIN, "cache.size": "1MiB"})
     assert c.cache.max_object_size == 1 << 20
     assert load(env={}, overrides=ORIGIN).cache.max_object_size == 16 << 20
+
+
+def test_the_example_site_loads_and_each_of_its_workers_would_start():
+    """config/examples/site.toml (docs/operations.md's worked example) holds what it says:
+    routes, TLS, a disk tier, workers and TTL rules, judged as --check-config judges them
+    (but the certificate's files, which name a real site's)."""
+    from pathlib import Path
+
+    from proxy.config.settings import load
+    from proxy.ops.shared_tier import check_workers
+
+    path = Path(__file__).resolve().parent.parent / "config/examples/site.toml"
+    config = load(path, env={})
+    assert [r.host for r in config.routes] == ["www.example.com", "static.example.com"]
+    assert config.server.tls_cert and config.disk.path and len(config.ttl) == 3
+    for workers in (2, 16, 64):
+        check_workers(config, workers)
