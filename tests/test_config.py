@@ -75,7 +75,7 @@ def test_routes_from_the_environment():
         ('[server]\nworkers = "two"\n', "[server] workers = 'two': expected a positive count"),
         ('[server]\nlisten = "8080"\n', "expected host:port"),
         ("[cache]\nsize = [\n", "not valid TOML"),
-        ('[[routes]]\nhost = "a"\n', "each route needs host and origin"),
+        ('[[routes]]\nhost = "a"\n', "each route needs host and either origin or servers"),
     ],
 )
 def test_bad_file_value_is_one_line_naming_key_value_and_expectation(tmp_path, toml, message):

@@ -14,7 +14,7 @@ import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -304,12 +304,29 @@ class WhatIfSection:
 
 
 @dataclass(frozen=True)
+class Server:
+    """One origin server of a route (``[[routes]] servers``): its URL (scheme, host, port),
+    its weight, and whether it is a backup, asked only when no primary is up."""
+
+    url: str
+    weight: int = 1
+    backup: bool = False
+
+
+@dataclass(frozen=True)
 class Route:
     host: str
+    # Where its requests go: its one origin, or, with ``servers``, the first server's URL,
+    # which the route's URLs are built with and its group's requests are picked from.
     origin: str
     # The route's own [cache] key_query and key_query_sort; None: the [cache] ones.
     key_query: tuple[str, tuple[str, ...]] | None = None
     key_query_sort: bool | None = None
+    # Several servers (``proxy.origin.servers``), judged down after ``max_fails`` failures
+    # within ``fail_timeout`` seconds; none: ``origin`` alone.
+    servers: tuple[Server, ...] = ()
+    max_fails: int = 1
+    fail_timeout: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -416,6 +433,9 @@ class Config:
                 route["key_query"] = _key_query_setting(r.key_query)
             if r.key_query_sort is not None:
                 route["key_query_sort"] = r.key_query_sort
+            if r.servers:
+                route["servers"] = [asdict(s) for s in r.servers]
+                route["max_fails"], route["fail_timeout"] = r.max_fails, r.fail_timeout
             routes.append(route)
         ttl = [_ttl_setting(rule) for rule in self.ttl]
         return {**sections, "routes": routes, "ttl": ttl}
@@ -601,7 +621,8 @@ def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
     return replace(cls(), **parsed)
 
 
-_ROUTE_KEYS = {"host", "origin", "key_query", "key_query_sort"}
+_ROUTE_KEYS = {"host", "origin", "servers", "max_fails", "fail_timeout", "key_query",
+               "key_query_sort"}  # fmt: skip
 
 
 def _ttl_setting(rule: TtlRule) -> dict[str, object]:
@@ -626,26 +647,70 @@ def _key_query_setting(value: tuple[str, tuple[str, ...]]) -> object:
 
 
 def _route(table: Any, source: str) -> Route:
-    if not isinstance(table, dict) or not {"host", "origin"} <= set(table) <= _ROUTE_KEYS:
+    if (
+        not isinstance(table, dict)
+        or "host" not in table
+        or ("origin" in table) == ("servers" in table)
+        or not set(table) <= _ROUTE_KEYS
+    ):
         raise ConfigError(
-            f"{source}: each route needs host and origin (and may set key_query, "
-            f"key_query_sort), got {table!r}"
+            f"{source}: each route needs host and either origin or servers (and may set "
+            f"max_fails, fail_timeout, key_query, key_query_sort), got {table!r}"
         )
     host = table["host"]
     if not isinstance(host, str) or not host or "/" in host or ":" in host:
         raise ConfigError(
             f"{source}: route host {host!r}: expected a host name without port, like cdn.example"
         )
+    servers = _servers(table, host, source)
     try:
-        origin = values.origin(table["origin"])
+        origin = servers[0].url if servers else values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
+    try:
+        max_fails = values.count(table.get("max_fails", 1))
+        fail_timeout = values.duration(table.get("fail_timeout", "10s"))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host} max_fails or fail_timeout: {exc}") from None
     try:
         key_query = values.key_query(table["key_query"]) if "key_query" in table else None
         key_sort = values.boolean(table["key_query_sort"]) if "key_query_sort" in table else None
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host}: key_query: {exc}") from None
-    return Route(host.lower(), origin, key_query, key_sort)
+    return Route(host.lower(), origin, key_query, key_sort, servers, max_fails, fail_timeout)
+
+
+def _servers(table: dict[str, Any], host: str, source: str) -> tuple[Server, ...]:
+    """A route's ``servers``: each a URL, or a table of ``url``, ``weight`` and ``backup``;
+    the first that is not a backup first."""
+    given = table.get("servers")
+    if given is None:
+        return ()
+    where = f"{source}: route {host} servers"
+    if not isinstance(given, list) or not given:
+        raise ConfigError(f"{where}: expected a list, like [\"http://10.0.0.1:80\", "
+                          "{url = \"http://10.0.0.2:80\", backup = true}]")  # fmt: skip
+    servers = []
+    for item in given:
+        entry = {"url": item} if isinstance(item, str) else item
+        if (
+            not isinstance(entry, dict)
+            or "url" not in entry
+            or not set(entry) <= {"url", "weight", "backup"}
+        ):
+            raise ConfigError(f"{where}: {item!r}: expected a URL, or {{url, weight, backup}}")
+        try:
+            url = values.origin(entry["url"])
+            weight = values.positive_int(entry.get("weight", 1))
+            backup = values.boolean(entry.get("backup", False))
+        except ValueError as exc:
+            raise ConfigError(f"{where}: {item!r}: {exc}") from None
+        servers.append(Server(url, weight, backup))
+    if len({s.url for s in servers}) < len(servers):
+        raise ConfigError(f"{where}: a server is named twice")
+    if all(s.backup for s in servers):
+        raise ConfigError(f"{where}: every server is a backup: make one a primary")
+    return tuple(sorted(servers, key=lambda s: s.backup))
 
 
 _TTL_KEYS = {"host", "path", "status", "default", "min", "max", "override"}

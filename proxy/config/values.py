@@ -55,6 +55,19 @@ def positive_int(value: Any) -> int:
     return value
 
 
+def count(value: Any) -> int:
+    """A whole number of 0 or more."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("expected a whole number of 0 or more")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError("expected a whole number of 0 or more") from None
+    if number < 0:
+        raise ValueError("expected a whole number of 0 or more")
+    return number
+
+
 def workers(value: Any) -> int:
     """A positive count of worker processes, or ``auto``: one per core the process may run on
     (its CPU affinity, as nginx's ``worker_processes auto``)."""

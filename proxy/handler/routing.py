@@ -31,6 +31,7 @@ from proxy.core.cachekey import KeyQuery
 from proxy.core.events import CLIENT_ASKS, RequestMeta
 from proxy.core.tags import TAG_FIELDS
 from proxy.handler.answers import plain, refuse_version
+from proxy.origin.servers import ServerGroup
 
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
@@ -271,3 +272,13 @@ def _key_query(setting: tuple[str, tuple[str, ...]], sort: bool) -> KeyQuery:
 def fields_size(raw: tuple[tuple[bytes, bytes], ...]) -> int:
     """Bytes of a request's header fields as sent: names, values, ": " and CRLF."""
     return sum(map(len, chain.from_iterable(raw))) + 4 * len(raw)
+
+
+def server_groups(config: Config) -> dict[str, ServerGroup]:
+    """The server groups of ``config``'s routes of several servers, by the origin their URLs
+    are built with (``Upstream.groups``)."""
+    return {
+        route.origin: ServerGroup(route.servers, route.max_fails, route.fail_timeout)
+        for route in config.routes
+        if route.servers
+    }

@@ -64,7 +64,7 @@ from proxy.handler.hits import HitAnswers, Planned
 from proxy.handler.pending import PendingMiss, raising
 from proxy.handler.purging import OtherWorkers, Purges
 from proxy.handler.revalidation import Revalidation
-from proxy.handler.routing import Router
+from proxy.handler.routing import Router, server_groups
 from proxy.handler.slicing import Slicer
 from proxy.handler.uploads import Uploads
 from proxy.origin.upstream import Upstream
@@ -108,6 +108,7 @@ class Proxy:
         # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
         self.samples: SampleSink | None = None
         self.router = Router(config)
+        upstream.groups = server_groups(config)
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
         # common case: the same answer, counted the same.
@@ -161,6 +162,8 @@ class Proxy:
             self.disk.anchors.max_variants = c.max_variants
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)
+        if config.routes != self.config.routes:  # servers judged afresh, as nginx's reload
+            self.upstream.groups = server_groups(config)
         self.purges = Purges(config.server.purge_from)
         plain = self.plain_hits
         plain.query_as_sent = self.router.queries_as_sent

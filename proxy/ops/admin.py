@@ -28,7 +28,7 @@ from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
 from proxy.ops import inspection, readiness
-from proxy.ops.answer_metrics import label, process_text, resident_bytes
+from proxy.ops.answer_metrics import label, process_text, resident_bytes, servers_of, servers_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import SECRET_FIELD
 from proxy.ops.reload import NO_SOURCE, Reloaded
@@ -138,6 +138,7 @@ class ProcessAdmin:
                 "received": self.proxy.fleet.received,
             },
             "disk": None if self.proxy.disk is None else self.proxy.disk.stats(),
+            "servers": servers_of(self.proxy.router.routes, self.proxy.upstream.groups),
             "whatif": whatif_stats(self.proxy),
             "in_flight_fetches": len(self.proxy.flights),
             **proxy_counters(self.proxy),
@@ -167,6 +168,7 @@ class ProcessAdmin:
         text += prometheus_text(proxy_counters(self.proxy), PROXY_METRICS)
         if self.proxy.disk is not None:
             text += disk_prometheus_text(self.proxy.disk.stats())
+        text += servers_text(servers_of(self.proxy.router.routes, self.proxy.upstream.groups))
         if (whatif := whatif_stats(self.proxy)) is not None:
             text += whatif_prometheus_text(whatif)
         if self.proxy.shared is not None:

@@ -215,3 +215,45 @@ class Recorder(AbstractAccessLogger):
         self.metrics.record(response.status, time_taken, hit, route)
         if self.log_to is not None:
             self.log_to.log(request, response, time_taken)
+
+
+def servers_of(routes: Mapping[str, str], groups: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each server of the routes of several servers: its route's host, and its state
+    (``ServerGroup.states``), for ``/stats``."""
+    return [
+        {"route": host or "default", **state}
+        for host, origin in sorted(routes.items())
+        if origin in groups
+        for state in groups[origin].states()
+    ]
+
+
+def servers_text(servers: list[dict[str, Any]]) -> str:
+    """``servers_of``'s as Prometheus text: whether each is up (a machine's: on every worker),
+    its requests and failures (the workers' summed)."""
+    if not servers:
+        return ""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in servers:
+        seen = merged.setdefault(
+            (s["route"], s["url"]),
+            {"up": True, "requests": 0, "failures": 0, "backup": s["backup"]},
+        )
+        seen["up"] = seen["up"] and s["up"]
+        seen["requests"] += s["requests"]
+        seen["failures"] += s["failures"]
+    out = []
+    for name, kind, what, value in (
+        ("up", "gauge", "whether a route's server is up, not marked down after max_fails",
+         lambda s: int(s["up"])),
+        ("requests_total", "counter", "requests sent to a route's server", lambda s: s["requests"]),
+        ("failures_total", "counter", "requests a route's server failed before answering",
+         lambda s: s["failures"]),
+    ):  # fmt: skip
+        out += [f"# HELP onehit_origin_server_{name} {what}",
+                f"# TYPE onehit_origin_server_{name} {kind}"]  # fmt: skip
+        for (route, url), seen in sorted(merged.items()):
+            labels = (f'route="{label(route)}",server="{label(url)}",'
+                      f'backup="{str(seen["backup"]).lower()}"')  # fmt: skip
+            out.append(f"onehit_origin_server_{name}{{{labels}}} {value(seen)}")
+    return "\n".join(out) + "\n"

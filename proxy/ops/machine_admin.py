@@ -35,7 +35,7 @@ from proxy.ops.admin import (
     whatif_prometheus_text,
     whatif_samples_of,
 )
-from proxy.ops.answer_metrics import combined, process_text
+from proxy.ops.answer_metrics import combined, process_text, servers_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import HandedConfig, machine_headers
 from proxy.ops.reload import Reloaded
@@ -162,6 +162,7 @@ class MachineAdmin:
         disk = self._machine_disk(per_worker)
         if disk:
             text += disk_prometheus_text(disk)
+        text += servers_text([s for w in per_worker for s in w.get("servers") or ()])
         whatif = self._machine_whatif(per_worker)
         if whatif is not None:
             text += whatif_prometheus_text(whatif)

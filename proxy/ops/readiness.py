@@ -7,7 +7,8 @@ now, each check with its reason. (``/healthz`` says only that the process answer
   HEADs within the last minute, no more than half of the last 100 of them failed or were
   answered 502, 503 or 504 (passive health, ``proxy.origin.health``: an origin that accepts
   connections and answers that it is down; what the proxy answers itself, a 500 of one URL,
-  another method, an upload the client dropped never count).
+  another method, an upload the client dropped never count). A route of several servers is
+  ready while one of them is, its reason naming each server down by its place in the list.
 * ``redis``, when the admission filter is shared: Redis answered the last calls within their
   budget. While it does not, misses are judged by this instance's own filter: served, but a
   URL's second request across the fleet may be missed.
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from proxy.disk.directory import take_a_file
 from proxy.handler.server import Proxy
 from proxy.origin.health import OriginHealth, origin_of
+from proxy.origin.servers import ServerGroup
 
 MAX_CONNECT = 2.0
 # Requests an origin must have had before its share of failures judges it.
@@ -67,10 +69,12 @@ class Readiness:
 async def checks(proxy: Proxy) -> list[Check]:
     """Every check of ``proxy``, run at once."""
     timeout = min(proxy.config.upstream.connect_timeout, MAX_CONNECT)
-    routes = sorted(proxy.router.routes.items())
-    found = list(await asyncio.gather(*(_origin(host, url, timeout) for host, url in routes)))
-    health = proxy.upstream.health
-    found = [_recent(check, health, url) for check, (_, url) in zip(found, routes, strict=True)]
+    health, groups = proxy.upstream.health, proxy.upstream.groups
+    found = list(await asyncio.gather(*(
+        _origin(host, url, timeout, health) if url not in groups
+        else _servers(host, groups[url], timeout, health)
+        for host, url in sorted(proxy.router.routes.items())
+    )))  # fmt: skip
     shared = proxy.shared
     if shared is not None:
         reason = "answering within its budget"
@@ -82,8 +86,24 @@ async def checks(proxy: Proxy) -> list[Check]:
     return found
 
 
-async def _origin(host: str, url: str, timeout: float) -> Check:
-    name = f"origin {host or 'default'}"
+async def _origin(host: str, url: str, timeout: float, health: OriginHealth) -> Check:
+    return _recent(await _connects(f"origin {host or 'default'}", url, timeout), health, url)
+
+
+async def _servers(host: str, group: ServerGroup, timeout: float, health: OriginHealth) -> Check:
+    """A route of several servers: ready while one of them is (it fails over to it), each
+    server named by its place in the route's list, as ``/readyz`` names no address."""
+    name = f"origin {host}"
+    each = await asyncio.gather(*(
+        _origin(host, server.url, timeout, health) for server in group.servers
+    ))  # fmt: skip
+    down = [f"server {i + 1}: {c.reason}" for i, c in enumerate(each) if not c.ok]
+    ready = len(down) < len(each)
+    reason = f"{len(each) - len(down)} of {len(each)} servers ready"
+    return Check(name, ready, reason + (f" ({'; '.join(down)})" if down else ""))
+
+
+async def _connects(name: str, url: str, timeout: float) -> Check:
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

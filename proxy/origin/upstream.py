@@ -11,7 +11,9 @@ Pooled connections are dropped after ``idle_timeout`` seconds unused, below the 
 timeouts origins commonly use (Node's 5 s), so the proxy rarely sends on a connection the origin
 has already closed. When it does, and the request failed before any byte of a response, it is
 sent once more on a new connection, if it can be: it has no body, or its body is in hand
-(bytes), not a stream already partly consumed.
+(bytes), not a stream already partly consumed. A route of several servers (``groups``) sends
+each request to the server its group picks, and a GET or HEAD to the next while one fails
+before any byte of its response (``proxy.origin.servers``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from aiohttp.http import HttpProcessingError
 from proxy.config.settings import UpstreamSection
 from proxy.origin.health import OriginHealth, origin_of
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
+from proxy.origin.servers import ServerGroup
 
 log = logging.getLogger("onehit.upstream")
 
@@ -55,6 +58,9 @@ class Upstream:
         # whole are recorded where they are taken, the rest here.
         self.health = OriginHealth()
         self._pool = OriginPool(config, self.health)
+        # Routes of several servers (``proxy.origin.servers``), by the origin their URLs are
+        # built with (the first server's): a request to it goes to the group's pick.
+        self.groups: dict[str, ServerGroup] = {}
 
     async def start(self) -> None:
         c = self._config
@@ -107,9 +113,44 @@ class Upstream:
         ``interim`` is given the interim (1xx) responses before it, from a plain-HTTP origin
         (aiohttp's session, for the others, reads them past)."""
         assert self._session is not None and self._fresh is not None, "start() was not awaited"
+        group = self.groups.get(_origin(url)) if self.groups else None
+        if group is not None:
+            return await self._across(group, method, url, headers, body, interim)
         response = await self._request(method, url, headers, body, sent, interim)
         self.health.answered(origin_of(url), method, response.status)
         return response
+
+    async def _across(
+        self,
+        group: ServerGroup,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: AsyncIterator[bytes] | bytes | None,
+        interim: Interim | None,
+    ) -> UpstreamResponse:
+        """``request`` to a route's servers: to the one the group picks, and, for a GET or
+        HEAD whose body is in hand, to the next one while a server fails before any byte of
+        its response (nginx's ``proxy_next_upstream error timeout``), each once."""
+        path = url[len(_origin(url)) :]
+        again = method in ("GET", "HEAD") and (body is None or isinstance(body, bytes))
+        tried: set[str] = set()
+        while True:
+            server = group.pick(tried)
+            assert server is not None  # the first pick always finds one
+            try:
+                response = await self._request(method, server + path, headers, body, None,
+                                               interim)  # fmt: skip
+            except UpstreamError:
+                group.failed(server)
+                tried.add(server)
+                if not again or len(tried) == len(group.servers):
+                    raise
+                log.warning("%s %s: trying the route's next server", method, path)
+                continue
+            group.succeeded(server)
+            self.health.answered(origin_of(server), method, response.status)
+            return response
 
     async def _request(
         self,
@@ -155,7 +196,15 @@ class Upstream:
     def send_now(self, method: str, url: str, headers: list[tuple[str, str]]) -> Sent | None:
         """``request`` for a bodiless request, written at once on an idle pooled connection;
         None, having done nothing, when it cannot be (then ``request`` it)."""
+        if self.groups and _origin(url) in self.groups:  # the group picks in ``request``
+            return None
         return self._pool.send_now(method, url, headers) if self._pool.serves(url) else None
+
+
+def _origin(url: str) -> str:
+    """The scheme and authority ``url`` begins with, as a route's origin is written."""
+    end = url.find("/", url.find("//") + 2)
+    return url if end < 0 else url[:end]
 
 
 def _failure(method: str, url: str, exc: Exception) -> UpstreamError | None:
