@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import copy
 import operator
+import pickle
 import sys
 
 import pytest
@@ -29,8 +31,10 @@ def test_setting_past_the_limit_forgets_the_least_recently_used():
 def test_a_value_over_the_limit_is_refused_and_nothing_is_forgotten():
     lru: ChargedLRU[str, tuple[str, int]] = ChargedLRU(10, _charge)
     lru["a"] = ("a", 4)
-    with pytest.raises(ValueError, match="over the limit"):
+    with pytest.raises(ValueError, match="expected 0 to the limit"):
         lru["b"] = ("b", 11)
+    with pytest.raises(ValueError, match="expected 0 to the limit"):
+        lru["c"] = ("c", -1)
     assert list(lru) == ["a"] and lru.charged == 4
 
 
@@ -101,3 +105,12 @@ def test_it_holds_the_most_recently_used_keys_within_the_limit(ops):
             model = [(k, c) for k, c in model if k != key]
         assert list(lru) == [k for k, _ in model]
         assert lru.charged == sum(c for _, c in model) <= limit
+
+
+def test_a_copy_or_a_pickle_keeps_the_limit_the_charge_and_the_order():
+    lru: ChargedLRU[str, tuple[str, int]] = ChargedLRU(10, _charge)
+    lru["a"], lru["b"] = ("a", 3), ("b", 4)
+    for copied in (copy.copy(lru), copy.deepcopy(lru), pickle.loads(pickle.dumps(lru))):
+        assert (list(copied.items()), copied.charged, copied.limit) == (list(lru.items()), 7, 10)
+        copied["c"] = ("c", 5)  # bounded as the original
+        assert list(copied) == ["b", "c"]

@@ -19,7 +19,8 @@ _ABSENT: Any = object()
 class ChargedLRU(OrderedDict[K, V]):
     """Setting a key makes it the most recently used, and forgets the least recently used
     keys while the charges are over ``limit``; ``get`` of a key it holds makes it the most
-    recently used too. A value charged more than ``limit`` is refused (``ValueError``).
+    recently used too. A value charged below 0 or above ``limit`` is refused
+    (``ValueError``).
     Every way out (``del``, ``pop``, ``popitem``, ``clear``) keeps ``charged`` the sum of
     the held values' charges: ``OrderedDict``'s own do not call ``__delitem__``."""
 
@@ -29,10 +30,14 @@ class ChargedLRU(OrderedDict[K, V]):
         self.charge = charge
         self.charged = 0
 
+    def __reduce__(self) -> Any:
+        # Copied and pickled with its limit and charge (OrderedDict's calls ``cls()``).
+        return (type(self), (self.limit, self.charge), None, None, iter(self.items()))
+
     def __setitem__(self, key: K, value: V) -> None:
         size = self.charge(value)
-        if size > self.limit:
-            raise ValueError(f"a value charged {size} is over the limit ({self.limit})")
+        if not 0 <= size <= self.limit:
+            raise ValueError(f"a value charged {size}: expected 0 to the limit ({self.limit})")
         if key in self:
             del self[key]
         super().__setitem__(key, value)

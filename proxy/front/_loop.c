@@ -100,8 +100,10 @@ static int deliver(PyObject *front, PyObject *transport, PyObject *lines, PyObje
         return -1;
     if (attr_add(server, &fattrs[F_REQUESTS_COUNT], one) < 0)
         goto failed;
-    Py_ssize_t body_len = PyObject_Length(body);
-    if (body_len < 0)
+    /* As the Python loop: a body that is false (empty, or none) is no body. */
+    int has_body = PyObject_IsTrue(body);
+    Py_ssize_t body_len = has_body > 0 ? PyObject_Length(body) : 0;
+    if (has_body < 0 || body_len < 0)
         goto failed;
     PyObject *wrote;
     if (body_len == 0) {
@@ -273,6 +275,9 @@ static int go_on(PyObject *front) {
             message = PyTuple_GET_ITEM(parsed, 2);
         }
         if (end == -1 && PyErr_Occurred()) {
+            rc = -1;
+        } else if (end <= start || end > size) {
+            PyErr_SetString(PyExc_ValueError, "an answered request ends outside the buffer");
             rc = -1;
         } else {
             rc = deliver(front, transport, lines, data, start, end, head, body, status, message,
