@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from conftest import base
@@ -185,3 +187,47 @@ async def test_a_cap_shortens_what_the_origin_allows_and_no_cache_overridden_hit
             assert cache_control == origin.paths[path].headers["Cache-Control"]
         assert int(status.rpartition("ttl=")[2]) <= 60
     assert origin.hits["/long"] == origin.hits["/nocache"] == 1
+
+
+@pytest.mark.parametrize(
+    ("asked", "cache_control"),
+    [
+        ({"Authorization": "Bearer alice"}, "private, must-revalidate, max-age=60"),
+        ({"Authorization": "Bearer alice"},
+         "max-age=0, no-cache, no-store, must-revalidate, private"),
+        ({"Cookie": "session=alice"}, "private, s-maxage=60"),
+    ],
+)  # fmt: skip
+async def test_a_rule_never_shares_what_a_user_was_answered(
+    origin, start_proxy, asked, cache_control
+):
+    """Setting ``private`` (or ``no-store``) aside would let RFC 9111's exceptions for
+    shared responses (``must-revalidate``, ``s-maxage``) store an answer to a request a user
+    is known by: the rule does not set them aside for such a request."""
+    origin.set("/account", body=b"alice's account", headers={"Cache-Control": cache_control})
+    rule = {"status": "any", "min": "30s", "override": ["private", "no-store", "no-cache"]}
+    service = await start_proxy(admission__policy="always", ttl=[rule])
+    async with aiohttp.ClientSession() as session:
+        async with session.get(base(service) + "/account", headers=asked) as r:
+            assert "stored" not in r.headers["Cache-Status"]
+        async with session.get(base(service) + "/account") as anonymous:
+            assert "; hit" not in anonymous.headers["Cache-Status"]  # not the user's answer
+    assert origin.hits["/account"] == 2
+
+
+@pytest.mark.parametrize("directive", ["private", "no-store"])
+async def test_a_304_keeps_what_its_rule_stored(origin, start_proxy, directive):
+    """A stored response whose rule set ``directive`` aside is refreshed by a 304, not
+    forgotten as unstorable."""
+    origin.set("/page", headers={"Cache-Control": f"{directive}, max-age=1", "ETag": '"v1"'},
+               not_modified_etag='"v1"')  # fmt: skip
+    service = await start_proxy(admission__policy="always",
+                                ttl=[{"path": "/page", "override": [directive]}])  # fmt: skip
+    statuses = []
+    async with aiohttp.ClientSession() as session:
+        for wait in (0, 0, 1.1, 0):
+            await asyncio.sleep(wait)
+            async with session.get(base(service) + "/page") as r:
+                statuses.append(r.headers["Cache-Status"])
+    assert "stored" in statuses[0] and "hit" in statuses[1]
+    assert "fwd-status=304" in statuses[2] and "hit" in statuses[3], statuses

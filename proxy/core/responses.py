@@ -97,7 +97,10 @@ def response_meta(
     rule = rules.rule_for(request.key, status) if rules else None
     by_rule = False
     if rule is not None:
-        if not ok and rule.override:  # judged again, what the rule overrides as if absent
+        # A request a user is known by (an Authorization, a cookie not ignored) never has
+        # directives set aside: RFC 9111's exceptions for shared responses (s-maxage,
+        # must-revalidate) would then store what its private or no-store kept to one user.
+        if not ok and rule.override and not _personal(request, ignored_cookies):
             ok, reason = rfc9111.storable(
                 request.method, status, request.headers, fields,
                 allow_set_cookie=allow_set_cookie, ignored_cookies=ignored_cookies,
@@ -120,6 +123,14 @@ def response_meta(
         directives=directives,
         requested_at=request_time,
         by_rule=by_rule,
+    )
+
+
+def _personal(request: RequestMeta, ignored_cookies: tuple[str, ...]) -> bool:
+    """Whether ``request`` says who sent it: an Authorization, or a cookie not ignored."""
+    return bool(request.headers) and (
+        get_first(request.headers, "authorization") is not None
+        or rfc9111.carries_cookie(request.headers, ignored_cookies)
     )
 
 
@@ -514,7 +525,8 @@ class ResponseDecisions:
             c.bytes_served += entry.size
         if self._reached_since(entry, headers_304, request_time):
             c.purged_in_flight += 1
-            if not _storable_after(entry, headers_304):
+            updated = rfc9111.updated_by_304(entry.headers, shared_fields(headers_304))
+            if not self._stores(entry.key, entry.status, tuple(updated)):
                 self.removals.forget(entry.key, UNSTORABLE)
             return entry
         if served:
@@ -554,7 +566,9 @@ class ResponseDecisions:
         entry.soft_purged = False
         self.tags.forget((entry,))
         # The request that revalidated is not the rules' to judge here: only the response's.
-        tags = storable_tags(headers) if _shared_may_store(entry.status, headers) else None
+        overridden = rule.override if rule is not None else frozenset()
+        may_store = self._stores(entry.key, entry.status, headers, overridden)
+        tags = storable_tags(headers) if may_store else None
         if tags is None:  # now private, no-store, or past the tag limit: kept nowhere
             entry.tags = ()
             self.removals.forget(entry.key, UNSTORABLE)
@@ -618,14 +632,24 @@ class ResponseDecisions:
                 self._refresh(entry, headers, response.requested_at, now)
                 return
             self.counters.purged_in_flight += 1  # a purge since it went out stands
-        if not _shared_may_store(200, headers):
+        if not self._stores(request.key, 200, headers):
             self.removals.invalidate(request.key, UNSTORABLE)
 
+    def _stores(
+        self, key: str, status: int, headers: Headers, overridden: frozenset[str] | None = None
+    ) -> bool:
+        """Whether a response of ``status`` with ``headers`` for ``key`` is one the cache may
+        store, by the response's rules alone (``rfc9111.storable``) and the directives its
+        TTL rule sets aside (``overridden``; None: its rule's): the request that brought it,
+        a revalidation or a client's own conditional, is not judged here."""
+        if overridden is None:
+            rule = self.ttl_rules.rule_for(key, status) if self.ttl_rules else None
+            overridden = rule.override if rule is not None else frozenset()
+        return rfc9111.storable("GET", status, (), headers, allow_set_cookie=True,
+                                overridden=overridden)[0]  # fmt: skip
+
     def _credentialed(self, request: RequestMeta) -> bool:
-        return bool(request.headers) and (
-            get_first(request.headers, "authorization") is not None
-            or rfc9111.carries_cookie(request.headers, self.ignore_cookies)
-        )
+        return _personal(request, self.ignore_cookies)
 
     def _put(self, entry: Entry) -> list[Entry]:
         """Store ``entry`` (its tags set), replacing any entry of its key; what it evicted
@@ -668,17 +692,3 @@ def _names_it(headers_304: Headers, stored: Headers) -> bool:
     and that validator selects it (``rfc9111.validates``)."""
     named = get_first(headers_304, "ETag") or get_first(headers_304, "Last-Modified")
     return named is not None and rfc9111.validates(stored, headers_304)
-
-
-def _storable_after(entry: Entry, headers_304: Headers) -> bool:
-    """Whether ``entry``, its fields updated by a 304's, is still a response a shared cache
-    may store."""
-    headers = tuple(rfc9111.updated_by_304(entry.headers, shared_fields(headers_304)))
-    return _shared_may_store(entry.status, headers)
-
-
-def _shared_may_store(status: int, headers: Headers) -> bool:
-    """Whether a response of ``status`` with ``headers`` is one a shared cache may store, by
-    the response's rules alone (``rfc9111.storable``): the request that brought it, a
-    revalidation or a client's own conditional, is not judged here."""
-    return rfc9111.storable("GET", status, (), headers, allow_set_cookie=True)[0]
