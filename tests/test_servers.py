@@ -183,3 +183,36 @@ async def test_misses_of_one_url_still_share_one_fetch(start_proxy, backends):
         await backend.start()
     answers = await asyncio.gather(*(fetch(service, "/same") for _ in range(8)))
     assert answers == [(200, b"one")] * 8 and a.seen["shared"] + b.seen["shared"] == 1
+
+
+async def test_a_route_of_one_origin_beside_a_group_of_it_is_never_sent_to_the_group(
+    start_proxy, backends
+):
+    """A group is the route's own: another route (or the default origin) naming its first
+    server keeps that one server (before: half its requests went to the group's others)."""
+    a, b = backends
+    service = await start_proxy(upstream__origin=a.url, routes=[
+        {"host": "www.example.test", "servers": [a.url, b.url]},
+        {"host": "plain.example.test", "origin": a.url},
+    ])  # fmt: skip
+    for i in range(6):
+        for host in ("plain.example.test", "other.example.test"):  # a route, the default
+            async with (
+                aiohttp.ClientSession() as client,
+                client.get(base(service) + f"/{host}/{i}", headers={"Host": host}) as r,
+            ):
+                assert (r.status, await r.read()) == (200, f"a /{host}/{i}".encode())
+    assert b.seen["GET"] == 0
+
+
+def test_a_reload_that_changes_only_a_routes_servers_purges_nothing():
+    from proxy.config.settings import load
+    from proxy.ops.reload import key_rules, keys_built_otherwise
+
+    def config(servers, **extra):
+        return load(env={}, overrides={"routes": route(*servers, **extra)})
+
+    old = config(["http://10.0.0.1:80", "http://10.0.0.2:80"])
+    new = config([{"url": "http://10.0.0.1:80", "weight": 3}, "http://10.0.0.3:80",
+                  {"url": "http://10.0.0.2:80", "backup": True}], max_fails=5)  # fmt: skip
+    assert keys_built_otherwise(old, new) == () and key_rules(old) == key_rules(new)

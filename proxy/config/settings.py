@@ -316,8 +316,9 @@ class Server:
 @dataclass(frozen=True)
 class Route:
     host: str
-    # Where its requests go: its one origin, or, with ``servers``, the first server's URL,
-    # which the route's URLs are built with and its group's requests are picked from.
+    # Where its requests go: its one origin, or, with ``servers``, the route's own name for
+    # its group (``servers_origin``), which its URLs are built with and which no other
+    # route's requests can reach.
     origin: str
     # The route's own [cache] key_query and key_query_sort; None: the [cache] ones.
     key_query: tuple[str, tuple[str, ...]] | None = None
@@ -664,7 +665,7 @@ def _route(table: Any, source: str) -> Route:
         )
     servers = _servers(table, host, source)
     try:
-        origin = servers[0].url if servers else values.origin(table["origin"])
+        origin = servers_origin(host.lower()) if servers else values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
     try:
@@ -680,9 +681,16 @@ def _route(table: Any, source: str) -> Route:
     return Route(host.lower(), origin, key_query, key_sort, servers, max_fails, fail_timeout)
 
 
+def servers_origin(host: str) -> str:
+    """The origin a route of several servers builds its URLs with: a name under ``.invalid``
+    (RFC 2606), never a real origin, so that only the route's own requests reach its group
+    (``Upstream.groups``), which sends them to its servers."""
+    return f"http://{host}.servers.invalid"
+
+
 def _servers(table: dict[str, Any], host: str, source: str) -> tuple[Server, ...]:
-    """A route's ``servers``: each a URL, or a table of ``url``, ``weight`` and ``backup``;
-    the first that is not a backup first."""
+    """A route's ``servers``: each a URL, or a table of ``url``, ``weight`` and ``backup``,
+    in the order given (``/readyz`` names them by their place in it)."""
     given = table.get("servers")
     if given is None:
         return ()
@@ -710,7 +718,7 @@ def _servers(table: dict[str, Any], host: str, source: str) -> tuple[Server, ...
         raise ConfigError(f"{where}: a server is named twice")
     if all(s.backup for s in servers):
         raise ConfigError(f"{where}: every server is a backup: make one a primary")
-    return tuple(sorted(servers, key=lambda s: s.backup))
+    return tuple(servers)
 
 
 _TTL_KEYS = {"host", "path", "status", "default", "min", "max", "override"}

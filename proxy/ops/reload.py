@@ -26,7 +26,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from proxy.config.settings import Config, ConfigError
+from proxy.config.settings import Config, ConfigError, Route
 from proxy.handler.routing import key_origin
 from proxy.handler.server import Proxy
 from proxy.ops import preflight
@@ -167,7 +167,8 @@ def key_rules(config: Config) -> str:
     of one may be wrong under the other."""
     values = [(section, getattr(getattr(config, section), key)) for section, _, key in
               (name.partition(".") for name in sorted(KEYED - {"routes"}))]  # fmt: skip
-    text = repr((values, sorted(config.routes, key=lambda route: route.host)))
+    routes = [_keyed(route) for route in sorted(config.routes, key=lambda route: route.host)]
+    text = repr((values, routes))
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -183,8 +184,8 @@ def keys_built_otherwise(old: Config, new: Config) -> tuple[str, ...]:
         return ("",)
     if not changed:
         return ()
-    before = {route.host: route for route in old.routes}
-    after = {route.host: route for route in new.routes}
+    before = {route.host: _keyed(route) for route in old.routes}
+    after = {route.host: _keyed(route) for route in new.routes}
     hosts = sorted(h for h in before.keys() | after.keys() if before.get(h) != after.get(h))
     # A key's host carries its port when not the default one.
     return tuple(p for h in hosts for p in (key_origin(h) + "/", key_origin(h) + ":"))
@@ -209,6 +210,14 @@ def judge(
     if restart:
         return None, _refused(f"{', '.join(restart)} changed, which takes a restart")
     return new, Reloaded(tuple(keys))
+
+
+def _keyed(route: Route) -> str:
+    """What of ``route`` its keys are made of or its answers fetched with (its servers' list,
+    weights and health settings are not), written as a route was before it had servers, so
+    that a disk tier's fingerprint (``key_rules``) of a route without them is unchanged."""
+    return (f"Route(host={route.host!r}, origin={route.origin!r}, "
+            f"key_query={route.key_query!r}, key_query_sort={route.key_query_sort!r})")  # fmt: skip
 
 
 def _refused(why: str) -> Reloaded:
