@@ -106,8 +106,10 @@ async def test_a_connection_that_never_begins_its_tls_handshake_is_closed_at_the
         writer.close()
 
 
-def _issue(authority: trustme.CA, cert: str, key: str) -> None:
-    issued = authority.issue_cert("127.0.0.1", "localhost")
+def _issue(
+    authority: trustme.CA, cert: str, key: str, key_type: trustme.KeyType = trustme.KeyType.ECDSA
+) -> None:
+    issued = authority.issue_cert("127.0.0.1", "localhost", key_type=key_type)
     issued.cert_chain_pems[0].write_to_path(cert)
     for pem in issued.cert_chain_pems[1:]:
         pem.write_to_path(cert, append=True)
@@ -169,5 +171,53 @@ async def test_a_certificate_renewed_in_place_is_taken_by_a_reload_without_dropp
             answer = await r.json()
         assert r.status == 409 and "server.tls_cert" in answer["error"]
         assert "restart" in answer["error"]
+    finally:
+        await service.stop()
+
+
+async def test_a_certificate_of_another_key_type_replaces_the_old_one_for_every_client(
+    origin, tmp_path
+):
+    """An RSA certificate renewed as ECDSA: after the reload no client is shown the RSA one
+    (loaded into the live context, OpenSSL kept it beside the new one, for RSA-only
+    clients)."""
+    from conftest import admin
+
+    from proxy.config.settings import load
+    from proxy.ops.service import Service
+
+    cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
+    _issue(trustme.CA(), cert, key, trustme.KeyType.RSA)
+    path = tmp_path / "proxy.toml"
+    path.write_text(f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
+    flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
+             "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
+
+    def read():
+        return load(path, env={}, overrides=flags)
+
+    service = await Service.start(read(), read_config=read)
+    try:
+        host, port = service.proxy_address
+        renewed = trustme.CA()
+        _issue(renewed, cert, key, trustme.KeyType.ECDSA)
+        async with (
+            aiohttp.ClientSession() as plain,
+            plain.post(admin(service) + "/reload", json={}) as r,
+        ):
+            assert r.status == 200
+        rsa_only = ssl.create_default_context()
+        rsa_only.check_hostname, rsa_only.verify_mode = False, ssl.CERT_NONE
+        rsa_only.maximum_version = ssl.TLSVersion.TLSv1_2
+        rsa_only.set_ciphers("ECDHE-RSA-AES128-GCM-SHA256")  # accepts an RSA certificate only
+        with pytest.raises((ssl.SSLError, ConnectionError)):  # no certificate it can take
+            _, writer = await asyncio.open_connection(host, port, ssl=rsa_only)
+            writer.close()
+        connector = aiohttp.TCPConnector(ssl=_client_context(renewed))
+        async with (
+            aiohttp.ClientSession(connector=connector) as client,
+            client.get(f"https://{host}:{port}/t", headers={"Host": "example.test"}) as r,
+        ):
+            assert r.status == 200
     finally:
         await service.stop()

@@ -22,7 +22,7 @@ from aiohttp import web
 from redis.asyncio.cluster import RedisCluster
 
 from proxy.config.logs import HTTP_ERRORS
-from proxy.config.settings import Config
+from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
@@ -111,9 +111,13 @@ class Service:
     checkpoints: asyncio.Task[None] | None = None
     flushes: asyncio.Task[None] | None = None
     access_file: AccessLogFile | None = None
-    # The listener's TLS context, which a reload loads a renewed certificate into: the next
-    # handshakes take it, the connections open keep theirs.
+    # The listener's TLS context, and the one each handshake is given (``_tls_for``): a
+    # reload builds a new one from the certificate and key, whole, and the next handshakes
+    # take it; the connections open keep theirs. (Loading a pair into the live context
+    # would keep an old certificate of another key type, and leave a certificate without
+    # its key when the key fails to load.)
     tls: ssl.SSLContext | None = None
+    tls_now: ssl.SSLContext | None = None
     read_config: Callable[[], Config] | None = None
     shares_admission: bool = False
     moves_listeners: bool = True  # False for a worker: the port is the machine's
@@ -218,7 +222,9 @@ class Service:
             service.shares_admission = shared_window is not None
             service.moves_listeners = not reuse_port
             service.access_file = access
-            service.tls = server_context(config.server)
+            service.tls = service.tls_now = server_context(config.server)
+            if service.tls is not None:
+                service.tls.sni_callback = service._tls_for
             if disk is not None:
                 service.checkpoints = asyncio.get_running_loop().create_task(
                     checkpoint_every(disk, config.disk.checkpoint_interval)
@@ -279,14 +285,19 @@ class Service:
                 if self.tls is not None:  # checked loadable by the reload (preflight)
                     said = logging.getLogger("onehit")
                     try:
-                        self.tls.load_cert_chain(server.tls_cert, server.tls_key)
-                    except (OSError, ssl.SSLError) as exc:  # changed since it was checked
-                        said.error("the TLS certificate %s could not be read again: %s",
-                                   server.tls_cert, exc)  # fmt: skip
+                        self.tls_now = server_context(server)
+                    except ConfigError as exc:  # changed since it was checked: the old stays
+                        said.error("%s; the certificate in use stays", exc)
                     else:
                         said.info("reloaded: the TLS certificate %s, for the next handshakes",
                                   server.tls_cert)  # fmt: skip
             return done
+
+    def _tls_for(self, connection: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
+        """Every handshake's context, chosen as the client's hello arrives (OpenSSL asks with
+        or without a server name): the one the last reload built."""
+        if self.tls_now is not None and connection.context is not self.tls_now:
+            connection.context = self.tls_now
 
     def reload_soon(self) -> None:
         """``reload`` in a task of its own (SIGHUP's), kept until it is done; what it raises
