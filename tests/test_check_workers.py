@@ -70,7 +70,7 @@ def started(*args: str) -> subprocess.CompletedProcess[str]:
         # Each of 64 workers' share of 64 KiB is 1 KiB: too small for one entry.
         (("--cache-size", "64KiB", "--workers", "64", "--set", "disk.path={disk}",
           "--set", "disk.size=4MiB", "--set", "disk.region_size=1MiB"),
-         "with 64 workers, each worker's share"),
+         "with 64 workers, each keeps 1024 bytes of memory"),
         # The tier standing for memory needs room on /dev/shm (a container's is 64 MiB).
         (("--cache-size", "1TiB", "--workers", "2"), "docker run --shm-size"),
     ],

@@ -147,6 +147,23 @@ async def test_a_body_past_a_workers_memory_share_is_kept_on_the_machines_disk(o
     assert "detail=disk" in answers[-1][1] and origin.hits["/big"] <= 2
 
 
+async def test_a_body_no_tier_of_a_worker_holds_is_said_too_large_not_stored(origin, tmp_path):
+    """Past a worker's memory share and a disk record's region: kept nowhere, and its answer
+    says so (before: ``stored``, while every request went to the origin)."""
+    body = bytes(range(256)) * 12288  # 3 MiB
+    origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
+    args = ("--workers", "2", "--origin", origin.url, "--cache-size", "4MiB",
+            "--set", f"disk.path={tmp_path}", "--set", "disk.size=8MiB",
+            "--set", "disk.region_size=1MiB", "--set", "disk.policy=always", *QUIET)  # fmt: skip
+    async with served(*args) as (process, url, _):
+        answers = await ask(url, ["/big"] * 3)
+        await stop(process)
+    statuses = [status for _, status, _ in answers]
+    assert {got for _, _, got in answers} == {body}
+    # Refused as too large, then passed to the origin for a while (hit-for-miss).
+    assert "detail=too-large" in statuses[0] and not any("stored" in s for s in statuses)
+
+
 async def test_a_removal_one_worker_decides_reaches_the_other_workers_memory(origin):
     """The origin turns a stored URL private: the worker that learns it forgets the URL in
     the shared tier and, through the parent, in the other worker's memory."""

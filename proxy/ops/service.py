@@ -40,6 +40,7 @@ from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
 from proxy.ops.handoff import sample_key
 from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, key_rules, reload
+from proxy.ops.shared_tier import worker_largest_object
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import Listener, ProxyServer
@@ -88,9 +89,11 @@ def build_engine(
         make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
         hit_for_miss=c.hit_for_miss,
         ttl_rules=TtlRules(config.ttl),
-        # A worker's memory is its share of the machine's; the tier they share keeps what
-        # the machine's largest object allows.
-        max_object_bytes=c.max_object_size if sharing is not None else None,
+        # A worker's memory is its share of the machine's; the tier they share keeps bodies
+        # past it, up to what its records hold.
+        max_object_bytes=None
+        if sharing is None
+        else worker_largest_object(config, store.max_object_bytes),
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,

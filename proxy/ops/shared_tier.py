@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from proxy.config.settings import MAX_REGION, Config, ConfigError, DiskSection, check_config
+from proxy.core.disk import RECORD_HEADER
 from proxy.disk.directory import LOCK, claimed
 from proxy.disk.sharing import Sharing, shared_bytes
 from proxy.disk.store import DiskStore
@@ -82,6 +83,17 @@ def worker_overrides(config: Config, workers: int, scratch: str) -> dict[str, ob
     }
 
 
+def worker_largest_object(view: Config, memory_largest: int) -> int:
+    """The largest body a worker running ``view`` (``worker_view``) keeps in some tier: its
+    memory's own (``memory_largest``), or past it, up to ``[cache] max_object_size``, what a
+    record of the tier the workers share holds: its region, less the most a record's key and
+    meta take (the longest URL and header block the proxy accepts, the head and the fields
+    stored twice)."""
+    c, server = view.cache, view.server
+    allowance = RECORD_HEADER + server.max_url_length + 2 * server.max_header_size
+    return max(memory_largest, min(c.max_object_size, view.disk.region_size - allowance))
+
+
 def check_workers(config: Config, workers: int) -> None:
     """``ConfigError`` naming the key and a value that works, when ``workers`` workers of
     ``config`` would not start: each worker's configuration (``worker_view``) judged as the
@@ -89,13 +101,24 @@ def check_workers(config: Config, workers: int) -> None:
     stands for memory is made on (a container's ``/dev/shm`` is 64 MiB by default)."""
     overrides = worker_overrides(config, workers, str(_scratch_root()))
     view = worker_view(config, overrides)
-    # A worker's memory keeps bodies up to its share, as its store clamps them; the tier
-    # behind keeps the rest up to the machine's largest object (``CacheEngine.fits``).
-    memory = replace(view.cache, max_object_size=min(view.cache.max_object_size, view.cache.size))
+    # A worker keeps in memory up to its share and in the tier behind up to a region's
+    # record (``worker_largest_object``); its configuration is judged with that largest.
+    largest = worker_largest_object(view, min(view.cache.max_object_size, view.cache.size))
+    if view.cache.slice_size > largest:
+        raise ConfigError(
+            f"[cache] slice_size = {view.cache.slice_size}: with {workers} workers, each keeps "
+            f"bodies up to {largest} bytes: set it to at most that, or give the tier the "
+            "workers share larger regions ([disk] region_size, or a larger [cache] size)"
+        )
+    # Slices judged above; memory's own rules with the largest body memory holds.
+    memory = replace(view.cache, max_object_size=min(largest, view.cache.size), slice_size=0)
     try:
         check_config(replace(view, cache=memory))
     except ConfigError as exc:
-        raise ConfigError(f"with {workers} workers, each worker's share: {exc}") from None
+        raise ConfigError(
+            f"with {workers} workers, each keeps {view.cache.size} bytes of memory and bodies "
+            f"up to {largest} bytes: {exc}"
+        ) from None
     if config.disk.path:
         return
     needed = int(overrides["disk.size"])  # type: ignore[call-overload]
