@@ -21,7 +21,7 @@ from proxy.config import values
 from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.sharing import Sharing
-from proxy.ops import preflight
+from proxy.ops import inspection, preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, hold_signals, until_signalled
@@ -45,8 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one sent while it starts (a worker told of a reload taken meanwhile) is handled then.
     hold_signals()
     given = list(sys.argv[1:] if argv is None else argv)
-    if given[:1] == ["inspect"]:  # the subcommand's spelling of --inspect
-        given = ["--inspect", *given[1:]]
+    for i, token in enumerate(given):  # the subcommand's spelling of --inspect, anywhere
+        if token == "inspect" and (i == 0 or not given[i - 1].startswith("-")):
+            given[i] = "--inspect"
+            break
     args = _parser().parse_args(given)
     overrides: dict[str, object] = {}
     for flag, key in (
@@ -142,7 +144,8 @@ def ask_inspect(config: Config, url: str) -> int:
     """``inspect URL`` (``--inspect``): ``GET /cache`` of the admin listener ``config`` names,
     for ``url``, or the keys memory holds under it when it ends with ``*``; 0 when answered,
     1 when the proxy refused the URL, 2 when no onehit answered."""
-    query = {"prefix": url[:-1], "limit": "1000"} if url.endswith("*") else {"url": url}
+    limit = str(inspection.MAX_LIMIT)
+    query = {"prefix": url[:-1], "limit": limit} if url.endswith("*") else {"url": url}
     answer = _ask_admin(config, "GET", "/cache?" + urllib.parse.urlencode(query))
     return 2 if answer is None else 1 if "error" in answer else 0
 

@@ -116,8 +116,8 @@ async def test_the_inspect_command_asks_the_running_proxy(origin, start_proxy, c
         await get(client, service, "/a")
     host, port = service.admin_address
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "proxy", "inspect", "http://example.test/a",
-        "--admin-listen", f"{host}:{port}", "--origin", origin.url,
+        sys.executable, "-m", "proxy", "--admin-listen", f"{host}:{port}", "--origin",
+        origin.url, "inspect", "http://example.test/a",  # the order docs/operations.md shows
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.getcwd()},
     )  # fmt: skip

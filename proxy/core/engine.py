@@ -132,7 +132,7 @@ CLIENT_REVALIDATED_URLS = 4096
 _PLAN_FIELDS = frozenset({"cache-control", "cookie", *PRECONDITIONS})
 
 
-def _fresh(entry: Entry, age: float, req: rfc9111.Directives) -> bool:
+def fresh(entry: Entry, age: float, req: rfc9111.Directives) -> bool:
     """Whether ``entry`` at ``age`` answers a request with directives ``req`` without
     revalidation (RFC 9111 sections 4.2, 5.2.1 and 5.2.2)."""
     if age >= entry.lifetime:
@@ -232,7 +232,7 @@ class CacheEngine(ResponseDecisions):
             return PRIVATE_MISS
         age = entry.age(now)
         req = self._client_directives(request, entry, age, now, revalidating=True)
-        if _fresh(entry, age, req):
+        if fresh(entry, age, req):
             self._count_hit(AS_REQUEST)
             self._from_store(request.key, entry, now)
             return Hit(entry, age)
@@ -254,7 +254,7 @@ class CacheEngine(ResponseDecisions):
             return None
         age = entry.age(now)
         req = self._client_directives(request, entry, age, now)
-        return Hit(entry, age) if _fresh(entry, age, req) else None
+        return Hit(entry, age) if fresh(entry, age, req) else None
 
     def _client_directives(
         self,
@@ -273,7 +273,7 @@ class CacheEngine(ResponseDecisions):
         client cannot make every request an origin fetch. ``revalidating``: this request
         will be revalidated if it asks it (remembered for the URL)."""
         req = _directives(request)
-        if _CLIENT_REVALIDATES.isdisjoint(req) or not _fresh(entry, age, _NO_DIRECTIVES):
+        if _CLIENT_REVALIDATES.isdisjoint(req) or not fresh(entry, age, _NO_DIRECTIVES):
             return req
         key = request.key
         last = self._revalidated.get(key)
@@ -281,7 +281,7 @@ class CacheEngine(ResponseDecisions):
             last is not None and 0 <= now - last < CLIENT_REVALIDATION_EVERY
         ):
             return {k: v for k, v in req.items() if k not in _CLIENT_REVALIDATES}
-        if revalidating and not _fresh(entry, age, req):
+        if revalidating and not fresh(entry, age, req):
             self._revalidated[key] = now
         return req
 

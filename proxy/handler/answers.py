@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import struct
+from collections.abc import Iterator
 from time import perf_counter
 
 from aiohttp import HttpVersion11, web
@@ -225,6 +226,19 @@ def at_once(
         f"\r\nX-Cache: MISS\r\nVia: {VIA}\r\n{dated}\r\n"
     )
     return request.write_at_once(head.encode("utf-8", "surrogateescape"), arrived, upstream.status)
+
+
+@contextlib.contextmanager
+def on_origin(request: web.BaseRequest, counted: bool = True) -> Iterator[None]:
+    """Count the time the block takes (an origin exchange, to its response's head or its
+    failure) on ``request`` (``waited_on_origin``), however it ends; ``counted=False`` for
+    an exchange whose time is the client's as much as the origin's (a body it streams)."""
+    began = perf_counter()
+    try:
+        yield
+    finally:
+        if counted:
+            waited_on_origin(request, began)
 
 
 def waited_on_origin(request: web.BaseRequest, began: float) -> None:

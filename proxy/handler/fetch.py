@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from time import perf_counter
 
 from aiohttp import web
 
@@ -45,7 +44,7 @@ from proxy.core.responses import Decided, response_meta
 from proxy.core.store import Entry
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest, Written
-from proxy.handler.answers import at_once, interim, mark, plain, relay_head, waited_on_origin, whole
+from proxy.handler.answers import at_once, interim, mark, on_origin, plain, relay_head, whole
 from proxy.handler.coalesce import Flight, SingleFlight
 from proxy.handler.routing import Router
 from proxy.handler.streaming import stream
@@ -183,16 +182,14 @@ class Fetcher:
         if sent is None:
             request_time = self.clock()
             headers = self.router.upstream_headers(meta, whole=action.whole)
-        began = perf_counter()
         try:
-            upstream = await self.upstream.request(
-                meta.method, url, headers, sent=sent, interim=interim(request)
-            )
+            with on_origin(request):
+                upstream = await self.upstream.request(
+                    meta.method, url, headers, sent=sent, interim=interim(request)
+                )
         except UpstreamError as exc:
-            waited_on_origin(request, began)
             status = forwarded(action.reason, detail=ORIGIN_ERROR)
             return plain(exc.status, exc.public, status), None
-        waited_on_origin(request, began)
         async with upstream:
             return await self.receive(request, meta, url, upstream, request_time, action, flight)
 

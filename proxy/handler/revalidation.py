@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from time import perf_counter
 
 from aiohttp import web
 
@@ -22,7 +21,7 @@ from proxy.core.cache_status import ORIGIN_ERROR, forwarded, hit
 from proxy.core.events import FWD_STALE, Fetch, RequestMeta, Revalidate
 from proxy.core.responses import client_fields
 from proxy.core.store import Entry
-from proxy.handler.answers import interim, plain, waited_on_origin
+from proxy.handler.answers import interim, on_origin, plain
 from proxy.handler.fetch import Fetcher
 from proxy.origin.body import BODY_ERRORS, fields_of
 from proxy.origin.upstream import UpstreamError
@@ -46,13 +45,12 @@ class Revalidation:
         request_time = fetcher.clock()
         headers = fetcher.router.upstream_headers(meta, whole=True, extra=action.conditions,
                                                   keep=_vary_of(entry))  # fmt: skip
-        began = perf_counter()
         try:
-            upstream = await fetcher.upstream.request("GET", url, headers, interim=interim(request))
+            with on_origin(request):
+                upstream = await fetcher.upstream.request("GET", url, headers,
+                                                          interim=interim(request))  # fmt: skip
         except UpstreamError as exc:
-            waited_on_origin(request, began)
             return self._origin_failed(meta, action, exc.status, exc.public)
-        waited_on_origin(request, began)
         async with upstream:
             if upstream.status == 304:
                 fields = fields_of(upstream)

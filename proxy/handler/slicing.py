@@ -52,7 +52,6 @@ import asyncio
 import logging
 from dataclasses import dataclass, replace
 from itertools import islice
-from time import perf_counter
 from typing import Literal
 
 from aiohttp import web
@@ -71,7 +70,7 @@ from proxy.core.events import (
 )
 from proxy.core.tiers import CHANGED
 from proxy.disk.store import DiskStore
-from proxy.handler.answers import abort, delivered, plain, waited_on_origin
+from proxy.handler.answers import abort, delivered, on_origin, plain
 from proxy.handler.coalesce import Flight
 from proxy.handler.fetch import GO_DIRECT, Fetcher, Shared, same_variant
 from proxy.handler.streaming import send
@@ -395,9 +394,9 @@ class Slicer:
         first = n * self.size
         asked = (("Range", f"bytes={first}-{first + self.size - 1}"),)
         headers = self.router.upstream_headers(meta, whole=True, extra=asked)
-        request_time, began = self.clock(), perf_counter()
-        upstream = await self.fetcher.upstream.request("GET", url, headers)
-        waited_on_origin(request, began)
+        request_time = self.clock()
+        with on_origin(request):
+            upstream = await self.fetcher.upstream.request("GET", url, headers)
         return upstream, request_time
 
     async def _read(

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from time import perf_counter
 
 from aiohttp import HttpVersion11, web
 
@@ -24,7 +23,7 @@ from proxy.config.settings import Config
 from proxy.core.cache_status import ORIGIN_ERROR, forwarded
 from proxy.core.engine import CacheEngine
 from proxy.core.events import FWD_METHOD, RequestMeta
-from proxy.handler.answers import LENGTH, abort, interim, mark, plain, waited_on_origin
+from proxy.handler.answers import LENGTH, abort, interim, mark, on_origin, plain
 from proxy.handler.routing import Router
 from proxy.origin.body import BODY_ERRORS, body_of, fields_of, in_hand
 from proxy.origin.upstream import Upstream, UpstreamError
@@ -84,16 +83,15 @@ class Uploads:
         body: bytes | AsyncIterator[bytes] | None,
         reason: str,
     ) -> web.StreamResponse:
-        began = perf_counter()
         try:
-            upstream = await self.upstream.request(
-                meta.method, url, self.router.upstream_headers(meta, whole=False), body,
-                interim=interim(request),
-            )  # fmt: skip
+            # A body the client streams makes the wait its own as much as the origin's.
+            with on_origin(request, counted=body is None or isinstance(body, bytes)):
+                upstream = await self.upstream.request(
+                    meta.method, url, self.router.upstream_headers(meta, whole=False), body,
+                    interim=interim(request),
+                )  # fmt: skip
         except UpstreamError as exc:
-            waited_on_origin(request, began)
             return plain(exc.status, exc.public, forwarded(reason, detail=ORIGIN_ERROR))
-        waited_on_origin(request, began)
         async with upstream:
             self.engine.on_unsafe_response(meta, upstream.status, self.clock())
             fields = fields_of(upstream)

@@ -6,8 +6,9 @@
   included, as Apache's ``%O``), ``duration_us`` (from the request's arrival to its last
   byte handed to the socket), ``origin_us`` (the time it waited on the origin: from each
   request sent for it to that response's head, summed over them, as nginx's
-  ``$upstream_header_time``; ``null`` when the origin was not asked: a hit, a request that
-  followed another's fetch), ``cache_status`` (``Cache-Status``), ``user_agent``,
+  ``$upstream_header_time``; ``null`` when the origin was not asked, a hit or a request that
+  followed another's fetch, or for an upload the client streams, whose wait is its own as
+  much as the origin's), ``cache_status`` (``Cache-Status``), ``user_agent``,
   ``referer`` and ``request_id``. An absent field is ``null``.
 * ``combined``: Apache's combined format (GoAccess, AWStats, any log parser's
   ``COMBINEDAPACHELOG``): ``%h %l %u %t "%r" %>s %b "%{Referer}i" "%{User-Agent}i"``, with

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from proxy.core.cache_status import ttl_of
+from proxy.core.engine import fresh
 from proxy.core.keys import PART
 from proxy.core.rfc9110 import get_first
 from proxy.core.store import Entry
@@ -55,7 +56,8 @@ def entry_view(entry: Entry, now: float, hits: int | None) -> dict[str, Any]:
         "age": round(age, 3),
         "lifetime": entry.lifetime if finite else None,
         "ttl": ttl_of(entry.lifetime, age) if finite else None,
-        "fresh": age < entry.lifetime and not entry.soft_purged,
+        # As the engine judges a request without directives: a no-cache entry is not.
+        "fresh": fresh(entry, age, {}) and not entry.soft_purged,
         "soft_purged": entry.soft_purged,
         "validators": {
             "etag": get_first(entry.headers, "etag"),

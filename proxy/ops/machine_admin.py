@@ -91,7 +91,8 @@ class MachineAdmin:
 
     async def cache(self, request: web.Request) -> web.Response:
         """Each worker's look at its own memory and at the tier they share, by place."""
-        query = f"?{request.query_string}" if request.query_string else ""
+        raw = request.rel_url.raw_query_string  # passed on as sent: decoded once, by each worker
+        query = f"?{raw}" if raw else ""
         try:
             answers, missing = await self._each("GET", request.path + query)
         except Refused as refused:
@@ -230,7 +231,8 @@ class MachineAdmin:
                 body = await request.json()
             except (ValueError, TypeError, RecursionError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
-        query = f"?{request.query_string}" if request.query_string else ""
+        raw = request.rel_url.raw_query_string  # passed on as sent: decoded once, by each worker
+        query = f"?{raw}" if raw else ""
         try:
             answers, missing = await self._each("POST", request.path + query, body)
         except Refused as refused:
