@@ -216,3 +216,23 @@ def test_a_reload_that_changes_only_a_routes_servers_purges_nothing():
     new = config([{"url": "http://10.0.0.1:80", "weight": 3}, "http://10.0.0.3:80",
                   {"url": "http://10.0.0.2:80", "backup": True}], max_fails=5)  # fmt: skip
     assert keys_built_otherwise(old, new) == () and key_rules(old) == key_rules(new)
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"origin": "http://10.0.0.1:80", "max_fails": 3}, "max_fails and fail_timeout judge"),
+        ({"servers": ["http://10.0.0.1:80"], "max_fails": -1}, "route www.example.test max_fails"),
+        ({"servers": ["http://10.0.0.1:80"], "fail_timeout": "soon"}, "fail_timeout"),
+        ({"servers": [{"url": "http://10.0.0.1:80", "backup": True}]}, "every server is a backup"),
+        ({"servers": ["http://10.0.0.1:80", "http://10.0.0.1:80"]}, "named twice"),
+        ({"servers": [{"url": "http://10.0.0.1:80", "weight": 0}]}, "whole number >= 1"),
+        ({"servers": []}, "expected a list"),
+    ],
+)
+def test_a_bad_server_list_names_its_key_and_the_fix(given, named):
+    from proxy.config.settings import ConfigError, load
+
+    with pytest.raises(ConfigError) as raised:
+        load(env={}, overrides={"routes": [{"host": "www.example.test", **given}]})
+    assert named in str(raised.value)

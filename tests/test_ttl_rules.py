@@ -141,6 +141,7 @@ def test_a_ttl_table_is_read_into_a_rule_and_shown_as_written():
         ({"default": "soon"}, "default 'soon'"),
         ({"min": "1h", "max": "1m"}, "min '1h' is above max '1m'"),
         ({"override": ["public"]}, "override ['public']"),
+        ({"override": [{}]}, "override [{}]"),
         ({"path": "static/", "default": "1m"}, "path 'static/'"),
         ({"path": "/x"}, "sets nothing"),
         ({"defualt": "1m"}, "unknown: defualt"),

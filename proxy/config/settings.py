@@ -668,11 +668,19 @@ def _route(table: Any, source: str) -> Route:
         origin = servers_origin(host.lower()) if servers else values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
+    if not servers and {"max_fails", "fail_timeout"} & set(table):
+        raise ConfigError(
+            f"{source}: route {host}: max_fails and fail_timeout judge a route's servers: "
+            "give it servers = [...], or leave them out"
+        )
     try:
         max_fails = values.count(table.get("max_fails", 1))
+    except ValueError as exc:
+        raise ConfigError(f"{source}: route {host} max_fails: {exc}") from None
+    try:
         fail_timeout = values.duration(table.get("fail_timeout", "10s"))
     except ValueError as exc:
-        raise ConfigError(f"{source}: route {host} max_fails or fail_timeout: {exc}") from None
+        raise ConfigError(f"{source}: route {host} fail_timeout: {exc}") from None
     try:
         key_query = values.key_query(table["key_query"]) if "key_query" in table else None
         key_sort = values.boolean(table["key_query_sort"]) if "key_query_sort" in table else None
@@ -768,7 +776,11 @@ def _ttl_rule(table: Any, source: str) -> TtlRule:
     if low is not None and high is not None and low > high:
         raise ConfigError(f"{where}: min {table['min']!r} is above max {table['max']!r}")
     override = table.get("override", [])
-    if not isinstance(override, list) or not set(override) <= set(OVERRIDABLE):
+    if (
+        not isinstance(override, list)
+        or not all(isinstance(name, str) for name in override)
+        or not set(override) <= set(OVERRIDABLE)
+    ):
         raise ConfigError(
             f"{where}: override {override!r}: expected a list of {', '.join(OVERRIDABLE)} "
             "(private only where the response is the same for every user)"

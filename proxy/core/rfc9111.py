@@ -232,15 +232,20 @@ def storable(
         return False, "cookie"
     if not allow_set_cookie and any(get_first(response_headers, f) for f in PER_CLIENT_FIELDS):
         return False, "set-cookie"
-    explicit = (
-        "public" in cc
-        or delta_seconds(cc.get("s-maxage")) is not None
-        or delta_seconds(cc.get("max-age")) is not None
-        or get_first(response_headers, "expires") is not None
-    )
+    explicit = "public" in cc or explicit_freshness(response_headers, cc)
     if not explicit and status not in HEURISTICALLY_CACHEABLE:
         return False, "status"
     return True, ""
+
+
+def explicit_freshness(headers: Headers, cc: Directives) -> bool:
+    """Whether a response says how long it is fresh (section 4.2.1): a valid ``s-maxage`` or
+    ``max-age`` among its directives ``cc``, or an ``Expires``."""
+    return (
+        delta_seconds(cc.get("s-maxage")) is not None
+        or delta_seconds(cc.get("max-age")) is not None
+        or get_first(headers, "expires") is not None
+    )
 
 
 def never_fresh(headers: Headers, cc: Directives) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from proxy.core import rfc9111
 from proxy.core.keys import url_of
-from proxy.core.rfc9110 import Headers, get_first
+from proxy.core.rfc9110 import Headers
 
 # The statuses a rule is for when it names none: nginx's ``proxy_cache_valid`` without codes.
 DEFAULT_STATUSES = frozenset({200, 301, 302})
@@ -102,16 +102,6 @@ class TtlRules:
         return None
 
 
-def explicit_freshness(headers: Headers, directives: rfc9111.Directives) -> bool:
-    """Whether a response says how long it is fresh (RFC 9111 section 4.2.1): ``s-maxage``,
-    ``max-age`` or ``Expires``."""
-    return (
-        "s-maxage" in directives
-        or "max-age" in directives
-        or get_first(headers, "expires") is not None
-    )
-
-
 def rule_response(
     rule: TtlRule,
     status: int,
@@ -129,7 +119,7 @@ def rule_response(
     if overridden:
         directives = {k: v for k, v in directives.items() if k not in overridden}
         by_rule = True
-    explicit = explicit_freshness(headers, directives)
+    explicit = rfc9111.explicit_freshness(headers, directives)
     if not storable:
         # A status storable only with explicit freshness, which the operator's default gives.
         if not (

@@ -319,9 +319,11 @@ async def look_inside(proxy: Proxy, query: Any) -> dict[str, Any]:
         if "url" in query:
             return await inspection.describe(proxy, query["url"])
         if "prefix" in query:
-            limit = int(query.get("limit", "100"))
+            given = query.get("limit", "100")
+            limit = int(given) if given.isascii() and given.isdigit() else 0
             if not 1 <= limit <= inspection.MAX_LIMIT:
-                raise ValueError(f"limit {limit}: expected 1 to {inspection.MAX_LIMIT}")
+                raise ValueError(f"limit {given!r}: expected a whole number from 1 to "
+                                 f"{inspection.MAX_LIMIT}")  # fmt: skip
             return await inspection.listing(proxy, cache_key(query["prefix"]), limit)
     except ValueError as exc:
         return {"error": str(exc)}
