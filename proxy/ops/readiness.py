@@ -97,6 +97,12 @@ async def _servers(host: str, group: ServerGroup, timeout: float, health: Origin
     each = await asyncio.gather(*(
         _origin(host, server.url, timeout, health) for server in group.servers
     ))  # fmt: skip
+    each = [
+        c
+        if c.ok is False or group.up(server.url)
+        else Check(c.name, False, f"marked down after {group.max_fails} failed requests")
+        for c, server in zip(each, group.servers, strict=True)
+    ]
     down = [f"server {i + 1}: {c.reason}" for i, c in enumerate(each) if not c.ok]
     ready = len(down) < len(each)
     reason = f"{len(each) - len(down)} of {len(each)} servers ready"

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from proxy.config.settings import MAX_REGION, Config, ConfigError, DiskSection, check_config
+from proxy.config.settings import MAX_REGION, Config, ConfigError, check_config
 from proxy.core.disk import RECORD_HEADER
 from proxy.disk.directory import LOCK, claimed
 from proxy.disk.sharing import Sharing, shared_bytes
@@ -136,17 +136,7 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
     """Load the tier ``workers`` workers of ``config`` share (see the module's rules)."""
     scratch = None if config.disk.path else _scratch_directory()
     overrides = worker_overrides(config, workers, str(scratch))
-    if scratch is None:
-        section = config.disk
-    else:
-        section = replace(
-            DiskSection(),
-            path=str(scratch),
-            size=int(overrides["disk.size"]),  # type: ignore[call-overload]
-            region_size=int(overrides["disk.region_size"]),  # type: ignore[call-overload]
-            policy="always",
-            max_write_rate=0,
-        )
+    section = worker_view(config, overrides).disk  # the parent's tier is the workers' own
     index_bytes, window_bytes = shared_bytes(section)
     fds = [machine.create(index_bytes, "onehit-tier-index")]
     try:

@@ -57,7 +57,8 @@ class ServerGroup:
         return tuple(state.server for state in self._states)
 
     def up(self, url: str) -> bool:
-        return self._by_url[url].down_until <= self._clock()
+        """Whether ``url``'s server is up: not marked down, or its time down is over."""
+        return _up(self._by_url[url], self._clock())
 
     def pick(self, tried: frozenset[str] | set[str] = frozenset()) -> str | None:
         """The URL of the server the next request goes to, but one of ``tried``; None when
@@ -65,8 +66,8 @@ class ServerGroup:
         now = self._clock()
         left = [s for s in self._states if s.server.url not in tried]
         for choice in (
-            [s for s in left if not s.server.backup and s.down_until <= now],
-            [s for s in left if s.server.backup and s.down_until <= now],
+            [s for s in left if not s.server.backup and _up(s, now)],
+            [s for s in left if s.server.backup and _up(s, now)],
             left,
         ):
             if choice:
@@ -102,12 +103,16 @@ class ServerGroup:
                 "url": s.server.url,
                 "weight": s.server.weight,
                 "backup": s.server.backup,
-                "up": s.down_until <= now,
+                "up": _up(s, now),
                 "requests": s.requests,
                 "failures": s.failures,
             }
             for s in self._states
         ]
+
+
+def _up(state: _State, now: float) -> bool:
+    return state.down_until <= now
 
 
 def _smooth_weighted(states: list[_State]) -> _State:
