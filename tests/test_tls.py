@@ -116,15 +116,11 @@ def _issue(
     issued.private_key_pem.write_to_path(key)
 
 
-async def test_a_certificate_renewed_in_place_is_taken_by_a_reload_without_dropping_connections(
-    origin, authority, certificate, tmp_path
-):
-    from conftest import admin
-
+async def reloadable_tls(origin, tmp_path, cert: str, key: str):
+    """onehit serving TLS with ``cert`` and ``key``, from a file a reload reads again."""
     from proxy.config.settings import load
     from proxy.ops.service import Service
 
-    cert, key = certificate
     path = tmp_path / "proxy.toml"
     path.write_text(f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
     flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
@@ -133,7 +129,16 @@ async def test_a_certificate_renewed_in_place_is_taken_by_a_reload_without_dropp
     def read():
         return load(path, env={}, overrides=flags)
 
-    service = await Service.start(read(), read_config=read)
+    return await Service.start(read(), read_config=read), path
+
+
+async def test_a_certificate_renewed_in_place_is_taken_by_a_reload_without_dropping_connections(
+    origin, authority, certificate, tmp_path
+):
+    from conftest import admin
+
+    cert, key = certificate
+    service, path = await reloadable_tls(origin, tmp_path, cert, key)
     try:
         host, port = service.proxy_address
         url = f"https://{host}:{port}/t"
@@ -183,20 +188,9 @@ async def test_a_certificate_of_another_key_type_replaces_the_old_one_for_every_
     clients)."""
     from conftest import admin
 
-    from proxy.config.settings import load
-    from proxy.ops.service import Service
-
     cert, key = str(tmp_path / "cert.pem"), str(tmp_path / "key.pem")
     _issue(trustme.CA(), cert, key, trustme.KeyType.RSA)
-    path = tmp_path / "proxy.toml"
-    path.write_text(f'[server]\ntls_cert = "{cert}"\ntls_key = "{key}"\n')
-    flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
-             "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
-
-    def read():
-        return load(path, env={}, overrides=flags)
-
-    service = await Service.start(read(), read_config=read)
+    service, _ = await reloadable_tls(origin, tmp_path, cert, key)
     try:
         host, port = service.proxy_address
         renewed = trustme.CA()

@@ -131,19 +131,28 @@ async def test_with_a_disk_what_one_worker_stored_is_a_hit_through_the_other_aft
     assert sum(origin.hits[p] for p in paths) - fetched == len(paths) - len(from_disk)
 
 
+async def large_through_two_workers(
+    origin: Origin, disk: Path, body: bytes, cache: str, region: str, asked: int
+) -> list[tuple]:
+    """``/big`` (``body``) asked ``asked`` times of two workers sharing ``cache`` of memory
+    and a disk tier of ``region`` regions."""
+    origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
+    args = ("--workers", "2", "--origin", origin.url, "--cache-size", cache, "--set",
+            f"disk.path={disk}", "--set", "disk.size=16MiB", "--set",
+            f"disk.region_size={region}", "--set", "disk.policy=always", *QUIET)  # fmt: skip
+    async with served(*args) as (process, url, _):
+        answers = await ask(url, ["/big"] * asked)
+        await stop(process)
+    assert {got for _, _, got in answers} == {body}
+    return answers
+
+
 async def test_a_body_past_a_workers_memory_share_is_kept_on_the_machines_disk(origin, tmp_path):
     """With 2 MiB of memory for the machine, each of two workers holds 1 MiB: a 1.5 MiB body,
     within the machine's largest object (2 MiB), is kept by the disk tier they share and hit
     from it, as one process would keep it (before: refused by every tier as too large)."""
     body = bytes(range(256)) * 6144  # 1.5 MiB
-    origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
-    args = ("--workers", "2", "--origin", origin.url, "--cache-size", "2MiB",
-            "--set", f"disk.path={tmp_path}", "--set", "disk.size=16MiB",
-            "--set", "disk.region_size=4MiB", "--set", "disk.policy=always", *QUIET)  # fmt: skip
-    async with served(*args) as (process, url, _):
-        answers = await ask(url, ["/big"] * 8)
-        await stop(process)
-    assert {(status, got) for status, _, got in answers} == {(200, body)}
+    answers = await large_through_two_workers(origin, tmp_path, body, "2MiB", "4MiB", 8)
     assert "detail=disk" in answers[-1][1] and origin.hits["/big"] <= 2
 
 
@@ -151,15 +160,8 @@ async def test_a_body_no_tier_of_a_worker_holds_is_said_too_large_not_stored(ori
     """Past a worker's memory share and a disk record's region: kept nowhere, and its answer
     says so (before: ``stored``, while every request went to the origin)."""
     body = bytes(range(256)) * 12288  # 3 MiB
-    origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
-    args = ("--workers", "2", "--origin", origin.url, "--cache-size", "4MiB",
-            "--set", f"disk.path={tmp_path}", "--set", "disk.size=8MiB",
-            "--set", "disk.region_size=1MiB", "--set", "disk.policy=always", *QUIET)  # fmt: skip
-    async with served(*args) as (process, url, _):
-        answers = await ask(url, ["/big"] * 3)
-        await stop(process)
+    answers = await large_through_two_workers(origin, tmp_path, body, "4MiB", "1MiB", 3)
     statuses = [status for _, status, _ in answers]
-    assert {got for _, _, got in answers} == {body}
     # Refused as too large, then passed to the origin for a while (hit-for-miss).
     assert "detail=too-large" in statuses[0] and not any("stored" in s for s in statuses)
 
@@ -184,10 +186,23 @@ async def test_a_removal_one_worker_decides_reaches_the_other_workers_memory(ori
         await stop(process)
 
 
+async def look(admin: str, url: str) -> dict:
+    async with (
+        aiohttp.ClientSession() as client,
+        client.get(admin + "/cache", params={"url": url}) as r,
+    ):
+        assert r.status == 200
+        return await r.json()
+
+
 async def test_a_purge_reaches_every_worker_and_the_shared_tier_once(origin):
+    """And a look inside (``GET /cache``) asks every worker: each sees the record the tier
+    they share holds, then none."""
     origin.set("/q", body=b"v1", headers={"Cache-Control": "max-age=300"})
     async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, url, admin):
         await ask(url, ["/q"] * 20)
+        seen = await look(admin, url + "/q")
+        assert seen["missing"] == 0 and [w["disk"]["size"] for w in seen["workers"]] == [2, 2]
         async with (
             aiohttp.ClientSession() as client,
             client.post(admin + "/purge", json={"url": url + "/q"}) as r,
@@ -195,6 +210,8 @@ async def test_a_purge_reaches_every_worker_and_the_shared_tier_once(origin):
             assert r.status == 200
             purged = await r.json()
         assert purged["removed"] == 3, "two memory copies and the shared record"
+        after = await look(admin, url + "/q")
+        assert [(w["memory"], w["disk"]) for w in after["workers"]] == [(None, None)] * 2
         origin.set("/q", body=b"v2", headers={"Cache-Control": "max-age=300"})
         answers = await ask(url, ["/q"] * 10)
         assert {body for _, _, body in answers} == {b"v2"}
@@ -339,22 +356,6 @@ async def test_a_trace_through_two_workers_hits_as_through_one_process(origin, t
     assert ratios[0] > 0.2
     assert abs(ratios[1] - ratios[0]) <= 0.01, ratios
     assert abs(written[1] / written[0] - 1) <= 0.05, written
-
-
-async def test_a_look_inside_asks_every_worker_and_shows_the_tier_they_share(origin):
-    origin.set("/q", body=b"v1", headers={"Cache-Control": "max-age=300"})
-    async with served("--workers", "2", "--origin", origin.url, *QUIET) as (process, url, admin):
-        await ask(url, ["/q"] * 20)
-        async with (
-            aiohttp.ClientSession() as client,
-            client.get(admin + "/cache", params={"url": url + "/q"}) as r,
-        ):
-            assert r.status == 200
-            seen = await r.json()
-        await stop(process)
-    assert seen["missing"] == 0 and len(seen["workers"]) == 2
-    # The tier they share stands for memory here: every worker sees its one record.
-    assert [w["disk"]["size"] for w in seen["workers"]] == [2, 2]
 
 
 async def test_a_purge_no_worker_can_take_is_refused_to_be_asked_again(origin):
