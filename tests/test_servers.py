@@ -71,6 +71,7 @@ class Backend:
         self.port = free_port()
         self.seen: Counter[str] = Counter()
         self.hang = False
+        self.health = 200  # what the probe path answers
         self._runner: web.AppRunner | None = None
 
     @property
@@ -78,6 +79,8 @@ class Backend:
         return f"http://127.0.0.1:{self.port}"
 
     async def handle(self, request: web.Request) -> web.Response:
+        if request.path == "/healthz":  # the probe's, not counted
+            return web.Response(status=self.health)
         self.seen[request.method] += 1
         if self.hang:
             await asyncio.sleep(30)
@@ -221,7 +224,9 @@ def test_a_reload_that_changes_only_a_routes_servers_purges_nothing():
 @pytest.mark.parametrize(
     ("given", "named"),
     [
-        ({"origin": "http://10.0.0.1:80", "max_fails": 3}, "max_fails and fail_timeout judge"),
+        ({"origin": "http://10.0.0.1:80", "max_fails": 3}, "judge a route's servers"),
+        ({"servers": ["http://10.0.0.1:80"], "probe": {"path": "healthz"}}, "probe path"),
+        ({"servers": ["http://10.0.0.1:80"], "probe": {"expect": "ok"}}, "probe expect"),
         ({"servers": ["http://10.0.0.1:80"], "max_fails": -1}, "route www.example.test max_fails"),
         ({"servers": ["http://10.0.0.1:80"], "fail_timeout": "soon"}, "fail_timeout"),
         ({"servers": [{"url": "http://10.0.0.1:80", "backup": True}]}, "every server is a backup"),
@@ -236,3 +241,19 @@ def test_a_bad_server_list_names_its_key_and_the_fix(given, named):
     with pytest.raises(ConfigError) as raised:
         load(env={}, overrides={"routes": [{"host": "www.example.test", **given}]})
     assert named in str(raised.value)
+
+
+async def test_a_probe_takes_a_server_out_before_any_request_fails_and_back_when_it_answers(
+    start_proxy, backends
+):
+    a, b = backends
+    a.health = 503
+    probe = {"path": "/healthz", "interval": "100ms", "expect": 200}
+    service = await start_proxy(routes=route(a.url, b.url, probe=probe))
+    await asyncio.sleep(0.3)  # a probe or two
+    answers = [await fetch(service, f"/p{i}") for i in range(4)]
+    assert {body.split()[0] for _, body in answers} == {b"b"} and a.seen["GET"] == 0
+    a.health = 200
+    await asyncio.sleep(0.3)
+    answers = [await fetch(service, f"/q{i}") for i in range(4)]
+    assert {body.split()[0] for _, body in answers} == {b"a", b"b"}

@@ -314,6 +314,16 @@ class Server:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A route's active health check (``[[routes]] probe``): ``GET path`` of each server every
+    ``interval`` seconds, its answer ``expect`` or the server is down until one is."""
+
+    path: str = "/"
+    interval: float = 5.0
+    expect: int = 200
+
+
+@dataclass(frozen=True)
 class Route:
     host: str
     # Where its requests go: its one origin, or, with ``servers``, the route's own name for
@@ -328,6 +338,7 @@ class Route:
     servers: tuple[Server, ...] = ()
     max_fails: int = 1
     fail_timeout: float = 10.0
+    probe: Probe | None = None  # asked of each server, or none: judged by requests alone
 
 
 @dataclass(frozen=True)
@@ -437,6 +448,8 @@ class Config:
             if r.servers:
                 route["servers"] = [asdict(s) for s in r.servers]
                 route["max_fails"], route["fail_timeout"] = r.max_fails, r.fail_timeout
+                if r.probe is not None:
+                    route["probe"] = asdict(r.probe)
             routes.append(route)
         ttl = [_ttl_setting(rule) for rule in self.ttl]
         return {**sections, "routes": routes, "ttl": ttl}
@@ -622,7 +635,7 @@ def _build(cls: type, section: str, values: dict[str, tuple[Any, str]]) -> Any:
     return replace(cls(), **parsed)
 
 
-_ROUTE_KEYS = {"host", "origin", "servers", "max_fails", "fail_timeout", "key_query",
+_ROUTE_KEYS = {"host", "origin", "servers", "max_fails", "fail_timeout", "probe", "key_query",
                "key_query_sort"}  # fmt: skip
 
 
@@ -668,11 +681,12 @@ def _route(table: Any, source: str) -> Route:
         origin = servers_origin(host.lower()) if servers else values.origin(table["origin"])
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host} origin {table['origin']!r}: {exc}") from None
-    if not servers and {"max_fails", "fail_timeout"} & set(table):
+    if not servers and {"max_fails", "fail_timeout", "probe"} & set(table):
         raise ConfigError(
-            f"{source}: route {host}: max_fails and fail_timeout judge a route's servers: "
-            "give it servers = [...], or leave them out"
+            f"{source}: route {host}: max_fails, fail_timeout and probe judge a route's "
+            "servers: give it servers = [...], or leave them out"
         )
+    probe = _probe(table["probe"], host, source) if "probe" in table else None
     try:
         max_fails = values.count(table.get("max_fails", 1))
     except ValueError as exc:
@@ -686,7 +700,27 @@ def _route(table: Any, source: str) -> Route:
         key_sort = values.boolean(table["key_query_sort"]) if "key_query_sort" in table else None
     except ValueError as exc:
         raise ConfigError(f"{source}: route {host}: key_query: {exc}") from None
-    return Route(host.lower(), origin, key_query, key_sort, servers, max_fails, fail_timeout)
+    return Route(host.lower(), origin, key_query, key_sort, servers, max_fails, fail_timeout,
+                 probe)  # fmt: skip
+
+
+def _probe(table: Any, host: str, source: str) -> Probe:
+    """A route's ``probe = {path, interval, expect}``."""
+    where = f"{source}: route {host} probe"
+    if not isinstance(table, dict) or not set(table) <= {"path", "interval", "expect"}:
+        raise ConfigError(f'{where}: expected {{path = "/healthz", interval = "5s", '
+                          f"expect = 200}}, got {table!r}")  # fmt: skip
+    path = table.get("path", "/")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ConfigError(f"{where} path {path!r}: expected a path, like /healthz")
+    try:
+        interval = values.duration(table.get("interval", "5s"))
+    except ValueError as exc:
+        raise ConfigError(f"{where} interval: {exc}") from None
+    expect = table.get("expect", 200)
+    if isinstance(expect, bool) or not isinstance(expect, int) or not 100 <= expect <= 599:
+        raise ConfigError(f"{where} expect {expect!r}: expected a status, like 200")
+    return Probe(path, interval, expect)
 
 
 def servers_origin(host: str) -> str:

@@ -278,7 +278,9 @@ def server_groups(config: Config) -> dict[str, ServerGroup]:
     """The server groups of ``config``'s routes of several servers, by the origin their URLs
     are built with (``Upstream.groups``)."""
     return {
-        route.origin: ServerGroup(route.servers, route.max_fails, route.fail_timeout)
+        route.origin: ServerGroup(
+            route.servers, route.max_fails, route.fail_timeout, probe=route.probe
+        )
         for route in config.routes
         if route.servers
     }

@@ -108,7 +108,7 @@ class Proxy:
         # Under --workers, where the what-if's samples go: the parent's ghosts of the disk.
         self.samples: SampleSink | None = None
         self.router = Router(config)
-        upstream.groups = server_groups(config)
+        upstream.use_groups(server_groups(config))
         self.hits = HitAnswers(engine, self.router, clock, disk)
         # ``answer_hit`` answers plain fresh hits as parsed; ``plain_hits`` is its compiled
         # common case: the same answer, counted the same.
@@ -163,7 +163,7 @@ class Proxy:
         engine.ignore_cookies = c.ignore_cookies
         self.router.take(config)
         if config.routes != self.config.routes:  # servers judged afresh, as nginx's reload
-            self.upstream.groups = server_groups(config)
+            self.upstream.use_groups(server_groups(config))
         self.purges = Purges(config.server.purge_from)
         plain = self.plain_hits
         plain.query_as_sent = self.router.queries_as_sent

@@ -10,16 +10,20 @@ Rules this module keeps:
   (no connection, a timeout, a reset or a malformed answer before any byte of a response)
   within ``fail_timeout`` of each other; an answer, whatever its status, is the server
   up. ``max_fails = 0`` never marks one down.
-* Nothing here does I/O: ``Upstream`` tells it each outcome, and the clock is given.
+* With a probe (``[[routes]] probe``), a server whose probe is not answered as expected is
+  down until one is, whatever its requests do; one that is, is up.
+* Nothing here does I/O: ``Upstream`` tells it each outcome and each probe's, and the clock
+  is given.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.config.settings import Server
+from proxy.config.settings import Probe, Server
 
 
 @dataclass
@@ -43,11 +47,13 @@ class ServerGroup:
         max_fails: int = 1,
         fail_timeout: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        probe: Probe | None = None,
     ) -> None:
         if not servers:
             raise ValueError("a server group needs a server")
         self.max_fails = max_fails
         self.fail_timeout = fail_timeout
+        self.probe = probe
         self._clock = clock
         self._states = [_State(server) for server in servers]
         self._by_url = {state.server.url: state for state in self._states}
@@ -93,6 +99,12 @@ class ServerGroup:
         if self.max_fails and state.fails >= self.max_fails:
             state.down_until = now + self.fail_timeout
             state.fails = 0
+
+    def probed(self, url: str, answered: bool) -> None:
+        """``url``'s server answered its probe as expected (``answered``), or not."""
+        state = self._by_url[url]
+        state.fails = 0
+        state.down_until = 0.0 if answered else math.inf
 
     def states(self) -> list[dict[str, object]]:
         """Each server, in order: its URL, weight, whether a backup, up, its requests and

@@ -18,6 +18,7 @@ before any byte of its response (``proxy.origin.servers``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -59,8 +60,10 @@ class Upstream:
         self.health = OriginHealth()
         self._pool = OriginPool(config, self.health)
         # Routes of several servers (``proxy.origin.servers``), by the origin their URLs are
-        # built with (the first server's): a request to it goes to the group's pick.
+        # built with (``settings.servers_origin``): a request to it goes to the group's pick.
+        # Set by ``use_groups``, which runs their probes.
         self.groups: dict[str, ServerGroup] = {}
+        self._probes: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         c = self._config
@@ -87,12 +90,49 @@ class Upstream:
             connector=aiohttp.TCPConnector(limit=c.max_connections, force_close=True), **common
         )
 
+    def use_groups(self, groups: dict[str, ServerGroup]) -> None:
+        """Send the requests of routes of several servers through ``groups`` from now on, and
+        probe the servers of those that have a probe (the last groups' probes stop)."""
+        for task in self._probes:
+            task.cancel()
+        self.groups = groups
+        loop = asyncio.get_running_loop()
+        self._probes = [loop.create_task(self._probe(group)) for group in groups.values()
+                        if group.probe is not None]  # fmt: skip
+
+    async def _probe(self, group: ServerGroup) -> None:
+        """Ask each of ``group``'s servers its probe, every interval, each within the
+        interval or the connect and read timeouts, whichever is shorter; what it answers (or
+        a failure) is the group's to judge (``ServerGroup.probed``)."""
+        probe = group.probe
+        assert probe is not None
+        c = self._config
+        within = min(probe.interval, c.connect_timeout + c.read_timeout)
+        timeout = aiohttp.ClientTimeout(total=within)
+        async with aiohttp.ClientSession(timeout=timeout, cookie_jar=aiohttp.DummyCookieJar(),
+                                         auto_decompress=False) as session:  # fmt: skip
+
+            async def ask(url: str) -> None:
+                try:
+                    async with session.get(url + probe.path, allow_redirects=False) as r:
+                        await r.read()
+                        answered = r.status == probe.expect
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    answered = False
+                group.probed(url, answered)
+
+            while True:
+                await asyncio.gather(*(ask(server.url) for server in group.servers))
+                await asyncio.sleep(probe.interval)
+
     @property
     def unasked(self) -> int:
         """New origin connections closed unused: the origin spoke before it was asked."""
         return self._pool.unasked
 
     async def close(self) -> None:
+        for task in self._probes:
+            task.cancel()
         self._pool.close()
         for session in (self._session, self._fresh):
             if session is not None:
