@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import logging
 import mmap
 import os
+import signal
+import socket
 import sys
 import urllib.error
 import urllib.parse
@@ -21,7 +24,7 @@ from proxy.config import values
 from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.sharing import Sharing
-from proxy.ops import inspection, preflight
+from proxy.ops import handover, inspection, preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, hold_signals, until_signalled
@@ -119,13 +122,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      secret, sharing.workers)  # fmt: skip
             samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token,
                                      secret)  # fmt: skip
+        sockets = []
+        if args.take_over:  # before the loop: the old one drains, then this one serves
+            if not config.server.handover:
+                raise ValueError("--take-over needs [server] handover: the running one's path")
+            log.info("taking over the listeners offered at %s", config.server.handover)
+            sockets = handover.take(config.server.handover, config.server.drain_timeout + 10)
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
                    forgets=forgets, samples=samples, read_config=read, generation=generation,
-                   secret=secret),
+                   secret=secret, sockets=sockets),
             config.server.event_loop,
         )  # fmt: skip
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:  # a HandoverError too
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -225,6 +234,12 @@ def _parser() -> argparse.ArgumentParser:
         help="check the settings (file, environment, flags), print those in force, and exit",
     )
     p.add_argument(
+        "--take-over",
+        action="store_true",
+        help="take the listening sockets the running onehit offers at [server] handover, let "
+        "it drain, then serve: an upgrade or restart without a refused connection",
+    )
+    p.add_argument(
         "--reload",
         action="store_true",
         help="have the running proxy these settings name (its admin listener) read its "
@@ -302,10 +317,12 @@ async def _serve(
     read_config: Callable[[], Config] | None = None,
     generation: int = 0,
     secret: str = "",
+    sockets: Sequence[socket.socket] = (),
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
         forgotten=forgets, samples=samples, read_config=read_config, machine_secret=secret,
+        sockets=sockets,
     )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address
@@ -319,7 +336,15 @@ async def _serve(
     if worker:  # the parent waits for this line to learn where this worker's admin listens
         # With the generation of the configuration it runs: one handed over since is taken.
         print(f"{READY}http://{admin_host}:{admin_port} {generation}", flush=True)
+    offering = None
+    if config.server.handover and not worker:  # its listeners, to the next onehit
+        stop = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
+        offering = asyncio.get_running_loop().create_task(
+            handover.offer(config.server.handover, service.listening_sockets(), stop)
+        )
     await until_signalled(service.reopen_logs, service.reload_soon)
+    if offering is not None:
+        offering.cancel()
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
     await service.stop()
     for sender in (forgets, samples):

@@ -76,6 +76,11 @@ class ServerSection:
     proxy_protocol: bool = values.setting(
         False, values.boolean, "each connection begins with a PROXY protocol header (v1 or v2)"
     )
+    handover: str = values.setting(
+        "", values.string,
+        "a Unix socket path where this process offers its listeners to a new one started "
+        "with --take-over (an upgrade without a refused connection); empty: none",
+    )  # fmt: skip
     purge_from: tuple[str, ...] = values.setting(
         (), values.networks, "addresses a PURGE on the data port is taken from (empty: none)"
     )
@@ -836,6 +841,12 @@ def check_config(config: Config) -> None:
         raise ConfigError(
             "[server] proxy_protocol with tls_cert: the PROXY header comes before TLS, which "
             "the terminator in front ends; set one of them"
+        )
+    if config.server.handover and config.server.workers > 1:
+        raise ConfigError(
+            f"[server] handover = {config.server.handover!r} with workers = "
+            f"{config.server.workers}: each worker listens on the port itself, and there is "
+            'no one listener to hand over; set workers = 1, or handover = ""'
         )
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError(

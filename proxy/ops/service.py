@@ -14,8 +14,9 @@ import mmap
 import signal
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from aiohttp import web
@@ -143,6 +144,7 @@ class Service:
         samples: SampleSink | None = None,
         read_config: Callable[[], Config] | None = None,
         machine_secret: str = "",
+        sockets: Sequence[Any] = (),
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
@@ -236,11 +238,12 @@ class Service:
             if samples is not None:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
+            given = [*sockets, None, None]  # taken over: the proxy's, the admin's
             await _site(
                 proxy_runner, config.server.listen, service.tls, reuse_port,
-                handshake_timeout=config.server.idle_timeout,
+                handshake_timeout=config.server.idle_timeout, sock=given[0],
             ).start()  # fmt: skip
-            await _site(admin_runner, config.admin.listen).start()
+            await _site(admin_runner, config.admin.listen, sock=given[1]).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
 
@@ -302,6 +305,11 @@ class Service:
         if self.tls_now is not None and connection.context is not self.tls_now:
             connection.context = self.tls_now
 
+    def listening_sockets(self) -> list[Any]:
+        """The proxy's listening socket, then the admin's: what a handover passes on."""
+        return [s for runner in (self.proxy_runner, self.admin_runner) for site in runner.sites
+                if isinstance(site, Listener) for s in site.sockets]  # fmt: skip
+
     def reload_soon(self) -> None:
         """``reload`` in a task of its own (SIGHUP's), kept until it is done; what it raises
         is logged, not lost."""
@@ -354,11 +362,13 @@ def _site(
     context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
     handshake_timeout: float = 60.0,
+    sock: Any = None,
 ) -> web.TCPSite:
     """A listener of ``runner`` at ``address``, as both the start and a reload open one; a
     TLS one ends a handshake not done within ``handshake_timeout``."""
     return Listener(runner, *address, reuse_address=True, reuse_port=reuse_port,
-                    ssl_context=context, handshake_timeout=handshake_timeout)  # fmt: skip
+                    ssl_context=context, handshake_timeout=handshake_timeout,
+                    sock=sock)  # fmt: skip
 
 
 def _proxy_server(

@@ -336,24 +336,36 @@ class Listener(web.TCPSite):
     proxy's idle timeout): asyncio's own 60 s held a connection that never began its
     handshake four times as long as a plain one that never sent a request."""
 
-    __slots__ = ("handshake_timeout",)
+    __slots__ = ("given", "handshake_timeout")
 
-    def __init__(self, *args: Any, handshake_timeout: float = 60.0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, handshake_timeout: float = 60.0, sock: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.handshake_timeout = handshake_timeout
+        self.given = sock  # a listening socket taken over (``proxy.ops.handover``), or None
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
         tls = self._ssl_context
+        where: dict[str, Any] = (
+            {"sock": self.given} if self.given is not None
+            else {"host": self._host, "port": self._port, "reuse_address": self._reuse_address,
+                  "reuse_port": self._reuse_port}
+        )  # fmt: skip
         self._server = await asyncio.get_running_loop().create_server(
-            server, self._host, self._port, ssl=tls, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port,
-            ssl_handshake_timeout=self.handshake_timeout if tls is not None else None,
+            server, ssl=tls, backlog=self._backlog,
+            ssl_handshake_timeout=self.handshake_timeout if tls is not None else None, **where,
         )  # fmt: skip
         sockets = self._server.sockets
         self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+
+    @property
+    def sockets(self) -> list[Any]:
+        """The sockets it listens on (none before it started)."""
+        return list(self._server.sockets) if self._server is not None else []
 
 
 class Relayed(web.StreamResponse):

@@ -1,0 +1,105 @@
+"""An upgrade without a refused connection (``[server] handover``, ``--take-over``): a running
+onehit hands its listening sockets to a new one over a Unix socket, as HAProxy's ``-x`` and
+nginx's binary upgrade do, and drains.
+
+What it guarantees:
+
+* The listening sockets are never closed: the new process holds them (passed with
+  ``SCM_RIGHTS``) before the old one stops accepting, so a connection that arrives in between
+  waits in the kernel's backlog, never refused.
+* The old process, told the sockets were taken, stops as on SIGTERM: it answers what it has
+  in progress, within ``[server] drain_timeout``, and releases the disk tier's directory.
+  The new one serves once the old one is gone (its end of the Unix socket closes), then
+  opens the disk tier: what it holds survives; memory does not.
+* Only the running process's own user reaches the socket (mode 0600), and one process of
+  its own (not ``--workers``, whose workers each listen on the port) offers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+GREETING = b"onehit-handover 1\n"
+TAKEN = b"taken\n"
+MAX_SOCKETS = 4
+
+
+class HandoverError(RuntimeError):
+    """No listening sockets could be taken over: the message says why and what to do."""
+
+
+async def offer(path: str, sockets: Sequence[socket.socket], taken: Callable[[], None]) -> None:
+    """Hand ``sockets`` to the first process that connects to ``path`` and says it took
+    them; then call ``taken`` (this process's stop). The Unix socket's end stays open until
+    this process exits, which tells the new one it is gone. Runs until cancelled."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o600)
+    server.listen(1)
+    server.setblocking(False)
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            connection, _ = await loop.sock_accept(server)
+            try:
+                socket.send_fds(connection, [GREETING], [s.fileno() for s in sockets])
+                answer = await asyncio.wait_for(loop.sock_recv(connection, 64), 30)
+            except (OSError, TimeoutError):
+                connection.close()
+                continue
+            if answer != TAKEN:
+                connection.close()
+                continue
+            # Kept open, and inherited by nothing: its end closes as this process exits.
+            connection.set_inheritable(False)
+            _held.append(connection)
+            taken()
+            return
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+_held: list[socket.socket] = []
+
+
+def take(path: str, wait: float) -> list[socket.socket]:
+    """The listening sockets of the onehit offering them at ``path``, once it has let them go
+    and exited (within ``wait`` seconds: its drain); ``HandoverError`` when none offers them
+    or it does not end in time."""
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    link.settimeout(10)
+    try:
+        link.connect(path)
+        greeting, fds, _, _ = socket.recv_fds(link, len(GREETING), MAX_SOCKETS)
+    except OSError as exc:
+        link.close()
+        raise HandoverError(
+            f"no onehit offers its listeners at {path} ({exc.strerror or exc}): start the "
+            "running one with [server] handover set to this path"
+        ) from None
+    if greeting != GREETING or not fds:
+        for fd in fds:
+            os.close(fd)
+        link.close()
+        raise HandoverError(f"{path} did not offer listening sockets as onehit does")
+    sockets = [socket.socket(fileno=fd) for fd in fds]
+    link.sendall(TAKEN)
+    link.settimeout(wait)
+    try:
+        while link.recv(64):  # the old process's end closes as it exits
+            pass
+    except TimeoutError:
+        raise HandoverError(
+            f"the onehit that handed over its listeners did not end within {wait:g}s"
+        ) from None
+    finally:
+        link.close()
+    return sockets

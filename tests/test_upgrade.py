@@ -1,0 +1,107 @@
+"""An upgrade without a refused connection (``[server] handover``, ``--take-over``,
+``proxy.ops.handover``): real processes under load, new connections and kept-alive ones."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import aiohttp
+import pytest
+from conftest import wait_healthy
+
+from loadgen.live.processes import free_port
+
+pytestmark = pytest.mark.live
+
+PATHS = [f"/k{i}" for i in range(20)]
+
+
+async def load(url: str, until: asyncio.Event, fresh: bool) -> dict[str, int]:
+    """GETs of ``PATHS`` until ``until``, each on a connection of its own (``fresh``) or on
+    kept-alive ones: what came back."""
+    seen = {"ok": 0, "wrong": 0, "refused": 0, "dropped": 0}
+    connector = aiohttp.TCPConnector(force_close=fresh)
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
+        i = 0
+        while not until.is_set():
+            path = PATHS[i % len(PATHS)]
+            i += 1
+            try:
+                async with client.get(url + path) as r:
+                    body = await r.read()
+                    good = r.status == 200 and body == f"body of {path}".encode()
+                    seen["ok" if good else "wrong"] += 1
+            except aiohttp.ClientConnectorError as exc:
+                refused = isinstance(exc.os_error, ConnectionRefusedError)
+                seen["refused" if refused else "dropped"] += 1
+            except aiohttp.ClientConnectionError:
+                # A kept-alive connection the old one closed as it drained, or one it had
+                # accepted just before the handover and closed before its request came.
+                seen["dropped"] += 1
+    return seen
+
+
+async def test_a_new_onehit_takes_the_listeners_and_no_connection_is_refused(origin, tmp_path):
+    for path in PATHS:
+        origin.set(path, body=f"body of {path}".encode(), headers={"Cache-Control": "max-age=300"})
+    port, admin_port = free_port(), free_port()
+    args = [sys.executable, "-m", "proxy", "--origin", origin.url,
+            "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
+            "--set", f"server.handover={tmp_path / 'handover.sock'}",
+            "--set", f"disk.path={tmp_path / 'disk'}", "--set", "disk.size=8MiB",
+            "--set", "disk.region_size=1MiB", "--set", "disk.policy=always",
+            "--set", "server.access_log=false", "--set", "server.drain_timeout=2s"]  # fmt: skip
+    url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
+    old = await asyncio.create_subprocess_exec(*args, stderr=asyncio.subprocess.DEVNULL)
+    new = None
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, admin + "/healthz", 20)
+            for _ in range(2):
+                for path in PATHS:
+                    async with client.get(url + path) as r:
+                        await r.read()
+        done = asyncio.Event()
+        loads = [asyncio.ensure_future(load(url, done, fresh)) for fresh in (True, False)]
+        await asyncio.sleep(0.5)
+        new = await asyncio.create_subprocess_exec(*args, "--take-over",
+                                                   stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+        assert await asyncio.wait_for(old.wait(), 30) == 0  # drained and gone
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, admin + "/healthz", 20)  # the admin port was handed too
+        await asyncio.sleep(1.0)
+        done.set()
+        fresh, kept = await asyncio.gather(*loads)
+        assert fresh["refused"] == kept["refused"] == 0, (fresh, kept)
+        assert fresh["wrong"] == kept["wrong"] == 0 and fresh["dropped"] <= 2, (fresh, kept)
+        assert fresh["ok"] > 50 and kept["ok"] > 50, (fresh, kept)
+        # The disk tier came over: the new process, its memory empty, asked the origin for
+        # nothing the old one had fetched.
+        assert sum(origin.hits[path] for path in PATHS) == len(PATHS)
+    finally:
+        for process in (old, new):
+            if process is not None and process.returncode is None:
+                process.terminate()
+                await asyncio.wait_for(process.wait(), 30)
+
+
+def test_taking_over_where_nothing_offers_its_listeners_says_what_to_set(tmp_path):
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "--origin", "http://127.0.0.1:9", "--take-over",
+         "--set", f"server.handover={tmp_path / 'none.sock'}", "--listen", "127.0.0.1:0",
+         "--admin-listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1 and "no onehit offers its listeners at" in done.stderr
+    assert "[server] handover" in done.stderr
+
+
+def test_a_handover_with_workers_is_refused_naming_both_keys():
+    from proxy.config.settings import ConfigError, load
+
+    with pytest.raises(ConfigError, match=r"\[server\] handover .* workers = 2"):
+        load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9", "server.workers": "2",
+                                "server.handover": "/tmp/h.sock"})  # fmt: skip
