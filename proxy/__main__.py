@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not config.server.handover:
                 raise ValueError("--take-over needs [server] handover: the running one's path")
             log.info("taking over the listeners offered at %s", config.server.handover)
-            sockets = handover.take(config.server.handover, config.server.drain_timeout + 10)
+            sockets = handover.take(config.server.handover, config.server.drain_timeout + 10,
+                                    [config.server.listen, config.admin.listen])  # fmt: skip
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
                    forgets=forgets, samples=samples, read_config=read, generation=generation,

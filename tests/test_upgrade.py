@@ -105,3 +105,30 @@ def test_a_handover_with_workers_is_refused_naming_both_keys():
     with pytest.raises(ConfigError, match=r"\[server\] handover .* workers = 2"):
         load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9", "server.workers": "2",
                                 "server.handover": "/tmp/h.sock"})  # fmt: skip
+
+
+async def test_a_take_over_that_would_move_a_listener_is_refused_and_the_running_one_goes_on(
+    origin, tmp_path
+):
+    port, admin_port = free_port(), free_port()
+    sock = tmp_path / "handover.sock"
+    args = [sys.executable, "-m", "proxy", "--origin", origin.url,
+            "--admin-listen", f"127.0.0.1:{admin_port}", "--set", f"server.handover={sock}",
+            "--set", "server.access_log=false"]  # fmt: skip
+    old = await asyncio.create_subprocess_exec(*args, "--listen", f"127.0.0.1:{port}",
+                                               stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz", 20)
+        new = await asyncio.create_subprocess_exec(
+            *args, "--listen", f"127.0.0.1:{free_port()}", "--take-over",
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(new.communicate(), 30)
+        assert new.returncode == 1 and b"a handover keeps the addresses" in err
+        assert old.returncode is None  # untold: it serves on
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz", 5)
+    finally:
+        old.terminate()
+        await asyncio.wait_for(old.wait(), 30)

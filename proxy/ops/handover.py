@@ -70,10 +70,11 @@ async def offer(path: str, sockets: Sequence[socket.socket], taken: Callable[[],
 _held: list[socket.socket] = []
 
 
-def take(path: str, wait: float) -> list[socket.socket]:
+def take(path: str, wait: float, expected: Sequence[tuple[str, int]] = ()) -> list[socket.socket]:
     """The listening sockets of the onehit offering them at ``path``, once it has let them go
-    and exited (within ``wait`` seconds: its drain); ``HandoverError`` when none offers them
-    or it does not end in time."""
+    and exited (within ``wait`` seconds: its drain); ``HandoverError`` when none offers them,
+    they do not listen where ``expected`` says (host, port; port 0: any), in order (then the
+    running one goes on, untold), or it does not end in time."""
     link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     link.settimeout(10)
     try:
@@ -91,6 +92,17 @@ def take(path: str, wait: float) -> list[socket.socket]:
         link.close()
         raise HandoverError(f"{path} did not offer listening sockets as onehit does")
     sockets = [socket.socket(fileno=fd) for fd in fds]
+    for sock, (host, port) in zip(sockets, expected, strict=False):
+        bound = sock.getsockname()[:2]
+        if (port and bound[1] != port) or bound[0] not in _addresses(host):
+            for s in sockets:
+                s.close()
+            link.close()
+            raise HandoverError(
+                f"the running onehit listens on {bound[0]}:{bound[1]}, the configuration on "
+                f"{host}:{port}: a handover keeps the addresses; move a listener with a "
+                "reload, or a restart"
+            )
     link.sendall(TAKEN)
     link.settimeout(wait)
     try:
@@ -103,3 +115,11 @@ def take(path: str, wait: float) -> list[socket.socket]:
     finally:
         link.close()
     return sockets
+
+
+def _addresses(host: str) -> set[str]:
+    """The addresses ``host`` (a name or an address) listens on."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return {host}
