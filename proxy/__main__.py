@@ -18,11 +18,13 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.config import values
 from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
+from proxy.disk.directory import holder
 from proxy.disk.sharing import Sharing
 from proxy.ops import handover, inspection, preflight
 from proxy.ops.handoff import HandedConfig
@@ -127,8 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not config.server.handover:
                 raise ValueError("--take-over needs [server] handover: the running one's path")
             log.info("taking over the listeners offered at %s", config.server.handover)
-            sockets = handover.take(config.server.handover, config.server.drain_timeout + 10,
-                                    [config.server.listen, config.admin.listen])  # fmt: skip
+            sockets = handover.take(config.server.handover,
+                                    [config.server.listen, config.admin.listen],
+                                    functools.partial(_disk_follows, config))  # fmt: skip
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
                    forgets=forgets, samples=samples, read_config=read, generation=generation,
@@ -139,6 +142,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"onehit-proxy: cannot start: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _disk_follows(config: Config, offering: int) -> None:
+    """Refuse a take-over (before the running onehit is told) whose disk tier another process
+    than the one offering its listeners holds: this one could not start once that one had
+    gone, and nothing would listen."""
+    path = config.disk.path
+    held = holder(Path(path)) if path else None
+    if held is not None and held != offering:
+        raise handover.HandoverError(
+            f"[disk] path {path!r} is held by another onehit (pid {held}) than the one "
+            f"offering its listeners (pid {offering}): give this one that one's directory"
+        )
 
 
 def ask_reload(config: Config) -> int:
@@ -340,9 +356,10 @@ async def _serve(
     offering = None
     if config.server.handover and not worker:  # its listeners, to the next onehit
         stop = functools.partial(os.kill, os.getpid(), signal.SIGTERM)
-        offering = asyncio.get_running_loop().create_task(
-            handover.offer(config.server.handover, service.listening_sockets(), stop)
-        )
+        offering = asyncio.get_running_loop().create_task(handover.offer(
+            config.server.handover, service.listening_sockets, config.server.drain_timeout,
+            stop,
+        ))  # fmt: skip
     await until_signalled(service.reopen_logs, service.reload_soon)
     if offering is not None:
         offering.cancel()

@@ -132,3 +132,71 @@ async def test_a_take_over_that_would_move_a_listener_is_refused_and_the_running
     finally:
         old.terminate()
         await asyncio.wait_for(old.wait(), 30)
+
+
+async def test_a_take_over_whose_disk_another_onehit_holds_is_refused_before_the_old_one_goes(
+    origin, tmp_path
+):
+    """Told first, the old one would have drained and gone while this one could not start:
+    nothing would listen."""
+    admin_port, other_admin = free_port(), free_port()
+    base = [sys.executable, "-m", "proxy", "--origin", origin.url,
+            "--set", "server.access_log=false", "--set", "disk.size=4MiB",
+            "--set", "disk.region_size=1MiB"]  # fmt: skip
+    offered = f"server.handover={tmp_path / 'h.sock'}"
+    mine = [*base, "--listen", f"127.0.0.1:{free_port()}", "--admin-listen",
+            f"127.0.0.1:{admin_port}", "--set", offered]  # fmt: skip
+    old = await asyncio.create_subprocess_exec(*mine, "--set", f"disk.path={tmp_path / 'a'}",
+                                               stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
+    other = await asyncio.create_subprocess_exec(
+        *base, "--listen", f"127.0.0.1:{free_port()}", "--admin-listen",
+        f"127.0.0.1:{other_admin}", "--set", f"disk.path={tmp_path / 'b'}",
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession() as client:
+            for port in (admin_port, other_admin):
+                await wait_healthy(client, f"http://127.0.0.1:{port}/healthz", 20)
+        new = await asyncio.create_subprocess_exec(
+            *mine, "--set", f"disk.path={tmp_path / 'b'}", "--take-over",
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(new.communicate(), 30)
+        assert new.returncode == 1 and b"is held by another onehit" in err
+        assert old.returncode is None
+    finally:
+        for process in (old, other):
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
+
+
+async def test_a_take_over_after_a_reload_moved_the_listener_takes_the_new_one(origin, tmp_path):
+    first, second, admin_port = free_port(), free_port(), free_port()
+    config = tmp_path / "proxy.toml"
+
+    def write(port: int) -> None:
+        config.write_text(f'[server]\nlisten = "127.0.0.1:{port}"\naccess_log = false\n'
+                          f'handover = "{tmp_path / "h.sock"}"\n[admin]\n'
+                          f'listen = "127.0.0.1:{admin_port}"\n')  # fmt: skip
+
+    write(first)
+    args = [sys.executable, "-m", "proxy", "--config", str(config), "--origin", origin.url]
+    old = await asyncio.create_subprocess_exec(*args, stderr=asyncio.subprocess.DEVNULL)
+    new = None
+    try:
+        async with aiohttp.ClientSession() as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz", 20)
+            write(second)
+            async with client.post(f"http://127.0.0.1:{admin_port}/reload", json={}) as r:
+                assert (await r.json())["changed"] == ["server.listen"]
+            quiet = asyncio.subprocess.DEVNULL
+            new = await asyncio.create_subprocess_exec(*args, "--take-over", stderr=quiet)
+            assert await asyncio.wait_for(old.wait(), 30) == 0
+            await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz", 20)
+            async with client.get(f"http://127.0.0.1:{second}/x") as r:
+                assert r.status == 200 and new.returncode is None
+    finally:
+        for process in (old, new):
+            if process is not None and process.returncode is None:
+                process.terminate()
+                await asyncio.wait_for(process.wait(), 30)

@@ -121,6 +121,17 @@ def take_a_file(directory: Path | str) -> None:
     os.unlink(probe)
 
 
+def holder(directory: Path) -> int | None:
+    """The process id a live claim of ``directory`` was written with, or None: unclaimed (or
+    a lock file this process cannot open)."""
+    if not claimed(directory):
+        return None
+    try:
+        return int(read_file(directory / LOCK).split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1  # claimed by a process that wrote no id yet
+
+
 def claimed(directory: Path) -> bool:
     """Whether a live process holds ``directory``'s claim (False where it has no lock file,
     or one this process cannot open)."""

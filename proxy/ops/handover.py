@@ -19,23 +19,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
+import struct
 from collections.abc import Callable, Sequence
+from typing import Any
 
-GREETING = b"onehit-handover 1\n"
+GREETING = b"onehit-handover 1 "  # then the offering process's drain timeout, and a newline
 TAKEN = b"taken\n"
 MAX_SOCKETS = 4
+# Beyond the offering process's drain: its stop's own steps (checkpoints, closing files).
+STOP_MARGIN = 30.0
 
 
 class HandoverError(RuntimeError):
     """No listening sockets could be taken over: the message says why and what to do."""
 
 
-async def offer(path: str, sockets: Sequence[socket.socket], taken: Callable[[], None]) -> None:
-    """Hand ``sockets`` to the first process that connects to ``path`` and says it took
-    them; then call ``taken`` (this process's stop). The Unix socket's end stays open until
-    this process exits, which tells the new one it is gone. Runs until cancelled."""
+async def offer(
+    path: str, sockets: Callable[[], Sequence[Any]], drain: float, taken: Callable[[], None]
+) -> None:
+    """Hand the listening sockets (``sockets()``, as they are when asked: a reload may have
+    moved one) to the first process that connects to ``path`` and says it took them, telling
+    it this process's ``drain`` timeout; then call ``taken`` (this process's stop). The Unix
+    socket's end stays open until this process exits, which tells the new one it is gone.
+    Runs until cancelled."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -48,9 +57,11 @@ async def offer(path: str, sockets: Sequence[socket.socket], taken: Callable[[],
         while True:
             connection, _ = await loop.sock_accept(server)
             try:
-                socket.send_fds(connection, [GREETING], [s.fileno() for s in sockets])
+                hello = GREETING + f"{drain}\n".encode()
+                socket.send_fds(connection, [hello], [s.fileno() for s in sockets()])
                 answer = await asyncio.wait_for(loop.sock_recv(connection, 64), 30)
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError) as exc:
+                log.warning("a take-over of the listeners at %s failed: %s", path, exc)
                 connection.close()
                 continue
             if answer != TAKEN:
@@ -68,25 +79,37 @@ async def offer(path: str, sockets: Sequence[socket.socket], taken: Callable[[],
 
 
 _held: list[socket.socket] = []
+log = logging.getLogger("onehit")
 
 
-def take(path: str, wait: float, expected: Sequence[tuple[str, int]] = ()) -> list[socket.socket]:
+def take(
+    path: str,
+    expected: Sequence[tuple[str, int]] = (),
+    check: Callable[[int], None] | None = None,
+) -> list[socket.socket]:
     """The listening sockets of the onehit offering them at ``path``, once it has let them go
-    and exited (within ``wait`` seconds: its drain); ``HandoverError`` when none offers them,
-    they do not listen where ``expected`` says (host, port; port 0: any), in order (then the
-    running one goes on, untold), or it does not end in time."""
+    and exited (within the drain timeout it said, and ``STOP_MARGIN``). ``HandoverError``
+    when none offers them, or they do not listen where ``expected`` says (host, port; port 0:
+    any), in order, or ``check`` (given the offering process's id) refuses: then it goes on,
+    untold. ``HandoverError`` too when it does not end in time."""
     link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     link.settimeout(10)
     try:
         link.connect(path)
-        greeting, fds, _, _ = socket.recv_fds(link, len(GREETING), MAX_SOCKETS)
+        greeting, fds, _, _ = socket.recv_fds(link, 64, MAX_SOCKETS)
+        pid = struct.unpack("3i", link.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                  struct.calcsize("3i")))[0]  # fmt: skip
     except OSError as exc:
         link.close()
         raise HandoverError(
             f"no onehit offers its listeners at {path} ({exc.strerror or exc}): start the "
             "running one with [server] handover set to this path"
         ) from None
-    if greeting != GREETING or not fds:
+    try:
+        wait = float(greeting[len(GREETING) :]) + STOP_MARGIN
+    except ValueError:
+        wait = -1.0
+    if not greeting.startswith(GREETING) or not fds or wait < 0:
         for fd in fds:
             os.close(fd)
         link.close()
@@ -103,6 +126,14 @@ def take(path: str, wait: float, expected: Sequence[tuple[str, int]] = ()) -> li
                 f"{host}:{port}: a handover keeps the addresses; move a listener with a "
                 "reload, or a restart"
             )
+    if check is not None:
+        try:
+            check(pid)
+        except Exception:
+            for s in sockets:
+                s.close()
+            link.close()
+            raise
     link.sendall(TAKEN)
     link.settimeout(wait)
     try:
