@@ -110,7 +110,8 @@ async def test_the_origins_time_is_logged_for_what_asked_it_and_null_for_hits(
         await r.read()
     await until(lambda: len(_lines(log)) == 1)
     record = json.loads(_lines(log)[0])
-    assert 50_000 <= record["origin_us"] <= record["duration_us"]
+    # The origin waits 50 ms by its loop's clock, which rounds to the millisecond.
+    assert 45_000 <= record["origin_us"] <= record["duration_us"]
 
 
 @pytest.mark.parametrize("log_format", ["json", "combined"])
