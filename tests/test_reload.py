@@ -560,3 +560,62 @@ async def test_a_sighup_sent_while_the_process_starts_is_held_and_taken_once_it_
         thread.join()
         for sig in (signal.SIGHUP, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+@pytest.mark.slow
+async def test_under_workers_what_takes_a_start_is_taken_by_replacing_workers_one_at_a_time(
+    origin, tmp_path
+):
+    """A --workers parent reloads what a worker takes only as it starts (its log's format,
+    its memory share with a disk) by draining and starting its workers one at a time, the
+    others serving meanwhile: every request is answered, and the answer says so."""
+    path, log = tmp_path / "proxy.toml", tmp_path / "access.log"
+    disk = f'[disk]\npath = "{tmp_path / "disk"}"\nsize = "8MiB"\nregion_size = "1MiB"\n'
+
+    def write(log_format: str, size: str) -> None:
+        path.write_text(f'[server]\naccess_log = true\naccess_log_file = "{log}"\n'
+                        f'access_log_format = "{log_format}"\naccess_log_flush = "20ms"\n'
+                        f'[cache]\nsize = "{size}"\n{disk}')  # fmt: skip
+
+    write("combined", "8MiB")
+    args = ("--config", str(path), "--origin", origin.url, "--workers", "2")
+    async with served(*args) as (process, url, admin_url):
+        connector = aiohttp.TCPConnector(force_close=True)  # spread over the workers
+        async with aiohttp.ClientSession(connector=connector) as client:
+            statuses: list[int] = []
+            going = True
+
+            async def load() -> None:
+                while going:
+                    async with client.get(url + "/a") as r:
+                        await r.read()
+                        statuses.append(r.status)
+
+            loading = asyncio.ensure_future(load())
+            write("json", "4MiB")
+            async with client.post(admin_url + "/reload", json={}) as r:
+                answer = await r.json()
+            assert answer["reloaded"] and answer["replacing"] == 2, answer
+            assert sorted(answer["changed"]) == [  # the largest object follows the size
+                "cache.max_object_size",
+                "cache.size",
+                "server.access_log_format",
+            ]
+
+            async def both_replaced() -> bool:
+                async with client.get(admin_url + "/stats") as r:
+                    workers = (await r.json())["workers"]
+                return len(workers) == 2 and all(
+                    w["store"]["capacity_bytes"] == 2 << 20 for w in workers
+                )
+
+            deadline = asyncio.get_running_loop().time() + 60
+            while not await both_replaced():
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.2)
+            going = False
+            await loading
+        assert statuses and set(statuses) == {200}
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)
+    assert log.read_text().splitlines()[-1].startswith("{")  # the last lines are json

@@ -252,6 +252,9 @@ class MachineAdmin:
         done = self.reloads.judge()
         if done.refused:
             return web.json_response(done.as_json(), status=409)
+        if done.replacing:  # each worker takes it all as it starts again
+            self.workers.roll_soon()
+            return web.json_response(done.as_json())
         try:
             answers, missing = await self._each("POST", "/reload", {})
         except Refused as refused:  # a worker refused what the parent took

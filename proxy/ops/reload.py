@@ -14,7 +14,8 @@ again). A process of its own also moves its listeners to new addresses (``LISTEN
 new ones open first, then the old ones close, the connections they accepted going on.
 Anything else (the request limits, which aiohttp's parser takes at the start, the disk tier,
 the workers, a shared admission filter, the origin client's limits, the logs; under
-``--workers``, the listeners) takes a restart: a reload that changes it is refused, naming
+``--workers``, the listeners) takes a restart (under ``--workers``, what ``ROLLING`` names is
+taken by replacing the workers one at a time): a reload that changes it is refused, naming
 the keys, and so is one whose configuration does not load, or whose new address cannot be
 had; either way the running configuration stays, whole.
 """
@@ -74,6 +75,21 @@ KEYED = frozenset(
         "cache.ignore_cookies",
     }
 )
+# What a worker takes only as it starts, and a --workers parent gives by replacing its workers
+# one at a time, each drained first (``Workers.roll``): the request and origin limits, the
+# access log, the memory tier's eviction; its size and largest object with a disk tier
+# (without one, the tier in /dev/shm is sized by them).
+ROLLING = frozenset(
+    {f"server.{key}" for key in ("max_url_length", "max_header_size", "access_log",
+                                 "access_log_format", "access_log_file", "access_log_buffer",
+                                 "access_log_flush", "idle_timeout", "send_timeout",
+                                 "fast_hits", "body_buffer_size", "body_timeout",
+                                 "max_streamed_uploads")}
+    | {f"upstream.{key}" for key in ("connect_timeout", "read_timeout", "total_timeout",
+                                     "single_flight_wait", "max_connections", "idle_timeout",
+                                     "read_buffer")}
+    | {"cache.eviction"}
+)  # fmt: skip
 # The listeners' addresses: moved by a process of its own (a worker's port is the machine's).
 LISTENERS = frozenset({"server.listen", "admin.listen"})
 # What each worker of a --workers parent is given by the parent (its share of the memory
@@ -102,11 +118,18 @@ class Reloaded:
     # Key prefixes purged from every tier: what is stored under them was keyed or fetched by
     # rules the reload changed ("": every key).
     purged: tuple[str, ...] = ()
+    # Under --workers, the workers replaced one at a time to take what they take only as
+    # they start (``ROLLING``): how many.
+    replacing: int = 0
 
     def as_json(self) -> dict[str, object]:
         if self.refused:
             return {"reloaded": False, "error": self.refused}
-        return {"reloaded": True, "changed": list(self.changed), "purged": list(self.purged)}
+        answer: dict[str, object] = {"reloaded": True, "changed": list(self.changed),
+                                     "purged": list(self.purged)}  # fmt: skip
+        if self.replacing:
+            answer["replacing"] = self.replacing
+        return answer
 
 
 def changed_keys(old: Config, new: Config) -> list[str]:

@@ -42,6 +42,7 @@ from proxy.ops.machine_admin import TO_PARENT_WAIT, MachineAdmin
 from proxy.ops.reload import (
     LIVE,
     NO_SOURCE,
+    ROLLING,
     SIZES,
     Reloaded,
     judge,
@@ -128,9 +129,15 @@ class Reloads:
     def judge(self) -> Reloaded:
         if self.read is None:
             return Reloaded(refused=NO_SOURCE)
-        new, done = judge(self.config, self.read, LIVE - SIZES)
+        rolling = ROLLING | (SIZES if self.workers.tier.scratch is None else frozenset())
+        new, done = judge(self.config, self.read, (LIVE - SIZES) | rolling)
         if new is None:
             return done
+        if rolling & set(done.changed):  # the workers are replaced, each taking it all
+            if "cache.size" in done.changed:
+                count = len(self.workers.processes)
+                self.workers.tier.overrides["cache.size"] = new.cache.size // count
+            done = replace(done, replacing=len(self.workers.processes))
         purged = keys_built_otherwise(self.config, new)  # as each worker purges them
         self.config = new
         self.workers.publish(new)
@@ -145,7 +152,12 @@ class Reloads:
         return replace(done, purged=purged)
 
     def on_signal(self) -> None:
-        if not self.judge().refused:
+        done = self.judge()
+        if done.refused:
+            return
+        if done.replacing:
+            self.workers.roll_soon()
+        else:
             self.workers.signal(signal.SIGHUP)
 
 
@@ -175,6 +187,7 @@ class Workers:
         self.processes: list[asyncio.subprocess.Process] = []
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
+        self._rolling: asyncio.Task[None] | None = None
 
     def publish(self, config: Config) -> None:
         """Hand ``config`` (the parent's) to the workers as each runs it: with its share of
@@ -249,6 +262,27 @@ class Workers:
                         log.error("replacing worker %d failed (%s): trying again", i, exc)
                         await asyncio.sleep(1)
                 self.replaced += 1
+
+    def roll_soon(self) -> None:
+        """``roll`` in a task of its own, one at a time."""
+        if self._rolling is not None and not self._rolling.done():
+            self._rolling.cancel()  # the newer configuration is the one to take
+        self._rolling = asyncio.get_running_loop().create_task(self.roll())
+
+    async def roll(self, within: float = 60.0) -> None:
+        """Replace the workers one at a time, each drained (SIGTERM) and started again by
+        ``supervise`` on the configuration published last, the next one only once the last
+        one's replacement listens: the others serve meanwhile."""
+        for place, process in enumerate(list(self.processes)):
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+            deadline = asyncio.get_running_loop().time() + within
+            while self.processes[place] is process or self.admins[place] is None:
+                if asyncio.get_running_loop().time() > deadline:
+                    log.error("worker %d was not replaced within %gs", place, within)
+                    return
+                await asyncio.sleep(0.05)
+            log.info("worker %d replaced, on the configuration published last", place)
 
     def reopen_logs(self) -> None:
         """Have every worker open its logs' files again (SIGUSR1, passed on)."""
