@@ -619,3 +619,25 @@ async def test_under_workers_what_takes_a_start_is_taken_by_replacing_workers_on
         process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), 30)
     assert log.read_text().splitlines()[-1].startswith("{")  # the last lines are json
+
+
+@pytest.mark.slow
+async def test_under_workers_a_reload_no_new_worker_could_run_is_refused_before_any_is_replaced(
+    origin, tmp_path
+):
+    path = tmp_path / "proxy.toml"
+    disk = f'[disk]\npath = "{tmp_path / "disk"}"\nsize = "8MiB"\nregion_size = "1MiB"\n'
+    path.write_text(f'[cache]\nsize = "8MiB"\n{disk}')
+    args = ("--config", str(path), "--origin", origin.url, "--workers", "2",
+            "--set", "server.access_log=false")  # fmt: skip
+    async with served(*args) as (process, _, admin_url):
+        path.write_text(f'[cache]\nsize = "2KiB"\n{disk}')  # each worker's 1 KiB holds nothing
+        async with aiohttp.ClientSession() as client:
+            async with client.post(admin_url + "/reload", json={}) as r:
+                answer = await r.json()
+            assert r.status == 409 and "with 2 workers, each keeps 1024 bytes" in answer["error"]
+            async with client.get(admin_url + "/stats") as r:
+                workers = (await r.json())["workers"]
+        assert [w["store"]["capacity_bytes"] for w in workers] == [4 << 20] * 2
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 30)

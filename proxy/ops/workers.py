@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from proxy.config.settings import Config
+from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import shared_window_size
 from proxy.core.whatif import Sample, Samples
 from proxy.ops import machine
@@ -50,7 +50,7 @@ from proxy.ops.reload import (
     keys_built_otherwise,
 )
 from proxy.ops.service import checkpoint_every, until_signalled
-from proxy.ops.shared_tier import SharedTier, open_shared_tier, worker_view
+from proxy.ops.shared_tier import SharedTier, check_workers, open_shared_tier, worker_view
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -134,6 +134,11 @@ class Reloads:
         if new is None:
             return done
         if rolling & set(done.changed):  # the workers are replaced, each taking it all
+            try:  # as each new worker will run it: one that could not start is never begun
+                check_workers(new, len(self.workers.processes))
+            except ConfigError as exc:
+                log.error("reload refused, the running configuration stays: %s", exc)
+                return Reloaded(refused=str(exc))
             if "cache.size" in done.changed:
                 count = len(self.workers.processes)
                 self.workers.tier.overrides["cache.size"] = new.cache.size // count
