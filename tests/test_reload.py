@@ -636,6 +636,13 @@ async def test_under_workers_a_reload_no_new_worker_could_run_is_refused_before_
             async with client.post(admin_url + "/reload", json={}) as r:
                 answer = await r.json()
             assert r.status == 409 and "with 2 workers, each keeps 1024 bytes" in answer["error"]
+            # What makes a key with what replaces workers: the old workers would fetch and
+            # store by the old rules while they wait their turn.
+            path.write_text(f'[cache]\nsize = "8MiB"\nkey_query = "none"\n'
+                            f'[server]\nidle_timeout = "20s"\n{disk}')  # fmt: skip
+            async with client.post(admin_url + "/reload", json={}) as r:
+                answer = await r.json()
+            assert r.status == 409 and "one after the other" in answer["error"]
             async with client.get(admin_url + "/stats") as r:
                 workers = (await r.json())["workers"]
         assert [w["store"]["capacity_bytes"] for w in workers] == [4 << 20] * 2

@@ -62,6 +62,24 @@ def test_backups_are_asked_only_while_no_primary_is_up_and_all_when_none_is():
     assert group.pick({"http://a:1", "http://b:1"}) is None
 
 
+def test_a_probe_answered_lifts_only_what_a_probe_set_down():
+    """A server whose probe passes while its requests fail stays down for fail_timeout (a
+    passing probe put it back in rotation, a failed request each time)."""
+    clock = Clock()
+    group = ServerGroup([Server("http://a:1"), Server("http://b:1")], fail_timeout=10.0,
+                        clock=clock)  # fmt: skip
+    group.failed("http://b:1")
+    group.probed("http://b:1", True)
+    assert not group.up("http://b:1")
+    group.probed("http://a:1", False)
+    group.succeeded("http://a:1")  # a request answered does not undo a failed probe
+    assert not group.up("http://a:1")
+    clock.now = 10.5
+    assert group.up("http://b:1") and not group.up("http://a:1")
+    group.probed("http://a:1", True)
+    assert group.up("http://a:1")
+
+
 class Backend:
     """An origin server on a port of its own, stopped and started again on it; ``hang``
     makes it accept requests and never answer."""
@@ -227,6 +245,7 @@ def test_a_reload_that_changes_only_a_routes_servers_purges_nothing():
         ({"origin": "http://10.0.0.1:80", "max_fails": 3}, "judge a route's servers"),
         ({"servers": ["http://10.0.0.1:80"], "probe": {"path": "healthz"}}, "probe path"),
         ({"servers": ["http://10.0.0.1:80"], "probe": {"expect": "ok"}}, "probe expect"),
+        ({"servers": ["http://10.0.0.1:80"], "probe": {"interval": "1ms"}}, "at least 0.1s"),
         ({"servers": ["http://10.0.0.1:80"], "max_fails": -1}, "route www.example.test max_fails"),
         ({"servers": ["http://10.0.0.1:80"], "fail_timeout": "soon"}, "fail_timeout"),
         ({"servers": [{"url": "http://10.0.0.1:80", "backup": True}]}, "every server is a backup"),

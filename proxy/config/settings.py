@@ -722,6 +722,9 @@ def _probe(table: Any, host: str, source: str) -> Probe:
         interval = values.duration(table.get("interval", "5s"))
     except ValueError as exc:
         raise ConfigError(f"{where} interval: {exc}") from None
+    if interval < MIN_PROBE_INTERVAL:  # each worker probes each server: a flood otherwise
+        raise ConfigError(f"{where} interval {table['interval']!r}: expected at least "
+                          f"{MIN_PROBE_INTERVAL:g}s, like 5s")  # fmt: skip
     expect = table.get("expect", 200)
     if isinstance(expect, bool) or not isinstance(expect, int) or not 100 <= expect <= 599:
         raise ConfigError(f"{where} expect {expect!r}: expected a status, like 200")
@@ -767,6 +770,8 @@ def _servers(table: dict[str, Any], host: str, source: str) -> tuple[Server, ...
         raise ConfigError(f"{where}: every server is a backup: make one a primary")
     return tuple(servers)
 
+
+MIN_PROBE_INTERVAL = 0.1
 
 _TTL_KEYS = {"host", "path", "status", "default", "min", "max", "override"}
 

@@ -40,6 +40,7 @@ from proxy.ops.admin import admin_application
 from proxy.ops.handoff import HandedConfig, machine_headers
 from proxy.ops.machine_admin import TO_PARENT_WAIT, MachineAdmin
 from proxy.ops.reload import (
+    KEYED,
     LIVE,
     NO_SOURCE,
     ROLLING,
@@ -134,6 +135,15 @@ class Reloads:
         if new is None:
             return done
         if rolling & set(done.changed):  # the workers are replaced, each taking it all
+            keyed = sorted(KEYED & set(done.changed))
+            if keyed:  # the old workers would fetch and store by the old rules meanwhile
+                why = (
+                    f"{', '.join(keyed)} and {', '.join(sorted(rolling & set(done.changed)))} "
+                    "changed at once: a reload under --workers takes what makes a key "
+                    "live and the rest by replacing workers; reload them one after the other"
+                )
+                log.error("reload refused, the running configuration stays: %s", why)
+                return Reloaded(refused=why)
             try:  # as each new worker will run it: one that could not start is never begun
                 check_workers(new, len(self.workers.processes))
             except ConfigError as exc:
@@ -193,6 +203,7 @@ class Workers:
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
         self._rolling: asyncio.Task[None] | None = None
+        self._roll_again = False
 
     def publish(self, config: Config) -> None:
         """Hand ``config`` (the parent's) to the workers as each runs it: with its share of
@@ -269,19 +280,35 @@ class Workers:
                 self.replaced += 1
 
     def roll_soon(self) -> None:
-        """``roll`` in a task of its own, one at a time."""
+        """``roll`` in a task of its own; one asked while one runs runs again after it (each
+        worker then takes the configuration published last), never beside it: two at once
+        drained two workers at once."""
         if self._rolling is not None and not self._rolling.done():
-            self._rolling.cancel()  # the newer configuration is the one to take
-        self._rolling = asyncio.get_running_loop().create_task(self.roll())
+            self._roll_again = True
+            return
+        self._rolling = asyncio.get_running_loop().create_task(self._rolls())
+
+    async def _rolls(self) -> None:
+        while True:
+            self._roll_again = False
+            await self.roll()
+            if not self._roll_again:
+                return
 
     async def roll(self, within: float = 60.0) -> None:
         """Replace the workers one at a time, each drained (SIGTERM) and started again by
         ``supervise`` on the configuration published last, the next one only once the last
         one's replacement listens: the others serve meanwhile."""
-        for place, process in enumerate(list(self.processes)):
+        for place in range(len(self.processes)):
+            deadline = asyncio.get_running_loop().time() + within
+            while None in self.admins:  # one being replaced (it died): the others serve
+                if asyncio.get_running_loop().time() > deadline:
+                    log.error("a worker was not replaced within %gs", within)
+                    return
+                await asyncio.sleep(0.05)
+            process = self.processes[place]
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
-            deadline = asyncio.get_running_loop().time() + within
             while self.processes[place] is process or self.admins[place] is None:
                 if asyncio.get_running_loop().time() > deadline:
                     log.error("worker %d was not replaced within %gs", place, within)

@@ -11,14 +11,14 @@ Rules this module keeps:
   within ``fail_timeout`` of each other; an answer, whatever its status, is the server
   up. ``max_fails = 0`` never marks one down.
 * With a probe (``[[routes]] probe``), a server whose probe is not answered as expected is
-  down until one is, whatever its requests do; one that is, is up.
+  down until one is, whatever its requests do; a probe answered as expected lifts only that:
+  a server its requests marked down stays down for its ``fail_timeout``.
 * Nothing here does I/O: ``Upstream`` tells it each outcome and each probe's, and the clock
   is given.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +32,8 @@ class _State:
     current: int = 0  # smooth weighted round robin's running weight
     fails: int = 0
     first_fail: float = 0.0
-    down_until: float = 0.0
+    down_until: float = 0.0  # marked down by its requests until then
+    probe_down: bool = False  # its last probe was not answered as expected
     requests: int = 0
     failures: int = 0
 
@@ -102,9 +103,7 @@ class ServerGroup:
 
     def probed(self, url: str, answered: bool) -> None:
         """``url``'s server answered its probe as expected (``answered``), or not."""
-        state = self._by_url[url]
-        state.fails = 0
-        state.down_until = 0.0 if answered else math.inf
+        self._by_url[url].probe_down = not answered
 
     def states(self) -> list[dict[str, object]]:
         """Each server, in order: its URL, weight, whether a backup, up, its requests and
@@ -124,7 +123,7 @@ class ServerGroup:
 
 
 def _up(state: _State, now: float) -> bool:
-    return state.down_until <= now
+    return state.down_until <= now and not state.probe_down
 
 
 def _smooth_weighted(states: list[_State]) -> _State:

@@ -121,9 +121,12 @@ class Upstream:
                     answered = False
                 group.probed(url, answered)
 
-            while True:
-                await asyncio.gather(*(ask(server.url) for server in group.servers))
-                await asyncio.sleep(probe.interval)
+            async def every_interval(url: str) -> None:  # a server that hangs delays no other
+                while True:
+                    await ask(url)
+                    await asyncio.sleep(probe.interval)
+
+            await asyncio.gather(*(every_interval(server.url) for server in group.servers))
 
     @property
     def unasked(self) -> int:
