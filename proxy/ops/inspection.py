@@ -42,20 +42,24 @@ def _shown_key(key: str) -> str:
     return key.replace(PART, " | ")
 
 
+def _ttl(entry: Entry, age: float) -> int | None:
+    """A hit's ttl at ``age`` (``ttl_of``); None for an entry that never expires."""
+    return ttl_of(entry.lifetime, age) if math.isfinite(entry.lifetime) else None
+
+
 def entry_view(entry: Entry, now: float, hits: int | None) -> dict[str, Any]:
     """What an operator asks of a stored response: its key, status, size, when stored, age,
     lifetime and ttl (null: it never expires), freshness, validators, Vary, tags, cache
     directives, and the answers served from it (``hits``; null where the tier counts none)."""
     age = entry.age(now)
-    finite = math.isfinite(entry.lifetime)
     return {
         "key": _shown_key(entry.key),
         "status": entry.status,
         "size": entry.size,
         "stored_at": _when(entry.stored_at),
         "age": round(age, 3),
-        "lifetime": entry.lifetime if finite else None,
-        "ttl": ttl_of(entry.lifetime, age) if finite else None,
+        "lifetime": entry.lifetime if math.isfinite(entry.lifetime) else None,
+        "ttl": _ttl(entry, age),
         # As the engine judges a request without directives: a no-cache entry is not.
         "fresh": fresh(entry, age, {}) and not entry.soft_purged,
         "soft_purged": entry.soft_purged,
@@ -122,11 +126,8 @@ async def listing(proxy: Proxy, prefix: str, limit: int) -> dict[str, Any]:
             entry = store.peek(key)
             if entry is None:  # gone since the snapshot
                 continue
-            finite = math.isfinite(entry.lifetime)
-            found.append({
-                "key": _shown_key(key), "size": entry.size, "status": entry.status,
-                "ttl": ttl_of(entry.lifetime, entry.age(now)) if finite else None,
-            })  # fmt: skip
+            found.append({"key": _shown_key(key), "size": entry.size, "status": entry.status,
+                          "ttl": _ttl(entry, entry.age(now))})  # fmt: skip
             if len(found) >= limit:
                 return {"prefix": prefix, "keys": found, "truncated": True, "scanned": scanned}
         await asyncio.sleep(0)

@@ -91,10 +91,8 @@ class MachineAdmin:
 
     async def cache(self, request: web.Request) -> web.Response:
         """Each worker's look at its own memory and at the tier they share, by place."""
-        raw = request.rel_url.raw_query_string  # passed on as sent: decoded once, by each worker
-        query = f"?{raw}" if raw else ""
-        try:
-            answers, missing = await self._each("GET", request.path + query)
+        try:  # the target passed on as sent: decoded once, by each worker
+            answers, missing = await self._each("GET", request.rel_url.raw_path_qs)
         except Refused as refused:
             return web.json_response(refused.answer, status=refused.status)
         return web.json_response({"workers": answers, "missing": missing})
@@ -231,10 +229,8 @@ class MachineAdmin:
                 body = await request.json()
             except (ValueError, TypeError, RecursionError):
                 return web.json_response({"error": "body must be JSON"}, status=400)
-        raw = request.rel_url.raw_query_string  # passed on as sent: decoded once, by each worker
-        query = f"?{raw}" if raw else ""
-        try:
-            answers, missing = await self._each("POST", request.path + query, body)
+        try:  # the target passed on as sent: decoded once, by each worker
+            answers, missing = await self._each("POST", request.rel_url.raw_path_qs, body)
         except Refused as refused:
             return web.json_response(refused.answer, status=refused.status)
         if not answers:

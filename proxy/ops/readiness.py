@@ -93,20 +93,17 @@ async def _origin(host: str, url: str, timeout: float, health: OriginHealth) -> 
 async def _servers(host: str, group: ServerGroup, timeout: float, health: OriginHealth) -> Check:
     """A route of several servers: ready while one of them is (it fails over to it), each
     server named by its place in the route's list, as ``/readyz`` names no address."""
-    name = f"origin {host}"
     each = await asyncio.gather(*(
         _origin(host, server.url, timeout, health) for server in group.servers
     ))  # fmt: skip
-    each = [
-        c
-        if c.ok is False or group.up(server.url)
-        else Check(c.name, False, f"marked down after {group.max_fails} failed requests")
-        for c, server in zip(each, group.servers, strict=True)
+    down = [
+        f"server {i + 1}: {c.reason if not c.ok else 'marked down by its requests or probe'}"
+        for i, (c, server) in enumerate(zip(each, group.servers, strict=True))
+        if not c.ok or not group.up(server.url)
     ]
-    down = [f"server {i + 1}: {c.reason}" for i, c in enumerate(each) if not c.ok]
-    ready = len(down) < len(each)
     reason = f"{len(each) - len(down)} of {len(each)} servers ready"
-    return Check(name, ready, reason + (f" ({'; '.join(down)})" if down else ""))
+    return Check(f"origin {host}", len(down) < len(each),
+                 reason + (f" ({'; '.join(down)})" if down else ""))  # fmt: skip
 
 
 async def _connects(name: str, url: str, timeout: float) -> Check:
