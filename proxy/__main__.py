@@ -30,7 +30,7 @@ from proxy.ops import handover, inspection, preflight
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
 from proxy.ops.service import Service, hold_signals, until_signalled
-from proxy.ops.shared_tier import check_workers, worker_sharing
+from proxy.ops.shared_tier import check_workers, discard_scratch, worker_sharing
 from proxy.ops.workers import (
     READY,
     MachineForgets,
@@ -108,9 +108,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return load(args.config, os.environ, overrides)
 
     try:
+        taken = None
+        if args.take_over:  # before the loop: the old one drains, then this one serves
+            if not config.server.handover:
+                raise ValueError("--take-over needs [server] handover: the running one's path")
+            log.info("taking over the listeners offered at %s", config.server.handover)
+            follows = functools.partial(_disk_follows, config)
+            taken = handover.take(config.server.handover, config.server.listen,
+                                  config.admin.listen, follows)  # fmt: skip
+            if config.server.workers == 1:  # a memory tier the old workers left is not its
+                discard_scratch(taken.memory)
         if config.server.workers > 1 and not args.worker:
             return _run(
-                serve_workers(config, config.server.workers, read), config.server.event_loop
+                serve_workers(config, config.server.workers, read, taken),
+                config.server.event_loop,
             )
         if args.parent is not None:
             die_with_parent(args.parent)
@@ -124,18 +135,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      secret, sharing.workers)  # fmt: skip
             samples = MachineSamples(args.parent_admin, args.worker_place, config.admin.token,
                                      secret)  # fmt: skip
-        sockets = []
-        if args.take_over:  # before the loop: the old one drains, then this one serves
-            if not config.server.handover:
-                raise ValueError("--take-over needs [server] handover: the running one's path")
-            log.info("taking over the listeners offered at %s", config.server.handover)
-            sockets = handover.take(config.server.handover,
-                                    [config.server.listen, config.admin.listen],
-                                    functools.partial(_disk_follows, config))  # fmt: skip
+        listeners = [] if taken is None else taken.proxy
+        if args.listen_fds:  # a worker's, its parent's: the queue outlives a worker's drain
+            listeners = [socket.socket(fileno=int(fd)) for fd in args.listen_fds.split(",")]
         _run(
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
                    forgets=forgets, samples=samples, read_config=read, generation=generation,
-                   secret=secret, sockets=sockets),
+                   secret=secret, listeners=listeners,
+                   admin_socket=None if taken is None else taken.admin),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:  # a HandoverError too
@@ -274,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parent", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shared-tier", help=argparse.SUPPRESS)
     p.add_argument("--worker-place", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--listen-fds", help=argparse.SUPPRESS)
     p.add_argument("--parent-admin", help=argparse.SUPPRESS)
     p.add_argument("--config-fd", type=int, help=argparse.SUPPRESS)
     return p
@@ -334,12 +342,13 @@ async def _serve(
     read_config: Callable[[], Config] | None = None,
     generation: int = 0,
     secret: str = "",
-    sockets: Sequence[socket.socket] = (),
+    listeners: Sequence[socket.socket] = (),
+    admin_socket: socket.socket | None = None,
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
         forgotten=forgets, samples=samples, read_config=read_config, machine_secret=secret,
-        sockets=sockets,
+        listeners=listeners, admin_socket=admin_socket,
     )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address

@@ -43,43 +43,65 @@ async def load(url: str, until: asyncio.Event, fresh: bool) -> dict[str, int]:
     return seen
 
 
-async def test_a_new_onehit_takes_the_listeners_and_no_connection_is_refused(origin, tmp_path):
+@pytest.mark.parametrize(
+    ("before", "after", "disk"),
+    [
+        (1, 1, True),
+        pytest.param(2, 2, True, marks=pytest.mark.slow),
+        pytest.param(2, 2, False, marks=pytest.mark.slow),
+        pytest.param(1, 2, True, marks=pytest.mark.slow),
+        pytest.param(3, 1, True, marks=pytest.mark.slow),
+    ],
+    ids=["one", "workers", "workers-memory", "one-to-workers", "workers-to-one"],
+)
+async def test_a_new_onehit_takes_the_listeners_and_no_connection_is_refused(
+    origin, tmp_path, before, after, disk
+):
+    """Under load, new connections and kept-alive ones, a new onehit (``after`` processes
+    serving) takes over from a running one (``before``): no connection refused, no wrong
+    body; the disk tier comes over, and the workers' shared memory tier."""
     for path in PATHS:
         origin.set(path, body=f"body of {path}".encode(), headers={"Cache-Control": "max-age=300"})
     port, admin_port = free_port(), free_port()
     args = [sys.executable, "-m", "proxy", "--origin", origin.url,
             "--listen", f"127.0.0.1:{port}", "--admin-listen", f"127.0.0.1:{admin_port}",
             "--set", f"server.handover={tmp_path / 'handover.sock'}",
-            "--set", f"disk.path={tmp_path / 'disk'}", "--set", "disk.size=8MiB",
-            "--set", "disk.region_size=1MiB", "--set", "disk.policy=always",
             "--set", "server.access_log=false", "--set", "server.drain_timeout=2s"]  # fmt: skip
+    if disk:
+        args += ["--set", f"disk.path={tmp_path / 'disk'}", "--set", "disk.size=8MiB",
+                 "--set", "disk.region_size=1MiB", "--set", "disk.policy=always"]  # fmt: skip
     url, admin = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}"
-    old = await asyncio.create_subprocess_exec(*args, stderr=asyncio.subprocess.DEVNULL)
+    old = await asyncio.create_subprocess_exec(*args, "--workers", str(before),
+                                               stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
     new = None
     try:
         async with aiohttp.ClientSession() as client:
-            await wait_healthy(client, admin + "/healthz", 20)
+            await wait_healthy(client, admin + "/healthz", 30)
             for _ in range(2):
                 for path in PATHS:
                     async with client.get(url + path) as r:
                         await r.read()
+        stored = sum(origin.hits[path] for path in PATHS)
         done = asyncio.Event()
         loads = [asyncio.ensure_future(load(url, done, fresh)) for fresh in (True, False)]
         await asyncio.sleep(0.5)
-        new = await asyncio.create_subprocess_exec(*args, "--take-over",
+        new = await asyncio.create_subprocess_exec(*args, "--workers", str(after), "--take-over",
                                                    stderr=asyncio.subprocess.DEVNULL)  # fmt: skip
         assert await asyncio.wait_for(old.wait(), 30) == 0  # drained and gone
         async with aiohttp.ClientSession() as client:
-            await wait_healthy(client, admin + "/healthz", 20)  # the admin port was handed too
+            await wait_healthy(client, admin + "/healthz", 30)  # the admin port was handed too
+            async with client.get(admin + "/stats") as r:
+                stats = await r.json()
+        assert len(stats.get("workers", [None])) == after, stats.get("workers")
         await asyncio.sleep(1.0)
         done.set()
         fresh, kept = await asyncio.gather(*loads)
         assert fresh["refused"] == kept["refused"] == 0, (fresh, kept)
         assert fresh["wrong"] == kept["wrong"] == 0 and fresh["dropped"] <= 2, (fresh, kept)
         assert fresh["ok"] > 50 and kept["ok"] > 50, (fresh, kept)
-        # The disk tier came over: the new process, its memory empty, asked the origin for
-        # nothing the old one had fetched.
-        assert sum(origin.hits[path] for path in PATHS) == len(PATHS)
+        # The disk tier came over, or the workers' shared memory tier: the new one fetched
+        # nothing again.
+        assert sum(origin.hits[path] for path in PATHS) == stored
     finally:
         for process in (old, new):
             if process is not None and process.returncode is None:
@@ -97,14 +119,6 @@ def test_taking_over_where_nothing_offers_its_listeners_says_what_to_set(tmp_pat
     )  # fmt: skip
     assert done.returncode == 1 and "no onehit offers its listeners at" in done.stderr
     assert "[server] handover" in done.stderr
-
-
-def test_a_handover_with_workers_is_refused_naming_both_keys():
-    from proxy.config.settings import ConfigError, load
-
-    with pytest.raises(ConfigError, match=r"\[server\] handover .* workers = 2"):
-        load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9", "server.workers": "2",
-                                "server.handover": "/tmp/h.sock"})  # fmt: skip
 
 
 async def test_a_take_over_that_would_move_a_listener_is_refused_and_the_running_one_goes_on(
@@ -200,3 +214,28 @@ async def test_a_take_over_after_a_reload_moved_the_listener_takes_the_new_one(o
             if process is not None and process.returncode is None:
                 process.terminate()
                 await asyncio.wait_for(process.wait(), 30)
+
+
+def test_only_a_scratch_tier_of_this_user_is_adopted_or_removed_on_a_handovers_word(tmp_path):
+    """The memory tier a handover names is opened or removed only where a parent of this
+    user makes one (``/dev/shm/onehit-tier-*``, not a link): any other path is left alone."""
+    from proxy.ops import shared_tier
+
+    root = shared_tier._scratch_root()
+    ours = shared_tier._scratch_directory()
+    elsewhere = tmp_path / f"{shared_tier.SCRATCH_PREFIX}x"
+    elsewhere.mkdir()
+    link = root / f"{shared_tier.SCRATCH_PREFIX}link-{tmp_path.name}"
+    link.symlink_to(elsewhere)
+    try:
+        assert shared_tier.left_scratch(str(ours)) == ours
+        for path in (str(elsewhere), str(link), str(root), "", "/"):
+            assert shared_tier.left_scratch(path) is None
+            shared_tier.discard_scratch(path)
+        assert elsewhere.is_dir() and link.is_symlink()
+        shared_tier.discard_scratch(str(ours))
+        assert not ours.exists()
+    finally:
+        link.unlink()
+        if ours.exists():
+            ours.rmdir()

@@ -847,12 +847,6 @@ def check_config(config: Config) -> None:
             "[server] proxy_protocol with tls_cert: the PROXY header comes before TLS, which "
             "the terminator in front ends; set one of them"
         )
-    if config.server.handover and config.server.workers > 1:
-        raise ConfigError(
-            f"[server] handover = {config.server.handover!r} with workers = "
-            f"{config.server.workers}: each worker listens on the port itself, and there is "
-            'no one listener to hand over; set workers = 1, or handover = ""'
-        )
     if bool(config.server.tls_cert) != bool(config.server.tls_key):
         raise ConfigError(
             "[server] tls_cert and tls_key go together: set both (TLS on the listener), or neither"

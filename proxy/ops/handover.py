@@ -11,8 +11,12 @@ What it guarantees:
   in progress, within ``[server] drain_timeout``, and releases the disk tier's directory.
   The new one serves once the old one is gone (its end of the Unix socket closes), then
   opens the disk tier: what it holds survives; memory does not.
-* Only the running process's own user reaches the socket (mode 0600), and one process of
-  its own (not ``--workers``, whose workers each listen on the port) offers it.
+* Only the running process's own user reaches the socket (mode 0600).
+* Under ``--workers`` the parent offers them: it holds every socket its workers listen on
+  (one per worker's place, ``SO_REUSEPORT``), and the admin's. A connection the kernel put
+  in a socket's queue as its worker drained is accepted by the new worker given that socket.
+  Its shared memory tier (``proxy.ops.shared_tier``) is left for the new one, which serves
+  what it holds when it runs workers without a disk tier too, and removes it otherwise.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ import os
 import socket
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-GREETING = b"onehit-handover 1 "  # then the offering process's drain timeout, and a newline
+# Then the offering process's drain timeout, the shared memory tier it leaves (a directory;
+# none: empty) after a space, and a newline. The sockets passed with it: the proxy port's
+# (one, or one per worker's place), then the admin's.
+GREETING = b"onehit-handover 1 "
 TAKEN = b"taken\n"
-MAX_SOCKETS = 4
+MAX_SOCKETS = 253  # the kernel's most in one message (SCM_MAX_FD): 64 workers' and the admin's
 # Beyond the offering process's drain: its stop's own steps (checkpoints, closing files).
 STOP_MARGIN = 30.0
 
@@ -38,13 +46,18 @@ class HandoverError(RuntimeError):
 
 
 async def offer(
-    path: str, sockets: Callable[[], Sequence[Any]], drain: float, taken: Callable[[], None]
+    path: str,
+    sockets: Callable[[], Sequence[Any]],
+    drain: float,
+    taken: Callable[[], None],
+    leaves: str = "",
 ) -> None:
     """Hand the listening sockets (``sockets()``, as they are when asked: a reload may have
     moved one) to the first process that connects to ``path`` and says it took them, telling
-    it this process's ``drain`` timeout; then call ``taken`` (this process's stop). The Unix
-    socket's end stays open until this process exits, which tells the new one it is gone.
-    Runs until cancelled."""
+    it this process's ``drain`` timeout and the shared memory tier it ``leaves`` (a
+    directory, or none); then call ``taken`` (this process's stop). The Unix socket's end
+    stays open until this process exits, which tells the new one it is gone. Runs until
+    cancelled."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -57,7 +70,7 @@ async def offer(
         while True:
             connection, _ = await loop.sock_accept(server)
             try:
-                hello = GREETING + f"{drain}\n".encode()
+                hello = GREETING + f"{drain} {leaves}\n".encode()
                 socket.send_fds(connection, [hello], [s.fileno() for s in sockets()])
                 answer = await asyncio.wait_for(loop.sock_recv(connection, 64), 30)
             except (OSError, TimeoutError) as exc:
@@ -82,21 +95,32 @@ _held: list[socket.socket] = []
 log = logging.getLogger("onehit")
 
 
+@dataclass(frozen=True)
+class Taken:
+    """The listening sockets taken over: the proxy port's (every one its old process or
+    workers listened on) and the admin's."""
+
+    proxy: list[socket.socket]
+    admin: socket.socket
+    memory: str = ""  # the shared memory tier the old one left: the taker's to serve or remove
+
+
 def take(
     path: str,
-    expected: Sequence[tuple[str, int]] = (),
+    proxy_at: tuple[str, int],
+    admin_at: tuple[str, int],
     check: Callable[[int], None] | None = None,
-) -> list[socket.socket]:
+) -> Taken:
     """The listening sockets of the onehit offering them at ``path``, once it has let them go
     and exited (within the drain timeout it said, and ``STOP_MARGIN``). ``HandoverError``
-    when none offers them, or they do not listen where ``expected`` says (host, port; port 0:
-    any), in order, or ``check`` (given the offering process's id) refuses: then it goes on,
-    untold. ``HandoverError`` too when it does not end in time."""
+    when none offers them, or they do not listen where ``proxy_at`` and ``admin_at`` say
+    (host, port; port 0: any), or ``check`` (given the offering process's id) refuses: then
+    it goes on, untold. ``HandoverError`` too when it does not end in time."""
     link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     link.settimeout(10)
     try:
         link.connect(path)
-        greeting, fds, _, _ = socket.recv_fds(link, 64, MAX_SOCKETS)
+        greeting, fds, _, _ = socket.recv_fds(link, 4160, MAX_SOCKETS)  # a path, and more
         pid = struct.unpack("3i", link.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                   struct.calcsize("3i")))[0]  # fmt: skip
     except OSError as exc:
@@ -105,17 +129,19 @@ def take(
             f"no onehit offers its listeners at {path} ({exc.strerror or exc}): start the "
             "running one with [server] handover set to this path"
         ) from None
+    drain, _, memory = greeting[len(GREETING) :].rstrip(b"\n").partition(b" ")
     try:
-        wait = float(greeting[len(GREETING) :]) + STOP_MARGIN
+        wait = float(drain) + STOP_MARGIN
     except ValueError:
         wait = -1.0
-    if not greeting.startswith(GREETING) or not fds or wait < 0:
+    if not greeting.startswith(GREETING) or len(fds) < 2 or wait < 0:
         for fd in fds:
             os.close(fd)
         link.close()
         raise HandoverError(f"{path} did not offer listening sockets as onehit does")
     sockets = [socket.socket(fileno=fd) for fd in fds]
-    for sock, (host, port) in zip(sockets, expected, strict=False):
+    expected = [proxy_at] * (len(sockets) - 1) + [admin_at]
+    for sock, (host, port) in zip(sockets, expected, strict=True):
         bound = sock.getsockname()[:2]
         if (port and bound[1] != port) or bound[0] not in _addresses(host):
             for s in sockets:
@@ -145,7 +171,7 @@ def take(
         ) from None
     finally:
         link.close()
-    return sockets
+    return Taken(sockets[:-1], sockets[-1], os.fsdecode(memory))
 
 
 def _addresses(host: str) -> set[str]:

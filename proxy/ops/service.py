@@ -144,7 +144,8 @@ class Service:
         samples: SampleSink | None = None,
         read_config: Callable[[], Config] | None = None,
         machine_secret: str = "",
-        sockets: Sequence[Any] = (),
+        listeners: Sequence[Any] = (),
+        admin_socket: Any = None,
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
@@ -155,7 +156,9 @@ class Service:
         request or response (a trace's, to replay it as the simulator does). ``read_config``
         reads the configuration again for a reload (SIGHUP, ``POST /reload``);
         ``machine_secret``, what the other processes of a worker's machine show its admin
-        (``proxy.ops.handoff``)."""
+        (``proxy.ops.handoff``). ``listeners``: sockets that listen on the proxy's port already
+        (taken over, or a worker's from its parent), served in place of one bound here;
+        ``admin_socket``, the admin's."""
         require_strict_parser()
         # Whatever a failed or cancelled start opened is closed again, the disk's directory
         # given up: the caller may start again in the same process.
@@ -238,12 +241,12 @@ class Service:
             if samples is not None:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
-            given = [*sockets, None, None]  # taken over: the proxy's, the admin's
-            await _site(
-                proxy_runner, config.server.listen, service.tls, reuse_port,
-                handshake_timeout=config.server.idle_timeout, sock=given[0],
-            ).start()  # fmt: skip
-            await _site(admin_runner, config.admin.listen, sock=given[1]).start()
+            for sock in listeners or [None]:
+                await _site(
+                    proxy_runner, config.server.listen, service.tls, reuse_port,
+                    handshake_timeout=config.server.idle_timeout, sock=sock,
+                ).start()  # fmt: skip
+            await _site(admin_runner, config.admin.listen, sock=admin_socket).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
 

@@ -11,15 +11,17 @@ What it guarantees:
   size`` in a scratch directory on the machine's shared memory file system (``/dev/shm``,
   which is RAM), taking exactly what the memory admission keeps. Each worker keeps a private
   memory tier of hot entries, ``[cache] size / (4 N)``: the machine holds at most 1.25 x
-  ``[cache] size``. The scratch directory goes when the parent stops; one left by a parent
-  that was killed is removed by the next start or stop after its workers drained (its lock
-  is no longer held).
+  ``[cache] size``. The scratch directory goes when the parent stops, unless it handed its
+  listeners over (``proxy.ops.handover``): then the next parent serves what it holds
+  (``adopt``), or removes it. One left by a parent that was killed is removed by the next
+  start or stop after its workers drained (its lock is no longer held).
 * The parent writes the checkpoints of a tier on disk (every ``[disk] checkpoint_interval``
   and once every worker has drained); the workers never do.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -35,6 +37,7 @@ from proxy.handler.routing import hidden_fields
 from proxy.ops import machine
 from proxy.ops.reload import key_rules
 
+log = logging.getLogger("onehit.workers")
 SCRATCH_PREFIX = "onehit-tier-"
 # The shared memory tier's regions: small enough that evicting one costs little of the cache.
 MEMORY_REGIONS = 16
@@ -53,16 +56,19 @@ class SharedTier:
     scratch: Path | None = None
     # The settings each worker runs with in place of the configuration's (``worker_view``).
     overrides: dict[str, object] = field(default_factory=dict)
+    left: bool = False  # the scratch tier handed to the next parent: kept at close
 
     def close(self) -> None:
-        """Once every worker has stopped: the last checkpoint, and the scratch tier removed,
-        with any a killed parent left whose workers have drained since this one started."""
+        """Once every worker has stopped: the last checkpoint, and the scratch tier removed
+        (unless ``left``), with any a killed parent left whose workers have drained since this
+        one started."""
         self.store.close()
         for fd in self.fds:
             os.close(fd)
         if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            _sweep(self.scratch.parent)
+            if not self.left:
+                shutil.rmtree(self.scratch, ignore_errors=True)
+            _sweep(self.scratch.parent, keep=self.scratch)
 
 
 def worker_overrides(config: Config, workers: int, scratch: str) -> dict[str, object]:
@@ -132,9 +138,21 @@ def check_workers(config: Config, workers: int) -> None:
         )
 
 
-def open_shared_tier(config: Config, workers: int) -> SharedTier:
-    """Load the tier ``workers`` workers of ``config`` share (see the module's rules)."""
-    scratch = None if config.disk.path else _scratch_directory()
+def open_shared_tier(config: Config, workers: int, adopt: str = "") -> SharedTier:
+    """Load the tier ``workers`` workers of ``config`` share (see the module's rules);
+    without a disk tier, in the scratch directory a parent before this one left (``adopt``)
+    where it opens, else in a new one."""
+    if not config.disk.path and left_scratch(adopt) is not None:
+        try:
+            return _open(config, workers, Path(adopt))
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("the memory tier the last parent left could not be opened (%s): "
+                        "starting an empty one", exc)  # fmt: skip
+    discard_scratch(adopt)
+    return _open(config, workers, None if config.disk.path else _scratch_directory())
+
+
+def _open(config: Config, workers: int, scratch: Path | None) -> SharedTier:
     overrides = worker_overrides(config, workers, str(scratch))
     section = worker_view(config, overrides).disk  # the parent's tier is the workers' own
     index_bytes, window_bytes = shared_bytes(section)
@@ -150,8 +168,9 @@ def open_shared_tier(config: Config, workers: int) -> SharedTier:
             workers=workers,
         )
         store = DiskStore(section, hidden_fields(config), sharing)
-        if scratch is None:  # what a start with other key rules finds is never served
-            store.key_rules(key_rules(config), purge=True)
+        # What a start with other key rules finds is never served (a new scratch tier holds
+        # nothing).
+        store.key_rules(key_rules(config), purge=True)
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -201,10 +220,35 @@ def _scratch_directory() -> Path:
     return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=root))
 
 
-def _sweep(root: Path) -> None:
+def left_scratch(path: str) -> Path | None:
+    """``path`` as a scratch tier a parent of this user left (``SharedTier.left``), or None
+    when it is not one: a handover's word is never enough to open or remove a directory."""
+    if not path:
+        return None
+    directory = Path(path)
+    try:
+        ours = not directory.is_symlink() and directory.stat().st_uid == os.geteuid()
+    except OSError:
+        return None
+    if ours and directory.parent == _scratch_root() and directory.name.startswith(SCRATCH_PREFIX):
+        return directory
+    return None
+
+
+def discard_scratch(path: str) -> None:
+    """Remove the scratch tier a parent left at ``path`` (a process that does not serve it:
+    one with a disk tier, or a single process); anything else there is left alone."""
+    directory = left_scratch(path)
+    if directory is not None and not claimed(directory):
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _sweep(root: Path, keep: Path | None = None) -> None:
     """Remove the scratch tiers under ``root`` of this user whose parent and workers are gone
-    (none holds the claim)."""
+    (none holds the claim), but ``keep``."""
     for directory in root.glob(f"{SCRATCH_PREFIX}*"):
+        if directory == keep:
+            continue
         try:
             if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
                 continue

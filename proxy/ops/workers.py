@@ -1,7 +1,9 @@
 """``onehit-proxy --workers N``: N processes serving one port, one admin listener for all.
 
-Each worker is a whole onehit bound to the proxy port with SO_REUSEPORT; the kernel spreads
-connections across them. They share one admission window: second hit's generations are in
+Each worker is a whole onehit serving the proxy port on a SO_REUSEPORT socket of its place,
+which the parent binds and holds (``place_listeners``); the kernel spreads connections across
+them, and a connection queued on a socket as its worker drains waits for the worker that takes
+its place. They share one admission window: second hit's generations are in
 memory the parent creates (``proxy.ops.machine``) and every worker maps, so a URL seen once through
 each of two workers is a second sighting (Redis, ``backend = "redis"``, is what joins machines).
 They share one cache (``proxy.ops.shared_tier``): the disk tier, or a tier in shared memory in
@@ -13,7 +15,9 @@ ephemeral loopback port; the parent serves the configured admin address: ``/stat
 worker and their sum (the shared tier's own counts once), ``/metrics`` is the sum, ``/purge``
 and ``/filter/reset`` reach every worker. A worker that exits is replaced at once, in its place,
 sharing the same window and tier. SIGTERM/SIGINT to the parent drains every worker, then it
-writes the shared tier's checkpoint and exits 0.
+writes the shared tier's checkpoint and exits 0. With ``[server] handover`` the parent offers
+every socket, the admin's too, to a new onehit (``proxy.ops.handover``), then stops as on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +40,7 @@ from aiohttp import web
 from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import shared_window_size
 from proxy.core.whatif import Sample, Samples
-from proxy.ops import machine
+from proxy.ops import handover, machine
 from proxy.ops.admin import admin_application
 from proxy.ops.handoff import HandedConfig, machine_headers
 from proxy.ops.machine_admin import TO_PARENT_WAIT, MachineAdmin
@@ -52,6 +57,7 @@ from proxy.ops.reload import (
 )
 from proxy.ops.service import checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, check_workers, open_shared_tier, worker_view
+from proxy.wire.seam import Listener
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -62,54 +68,78 @@ BATCH_BYTES = 256 << 10
 # sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
 SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
+# Connections a place's socket queues while no worker accepts (one being replaced, a
+# handover's gap): the kernel caps it at net.core.somaxconn.
+LISTEN_BACKLOG = 4096
 
 
 async def serve_workers(
     config: Config,
     count: int,
     read_config: Callable[[], Config] | None = None,
+    taken: handover.Taken | None = None,
 ) -> int:
     """Run ``count`` workers of ``config`` until a signal, replacing any that dies; the exit
     status is 0 when every worker drained cleanly. Each is handed the configuration the
     machine runs (``proxy.ops.handoff``). A reload (SIGHUP, ``POST /reload``) reads the
     configuration again (``read_config``) and, when every worker may take it, hands it to
-    them and has each one reload."""
+    them and has each one reload. ``taken``: the listeners a running onehit handed over."""
     if config.server.listen[1] == 0:
         raise ValueError("--workers needs a fixed [server] listen port, not 0")
     # The tier first: a disk directory it refuses stops the start before a worker runs.
-    tier = open_shared_tier(config, count)
+    tier = open_shared_tier(config, count, "" if taken is None else taken.memory)
+    try:
+        places = place_listeners(config.server.listen, count, () if taken is None else taken.proxy)
+    except OSError:
+        tier.close()
+        raise
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
     handed = HandedConfig.create()
-    workers = Workers(reachable(config.admin.listen), window, tier, handed)
+    workers = Workers(reachable(config.admin.listen), window, tier, handed, places)
     workers.publish(config)
     reloads = Reloads(config, read_config, workers)
     runner = web.AppRunner(admin_application(config.admin, MachineAdmin(config, workers, reloads)),
                            access_log=None)  # fmt: skip
     supervising: asyncio.Future[None] | None = None
     checkpoints: asyncio.Future[None] | None = None
+    offering: asyncio.Future[None] | None = None
     codes: list[int] = []
     try:
         await workers.start(count)
         await runner.setup()
-        await web.TCPSite(runner, *config.admin.listen, reuse_address=True).start()
+        admin = Listener(runner, *config.admin.listen, reuse_address=True,
+                         sock=None if taken is None else taken.admin)  # fmt: skip
+        await admin.start()
         log.info("%d workers on %s:%d", count, *config.server.listen)
         supervising = asyncio.ensure_future(workers.supervise())
         if tier.scratch is None:
             checkpoints = asyncio.ensure_future(
                 checkpoint_every(tier.store, config.disk.checkpoint_interval)
             )
+        if config.server.handover:  # every socket, and the memory tier, to the next onehit
+
+            def given_over() -> None:
+                tier.left = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+            offering = asyncio.ensure_future(handover.offer(
+                config.server.handover, lambda: [*workers.listening(), *admin.sockets],
+                config.server.drain_timeout, given_over, str(tier.scratch or ""),
+            ))  # fmt: skip
         await until_signalled(workers.reopen_logs, reloads.on_signal)
     finally:
         # However the parent leaves (a signal, an admin address it cannot bind), its workers
         # drain first; one being started as it leaves is killed by its start.
-        for task in (supervising, checkpoints):
+        for task in (supervising, checkpoints, offering):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         codes = await workers.stop()
         await runner.cleanup()
+        for sock in workers.listening():
+            sock.close()
         if window is not None:
             os.close(window)
         handed.close()
@@ -182,7 +212,12 @@ class Workers:
     replaced at once, in its place, sharing what the others share."""
 
     def __init__(
-        self, parent_admin: str, window: int | None, tier: SharedTier, handed: HandedConfig
+        self,
+        parent_admin: str,
+        window: int | None,
+        tier: SharedTier,
+        handed: HandedConfig,
+        places: Sequence[Sequence[socket.socket]],
     ) -> None:
         self.argv = ["--worker", "--parent", str(os.getpid()), "--parent-admin", parent_admin,
                      *tier.argv, "--config-fd", str(handed.fd)]  # fmt: skip
@@ -199,6 +234,7 @@ class Workers:
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
             self.fds += (window,)
+        self.places = places  # each place's listening sockets, held while the parent runs
         self.processes: list[asyncio.subprocess.Process] = []
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
@@ -230,10 +266,16 @@ class Workers:
                 await process.wait()
             raise failed[0]
 
+    def listening(self) -> list[socket.socket]:
+        """Every socket the workers listen on, each once, in their places' order."""
+        return list({id(s): s for place in self.places for s in place}.values())
+
     async def _spawn(self, place: int) -> tuple[asyncio.subprocess.Process, str]:
+        listens = [s.fileno() for s in self.places[place]]
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "proxy", *self.argv, "--worker-place", str(place),
-            stdout=asyncio.subprocess.PIPE, pass_fds=self.fds,
+            "--listen-fds", ",".join(map(str, listens)),
+            stdout=asyncio.subprocess.PIPE, pass_fds=(*self.fds, *listens),
         )  # fmt: skip
         assert process.stdout is not None
         line = ""
@@ -332,6 +374,60 @@ class Workers:
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*(p.wait() for p in self.processes)))
+
+
+def place_listeners(
+    listen: tuple[str, int], count: int, taken: Sequence[socket.socket] = ()
+) -> list[list[socket.socket]]:
+    """The proxy port's listening sockets each of ``count`` workers' places serves: the
+    parent holds them all, so a worker's drain closes only its own copies (closing the last
+    copy of a SO_REUSEPORT socket resets the connections queued on it). Per address ``listen``
+    resolves to, the sockets ``taken`` over from a running onehit, every one served (past
+    ``count`` a place serves several), then more bound with SO_REUSEPORT until each place has
+    its own; a single process's, not bound to share its port, is shared by the places."""
+    by_address: dict[tuple[Any, ...], list[socket.socket]] = {}
+    for sock in taken:
+        by_address.setdefault(sock.getsockname()[:2], []).append(sock)
+    if not by_address:
+        host, port = listen
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            if address[:2] not in by_address:
+                by_address[address[:2]] = [_listening(family, kind, proto, address)]
+    places: list[list[socket.socket]] = [[] for _ in range(count)]
+    try:
+        for socks in by_address.values():
+            first = socks[0]
+            while len(socks) < count and first.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
+                socks.append(_listening(first.family, first.type, first.proto,
+                                        first.getsockname()))  # fmt: skip
+            for i in range(max(len(socks), count)):
+                places[i % count].append(socks[i % len(socks)])
+    except OSError:
+        for socks in by_address.values():
+            for sock in socks:
+                sock.close()
+        raise
+    return places
+
+
+def _listening(family: int, kind: int, proto: int, address: Any) -> socket.socket:
+    """A socket listening at ``address`` beside others of this user (SO_REUSEPORT)."""
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:  # as asyncio binds: each family its own socket
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        said = (exc.strerror or str(exc)).lower()
+        raise OSError(exc.errno, f"cannot listen on {address[0]}:{address[1]} ([server] "
+                                 f"listen): {said}") from None  # fmt: skip
+    return sock
 
 
 def reachable(listen: tuple[str, int]) -> str:
