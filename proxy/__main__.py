@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # one sent while it starts (a worker told of a reload taken meanwhile) is handled then.
     hold_signals()
     given = list(sys.argv[1:] if argv is None else argv)
-    for i, token in enumerate(given):  # the subcommand's spelling of --inspect, anywhere
-        if token == "inspect" and (i == 0 or not given[i - 1].startswith("-")):
-            given[i] = "--inspect"
+    for i, token in enumerate(given):  # the subcommands' spelling of their flags, anywhere
+        if token in ("inspect", "trace") and (i == 0 or not given[i - 1].startswith("-")):
+            given[i] = f"--{token}"
             break
     args = _parser().parse_args(given)
     overrides: dict[str, object] = {}
@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             generation, config, secret = handed.read()
         else:
             config = load(args.config, os.environ, overrides)
-        if not args.reload and args.inspect is None:  # the running proxy checks its own files
+        asking = args.reload or args.inspect is not None or args.trace is not None
+        if not asking:  # the running proxy checks its own files
             preflight.check(config)
             if config.server.workers > 1 and not args.worker:  # as each worker will run it
                 check_workers(config, config.server.workers)
@@ -96,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ask_reload(config)
     if args.inspect is not None:
         return ask_inspect(config, args.inspect)
+    if args.trace is not None:
+        query = urllib.parse.urlencode({"url": args.trace, "method": args.trace_method})
+        answer = _ask_admin(config, "GET", "/trace?" + query)
+        return 2 if answer is None else 1 if "error" in answer else 0
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])
@@ -276,6 +281,15 @@ def _parser() -> argparse.ArgumentParser:
         "(its tiers, age, ttl, validators, hits, admission), or the keys it holds under URL "
         "when it ends with *; also 'onehit-proxy inspect URL'",
     )
+    p.add_argument(
+        "--trace",
+        metavar="URL",
+        help="send the running proxy these settings name one real request for URL, traced, "
+        "and print the decisions it took (route, key, plan, tiers, origin, storing) and its "
+        "answer's head; also 'onehit-proxy trace URL'",
+    )
+    p.add_argument("--trace-method", default="GET", choices=["GET", "HEAD"],
+                   help="the traced request's method (default GET)")  # fmt: skip
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--shared-window-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--parent", type=int, help=argparse.SUPPRESS)

@@ -10,6 +10,7 @@ import random
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -465,10 +466,14 @@ def test_removals_wait_to_be_sent_once_each_purged_ones_first_and_batched_within
     for _ in range(1000):
         forgets("http://a/flooded")
     forgets("http://a/other")
-    forgets.purged["http://a/purged"] = None
-    assert forgets._next() == ({"keys": ["http://a/purged"], "from": 0, "purge": True}, 1)
+    forgets.purged["http://a/purged"] = 1.0
     assert forgets._next() == (
-        {"keys": ["http://a/flooded", "http://a/other"], "from": 0, "purge": False}, 2)  # fmt: skip
+        {"keys": ["http://a/purged"], "at": [1.0], "from": 0, "purge": True}, 1)  # fmt: skip
+    batch, count = forgets._next()
+    assert (batch["keys"], batch["from"], batch["purge"], count) == (
+        ["http://a/flooded", "http://a/other"], 0, False, 2)  # fmt: skip
+    # When each was removed last: a sibling's fetch sent after that is stored.
+    assert batch["at"][0] <= batch["at"][1] <= time.time()
     assert forgets._next() is None
     long = ["http://a/" + "x" * 100_000 + str(i) for i in range(5)]
     for key in long:

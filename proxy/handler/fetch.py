@@ -42,6 +42,7 @@ from proxy.core.events import (
 )
 from proxy.core.responses import Decided, response_meta
 from proxy.core.store import Entry
+from proxy.core.trace import STEPS, seconds, step
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest, Written
 from proxy.handler.answers import at_once, interim, mark, on_origin, plain, relay_head, whole
@@ -213,6 +214,8 @@ class Fetcher:
         )
         if decided is ASK_ADMISSION:
             decided = await self.decide(meta, rmeta, length, whole=action.whole)
+        else:
+            traced(decided)
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
             upstream.close()
@@ -246,6 +249,7 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decided = self.engine.on_response_head(meta, rmeta, length, self.clock())
+        traced(decided)
         assert type(decided) is Decided, "PendingMiss is not taken with a fleet's filter"
         _, _, arrived, parts, out = self._relay(
             request, meta, upstream, FETCH_WHOLE, flight, headers, decided, fits
@@ -375,6 +379,7 @@ class Fetcher:
             decided = self.engine.on_response_head(meta, rmeta, length, self.clock(),
                                                    admitted=admitted, whole=whole)  # fmt: skip
         assert type(decided) is Decided
+        traced(decided)
         return decided
 
     async def shared_sighting(
@@ -395,6 +400,17 @@ class Fetcher:
         backend)."""
         assert self.shared is not None
         return await self.shared.admit(meta.key, length or 0, self.clock())
+
+
+def traced(decided: Decided | object) -> None:
+    """The decision at a response's head, as a traced request's step (``proxy.core.trace``)."""
+    if STEPS.get() is None or type(decided) is not Decided:
+        return
+    rmeta = decided.response
+    step("response", status=rmeta.status, storable=rmeta.cacheable, why_not=rmeta.reason or None,
+         lifetime=seconds(rmeta.lifetime), by_ttl_rule=rmeta.by_rule,
+         memory="keeps" if type(decided.memory) is Keep else decided.memory.reason,
+         tiers_behind_write=len(decided.tiers))  # fmt: skip
 
 
 def _asks(request: web.BaseRequest) -> bool:

@@ -25,7 +25,7 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 from multidict import CIMultiDictProxy
 
 from proxy.config.settings import Config
-from proxy.core import rfc9110
+from proxy.core import rfc9110, trace
 from proxy.core.cached import VIA
 from proxy.core.cachekey import KeyQuery
 from proxy.core.events import CLIENT_ASKS, RequestMeta
@@ -36,7 +36,8 @@ from proxy.origin.servers import ServerGroup
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
 FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
-_CLIENT_DROPS = rfc9110.HOP_BY_HOP | FORWARDING
+# And the proxy's own request field, which may hold its trace token (``proxy.core.trace``).
+_CLIENT_DROPS = rfc9110.HOP_BY_HOP | FORWARDING | {trace.FIELD.lower()}
 # Client fields never passed on: the origin's Host is its own (from its URL), and a body the
 # proxy has in hand needs no 100 Continue from the origin.
 _NEVER_SENT = frozenset({"host", "expect"})

@@ -25,9 +25,11 @@ second status line would be read as the answer to the client's next request.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from hmac import compare_digest
 from typing import Any, Protocol, assert_never
 
 from aiohttp import web
@@ -51,6 +53,8 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
+from proxy.core.keys import PART
+from proxy.core.trace import FIELD, STEPS, action_view, step, trace_token
 from proxy.core.ttl_rules import TtlRules
 from proxy.core.whatif import Sample
 from proxy.disk.reads import ColdRecord
@@ -68,6 +72,7 @@ from proxy.handler.routing import Router, server_groups
 from proxy.handler.slicing import Slicer
 from proxy.handler.uploads import Uploads
 from proxy.origin.upstream import Upstream
+from proxy.wire.seam import ProxyRequest
 
 log = logging.getLogger("onehit.proxy")
 
@@ -128,6 +133,9 @@ class Proxy:
         engine.admission_elsewhere = shared is not None
         self.sample_key = 0
         self.key_sample(secrets.randbits(64))
+        # What a request shows to be traced (``proxy.core.trace``): the process's own, or
+        # the machine's (``Service.start`` sets it), which its admin knows.
+        self.trace_token = trace_token(secrets.token_hex(16))
 
     def key_sample(self, key: int) -> None:
         """Key every sample of keys the proxy takes with ``key``: the what-if's
@@ -264,8 +272,34 @@ class Proxy:
             return await self.purges.answer(
                 request, meta, self.engine, self.clock, self.fleet, self.others
             )
+        # Only aiohttp's handler traces: the admin's traced request closes its connection,
+        # which keeps it off the lane and the compiled hit path.
+        shown = request.headers.get(FIELD)
+        if (
+            shown is not None
+            and type(request) is ProxyRequest
+            and compare_digest(shown.encode(), self.trace_token.encode())
+        ):
+            return await self._traced(request, meta, url, cold)
         action = self.engine.plan(meta, self.clock(), content=request.body_exists)
         return await self._act(request, meta, url, action, cold)
+
+    async def _traced(
+        self, request: ProxyRequest, meta: RequestMeta, url: str, cold: ColdRecord | None
+    ) -> web.StreamResponse:
+        """``_handle``'s plan and step for a request that showed the trace token, each step
+        recorded (``proxy.core.trace``) for its answer's head to carry."""
+        steps: list[dict[str, Any]] = []
+        request.trace = steps
+        shown = STEPS.set(steps)
+        try:
+            step("route", route=self.router.route_label(request.host), origin=url,
+                 key=meta.key.replace(PART, " | "), pid=os.getpid())  # fmt: skip
+            action = self.engine.plan(meta, self.clock(), content=request.body_exists)
+            step("plan", **action_view(action))
+            return await self._act(request, meta, url, action, cold)
+        finally:
+            STEPS.reset(shown)
 
     def start(self, request: LaneRequest) -> Awaitable[web.StreamResponse] | PendingMiss:
         """Begin a request of a connection's lane (``proxy.front.fastpath``), from what the
@@ -337,6 +371,7 @@ class Proxy:
             own = cold.slot if cold is not None and cold.key == meta.key else None
             found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type, own)
             action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)
+            step("disk", found=found is not None, **action_view(action))
         match action:
             case FromCache():
                 if action.refresh:

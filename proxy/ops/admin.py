@@ -1,5 +1,6 @@
 """The admin listener: /stats (JSON), /metrics (Prometheus), /healthz, /readyz, /cache (a look
-inside, ``proxy.ops.inspection``), POST /purge, POST /filter/reset and POST /reload (the
+inside, ``proxy.ops.inspection``), /trace (one request's decisions, ``proxy.ops.tracing``),
+POST /purge, POST /filter/reset and POST /reload (the
 configuration read again, ``proxy.ops.reload``).
 
 /healthz (the process answers) and /readyz (its origins, Redis and disk can be used, each with
@@ -13,6 +14,7 @@ from __future__ import annotations
 import gc
 import hmac
 import json
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +29,7 @@ from proxy.core.whatif import Samples
 from proxy.handler.purging import apply_purge
 from proxy.handler.routing import Router, cache_key
 from proxy.handler.server import Proxy
-from proxy.ops import inspection, readiness
+from proxy.ops import inspection, readiness, tracing
 from proxy.ops.answer_metrics import label, process_text, resident_bytes, servers_of, servers_text
 from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import SECRET_FIELD
@@ -101,12 +103,14 @@ class ProcessAdmin:
         reloader: Callable[[], Awaitable[Reloaded]] | None = None,
         answers: Callable[[], dict[str, Any]] | None = None,
         machine_secret: str = "",
+        data_port: Callable[[], tuple[str, int]] | None = None,
     ) -> None:
         self.proxy = proxy
         self.started = time.time() if started is None else started
         self.reloader = reloader
         self.answers = answers
         self.machine_secret = machine_secret
+        self.data_port = data_port
         self.readiness_checks = readiness.Readiness(proxy)
 
     def machines_own(self) -> dict[str, Handler]:
@@ -228,6 +232,14 @@ class ProcessAdmin:
         found = await look_inside(self.proxy, request.query)
         return web.json_response(found, status=400 if "error" in found else 200)
 
+    async def trace(self, request: web.Request) -> web.Response:
+        proxy = self.proxy
+        address = self.data_port() if self.data_port is not None else proxy.config.server.listen
+        status, answer = await tracing.traced(
+            request.query, proxy.router, proxy.config.server, address, proxy.trace_token
+        )
+        return web.json_response(answer, status=status)
+
     async def filter_reset(self, request: web.Request) -> web.Response:
         engine, now = self.proxy.engine, time.time()
         engine.admission.reset(now)
@@ -243,7 +255,12 @@ class ProcessAdmin:
         if named.purge:  # as its own purge, put on the device once for the batch
             removed = engine.removals.purge_urls(named.keys, now).count
         else:
-            removed = sum(engine.removals.forgotten_elsewhere(key, now) for key in named.keys)
+            # At when the sender removed each: a fetch of this one's sent since then brings a
+            # response newer than what was removed, and is stored (at the time it arrived,
+            # the second sighting of a URL on another worker was never stored).
+            at = named.at or [now] * len(named.keys)
+            removed = sum(engine.removals.forgotten_elsewhere(key, min(when, now))
+                          for key, when in zip(named.keys, at, strict=True))  # fmt: skip
         return web.json_response({"removed": removed})
 
 
@@ -253,9 +270,11 @@ def admin_app(
     reloader: Callable[[], Awaitable[Reloaded]] | None = None,
     answers: Callable[[], dict[str, Any]] | None = None,
     machine_secret: str = "",
+    data_port: Callable[[], tuple[str, int]] | None = None,
 ) -> web.Application:
-    """The admin application of one process (``ProcessAdmin``)."""
-    admin = ProcessAdmin(proxy, started, reloader, answers, machine_secret)
+    """The admin application of one process (``ProcessAdmin``); ``data_port``, where its data
+    port listens (``/trace`` sends a request there)."""
+    admin = ProcessAdmin(proxy, started, reloader, answers, machine_secret, data_port)
     return admin_application(proxy.config.admin, admin)
 
 
@@ -269,6 +288,7 @@ class Forgotten(NamedTuple):
     keys: list[str]
     sender: int | None
     purge: bool
+    at: list[float] | None = None  # when the sender removed each (seconds since the epoch)
 
 
 async def forgotten_keys_of(request: web.Request) -> Forgotten | None:
@@ -282,7 +302,11 @@ async def forgotten_keys_of(request: web.Request) -> Forgotten | None:
         return None
     sender = body.get("from")
     place = sender if isinstance(sender, int) and not isinstance(sender, bool) else None
-    return Forgotten(keys, place, body.get("purge") is True)
+    at = body.get("at")
+    times = at if isinstance(at, list) and len(at) == len(keys) else None
+    if times is not None and not all(type(t) in (int, float) and math.isfinite(t) for t in times):
+        times = None
+    return Forgotten(keys, place, body.get("purge") is True, times)
 
 
 # How long a worker's /stats waits for its what-if samples to reach the parent, in seconds.
@@ -368,6 +392,7 @@ class Admin(Protocol):
     async def filter_reset(self, request: web.Request) -> web.Response: ...
     async def reload(self, request: web.Request) -> web.Response: ...
     async def cache(self, request: web.Request) -> web.Response: ...
+    async def trace(self, request: web.Request) -> web.Response: ...
 
     def machines_own(self) -> dict[str, Handler]:
         """The routes only the processes of the machine call (``POST /forget``, ``POST
@@ -390,6 +415,7 @@ def admin_application(config: AdminSection, admin: Admin) -> web.Application:
     app.router.add_post("/filter/reset", admin.filter_reset)
     app.router.add_post("/reload", admin.reload)
     app.router.add_get("/cache", admin.cache)
+    app.router.add_get("/trace", admin.trace)
     for path, handler in admin.machines_own().items():
         app.router.add_post(path, _machines_own(handler, admin.machine_secret))
     return app

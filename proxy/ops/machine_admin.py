@@ -23,8 +23,11 @@ from aiohttp import web
 
 from proxy.config.settings import Config
 from proxy.core.stats import combine
+from proxy.core.trace import trace_token
 from proxy.core.whatif import DiskGhosts, Samples, merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
+from proxy.handler.routing import Router
+from proxy.ops import tracing
 from proxy.ops.admin import (
     PROXY_METRICS,
     Handler,
@@ -76,6 +79,7 @@ class MachineAdmin:
         self.workers = workers
         self.reloads = reloads
         self.machine_secret = workers.handed.secret
+        self.trace_token = trace_token(workers.handed.secret)
         self.headers = machine_headers(config.admin.token, workers.handed.secret)
         self.shared = workers.window is not None  # the workers map one admission window
         self.started = time.time()
@@ -88,6 +92,14 @@ class MachineAdmin:
 
     async def purge(self, request: web.Request) -> web.Response:
         return await self._fan_out(request)
+
+    async def trace(self, request: web.Request) -> web.Response:
+        """One request traced through the machine's port: whichever worker the kernel gives
+        it to answers (its process id is in the first step)."""
+        config = self.reloads.config
+        status, answer = await tracing.traced(request.query, Router(config), config.server,
+                                              config.server.listen, self.trace_token)  # fmt: skip
+        return web.json_response(answer, status=status)
 
     async def cache(self, request: web.Request) -> web.Response:
         """Each worker's look at its own memory and at the tier they share, by place."""
@@ -261,7 +273,7 @@ class MachineAdmin:
         named = await forgotten_keys_of(request)
         if named is None:
             return web.json_response({"error": 'give {"keys": ["cache key", ...]}'}, status=400)
-        body = {"keys": named.keys, "purge": named.purge}
+        body = {"keys": named.keys, "purge": named.purge, "at": named.at}
         # Within the worker's own wait for this answer: a stalled sibling is counted missing.
         answers, missing = await self._each("POST", "/forget", body, but=named.sender,
                                       within=FORGET_WAIT)  # fmt: skip

@@ -27,6 +27,7 @@ from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.trace import trace_token
 from proxy.core.ttl_rules import TtlRules
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
@@ -184,6 +185,8 @@ class Service:
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
             proxy.others = forgotten
+            if machine_secret:  # a worker: traced by its parent's admin, which knows the secret
+                proxy.trace_token = trace_token(machine_secret)
             if machine_secret:  # a worker: its samples are of the URLs the others sample
                 proxy.key_sample(sample_key(machine_secret))
             proxy.samples = samples
@@ -217,6 +220,7 @@ class Service:
                     lambda: holder[0].reload(),
                     lambda: answers.snapshot(fast),
                     machine_secret,
+                    lambda: holder[0].proxy_address,
                 ),
                 access_log=None,
             )

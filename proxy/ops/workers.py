@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -536,15 +537,16 @@ class MachineForgets(ToParent):
     ) -> None:
         super().__init__(parent_admin, "/forget", place, token, secret)
         # Keys waiting to be sent, each once however often it was removed meanwhile (a flood
-        # of unsafe requests to one URL is one key), in order; purged ones (``reach``) first.
-        self.pending: dict[str, None] = {}
-        self.purged: dict[str, None] = {}
+        # of unsafe requests to one URL is one key), in order, with when it was removed last;
+        # purged ones (``reach``) first.
+        self.pending: dict[str, float] = {}
+        self.purged: dict[str, float] = {}
         self.others = workers - 1
         # For each ``reach`` under way, how many workers each batch sent since missed.
         self._heard: list[list[int]] = []
 
     def __call__(self, key: str) -> None:
-        self.pending[key] = None
+        self.pending[key] = time.time()
         self._send_soon()
 
     async def reach(self, key: str) -> int:
@@ -554,7 +556,7 @@ class MachineForgets(ToParent):
         heard: list[int] = []
         self._heard.append(heard)
         try:
-            self.purged[key] = None
+            self.purged[key] = time.time()
             self._send_soon()
             await self.sent()
         finally:
@@ -585,9 +587,9 @@ class MachineForgets(ToParent):
             if size > BATCH_BYTES and batch:
                 break
             batch.append(key)
-        for key in batch:
-            del pending[key]
-        return {"keys": batch, "from": self.place, "purge": purge}, len(batch)
+        # When each was removed here: the others' fetches sent since are newer, and stored.
+        at = [pending.pop(key) for key in batch]
+        return {"keys": batch, "at": at, "from": self.place, "purge": purge}, len(batch)
 
 
 class MachineSamples(ToParent):

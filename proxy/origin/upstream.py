@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp.http import HttpProcessingError
 
 from proxy.config.settings import UpstreamSection
+from proxy.core.trace import step
 from proxy.origin.health import OriginHealth, origin_of
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
 from proxy.origin.servers import ServerGroup
@@ -161,6 +162,7 @@ class Upstream:
             return await self._across(group, method, url, headers, body, interim)
         response = await self._request(method, url, headers, body, sent, interim)
         self.health.answered(origin_of(url), method, response.status)
+        step("origin", server=_origin(url), status=response.status)
         return response
 
     async def _across(
@@ -184,7 +186,8 @@ class Upstream:
             try:
                 response = await self._request(method, server + path, headers, body, None,
                                                interim)  # fmt: skip
-            except UpstreamError:
+            except UpstreamError as exc:
+                step("origin", server=server, failed=str(exc))
                 group.failed(server)
                 tried.add(server)
                 if not again or len(tried) == len(group.servers):
@@ -193,6 +196,7 @@ class Upstream:
                 continue
             group.succeeded(server)
             self.health.answered(origin_of(server), method, response.status)
+            step("origin", server=server, status=response.status)
             return response
 
     async def _request(
