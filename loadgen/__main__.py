@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import sys
 from collections.abc import Sequence
@@ -31,10 +32,12 @@ from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import values
+from proxy.config.settings import ConfigError, load
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
 from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
+from proxy.core.ttl_rules import TtlRules
 from proxy.core.units import format_size, parse_duration, parse_size
 
 REAL = "real:"  # --trace real:NAME names a real trace, fetched on first use
@@ -114,6 +117,18 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="N worker processes, requests spread at random over them: one cache against N "
         "with private and with shared admission windows, memory divided or N times",
+    )
+    sim.add_argument(
+        "--ttl",
+        help="how long every response stays fresh, as an origin's max-age (10m, 3600); "
+        "none: responses never expire",
+    )
+    sim.add_argument(
+        "--ttl-rules",
+        type=Path,
+        help="the operator's TTL rules ([[ttl]] in this proxy configuration file) applied to "
+        "every response, as the proxy applies them: a default where --ttl gives none, a "
+        "floor, a cap, by host, path and status",
     )
     sim.add_argument("--json", action="store_true", help="print results as JSON")
     sim.add_argument("--report-dir", type=Path, help="also write results.json and summary.md here")
@@ -340,7 +355,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--cache-size: {exc}") from None
     configs = admissions(args)
     max_object = parse_size(args.max_object_size) if args.max_object_size else None
+    ttl, rules = _freshness(args)
     meta = {"trace": str(args.trace)}
+    if ttl != math.inf or rules:
+        meta["freshness"] = _freshness_said(ttl, rules, args.ttl_rules)
     source: Trace | Sample = trace
     if args.sample:
         source = sample_trace(trace, _rate(args.sample))
@@ -357,10 +375,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
     policies = [(config, eviction) for eviction in evictions for config in configs]
     if args.workers_split is not None:
+        if ttl != math.inf or rules:
+            raise UsageError("--workers-split: responses never expire there: not with --ttl "
+                             "or --ttl-rules")  # fmt: skip
         return _simulate_split(args, trace, sizes, configs)
     if args.disk_size:
-        return _simulate_tiers(args, trace, sizes, policies, max_object)
+        return _simulate_tiers(args, trace, sizes, policies, max_object, ttl, rules)
     if args.cluster:
+        if ttl != math.inf or rules:
+            raise UsageError("--cluster: responses never expire there: not with --ttl or "
+                             "--ttl-rules")  # fmt: skip
         try:
             results = cluster_sweep(
                 args.cluster, args.trace, _columns(args), list(sizes), policies,
@@ -382,6 +406,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 entry_overhead=args.entry_overhead,
                 progress=progress,
                 eviction=eviction,
+                ttl=ttl,
+                ttl_rules=rules,
             )
         ]
     else:
@@ -393,6 +419,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             entry_overhead=args.entry_overhead,
             workers=args.workers,
             report=None if args.json else _report_cell,
+            ttl=ttl,
+            ttl_rules=rules,
         )
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
@@ -410,12 +438,44 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _freshness(args: argparse.Namespace) -> tuple[float, TtlRules | None]:
+    """``--ttl`` (infinite when not given) and the rules of ``--ttl-rules``' file, or None."""
+    ttl = math.inf
+    if args.ttl:
+        try:
+            ttl = values.duration(args.ttl)
+        except ValueError as exc:
+            raise UsageError(f"--ttl: {exc}") from None
+        if ttl <= 0:
+            raise UsageError(f"--ttl {args.ttl}: a response must stay fresh a while (> 0)")
+    if args.ttl_rules is None:
+        return ttl, None
+    try:
+        config = load(args.ttl_rules, {}, {"upstream.origin": "http://simulated.invalid"})
+    except (ConfigError, OSError) as exc:
+        raise UsageError(f"--ttl-rules: {exc}") from None
+    if not config.ttl:
+        raise UsageError(f"--ttl-rules {args.ttl_rules}: it holds no [[ttl]] rule")
+    return ttl, TtlRules(config.ttl)
+
+
+def _freshness_said(ttl: float, rules: TtlRules | None, path: Path | None) -> str:
+    """How long the simulated responses live, as a report says it."""
+    said = "every response has no freshness of its own" if ttl == math.inf else (
+        f"every response has max-age={ttl:g}")  # fmt: skip
+    if rules:
+        said += f"; the {len(rules.rules)} TTL rules of {path.name if path else 'the proxy'}"
+    return said
+
+
 def _simulate_tiers(
     args: argparse.Namespace,
     trace: Trace,
     sizes: dict[int, str],
     policies: list[tuple[AdmissionConfig, str]],
     max_object: int | None,
+    ttl: float = math.inf,
+    rules: TtlRules | None = None,
 ) -> int:
     """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
     try:
@@ -428,7 +488,8 @@ def _simulate_tiers(
     except ValueError as exc:
         raise UsageError(f"--disk-size: {exc}") from None
     say = None if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    results = tier_cells(trace, sizes, policies, disks, max_object, args.entry_overhead, say)
+    results = tier_cells(trace, sizes, policies, disks, max_object, args.entry_overhead, say,
+                         ttl, rules)  # fmt: skip
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:

@@ -148,3 +148,36 @@ def test_malformed_experiment_file_names_the_key_and_exits_non_zero(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "'windoe'" in out.stderr and "did you mean 'window'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_honours_the_proxys_ttl_rules_as_the_library_does(trace_file, tmp_path):
+    """``--ttl-rules`` reads a proxy configuration's ``[[ttl]]`` rules: the sweep's cells are
+    what ``simulate`` gives with the same rules; the origin's max-age (``--ttl``) wins over
+    a rule's default, as it does live."""
+    from loadgen.sim.simulate import simulate
+    from loadgen.traces.trace import read_trace
+    from proxy.core.admission import AdmissionConfig
+    from proxy.core.ttl_rules import TtlRule, TtlRules
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[ttl]]\ndefault = "5s"\n')
+
+    def hits(*flags: str) -> list[int]:
+        out = run("simulate", "--trace", str(trace_file), "--cache-size", "2%,8%",
+                  "--admission", "second-hit", "--json", "--workers", "2", *flags)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return [cell["stats"]["hits"] for cell in json.loads(out.stdout)["cells"]]
+
+    ruled = hits("--ttl-rules", str(rules))
+    trace = read_trace(trace_file)
+    size = round(trace.distinct_bytes() * 0.08)
+    expected = simulate(trace, size, AdmissionConfig(policy="second-hit"),
+                        ttl_rules=TtlRules([TtlRule(default=5.0)])).stats["hits"]  # fmt: skip
+    assert ruled[1] == expected
+    assert ruled != hits() and hits("--ttl", "10", "--ttl-rules", str(rules)) == hits("--ttl", "10")
+    empty = tmp_path / "none.toml"
+    empty.write_text("[server]\nworkers = 1\n")
+    out = run(
+        "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--ttl-rules", str(empty)
+    )
+    assert out.returncode != 0 and "holds no [[ttl]] rule" in out.stderr

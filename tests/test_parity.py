@@ -46,14 +46,18 @@ def two_tiers(capacity: int, directory) -> dict[str, str]:
 
 
 def simulated_like(proxy, trace: Trace, capacity: int, prefix: str, record_length,
-                   ttl: float = math.inf) -> dict:  # fmt: skip
+                   ttl: float = math.inf, ruled: bool = False) -> dict:  # fmt: skip
     """``simulate_tiers``' stats for ``trace`` with ``proxy``'s two tiers, as configured: the
-    compiled loop's, which are the Python model's (``model_tiers``) too."""
+    compiled loop's, which are the Python model's (``model_tiers``) too; ``ruled``: under the
+    proxy's TTL rules, which the model does not take."""
     section = proxy.config.disk
     spec = DiskSpec(section.size, section.region_size,
                     AdmissionConfig(policy=section.policy, window=section.window),
                     record_length=record_length)  # fmt: skip
     args = (trace, capacity, proxy.config.admission_config(), spec)
+    if ruled:
+        return simulate_tiers(*args, key_prefix=prefix, ttl=ttl,
+                              ttl_rules=proxy.proxy.engine.ttl_rules).stats  # fmt: skip
     compiled = simulate_tiers(*args, key_prefix=prefix, ttl=ttl).stats
     assert compiled == model_tiers(*args, key_prefix=prefix, ttl=ttl).stats
     return compiled
@@ -130,6 +134,34 @@ async def test_live_and_simulated_counters_agree_with_ttls(
     assert 0 < live["hits"] < forever["hits"], "responses expired, and cost hits"
 
 
+@pytest.mark.parametrize("admission", ["always", "second-hit"])
+async def test_live_and_simulated_counters_agree_under_the_operators_ttl_rules(
+    origin, start_proxy, client, admission
+):
+    """TTL rules give keys lifetimes of their own (a cap for some paths, a floor for the
+    rest, over the origin's max-age): the simulator, given the same rules, counts what the
+    live proxy counts on the trace's clock."""
+    ttl = 2.0
+    sizes = SizeSpec.parse("lognormal:median=2KiB,sigma=1,max=64KiB")
+    spec = WorkloadSpec(objects=100, requests=1000, one_hit_share=0.3, sizes=sizes, rate=50.0)
+    trace = generate(spec)
+    serve_trace(origin, trace, max_age=ttl)
+    now = [0.0]
+    capacity = round(trace.distinct_bytes() * 0.2)
+    rules = [{"path": "/obj/1", "max": "1s"}, {"path": "/obj/", "min": "5s"}]
+    proxy = await start_proxy(clock=lambda: now[0], cache__size=str(capacity),
+                              cache__max_object_size=str(capacity), admission__policy=admission,
+                              ttl=rules)  # fmt: skip
+    prefix = await replay(client, proxy, trace, clock=now)
+    live = proxy.proxy.engine.stats()
+    config = proxy.config.admission_config()
+    sim = simulate(trace, capacity, config, key_prefix=prefix, ttl=ttl,
+                   ttl_rules=proxy.proxy.engine.ttl_rules).stats  # fmt: skip
+    assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
+    unruled = simulate(trace, capacity, config, key_prefix=prefix, ttl=ttl).stats
+    assert live["hits"] != unruled["hits"], "the rules changed what was fresh"
+
+
 @pytest.mark.parametrize(
     ("admission", "disk_admission"),
     [("always", "second-hit"), ("second-hit", "second-hit"), ("second-hit", "always"),
@@ -160,9 +192,10 @@ async def test_live_and_simulated_two_tiers_agree_exactly(
     assert disk["evicted_objects"] == sim["disk_evicted_objects"]
 
 
-@pytest.mark.parametrize("admission", ["always", "second-hit"])
+@pytest.mark.parametrize(("admission", "ruled"), [("always", False), ("second-hit", False),
+                                                 ("second-hit", True)])  # fmt: skip
 async def test_live_and_simulated_two_tiers_agree_with_ttls(
-    origin, start_proxy, client, tmp_path, admission
+    origin, start_proxy, client, tmp_path, admission, ruled
 ):
     """Responses that expire, in memory and on disk: what the live proxy does with a stale
     copy in either tier (fetched again, both tiers replaced) is what ``simulate_tiers``
@@ -175,14 +208,15 @@ async def test_live_and_simulated_two_tiers_agree_with_ttls(
     serve_trace(origin, trace, max_age=ttl)
     now = [0.0]
     capacity = max(64 << 10, round(trace.distinct_bytes() * 0.05))
+    rules = [{"path": "/obj/1", "max": "1s"}, {"path": "/obj/", "min": "5s"}] if ruled else []
     proxy = await start_proxy(
         clock=lambda: now[0], **two_tiers(capacity, tmp_path), admission__policy=admission,
-        disk__policy="second-hit",
+        disk__policy="second-hit", ttl=rules,
     )  # fmt: skip
     record_length = await live_record_length(proxy)
     prefix = await replay(client, proxy, trace, clock=now)
     live, disk = proxy.proxy.engine.stats(), proxy.proxy.disk.stats()
-    sim = simulated_like(proxy, trace, capacity, prefix, record_length, ttl=ttl)
+    sim = simulated_like(proxy, trace, capacity, prefix, record_length, ttl=ttl, ruled=ruled)
     assert {k: live[k] for k in COUNTERS} == {k: sim[k] for k in COUNTERS}
     assert {k: disk[k] for k in DISK_COUNTERS} == {k: sim[f"disk_{k}"] for k in DISK_COUNTERS}
     assert disk["hits"] > 0 and disk["dropped"] > 0  # records answered, and replaced once stale

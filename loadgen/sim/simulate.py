@@ -31,8 +31,9 @@ from loadgen.traces.trace import Trace
 from proxy.core._native import hash_ids
 from proxy.core.admission import AdmissionConfig
 from proxy.core.engine import CacheEngine
-from proxy.core.replay import KeyArrays, build_engine, replay
+from proxy.core.replay import KeyArrays, build_engine, replay, rule_lifetimes
 from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.ttl_rules import TtlRules
 from proxy.core.units import format_size, parse_size
 from proxy.core.whatif import shards_ratio
 
@@ -114,8 +115,11 @@ def simulate(
     progress: Progress | None = None,
     timeline_points: int = 50,
     eviction: str = "lru",
+    ttl_rules: TtlRules | None = None,
 ) -> SimResult:
     """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key.
+    Each response lives ``ttl``, or what the operator's ``ttl_rules`` make of it
+    (``proxy.core.ttl_rules.trace_lifetime``), as the live proxy's rules would.
 
     A ``Sample`` runs a cache ``rate`` times ``cache_bytes`` with ``scaled`` admission; its
     stats are estimates for the whole trace (see ``_estimated``). The per-request loop is
@@ -130,6 +134,7 @@ def simulate(
     keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
+    lifetimes = trace_lifetimes(trace, key_prefix, ttl_rules, ttl)
     total = len(trace)
     every = max(1, total // max(1, timeline_points))
     step = min(CHUNK, every)  # a short trace still gets its timeline points
@@ -137,7 +142,7 @@ def simulate(
     started = time.perf_counter()
     for start in range(0, total, step):
         stop = min(total, start + step)
-        replay(engine, keys, times, sizes, start, stop, ttl)
+        replay(engine, keys, times, sizes, start, stop, ttl, lifetimes)
         if stop == total or stop // every != start // every:
             timeline.append(_timeline_point(engine, stop, float(times[stop - 1])))
         if progress is not None:
@@ -193,6 +198,21 @@ def _estimated(stats: dict[str, int | float], sample: Sample) -> dict[str, int |
     return out
 
 
+def trace_lifetimes(
+    trace: Trace, prefix: str, rules: TtlRules | None, ttl: float
+) -> np.ndarray | None:
+    """Each request's lifetime under ``rules`` (``rule_lifetimes``), its key as the proxy
+    keys it (``prefix`` and the name or id); None without rules."""
+    if not rules:
+        return None
+    names = trace.names
+
+    def key_of(i: int) -> str:
+        return prefix + (names[i] if names is not None else str(i))
+
+    return rule_lifetimes(trace.ids, key_of, rules, ttl)
+
+
 def key_arrays(trace: Trace, prefix: str) -> KeyArrays:
     """``trace``'s keys, each after ``prefix``, as the compiled loop takes them."""
     if trace.names is None:
@@ -225,16 +245,28 @@ class Cell:
 _SHARED_TRACE: Trace | Sample | None = None
 
 
-def _run_cell(cell: Cell, max_object_bytes: int | None, entry_overhead: int) -> SimResult:
+def _run_cell(
+    cell: Cell,
+    max_object_bytes: int | None,
+    entry_overhead: int,
+    ttl: float = math.inf,
+    ttl_rules: TtlRules | None = None,
+) -> SimResult:
     assert _SHARED_TRACE is not None
-    return _cell(_SHARED_TRACE, cell, max_object_bytes, entry_overhead)
+    return _cell(_SHARED_TRACE, cell, max_object_bytes, entry_overhead, ttl, ttl_rules)
 
 
 def _cell(
-    trace: Trace | Sample, cell: Cell, max_object_bytes: int | None, entry_overhead: int
+    trace: Trace | Sample,
+    cell: Cell,
+    max_object_bytes: int | None,
+    entry_overhead: int,
+    ttl: float = math.inf,
+    ttl_rules: TtlRules | None = None,
 ) -> SimResult:
     return simulate(trace, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes,
-                    entry_overhead=entry_overhead, eviction=cell.eviction)  # fmt: skip
+                    entry_overhead=entry_overhead, eviction=cell.eviction, ttl=ttl,
+                    ttl_rules=ttl_rules)  # fmt: skip
 
 
 Policy = AdmissionConfig | tuple[AdmissionConfig, str]
@@ -250,8 +282,11 @@ def sweep(
     entry_overhead: int = ENTRY_OVERHEAD,
     workers: int | None = None,
     report: Callable[[int, int, SimResult], None] | None = None,
+    ttl: float = math.inf,
+    ttl_rules: TtlRules | None = None,
 ) -> list[SimResult]:
-    """Every (size, policy) cell over ``trace``; results in size-major, policy-minor order."""
+    """Every (size, policy) cell over ``trace``; results in size-major, policy-minor order.
+    ``ttl`` and ``ttl_rules``: how long responses live, as ``simulate`` takes them."""
     global _SHARED_TRACE
     pairs = [p if isinstance(p, tuple) else (p, "lru") for p in policies]
     cells = [Cell(size, adm, ev) for size in cache_sizes for adm, ev in pairs]
@@ -259,7 +294,7 @@ def sweep(
     results: dict[Cell, SimResult] = {}
     if workers == 1:
         for cell in cells:
-            result = _cell(trace, cell, max_object_bytes, entry_overhead)
+            result = _cell(trace, cell, max_object_bytes, entry_overhead, ttl, ttl_rules)
             results[cell] = result
             if report:
                 report(len(results), len(cells), result)
@@ -272,7 +307,8 @@ def sweep(
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
             futures = {
-                pool.submit(_run_cell, c, max_object_bytes, entry_overhead): c for c in cells
+                pool.submit(_run_cell, c, max_object_bytes, entry_overhead, ttl, ttl_rules): c
+                for c in cells
             }
             for future in as_completed(futures):
                 results[futures[future]] = future.result()

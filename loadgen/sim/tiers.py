@@ -35,7 +35,13 @@ from functools import partial
 
 import numpy as np
 
-from loadgen.sim.simulate import SimResult, build_engine, key_arrays, policy_label
+from loadgen.sim.simulate import (
+    SimResult,
+    build_engine,
+    key_arrays,
+    policy_label,
+    trace_lifetimes,
+)
 from loadgen.traces.trace import Trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import (
@@ -50,6 +56,7 @@ from proxy.core.events import Behind, FromCache, RequestMeta, ResponseMeta
 from proxy.core.regions import Regions
 from proxy.core.replay import replay_tiers
 from proxy.core.store import ENTRY_OVERHEAD
+from proxy.core.ttl_rules import TtlRules
 
 _STORED = ResponseMeta(cacheable=True)
 
@@ -99,6 +106,7 @@ def simulate_tiers(
     ttl: float = math.inf,
     key_prefix: str = "",
     eviction: str = "lru",
+    ttl_rules: TtlRules | None = None,
 ) -> SimResult:
     """Replay ``trace`` through a fresh memory tier of ``memory_bytes`` and the disk tier
     ``disk`` describes, in the compiled loop. The stats are the engine's, counted as the live
@@ -108,7 +116,8 @@ def simulate_tiers(
     With a finite ``ttl`` every response lives that long, memory's copy and the disk's record
     alike (each from when it was written), and has no validator, as the live proxy meets it:
     a stale entry in memory is fetched again (the disk is not asked), a stale record on disk
-    answers nothing and the response is fetched again, and what is fetched replaces both."""
+    answers nothing and the response is fetched again, and what is fetched replaces both.
+    The operator's ``ttl_rules`` give each key its own lifetime, as in ``simulate``."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     tier = disk.tier()
     engine.behind = (tier,)
@@ -119,6 +128,7 @@ def simulate_tiers(
         np.ascontiguousarray(trace.times, dtype=np.float64), sizes,
         record_overhead=RECORD_HEADER + disk.meta_bytes,
         lengths=_record_lengths(trace, key_prefix, disk, sizes), ttl=ttl,
+        lifetimes=trace_lifetimes(trace, key_prefix, ttl_rules, ttl),
     )  # fmt: skip
     return _result(engine, tier, trace, disk, admission, eviction, started)
 
@@ -219,13 +229,17 @@ def tier_cells(
     max_object_bytes: int | None,
     entry_overhead: int,
     say: Callable[[str], None] | None = None,
+    ttl: float = math.inf,
+    ttl_rules: TtlRules | None = None,
 ) -> list[SimResult]:
-    """Every memory size x (admission, eviction) x disk tier, one after another."""
+    """Every memory size x (admission, eviction) x disk tier, one after another (``ttl``
+    and ``ttl_rules`` as ``simulate_tiers`` takes them)."""
     results = []
     for size in sizes:
         for (config, eviction), disk in itertools.product(policies, disks):
             result = simulate_tiers(trace, size, config, disk, max_object_bytes=max_object_bytes,
-                                    entry_overhead=entry_overhead, eviction=eviction)  # fmt: skip
+                                    entry_overhead=entry_overhead, eviction=eviction, ttl=ttl,
+                                    ttl_rules=ttl_rules)  # fmt: skip
             results.append(result)
             if say is not None:
                 say(f"{result.label} @ {sizes[size]}: {result.elapsed:.1f}s")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +23,7 @@ from proxy.core.disk import DiskTier
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
+from proxy.core.ttl_rules import TtlRules, trace_lifetime
 
 
 def build_engine(
@@ -47,6 +49,20 @@ def build_engine(
     return CacheEngine(store, make_policy(admission, store, shared=shared))
 
 
+def rule_lifetimes(
+    ids: np.ndarray, key_of: Callable[[int], str], rules: TtlRules, ttl: float
+) -> np.ndarray | None:
+    """Each request's lifetime under the operator's TTL ``rules`` (``trace_lifetime``), from
+    its key's id (``ids``; ``key_of`` an id's key, asked once per id); None without rules:
+    every response lives ``ttl``."""
+    if not rules:
+        return None
+    distinct, back = np.unique(ids, return_inverse=True)
+    per_key = np.fromiter((trace_lifetime(rules, key_of(int(i)), ttl) for i in distinct),
+                          dtype=np.float64, count=len(distinct))  # fmt: skip
+    return np.ascontiguousarray(per_key[back])
+
+
 @dataclass(frozen=True)
 class KeyArrays:
     """Keys as the compiled loop takes them: numeric ids it formats after ``prefix`` itself,
@@ -66,14 +82,18 @@ def replay(
     start: int,
     stop: int,
     ttl: float = math.inf,
+    lifetimes: np.ndarray | None = None,
 ) -> None:
     """Requests ``start:stop`` (their ``keys``, ``times`` and ``sizes``) through ``engine``'s
-    store and compiled admission, counted in ``engine``'s counters."""
+    store and compiled admission, counted in ``engine``'s counters; each response lives
+    ``ttl``, or its request's ``lifetimes`` where given (``rule_lifetimes``)."""
     store = engine.store
+    names = keys.names or (None, None, None)
     deltas = simulate_chunk(
         store.index, compiled_admission(engine.admission), times[start:stop],
         keys.ids[start:stop], sizes[start:stop], keys.prefix, keys.prefix_chars, ttl,
-        store.entry_overhead, store.max_object_bytes, *keys.names,
+        store.entry_overhead, store.max_object_bytes, *names,
+        None if lifetimes is None else lifetimes[start:stop],
     )  # fmt: skip
     _count(engine, deltas)
 
@@ -88,6 +108,7 @@ def replay_tiers(
     record_overhead: int,
     lengths: np.ndarray | None = None,
     ttl: float = math.inf,
+    lifetimes: np.ndarray | None = None,
 ) -> None:
     """Every request of the arrays through ``engine``'s store and admission, with ``tier``
     behind it (its ring a ``Regions`` of its own); a record is ``lengths`` long, or its
@@ -104,7 +125,8 @@ def replay_tiers(
         compiled_admission(tier.admission), tier.budget,
         (regions.region_size, regions.regions, *regions.span()), times, keys.ids, sizes,
         keys.prefix, keys.prefix_chars, ttl, engine.store.entry_overhead,
-        engine.store.max_object_bytes, record_overhead, lengths, *keys.names,
+        engine.store.max_object_bytes, record_overhead, lengths,
+        *(keys.names or (None, None, None)), lifetimes,
     )  # fmt: skip
     regions.moved(
         (deltas.pop("ring_oldest"), deltas.pop("ring_next"), deltas.pop("ring_fill")),

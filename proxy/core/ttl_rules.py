@@ -25,6 +25,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -137,3 +138,16 @@ def rule_response(
     if rule.max is not None and lifetime > rule.max:
         lifetime, by_rule = rule.max, True
     return Ruled(storable, reason, lifetime, directives, by_rule)
+
+
+def trace_lifetime(rules: TtlRules, key: str, ttl: float) -> float:
+    """The lifetime of a trace's response for ``key`` under ``rules``: the simulator's
+    response is a 200 with ``max-age=ttl`` (an infinite ``ttl``: one that gives no freshness
+    of its own, which a rule's ``default`` then sets, and which never expires without one,
+    the simulator's model), judged as a live response is (``rule_response``)."""
+    rule = rules.rule_for(key, 200)
+    if rule is None:
+        return ttl
+    headers = (("Cache-Control", f"max-age={ttl:.0f}"),) if math.isfinite(ttl) else ()
+    directives = rfc9111.response_directives(headers)
+    return rule_response(rule, 200, headers, True, "", ttl, directives).lifetime

@@ -7,6 +7,8 @@
  *
  * - a fresh memory hit is answered from memory; a stale one is fetched again, the disk not
  *   asked;
+ * - a response lives the trace's ttl, or the request's own lifetime where an operator's TTL
+ *   rules gave each key its own (lifetimes: a key's every request carries its key's);
  * - a memory miss asks the disk: a record fresh by the trace's ttl (from when it was written)
  *   is a hit from disk, kept in memory too (promoted) when memory's admission takes it (asked
  *   as for a fetched response), then the promotion filter (CacheEngine._promotes), and it fits;
@@ -70,6 +72,7 @@ typedef struct {
     const char *prefix;
     Py_ssize_t prefix_len;
     long long prefix_chars;
+    const double *lifetimes; /* each request's key's lifetime, or NULL: the call's ttl */
 } Requests;
 
 /* Memory stores h1 (replacing a stale entry): 1, or 0 when it is charged more than the store
@@ -94,8 +97,10 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
         return -1;
     }
     memcpy(key, q->prefix, (size_t)q->prefix_len);
-    const int finite_ttl = !isinf(ttl);
+    const double call_ttl = ttl;
     for (Py_ssize_t r = 0; r < q->n; r++) {
+        ttl = q->lifetimes != NULL ? q->lifetimes[r] : call_ttl;
+        const int finite_ttl = !isinf(ttl);
         const double now = q->times[r];
         const long long size = q->sizes[r];
         uint64_t h1, h2;
@@ -216,10 +221,10 @@ static PyObject *counted(const long long *c, int count) {
     return result;
 }
 
-/* The request arrays of a call (times, ids, sizes, lengths, names_h1, names_h2, names_chars;
- * None where absent) into q, their views in views (released by release_views). */
+/* The request arrays of a call (times, ids, sizes, lengths, names_h1, names_h2, names_chars,
+ * lifetimes; None where absent) into q, their views in views (released by release_views). */
 typedef struct {
-    Py_buffer views[7];
+    Py_buffer views[8];
     int held;
 } Views;
 
@@ -230,17 +235,17 @@ static void release_views(Views *v) {
     v->held = 0;
 }
 
-static int read_requests(PyObject *const objs[7], Py_buffer *prefix, long long prefix_chars,
+static int read_requests(PyObject *const objs[8], Py_buffer *prefix, long long prefix_chars,
                          Requests *q, Views *v) {
-    static const char *what[7] = {"times", "ids", "sizes", "lengths", "names_h1", "names_h2",
-                                  "names_chars"};
+    static const char *what[8] = {"times", "ids", "sizes", "lengths", "names_h1", "names_h2",
+                                  "names_chars", "lifetimes"};
     const int named = objs[4] != Py_None;
-    const char kinds[7] = {'f', named ? 'i' : 'u', 'i', 'i', 'u', 'u', 'i'};
+    const char kinds[8] = {'f', named ? 'i' : 'u', 'i', 'i', 'u', 'u', 'i', 'f'};
     if (named && (objs[5] == Py_None || objs[6] == Py_None)) {
         PyErr_SetString(PyExc_TypeError, "names_h1, names_h2 and names_chars come together");
         return -1;
     }
-    for (v->held = 0; v->held < 7; v->held++) {
+    for (v->held = 0; v->held < 8; v->held++) {
         Py_buffer *view = &v->views[v->held];
         if (objs[v->held] == Py_None) {
             memset(view, 0, sizeof(*view));
@@ -250,29 +255,32 @@ static int read_requests(PyObject *const objs[7], Py_buffer *prefix, long long p
     }
     Py_ssize_t n = v->views[0].len / 8;
     if (v->views[1].len / 8 != n || v->views[2].len / 8 != n ||
-        (objs[3] != Py_None && v->views[3].len / 8 != n)) {
-        PyErr_SetString(PyExc_ValueError, "times, ids, sizes and lengths must have one length");
+        (objs[3] != Py_None && v->views[3].len / 8 != n) ||
+        (objs[7] != Py_None && v->views[7].len / 8 != n)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "times, ids, sizes, lengths and lifetimes must have one length");
         return -1;
     }
     *q = (Requests){n, v->views[0].buf, v->views[1].buf, v->views[2].buf, v->views[3].buf,
                     v->views[4].buf, v->views[5].buf, v->views[6].buf, v->views[4].len / 8,
-                    prefix->buf, prefix->len, prefix_chars};
+                    prefix->buf, prefix->len, prefix_chars, v->views[7].buf};
     return 0;
 }
 
 PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"index", "admission", "times", "ids", "sizes", "prefix",
                              "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
-                             "names_h1", "names_h2", "names_chars", NULL};
+                             "names_h1", "names_h2", "names_chars", "lifetimes", NULL};
     PyObject *index_obj, *admission_obj;
-    PyObject *objs[7] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    PyObject *objs[8] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None, Py_None};
     Py_buffer prefix;
     long long prefix_chars, overhead, max_object;
     double ttl;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOy*LdLL|OOO", kwlist, &IndexType,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OOOy*LdLL|OOOO", kwlist, &IndexType,
                                      &index_obj, &AdmissionType, &admission_obj, &objs[0],
                                      &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
-                                     &overhead, &max_object, &objs[4], &objs[5], &objs[6]))
+                                     &overhead, &max_object, &objs[4], &objs[5], &objs[6],
+                                     &objs[7]))
         return NULL;
     Requests q;
     Views v = {.held = 0};
@@ -292,21 +300,22 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
                              "budget", "ring", "times", "ids", "sizes", "prefix",
                              "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
                              "record_overhead", "lengths", "names_h1", "names_h2",
-                             "names_chars", NULL};
+                             "names_chars", "lifetimes", NULL};
     PyObject *index_obj, *admission_obj, *promotion_obj, *dindex_obj, *dadmission_obj,
         *budget_obj;
-    PyObject *objs[7] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None};
+    PyObject *objs[8] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None, Py_None};
     Py_buffer prefix;
     long long prefix_chars, overhead, max_object, record_overhead;
     long long region_size, regions, oldest, next, fill;
     double ttl;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "O!O!OO!O!O!(LLLLL)OOOy*LdLLL|OOOO", kwlist, &IndexType, &index_obj,
+            args, kwds, "O!O!OO!O!O!(LLLLL)OOOy*LdLLL|OOOOO", kwlist, &IndexType, &index_obj,
             &AdmissionType, &admission_obj, &promotion_obj, &DiskIndexType, &dindex_obj,
             &AdmissionType,
             &dadmission_obj, &WriteBudgetType, &budget_obj, &region_size, &regions, &oldest,
             &next, &fill, &objs[0], &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
-            &overhead, &max_object, &record_overhead, &objs[3], &objs[4], &objs[5], &objs[6]))
+            &overhead, &max_object, &record_overhead, &objs[3], &objs[4], &objs[5], &objs[6],
+            &objs[7]))
         return NULL;
     if (promotion_obj != Py_None && !PyObject_TypeCheck(promotion_obj, &AdmissionType)) {
         PyErr_SetString(PyExc_TypeError, "promotion is an Admission, or None");
@@ -324,7 +333,7 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
         next - oldest > regions || next >= UINT32_MAX || fill < 0 || fill > region_size) {
         PyErr_SetString(PyExc_ValueError, "ring = (region_size, regions, oldest, next, fill) of "
                         "a ring of at least 2 regions of at most 4 GiB");
-    } else if (!isinf(ttl) && d.index->live > 0) {
+    } else if ((!isinf(ttl) || objs[7] != Py_None) && d.index->live > 0) {
         /* When each record was written is known within one call only. */
         PyErr_SetString(PyExc_ValueError, "a finite ttl is replayed in one call, from an empty "
                         "disk tier");
