@@ -359,6 +359,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     meta = {"trace": str(args.trace)}
     if ttl != math.inf or rules:
         meta["freshness"] = _freshness_said(ttl, rules, args.ttl_rules)
+    if rules and (unmatched := _unmatched_rules(trace, rules)):
+        meta["ttl_rules_unmatched"] = unmatched
+        print(f"onehit-loadgen simulate: --ttl-rules: {unmatched}", file=sys.stderr)
     source: Trace | Sample = trace
     if args.sample:
         source = sample_trace(trace, _rate(args.sample))
@@ -457,6 +460,20 @@ def _freshness(args: argparse.Namespace) -> tuple[float, TtlRules | None]:
     if not config.ttl:
         raise UsageError(f"--ttl-rules {args.ttl_rules}: it holds no [[ttl]] rule")
     return ttl, TtlRules(config.ttl)
+
+
+def _unmatched_rules(trace: Trace, rules: TtlRules) -> str:
+    """What a trace whose keys are not URLs (``scheme://host/path``) makes of rules naming a
+    host or a path: they match none of its keys (each is read as host "" and path "/")."""
+    first = trace.key_strings(0, 1)
+    if first and "://" in first[0]:
+        return ""
+    named = [i for i, rule in enumerate(rules.rules, 1) if rule.host or rule.path != "/"]
+    if not named:
+        return ""
+    which = ", ".join(map(str, named))
+    return (f"rule {which} names a host or a path, and this trace's keys are not URLs "
+            f"({first[0] if first else 'none'!r}): it matches none of them")  # fmt: skip
 
 
 def _freshness_said(ttl: float, rules: TtlRules | None, path: Path | None) -> str:

@@ -26,10 +26,10 @@ from proxy.config.logs import OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.directory import holder
 from proxy.disk.sharing import Sharing
-from proxy.ops import handover, inspection, preflight
+from proxy.ops import handover, inspection, preflight, tracing
 from proxy.ops.handoff import HandedConfig
 from proxy.ops.machine import attach
-from proxy.ops.service import Service, hold_signals, until_signalled
+from proxy.ops.service import ACCEPTED_GRACE, Service, hold_signals, until_signalled
 from proxy.ops.shared_tier import check_workers, discard_scratch, worker_sharing
 from proxy.ops.workers import (
     READY,
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ask_inspect(config, args.inspect)
     if args.trace is not None:
         query = urllib.parse.urlencode({"url": args.trace, "method": args.trace_method})
-        answer = _ask_admin(config, "GET", "/trace?" + query)
+        answer = _ask_admin(config, "GET", "/trace?" + query, tracing.ASK_TIMEOUT)
         return 2 if answer is None else 1 if "error" in answer else 0
     errors = logging.StreamHandler(sys.stderr)
     errors.setFormatter(OneLine())
@@ -147,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _serve(config, worker=args.worker, shared_window=shared, sharing=sharing,
                    forgets=forgets, samples=samples, read_config=read, generation=generation,
                    secret=secret, listeners=listeners,
-                   admin_socket=None if taken is None else taken.admin),
+                   admin_sockets=() if taken is None else taken.admin),
             config.server.event_loop,
         )  # fmt: skip
     except (OSError, ValueError, RuntimeError) as exc:  # a HandoverError too
@@ -188,7 +188,7 @@ def ask_inspect(config: Config, url: str) -> int:
     return 2 if answer is None else 1 if "error" in answer else 0
 
 
-def _ask_admin(config: Config, method: str, path: str) -> dict | None:
+def _ask_admin(config: Config, method: str, path: str, timeout: float = 30) -> dict | None:
     """The running proxy's JSON answer to ``method path`` on the admin listener ``config``
     names (with its token), printed; None, said on stderr, when no onehit answered."""
     url = f"{reachable(config.admin.listen)}{path}"
@@ -199,7 +199,7 @@ def _ask_admin(config: Config, method: str, path: str) -> dict | None:
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
     status = 200
     try:
-        with urllib.request.urlopen(request, timeout=30) as r:
+        with urllib.request.urlopen(request, timeout=timeout) as r:
             text = r.read()
     except urllib.error.HTTPError as exc:
         status, text = exc.code, exc.read()
@@ -357,12 +357,12 @@ async def _serve(
     generation: int = 0,
     secret: str = "",
     listeners: Sequence[socket.socket] = (),
-    admin_socket: socket.socket | None = None,
+    admin_sockets: Sequence[socket.socket] = (),
 ) -> None:
     service = await Service.start(
         config, reuse_port=worker, shared_window=shared_window, sharing=sharing,
         forgotten=forgets, samples=samples, read_config=read_config, machine_secret=secret,
-        listeners=listeners, admin_socket=admin_socket,
+        listeners=listeners, admin_sockets=admin_sockets,
     )  # fmt: skip
     collect_for_serving()
     host, port = service.proxy_address
@@ -387,7 +387,7 @@ async def _serve(
     if offering is not None:
         offering.cancel()
     log.info("stopping: draining requests in flight (up to %gs)", config.server.drain_timeout)
-    await service.stop()
+    await service.stop(ACCEPTED_GRACE)
     for sender in (forgets, samples):
         if sender is not None:
             await sender.close()

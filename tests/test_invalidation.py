@@ -428,6 +428,24 @@ def test_purges_older_than_any_fetch_in_flight_are_forgotten_and_time_never_runs
     assert len(purges) == 1 and purges.reach("http://a/video.mp4", (), 99.0)  # reached
 
 
+def test_a_removal_another_worker_made_reaches_only_what_began_before_it():
+    """Another worker's removal arrives after this one recorded later ones: it is dated when
+    it was made (a fetch begun after it is stored), never at the latest (it was, and the
+    second sighting of a URL on another worker was dropped on a busy machine)."""
+    purges = RecentPurges()
+    purges.url("http://a/other", 10.5)
+    purges.url("http://a/x", 10.0, as_made=True)
+    assert not purges.reach("http://a/x", (), 10.2) and purges.reach("http://a/x", (), 9.9)
+    assert purges.reach("http://a/other", (), 10.4)
+    purges.prefix("http://a/", 10.6)  # a later purge that reaches it still does
+    assert purges.reach("http://a/x", (), 10.55)
+    purges.url("http://b/y", 11.0)
+    purges.url("http://b/y", 10.0, as_made=True)  # purged again: the later purge stands
+    assert purges.reach("http://b/y", (), 10.9)
+    purges.url("http://a/x", 10.7, as_made=True)  # a later removal of x: it reaches past 10.2
+    assert purges.reach("http://a/x", (), 10.65)
+
+
 async def test_a_304_in_flight_never_refreshes_what_a_soft_purge_made_stale_since(
     origin, start_proxy
 ):

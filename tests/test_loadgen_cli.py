@@ -181,3 +181,8 @@ def test_simulate_honours_the_proxys_ttl_rules_as_the_library_does(trace_file, t
         "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--ttl-rules", str(empty)
     )
     assert out.returncode != 0 and "holds no [[ttl]] rule" in out.stderr
+    by_path = tmp_path / "path.toml"
+    by_path.write_text('[[ttl]]\npath = "/obj/"\nmax = "1s"\n')
+    out = run("simulate", "--trace", str(trace_file), "--cache-size", "1%",
+              "--ttl-rules", str(by_path))  # fmt: skip
+    assert out.returncode == 0 and "keys are not URLs" in out.stderr  # said, not silent

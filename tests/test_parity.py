@@ -222,3 +222,6 @@ async def test_live_and_simulated_two_tiers_agree_with_ttls(
     assert disk["hits"] > 0 and disk["dropped"] > 0  # records answered, and replaced once stale
     forever = simulated_like(proxy, trace, capacity, prefix, record_length)
     assert live["hits"] < forever["hits"], "responses expired, and cost hits"
+    if ruled:
+        unruled = simulated_like(proxy, trace, capacity, prefix, record_length, ttl=ttl)
+        assert live["hits"] != unruled["hits"], "the rules changed what was fresh"

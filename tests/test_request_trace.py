@@ -1,16 +1,17 @@
 """One request's decisions on demand (``GET /trace`` on the admin port, ``onehit-proxy
-trace URL``, ``proxy.core.trace``): a real request through the data port, and what the proxy
+trace URL``, ``proxy.wire.trace``): a real request through the data port, and what the proxy
 decided for it, step by step."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 
 import aiohttp
 import pytest
-from conftest import admin, base, served
+from conftest import Clock, admin, base, served
 from test_disk_live import DISK, drop_from_page_cache
 from test_servers import Backend
 
@@ -53,6 +54,34 @@ async def test_a_miss_then_a_store_then_a_hit_are_traced_step_by_step(origin, st
     assert cache_status.startswith("onehit; hit")
     # Traced requests are real: the proxy counted them as any client's.
     assert service.proxy.engine.stats()["hits"] == 1
+
+
+async def test_a_revalidation_and_a_background_refresh_are_traced_as_they_went(
+    origin, start_proxy, client
+):
+    """A stale entry revalidated (304): the plan names its validators, the step after the
+    origin's the refreshed lifetime. One served stale while it is refreshed in the
+    background (stale-while-revalidate): the refresh is another task's, not in the trace."""
+    fields = {"Cache-Control": "max-age=10, stale-while-revalidate=30", "ETag": '"v1"'}
+    origin.set("/r", headers=fields, not_modified_etag='"v1"')
+    origin.set("/s", headers={"Cache-Control": "max-age=10, stale-while-revalidate=30"})
+    clock = Clock()
+    service = await start_proxy(clock=clock)
+    for path in ("/r", "/s"):
+        for _ in range(2):
+            await trace(client, service, f"http://example.test{path}")
+    clock.now += 15  # /s: stale, within its stale-while-revalidate
+    _, answer = await trace(client, service, "http://example.test/s")
+    named = steps_of(answer)
+    assert (named["plan"][0]["action"], named["plan"][0]["refresh"]) == ("stale", True)
+    await origin.arrived("/s", 3)  # the background refresh went to the origin
+    assert "origin" not in named and answer["steps"][-1]["origin_ms"] is None
+    clock.now += 60  # past both: /r revalidates
+    _, answer = await trace(client, service, "http://example.test/r")
+    named = steps_of(answer)
+    assert named["plan"][0]["action"] == "revalidate"
+    assert named["plan"][0]["validators"] == ["If-None-Match"]
+    assert named["origin"][0]["status"] == 304 and named["refreshed"][0]["lifetime"] == 10
 
 
 async def test_the_trace_field_never_reaches_the_origin_nor_a_client_without_the_token(
@@ -112,12 +141,29 @@ async def test_a_trace_that_cannot_be_sent_says_what_to_give(origin, start_proxy
         ({"url": ""}, "give ?url="),
         ({"url": "/relative"}, "give an absolute URL"),
         ({"url": "http://example.test/a", "method": "POST"}, "a trace sends GET or HEAD"),
+        ({"url": "http://[::1/a"}, "Invalid IPv6 URL"),
+        ({"url": "http://exämple.test/a"}, "its IDNA form"),
     ):
         async with client.get(admin(service) + "/trace", params=query) as r:
             assert r.status == 400 and said in (await r.json())["error"]
     assert origin.hits["/a"] == 0
     _, head = await trace(client, service, method="HEAD")
     assert head["status"] == 200 and head["bytes_after_head"] == 0
+
+
+async def test_a_url_beyond_ascii_is_sent_as_a_client_sends_it_and_the_token_never_shown(
+    origin, start_proxy, client
+):
+    """A path beyond ASCII is percent-encoded, as a client sends it (it was not: the error
+    that said so quoted the request, token and all); credentials in an origin's URL are not
+    shown."""
+    service = await start_proxy(upstream__origin=origin.url.replace("://", "://u:pw@"))
+    status, answer = await trace(client, service, "http://example.test/caf\u00e9?q=\u2713")
+    assert status == 200 and answer["status"] == 200
+    assert answer["request"]["target"] == "/caf%C3%A9?q=%E2%9C%93"
+    assert sum(origin.hits.values()) == 1  # it reached the origin
+    assert service.proxy.trace_token not in json.dumps(answer)
+    assert "pw@" not in json.dumps(answer["steps"])
 
 
 async def test_a_trace_through_a_proxy_protocol_listener(origin, start_proxy, client):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 
 import aiohttp
@@ -97,7 +98,7 @@ async def test_a_new_onehit_takes_the_listeners_and_no_connection_is_refused(
         done.set()
         fresh, kept = await asyncio.gather(*loads)
         assert fresh["refused"] == kept["refused"] == 0, (fresh, kept)
-        assert fresh["wrong"] == kept["wrong"] == 0 and fresh["dropped"] <= 2, (fresh, kept)
+        assert fresh["wrong"] == kept["wrong"] == 0 and fresh["dropped"] == 0, (fresh, kept)
         assert fresh["ok"] > 50 and kept["ok"] > 50, (fresh, kept)
         # The disk tier came over, or the workers' shared memory tier: the new one fetched
         # nothing again.
@@ -239,3 +240,69 @@ def test_only_a_scratch_tier_of_this_user_is_adopted_or_removed_on_a_handovers_w
         link.unlink()
         if ours.exists():
             ours.rmdir()
+
+
+def test_each_worker_place_gets_listening_sockets_whatever_was_taken_over():
+    """``place_listeners``: one SO_REUSEPORT socket per place and address when it binds them;
+    taken over, every socket is served (past the places, a place serves several; short of
+    them, more are bound beside them), and a single process's socket, not bound to share
+    the port, is shared by every place."""
+    import socket
+
+    from proxy.ops.workers import place_listeners
+
+    port = free_port()
+    made = place_listeners(("127.0.0.1", port), 3)
+    try:
+        assert [len(p) for p in made] == [1, 1, 1] and len({id(p[0]) for p in made}) == 3
+        fewer = place_listeners(("127.0.0.1", port), 2, [p[0] for p in made])
+        assert [len(p) for p in fewer] == [2, 1]  # all three served
+        more = place_listeners(("127.0.0.1", port), 5, [p[0] for p in made])
+        assert [len(p) for p in more] == [1] * 5 and len({id(p[0]) for p in more}) == 5
+        assert all(p[0].getsockname()[1] == port for p in more)
+        for place in more[3:]:
+            place[0].close()
+    finally:
+        for place in made:
+            place[0].close()
+    single = socket.socket()
+    single.bind(("127.0.0.1", 0))
+    single.listen()
+    try:
+        shared = place_listeners(("127.0.0.1", single.getsockname()[1]), 3, [single])
+        assert all(place == [single] for place in shared)
+    finally:
+        single.close()
+    both = place_listeners(("localhost", free_port()), 2)
+    try:  # one socket per address localhost resolves to, in each place
+        addresses = {s.getsockname()[0] for s in both[0]}
+        assert len(both[0]) == len(addresses) >= 1 and len(both[1]) == len(both[0])
+    finally:
+        for place in both:
+            for sock in place:
+                sock.close()
+
+
+def test_a_memory_tier_another_onehit_holds_is_neither_adopted_nor_removed(tmp_path):
+    """A handover naming the memory tier a live onehit holds (its lock refuses this one):
+    the new parent starts an empty tier of its own, and the other's is left as it is (the
+    failed open removed it before, and the other's workers lost their files)."""
+    from proxy.config.settings import load
+    from proxy.disk.directory import claim, release
+    from proxy.ops import shared_tier
+
+    held = shared_tier._scratch_directory()
+    (held / "kept").write_text("another onehit's")
+    lock = claim(held)
+    config = load(env={}, overrides={"upstream.origin": "http://127.0.0.1:9",
+                                     "cache.size": "4MiB"})  # fmt: skip
+    tier = None
+    try:
+        tier = shared_tier.open_shared_tier(config, 2, adopt=str(held))
+        assert tier.scratch is not None and tier.scratch != held
+        assert (held / "kept").read_text() == "another onehit's"
+    finally:
+        if tier is not None:
+            tier.close()
+        release(lock)
+        shutil.rmtree(held, ignore_errors=True)

@@ -202,15 +202,20 @@ def trace_lifetimes(
     trace: Trace, prefix: str, rules: TtlRules | None, ttl: float
 ) -> np.ndarray | None:
     """Each request's lifetime under ``rules`` (``rule_lifetimes``), its key as the proxy
-    keys it (``prefix`` and the name or id); None without rules."""
+    keys it (``prefix`` and the name or id); None without rules. Computed once per prefix,
+    ttl and rules: every simulated cell of a sweep reads them."""
     if not rules:
         return None
-    names = trace.names
+    cache = trace.__dict__.setdefault("_lifetimes", {})
+    asked = (prefix, ttl, rules.rules)
+    if asked not in cache:
+        names = trace.names
 
-    def key_of(i: int) -> str:
-        return prefix + (names[i] if names is not None else str(i))
+        def key_of(i: int) -> str:
+            return prefix + (names[i] if names is not None else str(i))
 
-    return rule_lifetimes(trace.ids, key_of, rules, ttl)
+        cache[asked] = rule_lifetimes(trace.ids, key_of, rules, ttl)
+    return cache[asked]
 
 
 def key_arrays(trace: Trace, prefix: str) -> KeyArrays:

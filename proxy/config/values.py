@@ -338,6 +338,17 @@ def address(value: Any) -> tuple[str, int]:
     return host, int(port)
 
 
+def loopback(listen: tuple[str, int]) -> tuple[str, int]:
+    """A listener's address as a process of this machine reaches it: on loopback when it
+    listens everywhere."""
+    host, port = listen
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1", port
+    if host == "::":
+        return "::1", port
+    return host, port
+
+
 def origin(value: Any) -> str:
     text = string(value).rstrip("/")
     parts = urlsplit(text)

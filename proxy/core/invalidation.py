@@ -64,7 +64,7 @@ class Removals:
         machine) forgot ``key`` (as ``forget`` or ``invalidate`` name one) in them: remove it
         from this store alone (at ``now``: what this process is fetching of it since before is
         not stored after); how many entries went."""
-        self.recent_purges.url(key, now)
+        self.recent_purges.url(key, now, as_made=True)
         own = forgotten_keys(key)[0]
         return (
             self._drop_url_from_memory(own) if whole_url(key) else int(self.drop_from_memory(own))

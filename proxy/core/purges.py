@@ -13,7 +13,10 @@ stored after it, on any tier.
   flight.
 * Times never run backwards here: a purge made at a time before the latest one is recorded at
   the latest. A wall clock stepped back between a fetch's start and a purge still hides that
-  purge from that fetch (the times are the cache's, ``time.time``).
+  purge from that fetch (the times are the cache's, ``time.time``). But for a URL another
+  process removed (``as_made``: another worker's removal, dated when that worker made it and
+  heard of a little later): it keeps its own time, and reaches a fetch begun before it,
+  never one begun after.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class RecentPurges:
         self._limit = limit
         self._latest = float("-inf")
         self._floor = float("-inf")  # when the latest purge dropped for room was made
+        # The URLs recorded ``as_made`` after a later purge, at the time each was made:
+        # ``_made`` holds them at the latest time then, in time order for ``reach``'s scan.
+        self._earlier: dict[tuple[str, object], float] = {}
 
     def __len__(self) -> int:
         return len(self._made)
@@ -49,9 +55,10 @@ class RecentPurges:
         else:
             self.tags(value, now)
 
-    def url(self, key: str, now: float) -> None:
-        """A purge of the URL of ``key`` (with its variants and slices) at ``now``."""
-        self._add(("url", hash(url_of(key))), now)
+    def url(self, key: str, now: float, as_made: bool = False) -> None:
+        """A purge of the URL of ``key`` (with its variants and slices) at ``now``; ``as_made``:
+        another process made it then (see the module's rules)."""
+        self._add(("url", hash(url_of(key))), now, as_made)
 
     def prefix(self, prefix: str, now: float) -> None:
         """A purge of every URL beginning with ``prefix`` at ``now``."""
@@ -62,16 +69,21 @@ class RecentPurges:
         for tag in tags:
             self._add(("tag", tag), now)
 
-    def _add(self, what: tuple[str, object], now: float) -> None:
-        now = self._latest = max(now, self._latest)
-        made = self._made
-        made.pop(what, None)
-        made[what] = now
+    def _add(self, what: tuple[str, object], now: float, as_made: bool = False) -> None:
+        made, earlier = self._made, self._earlier
+        before = made.pop(what, None)
+        if before is not None:  # purged again: it reaches what began before either purge
+            now = max(now, earlier.pop(what, before))
+        at = self._latest = max(now, self._latest)
+        made[what] = at
+        if as_made and now < at:
+            earlier[what] = now
         while made:
             oldest, when = next(iter(made.items()))
-            if when >= now - self.horizon and len(made) <= self._limit:
+            if when >= at - self.horizon and len(made) <= self._limit:
                 break
             del made[oldest]
+            earlier.pop(oldest, None)
             # A fetch begun before it may still be in flight when it was dropped for room, or
             # when the clock jumped forward past the horizon: such a fetch is taken as reached.
             self._floor = max(self._floor, when)
@@ -89,7 +101,7 @@ class RecentPurges:
             if made < since:
                 break
             if kind == "url":
-                if what == hashed:
+                if what == hashed and self._earlier.get((kind, what), made) >= since:
                     return True
             elif kind == "prefix":
                 if url.startswith(what):  # type: ignore[arg-type]

@@ -113,8 +113,9 @@ def replay_tiers(
     """Every request of the arrays through ``engine``'s store and admission, with ``tier``
     behind it (its ring a ``Regions`` of its own); a record is ``lengths`` long, or its
     key's bytes, its body and ``record_overhead``. Counted in both tiers' counters. A finite
-    ``ttl`` is replayed in one call, from an empty tier (when each record was written is
-    known within the call only): ValueError otherwise."""
+    ``ttl``, or ``lifetimes`` (each request's, ``rule_lifetimes``), is replayed in one call,
+    from an empty tier (when each record was written is known within the call only):
+    ValueError otherwise."""
     regions = tier.regions
     assert isinstance(regions, Regions), "a replayed tier has a ring of its own"
     if lengths is not None and len(lengths) and int(lengths.min()) < 0:

@@ -42,7 +42,6 @@ from proxy.core.events import (
 )
 from proxy.core.responses import Decided, response_meta
 from proxy.core.store import Entry
-from proxy.core.trace import STEPS, seconds, step
 from proxy.fleet.shared import SharedSecondHit
 from proxy.front.lane import LaneRequest, Written
 from proxy.handler.answers import at_once, interim, mark, on_origin, plain, relay_head, whole
@@ -52,6 +51,7 @@ from proxy.handler.streaming import stream
 from proxy.origin.body import fields_of, in_hand
 from proxy.origin.pool import OriginResponse, Sent
 from proxy.origin.upstream import Upstream, UpstreamError, UpstreamResponse
+from proxy.wire.trace import seconds, step, traced_now
 
 log = logging.getLogger("onehit.proxy")
 
@@ -114,7 +114,11 @@ class Fetcher:
             # leads a fetch after the purge, the others follow it.
             return await self.collapsed_fetch(request, meta, url, action)
         if shared is not None and shared is not GO_DIRECT and same_variant(shared, meta):
+            step("coalesced", answered_from="another request's fetch of this URL")
             return await self._collapsed(meta, shared)
+        if shared is not None:
+            step("coalesced", answered_from=None,
+                 why="the fetch it waited on was not one to share: fetched on its own")  # fmt: skip
         return (await self.fetch(request, meta, url, replace(action, collapse=False)))[0]
 
     async def led_fetch(
@@ -215,7 +219,7 @@ class Fetcher:
         if decided is ASK_ADMISSION:
             decided = await self.decide(meta, rmeta, length, whole=action.whole)
         else:
-            traced(decided)
+            trace_decision(decided)
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
             upstream.close()
@@ -249,7 +253,7 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decided = self.engine.on_response_head(meta, rmeta, length, self.clock())
-        traced(decided)
+        trace_decision(decided)
         assert type(decided) is Decided, "PendingMiss is not taken with a fleet's filter"
         _, _, arrived, parts, out = self._relay(
             request, meta, upstream, FETCH_WHOLE, flight, headers, decided, fits
@@ -379,7 +383,7 @@ class Fetcher:
             decided = self.engine.on_response_head(meta, rmeta, length, self.clock(),
                                                    admitted=admitted, whole=whole)  # fmt: skip
         assert type(decided) is Decided
-        traced(decided)
+        trace_decision(decided)
         return decided
 
     async def shared_sighting(
@@ -402,9 +406,9 @@ class Fetcher:
         return await self.shared.admit(meta.key, length or 0, self.clock())
 
 
-def traced(decided: Decided | object) -> None:
-    """The decision at a response's head, as a traced request's step (``proxy.core.trace``)."""
-    if STEPS.get() is None or type(decided) is not Decided:
+def trace_decision(decided: Decided | object) -> None:
+    """The decision at a response's head, as a traced request's step (``proxy.wire.trace``)."""
+    if not traced_now() or type(decided) is not Decided:
         return
     rmeta = decided.response
     step("response", status=rmeta.status, storable=rmeta.cacheable, why_not=rmeta.reason or None,

@@ -25,18 +25,19 @@ from aiohttp import HttpVersion10, HttpVersion11, web
 from multidict import CIMultiDictProxy
 
 from proxy.config.settings import Config
-from proxy.core import rfc9110, trace
+from proxy.core import rfc9110
 from proxy.core.cached import VIA
 from proxy.core.cachekey import KeyQuery
 from proxy.core.events import CLIENT_ASKS, RequestMeta
 from proxy.core.tags import TAG_FIELDS
 from proxy.handler.answers import plain, refuse_version
 from proxy.origin.servers import ServerGroup
+from proxy.wire import trace
 
 # Fields the proxy writes itself; what a client sends of them is replaced, never trusted (a
 # client cannot pose as another hop).
 FORWARDING = frozenset({"via", "x-forwarded-for", "x-forwarded-proto", "x-forwarded-host"})
-# And the proxy's own request field, which may hold its trace token (``proxy.core.trace``).
+# And the proxy's own request field, which may hold its trace token (``proxy.wire.trace``).
 _CLIENT_DROPS = rfc9110.HOP_BY_HOP | FORWARDING | {trace.FIELD.lower()}
 # Client fields never passed on: the origin's Host is its own (from its URL), and a body the
 # proxy has in hand needs no 100 Continue from the origin.

@@ -54,7 +54,6 @@ from proxy.core.events import (
     Revalidate,
 )
 from proxy.core.keys import PART
-from proxy.core.trace import FIELD, STEPS, action_view, step, trace_token
 from proxy.core.ttl_rules import TtlRules
 from proxy.core.whatif import Sample
 from proxy.disk.reads import ColdRecord
@@ -73,6 +72,15 @@ from proxy.handler.slicing import Slicer
 from proxy.handler.uploads import Uploads
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import ProxyRequest
+from proxy.wire.trace import (
+    FIELD,
+    STEPS,
+    action_view,
+    shown_origin,
+    step,
+    trace_token,
+    tracing,
+)
 
 log = logging.getLogger("onehit.proxy")
 
@@ -133,7 +141,7 @@ class Proxy:
         engine.admission_elsewhere = shared is not None
         self.sample_key = 0
         self.key_sample(secrets.randbits(64))
-        # What a request shows to be traced (``proxy.core.trace``): the process's own, or
+        # What a request shows to be traced (``proxy.wire.trace``): the process's own, or
         # the machine's (``Service.start`` sets it), which its admin knows.
         self.trace_token = trace_token(secrets.token_hex(16))
 
@@ -288,12 +296,12 @@ class Proxy:
         self, request: ProxyRequest, meta: RequestMeta, url: str, cold: ColdRecord | None
     ) -> web.StreamResponse:
         """``_handle``'s plan and step for a request that showed the trace token, each step
-        recorded (``proxy.core.trace``) for its answer's head to carry."""
+        recorded (``proxy.wire.trace``) for its answer's head to carry."""
         steps: list[dict[str, Any]] = []
         request.trace = steps
-        shown = STEPS.set(steps)
+        shown = tracing(steps)
         try:
-            step("route", route=self.router.route_label(request.host), origin=url,
+            step("route", route=self.router.route_label(request.host), origin=shown_origin(url),
                  key=meta.key.replace(PART, " | "), pid=os.getpid())  # fmt: skip
             action = self.engine.plan(meta, self.clock(), content=request.body_exists)
             step("plan", **action_view(action))

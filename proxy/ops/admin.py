@@ -259,8 +259,10 @@ class ProcessAdmin:
             # response newer than what was removed, and is stored (at the time it arrived,
             # the second sighting of a URL on another worker was never stored).
             at = named.at or [now] * len(named.keys)
-            removed = sum(engine.removals.forgotten_elsewhere(key, min(when, now))
-                          for key, when in zip(named.keys, at, strict=True))  # fmt: skip
+            # Never after now, nor before a removal could still be on its way.
+            removed = sum(engine.removals.forgotten_elsewhere(
+                key, min(max(when, now - FORGET_LAG), now))
+                for key, when in zip(named.keys, at, strict=True))  # fmt: skip
         return web.json_response({"removed": removed})
 
 
@@ -304,10 +306,14 @@ async def forgotten_keys_of(request: web.Request) -> Forgotten | None:
     place = sender if isinstance(sender, int) and not isinstance(sender, bool) else None
     at = body.get("at")
     times = at if isinstance(at, list) and len(at) == len(keys) else None
-    if times is not None and not all(type(t) in (int, float) and math.isfinite(t) for t in times):
+    if times is not None and not all(type(t) is float and math.isfinite(t) for t in times):
         times = None
     return Forgotten(keys, place, body.get("purge") is True, times)
 
+
+# Seconds a removal another worker made may take to reach this one at most (its batches are
+# tried again for about 1.3 s): an older time given is taken as this much ago.
+FORGET_LAG = 10.0
 
 # How long a worker's /stats waits for its what-if samples to reach the parent, in seconds.
 SAMPLES_WAIT = 2.0

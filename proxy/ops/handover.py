@@ -31,14 +31,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Then the offering process's drain timeout, the shared memory tier it leaves (a directory;
-# none: empty) after a space, and a newline. The sockets passed with it: the proxy port's
-# (one, or one per worker's place), then the admin's.
-GREETING = b"onehit-handover 1 "
+# Then, each after a space: the offering process's drain timeout, how many of the sockets
+# passed with it are the proxy port's (one, or one per worker's place and address; the admin's
+# follow), the shared memory tier it leaves (a directory; none: empty); and a newline.
+GREETING = b"onehit-handover 2 "
 TAKEN = b"taken\n"
-MAX_SOCKETS = 253  # the kernel's most in one message (SCM_MAX_FD): 64 workers' and the admin's
+MAX_SOCKETS = 253  # the kernel's most in one message (SCM_MAX_FD), the admin's among them
 # Beyond the offering process's drain: its stop's own steps (checkpoints, closing files).
 STOP_MARGIN = 30.0
+MAX_WAIT = 86400.0  # a drain said to last longer is no onehit's
 
 
 class HandoverError(RuntimeError):
@@ -47,13 +48,14 @@ class HandoverError(RuntimeError):
 
 async def offer(
     path: str,
-    sockets: Callable[[], Sequence[Any]],
+    sockets: Callable[[], tuple[Sequence[Any], Sequence[Any]]],
     drain: float,
     taken: Callable[[], None],
     leaves: str = "",
 ) -> None:
-    """Hand the listening sockets (``sockets()``, as they are when asked: a reload may have
-    moved one) to the first process that connects to ``path`` and says it took them, telling
+    """Hand the listening sockets (``sockets()``: the proxy port's and the admin's, as they
+    are when asked: a reload may have moved one) to the first process that connects to
+    ``path`` and says it took them, telling
     it this process's ``drain`` timeout and the shared memory tier it ``leaves`` (a
     directory, or none); then call ``taken`` (this process's stop). The Unix socket's end
     stays open until this process exits, which tells the new one it is gone. Runs until
@@ -70,8 +72,9 @@ async def offer(
         while True:
             connection, _ = await loop.sock_accept(server)
             try:
-                hello = GREETING + f"{drain} {leaves}\n".encode()
-                socket.send_fds(connection, [hello], [s.fileno() for s in sockets()])
+                proxy, admin = sockets()
+                hello = GREETING + f"{drain} {len(proxy)} {leaves}\n".encode()
+                socket.send_fds(connection, [hello], [s.fileno() for s in (*proxy, *admin)])
                 answer = await asyncio.wait_for(loop.sock_recv(connection, 64), 30)
             except (OSError, TimeoutError) as exc:
                 log.warning("a take-over of the listeners at %s failed: %s", path, exc)
@@ -101,7 +104,7 @@ class Taken:
     workers listened on) and the admin's."""
 
     proxy: list[socket.socket]
-    admin: socket.socket
+    admin: list[socket.socket]
     memory: str = ""  # the shared memory tier the old one left: the taker's to serve or remove
 
 
@@ -129,18 +132,22 @@ def take(
             f"no onehit offers its listeners at {path} ({exc.strerror or exc}): start the "
             "running one with [server] handover set to this path"
         ) from None
-    drain, _, memory = greeting[len(GREETING) :].rstrip(b"\n").partition(b" ")
+    drain, _, rest = greeting[len(GREETING) :].rstrip(b"\n").partition(b" ")
+    count, _, memory = rest.partition(b" ")
     try:
-        wait = float(drain) + STOP_MARGIN
-    except ValueError:
-        wait = -1.0
-    if not greeting.startswith(GREETING) or len(fds) < 2 or wait < 0:
+        wait, proxies = float(drain) + STOP_MARGIN, int(count)
+    except (ValueError, OverflowError):
+        wait, proxies = -1.0, 0
+    if (not greeting.startswith(GREETING) or not 0 < proxies < len(fds)
+            or not 0 <= wait <= MAX_WAIT):  # fmt: skip
         for fd in fds:
             os.close(fd)
         link.close()
         raise HandoverError(f"{path} did not offer listening sockets as onehit does")
     sockets = [socket.socket(fileno=fd) for fd in fds]
-    expected = [proxy_at] * (len(sockets) - 1) + [admin_at]
+    for sock in sockets:  # as a socket made here: a worker is given its own, no other
+        sock.set_inheritable(False)
+    expected = [proxy_at] * proxies + [admin_at] * (len(sockets) - proxies)
     for sock, (host, port) in zip(sockets, expected, strict=True):
         bound = sock.getsockname()[:2]
         if (port and bound[1] != port) or bound[0] not in _addresses(host):
@@ -171,7 +178,7 @@ def take(
         ) from None
     finally:
         link.close()
-    return Taken(sockets[:-1], sockets[-1], os.fsdecode(memory))
+    return Taken(sockets[:proxies], sockets[proxies:], os.fsdecode(memory))
 
 
 def _addresses(host: str) -> set[str]:

@@ -23,7 +23,6 @@ from aiohttp import web
 
 from proxy.config.settings import Config
 from proxy.core.stats import combine
-from proxy.core.trace import trace_token
 from proxy.core.whatif import DiskGhosts, Samples, merged_curves
 from proxy.disk.sharing import LOADED, combine_stats
 from proxy.handler.routing import Router
@@ -43,6 +42,7 @@ from proxy.ops.answer_metrics import prometheus as answer_text
 from proxy.ops.handoff import HandedConfig, machine_headers
 from proxy.ops.reload import Reloaded
 from proxy.ops.shared_tier import SharedTier, worker_view
+from proxy.wire.trace import trace_token
 
 # Seconds a worker waits for its parent's answer to what it sends (``ToParent``); the parent's
 # admin for a worker's answer to a call it fans out, and to a removal another worker sent,

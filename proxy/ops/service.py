@@ -27,7 +27,6 @@ from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.core.trace import trace_token
 from proxy.core.ttl_rules import TtlRules
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
@@ -46,6 +45,7 @@ from proxy.ops.shared_tier import worker_largest_object
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import Listener, ProxyServer
+from proxy.wire.trace import trace_token
 
 
 def shared_admission(config: Config, engine: CacheEngine) -> SharedSecondHit | None:
@@ -146,7 +146,7 @@ class Service:
         read_config: Callable[[], Config] | None = None,
         machine_secret: str = "",
         listeners: Sequence[Any] = (),
-        admin_socket: Any = None,
+        admin_sockets: Sequence[Any] = (),
     ) -> Service:
         """Start both listeners; ``reuse_port`` lets several workers share the proxy port,
         ``shared_window`` their admission window (``proxy.ops.machine``) and ``sharing`` their
@@ -159,7 +159,7 @@ class Service:
         ``machine_secret``, what the other processes of a worker's machine show its admin
         (``proxy.ops.handoff``). ``listeners``: sockets that listen on the proxy's port already
         (taken over, or a worker's from its parent), served in place of one bound here;
-        ``admin_socket``, the admin's."""
+        ``admin_sockets``, the admin's."""
         require_strict_parser()
         # Whatever a failed or cancelled start opened is closed again, the disk's directory
         # given up: the caller may start again in the same process.
@@ -250,7 +250,8 @@ class Service:
                     proxy_runner, config.server.listen, service.tls, reuse_port,
                     handshake_timeout=config.server.idle_timeout, sock=sock,
                 ).start()  # fmt: skip
-            await _site(admin_runner, config.admin.listen, sock=admin_socket).start()
+            for sock in admin_sockets or [None]:
+                await _site(admin_runner, config.admin.listen, sock=sock).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
 
@@ -262,11 +263,25 @@ class Service:
     def admin_address(self) -> tuple[str, int]:
         return self.admin_runner.addresses[0][:2]
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
+        """Stop accepting, answer what is in progress (within ``drain_timeout``), and close
+        it all. ``grace``: seconds (at most, while any connection is open) the connections
+        accepted just before the listeners closed have to send their requests, read and
+        answered before idle ones are closed
+        (``ACCEPTED_GRACE``, a process's stop: closed at once, one in 5,000 of the
+        connections opened across an upgrade under load was dropped with its request on its
+        way)."""
         self.stopping = True
         for task in (self.checkpoints, self.flushes):
             if task is not None:
                 task.cancel()
+        if grace > 0:
+            for site in list(self.proxy_runner.sites):
+                await site.stop()
+            server = self.proxy_runner.server
+            until = time.monotonic() + grace
+            while server is not None and server.connections and time.monotonic() < until:
+                await asyncio.sleep(0.01)
         await self.proxy_runner.cleanup()
         await self.admin_runner.cleanup()
         await self.proxy.close()
@@ -312,10 +327,13 @@ class Service:
         if self.tls_now is not None and connection.context is not self.tls_now:
             connection.context = self.tls_now
 
-    def listening_sockets(self) -> list[Any]:
-        """The proxy's listening socket, then the admin's: what a handover passes on."""
-        return [s for runner in (self.proxy_runner, self.admin_runner) for site in runner.sites
-                if isinstance(site, Listener) for s in site.sockets]  # fmt: skip
+    def listening_sockets(self) -> tuple[list[Any], list[Any]]:
+        """The proxy's listening sockets and the admin's: what a handover passes on."""
+        proxy, admin = (
+            [s for site in runner.sites if isinstance(site, Listener) for s in site.sockets]
+            for runner in (self.proxy_runner, self.admin_runner)
+        )
+        return proxy, admin
 
     def reload_soon(self) -> None:
         """``reload`` in a task of its own (SIGHUP's), kept until it is done; what it raises
@@ -363,6 +381,15 @@ class Service:
             self.access_file.reopen()
 
 
+# Connections a listener queues while none is accepted (a worker being replaced, a handover's
+# gap, a burst): the kernel caps it at net.core.somaxconn. aiohttp's own is 128.
+LISTEN_BACKLOG = 4096
+
+# Seconds a stopping proxy, its listeners closed, reads the requests of the connections it
+# accepted last before it closes the idle ones: a client sends its request as it connects.
+ACCEPTED_GRACE = 0.2
+
+
 def _site(
     runner: web.BaseRunner,
     address: tuple[str, int],
@@ -375,7 +402,7 @@ def _site(
     TLS one ends a handshake not done within ``handshake_timeout``."""
     return Listener(runner, *address, reuse_address=True, reuse_port=reuse_port,
                     ssl_context=context, handshake_timeout=handshake_timeout,
-                    sock=sock)  # fmt: skip
+                    sock=sock, backlog=LISTEN_BACKLOG)  # fmt: skip
 
 
 def _proxy_server(

@@ -144,7 +144,7 @@ def open_shared_tier(config: Config, workers: int, adopt: str = "") -> SharedTie
     where it opens, else in a new one."""
     if not config.disk.path and left_scratch(adopt) is not None:
         try:
-            return _open(config, workers, Path(adopt))
+            return _open(config, workers, Path(adopt), made=False)
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("the memory tier the last parent left could not be opened (%s): "
                         "starting an empty one", exc)  # fmt: skip
@@ -152,7 +152,10 @@ def open_shared_tier(config: Config, workers: int, adopt: str = "") -> SharedTie
     return _open(config, workers, None if config.disk.path else _scratch_directory())
 
 
-def _open(config: Config, workers: int, scratch: Path | None) -> SharedTier:
+def _open(config: Config, workers: int, scratch: Path | None, made: bool = True) -> SharedTier:
+    """The tier, in ``scratch`` (a directory standing for memory; None: the disk tier); a
+    failure removes ``scratch`` only when this start ``made`` it (one adopted may be held by
+    a live onehit: its lock refused it)."""
     overrides = worker_overrides(config, workers, str(scratch))
     section = worker_view(config, overrides).disk  # the parent's tier is the workers' own
     index_bytes, window_bytes = shared_bytes(section)
@@ -174,7 +177,7 @@ def _open(config: Config, workers: int, scratch: Path | None) -> SharedTier:
     except BaseException:
         for fd in fds:
             os.close(fd)
-        if scratch is not None:
+        if scratch is not None and made:
             shutil.rmtree(scratch, ignore_errors=True)
         raise
     kind = "memory" if scratch is not None else "disk"

@@ -1,6 +1,6 @@
 """``GET /trace?url=`` on the admin port (and ``onehit-proxy trace URL``): one real request
 for a URL, sent to the proxy's own data port as a client's would be, and the decisions the
-proxy took for it (``proxy.core.trace``).
+proxy took for it (``proxy.wire.trace``).
 
 Rules this module keeps:
 
@@ -10,8 +10,9 @@ Rules this module keeps:
   which keeps it off the compiled hit path; the proxy takes the same decisions there (its
   parity tests hold the two equal).
 * It goes through the listener clients use: with TLS (the name from the URL, for SNI) and
-  with a PROXY protocol header where the listener expects one. Its body is read whole and
-  counted, not kept, within ``TIMEOUT``.
+  with a PROXY protocol header where the listener expects one. Its head is awaited
+  ``TIMEOUT`` seconds; its body is read and counted, not kept, for ``TIMEOUT`` more, and the
+  answer says when it was not whole by then (the steps, all in the head, are kept).
 """
 
 from __future__ import annotations
@@ -20,30 +21,25 @@ import asyncio
 import ssl
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
+from proxy.config import values
 from proxy.config.settings import ServerSection
-from proxy.core import trace
 from proxy.handler.routing import Router
+from proxy.wire import trace
 
 TIMEOUT = 30.0
+# What the CLI waits for the admin's answer: the head's wait, the body's, and some.
+ASK_TIMEOUT = 2 * TIMEOUT + 10
 METHODS = ("GET", "HEAD")
 HEAD_LIMIT = 1 << 20  # bytes of one response head, at most
+# What a request target keeps as it is (RFC 3986's reserved and unreserved characters, and
+# ``%``): the rest is percent-encoded, as a client sends it.
+SENT = "/?#[]@!$&'()*+,;=:%-._~"
 
 
 class TraceError(ValueError):
     """The trace was not asked as it must be: the message says what to give."""
-
-
-def loopback(listen: tuple[str, int]) -> tuple[str, int]:
-    """A listener's address as a process of this machine reaches it: on loopback when it
-    listens everywhere."""
-    host, port = listen
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1", port
-    if host == "::":
-        return "::1", port
-    return host, port
 
 
 async def traced(
@@ -57,29 +53,37 @@ async def traced(
             raise TraceError("give ?url=http://host/path (and method=HEAD for a HEAD)")
         host, target = target_of(url, router)
         answer = await trace_request(
-            loopback(address), host, target, token, method=query.get("method", "GET"),
+            values.loopback(address), host, target, token, method=query.get("method", "GET"),
             tls=bool(server.tls_cert), proxy_protocol=server.proxy_protocol,
         )  # fmt: skip
     except TraceError as exc:
         return 400, {"error": str(exc)}
     except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
             ValueError, IndexError) as exc:  # fmt: skip
+        # Its name and its own words, never the request (which holds the token).
+        said = f"{type(exc).__name__}: {str(exc)[:200]}".rstrip(": ")
         return 502, {"error": f"the data port at {address[0]}:{address[1]} did not answer the "
-                              f"traced request as HTTP: {exc!r}"}  # fmt: skip
+                              f"traced request as HTTP ({said})"}  # fmt: skip
     return 200, {"url": url, **answer}
 
 
 def target_of(url: str, router: Router) -> tuple[str, str]:
     """The Host and the request target of an absolute ``url``, as the proxy would route it
     (``TraceError`` for one it would refuse, or that is not absolute)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # an IPv6 address not closed, for one
+        raise TraceError(f"{url!r}: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise TraceError(f"{url!r}: give an absolute URL, http://host/path")
+    if not parts.netloc.isascii():
+        raise TraceError(f"{url!r}: give the host as the proxy is asked it (its IDNA form)")
     try:
         router.url_key(f"http://{parts.netloc}{parts.path or '/'}")
     except ValueError as exc:
         raise TraceError(str(exc)) from None
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    # As a client sends it: what is not ASCII percent-encoded (what is, is sent as given).
+    target = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), SENT)
     if any(c in target or c in parts.netloc for c in " \r\n\t"):
         raise TraceError(f"{url!r}: a URL holds no space or line break")
     return parts.netloc, target
@@ -114,15 +118,24 @@ async def trace_request(
         TIMEOUT,
     )  # fmt: skip
     try:
-        return await asyncio.wait_for(
-            _exchange(reader, writer, method, host, target, token, proxy_protocol, started),
-            TIMEOUT,
+        answer = await asyncio.wait_for(
+            _head(reader, writer, method, host, target, token, proxy_protocol), TIMEOUT
         )
+        answer["bytes_after_head"] = length = 0
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while chunk := await reader.read(1 << 16):
+                    length += len(chunk)
+        except TimeoutError:
+            answer["body"] = f"not read whole within {TIMEOUT:g}s"
+        answer["bytes_after_head"] = length
+        answer["ms"] = round((time.perf_counter() - started) * 1000, 3)
+        return answer
     finally:
         writer.close()
 
 
-async def _exchange(
+async def _head(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     method: str,
@@ -130,8 +143,8 @@ async def _exchange(
     target: str,
     token: str,
     proxy_protocol: bool,
-    started: float,
 ) -> dict[str, Any]:
+    """Send the request, and what its answer's head says (its status, fields and steps)."""
     head = b""
     if proxy_protocol:  # as a load balancer in front would say: this connection's own ends
         here, there = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
@@ -159,14 +172,9 @@ async def _exchange(
             steps = trace.steps_of(value.strip())
         else:
             fields.append([name.strip(), value.strip()])
-    length = 0
-    while chunk := await reader.read(1 << 16):
-        length += len(chunk)
     return {
         "request": {"method": method, "host": host, "target": target},
         "status": status,
         "headers": fields,
-        "bytes_after_head": length,
-        "ms": round((time.perf_counter() - started) * 1000, 3),
         "steps": steps,
     }

@@ -38,6 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from proxy.config import values
 from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import shared_window_size
 from proxy.core.whatif import Sample, Samples
@@ -56,7 +57,7 @@ from proxy.ops.reload import (
     key_rules,
     keys_built_otherwise,
 )
-from proxy.ops.service import checkpoint_every, until_signalled
+from proxy.ops.service import LISTEN_BACKLOG, checkpoint_every, until_signalled
 from proxy.ops.shared_tier import SharedTier, check_workers, open_shared_tier, worker_view
 from proxy.wire.seam import Listener
 
@@ -69,9 +70,6 @@ BATCH_BYTES = 256 << 10
 # sampled requests, about 60 KB as JSON): past it, the parent is not keeping up.
 SAMPLE_BATCHES = 16
 READY = "onehit-worker-admin "
-# Connections a place's socket queues while no worker accepts (one being replaced, a
-# handover's gap): the kernel caps it at net.core.somaxconn.
-LISTEN_BACKLOG = 4096
 
 
 async def serve_workers(
@@ -94,6 +92,16 @@ async def serve_workers(
     except OSError:
         tier.close()
         raise
+    held = len({id(s) for place in places for s in place})
+    if config.server.handover and held + 2 > handover.MAX_SOCKETS:  # the admin's: one or two
+        for sock in {id(s): s for place in places for s in place}.values():
+            sock.close()
+        tier.close()
+        raise ValueError(
+            f"[server] handover with workers = {count}: {held} listening sockets, more than "
+            f"one handover passes ({handover.MAX_SOCKETS - 2}); set workers to at most "
+            f'{(handover.MAX_SOCKETS - 2) * count // held}, or handover = ""'
+        )
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.
     window = machine.create(size) if size else None
@@ -110,9 +118,10 @@ async def serve_workers(
     try:
         await workers.start(count)
         await runner.setup()
-        admin = Listener(runner, *config.admin.listen, reuse_address=True,
-                         sock=None if taken is None else taken.admin)  # fmt: skip
-        await admin.start()
+        admins = [Listener(runner, *config.admin.listen, reuse_address=True, sock=sock)
+                  for sock in (taken.admin if taken is not None else [None])]  # fmt: skip
+        for admin in admins:
+            await admin.start()
         log.info("%d workers on %s:%d", count, *config.server.listen)
         supervising = asyncio.ensure_future(workers.supervise())
         if tier.scratch is None:
@@ -126,7 +135,8 @@ async def serve_workers(
                 os.kill(os.getpid(), signal.SIGTERM)
 
             offering = asyncio.ensure_future(handover.offer(
-                config.server.handover, lambda: [*workers.listening(), *admin.sockets],
+                config.server.handover,
+                lambda: (workers.listening(), [s for a in admins for s in a.sockets]),
                 config.server.drain_timeout, given_over, str(tier.scratch or ""),
             ))  # fmt: skip
         await until_signalled(workers.reopen_logs, reloads.on_signal)
@@ -235,7 +245,9 @@ class Workers:
         if window is not None:
             self.argv += ["--shared-window-fd", str(window)]
             self.fds += (window,)
-        self.places = places  # each place's listening sockets, held while the parent runs
+        # Each place's listening sockets, held while the parent runs; a list of its own each.
+        self.places = [list(place) for place in places]
+        self._draining: set[int] = set()  # places a roll drains: their sockets wait for them
         self.processes: list[asyncio.subprocess.Process] = []
         self.admins: list[str | None] = []  # None: the worker is being replaced
         self.replaced = 0
@@ -313,6 +325,8 @@ class Workers:
                 log.warning("worker %d (pid %d) exited with %s: starting another", i, old.pid,
                             old.returncode)  # fmt: skip
                 self.admins[i] = None  # being replaced: the admin asks the others meanwhile
+                if i not in self._draining:
+                    self._unlisten(i)
                 while True:
                     try:
                         self.processes[i], self.admins[i] = await self._spawn(i)
@@ -321,6 +335,25 @@ class Workers:
                         log.error("replacing worker %d failed (%s): trying again", i, exc)
                         await asyncio.sleep(1)
                 self.replaced += 1
+
+    def _unlisten(self, place: int) -> None:
+        """A worker that died unasked: its place's own sockets are closed (what they queued
+        is reset, as when a worker bound its own) and bound again without listening, so the
+        kernel sends the others every new connection until the next worker listens (held
+        listening, its share waited for it, seconds when it could not start). A socket the
+        places share (a single process's, taken over) stays: the others accept from it."""
+        shared = {id(s) for p, socks in enumerate(self.places) if p != place for s in socks}
+        for k, sock in enumerate(self.places[place]):
+            if id(sock) in shared or not sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT):
+                continue
+            try:
+                fresh = _bound(sock.family, sock.type, sock.proto, sock.getsockname())
+            except OSError as exc:
+                log.error("worker %d's socket could not be bound again (%s): it is kept", place,
+                          exc)  # fmt: skip
+                continue
+            sock.close()
+            self.places[place][k] = fresh
 
     def roll_soon(self) -> None:
         """``roll`` in a task of its own; one asked while one runs runs again after it (each
@@ -350,13 +383,17 @@ class Workers:
                     return
                 await asyncio.sleep(0.05)
             process = self.processes[place]
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-            while self.processes[place] is process or self.admins[place] is None:
-                if asyncio.get_running_loop().time() > deadline:
-                    log.error("worker %d was not replaced within %gs", place, within)
-                    return
-                await asyncio.sleep(0.05)
+            self._draining.add(place)
+            try:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+                while self.processes[place] is process or self.admins[place] is None:
+                    if asyncio.get_running_loop().time() > deadline:
+                        log.error("worker %d was not replaced within %gs", place, within)
+                        return
+                    await asyncio.sleep(0.05)
+            finally:
+                self._draining.discard(place)
             log.info("worker %d replaced, on the configuration published last", place)
 
     def reopen_logs(self) -> None:
@@ -415,6 +452,18 @@ def place_listeners(
 
 def _listening(family: int, kind: int, proto: int, address: Any) -> socket.socket:
     """A socket listening at ``address`` beside others of this user (SO_REUSEPORT)."""
+    sock = _bound(family, kind, proto, address)
+    try:
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _bound(family: int, kind: int, proto: int, address: Any) -> socket.socket:
+    """A socket bound at ``address`` beside others of this user (SO_REUSEPORT), not yet
+    listening: the kernel sends it no connection until its worker listens."""
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -422,7 +471,6 @@ def _listening(family: int, kind: int, proto: int, address: Any) -> socket.socke
         if family == socket.AF_INET6:  # as asyncio binds: each family its own socket
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
-        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
         sock.close()
         said = (exc.strerror or str(exc)).lower()
@@ -433,12 +481,8 @@ def _listening(family: int, kind: int, proto: int, address: Any) -> socket.socke
 
 def reachable(listen: tuple[str, int]) -> str:
     """An admin listener as a process of this machine reaches it (a parent's, by its
-    workers; any, by ``--reload``): on loopback when it listens everywhere."""
-    host, port = listen
-    if host in ("", "0.0.0.0"):
-        host = "127.0.0.1"
-    elif host == "::":
-        host = "::1"
+    workers; any, by ``--reload``): on loopback when it listens everywhere (``loopback``)."""
+    host, port = values.loopback(listen)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 

@@ -26,10 +26,10 @@ import aiohttp
 from aiohttp.http import HttpProcessingError
 
 from proxy.config.settings import UpstreamSection
-from proxy.core.trace import step
 from proxy.origin.health import OriginHealth, origin_of
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
 from proxy.origin.servers import ServerGroup
+from proxy.wire.trace import shown_origin, step
 
 log = logging.getLogger("onehit.upstream")
 
@@ -162,7 +162,7 @@ class Upstream:
             return await self._across(group, method, url, headers, body, interim)
         response = await self._request(method, url, headers, body, sent, interim)
         self.health.answered(origin_of(url), method, response.status)
-        step("origin", server=_origin(url), status=response.status)
+        step("origin", server=shown_origin(_origin(url)), status=response.status)
         return response
 
     async def _across(
@@ -187,7 +187,7 @@ class Upstream:
                 response = await self._request(method, server + path, headers, body, None,
                                                interim)  # fmt: skip
             except UpstreamError as exc:
-                step("origin", server=server, failed=str(exc))
+                step("origin", server=shown_origin(server), failed=str(exc))
                 group.failed(server)
                 tried.add(server)
                 if not again or len(tried) == len(group.servers):
@@ -196,7 +196,7 @@ class Upstream:
                 continue
             group.succeeded(server)
             self.health.answered(origin_of(server), method, response.status)
-            step("origin", server=server, status=response.status)
+            step("origin", server=shown_origin(server), status=response.status)
             return response
 
     async def _request(

@@ -67,8 +67,8 @@ from aiohttp import ClientConnectionResetError, hdrs, web
 from aiohttp.http import StreamWriter
 from multidict import CIMultiDict
 
-from proxy.core import trace
 from proxy.core._native import field_lines
+from proxy.wire import trace
 
 log = logging.getLogger("onehit.proxy")
 
@@ -400,16 +400,15 @@ class ProxyRequest(web.BaseRequest):
     answer: web.StreamResponse | None = None
     started = 0.0
     origin_wait: float | None = None  # seconds its answer waited on the origin, if it asked
-    # Its decisions, when it showed the trace token (``proxy.core.trace``): its answer's
+    # Its decisions, when it showed the trace token (``proxy.wire.trace``): its answer's
     # head carries them.
     trace: list[dict[str, Any]] | None = None
 
     async def _prepare_hook(self, response: web.StreamResponse) -> None:
         self.answer = response
         if self.trace is not None:
-            wait = None if self.origin_wait is None else round(self.origin_wait * 1000, 3)
-            self.trace.append({"step": "answer", "status": response.status, "origin_ms": wait})
-            response.headers[trace.FIELD] = trace.field_value(self.trace)
+            value = trace.field_value(self.trace, response.status, self.origin_wait)
+            response.headers[trace.FIELD] = value
         await super()._prepare_hook(response)
 
 

@@ -335,8 +335,8 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
                         "a ring of at least 2 regions of at most 4 GiB");
     } else if ((!isinf(ttl) || objs[7] != Py_None) && d.index->live > 0) {
         /* When each record was written is known within one call only. */
-        PyErr_SetString(PyExc_ValueError, "a finite ttl is replayed in one call, from an empty "
-                        "disk tier");
+        PyErr_SetString(PyExc_ValueError, "a finite ttl, or lifetimes, are replayed in one "
+                        "call, from an empty disk tier");
     } else if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
                replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, &d, &q, ttl,
                       overhead, max_object, c) == 0) {

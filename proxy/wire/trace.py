@@ -9,24 +9,30 @@ Rules this module keeps:
 * The steps are recorded where each decision is taken, in order: the route and key, the
   engine's plan (and the tier behind memory's answer), each origin server asked, and the
   decision at the response's head (storable, lifetime, what memory and the tiers behind it
-  keep). An untraced request pays one context variable read at each step.
+  keep), by the request's own task: a task it starts (a background refresh, a removal sent
+  to the other workers) inherits the context, not the trace. An untraced request pays one
+  context variable read at each step.
 * They go back to that request alone, as JSON in its response's own ``Onehit-Trace`` field,
-  written with the head: what is decided after the head went out is not in it.
+  written with the head: what is decided after the head went out is not in it. An origin's
+  URL is shown without the credentials it may carry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from proxy.core.events import Behind, Fetch, FromCache, Refuse, Revalidate
 
 FIELD = "Onehit-Trace"
-# The steps of the request being answered in this task, when it is traced.
-STEPS: ContextVar[list[dict[str, Any]] | None] = ContextVar("onehit_trace", default=None)
+# The request being answered, when it is traced: its task, and its steps.
+STEPS: ContextVar[tuple[object, list[dict[str, Any]]] | None] = ContextVar(
+    "onehit_trace", default=None
+)
 
 
 def trace_token(secret: str) -> str:
@@ -34,11 +40,23 @@ def trace_token(secret: str) -> str:
     return hashlib.sha256(b"onehit-trace " + secret.encode()).hexdigest()
 
 
+def tracing(steps: list[dict[str, Any]]) -> Token[Any]:
+    """Record the steps of the request this task answers in ``steps`` from now on (until
+    ``STEPS.reset`` of what this returns)."""
+    return STEPS.set((asyncio.current_task(), steps))
+
+
 def step(name: str, **facts: Any) -> None:
     """Record ``facts`` about the step ``name`` of the request being traced, if one is."""
-    steps = STEPS.get()
-    if steps is not None:
-        steps.append({"step": name, **facts})
+    traced = STEPS.get()
+    if traced is not None and traced[0] is asyncio.current_task():
+        traced[1].append({"step": name, **facts})
+
+
+def traced_now() -> bool:
+    """Whether this task answers a traced request."""
+    traced = STEPS.get()
+    return traced is not None and traced[0] is asyncio.current_task()
 
 
 def action_view(action: object) -> dict[str, Any]:
@@ -66,9 +84,21 @@ def action_view(action: object) -> dict[str, Any]:
     return {"action": type(action).__name__}
 
 
-def field_value(steps: list[dict[str, Any]]) -> str:
-    """``steps`` as the response's ``Onehit-Trace`` field carries them: one line of JSON."""
+def field_value(steps: list[dict[str, Any]], status: int, origin_wait: float | None) -> str:
+    """``steps`` as the response's ``Onehit-Trace`` field carries them, the answer's own last
+    (its ``status``, and its ``origin_wait`` in seconds, if it asked): one line of JSON."""
+    wait = None if origin_wait is None else round(origin_wait * 1000, 3)
+    steps.append({"step": "answer", "status": status, "origin_ms": wait})
     return json.dumps(steps, separators=(",", ":"), default=str)
+
+
+def shown_origin(url: str) -> str:
+    """An origin URL as a trace shows it: without the credentials it may carry."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def steps_of(value: str) -> list[dict[str, Any]] | None:
