@@ -25,7 +25,7 @@ from proxy.handler.answers import interim, on_origin, plain
 from proxy.handler.fetch import Fetcher
 from proxy.origin.body import BODY_ERRORS, fields_of
 from proxy.origin.upstream import UpstreamError
-from proxy.wire.trace import seconds, step
+from proxy.wire.trace import STEPS, seconds, step
 
 log = logging.getLogger("onehit.proxy")
 
@@ -63,7 +63,8 @@ class Revalidation:
                 fetcher.engine.on_not_modified(entry, fields, request_time, fetcher.clock())
                 status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
-                step("refreshed", lifetime=seconds(entry.lifetime), age=round(age, 3))
+                if STEPS.get() is not None:
+                    step("refreshed", lifetime=seconds(entry.lifetime), age=round(age, 3))
                 # The cookies the 304 set are this client's: in its answer, never stored.
                 cookies = client_fields(fields)
                 return fetcher.cached(meta, entry.status, entry.headers + cookies,

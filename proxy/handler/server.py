@@ -379,7 +379,8 @@ class Proxy:
             own = cold.slot if cold is not None and cold.key == meta.key else None
             found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type, own)
             action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)
-            step("disk", found=found is not None, **action_view(action))
+            if STEPS.get() is not None:  # a cold disk hit's: only when traced
+                step("disk", found=found is not None, **action_view(action))
         match action:
             case FromCache():
                 if action.refresh:
