@@ -250,28 +250,25 @@ class Cell:
 _SHARED_TRACE: Trace | Sample | None = None
 
 
-def _run_cell(
-    cell: Cell,
-    max_object_bytes: int | None,
-    entry_overhead: int,
-    ttl: float = math.inf,
-    ttl_rules: TtlRules | None = None,
-) -> SimResult:
+@dataclass(frozen=True)
+class Run:
+    """What every cell of a sweep is run with besides its own size and policy."""
+
+    max_object_bytes: int | None = None
+    entry_overhead: int = ENTRY_OVERHEAD
+    ttl: float = math.inf
+    ttl_rules: TtlRules | None = None
+
+
+def _run_cell(cell: Cell, run: Run) -> SimResult:
     assert _SHARED_TRACE is not None
-    return _cell(_SHARED_TRACE, cell, max_object_bytes, entry_overhead, ttl, ttl_rules)
+    return _cell(_SHARED_TRACE, cell, run)
 
 
-def _cell(
-    trace: Trace | Sample,
-    cell: Cell,
-    max_object_bytes: int | None,
-    entry_overhead: int,
-    ttl: float = math.inf,
-    ttl_rules: TtlRules | None = None,
-) -> SimResult:
-    return simulate(trace, cell.cache_bytes, cell.admission, max_object_bytes=max_object_bytes,
-                    entry_overhead=entry_overhead, eviction=cell.eviction, ttl=ttl,
-                    ttl_rules=ttl_rules)  # fmt: skip
+def _cell(trace: Trace | Sample, cell: Cell, run: Run) -> SimResult:
+    return simulate(trace, cell.cache_bytes, cell.admission, eviction=cell.eviction,
+                    max_object_bytes=run.max_object_bytes, entry_overhead=run.entry_overhead,
+                    ttl=run.ttl, ttl_rules=run.ttl_rules)  # fmt: skip
 
 
 Policy = AdmissionConfig | tuple[AdmissionConfig, str]
@@ -293,13 +290,14 @@ def sweep(
     """Every (size, policy) cell over ``trace``; results in size-major, policy-minor order.
     ``ttl`` and ``ttl_rules``: how long responses live, as ``simulate`` takes them."""
     global _SHARED_TRACE
+    run = Run(max_object_bytes, entry_overhead, ttl, ttl_rules)
     pairs = [p if isinstance(p, tuple) else (p, "lru") for p in policies]
     cells = [Cell(size, adm, ev) for size in cache_sizes for adm, ev in pairs]
     workers = max(1, min(workers or os.cpu_count() or 1, len(cells)))
     results: dict[Cell, SimResult] = {}
     if workers == 1:
         for cell in cells:
-            result = _cell(trace, cell, max_object_bytes, entry_overhead, ttl, ttl_rules)
+            result = _cell(trace, cell, run)
             results[cell] = result
             if report:
                 report(len(results), len(cells), result)
@@ -311,10 +309,7 @@ def sweep(
     try:
         context = multiprocessing.get_context("fork")
         with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = {
-                pool.submit(_run_cell, c, max_object_bytes, entry_overhead, ttl, ttl_rules): c
-                for c in cells
-            }
+            futures = {pool.submit(_run_cell, c, run): c for c in cells}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if report:
