@@ -221,7 +221,8 @@ def _trace_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--csv-columns",
         help="a CSV trace's time,key,size columns: header names (ts,obj,bytes) or 1-based "
-        "positions (1,2,4); default: the header time,key,size",
+        "positions (1,2,4); default: the header time,key,size. For a .txt trace (fields "
+        "separated by spaces, as LRB's), positions only; default: 1,2,3",
     )
 
 

@@ -1,5 +1,7 @@
 """Trace files: CSV and libCacheSim oracleGeneral round trips, and errors that say where."""
 
+import re
+
 import numpy as np
 import pytest
 import zstandard
@@ -131,3 +133,37 @@ def test_csv_columns_by_name_or_position_read_other_tools_traces(tmp_path):
     with pytest.raises(TraceError, match=r"other.csv:3: size 'x' is not an integer"):
         path.write_text("ts,obj,bytes\n1,a,10\n2,b,x\n")
         read_trace(path, ["ts", "obj", "bytes"])
+
+
+def test_a_trace_separated_by_spaces_is_read_as_lrb_and_webcachesim_write_them(tmp_path):
+    """``.txt``: time, key and size the first three fields (LRB's features after them left),
+    no header, blank lines skipped; other positions by ``columns``."""
+    path = tmp_path / "lrb.txt"
+    path.write_text("1 obj-a 100 7 0.5\n\n2\tobj-b 2000 3 0.1\n3 obj-a 100 7 0.5\n")
+    trace = read_trace(path)
+    assert trace.key_strings() == ["obj-a", "obj-b", "obj-a"]
+    assert trace.sizes.tolist() == [100, 2000, 100] and trace.times.tolist() == [1, 2, 3]
+    picked = read_trace(path, ["1", "2", "4"])
+    assert picked.sizes.tolist() == [7, 3, 7]
+    with pytest.raises(TraceError, match="has no header"):
+        read_trace(path, ["time", "key", "size"])
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 a 100\n2 b lots\n")
+    with pytest.raises(TraceError, match=r"bad.txt:2: size 'lots' is not an integer"):
+        read_trace(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [("1 a 100\n2 b 200\n", "t.txt (fields separated by spaces"),
+     ("ts,obj,bytes\n1,a,100\n", "t.csv, and give --csv-columns")],
+)  # fmt: skip
+def test_a_text_trace_under_another_suffix_is_refused_with_the_name_to_give_it(
+    tmp_path, text, named
+):
+    """Read as oracleGeneral records, text gives nonsense requests silently: it is refused,
+    naming the suffix that reads it."""
+    path = tmp_path / "t.log"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=re.escape(named)):
+        read_trace(path)

@@ -6,6 +6,10 @@ Two on-disk forms, both read and written:
   are read with ``columns``: three header names, or three 1-based positions, for time, key and
   size (``timestamp,obj_id,obj_size`` or ``1,2,4``); with positions a first row whose time is
   not a number is a header and skipped.
+* Text whose fields are separated by spaces or tabs (``.txt``, ``.tr``), as LRB's and
+  webcachesim's traces are: time, key and size the first three fields unless ``columns``
+  names three positions (LRB's feature columns after them are left); no header. A blank
+  line is skipped.
 * libCacheSim's oracleGeneral binary (any other suffix, conventionally ``.oracleGeneral.bin``):
   24-byte little-endian records ``uint32 time, uint64 object id, uint32 size, int64 next access``,
   where next access is the index of the object's next request, -1 if none. Keys are the decimal
@@ -14,7 +18,9 @@ Two on-disk forms, both read and written:
 Either form may be zstd-compressed (``.zst`` after the suffix, as the public traces ship); it
 is decompressed as it is read.
 
-Malformed input raises ``TraceError`` naming the file and the line (CSV) or byte offset (binary).
+Malformed input raises ``TraceError`` naming the file and the line (text) or byte offset
+(binary); a text file under any other suffix is refused with the fix (it would be read as
+binary records, silently wrong).
 In memory a trace is three numpy arrays: ``times``, ``ids`` (index into ``names`` when the keys
 came as strings, else the numeric object id) and ``sizes``.
 """
@@ -37,6 +43,8 @@ from proxy.core.cachekey import KeyQuery
 
 ORACLE_DTYPE = np.dtype([("time", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 CSV_HEADER = ["time", "key", "size"]
+SPACED_SUFFIXES = (".txt", ".tr")
+SPACED_COLUMNS = ("1", "2", "3")
 
 
 class TraceError(ValueError):
@@ -136,9 +144,34 @@ def read_trace(path: str | Path, columns: Columns | None = None) -> Trace:
     if inner.suffix == ".csv":
         with _open_text(path) as f:
             return _read_csv(f, path, columns)
+    if inner.suffix in SPACED_SUFFIXES:
+        if columns is not None and not all(c.strip().isdecimal() for c in columns):
+            raise TraceError(f"{path}: a trace separated by spaces has no header: give "
+                             "--csv-columns as three positions, like 1,2,4")  # fmt: skip
+        with _open_text(path) as f:
+            return _read_csv(f, path, columns or SPACED_COLUMNS, spaced=True)
     if columns is not None:
-        raise TraceError(f"{path}: CSV columns apply to .csv traces only")
+        raise TraceError(f"{path}: CSV columns apply to .csv and .txt traces only")
+    _refuse_text(path)
     return _read_oracle(path)
+
+
+def _refuse_text(path: Path) -> None:
+    """TraceError when ``path``, read as oracleGeneral records, is text: its first bytes are
+    printable ASCII lines (a binary record's 8-byte id all but always holds a zero byte)."""
+    if path.suffix == ".zst":
+        head = next(iter(_zstd_chunks(path)), b"")[:4096]
+    else:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    if b"\n" in head and all(32 <= c < 127 or c in b"\t\r\n" for c in head):
+        spaced = b"," not in head.partition(b"\n")[0]
+        name = path.name.split(".")[0] or "trace"
+        raise TraceError(
+            f"{path}: this is text, not an oracleGeneral binary trace: name it "
+            + (f"{name}.txt (fields separated by spaces, as LRB's and webcachesim's)" if spaced
+               else f"{name}.csv, and give --csv-columns (time,key,size: names or positions)")
+        )  # fmt: skip
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:
@@ -225,12 +258,14 @@ def _column_picker(header: list[str], columns: Columns, path: Path) -> tuple[lis
     return [names.index(c.strip()) for c in columns], True
 
 
-def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None) -> Trace:
+def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None, spaced: bool = False) -> Trace:
     times: list[float] = []
     sizes: list[int] = []
     ids: list[int] = []
     index: dict[str, int] = {}
-    rows = csv.reader(f)
+    rows: Iterator[list[str]] = (
+        (fields for line in f if (fields := line.split())) if spaced else csv.reader(f)
+    )
     header = next(rows, None)
     if columns is None:
         if header is None or [h.strip() for h in header] != CSV_HEADER:
