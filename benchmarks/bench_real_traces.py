@@ -39,6 +39,7 @@ from typing import Any
 import libcachesim
 
 from loadgen.reports import report
+from loadgen.reports.provenance import provenance
 from loadgen.sim.flash import flash_sweep
 from loadgen.sim.simulate import policy_label, sweep
 from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
@@ -77,14 +78,29 @@ MORE_PEERS = {
 }  # fmt: skip
 
 
-def peers(path: Path, size: int, table: dict[str, Any] = PEERS) -> dict[str, tuple[float, float]]:
+def peers(
+    path: Path, size: int, table: dict[str, Any] = PEERS, say: Any = None
+) -> dict[str, tuple[float, float]]:
     """libCacheSim's (miss ratio, byte miss ratio) of each peer of ``table`` at ``size``
-    bytes."""
+    bytes; ``say`` is told of each as it ends (its name, how many of them, the seconds)."""
     out = {}
-    for name, cache in table.items():
+    for done, (name, cache) in enumerate(table.items(), 1):
+        started = time.perf_counter()
         reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
         out[name] = cache(size).process_trace(reader)
+        if say is not None:
+            say(f"libCacheSim [{done}/{len(table)}] {name} @ {format_size(size)}: "
+                f"{time.perf_counter() - started:.1f}s")  # fmt: skip
     return out
+
+
+def _swept(done: int, total: int, result: Any) -> None:
+    _progress(f"onehit [{done}/{total}] {result.label} @ {format_size(result.cache_bytes)}")
+
+
+def _progress(line: str) -> None:
+    """A line of progress on stderr, the table staying on stdout."""
+    print(f"  {line}", file=sys.stderr, flush=True)
 
 
 def peer_cell(workload: str, peer: str, size: int, share: float, ratios: tuple[float, float]):
@@ -130,18 +146,21 @@ def main() -> None:
     cells = []
     report_cells = []
     flash_cells = []
+    began = time.time()
+    traces: dict[str, Path | None] = {}
     for name in args.traces.split(","):
         try:
             path = fetch(name)
         except TraceUnavailable as exc:
             sys.exit(f"{name}: {exc}")
+        traces[f"real:{name}"] = path
         trace = read_trace(path)
         unique = trace.distinct_bytes()
         sizes = [max(1, round(unique * share)) for share in shares]
         print(f"\n{name}: {TRACES[name].about}; {len(trace):,} requests, "
               f"{trace.distinct_objects():,} objects, {format_size(unique)} unique")  # fmt: skip
         started = time.perf_counter()
-        ours = sweep(trace, sizes, pairs, entry_overhead=0)
+        ours = sweep(trace, sizes, pairs, entry_overhead=0, report=_swept)
         ours_seconds = time.perf_counter() - started
         labels = {
             size: f"{share:.1%} ({format_size(size)})"
@@ -151,7 +170,8 @@ def main() -> None:
         for share, size in zip(shares, sizes, strict=True):
             row = {r.label if r.eviction == "lru" else policy_label(r.admission, r.eviction): r
                    for r in ours if r.cache_bytes == size}  # fmt: skip
-            theirs = peers(path, size, {**PEERS, **(MORE_PEERS if args.more_peers else {})})
+            theirs = peers(path, size, {**PEERS, **(MORE_PEERS if args.more_peers else {})},
+                           _progress)  # fmt: skip
             report_cells += [peer_cell(name, peer, size, share, ratios)
                              for peer, ratios in theirs.items()]  # fmt: skip
             lru_written = row["always"].stats["bytes_written"] if "always" in row else None
@@ -185,7 +205,7 @@ def main() -> None:
         report.add_space_saved(report_cells)
         doc = {"title": "onehit and libCacheSim on real traces",
                "meta": {name: TRACES[name].about for name in args.traces.split(",")},
-               "cells": report_cells}  # fmt: skip
+               "cells": report_cells, "provenance": provenance(traces, began)}  # fmt: skip
         if flash_cells:
             doc["flash"] = flash_cells
         for written in report.write_report(args.report_dir, doc):

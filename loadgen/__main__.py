@@ -8,11 +8,14 @@ import json
 import math
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from loadgen.reports import report
+from loadgen.reports.provenance import provenance
 from loadgen.reports.report import render
 from loadgen.sim.cluster import cluster_sweep
 from loadgen.sim.simulate import (
@@ -28,7 +31,7 @@ from loadgen.sim.simulate import (
 )
 from loadgen.sim.split import split_table
 from loadgen.sim.tiers import DiskSpec, tier_cells
-from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
+from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import values
@@ -39,8 +42,6 @@ from proxy.core.names import unknown_name
 from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
 from proxy.core.ttl_rules import TtlRules
 from proxy.core.units import format_size, parse_duration, parse_size
-
-REAL = "real:"  # --trace real:NAME names a real trace, fetched on first use
 
 
 class UsageError(Exception):
@@ -336,6 +337,7 @@ def _workload(args: argparse.Namespace) -> WorkloadSpec:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
+    started, given = time.time(), str(args.trace)
     if args.disk_size and args.sample:
         raise UsageError("--disk-size: two tiers are simulated whole, not with --sample")
     if args.cluster and (args.sample or args.disk_size):
@@ -357,7 +359,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     configs = admissions(args)
     max_object = parse_size(args.max_object_size) if args.max_object_size else None
     ttl, rules = _freshness(args)
-    meta = {"trace": str(args.trace)}
+    meta = {"trace": given if given.startswith(REAL) else Path(given).name}
+    traces = {given: Path(args.trace)}
     if ttl != math.inf or rules:
         meta["freshness"] = _freshness_said(ttl, rules, args.ttl_rules)
     if rules and (unmatched := _unmatched_rules(trace, rules)):
@@ -384,7 +387,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                              "or --ttl-rules")  # fmt: skip
         return _simulate_split(args, trace, sizes, configs)
     if args.disk_size:
-        return _simulate_tiers(args, trace, sizes, policies, max_object, ttl, rules)
+        return _simulate_tiers(args, trace, sizes, policies, max_object, ttl, rules,
+                               {"meta": meta, "traces": traces, "started": started})  # fmt: skip
     if args.cluster:
         if ttl != math.inf or rules:
             raise UsageError("--cluster: responses never expire there: not with --ttl or "
@@ -429,7 +433,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
     report.add_space_saved(cells)
-    doc = {"title": f"onehit: {name}", "meta": meta, "cells": cells}
+    doc = {"title": f"onehit: {name}", "meta": meta, "cells": cells,
+           "provenance": provenance(traces, started)}  # fmt: skip
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -494,8 +499,10 @@ def _simulate_tiers(
     max_object: int | None,
     ttl: float = math.inf,
     rules: TtlRules | None = None,
+    about: dict[str, Any] | None = None,
 ) -> int:
-    """``simulate --disk-size``: every memory size x policy x disk admission, one by one."""
+    """``simulate --disk-size``: every memory size x policy x disk admission, one by one;
+    with ``--report-dir`` a report of them (``about``: its meta, traces and start)."""
     try:
         # A share of the trace's distinct bytes, as the memory tier's sizes may be.
         (disk_size,) = resolve_sizes([args.disk_size], trace, "disk size")
@@ -512,6 +519,15 @@ def _simulate_tiers(
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print(report.tier_table(results, sizes))
+    if args.report_dir:
+        about = about or {}
+        name = args.trace.name
+        cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
+        made = provenance(about.get("traces", {}), about.get("started", time.time()))
+        doc = {"title": f"onehit: {name}, two tiers", "meta": about.get("meta", {}),
+               "cells": cells, "provenance": made}  # fmt: skip
+        for path in report.write_report(args.report_dir, doc):
+            print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

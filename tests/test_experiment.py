@@ -1,6 +1,8 @@
 """Experiments: files are checked before anything runs; a small matrix runs live and simulated."""
 
+import hashlib
 import json
+import re
 import shutil
 import socket
 from dataclasses import replace
@@ -116,6 +118,54 @@ def test_a_sampled_experiment_simulates_a_sample_and_says_so(tmp_path):
     assert "SHARDS" in results["meta"]["sampling z"]
     assert [c["sample_rate"] for c in results["cells"]] == [0.25, 0.25]
     assert all(c["stats"]["requests"] == 20_000 for c in results["cells"])
+
+
+def test_a_workload_names_a_csv_traces_columns_and_the_report_says_where_it_came_from(
+    tmp_path,
+):
+    """``csv_columns`` reads a trace another tool wrote; results.json and the report carry
+    the provenance: the command, onehit's version and commit, the trace as named and its
+    digest, the date and time taken, and no path of the machine it ran on."""
+    trace = tmp_path / "other.csv"
+    trace.write_text("ts,obj,bytes,extra\n0,a,10,x\n1,b,20,y\n2,a,10,x\n3,a,10,z\n")
+    path = tmp_path / "e.toml"
+    path.write_text('cache_sizes = ["10KiB"]\n[[workloads]]\nname = "other"\n'
+                    'trace = "other.csv"\ncsv_columns = ["ts", "obj", "bytes"]\n'
+                    '[[policies]]\npolicy = "always"\n')  # fmt: skip
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
+    written = (tmp_path / "out" / "results.json").read_text()
+    results = json.loads(written)
+    assert results["cells"][0]["stats"]["hits"] == 2
+    made = results["provenance"]
+    assert made["traces"] == [{"trace": "other.csv", "sha256": hashlib.sha256(
+        trace.read_bytes()).hexdigest()}]  # fmt: skip
+    assert made["onehit"] and made["commit"] and made["date"].startswith("20")
+    assert made["elapsed_s"] >= 0 and made["command"]  # the test runner's own, here
+    for page in ("results.json", "summary.md", "index.html"):
+        assert str(tmp_path) not in (tmp_path / "out" / page).read_text(), page
+    assert "## Provenance" in (tmp_path / "out" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("workload", "said"),
+    [('trace = "real:nope"', "the real traces are real:"),
+     ('trace = "t.csv"\ncsv_columns = ["ts", "obj"]', "csv_columns is three names"),
+     ('objects = 10\ncsv_columns = "1,2,3"', "csv_columns goes with a trace")],
+)  # fmt: skip
+def test_a_workloads_trace_and_columns_are_checked_as_the_file_is_read(tmp_path, workload, said):
+    path = tmp_path / "e.toml"
+    path.write_text(f'cache_sizes = ["1%"]\n[[workloads]]\nname = "w"\n{workload}\n'
+                    '[[policies]]\npolicy = "always"\n')  # fmt: skip
+    with pytest.raises(ExperimentError, match=re.escape(said)):
+        load_experiment(path)
+
+
+def test_a_workload_names_a_real_trace_fetched_only_when_run(tmp_path):
+    path = tmp_path / "e.toml"
+    path.write_text('cache_sizes = ["1%"]\n[[workloads]]\nname = "t"\n'
+                    'trace = "real:twitter52"\n[[policies]]\npolicy = "always"\n')  # fmt: skip
+    (workload,) = load_experiment(path).workloads
+    assert (workload.given, workload.trace_path) == ("real:twitter52", None)
 
 
 def test_workload_can_replay_a_recorded_trace(tmp_path):

@@ -186,3 +186,14 @@ def test_simulate_honours_the_proxys_ttl_rules_as_the_library_does(trace_file, t
     out = run("simulate", "--trace", str(trace_file), "--cache-size", "1%",
               "--ttl-rules", str(by_path))  # fmt: skip
     assert out.returncode == 0 and "keys are not URLs" in out.stderr  # said, not silent
+
+
+def test_simulate_with_a_disk_tier_writes_a_report_as_one_tier_does(trace_file, tmp_path):
+    out = run("simulate", "--trace", str(trace_file), "--cache-size", "1%", "--disk-size", "20%",
+              "--admission", "always,second-hit", "--report-dir", str(tmp_path / "r"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    summary = (tmp_path / "r" / "summary.md").read_text()
+    assert "## Two tiers" in summary and "| always + disk second-hit(auto) | 1% (" in summary
+    results = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert len(results["cells"]) == 2 and results["provenance"]["traces"][0]["trace"] == "t.csv"
+    assert str(tmp_path) not in (tmp_path / "r" / "index.html").read_text()

@@ -29,6 +29,7 @@ from loadgen.live.processes import (
 )
 from loadgen.live.replay import ReplayConfig, replay
 from loadgen.reports import report
+from loadgen.reports.provenance import provenance
 from loadgen.sim.cluster import cluster_sweep
 from loadgen.sim.flash import flash_sweep
 from loadgen.sim.simulate import (
@@ -61,10 +62,13 @@ def run(
     generate its trace from its spec."""
     cells: list[report.Cell] = []
     flash: list[report.Cell] = []
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     meta = dict(experiment.meta)
+    traces: dict[str, Path | None] = {}
     for workload in experiment.workloads:
         trace = workload.trace()
+        path = workload.trace_file()
+        traces[workload.given or f"{workload.name} (generated: {workload.spec.describe()})"] = path
         sizes = resolve_sizes(experiment.cache_sizes, trace)
         meta[f"workload {workload.name}"] = _describe(workload, trace)
         simulable = [p for p in experiment.policies if p.simulable]
@@ -84,7 +88,7 @@ def run(
                 say(f"  [{done}/{total}] {describe_cell(r)}")
 
             if cluster is not None and experiment.sample is None:
-                named = workload.trace_path or workload.spec
+                named = path or workload.spec
                 assert named is not None
                 results = cluster_sweep(cluster, named, None, list(sizes), pairs,
                                         entry_overhead=ENTRY_OVERHEAD, report=progress)  # fmt: skip
@@ -99,7 +103,8 @@ def run(
                 live_sizes = resolve_sizes(experiment.live_cache_sizes, trace)
             cells += asyncio.run(_live_cells(experiment, workload, trace, live_sizes, say))
     meta["elapsed"] = f"{time.perf_counter() - started:.0f}s"
-    results_doc = {"title": experiment.title, "meta": meta, "cells": cells}
+    results_doc = {"title": experiment.title, "meta": meta, "cells": cells,
+                   "provenance": provenance(traces, began)}  # fmt: skip
     if flash:
         results_doc["flash"] = flash
     written = report.write_report(output, results_doc)
@@ -145,7 +150,7 @@ def _disk_rows(cells: list[report.Cell]) -> list[list[str]]:
 
 
 def _describe(workload: Workload, trace: Trace) -> str:
-    source = f"trace {workload.trace_path}" if workload.trace_path else workload.spec.describe()
+    source = f"trace {workload.given}" if workload.given else workload.spec.describe()
     return (
         f"{source}: {len(trace):,} requests, {trace.distinct_objects():,} objects, "
         f"{format_size(trace.distinct_bytes())} distinct"

@@ -7,7 +7,8 @@ An experiment file (``config/experiments/*.toml``)::
     mode = "both"                      # "simulate", "live" or "both"
     cache_sizes = ["0.5%", "2%"]       # bytes, or a share of each trace's distinct bytes
     [[workloads]]                      # keys of loadgen.traces.workload.WorkloadSpec, plus `name`
-    name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace)
+    name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace, or
+                                       # "real:twitter52"; csv_columns = ["ts", "id", "bytes"])
     alpha = 0.8
     [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
     policy = "always"                  # instances = 3 and backend = "memory" | "redis" (live:
@@ -33,6 +34,7 @@ from typing import Any
 
 from loadgen.live.nginx import BALANCING
 from loadgen.sim.simulate import policy_label
+from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, read_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import read_toml
@@ -78,10 +80,24 @@ class Workload:
     name: str
     spec: WorkloadSpec | None = None
     trace_path: Path | None = None
+    # The trace as the file names it (``real:NAME``, or a file's name), and a CSV's columns.
+    given: str = ""
+    columns: tuple[str, ...] | None = None
+
+    def trace_file(self) -> Path | None:
+        """The file its requests are read from (a real trace's, fetched on first use); None
+        for a generated workload."""
+        if self.given.startswith(REAL):
+            try:
+                return fetch(self.given.removeprefix(REAL))
+            except TraceUnavailable as exc:
+                raise ExperimentError(f"workload {self.name!r}: {exc}") from None
+        return self.trace_path
 
     def trace(self) -> Trace:
-        if self.trace_path is not None:
-            return read_trace(self.trace_path)
+        path = self.trace_file()
+        if path is not None:
+            return read_trace(path, self.columns)
         assert self.spec is not None
         return generate(self.spec)
 
@@ -183,7 +199,7 @@ def load_experiment(path: str | Path) -> Experiment:
         live_cache_sizes=tuple(str(s) for s in data["live_cache_sizes"])
         if "live_cache_sizes" in data
         else None,
-        meta={"experiment": str(path)},
+        meta={"experiment": path.name},  # its name: a report holds no path of the machine
         sample=None if sample is None else float(sample),
         flash=_flash(data["flash"], f"{where} [flash]") if "flash" in data else None,
     )
@@ -196,12 +212,32 @@ def _only(table: dict[str, Any], allowed: set[str], where: str) -> None:
 
 
 def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
-    allowed = {f.name for f in fields(WorkloadSpec)} | {"name", "trace"}
+    allowed = {f.name for f in fields(WorkloadSpec)} | {"name", "trace", "csv_columns"}
     _only(table, allowed, where)
     name = str(table.get("name", "workload"))
+    columns = table.get("csv_columns")
+    if isinstance(columns, str):
+        columns = [c.strip() for c in columns.split(",")]
+    if columns is not None and (
+        not isinstance(columns, list) or len(columns) != 3 or not all(isinstance(c, str)
+                                                                       for c in columns)
+    ):  # fmt: skip
+        raise ExperimentError(
+            f"{where}: csv_columns is three names or positions, time, key and size: "
+            f"['ts', 'id', 'bytes'] or '1,2,4', not {columns!r}"
+        )
     if "trace" in table:
-        return Workload(name, trace_path=(base / table["trace"]).resolve())
-    values = {k: v for k, v in table.items() if k not in ("name", "trace")}
+        given = str(table["trace"])
+        if given.startswith(REAL):
+            if given.removeprefix(REAL) not in TRACES:
+                raise ExperimentError(f"{where}: trace {given!r}: the real traces are "
+                                      f"{', '.join(REAL + n for n in sorted(TRACES))}")  # fmt: skip
+            return Workload(name, given=given, columns=None if columns is None else tuple(columns))
+        return Workload(name, trace_path=(base / given).resolve(), given=Path(given).name,
+                        columns=None if columns is None else tuple(columns))  # fmt: skip
+    if columns is not None:
+        raise ExperimentError(f'{where}: csv_columns goes with a trace = "file.csv"')
+    values = {k: v for k, v in table.items() if k not in ("name", "trace", "csv_columns")}
     try:
         if "sizes" in values:
             values["sizes"] = SizeSpec.parse(str(values["sizes"]))

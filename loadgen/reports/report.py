@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loadgen.reports import provenance
 from loadgen.sim.cells import Cell, flash_group
 from loadgen.sim.simulate import SimResult, space_saved
 from proxy.core.units import format_size
@@ -319,6 +320,12 @@ def summary_markdown(results: dict[str, Any]) -> str:
     if finding := verdict(cells):
         parts += [finding, ""]
     parts += [f"- {k}: {v}" for k, v in results.get("meta", {}).items()]
+    if table := tier_rows(cells):
+        parts += ["", "## Two tiers", "", _markdown(TIER_COLUMNS, table)]
+    if found := results.get("provenance"):
+        parts += ["", "## Provenance", ""]
+        parts += [f"- {label}: `{text}`" if label == "command" else f"- {label}: {text}"
+                  for label, text in provenance.lines(found)]  # fmt: skip
     if table := headline(cells):
         parts += ["", "## Headline", "", _markdown(*headline_columns(table))]
     if table := agreement(cells):
@@ -375,17 +382,26 @@ TIER_COLUMNS = ("policies", "memory", "hit ratio", "memory hits", "disk hits", "
 def tier_table(results: Sequence[SimResult], sizes: dict[int, str]) -> str:
     """One row per two-tier run (``loadgen.sim.tiers``): the hit ratio of both tiers, and
     what the disk was written and spared."""
+    cells = [sim_cell(r, "", sizes.get(r.cache_bytes, format_size(r.cache_bytes)))
+             for r in results]  # fmt: skip
+    return aligned(TIER_COLUMNS, tier_rows(cells))
+
+
+def tier_rows(cells: Sequence[Cell]) -> list[list[str]]:
+    """The rows of ``tier_table`` for the cells of two-tier runs among ``cells``."""
     rows = []
-    for r in results:
-        s = r.stats
+    for c in cells:
+        s = c["stats"]
+        if "disk_bytes_written" not in s:
+            continue
         requests = s["requests"] or 1
         rows.append([
-            r.label, sizes.get(r.cache_bytes, format_size(r.cache_bytes)),
-            f"{s['hit_ratio']:.4f}", f"{s['hits_from_memory'] / requests:.4f}",
-            f"{s['hits_from_disk'] / requests:.4f}", format_size(int(s["disk_bytes_written"])),
+            c["policy"], c["cache"], f"{s['hit_ratio']:.4f}",
+            f"{s['hits_from_memory'] / requests:.4f}", f"{s['hits_from_disk'] / requests:.4f}",
+            format_size(int(s["disk_bytes_written"])),
             format_size(int(s["disk_bytes_not_written"])),
         ])  # fmt: skip
-    return aligned(TIER_COLUMNS, rows)
+    return rows
 
 
 WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x",
@@ -494,8 +510,17 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
         for k, v in results.get("meta", {}).items()
     ]
     parts.append("</ul>")
+    if found := results.get("provenance"):
+        parts += ["<h2>Provenance</h2>", "<ul>"]
+        parts += [
+            f"<li>{html.escape(label)}: <code>{html.escape(text)}</code></li>"
+            for label, text in provenance.lines(found)
+        ]
+        parts.append("</ul>")
     if found := headline(cells):
         parts += ["<h2>Headline</h2>", table(*headline_columns(found))]
+    if found := tier_rows(cells):
+        parts += ["<h2>Two tiers</h2>", table(TIER_COLUMNS, found)]
     if found := agreement(cells):
         parts += ["<h2>Live against simulated</h2>", table(AGREEMENT, found)]
     parts.append("<h2>Plots</h2>")

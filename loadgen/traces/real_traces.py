@@ -77,6 +77,10 @@ def cache_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".cache" / "onehit" / "traces"
 
 
+# How a real trace is named where a trace file may be: ``real:twitter52``.
+REAL = "real:"
+
+
 def fetch(name: str, directory: Path | None = None) -> Path:
     """The oracleGeneral file of the real trace ``name``, fetched and converted on first use."""
     if name not in TRACES:
