@@ -48,7 +48,7 @@ def test_sweep_prints_one_table_with_space_saved(trace_file, tmp_path):
     verdict, *lines = out.stdout.splitlines()
     assert verdict.startswith("t.csv: with a cache of 2% (") and "of LRU's bytes" in verdict
     assert lines[0].split()[:2] == ["policy", "cache"] and "space saved" in lines[0]
-    assert len(lines) == 2 + 3 * 3
+    assert len(lines) == 2 + 3 * 3 + 1 and lines[-1].startswith("space saved: 1 - S'/S")
     assert sum("second-hit(auto x4)" in line for line in lines) == 3
     for size in ("0.5%", "2%", "8%"):  # per size, the best hit ratio and the fewest writes
         at = [line for line in lines if f" {size} (" in line]

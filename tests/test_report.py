@@ -161,3 +161,34 @@ def test_a_policy_needing_more_space_than_lru_says_how_much():
     assert middle["space_saved_at_equal_hit_ratio"] < 0
     # x reaches LRU's 0.20 halfway (in log size) from 200 B to 400 B: at 283 B, 1.41x.
     assert _space_text(middle) == "needs 1.41x"
+
+
+def test_many_curves_are_small_multiples_of_at_most_eight_with_lru_in_each():
+    """20 onehit pairs and 7 of libCacheSim's peers: a panel per eviction and one for the
+    peers, none past eight curves, LRU in every one, every curve drawn once."""
+    from loadgen.reports.plots import BASELINE, MAX_SERIES, panel_sets
+
+    admissions = ["always", "second-hit(auto)", "tinylfu", "adaptive"]
+    policies = [a if e == "lru" else f"{a} / {e}" for e in
+                ("lru", "s3fifo", "sieve", "wtinylfu", "twoq") for a in admissions]  # fmt: skip
+    policies += [f"libCacheSim {p}" for p in ("LRU", "S3-FIFO", "SIEVE", "2Q", "W-TinyLFU",
+                                               "ARC", "LHD", "LeCaR", "Cacheus")]  # fmt: skip
+    panels = panel_sets(policies)
+    assert all(len(members) <= MAX_SERIES and BASELINE in members for _, members in panels)
+    drawn = [p for _, members in panels for p in members if p != BASELINE]
+    assert sorted(drawn) == sorted(p for p in policies if p != BASELINE)
+    evictions = ["lru", "s3fifo", "sieve", "wtinylfu", "twoq"]
+    peers = ["libCacheSim (1 of 2)", "libCacheSim (2 of 2)"]
+    assert [name for name, _ in panels] == evictions + peers
+    assert panel_sets(admissions) == [("", admissions)]  # few: one panel
+
+
+def test_the_space_saved_column_is_defined_in_the_report_itself(tmp_path):
+    from loadgen.reports.report import SPACE_NOTE
+
+    cells = [cell("always", 1 << 20, 0.30), cell("always", 4 << 20, 0.50),
+             cell("second-hit", 1 << 20, 0.40), cell("second-hit", 4 << 20, 0.55)]  # fmt: skip
+    write_report(tmp_path, {"title": "t", "meta": {}, "cells": cells})
+    summary = (tmp_path / "summary.md").read_text()
+    assert "below sweep" in summary and SPACE_NOTE in summary
+    assert "needs 1.40x`: it needs 1.4 times" in (tmp_path / "index.html").read_text()

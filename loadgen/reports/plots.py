@@ -1,8 +1,21 @@
-"""The report's PNG plots (matplotlib, Agg backend): one file per figure, policies in the same
-colour everywhere, axes labelled with units."""
+"""The report's PNG plots (matplotlib, Agg backend): one file per figure, axes labelled with
+units.
+
+Rules the curves' figures keep (hit ratio, byte hit ratio and writes against size, hit ratio
+against writes):
+
+* At most ``MAX_SERIES`` curves a panel, LRU (admission ``always``) among them: more are
+  small multiples, a panel per eviction (and one for libCacheSim's peers), each cut into
+  panels that fit.
+* Each curve of a panel has a colour and a marker of its own; LRU is black and drawn last,
+  never hidden under another curve.
+* Legends stand below their panel, outside the data; titles wrap; the image is cut to what
+  it draws, so no text is clipped.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -50,14 +63,69 @@ def _line_style(label: str) -> str:
     return _STYLES.get(eviction or "lru", "-")
 
 
+# The curves of one panel at most, LRU among them; a colour and a marker for each of the others.
+MAX_SERIES = 8
+BASELINE = "always"
+_DISTINCT = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2",
+             "#17becf"]  # fmt: skip
+_MARKERS = ["o", "^", "D", "v", "P", "*", "X", "h"]
+_BASELINE_STYLE = ("#000000", "s")
+PEERS = "libCacheSim"
+
+
+def _family(policy: str) -> str:
+    """The small multiple a curve is drawn in: its eviction, or libCacheSim's peers."""
+    if policy.startswith(f"{PEERS} "):
+        return PEERS
+    return policy.partition(" / ")[2] or "lru"
+
+
+def panel_sets(policies: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The panels a workload's ``policies`` are drawn in (a name, and the policies of each):
+    one when they fit ``MAX_SERIES``, else one per family, cut to fit, LRU in every one."""
+    ordered = list(dict.fromkeys(policies))
+    if len(ordered) <= MAX_SERIES:
+        return [("", ordered)]
+    baseline = [BASELINE] if BASELINE in ordered else []
+    families: dict[str, list[str]] = defaultdict(list)
+    for policy in ordered:
+        if policy != BASELINE:
+            families[_family(policy)].append(policy)
+    room = MAX_SERIES - len(baseline)
+    panels = []
+    for family, members in families.items():
+        cuts = [members[i : i + room] for i in range(0, len(members), room)]
+        for k, cut in enumerate(cuts):
+            name = family if len(cuts) == 1 else f"{family} ({k + 1} of {len(cuts)})"
+            panels.append((name, baseline + cut))
+    return panels
+
+
+def _styles(members: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Each curve of a panel's colour and marker: LRU's black squares, the others distinct."""
+    others = [m for m in members if m != BASELINE]
+    styles = {m: (_DISTINCT[i % len(_DISTINCT)], _MARKERS[i % len(_MARKERS)])
+              for i, m in enumerate(others)}  # fmt: skip
+    styles[BASELINE] = _BASELINE_STYLE
+    return styles
+
+
+def _shown(policy: str) -> str:
+    """A curve's label: LRU's says it is the baseline."""
+    return f"{policy} (LRU, the baseline)" if policy == BASELINE else policy
+
+
+def _panel_title(workload: str, name: str, what: str = "") -> str:
+    title = ": ".join(part for part in (workload, name, what) if part)
+    return textwrap.fill(title, 60)
+
+
 def _legend(ax: Any) -> None:
-    """The legend inside the panel, or beside it when there are many policies."""
+    """The legend below the panel, outside its data."""
     handles = ax.get_legend_handles_labels()[0]
-    if len(handles) <= 10:
-        ax.legend(fontsize=8)
-    else:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                  ncol=1 + len(handles) // 20)  # fmt: skip
+    if handles:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.24),
+                  ncol=2 if len(handles) > 3 else 1, frameon=False)  # fmt: skip
 
 
 def _series(cells: Sequence[Cell]) -> dict[tuple[str, str, str], list[Cell]]:
@@ -82,7 +150,7 @@ def _figure(n: int) -> tuple[Any, list[Any]]:
     """A figure of ``n`` panels, two to a row, ``_WIDTH`` inches wide."""
     cols = min(n, 2)
     rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(_WIDTH, 4.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(_WIDTH, 5.6 * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
     for spare in flat[n:]:
         spare.set_visible(False)
@@ -91,7 +159,7 @@ def _figure(n: int) -> tuple[Any, list[Any]]:
 
 def _save(fig: Any, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
     return path
 
@@ -99,28 +167,32 @@ def _save(fig: Any, path: Path) -> Path:
 def _by_size(
     cells: Sequence[Cell],
     directory: Path,
-    name: str,
+    name_of: str,
     metric: Callable[[Cell], float | None],
     ylabel: str,
     bytes_axis: bool = False,
 ) -> Path | None:
-    """One panel per workload: simulated curves as lines, live runs as crosses on them."""
-    workloads = sorted({c["workload"] for c in cells})
+    """Panels per workload (``panel_sets``): simulated curves as lines, live runs as crosses
+    on them."""
     series = _series(cells)
-    palette = colours(cells)
-    fig, axes = _figure(len(workloads))
-    for ax, workload in zip(axes, workloads, strict=True):
+    panels = [(w, name, members) for w in sorted({c["workload"] for c in cells})
+              for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
+    fig, axes = _figure(len(panels))
+    for ax, (workload, name, members) in zip(axes, panels, strict=True):
+        styles = _styles(members)
         # On a log axis a policy that wrote nothing is drawn at half the least written, not
         # lost below the axis.
         written = [metric(c) for c in cells if c["workload"] == workload]
         floor = min((w for w in written if w), default=2) / 2 if bytes_axis else None
-        # Curves first, then live crosses; policies in the order the experiment lists them.
-        for (w, mode, policy), group in sorted(series.items(), key=lambda kv: kv[0][1] == "live"):
-            if w != workload:
-                continue
+        # Curves first, then live crosses, LRU last: drawn over the others, never under.
+        drawn = sorted(((key, group) for key, group in series.items()
+                        if key[0] == workload and key[2] in members),
+                       key=lambda kv: (kv[0][1] == "live", kv[0][2] == BASELINE))  # fmt: skip
+        for (_, mode, policy), group in drawn:
             group = [c for c in group if metric(c) is not None]
             if not group:
                 continue
+            colour, marker = styles[policy]
             # A cache that held more than its size (nginx) is placed at the bytes it held.
             xs = [c.get("held_bytes", c["cache_bytes"]) for c in group]
             ys = [metric(c) for c in group]
@@ -130,12 +202,13 @@ def _by_size(
                 held = any("held_bytes" in c for c in group)
                 label = f"{policy} (live{', at the bytes it held' if held else ''})"
                 ax.scatter(xs, ys, marker="X", s=90, label=label,
-                           color=palette[policy], edgecolors="black", zorder=3)  # fmt: skip
+                           color=colour, edgecolors="black", zorder=4)  # fmt: skip
                 if metric is _hit_ratio:
-                    _whatif_curve(ax, group, policy, palette[policy])
+                    _whatif_curve(ax, group, policy, colour)
             else:
-                ax.plot(xs, ys, marker="o", label=policy, color=palette[policy],
-                        linestyle=_line_style(policy))  # fmt: skip
+                ax.plot(xs, ys, marker=marker, label=_shown(policy), color=colour,
+                        linestyle=_line_style(policy),
+                        zorder=3 if policy == BASELINE else 2)  # fmt: skip
         ax.set_xscale("log")
         swept = sorted({c["cache_bytes"] for c in cells if c["workload"] == workload})
         if len(swept) <= _MAX_SIZE_TICKS:  # ticks at the sizes run, not at powers of ten
@@ -148,10 +221,10 @@ def _by_size(
         if bytes_axis:  # policies write orders of magnitude apart: a log axis shows them all
             ax.set_yscale("log", base=4)
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
-        ax.set_title(workload)
+        ax.set_title(_panel_title(workload, name))
         ax.grid(True, alpha=0.3)
         _legend(ax)
-    return _save(fig, directory / f"{name}.png")
+    return _save(fig, directory / f"{name_of}.png")
 
 
 def _hit_ratio(cell: Cell) -> float:
@@ -209,26 +282,31 @@ def _against_writes(
     ylabel: str,
     title: str,
 ) -> Path | None:
-    """A panel per workload of ``drawn``: each policy's hit ratio against ``written``, a
-    point per cache size; colours as for all ``cells``. None when there is nothing to draw."""
+    """Panels per workload of ``drawn`` (``panel_sets``): each policy's hit ratio against
+    ``written``, a point per cache size. None when there is nothing to draw."""
     if not drawn:
         return None
-    workloads = sorted({c["workload"] for c in drawn})
-    palette = colours(cells)
-    fig, axes = _figure(len(workloads))
-    for ax, workload in zip(axes, workloads, strict=True):
-        for (w, _, policy), group in sorted(_series(drawn).items()):
-            if w != workload:
-                continue
+    series = _series(drawn)
+    panels = [(w, name, members) for w in sorted({c["workload"] for c in drawn})
+              for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
+    fig, axes = _figure(len(panels))
+    for ax, (workload, name, members) in zip(axes, panels, strict=True):
+        styles = _styles(members)
+        ordered = sorted(((key, group) for key, group in series.items()
+                          if key[0] == workload and key[2] in members),
+                         key=lambda kv: kv[0][2] == BASELINE)  # fmt: skip
+        for (_, _, policy), group in ordered:
+            colour, marker = styles[policy]
             ax.plot([written(c) for c in group], [c["stats"]["hit_ratio"] for c in group],
-                    marker="o", label=policy, color=palette[policy],
-                    linestyle=_line_style(policy))  # fmt: skip
+                    marker=marker, label=_shown(policy), color=colour,
+                    linestyle=_line_style(policy),
+                    zorder=3 if policy == BASELINE else 2)  # fmt: skip
         if log:
             ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_size(v)))
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(f"{workload}: {title}")
+        ax.set_title(_panel_title(workload, name, title))
         ax.grid(True, alpha=0.3)
         _legend(ax)
     return _save(fig, path)

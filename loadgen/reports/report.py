@@ -70,6 +70,23 @@ def add_space_saved(cells: Sequence[Cell]) -> None:
         c["space_saved_is_lower_bound"] = bound
 
 
+# What each form of the space-saved column says, as the report itself defines it.
+SPACE_NOTE = (
+    "Space saved: how much smaller a cache the policy needs than LRU (`always`) to reach LRU's "
+    "hit ratio at that size, 1 - S'/S, with S' interpolated along the sweep. `40%`: it "
+    "reaches it at 60% of the size. `>=40%`: at least that; S' is the smallest size swept, "
+    "and the policy may need less. `below sweep`: it beats LRU already at the smallest size "
+    "swept, so the saving cannot be measured. `needs 1.40x`: it needs 1.4 times LRU's size. "
+    "`-`: it never reaches LRU's hit ratio inside the sweep. `n/a`: no LRU curve of two "
+    "sizes or more to compare with. Blank: LRU itself."
+)
+SPACE_SHORT = (
+    "space saved: 1 - S'/S to reach LRU's hit ratio at this size; >= at least; below sweep: "
+    "above LRU at the smallest size; needs Nx: N times LRU's size; -: never reaches it"
+)
+MARK_NOTE = "`*` marks, per cache size, the best hit ratio and the fewest bytes written."
+
+
 def _space_text(c: Cell) -> str:
     """The space saved at LRU's hit ratio: ``>=`` a lower bound, ``below sweep`` when the
     smallest size swept already reaches it, and for a policy that needs more space than LRU
@@ -200,6 +217,8 @@ def text_table(cells: Sequence[Cell]) -> str:
         if len(groups) > 1:
             out.append(f"\n{workload} ({mode})")
         out.append(aligned(COLUMNS, rows(group), left=2))
+    if any(_space_text(c) not in ("", "n/a") for c in cells):
+        out.append(SPACE_SHORT)
     return "\n".join(out).lstrip("\n")
 
 
@@ -332,7 +351,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         parts += ["", "## Live against simulated", "", _markdown(AGREEMENT, table)]
     for (workload, mode), group in _groups(cells).items():
         parts += ["", f"## {workload} ({mode})", "", _markdown(COLUMNS, rows(group))]
-        parts += ["", "`*` marks, per cache size, the best hit ratio and the fewest bytes written."]
+        parts += ["", MARK_NOTE, "", SPACE_NOTE]
     if table := whatif_rows(cells):
         parts += ["", "## What if (live)", "", WHATIF_NOTE, "", _markdown(WHATIF_COLUMNS, table)]
     if flash := results.get("flash"):
@@ -532,6 +551,7 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
         parts += [
             f"<h2>{html.escape(workload)} ({mode})</h2>",
             table(COLUMNS, rows(group)),
+            f"<p>{html.escape(MARK_NOTE)}</p><p>{html.escape(SPACE_NOTE)}</p>",
         ]
     if found := whatif_rows(cells):
         parts += ["<h2>What if (live)</h2>", f"<p>{html.escape(WHATIF_NOTE)}</p>",
