@@ -26,6 +26,7 @@ from loadgen.sim.simulate import (
     progress_line,
     resolve_sizes,
     sample_trace,
+    sample_warning,
     simulate,
     sweep,
 )
@@ -376,6 +377,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if not args.json:
             print(f"sampling: {meta['sampling']}", file=sys.stderr)
+        warnings = [w for size in sizes if (w := sample_warning(source, size))]
+        if warnings:
+            meta["sampling warning"] = "; ".join(warnings)
+            for warning in warnings:
+                print(f"onehit-loadgen simulate: --sample: {warning}", file=sys.stderr)
     evictions = _split(args.eviction)
     for eviction in evictions:
         if eviction not in EVICTIONS:

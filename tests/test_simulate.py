@@ -123,3 +123,19 @@ def test_space_saved_interpolates_in_log_size():
     assert saved == pytest.approx(1 - (100 * 200) ** 0.5 / 200) and not bound
     assert space_saved(lru, better, 100) == (0.0, True)
     assert space_saved(lru, [(100, 0.01), (400, 0.05)], 200) == (None, False)
+
+
+def test_a_sampled_cache_too_small_to_hold_enough_objects_is_said_with_the_rate_that_would(trace):
+    """A sample's estimate rests on the objects its scaled cache holds: under
+    ``MIN_SAMPLED_OBJECTS`` of them it is said, with the least rate that holds enough (and at
+    that rate, nothing is said)."""
+    from loadgen.sim.simulate import MIN_SAMPLED_OBJECTS, sample_trace, sample_warning
+
+    small, large = round(trace.distinct_bytes() * 0.02), round(trace.distinct_bytes() * 0.5)
+    sample = sample_trace(trace, 0.05)
+    said = sample_warning(sample, small)
+    assert said is not None and f"fewer than {MIN_SAMPLED_OBJECTS}" in said
+    assert sample_warning(sample, large) is None
+    enough = float(said.split("sample at least ")[1].split(",")[0])
+    assert enough < 1 and sample_warning(sample_trace(trace, enough * 1.2), small) is None
+    assert sample_warning(sample_trace(trace, 1.0), 1) is None  # whole: exact

@@ -38,6 +38,7 @@ from loadgen.sim.simulate import (
     describe_cell,
     resolve_sizes,
     sample_trace,
+    sample_warning,
     sweep,
 )
 from loadgen.traces.trace import Trace
@@ -82,6 +83,11 @@ def run(
                     f"{len(source.trace):,} of {len(trace):,} requests; hit ratios corrected "
                     "(SHARDS_adj), counts estimated"
                 )
+                warnings = [w for size in sizes if (w := sample_warning(source, size))]
+                if warnings:
+                    meta[f"sampling warning {workload.name}"] = "; ".join(warnings)
+                    for warning in warnings:
+                        say(f"{workload.name}: {warning}")
             pairs = [(p.admission, p.eviction) for p in simulable]
 
             def progress(done: int, total: int, r: SimResult) -> None:

@@ -35,7 +35,7 @@ from proxy.core.replay import KeyArrays, build_engine, replay, rule_lifetimes
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
 from proxy.core.units import format_size, parse_size
-from proxy.core.whatif import shards_ratio
+from proxy.core.whatif import MIN_SAMPLED_OBJECTS, shards_ratio
 
 CHUNK = 1 << 16
 
@@ -85,6 +85,28 @@ class Sample:
     rate: float
     full_requests: int
     full_bytes: int
+
+
+def sample_warning(sample: Sample, cache_bytes: int) -> str | None:
+    """Why the run of ``sample`` at ``cache_bytes`` is not to be taken (its cache, scaled by
+    the rate, holds fewer than ``MIN_SAMPLED_OBJECTS`` of the sample's objects at their mean
+    size), with the rate that would hold enough; None when it holds enough."""
+    if sample.rate >= 1.0:  # the whole trace: exact, whatever the cache holds
+        return None
+    objects = sample.trace.distinct_objects()
+    if not objects:
+        return f"the {sample.rate:g} sample holds no request: sample more, or simulate whole"
+    scaled = cache_bytes * sample.rate
+    held = scaled * objects / sample.trace.distinct_bytes()
+    if held >= MIN_SAMPLED_OBJECTS:
+        return None
+    enough = sample.rate * MIN_SAMPLED_OBJECTS / max(held, 1e-9)
+    fix = f"sample at least {enough:.2g}, or simulate whole" if enough < 1 else "simulate whole"
+    return (
+        f"at {format_size(cache_bytes)} the {sample.rate:g} sample's cache is "
+        f"{format_size(round(scaled))}, about {held:.2g} of its objects (fewer than "
+        f"{MIN_SAMPLED_OBJECTS}): its estimate may be far off; {fix}"
+    )
 
 
 def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
