@@ -133,19 +133,26 @@ async def test_with_a_disk_what_one_worker_stored_is_a_hit_through_the_other_aft
 
 
 async def large_through_two_workers(
-    origin: Origin, disk: Path, body: bytes, cache: str, region: str, asked: int
-) -> list[tuple]:
+    origin: Origin,
+    disk: Path,
+    body: bytes,
+    cache: str,
+    region: str,
+    asked: int,
+    *more: str,
+) -> tuple[list[tuple], dict]:
     """``/big`` (``body``) asked ``asked`` times of two workers sharing ``cache`` of memory
     and a disk tier of ``region`` regions."""
     origin.set("/big", body=body, headers={"Cache-Control": "max-age=300"})
     args = ("--workers", "2", "--origin", origin.url, "--cache-size", cache, "--set",
             f"disk.path={disk}", "--set", "disk.size=16MiB", "--set",
-            f"disk.region_size={region}", "--set", "disk.policy=always", *QUIET)  # fmt: skip
-    async with served(*args) as (process, url, _):
+            f"disk.region_size={region}", "--set", "disk.policy=always", *QUIET, *more)  # fmt: skip
+    async with served(*args) as (process, url, admin):
         answers = await ask(url, ["/big"] * asked)
+        counted = await stats(admin)
         await stop(process)
     assert {got for _, _, got in answers} == {body}
-    return answers
+    return answers, counted
 
 
 async def test_a_body_past_a_workers_memory_share_is_kept_on_the_machines_disk(origin, tmp_path):
@@ -153,16 +160,19 @@ async def test_a_body_past_a_workers_memory_share_is_kept_on_the_machines_disk(o
     within the machine's largest object (2 MiB), is kept by the disk tier they share and hit
     from it, as one process would keep it (before: refused by every tier as too large)."""
     body = bytes(range(256)) * 6144  # 1.5 MiB
-    answers = await large_through_two_workers(origin, tmp_path, body, "2MiB", "4MiB", 8)
+    answers, counted = await large_through_two_workers(origin, tmp_path, body, "2MiB", "4MiB", 8,
+                                                       "--admission", "always")  # fmt: skip
     # Kept once written (the write ends after its answer: a request or two may come first).
     assert "detail=disk" in answers[-1][1] and origin.hits["/big"] <= 4
+    # Each fetch memory would keep, but past the share, is counted (it was not).
+    assert counted["sum"]["beyond_memory"] == origin.hits["/big"]
 
 
 async def test_a_body_no_tier_of_a_worker_holds_is_said_too_large_not_stored(origin, tmp_path):
     """Past a worker's memory share and a disk record's region: kept nowhere, and its answer
     says so (before: ``stored``, while every request went to the origin)."""
     body = bytes(range(256)) * 12288  # 3 MiB
-    answers = await large_through_two_workers(origin, tmp_path, body, "4MiB", "1MiB", 3)
+    answers, _ = await large_through_two_workers(origin, tmp_path, body, "4MiB", "1MiB", 3)
     statuses = [status for _, status, _ in answers]
     # Refused as too large, then passed to the origin for a while (hit-for-miss).
     assert "detail=too-large" in statuses[0] and not any("stored" in s for s in statuses)

@@ -449,6 +449,7 @@ class ResponseDecisions:
             )  # superseded by this response, which is not kept
             return TOO_LARGE
         if not self.store.fits(size):  # the cache's, but past this memory tier's largest
+            c.beyond_memory += 1
             self.removals.drop_from_memory(decision.key)
             return BEYOND_MEMORY
         response = decision.response

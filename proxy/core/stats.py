@@ -34,6 +34,8 @@ METRICS: dict[str, str] = {
     "rejected_first_sighting": "cacheable responses the admission filter kept out",
     "bytes_not_written": "body bytes the admission filter kept out",
     "too_large": "responses over the max object size (served, never stored)",
+    "beyond_memory": "responses past this memory tier's largest body, kept by the tier behind "
+    "it alone (a worker's share under --workers)",
     "uncacheable": "responses the HTTP rules forbid storing",
     "evictions": "entries evicted to make room",
     "evicted_bytes": "body bytes evicted to make room",
@@ -112,6 +114,7 @@ class Counters:
     rejected_first_sighting: int = 0
     bytes_not_written: int = 0
     too_large: int = 0
+    beyond_memory: int = 0
     uncacheable: int = 0
     collapsed: int = 0
     hit_for_miss: int = 0
