@@ -1,0 +1,1 @@
+"""Reports: the cells of an experiment as tables, JSON, markdown and HTML with plots."""
