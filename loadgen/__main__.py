@@ -74,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("gen", help="generate a synthetic Zipf trace")
     _workload_flags(gen)
-    gen.add_argument("-o", "--output", required=True, type=Path, help=".csv or oracleGeneral file")
+    gen.add_argument("-o", "--output", required=True, type=Path,
+                     help=".csv, .txt (separated by spaces) or oracleGeneral file")  # fmt: skip
     gen.set_defaults(run=_cmd_gen)
 
     sim = sub.add_parser(
@@ -217,7 +218,8 @@ def _workload_flags(p: argparse.ArgumentParser) -> None:
 def _trace_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", required=True, type=Path,
-        help=".csv or oracleGeneral file, either may be .zst; or real:NAME, a real trace fetched"
+        help=".csv, .txt (separated by spaces, as LRB's) or oracleGeneral file, each may be .zst; "
+        "or real:NAME, a real trace fetched"
         f" on first use ({', '.join(TRACES)})",
     )  # fmt: skip
     p.add_argument(
@@ -370,6 +372,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     source: Trace | Sample = trace
     if args.sample:
         source = sample_trace(trace, _rate(args.sample))
+        if not len(source.trace):
+            raise UsageError(f"--sample {args.sample}: no key of this trace falls in the "
+                             "sample: sample more, or simulate whole")  # fmt: skip
         meta["sampling"] = (
             f"spatial (SHARDS) at {source.rate:.4g}: {len(source.trace):,} of {len(trace):,} "
             "requests simulated; counts are estimates for the whole trace, hit ratios are "
@@ -388,6 +393,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
     policies = [(config, eviction) for eviction in evictions for config in configs]
     if args.workers_split is not None:
+        if args.report_dir:
+            raise UsageError("--workers-split prints its table: not with --report-dir")
         if ttl != math.inf or rules:
             raise UsageError("--workers-split: responses never expire there: not with --ttl "
                              "or --ttl-rules")  # fmt: skip

@@ -137,7 +137,7 @@ def test_a_workload_names_a_csv_traces_columns_and_the_report_says_where_it_came
     results = json.loads(written)
     assert results["cells"][0]["stats"]["hits"] == 2
     made = results["provenance"]
-    assert made["traces"] == [{"trace": "other.csv", "sha256": hashlib.sha256(
+    assert made["traces"] == [{"trace": "other: other.csv", "sha256": hashlib.sha256(
         trace.read_bytes()).hexdigest()}]  # fmt: skip
     assert made["onehit"] and made["commit"] and made["date"].startswith("20")
     assert made["elapsed_s"] >= 0 and made["command"]  # the test runner's own, here

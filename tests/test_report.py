@@ -1,5 +1,6 @@
 """Reports from a small fixed results.json: every file, self-contained HTML, no rerun needed."""
 
+import html
 import json
 import re
 import subprocess
@@ -192,3 +193,15 @@ def test_the_space_saved_column_is_defined_in_the_report_itself(tmp_path):
     summary = (tmp_path / "summary.md").read_text()
     assert "below sweep" in summary and SPACE_NOTE in summary
     assert "needs 1.40x`: it needs 1.4 times" in (tmp_path / "index.html").read_text()
+
+
+def test_a_live_ghosts_warning_is_in_the_report_beside_its_curves(tmp_path):
+    curves = [{"tier": "memory", "policy": "always", "scale": s, "size": 100, "miss_ratio": 0.5,
+               "bytes_written": 10, "sampled": 500,
+               **({"warning": "its 0.01 sample's cache holds 3 objects"} if s == 0.25 else {})}
+              for s in (0.25, 0.5, 1.0, 2.0, 4.0)]  # fmt: skip
+    live = cell("always", 100, 0.5, mode="live", whatif={"sample": 0.01, "curves": curves})
+    write_report(tmp_path, {"title": "t", "meta": {}, "cells": [live]})
+    said = "w, always at 100B: ghost always x0.25: its 0.01 sample's cache holds 3 objects"
+    assert said in (tmp_path / "summary.md").read_text()
+    assert html.escape(said) in (tmp_path / "index.html").read_text()

@@ -148,15 +148,29 @@ def test_a_trace_separated_by_spaces_is_read_as_lrb_and_webcachesim_write_them(t
     with pytest.raises(TraceError, match="has no header"):
         read_trace(path, ["time", "key", "size"])
     bad = tmp_path / "bad.txt"
-    bad.write_text("1 a 100\n2 b lots\n")
-    with pytest.raises(TraceError, match=r"bad.txt:2: size 'lots' is not an integer"):
+    bad.write_text("1 a 100\n\n\n\n5 b lots\n")  # blank lines counted
+    with pytest.raises(TraceError, match=r"bad.txt:5: size 'lots' is not an integer"):
         read_trace(bad)
+    bad.write_text("# a comment\n1 a 100\n")  # no header: said, not skipped
+    with pytest.raises(TraceError, match=r"bad.txt:1: time '#' is not a number"):
+        read_trace(bad)
+    bad.write_bytes(b"1 \xff\xfe 100\n")
+    with pytest.raises(TraceError, match="not UTF-8 text"):
+        read_trace(bad)
+    bad.write_text("1 a 99999999999999999999999\n")
+    with pytest.raises(TraceError, match=r"bad.txt:1: size .* is past 2\*\*63 - 1 bytes"):
+        read_trace(bad)
+    written = tmp_path / "again.txt"  # written as read
+    write_trace(trace, written)
+    assert read_trace(written).key_strings() == trace.key_strings()
 
 
 @pytest.mark.parametrize(
     ("text", "named"),
     [("1 a 100\n2 b 200\n", "t.txt (fields separated by spaces"),
-     ("ts,obj,bytes\n1,a,100\n", "t.csv, and give --csv-columns")],
+     ("ts,obj,bytes\n1,a,100\n", "t.csv, and give --csv-columns"),
+     ("1 caf\u00e9 100\n" * 2, "t.txt (fields"),  # UTF-8, not ASCII
+     ("1 " + "k" * 5000 + " 100\n", "t.txt (fields")],  # a first line past the block read
 )  # fmt: skip
 def test_a_text_trace_under_another_suffix_is_refused_with_the_name_to_give_it(
     tmp_path, text, named

@@ -69,7 +69,9 @@ def run(
     for workload in experiment.workloads:
         trace = workload.trace()
         path = workload.trace_file()
-        traces[workload.given or f"{workload.name} (generated: {workload.spec.describe()})"] = path
+        # By workload: two workloads' files of one name are two traces.
+        source = workload.given or f"generated: {workload.spec.describe()}"
+        traces[f"{workload.name}: {source}"] = path
         sizes = resolve_sizes(experiment.cache_sizes, trace)
         meta[f"workload {workload.name}"] = _describe(workload, trace)
         simulable = [p for p in experiment.policies if p.simulable]

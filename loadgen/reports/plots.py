@@ -94,7 +94,9 @@ def panel_sets(policies: Sequence[str]) -> list[tuple[str, list[str]]]:
     room = MAX_SERIES - len(baseline)
     panels = []
     for family, members in families.items():
-        cuts = [members[i : i + room] for i in range(0, len(members), room)]
+        count = -(-len(members) // room)
+        each = -(-len(members) // count)  # cut evenly: 8 in two panels are 4 and 4, not 7 and 1
+        cuts = [members[i : i + each] for i in range(0, len(members), each)]
         for k, cut in enumerate(cuts):
             name = family if len(cuts) == 1 else f"{family} ({k + 1} of {len(cuts)})"
             panels.append((name, baseline + cut))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ def provenance(
         "onehit": _version(),
         "commit": _commit(),
         "traces": [
-            {"trace": _shown(name), "sha256": digest(path) if path is not None else None}
+            {"trace": _named(name), "sha256": digest(path) if path is not None else None}
             for name, path in traces.items()
         ],
         "date": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
@@ -73,16 +74,17 @@ def lines(found: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _shown(arg: str) -> str:
-    """A command-line argument as a report shows it: a path by its name alone."""
+    """A command-line argument as a report shows it: a path by its name alone (anything
+    holding a separator is taken for one), quoted for a shell."""
+    return shlex.quote(_named(arg))
+
+
+def _named(arg: str) -> str:
+    """``arg`` with a path in it reduced to its name."""
     flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
-    if os.sep in value and (value.startswith(os.sep) or Path(value).exists()):
-        value = Path(value).name
-    shown = flag + eq + value
-    return shown if shown and not any(c in shown for c in " '\"\\$") else _quoted(shown)
-
-
-def _quoted(text: str) -> str:
-    return "'" + text.replace("'", "'\\''") + "'"
+    if os.sep in value and not value.startswith(("real:", "http:", "https:")):
+        value = Path(value).name or value
+    return flag + eq + value
 
 
 def _version() -> str:
@@ -96,14 +98,21 @@ def _commit() -> str:
     """The commit of the checkout onehit runs from, with ``+`` when it has changes; else
     ``unknown``."""
     root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"],
+
+    def git(*args: str) -> str | None:
+        done = subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args],
                               capture_output=True, text=True, timeout=10)  # fmt: skip
-        if head.returncode != 0:
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        # An install inside another project's checkout is not that project's commit.
+        if top is None or Path(top).resolve() != root:
             return UNKNOWN
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)  # fmt: skip
+        head = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.TimeoutExpired):
         return UNKNOWN
-    return head.stdout.strip()[:12] + ("+" if dirty.stdout.strip() else "")
+    if head is None:
+        return UNKNOWN
+    return head[:12] + ("+" if dirty else "")

@@ -343,7 +343,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         parts += ["", "## Two tiers", "", _markdown(TIER_COLUMNS, table)]
     if found := results.get("provenance"):
         parts += ["", "## Provenance", ""]
-        parts += [f"- {label}: `{text}`" if label == "command" else f"- {label}: {text}"
+        parts += [f"- {label}: ``` {text} ```" if label == "command" else f"- {label}: {text}"
                   for label, text in provenance.lines(found)]  # fmt: skip
     if table := headline(cells):
         parts += ["", "## Headline", "", _markdown(*headline_columns(table))]
@@ -354,6 +354,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         parts += ["", MARK_NOTE, "", SPACE_NOTE]
     if table := whatif_rows(cells):
         parts += ["", "## What if (live)", "", WHATIF_NOTE, "", _markdown(WHATIF_COLUMNS, table)]
+        parts += [f"- {line}" for line in whatif_warnings(cells)]
     if flash := results.get("flash"):
         parts += ["", "## The flash tier: disk admission rules", "", FLASH_NOTE]
         for title, group in _flash_groups(flash):
@@ -425,6 +426,19 @@ def tier_rows(cells: Sequence[Cell]) -> list[list[str]]:
 
 WHATIF_COLUMNS = ["workload", "live policy", "cache", "ghost", "0.25x", "0.5x", "1x", "2x", "4x",
                   "sampled requests"]  # fmt: skip
+
+
+def whatif_warnings(cells: Sequence[Cell]) -> list[str]:
+    """What the live what-if said of its own estimates (a ghost of a handful of objects),
+    each once, by cell and ghost."""
+    said = []
+    for c in cells:
+        for curve in (c.get("whatif") or {}).get("curves", []):
+            if curve.get("warning"):
+                ghost = f"ghost {curve['policy']} x{curve['scale']:g}"
+                said.append(f"{c['workload']}, {c['policy']} at {c['cache']}: {ghost}: "
+                            f"{curve['warning']}")  # fmt: skip
+    return list(dict.fromkeys(said))
 
 
 def whatif_rows(cells: Sequence[Cell]) -> list[list[str]]:
@@ -556,6 +570,8 @@ def _html(results: dict[str, Any], images: Sequence[Path]) -> str:
     if found := whatif_rows(cells):
         parts += ["<h2>What if (live)</h2>", f"<p>{html.escape(WHATIF_NOTE)}</p>",
                   table(WHATIF_COLUMNS, found)]  # fmt: skip
+        if said := whatif_warnings(cells):
+            parts.append("<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in said) + "</ul>")
     if flash := results.get("flash"):
         parts += ["<h2>The flash tier: disk admission rules</h2>",
                   f"<p>{html.escape(FLASH_NOTE)}</p>"]  # fmt: skip

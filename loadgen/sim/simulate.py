@@ -97,16 +97,25 @@ def sample_warning(sample: Sample, cache_bytes: int) -> str | None:
     if not objects:
         return f"the {sample.rate:g} sample holds no request: sample more, or simulate whole"
     scaled = cache_bytes * sample.rate
-    held = scaled * objects / sample.trace.distinct_bytes()
+    mean = max(1.0, sample.trace.distinct_bytes() / objects)  # objects of no bytes: one each
+    held = scaled / mean
     if held >= MIN_SAMPLED_OBJECTS:
         return None
-    enough = sample.rate * MIN_SAMPLED_OBJECTS / max(held, 1e-9)
-    fix = f"sample at least {enough:.2g}, or simulate whole" if enough < 1 else "simulate whole"
+    enough = _up(sample.rate * MIN_SAMPLED_OBJECTS / max(held, 1e-9))
+    fix = f"sample at least {enough:g}, or simulate whole" if enough < 1 else "simulate whole"
     return (
         f"at {format_size(cache_bytes)} the {sample.rate:g} sample's cache is "
-        f"{format_size(round(scaled))}, about {held:.2g} of its objects (fewer than "
+        f"{format_size(round(scaled))}, about {int(held)} of its objects (fewer than "
         f"{MIN_SAMPLED_OBJECTS}): its estimate may be far off; {fix}"
     )
+
+
+def _up(rate: float) -> float:
+    """``rate`` rounded up to two significant digits: a rate given back is enough."""
+    if rate <= 0:
+        return rate
+    scale = 10 ** (math.floor(math.log10(rate)) - 1)
+    return math.ceil(rate / scale - 1e-9) * scale
 
 
 def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:

@@ -149,7 +149,11 @@ def read_trace(path: str | Path, columns: Columns | None = None) -> Trace:
             raise TraceError(f"{path}: a trace separated by spaces has no header: give "
                              "--csv-columns as three positions, like 1,2,4")  # fmt: skip
         with _open_text(path) as f:
-            return _read_csv(f, path, columns or SPACED_COLUMNS, spaced=True)
+            try:
+                return _read_csv(f, path, columns or SPACED_COLUMNS, spaced=True)
+            except UnicodeDecodeError as exc:
+                raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start} "
+                                 "of a block): is it a binary trace?") from None  # fmt: skip
     if columns is not None:
         raise TraceError(f"{path}: CSV columns apply to .csv and .txt traces only")
     _refuse_text(path)
@@ -164,7 +168,7 @@ def _refuse_text(path: Path) -> None:
     else:
         with path.open("rb") as f:
             head = f.read(4096)
-    if b"\n" in head and all(32 <= c < 127 or c in b"\t\r\n" for c in head):
+    if head and _is_text(head):
         spaced = b"," not in head.partition(b"\n")[0]
         name = path.name.split(".")[0] or "trace"
         raise TraceError(
@@ -175,17 +179,31 @@ def _refuse_text(path: Path) -> None:
 
 
 def write_trace(trace: Trace, path: str | Path) -> None:
+    """``trace`` at ``path`` in the form its suffix names (the reader's)."""
     path = Path(path)
     if path.suffix == ".csv":
         _write_csv(trace, path)
+    elif path.suffix in SPACED_SUFFIXES:
+        _write_spaced(trace, path)
     else:
         _write_oracle(trace, path)
 
 
+def _write_spaced(trace: Trace, path: Path) -> None:
+    keys = trace.key_strings()
+    if any(len(key.split()) != 1 for key in set(keys)):
+        raise TraceError(f"{path}: a key holds a space, which a trace separated by spaces "
+                         "cannot: write it as .csv")  # fmt: skip
+    with path.open("w", encoding="utf-8") as f:
+        rows = zip(trace.times.tolist(), keys, trace.sizes.tolist(), strict=True)
+        f.writelines(f"{_fmt_time(t)} {key} {size}\n" for t, key, size in rows)
+
+
 def _open_text(path: Path) -> io.TextIOBase:
     if path.suffix != ".zst":
-        return path.open(newline="")
-    return io.TextIOWrapper(io.BufferedReader(_Chunks(_zstd_chunks(path))), newline="")
+        return path.open(newline="", encoding="utf-8")
+    return io.TextIOWrapper(io.BufferedReader(_Chunks(_zstd_chunks(path))), newline="",
+                            encoding="utf-8")  # fmt: skip
 
 
 def _zstd_chunks(path: Path) -> Iterator[bytes]:
@@ -258,14 +276,26 @@ def _column_picker(header: list[str], columns: Columns, path: Path) -> tuple[lis
     return [names.index(c.strip()) for c in columns], True
 
 
+def _is_text(head: bytes) -> bool:
+    """Whether the first bytes of a file are text: UTF-8 with no NUL byte (every binary
+    record's id and size carry one but for absurd values). A character cut at the end of the
+    block is no reason to doubt."""
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start >= len(head) - 3 and exc.reason == "unexpected end of data"
+    return True
+
+
 def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None, spaced: bool = False) -> Trace:
     times: list[float] = []
     sizes: list[int] = []
     ids: list[int] = []
     index: dict[str, int] = {}
-    rows: Iterator[list[str]] = (
-        (fields for line in f if (fields := line.split())) if spaced else csv.reader(f)
-    )
+    # A blank line of a spaced trace is skipped, and still counted: errors name its line.
+    rows: Iterator[list[str]] = (line.split() for line in f) if spaced else csv.reader(f)
     header = next(rows, None)
     if columns is None:
         if header is None or [h.strip() for h in header] != CSV_HEADER:
@@ -275,12 +305,17 @@ def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None, spaced: boo
         raise TraceError(f"{path}:1: the file is empty")
     else:
         picks, is_header = _column_picker(header, columns, path)
+        if spaced and is_header:
+            raise TraceError(f"{path}:1: time {header[picks[0]]!r} is not a number (a trace "
+                             "separated by spaces has no header)")  # fmt: skip
         if not is_header:
             rows = _chain_first(header, rows)
         first = 2 if is_header else 1
     width = max(picks) + 1
     ti, ki, zi = picks
     for line, row in enumerate(rows, start=first):
+        if spaced and not row:
+            continue
         if len(row) < width or (columns is None and len(row) != 3):
             raise TraceError(
                 f"{path}:{line}: expected {3 if columns is None else f'at least {width}'} "
@@ -299,6 +334,8 @@ def _read_csv(f: io.TextIOBase, path: Path, columns: Columns | None, spaced: boo
             raise TraceError(f"{path}:{line}: size {size!r} is not an integer") from None
         if si < 0:
             raise TraceError(f"{path}:{line}: size {si} is negative")
+        if si >= 1 << 63:
+            raise TraceError(f"{path}:{line}: size {si} is past 2**63 - 1 bytes")
         if not key:
             raise TraceError(f"{path}:{line}: empty key")
         times.append(tf)

@@ -307,7 +307,8 @@ class WhatIf:
             c = ghost.engine.counters
             curve = _curve(ghost, (c.hits, c.requests), c.bytes_written, requests, self.rate)
             held = len(ghost.engine.store)
-            if ghost.engine.store.evictions and held < MIN_SAMPLED_OBJECTS:  # full, of a few keys
+            # Sampled enough to hold more, it holds a handful (full, or each too large).
+            if c.requests >= MIN_SAMPLED_OBJECTS and held < MIN_SAMPLED_OBJECTS:
                 curve["warning"] = (
                     f"its {self.rate:g} sample's cache holds {held} objects, fewer than "
                     f"{MIN_SAMPLED_OBJECTS}: the estimate may be far off; raise [whatif] sample"
@@ -451,6 +452,8 @@ def merged_curves(workers: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[s
                                         "bytes_written": 0, "sampled": 0})  # fmt: skip
             m["size"] += c["size"]
             m["bytes_written"] += c["bytes_written"]
+            if "warning" in c:  # a worker's ghost of a handful of objects: the machine's too
+                m["warning"] = c["warning"]
             if c["miss_ratio"] is not None:
                 m["sampled"] += c["sampled"]
                 weighted[key] = weighted.get(key, 0.0) + c["miss_ratio"] * c["sampled"]
