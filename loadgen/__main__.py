@@ -446,8 +446,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
     report.add_space_saved(cells)
+    configs = [] if args.ttl_rules is None else [args.ttl_rules]
     doc = {"title": f"onehit: {name}", "meta": meta, "cells": cells,
-           "provenance": provenance(traces, started)}  # fmt: skip
+           "provenance": provenance(traces, started, configs=configs)}  # fmt: skip
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -536,7 +537,8 @@ def _simulate_tiers(
         about = about or {}
         name = args.trace.name
         cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
-        made = provenance(about.get("traces", {}), about.get("started", time.time()))
+        made = provenance(about.get("traces", {}), about.get("started", time.time()),
+                          configs=[] if args.ttl_rules is None else [args.ttl_rules])  # fmt: skip
         doc = {"title": f"onehit: {name}, two tiers", "meta": about.get("meta", {}),
                "cells": cells, "provenance": made}  # fmt: skip
         for path in report.write_report(args.report_dir, doc):

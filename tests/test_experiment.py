@@ -139,6 +139,8 @@ def test_a_workload_names_a_csv_traces_columns_and_the_report_says_where_it_came
     made = results["provenance"]
     assert made["traces"] == [{"trace": "other: other.csv", "sha256": hashlib.sha256(
         trace.read_bytes()).hexdigest()}]  # fmt: skip
+    assert made["configs"] == [{"file": "e.toml", "sha256": hashlib.sha256(
+        path.read_bytes()).hexdigest()}]  # fmt: skip
     assert made["onehit"] and made["commit"] and made["date"].startswith("20")
     assert made["elapsed_s"] >= 0 and made["command"]  # the test runner's own, here
     for page in ("results.json", "summary.md", "index.html"):

@@ -112,7 +112,8 @@ def run(
             cells += asyncio.run(_live_cells(experiment, workload, trace, live_sizes, say))
     meta["elapsed"] = f"{time.perf_counter() - started:.0f}s"
     results_doc = {"title": experiment.title, "meta": meta, "cells": cells,
-                   "provenance": provenance(traces, began)}  # fmt: skip
+                   "provenance": provenance(traces, began, configs=[
+                       p for p in (experiment.source,) if p is not None])}  # fmt: skip
     if flash:
         results_doc["flash"] = flash
     written = report.write_report(output, results_doc)

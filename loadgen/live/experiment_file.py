@@ -145,6 +145,8 @@ class Experiment:
     meta: dict[str, str] = field(default_factory=dict)
     sample: float | None = None  # simulate a spatial sample of the keys (SHARDS) at this rate
     flash: FlashSettings | None = None  # the disk admission family, simulated (``[flash]``)
+    # The file it was read from (its digest goes in the report): not what the experiment is.
+    source: Path | None = field(default=None, compare=False)
 
     @property
     def simulated(self) -> bool:
@@ -200,6 +202,7 @@ def load_experiment(path: str | Path) -> Experiment:
         if "live_cache_sizes" in data
         else None,
         meta={"experiment": path.name},  # its name: a report holds no path of the machine
+        source=path,
         sample=None if sample is None else float(sample),
         flash=_flash(data["flash"], f"{where} [flash]") if "flash" in data else None,
     )

@@ -31,10 +31,14 @@ UNKNOWN = "unknown"
 
 
 def provenance(
-    traces: dict[str, Path | None], started: float, argv: Sequence[str] | None = None
+    traces: dict[str, Path | None],
+    started: float,
+    argv: Sequence[str] | None = None,
+    configs: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """The provenance of a run that began at ``started`` (``time.time()``), over ``traces``
-    (each as it was named, and the file read for it, or None for a generated one); ``argv``
+    (each as it was named, and the file read for it, or None for a generated one) and the
+    files that configured it (``configs``: an experiment's, a proxy's TTL rules); ``argv``
     is the command's own (``sys.argv`` by default)."""
     given = list(sys.argv if argv is None else argv)
     program = Path(given[0]).name if given else "onehit-loadgen"
@@ -48,6 +52,7 @@ def provenance(
             {"trace": _named(name), "sha256": digest(path) if path is not None else None}
             for name, path in traces.items()
         ],
+        "configs": [{"file": path.name, "sha256": digest(path)} for path in configs],
         "date": datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"),
         "elapsed_s": round(time.time() - started, 1),
     }
@@ -69,6 +74,8 @@ def lines(found: dict[str, Any]) -> list[tuple[str, str]]:
     for trace in found.get("traces", []):
         sha = trace.get("sha256")
         shown.append(("trace", f"{trace['trace']}" + (f" (sha256 {sha})" if sha else "")))
+    for config in found.get("configs", []):
+        shown.append(("configuration", f"{config['file']} (sha256 {config['sha256']})"))
     shown += [("date", found["date"]), ("elapsed", f"{found['elapsed_s']:g} s")]
     return shown
 
