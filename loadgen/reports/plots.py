@@ -103,6 +103,14 @@ def panel_sets(policies: Sequence[str]) -> list[tuple[str, list[str]]]:
     return panels
 
 
+def _panels_of(
+    series: dict[tuple[str, str, str], list[Cell]],
+) -> list[tuple[str, str, list[str]]]:
+    """The panels of a figure of ``series``: per workload, its ``panel_sets``."""
+    return [(w, name, members) for w in sorted({w for w, _, _ in series})
+            for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
+
+
 def _styles(members: Sequence[str]) -> dict[str, tuple[str, str]]:
     """Each curve of a panel's colour and marker: LRU's black squares, the others distinct."""
     others = [m for m in members if m != BASELINE]
@@ -177,8 +185,7 @@ def _by_size(
     """Panels per workload (``panel_sets``): simulated curves as lines, live runs as crosses
     on them."""
     series = _series(cells)
-    panels = [(w, name, members) for w in sorted({c["workload"] for c in cells})
-              for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
+    panels = _panels_of(series)
     fig, axes = _figure(len(panels))
     for ax, (workload, name, members) in zip(axes, panels, strict=True):
         styles = _styles(members)
@@ -289,8 +296,7 @@ def _against_writes(
     if not drawn:
         return None
     series = _series(drawn)
-    panels = [(w, name, members) for w in sorted({c["workload"] for c in drawn})
-              for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
+    panels = _panels_of(series)
     fig, axes = _figure(len(panels))
     for ax, (workload, name, members) in zip(axes, panels, strict=True):
         styles = _styles(members)
