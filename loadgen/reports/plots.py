@@ -327,17 +327,23 @@ def _middle_size(group: Sequence[Cell]) -> int:
 
 
 def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
-    """Hit ratio over the run, for the middle cache size of each workload and mode."""
-    palette = colours(cells)
-    panels = _panels(cells)
-    fig, axes = _figure(len(panels))
-    drawn = False
-    for ax, (workload, mode) in zip(axes, panels, strict=True):
+    """Hit ratio over the run, for the middle cache size of each workload and mode, in
+    panels of at most ``MAX_SERIES`` policies (``panel_sets``), LRU black and last."""
+    panels = []
+    for workload, mode in _panels(cells):
         group = [c for c in cells if (c["workload"], c["mode"]) == (workload, mode)]
         middle = _middle_size(group)
-        for c in group:
-            if c["cache_bytes"] != middle or not c.get("timeline"):
-                continue
+        timed = [c for c in group if c["cache_bytes"] == middle and c.get("timeline")]
+        for name, members in panel_sets([c["policy"] for c in timed]):
+            chosen = sorted((c for c in timed if c["policy"] in members),
+                            key=lambda c: c["policy"] == BASELINE)  # fmt: skip
+            panels.append((workload, mode, middle, name, members, chosen))
+    if not panels:
+        return None
+    fig, axes = _figure(len(panels))
+    for ax, (workload, mode, middle, name, members, chosen) in zip(axes, panels, strict=True):
+        styles = _styles(members)
+        for c in chosen:
             points = c["timeline"]
             if mode == "live":
                 xs = [p["t"] for p in points]
@@ -347,15 +353,13 @@ def _over_time(cells: Sequence[Cell], directory: Path) -> Path | None:
                 xs = [p["requests"] for p in points]
                 ys = [p["hit_ratio"] for p in points]
                 ax.set_xlabel("requests replayed")
-            ax.plot(xs, ys, label=c["policy"], color=palette[c["policy"]])
-            drawn = True
+            colour, _ = styles[c["policy"]]
+            ax.plot(xs, ys, label=_shown(c["policy"]), color=colour,
+                    zorder=3 if c["policy"] == BASELINE else 2)  # fmt: skip
         ax.set_ylabel("cumulative hit ratio")
-        ax.set_title(f"{workload} ({mode}), cache {format_size(middle)}")
+        ax.set_title(_panel_title(f"{workload} ({mode}), cache {format_size(middle)}", name))
         ax.grid(True, alpha=0.3)
         _legend(ax)
-    if not drawn:
-        plt.close(fig)
-        return None
     return _save(fig, directory / "hit-ratio-over-time.png")
 
 
