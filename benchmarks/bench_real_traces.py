@@ -42,7 +42,7 @@ from loadgen.reports import report
 from loadgen.reports.provenance import provenance
 from loadgen.sim.flash import flash_sweep
 from loadgen.sim.simulate import policy_label, sweep
-from loadgen.traces.real_traces import TRACES, TraceUnavailable, fetch
+from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
 from proxy.core.stats import METRICS
@@ -153,7 +153,7 @@ def main() -> None:
             path = fetch(name)
         except TraceUnavailable as exc:
             sys.exit(f"{name}: {exc}")
-        traces[f"real:{name}"] = path
+        traces[REAL + name] = path
         trace = read_trace(path)
         unique = trace.distinct_bytes()
         sizes = [max(1, round(unique * share)) for share in shares]

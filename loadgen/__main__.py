@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from loadgen.reports import report
 from loadgen.reports.provenance import provenance
@@ -26,7 +26,7 @@ from loadgen.sim.simulate import (
     progress_line,
     resolve_sizes,
     sample_trace,
-    sample_warning,
+    sample_warnings,
     simulate,
     sweep,
 )
@@ -382,8 +382,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
         if not args.json:
             print(f"sampling: {meta['sampling']}", file=sys.stderr)
-        warnings = [w for size in sizes if (w := sample_warning(source, size))]
-        if warnings:
+        if warnings := sample_warnings(source, sizes):
             meta["sampling warning"] = "; ".join(warnings)
             for warning in warnings:
                 print(f"onehit-loadgen simulate: --sample: {warning}", file=sys.stderr)
@@ -401,7 +400,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         return _simulate_split(args, trace, sizes, configs)
     if args.disk_size:
         return _simulate_tiers(args, trace, sizes, policies, max_object, ttl, rules,
-                               {"meta": meta, "traces": traces, "started": started})  # fmt: skip
+                               _Described(meta, traces, started))  # fmt: skip
     if args.cluster:
         if ttl != math.inf or rules:
             raise UsageError("--cluster: responses never expire there: not with --ttl or "
@@ -446,9 +445,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
     report.add_space_saved(cells)
-    configs = [] if args.ttl_rules is None else [args.ttl_rules]
-    doc = {"title": f"onehit: {name}", "meta": meta, "cells": cells,
-           "provenance": provenance(traces, started, configs=configs)}  # fmt: skip
+    doc = _Described(meta, traces, started).document(args, f"onehit: {name}", cells)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -505,18 +502,32 @@ def _freshness_said(ttl: float, rules: TtlRules | None, path: Path | None) -> st
     return said
 
 
+class _Described(NamedTuple):
+    """What a simulation's report says of its run besides its cells."""
+
+    meta: dict[str, Any]
+    traces: dict[str, Path | None]
+    started: float
+
+    def document(self, args: argparse.Namespace, title: str, cells: list[Any]) -> dict[str, Any]:
+        """The report's results.json: ``cells`` with the meta and the run's provenance."""
+        configs = [] if args.ttl_rules is None else [args.ttl_rules]
+        return {"title": title, "meta": self.meta, "cells": cells,
+                "provenance": provenance(self.traces, self.started, configs=configs)}  # fmt: skip
+
+
 def _simulate_tiers(
     args: argparse.Namespace,
     trace: Trace,
     sizes: dict[int, str],
     policies: list[tuple[AdmissionConfig, str]],
     max_object: int | None,
-    ttl: float = math.inf,
-    rules: TtlRules | None = None,
-    about: dict[str, Any] | None = None,
+    ttl: float,
+    rules: TtlRules | None,
+    about: _Described,
 ) -> int:
     """``simulate --disk-size``: every memory size x policy x disk admission, one by one;
-    with ``--report-dir`` a report of them (``about``: its meta, traces and start)."""
+    with ``--report-dir`` a report of them (``about``: what it says of the run)."""
     try:
         # A share of the trace's distinct bytes, as the memory tier's sizes may be.
         (disk_size,) = resolve_sizes([args.disk_size], trace, "disk size")
@@ -534,13 +545,9 @@ def _simulate_tiers(
     else:
         print(report.tier_table(results, sizes))
     if args.report_dir:
-        about = about or {}
         name = args.trace.name
         cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
-        made = provenance(about.get("traces", {}), about.get("started", time.time()),
-                          configs=[] if args.ttl_rules is None else [args.ttl_rules])  # fmt: skip
-        doc = {"title": f"onehit: {name}, two tiers", "meta": about.get("meta", {}),
-               "cells": cells, "provenance": made}  # fmt: skip
+        doc = about.document(args, f"onehit: {name}, two tiers", cells)
         for path in report.write_report(args.report_dir, doc):
             print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -18,6 +18,14 @@ pytestmark = pytest.mark.live
 PATHS = [f"/k{i}" for i in range(20)]
 
 
+async def ended(*processes: asyncio.subprocess.Process | None) -> None:
+    """Stop each process a test started that still runs (SIGTERM, as an operator would)."""
+    for process in processes:
+        if process is not None and process.returncode is None:
+            process.terminate()
+            await asyncio.wait_for(process.wait(), 30)
+
+
 async def load(url: str, until: asyncio.Event, fresh: bool) -> dict[str, int]:
     """GETs of ``PATHS`` until ``until``, each on a connection of its own (``fresh``) or on
     kept-alive ones: what came back."""
@@ -104,10 +112,7 @@ async def test_a_new_onehit_takes_the_listeners_and_no_connection_is_refused(
         # nothing again.
         assert sum(origin.hits[path] for path in PATHS) == stored
     finally:
-        for process in (old, new):
-            if process is not None and process.returncode is None:
-                process.terminate()
-                await asyncio.wait_for(process.wait(), 30)
+        await ended(old, new)
 
 
 def test_taking_over_where_nothing_offers_its_listeners_says_what_to_set(tmp_path):
@@ -145,8 +150,7 @@ async def test_a_take_over_that_would_move_a_listener_is_refused_and_the_running
         async with aiohttp.ClientSession() as client:
             await wait_healthy(client, f"http://127.0.0.1:{admin_port}/healthz", 5)
     finally:
-        old.terminate()
-        await asyncio.wait_for(old.wait(), 30)
+        await ended(old)
 
 
 async def test_a_take_over_whose_disk_another_onehit_holds_is_refused_before_the_old_one_goes(
@@ -180,9 +184,7 @@ async def test_a_take_over_whose_disk_another_onehit_holds_is_refused_before_the
         assert new.returncode == 1 and b"is held by another onehit" in err
         assert old.returncode is None
     finally:
-        for process in (old, other):
-            process.terminate()
-            await asyncio.wait_for(process.wait(), 30)
+        await ended(old, other)
 
 
 async def test_a_take_over_after_a_reload_moved_the_listener_takes_the_new_one(origin, tmp_path):
@@ -211,10 +213,7 @@ async def test_a_take_over_after_a_reload_moved_the_listener_takes_the_new_one(o
             async with client.get(f"http://127.0.0.1:{second}/x") as r:
                 assert r.status == 200 and new.returncode is None
     finally:
-        for process in (old, new):
-            if process is not None and process.returncode is None:
-                process.terminate()
-                await asyncio.wait_for(process.wait(), 30)
+        await ended(old, new)
 
 
 def test_only_a_scratch_tier_of_this_user_is_adopted_or_removed_on_a_handovers_word(tmp_path):

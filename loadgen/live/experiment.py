@@ -38,7 +38,7 @@ from loadgen.sim.simulate import (
     describe_cell,
     resolve_sizes,
     sample_trace,
-    sample_warning,
+    sample_warnings,
     sweep,
 )
 from loadgen.traces.trace import Trace
@@ -67,8 +67,8 @@ def run(
     meta = dict(experiment.meta)
     traces: dict[str, Path | None] = {}
     for workload in experiment.workloads:
-        trace = workload.trace()
         path = workload.trace_file()
+        trace = workload.trace(path)
         # By workload: two workloads' files of one name are two traces.
         source = workload.given or f"generated: {workload.spec.describe()}"
         traces[f"{workload.name}: {source}"] = path
@@ -85,8 +85,7 @@ def run(
                     f"{len(source.trace):,} of {len(trace):,} requests; hit ratios corrected "
                     "(SHARDS_adj), counts estimated"
                 )
-                warnings = [w for size in sizes if (w := sample_warning(source, size))]
-                if warnings:
+                if warnings := sample_warnings(source, sizes):
                     meta[f"sampling warning {workload.name}"] = "; ".join(warnings)
                     for warning in warnings:
                         say(f"{workload.name}: {warning}")

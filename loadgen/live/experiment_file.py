@@ -94,8 +94,9 @@ class Workload:
                 raise ExperimentError(f"workload {self.name!r}: {exc}") from None
         return self.trace_path
 
-    def trace(self) -> Trace:
-        path = self.trace_file()
+    def trace(self, path: Path | None = None) -> Trace:
+        """Its requests: from ``path`` (its ``trace_file``, found already) or read."""
+        path = path or self.trace_file()
         if path is not None:
             return read_trace(path, self.columns)
         assert self.spec is not None

@@ -111,6 +111,16 @@ def _panels_of(
             for name, members in panel_sets([p for (sw, _, p) in series if sw == w])]  # fmt: skip
 
 
+def _in_panel(
+    series: dict[tuple[str, str, str], list[Cell]], workload: str, members: Sequence[str]
+) -> list[tuple[tuple[str, str, str], list[Cell]]]:
+    """The series a panel of ``workload`` draws (its ``members``), in drawing order: curves
+    first, then live crosses, LRU last, over the others, never under."""
+    return sorted(((key, group) for key, group in series.items()
+                   if key[0] == workload and key[2] in members),
+                  key=lambda kv: (kv[0][1] == "live", kv[0][2] == BASELINE))  # fmt: skip
+
+
 def _styles(members: Sequence[str]) -> dict[str, tuple[str, str]]:
     """Each curve of a panel's colour and marker: LRU's black squares, the others distinct."""
     others = [m for m in members if m != BASELINE]
@@ -193,11 +203,7 @@ def _by_size(
         # lost below the axis.
         written = [metric(c) for c in cells if c["workload"] == workload]
         floor = min((w for w in written if w), default=2) / 2 if bytes_axis else None
-        # Curves first, then live crosses, LRU last: drawn over the others, never under.
-        drawn = sorted(((key, group) for key, group in series.items()
-                        if key[0] == workload and key[2] in members),
-                       key=lambda kv: (kv[0][1] == "live", kv[0][2] == BASELINE))  # fmt: skip
-        for (_, mode, policy), group in drawn:
+        for (_, mode, policy), group in _in_panel(series, workload, members):
             group = [c for c in group if metric(c) is not None]
             if not group:
                 continue
@@ -261,7 +267,7 @@ def _tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
     trade-off a flash-backed cache decides on (up and to the left is better)."""
     simulated = [c for c in cells if c["mode"] == "simulate" and c["stats"]["bytes_written"]]
     return _against_writes(
-        simulated, cells, directory / "hit-ratio-vs-bytes-written.png",
+        simulated, directory / "hit-ratio-vs-bytes-written.png",
         lambda c: c["stats"]["bytes_written"], log=True,
         xlabel="bytes written to the cache (log scale; one point per cache size)",
         ylabel="hit ratio (hits / requests)", title="hit ratio against writes",
@@ -272,7 +278,7 @@ def _disk_tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
     """The live proxies' hit ratio (memory and disk hits) against the bytes written to their
     disk tiers, a line per policy over the cache sizes: what each policy costs the device."""
     return _against_writes(
-        [c for c in cells if "disk" in c], cells, directory / "hit-ratio-vs-disk-writes.png",
+        [c for c in cells if "disk" in c], directory / "hit-ratio-vs-disk-writes.png",
         lambda c: c["disk"]["bytes_written"], log=False,
         xlabel="bytes written to the disk tier (one point per memory size)",
         ylabel="hit ratio, memory and disk (hits / requests)",
@@ -282,7 +288,6 @@ def _disk_tradeoff(cells: Sequence[Cell], directory: Path) -> Path | None:
 
 def _against_writes(
     drawn: Sequence[Cell],
-    cells: Sequence[Cell],
     path: Path,
     written: Callable[[Cell], float],
     *,
@@ -300,10 +305,7 @@ def _against_writes(
     fig, axes = _figure(len(panels))
     for ax, (workload, name, members) in zip(axes, panels, strict=True):
         styles = _styles(members)
-        ordered = sorted(((key, group) for key, group in series.items()
-                          if key[0] == workload and key[2] in members),
-                         key=lambda kv: kv[0][2] == BASELINE)  # fmt: skip
-        for (_, _, policy), group in ordered:
+        for (_, _, policy), group in _in_panel(series, workload, members):
             colour, marker = styles[policy]
             ax.plot([written(c) for c in group], [c["stats"]["hit_ratio"] for c in group],
                     marker=marker, label=_shown(policy), color=colour,

@@ -21,7 +21,7 @@ import multiprocessing
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
@@ -116,6 +116,11 @@ def _up(rate: float) -> float:
         return rate
     scale = 10 ** (math.floor(math.log10(rate)) - 1)
     return math.ceil(rate / scale - 1e-9) * scale
+
+
+def sample_warnings(sample: Sample, sizes: Iterable[int]) -> list[str]:
+    """``sample_warning`` of each of ``sizes`` that has one."""
+    return [said for size in sizes if (said := sample_warning(sample, size))]
 
 
 def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
@@ -336,6 +341,7 @@ def sweep(
     requests = trace.trace if isinstance(trace, Sample) else trace
     if requests.names is not None:
         requests.name_hashes()  # once, before the workers fork, not once a cell
+    trace_lifetimes(requests, "", ttl_rules, ttl)  # the same
     _SHARED_TRACE = trace
     try:
         context = multiprocessing.get_context("fork")

@@ -165,10 +165,9 @@ class CacheEngine(ResponseDecisions):
         max_object_bytes: int | None = None,
     ) -> None:
         self.store = store
-        # None: memory's own (one process); a machine's workers give the machine's.
-        self.max_object_bytes = (
-            store.max_object_bytes if max_object_bytes is None else max_object_bytes
-        )
+        # None: memory's own (one process), as it is resized; a machine's workers give the
+        # machine's, which a worker's resize does not move.
+        self._largest = max_object_bytes
         self.ttl_rules = ttl_rules if ttl_rules is not None else TtlRules()
         self.use_admission(admission)
         self.hit_for_miss = hit_for_miss
@@ -197,6 +196,11 @@ class CacheEngine(ResponseDecisions):
         self._uncacheable: ChargedLRU[str, tuple[float, int]] = ChargedLRU(
             HIT_FOR_MISS_BYTES, _second
         )
+
+    @property
+    def max_object_bytes(self) -> int:
+        """The largest body the cache keeps in any tier (``ResponseDecisions.fits``)."""
+        return self.store.max_object_bytes if self._largest is None else self._largest
 
     def use_admission(self, admission: AdmissionPolicy) -> None:
         """Admit by ``admission`` from now on, and keep the hits of a tier behind the store

@@ -26,3 +26,8 @@ def url_of(key: str) -> str:
 def whole_url(key: str) -> bool:
     """Whether ``key`` names a URL (with everything stored of it), not one stored part."""
     return PART not in key
+
+
+def shown_key(key: str) -> str:
+    """A store key as an operator reads it: a part's separator (NUL) as `` | ``."""
+    return key.replace(PART, " | ")

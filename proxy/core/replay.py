@@ -23,7 +23,7 @@ from proxy.core.disk import DiskTier
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
-from proxy.core.ttl_rules import TtlRules, trace_lifetime
+from proxy.core.ttl_rules import TtlRule, TtlRules, trace_lifetime
 
 
 def build_engine(
@@ -58,7 +58,14 @@ def rule_lifetimes(
     if not rules:
         return None
     distinct, back = np.unique(ids, return_inverse=True)
-    per_key = np.fromiter((trace_lifetime(rules, key_of(int(i)), ttl) for i in distinct),
+    by_rule: dict[TtlRule | None, float] = {}  # a lifetime is the rule's: judged once each
+
+    def lifetime(rule: TtlRule | None) -> float:
+        if rule not in by_rule:
+            by_rule[rule] = trace_lifetime(rule, ttl)
+        return by_rule[rule]
+
+    per_key = np.fromiter((lifetime(rules.rule_for(key_of(int(i)), 200)) for i in distinct),
                           dtype=np.float64, count=len(distinct))  # fmt: skip
     return np.ascontiguousarray(per_key[back])
 

@@ -140,12 +140,12 @@ def rule_response(
     return Ruled(storable, reason, lifetime, directives, by_rule)
 
 
-def trace_lifetime(rules: TtlRules, key: str, ttl: float) -> float:
-    """The lifetime of a trace's response for ``key`` under ``rules``: the simulator's
-    response is a 200 with ``max-age=ttl`` (an infinite ``ttl``: one that gives no freshness
-    of its own, which a rule's ``default`` then sets, and which never expires without one,
-    the simulator's model), judged as a live response is (``rule_response``)."""
-    rule = rules.rule_for(key, 200)
+def trace_lifetime(rule: TtlRule | None, ttl: float) -> float:
+    """The lifetime of a trace's response under ``rule`` (its key's, ``TtlRules.rule_for``
+    of a 200): the simulator's response is a 200 with ``max-age=ttl`` (an infinite ``ttl``:
+    one that gives no freshness of its own, which a rule's ``default`` then sets, and which
+    never expires without one, the simulator's model), judged as a live response is
+    (``rule_response``)."""
     if rule is None:
         return ttl
     headers = (("Cache-Control", f"max-age={ttl:.0f}"),) if math.isfinite(ttl) else ()

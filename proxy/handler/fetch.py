@@ -409,7 +409,7 @@ class Fetcher:
 
 def trace_decision(decided: Decided | object) -> None:
     """The decision at a response's head, as a traced request's step (``proxy.wire.trace``)."""
-    if STEPS.get() is None or not traced_now() or type(decided) is not Decided:
+    if not traced_now() or type(decided) is not Decided:
         return
     rmeta = decided.response
     step("response", status=rmeta.status, storable=rmeta.cacheable, why_not=rmeta.reason or None,

@@ -53,7 +53,7 @@ from proxy.core.events import (
     RequestMeta,
     Revalidate,
 )
-from proxy.core.keys import PART
+from proxy.core.keys import shown_key
 from proxy.core.ttl_rules import TtlRules
 from proxy.core.whatif import Sample
 from proxy.disk.reads import ColdRecord
@@ -168,7 +168,6 @@ class Proxy:
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
             # One process's: a worker's sizes are its machine's, and take a restart.
             engine.removals.resize(c.size, c.max_object_size)
-            engine.max_object_bytes = engine.store.max_object_bytes
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
         engine.ttl_rules = TtlRules(config.ttl)
@@ -282,12 +281,8 @@ class Proxy:
             )
         # Only aiohttp's handler traces: the admin's traced request closes its connection,
         # which keeps it off the lane and the compiled hit path.
-        shown = request.headers.get(FIELD)
-        if (
-            shown is not None
-            and type(request) is ProxyRequest
-            and compare_digest(shown.encode(), self.trace_token.encode())
-        ):
+        shown = request.headers.get(FIELD) if type(request) is ProxyRequest else None
+        if shown is not None and compare_digest(shown.encode(), self.trace_token.encode()):
             return await self._traced(request, meta, url, cold)
         action = self.engine.plan(meta, self.clock(), content=request.body_exists)
         return await self._act(request, meta, url, action, cold)
@@ -302,7 +297,7 @@ class Proxy:
         shown = tracing(steps)
         try:
             step("route", route=self.router.route_label(request.host), origin=shown_origin(url),
-                 key=meta.key.replace(PART, " | "), pid=os.getpid())  # fmt: skip
+                 key=shown_key(meta.key), pid=os.getpid())  # fmt: skip
             action = self.engine.plan(meta, self.clock(), content=request.body_exists)
             step("plan", **action_view(action))
             return await self._act(request, meta, url, action, cold)

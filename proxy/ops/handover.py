@@ -145,28 +145,15 @@ def take(
         link.close()
         raise HandoverError(f"{path} did not offer listening sockets as onehit does")
     sockets = [socket.socket(fileno=fd) for fd in fds]
-    for sock in sockets:  # as a socket made here: a worker is given its own, no other
-        sock.set_inheritable(False)
-    expected = [proxy_at] * proxies + [admin_at] * (len(sockets) - proxies)
-    for sock, (host, port) in zip(sockets, expected, strict=True):
-        bound = sock.getsockname()[:2]
-        if (port and bound[1] != port) or bound[0] not in _addresses(host):
-            for s in sockets:
-                s.close()
-            link.close()
-            raise HandoverError(
-                f"the running onehit listens on {bound[0]}:{bound[1]}, the configuration on "
-                f"{host}:{port}: a handover keeps the addresses; move a listener with a "
-                "reload, or a restart"
-            )
-    if check is not None:
-        try:
+    try:  # whatever refuses them, the sockets and the link are given back, the old one untold
+        _judge(sockets, proxies, proxy_at, admin_at)
+        if check is not None:
             check(pid)
-        except Exception:
-            for s in sockets:
-                s.close()
-            link.close()
-            raise
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        link.close()
+        raise
     link.sendall(TAKEN)
     link.settimeout(wait)
     try:
@@ -179,6 +166,27 @@ def take(
     finally:
         link.close()
     return Taken(sockets[:proxies], sockets[proxies:], os.fsdecode(memory))
+
+
+def _judge(
+    sockets: Sequence[socket.socket],
+    proxies: int,
+    proxy_at: tuple[str, int],
+    admin_at: tuple[str, int],
+) -> None:
+    """Make ``sockets`` this process's own (a worker is given its own, no other) and
+    ``HandoverError`` unless the first ``proxies`` listen where ``proxy_at`` says, the rest
+    where ``admin_at`` does."""
+    expected = [proxy_at] * proxies + [admin_at] * (len(sockets) - proxies)
+    for sock, (host, port) in zip(sockets, expected, strict=True):
+        sock.set_inheritable(False)
+        bound = sock.getsockname()[:2]
+        if (port and bound[1] != port) or bound[0] not in _addresses(host):
+            raise HandoverError(
+                f"the running onehit listens on {bound[0]}:{bound[1]}, the configuration on "
+                f"{host}:{port}: a handover keeps the addresses; move a listener with a "
+                "reload, or a restart"
+            )
 
 
 def _addresses(host: str) -> set[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy.core.cache_status import ttl_of
 from proxy.core.engine import fresh
-from proxy.core.keys import PART
+from proxy.core.keys import shown_key
 from proxy.core.rfc9110 import get_first
 from proxy.core.store import Entry
 from proxy.handler.server import Proxy
@@ -37,11 +37,6 @@ def _when(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
 
 
-def _shown_key(key: str) -> str:
-    """A store key as an operator reads it: a part's separator (NUL) as `` | ``."""
-    return key.replace(PART, " | ")
-
-
 def _ttl(entry: Entry, age: float) -> int | None:
     """A hit's ttl at ``age`` (``ttl_of``); None for an entry that never expires."""
     return ttl_of(entry.lifetime, age) if math.isfinite(entry.lifetime) else None
@@ -53,7 +48,7 @@ def entry_view(entry: Entry, now: float, hits: int | None) -> dict[str, Any]:
     directives, and the answers served from it (``hits``; null where the tier counts none)."""
     age = entry.age(now)
     return {
-        "key": _shown_key(entry.key),
+        "key": shown_key(entry.key),
         "status": entry.status,
         "size": entry.size,
         "stored_at": _when(entry.stored_at),
@@ -94,7 +89,7 @@ async def describe(proxy: Proxy, url: str) -> dict[str, Any]:
     until = engine.uncacheable_until(key)
     return {
         "url": url,
-        "key": _shown_key(key),
+        "key": shown_key(key),
         "memory": in_memory(key),
         "variants": {
             "vary": list(names),
@@ -126,7 +121,7 @@ async def listing(proxy: Proxy, prefix: str, limit: int) -> dict[str, Any]:
             entry = store.peek(key)
             if entry is None:  # gone since the snapshot
                 continue
-            found.append({"key": _shown_key(key), "size": entry.size, "status": entry.status,
+            found.append({"key": shown_key(key), "size": entry.size, "status": entry.status,
                           "ttl": _ttl(entry, entry.age(now))})  # fmt: skip
             if len(found) >= limit:
                 return {"prefix": prefix, "keys": found, "truncated": True, "scanned": scanned}

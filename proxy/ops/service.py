@@ -185,10 +185,11 @@ class Service:
                 await shared.connect()
             proxy = Proxy(config, engine, upstream, clock=clock, shared=shared, disk=disk)
             proxy.others = forgotten
-            if machine_secret:  # a worker: traced by its parent's admin, which knows the secret
-                proxy.trace_token = trace_token(machine_secret)
-            if machine_secret:  # a worker: its samples are of the URLs the others sample
+            if machine_secret:
+                # A worker: its samples are of the URLs the others sample, and its parent's
+                # admin, which knows the secret, traces its requests.
                 proxy.key_sample(sample_key(machine_secret))
+                proxy.trace_token = trace_token(machine_secret)
             proxy.samples = samples
             proxy.follow_whatif()
             undo.push_async_callback(proxy.close)
@@ -246,12 +247,12 @@ class Service:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
             for sock in listeners or [None]:
-                await _site(
+                await listener(
                     proxy_runner, config.server.listen, service.tls, reuse_port,
                     handshake_timeout=config.server.idle_timeout, sock=sock,
                 ).start()  # fmt: skip
             for sock in admin_sockets or [None]:
-                await _site(admin_runner, config.admin.listen, sock=sock).start()
+                await listener(admin_runner, config.admin.listen, sock=sock).start()
             undo.pop_all()  # started: ``stop`` closes it all
         return service
 
@@ -363,7 +364,7 @@ class Service:
         opened: list[web.TCPSite] = []
         try:
             for runner, address, context in moves:
-                site = _site(runner, address, context,
+                site = listener(runner, address, context,
                              handshake_timeout=new.server.idle_timeout)  # fmt: skip
                 opened.append(site)  # registered with its runner as it starts, bound or not
                 await site.start()
@@ -390,16 +391,17 @@ LISTEN_BACKLOG = 4096
 ACCEPTED_GRACE = 0.2
 
 
-def _site(
+def listener(
     runner: web.BaseRunner,
     address: tuple[str, int],
     context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
     handshake_timeout: float = 60.0,
     sock: Any = None,
-) -> web.TCPSite:
-    """A listener of ``runner`` at ``address``, as both the start and a reload open one; a
-    TLS one ends a handshake not done within ``handshake_timeout``."""
+) -> Listener:
+    """A listener of ``runner`` at ``address``, as the start, a reload and a --workers
+    parent's admin open one; a TLS one ends a handshake not done within
+    ``handshake_timeout``."""
     return Listener(runner, *address, reuse_address=True, reuse_port=reuse_port,
                     ssl_context=context, handshake_timeout=handshake_timeout,
                     sock=sock, backlog=LISTEN_BACKLOG)  # fmt: skip

@@ -142,9 +142,10 @@ def open_shared_tier(config: Config, workers: int, adopt: str = "") -> SharedTie
     """Load the tier ``workers`` workers of ``config`` share (see the module's rules);
     without a disk tier, in the scratch directory a parent before this one left (``adopt``)
     where it opens, else in a new one."""
-    if not config.disk.path and left_scratch(adopt) is not None:
+    left = left_scratch(adopt)
+    if not config.disk.path and left is not None:
         try:
-            return _open(config, workers, Path(adopt), made=False)
+            return _open(config, workers, left, made=False)
         except (OSError, ValueError, RuntimeError) as exc:
             log.warning("the memory tier the last parent left could not be opened (%s): "
                         "starting an empty one", exc)  # fmt: skip
@@ -229,13 +230,16 @@ def left_scratch(path: str) -> Path | None:
     if not path:
         return None
     directory = Path(path)
+    named = directory.parent == _scratch_root() and directory.name.startswith(SCRATCH_PREFIX)
+    return directory if named and _ours(directory) else None
+
+
+def _ours(directory: Path) -> bool:
+    """Whether ``directory`` is this user's own, and not a link to elsewhere."""
     try:
-        ours = not directory.is_symlink() and directory.stat().st_uid == os.geteuid()
+        return not directory.is_symlink() and directory.stat().st_uid == os.geteuid()
     except OSError:
-        return None
-    if ours and directory.parent == _scratch_root() and directory.name.startswith(SCRATCH_PREFIX):
-        return directory
-    return None
+        return False
 
 
 def discard_scratch(path: str) -> None:
@@ -250,12 +254,7 @@ def _sweep(root: Path, keep: Path | None = None) -> None:
     """Remove the scratch tiers under ``root`` of this user whose parent and workers are gone
     (none holds the claim), but ``keep``."""
     for directory in root.glob(f"{SCRATCH_PREFIX}*"):
-        if directory == keep:
-            continue
-        try:
-            if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
-                continue
-        except OSError:
+        if directory == keep or not _ours(directory):
             continue
         if (directory / LOCK).exists() and not claimed(directory):
             shutil.rmtree(directory, ignore_errors=True)

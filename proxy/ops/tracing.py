@@ -121,7 +121,7 @@ async def trace_request(
         answer = await asyncio.wait_for(
             _head(reader, writer, method, host, target, token, proxy_protocol), TIMEOUT
         )
-        answer["bytes_after_head"] = length = 0
+        length = 0
         try:
             async with asyncio.timeout(TIMEOUT):
                 while chunk := await reader.read(1 << 16):

@@ -57,9 +57,8 @@ from proxy.ops.reload import (
     key_rules,
     keys_built_otherwise,
 )
-from proxy.ops.service import LISTEN_BACKLOG, checkpoint_every, until_signalled
+from proxy.ops.service import LISTEN_BACKLOG, checkpoint_every, listener, until_signalled
 from proxy.ops.shared_tier import SharedTier, check_workers, open_shared_tier, worker_view
-from proxy.wire.seam import Listener
 
 log = logging.getLogger("onehit.workers")
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -92,9 +91,9 @@ async def serve_workers(
     except OSError:
         tier.close()
         raise
-    held = len({id(s) for place in places for s in place})
+    held = len(distinct(places))
     if config.server.handover and held + 2 > handover.MAX_SOCKETS:  # the admin's: one or two
-        for sock in {id(s): s for place in places for s in place}.values():
+        for sock in distinct(places):
             sock.close()
         tier.close()
         raise ValueError(
@@ -118,7 +117,7 @@ async def serve_workers(
     try:
         await workers.start(count)
         await runner.setup()
-        admins = [Listener(runner, *config.admin.listen, reuse_address=True, sock=sock)
+        admins = [listener(runner, config.admin.listen, sock=sock)
                   for sock in (taken.admin if taken is not None else [None])]  # fmt: skip
         for admin in admins:
             await admin.start()
@@ -281,7 +280,7 @@ class Workers:
 
     def listening(self) -> list[socket.socket]:
         """Every socket the workers listen on, each once, in their places' order."""
-        return list({id(s): s for place in self.places for s in place}.values())
+        return distinct(self.places)
 
     async def _spawn(self, place: int) -> tuple[asyncio.subprocess.Process, str]:
         listens = [s.fileno() for s in self.places[place]]
@@ -448,6 +447,11 @@ def place_listeners(
                 sock.close()
         raise
     return places
+
+
+def distinct(places: Sequence[Sequence[socket.socket]]) -> list[socket.socket]:
+    """The sockets of ``places``, each once (places may share one), in their order."""
+    return list({id(s): s for place in places for s in place}.values())
 
 
 def _listening(family: int, kind: int, proto: int, address: Any) -> socket.socket:
