@@ -39,9 +39,11 @@ from proxy.config import values
 from proxy.config.settings import ConfigError, load
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
-from proxy.core.names import unknown_name
-from proxy.core.store import ENTRY_OVERHEAD, EVICTIONS
+from proxy.core.evictions import EVICTIONS
+from proxy.core.evictions import eviction as parse_eviction
+from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
+from proxy.core.tuning import TuneSettings
 from proxy.core.units import format_size, parse_duration, parse_size
 
 
@@ -88,6 +90,20 @@ def _parser() -> argparse.ArgumentParser:
         "--sample",
         help="spatial sampling (SHARDS): simulate only the keys whose hash falls under this "
         "rate (0.01 or 1%%), with the cache and the filter scaled to match",
+    )
+    sim.add_argument(
+        "--tune-sample",
+        type=float,
+        default=TuneSettings.sample,
+        help="--eviction auto: the share of keys the tuner's ghosts are fed (default "
+        f"{TuneSettings.sample:g}, as [tune] sample)",
+    )
+    sim.add_argument(
+        "--tune-period",
+        type=int,
+        default=TuneSettings.period,
+        help="--eviction auto: sampled requests between the tuner's judgements (default "
+        f"{TuneSettings.period:,}, as [tune] period)",
     )
     sim.add_argument(
         "--disk-size",
@@ -257,7 +273,12 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         default="always,second-hit",
         help="comma-separated: " + ", ".join(form for _, _, form in POLICIES.values()),
     )
-    p.add_argument("--eviction", default="lru", help=f"comma-separated: {', '.join(EVICTIONS)}")
+    p.add_argument(
+        "--eviction",
+        default="lru",
+        help=f"comma-separated: {', '.join(EVICTIONS)}, knobs after colons "
+        "(s3fifo:small=0.05:move=1), or auto (the tuner chooses, as [cache] eviction = auto)",
+    )
     p.add_argument("--window", default="auto", help="second-hit windows: auto or durations (10m)")
     p.add_argument(
         "--auto-scale",
@@ -277,6 +298,13 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
         f"{ENTRY_OVERHEAD}; 0 counts body bytes only, as most cache simulators do)",
     )
     p.add_argument("--workers", type=int, default=None, help="parallel runs (default: CPUs)")
+
+
+def _tune(args: argparse.Namespace) -> TuneSettings:
+    try:
+        return TuneSettings(sample=args.tune_sample, period=args.tune_period)
+    except ValueError as exc:
+        raise UsageError(f"--tune-sample/--tune-period: {exc}") from None
 
 
 def _split(text: str) -> list[str]:
@@ -387,10 +415,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             for warning in warnings:
                 print(f"onehit-loadgen simulate: --sample: {warning}", file=sys.stderr)
     evictions = _split(args.eviction)
-    for eviction in evictions:
-        if eviction not in EVICTIONS:
-            raise UsageError(unknown_name("--eviction", eviction, EVICTIONS))
+    try:
+        evictions = [e if e == "auto" else parse_eviction(e).name for e in evictions]
+    except ValueError as exc:
+        raise UsageError(f"--eviction: {exc}") from None
     policies = [(config, eviction) for eviction in evictions for config in configs]
+    tune = _tune(args) if "auto" in evictions else None
+    if tune is not None and (args.sample or args.disk_size or args.cluster or args.workers_split):
+        raise UsageError("--eviction auto: the tuner samples the trace itself and tunes one "
+                         "memory tier: not with --sample, --disk-size, --cluster or "
+                         "--workers-split")  # fmt: skip
     if args.workers_split is not None:
         if args.report_dir:
             raise UsageError("--workers-split prints its table: not with --report-dir")
@@ -428,6 +462,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 eviction=eviction,
                 ttl=ttl,
                 ttl_rules=rules,
+                tune=tune,
             )
         ]
     else:
@@ -441,7 +476,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             report=None if args.json else _report_cell,
             ttl=ttl,
             ttl_rules=rules,
+            tune=tune,
         )
+    if not args.json:
+        for r in results:
+            if r.tuning is not None:
+                print(f"tuner at {format_size(r.cache_bytes)}: {r.tuning['said']} "
+                      f"({r.tuning['switches']} switches)", file=sys.stderr)  # fmt: skip
     name = args.trace.name
     cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]
     report.add_space_saved(cells)

@@ -64,3 +64,29 @@ def test_sampling_keeps_each_key_whole_or_not_at_all(trace):
     assert all(kept.get(i, n) == n for i, n in zip(ids, counts, strict=True))
     with pytest.raises(ValueError, match=r"a sampling rate is in \(0, 1\]"):
         sample_trace(trace, 0)
+
+
+# Knobs as libCacheSim names them: S4-FIFO's settings of S3-FIFO, and 2Q's queue shares.
+KNOBBED = [
+    ("s3fifo:small=0.05:move=1", libcachesim.S3FIFO,
+     {"small_size_ratio": 0.05, "move_to_main_threshold": 1}),
+    ("s3fifo:small=0.3:ghost=0.5:move=3", libcachesim.S3FIFO,
+     {"small_size_ratio": 0.3, "ghost_size_ratio": 0.5, "move_to_main_threshold": 3}),
+    ("twoq:small=0.1:ghost=1", libcachesim.TwoQ, {"a_in_size_ratio": 0.1, "a_out_size_ratio": 1.0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("eviction", "reference", "knobs"), KNOBBED, ids=[k[0] for k in KNOBBED])
+def test_an_evictions_knobs_match_libcachesims_to_four_digits(
+    trace, tmp_path, eviction, reference, knobs
+):
+    path = tmp_path / "t.oracleGeneral.bin"
+    write_trace(trace, path)
+    size = round(trace.distinct_bytes() * 0.05)
+    reader = libcachesim.TraceReader(str(path), libcachesim.TraceType.ORACLE_GENERAL_TRACE)
+    miss_ratio, byte_miss_ratio = reference(size, **knobs).process_trace(reader)
+    ours = simulate(trace, size, LRU, entry_overhead=0, eviction=eviction).stats
+    assert ours["hit_ratio"] == pytest.approx(1 - miss_ratio, abs=5e-5)
+    assert ours["byte_hit_ratio"] == pytest.approx(1 - byte_miss_ratio, abs=5e-5)
+    default = simulate(trace, size, LRU, entry_overhead=0, eviction=eviction.split(":")[0])
+    assert default.stats["hit_ratio"] != ours["hit_ratio"]  # the knobs made a difference

@@ -16,7 +16,7 @@ from loadgen.live.experiment_file import ExperimentError, demo_experiment, load_
 from loadgen.live.processes import onehit_process
 from loadgen.traces.trace import Trace, write_trace
 from proxy.core.admission import POLICIES
-from proxy.core.store import EVICTIONS
+from proxy.core.evictions import EVICTIONS
 
 CONFIG = Path(__file__).parent.parent / "config"
 EXPERIMENTS = sorted(CONFIG.glob("experiments/*.toml"))

@@ -165,3 +165,54 @@ def test_bad_new_sizes_are_refused_and_change_nothing(cap, max_obj):
     with pytest.raises(ValueError):
         store.resize(cap, max_obj)
     assert store.capacity_bytes == 1_000 and "a" in store
+
+
+@pytest.mark.parametrize("to", ["lru", "sieve", "s3fifo:small=0.2:move=1", "wtinylfu", "twoq"])
+@pytest.mark.parametrize("was", ["lru", "s3fifo", "wtinylfu", "twoq"])
+def test_a_reshaped_store_keeps_every_entry_and_its_hits(was, to):
+    store = CacheStore(10_000, eviction=was)
+    for i in range(60):  # past full: the policy's queues and ghosts are in use
+        store.put(entry(f"k{i}", 200))
+        if i % 3 == 0 and (stored := store.get(f"k{i}")) is not None:  # W-TinyLFU may not
+            store.record_hit(stored)
+    before = {key: store.index.hits(store.peek(key).key_hash) for key in store}
+    used, unread = store.bytes_used, store.resident_unread
+    store.reshape(to)
+    assert store.eviction == to and store.index.eviction == to.split(":")[0]
+    assert {key: store.index.hits(store.peek(key).key_hash) for key in store} == before
+    assert (store.bytes_used, store.resident_unread, store.index.ghosts) == (used, unread, 0)
+    for i in range(60, 200):  # it goes on evicting, within its bytes
+        store.put(entry(f"k{i}", 200))
+        assert store.bytes_used <= 10_000
+
+
+def test_a_store_reshaped_to_its_own_policy_evicts_in_the_order_it_would_have():
+    kept, reshaped = CacheStore(1000), CacheStore(1000)
+    for store in (kept, reshaped):
+        for k in "abcde":
+            store.put(entry(k, 200))
+        store.get("b")
+    reshaped.reshape("lru")
+    assert [e.key for e in kept.put(entry("f", 500))] == ["a", "c", "d"]
+    assert [e.key for e in reshaped.put(entry("f", 500))] == ["a", "c", "d"]
+
+
+def test_a_reshape_takes_the_new_policys_largest_object_and_keeps_a_larger_entry():
+    store = CacheStore(10_000, max_object_bytes=5_000)
+    store.put(entry("big", 4_000))
+    store.reshape("s3fifo:small=0.2")  # S3-FIFO stores nothing larger than its small queue
+    assert store.max_object_bytes == 2_000 and "big" in store
+    store.reshape("lru")
+    assert store.max_object_bytes == 5_000  # as asked, once the policy allows it again
+    assert store.index.knobs == {"small": None, "ghost": None, "move": None}
+    store.reshape("s3fifo:small=0.2:move=1")
+    assert store.index.knobs == {"small": 0.2, "ghost": None, "move": 1}
+
+
+@pytest.mark.parametrize("bad", ["fifo", "lru:small=0.1", "s3fifo:small=1", "s3fifo:move=4"])
+def test_a_bad_reshape_is_refused_and_changes_nothing(bad):
+    store = CacheStore(1000, eviction="s3fifo")
+    store.put(entry("a", 50))
+    with pytest.raises(ValueError):
+        store.reshape(bad)
+    assert store.eviction == "s3fifo" and store.index.eviction == "s3fifo" and "a" in store

@@ -38,9 +38,9 @@ from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, read_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config.settings import read_toml
+from proxy.config.values import eviction as values_eviction
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
-from proxy.core.store import EVICTIONS
 from proxy.core.units import parse_duration, parse_size
 
 NGINX = "nginx"
@@ -265,8 +265,10 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
     balancer = values.pop("balancer", "client")
     cache_scale = values.pop("cache_scale", 1)
     eviction = values.pop("eviction", "lru")
-    if eviction not in EVICTIONS:
-        raise ExperimentError(f"{where}: " + unknown_name("eviction", str(eviction), EVICTIONS))
+    try:
+        eviction = values_eviction(eviction)
+    except ValueError as exc:
+        raise ExperimentError(f"{where}: {exc}") from None
     if not isinstance(cache_scale, int) or cache_scale < 1:
         raise ExperimentError(
             f"{where}: cache_scale = {cache_scale!r}: expected a whole number >= 1"

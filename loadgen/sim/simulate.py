@@ -15,6 +15,7 @@ share the trace by fork, and derives the space saved at equal hit ratio from the
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import multiprocessing
@@ -34,6 +35,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.replay import KeyArrays, build_engine, replay, rule_lifetimes
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
+from proxy.core.tuning import TuneSettings, Tuning, admission_of, take
 from proxy.core.units import format_size, parse_size
 from proxy.core.whatif import MIN_SAMPLED_OBJECTS, shards_ratio
 
@@ -55,6 +57,7 @@ class SimResult:
     timeline: list[dict[str, float]] = field(default_factory=list)
     sample_rate: float = 1.0
     eviction: str = "lru"
+    tuning: dict[str, object] | None = None  # the tuner's state, when it chose (``auto``)
 
     @property
     def requests_per_second(self) -> float:
@@ -71,6 +74,7 @@ class SimResult:
             "elapsed_s": round(self.elapsed, 3),
             "sample_rate": self.sample_rate,
             "eviction": self.eviction,
+            **({"tuning": self.tuning} if self.tuning is not None else {}),
             "stats": self.stats,
             "timeline": self.timeline,
         }
@@ -128,15 +132,24 @@ def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
     is below ``rate * 2**64``: each key is kept whole or not at all."""
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"a sampling rate is in (0, 1], got {rate!r}")
+    keep = key_hashes(trace, key_prefix) < _below(rate)
+    kept = Trace(trace.times[keep], trace.ids[keep], trace.sizes[keep], trace.names)
+    return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
+
+
+def _below(rate: float) -> np.ndarray:
+    return np.uint64(min(2**64 - 1, int(rate * 2**64)))
+
+
+def key_hashes(trace: Trace, key_prefix: str = "") -> np.ndarray:
+    """Each request's key's 64-bit hash (the store's, of ``key_prefix + key``): what a
+    spatial sample keeps or leaves, unkeyed as the simulator samples."""
     if trace.names is None:
         hashes = np.empty(len(trace), dtype=np.uint64)
         hash_ids(np.ascontiguousarray(trace.ids).astype(np.uint64, copy=False),
                  key_prefix.encode(), hashes)  # fmt: skip
-    else:
-        hashes = trace.name_hashes(key_prefix)[0][trace.ids]
-    keep = hashes < np.uint64(min(2**64 - 1, int(rate * 2**64)))
-    kept = Trace(trace.times[keep], trace.ids[keep], trace.sizes[keep], trace.names)
-    return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
+        return hashes
+    return trace.name_hashes(key_prefix)[0][trace.ids]
 
 
 def simulate(
@@ -152,6 +165,7 @@ def simulate(
     timeline_points: int = 50,
     eviction: str = "lru",
     ttl_rules: TtlRules | None = None,
+    tune: TuneSettings | None = None,
 ) -> SimResult:
     """Replay ``trace`` through a fresh engine; ``key_prefix`` is prepended to every key.
     Each response lives ``ttl``, or what the operator's ``ttl_rules`` make of it
@@ -161,16 +175,34 @@ def simulate(
     stats are estimates for the whole trace (see ``_estimated``). The per-request loop is
     compiled (``proxy.core._native.simulate_chunk``): it drives the
     engine's own store index and admission filter with the engine's rules for a cacheable
-    response, so its counters are the ones the live proxy would count."""
+    response, so its counters are the ones the live proxy would count.
+
+    ``eviction="auto"`` runs the live proxy's tuner (``proxy.core.tuning``, with ``tune``'s
+    settings): its ghosts are fed the trace's requests its sample keeps, and each choice it
+    makes is taken by the engine right after the sampled request that decided it, as the
+    live proxy takes it; the decisions are in the result's ``tuning``."""
     sample = trace if isinstance(trace, Sample) else None
     rate = 1.0 if sample is None else sample.rate
     trace = trace if sample is None else sample.trace
-    engine = build_engine(cache_bytes, admission, max_object_bytes, entry_overhead, eviction,
+    tuning = None
+    if eviction == "auto":
+        if sample is not None:
+            raise ValueError("the tuner samples the trace itself: simulate it whole")
+        tuning = Tuning(cache_bytes, admission, tune or TuneSettings(), max_object_bytes,
+                        entry_overhead)  # fmt: skip
+    start_eviction = eviction if tuning is None else tuning.choice.eviction
+    first = admission if tuning is None else admission_of(tuning.choice, admission)
+    engine = build_engine(cache_bytes, first, max_object_bytes, entry_overhead, start_eviction,
                           rate=rate)  # fmt: skip
     keys = key_arrays(trace, key_prefix)
     times = np.ascontiguousarray(trace.times, dtype=np.float64)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
     lifetimes = trace_lifetimes(trace, key_prefix, ttl_rules, ttl)
+    run = functools.partial(replay, engine, keys, times, sizes, ttl=ttl, lifetimes=lifetimes)
+    if tuning is not None:
+        tuning.apply = lambda was, choice: take(engine, was, choice, admission)
+        run = functools.partial(_replay_tuned, run, tuning, keys, times, sizes,
+                                _sampled(trace, key_prefix, tuning.settings.sample))  # fmt: skip
     total = len(trace)
     every = max(1, total // max(1, timeline_points))
     step = min(CHUNK, every)  # a short trace still gets its timeline points
@@ -178,29 +210,49 @@ def simulate(
     started = time.perf_counter()
     for start in range(0, total, step):
         stop = min(total, start + step)
-        replay(engine, keys, times, sizes, start, stop, ttl, lifetimes)
+        run(start, stop)
         if stop == total or stop // every != start // every:
             timeline.append(_timeline_point(engine, stop, float(times[stop - 1])))
         if progress is not None:
             progress(stop, total)
     elapsed = time.perf_counter() - started
     label = policy_label(admission, eviction)
+    tuned = None if tuning is None else tuning.state()
     if sample is None:
-        return SimResult(
-            label, cache_bytes, admission, total, engine.stats(), elapsed, timeline, 1.0, eviction
-        )
+        return SimResult(label, cache_bytes, admission, total, engine.stats(), elapsed,
+                         timeline, 1.0, eviction, tuned)  # fmt: skip
     stats = _estimated(engine.stats(), sample)
-    return SimResult(
-        label,
-        cache_bytes,
-        admission,
-        sample.full_requests,
-        stats,
-        elapsed,
-        timeline,
-        sample.rate,
-        eviction,
-    )
+    return SimResult(label, cache_bytes, admission, sample.full_requests, stats, elapsed,
+                     timeline, sample.rate, eviction)  # fmt: skip
+
+
+def _sampled(trace: Trace, key_prefix: str, rate: float) -> np.ndarray:
+    """The positions of the requests a ``rate`` sample keeps, in order."""
+    return np.flatnonzero(key_hashes(trace, key_prefix) < _below(rate))
+
+
+def _replay_tuned(
+    run: Callable[[int, int], None],
+    tuning: Tuning,
+    keys: KeyArrays,
+    times: np.ndarray,
+    sizes: np.ndarray,
+    sampled: np.ndarray,
+    start: int,
+    stop: int,
+) -> None:
+    """Requests ``start:stop`` through the engine (``run``) and their sampled ones through
+    the tuner's ghosts, cut after each sampled request that closes a period: the tuner's
+    choice reaches the engine before the next request, as it does live."""
+    while start < stop:
+        first = int(np.searchsorted(sampled, start))
+        closing = first + tuning.left() - 1
+        end = stop if closing >= len(sampled) else min(stop, int(sampled[closing]) + 1)
+        run(start, end)
+        picked = sampled[first : int(np.searchsorted(sampled, end))]
+        tuning.feed(KeyArrays(keys.ids[picked], keys.prefix, keys.prefix_chars, keys.names),
+                    times[picked], sizes[picked])  # fmt: skip
+        start = end
 
 
 def policy_label(admission: AdmissionConfig, eviction: str = "lru") -> str:
@@ -294,6 +346,7 @@ class Run:
     entry_overhead: int = ENTRY_OVERHEAD
     ttl: float = math.inf
     ttl_rules: TtlRules | None = None
+    tune: TuneSettings | None = None
 
 
 def _run_cell(cell: Cell, run: Run) -> SimResult:
@@ -304,7 +357,7 @@ def _run_cell(cell: Cell, run: Run) -> SimResult:
 def _cell(trace: Trace | Sample, cell: Cell, run: Run) -> SimResult:
     return simulate(trace, cell.cache_bytes, cell.admission, eviction=cell.eviction,
                     max_object_bytes=run.max_object_bytes, entry_overhead=run.entry_overhead,
-                    ttl=run.ttl, ttl_rules=run.ttl_rules)  # fmt: skip
+                    ttl=run.ttl, ttl_rules=run.ttl_rules, tune=run.tune)  # fmt: skip
 
 
 Policy = AdmissionConfig | tuple[AdmissionConfig, str]
@@ -322,11 +375,13 @@ def sweep(
     report: Callable[[int, int, SimResult], None] | None = None,
     ttl: float = math.inf,
     ttl_rules: TtlRules | None = None,
+    tune: TuneSettings | None = None,
 ) -> list[SimResult]:
     """Every (size, policy) cell over ``trace``; results in size-major, policy-minor order.
-    ``ttl`` and ``ttl_rules``: how long responses live, as ``simulate`` takes them."""
+    ``ttl``, ``ttl_rules`` and ``tune`` (the tuner's, for an ``auto`` eviction): as
+    ``simulate`` takes them."""
     global _SHARED_TRACE
-    run = Run(max_object_bytes, entry_overhead, ttl, ttl_rules)
+    run = Run(max_object_bytes, entry_overhead, ttl, ttl_rules, tune)
     pairs = [p if isinstance(p, tuple) else (p, "lru") for p in policies]
     cells = [Cell(size, adm, ev) for size in cache_sizes for adm, ev in pairs]
     workers = max(1, min(workers or os.cpu_count() or 1, len(cells)))

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from proxy.core.admission import parse_policy
 from proxy.core.disk import DISK_POLICIES
-from proxy.core.store import EVICTIONS
+from proxy.core.evictions import eviction as parse_eviction
 from proxy.core.units import parse_duration, parse_size
 
 Parser = Callable[[Any], Any]
@@ -305,9 +305,13 @@ def memory_policy(value: Any) -> str:
 
 
 def eviction(value: Any) -> str:
-    if value not in EVICTIONS:
-        raise ValueError(f"expected one of {', '.join(EVICTIONS)}")
-    return value
+    """An eviction's one name (``proxy.core.evictions``), or ``auto``: the tuner chooses."""
+    if value == "auto":
+        return value
+    try:
+        return parse_eviction(value).name
+    except ValueError as exc:
+        raise ValueError(f"{exc}; or 'auto', for the tuner to choose ([tune])") from None
 
 
 def event_loop(value: Any) -> str:

@@ -4,7 +4,8 @@ Rules this module keeps:
 
 * The bookkeeping is compiled (``proxy.core._native.StoreIndex``, the simulator's too): keys as
   their 64-bit hash, each with its size, charge and hits, in the order of the eviction policy
-  (``EVICTIONS``: ``lru``, ``sieve``, ``s3fifo``, ``wtinylfu``, ``twoq``). Inserting evicts
+  (``proxy.core.evictions``: ``lru``, ``sieve``, ``s3fifo``, ``wtinylfu``, ``twoq``, with
+  their knobs; ``reshape`` changes it with every entry kept). Inserting evicts
   until the new entry fits (W-TinyLFU may evict the new entry itself);
   ``bytes_used <= capacity_bytes`` always. The entries themselves stay here, by key hash; an
   entry whose key is not the one asked for (a hash collision) is a miss, never another key's
@@ -14,8 +15,8 @@ Rules this module keeps:
   text past what that estimate covers, so the capacity bounds memory, not only bodies. With
   ``entry_overhead=0`` only body bytes count, as in most cache simulators.
 * An entry larger than ``max_object_bytes``, or than the whole store, is never stored; with
-  ``s3fifo`` neither is one larger than its small queue (a tenth of the store), as S3-FIFO
-  specifies.
+  ``s3fifo`` (and ``twoq``) neither is one larger than its small queue (a tenth of the
+  store, by default), as S3-FIFO specifies.
 * Every entry counts its hits. An entry that leaves by eviction with no hit is a *dead write*:
   bytes written that never served anyone. Entries still resident with no hit are reported apart,
   so a run's dead writes are ``evicted_unread + resident_unread``.
@@ -37,7 +38,7 @@ from itertools import chain
 from typing import Any
 
 from proxy.core._native import StoreIndex, hash64, untrack
-from proxy.core.names import unknown_name
+from proxy.core.evictions import eviction as parse_eviction
 
 
 @dataclass(slots=True, eq=False)
@@ -95,9 +96,6 @@ def entry_charge(entry: Entry, overhead: int) -> int:
     return entry.size + overhead + 2 * len(entry.key) + max(0, 4 * text - _HEADER_ALLOWANCE) + tags
 
 
-EVICTIONS = ("lru", "s3fifo", "sieve", "wtinylfu", "twoq")
-
-
 def _checked(capacity_bytes: int, max_object_bytes: int | None, entry_overhead: int) -> int:
     """The largest object's size (``capacity_bytes`` when None); ValueError for sizes no
     store can have."""
@@ -125,27 +123,36 @@ class CacheStore:
         eviction: str = "lru",
     ) -> None:
         max_object_bytes = _checked(capacity_bytes, max_object_bytes, entry_overhead)
-        if eviction not in EVICTIONS:
-            raise ValueError(unknown_name("eviction", eviction, EVICTIONS))
+        policy = parse_eviction(eviction)
         self.capacity_bytes = capacity_bytes
         self.entry_overhead = entry_overhead
-        self.eviction = eviction
-        self.index = StoreIndex(capacity_bytes, eviction)
-        self.max_object_bytes = max(
-            0, min(max_object_bytes, self.index.max_charge - entry_overhead)
-        )
+        self.eviction = policy.name
+        self.index = StoreIndex(capacity_bytes, policy.family, **policy.arguments())
+        self._largest = max_object_bytes  # as asked: the policy may let an entry be less
+        self.max_object_bytes = self._largest_kept()
         self._entries: dict[int, Entry] = {}
+
+    def _largest_kept(self) -> int:
+        """The largest object: as asked, unless the eviction charges less to an entry."""
+        return max(0, min(self._largest, self.index.max_charge - self.entry_overhead))
+
+    def reshape(self, eviction: str) -> None:
+        """Evict by ``eviction`` from now on, every entry kept (``StoreIndex.reshape``); the
+        largest object is the new policy's. An entry stored under the old largest object
+        stays until it is evicted or replaced."""
+        policy = parse_eviction(eviction)
+        self.index.reshape(policy.family, **policy.arguments())
+        self.eviction = policy.name
+        self.max_object_bytes = self._largest_kept()
 
     def resize(self, capacity_bytes: int, max_object_bytes: int | None = None) -> list[Entry]:
         """Take a new capacity (and largest object, as in the constructor): entries are
         evicted, as the eviction policy evicts them, until the rest fit; returns them. An
         entry stored under the old largest object stays until it is evicted or replaced."""
-        max_object_bytes = _checked(capacity_bytes, max_object_bytes, self.entry_overhead)
+        self._largest = _checked(capacity_bytes, max_object_bytes, self.entry_overhead)
         gone = self.index.resize(capacity_bytes)
         self.capacity_bytes = capacity_bytes
-        self.max_object_bytes = max(
-            0, min(max_object_bytes, self.index.max_charge - self.entry_overhead)
-        )
+        self.max_object_bytes = self._largest_kept()
         return [self._entries.pop(h) for h in gone]
 
     def __len__(self) -> int:

@@ -8,12 +8,12 @@
  * - s3fifo (Yang et al., SOSP'23): a small FIFO of 10% of the bytes, a main FIFO of the rest
  *   and a ghost FIFO of 90% of the bytes; a hit counts (up to 3). New keys enter the small
  *   queue, keys found in the ghost enter the main one. The small queue's oldest entry moves
- *   to main if it was hit twice, else it is evicted into the ghost; main's oldest is evicted
+ *   to main if it was hit twice (`move` hits), else it is evicted into the ghost; main's oldest is evicted
  *   if its count is 0, else re-inserted with one count less. Until the first eviction, new
  *   keys go to main once the small queue is full. An entry larger than the small queue is not
  *   stored. These are libCacheSim's rules, so the two agree on a trace.
  * - wtinylfu (Einziger et al., TOS 2017; Caffeine): new keys enter an LRU window of 1% of
- *   the bytes; what leaves the window is a candidate for the main space (an SLRU: probation,
+ *   the bytes (`small`); what leaves the window is a candidate for the main space (an SLRU: probation,
  *   and a protected 80% that a hit in probation promotes to). When the store is over its
  *   bytes, the candidate and probation's LRU entry meet: the one requested less often, by a
  *   4-row sketch of every request (halved after ten sketch-widths of counts, re-sized then to
@@ -22,7 +22,13 @@
  *   25% of the bytes, where a hit changes nothing; keys found in Aout, a ghost FIFO of 50% of
  *   the bytes, enter Am, an LRU of the rest. When the store is full, Ain's oldest goes to Aout
  *   while Ain is over its share, else Am's least recent is evicted. An entry larger than Ain
- *   is not stored. */
+ *   is not stored.
+ *
+ * The shares and S3-FIFO's `move` are knobs an index is created with (`small`, `ghost`,
+ * `move`; negative: the policy's default, which is libCacheSim's); S4-FIFO (OSDI'26) tunes
+ * S3-FIFO's alike. */
+
+static inline double knob(double set, double otherwise) { return set >= 0 ? set : otherwise; }
 
 /* lru */
 
@@ -80,8 +86,8 @@ static const Eviction SIEVE = {
 
 static void s3fifo_sizes(IndexObject *x) {
     /* libCacheSim's sizing: (int64_t)(size * ratio) */
-    x->small_capacity = (long long)((double)x->capacity * 0.1);
-    x->ghost_capacity = (long long)((double)x->capacity * 0.9);
+    x->small_capacity = (long long)((double)x->capacity * knob(x->small_ratio, 0.1));
+    x->ghost_capacity = (long long)((double)x->capacity * knob(x->ghost_ratio, 0.9));
     x->max_charge = x->small_capacity;
 }
 
@@ -117,7 +123,7 @@ static int s3fifo_evict_small(IndexObject *x, PyObject *evicted) {
         int32_t i = x->tail[Q_SMALL];
         Node *n = &x->nodes[i];
         list_unlink(x, i);
-        if (n->freq >= 2) {
+        if (n->freq >= (x->move_hits > 0 ? x->move_hits : 2)) {
             n->freq = 0;
             list_push_front(x, i, Q_MAIN);
             continue;
@@ -171,7 +177,9 @@ static const Eviction S3FIFO = {
 /* wtinylfu */
 
 static void wtinylfu_sizes(IndexObject *x) {
-    x->small_capacity = x->capacity / 100;  /* Caffeine's window: 1% */
+    /* Caffeine's window: 1% */
+    x->small_capacity = x->small_ratio >= 0 ? (long long)((double)x->capacity * x->small_ratio)
+                                            : x->capacity / 100;
     x->protected_capacity = (x->capacity - x->small_capacity) / 5 * 4;
 }
 
@@ -267,8 +275,8 @@ static const Eviction WTINYLFU = {
 
 static void twoq_sizes(IndexObject *x) {
     /* libCacheSim's sizing: cache_size * ratio, as int64_t */
-    x->small_capacity = (long long)((double)x->capacity * 0.25);
-    x->ghost_capacity = (long long)((double)x->capacity * 0.5);
+    x->small_capacity = (long long)((double)x->capacity * knob(x->small_ratio, 0.25));
+    x->ghost_capacity = (long long)((double)x->capacity * knob(x->ghost_ratio, 0.5));
     x->max_charge = x->small_capacity;
 }
 

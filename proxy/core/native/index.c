@@ -151,24 +151,55 @@ int index_put(IndexObject *x, uint64_t key, long long size, long long charge, lo
     return ev->settle != NULL ? ev->settle(x, key, evicted) : 0;
 }
 
+/* The eviction named `eviction` with its knobs (negative: the policy's default), checked;
+ * NULL with ValueError set for an unknown name or a knob out of its range. */
+static const Eviction *eviction_named(const char *eviction, double small, double ghost,
+                                      int move) {
+    const Eviction *ev = NULL;
+    for (int e = 0; e < N_EVICTIONS; e++) {
+        if (strcmp(eviction, EVICTIONS[e]->name) == 0) ev = EVICTIONS[e];
+    }
+    if (ev == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown eviction '%s'; expected one of lru, s3fifo, "
+                     "sieve, wtinylfu, twoq", eviction);
+        return NULL;
+    }
+    if (!(small < 0 || (small > 0 && small < 1)) || !(ghost < 0 || ghost <= 4) ||
+        !(move < 0 || (move >= 1 && move <= 3))) {
+        PyErr_Format(PyExc_ValueError, "an eviction's knobs: small in (0, 1), ghost in [0, 4], "
+                     "move from 1 to 3");
+        return NULL;
+    }
+    return ev;
+}
+
+/* Sets the policy and its knobs, and the queue sizes and state it keeps. */
+static int index_use(IndexObject *x, const Eviction *ev, double small, double ghost, int move) {
+    x->ev = ev;
+    x->small_ratio = small;
+    x->ghost_ratio = ghost;
+    x->move_hits = move;
+    x->small_capacity = x->ghost_capacity = x->protected_capacity = 0;
+    x->max_charge = x->capacity;
+    x->hand = -1;
+    return ev->init != NULL ? ev->init(x) : 0;
+}
+
 static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"capacity_bytes", "eviction", NULL};
+    static char *kwlist[] = {"capacity_bytes", "eviction", "small", "ghost", "move", NULL};
     long long capacity;
     const char *eviction = "lru";
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L|s", kwlist, &capacity, &eviction)) return -1;
+    double small = -1, ghost = -1;
+    int move = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L|s$ddi", kwlist, &capacity, &eviction,
+                                     &small, &ghost, &move))
+        return -1;
     if (self->table != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a StoreIndex is initialised once");
         return -1;
     }
-    self->ev = NULL;
-    for (int e = 0; e < N_EVICTIONS; e++) {
-        if (strcmp(eviction, EVICTIONS[e]->name) == 0) self->ev = EVICTIONS[e];
-    }
-    if (self->ev == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown eviction %R; expected one of lru, s3fifo, sieve, wtinylfu, twoq",
-                     PyTuple_GET_SIZE(args) > 1 ? PyTuple_GET_ITEM(args, 1) : Py_None);
-        return -1;
-    }
+    const Eviction *ev = eviction_named(eviction, small, ghost, move);
+    if (ev == NULL) return -1;
     if (capacity < 1) {
         PyErr_Format(PyExc_ValueError, "capacity_bytes must be positive, got %lld", capacity);
         return -1;
@@ -186,11 +217,48 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
         self->head[q] = self->tail[q] = -1;
         self->bytes[q] = 0;
     }
-    self->hand = -1;
     self->has_evicted = 0;
     self->capacity = capacity;
-    self->max_charge = capacity;
-    return self->ev->init != NULL ? self->ev->init(self) : 0;
+    return index_use(self, ev, small, ghost, move);
+}
+
+/* reshape(eviction, *, small, ghost, move): evict by another policy (or the same with other
+ * knobs) from now on, every entry kept with its hits. The entries go to the new policy's main
+ * queue, oldest first as they stood (main, protected, then the entry queue, each from its
+ * oldest), their hit marks cleared; the ghost queue's keys are forgotten. An entry charged
+ * more than the new policy lets one be stays until it leaves. */
+static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"eviction", "small", "ghost", "move", NULL};
+    const char *eviction;
+    double small = -1, ghost = -1;
+    int move = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$ddi", kwlist, &eviction, &small, &ghost,
+                                     &move))
+        return NULL;
+    const Eviction *ev = eviction_named(eviction, small, ghost, move);
+    if (ev == NULL) return NULL;
+    int32_t *order = PyMem_Malloc(sizeof(int32_t) * (size_t)(self->count > 0 ? self->count : 1));
+    if (order == NULL) return PyErr_NoMemory();
+    long long n = 0;
+    static const int kept[] = {Q_MAIN, Q_PROTECTED, Q_SMALL};
+    for (int k = 0; k < 3; k++) {
+        for (int32_t i = self->tail[kept[k]]; i >= 0; i = self->nodes[i].prev) order[n++] = i;
+    }
+    while (self->tail[Q_GHOST] >= 0) {
+        int32_t old = self->tail[Q_GHOST];
+        index_drop(self, old, (uint64_t)index_find_slot(self, self->nodes[old].key));
+    }
+    for (int q = 0; q < N_QUEUES; q++) {
+        self->head[q] = self->tail[q] = -1;
+        self->bytes[q] = 0;
+    }
+    for (long long k = 0; k < n; k++) {
+        self->nodes[order[k]].freq = 0;
+        list_push_front(self, order[k], Q_MAIN);
+    }
+    PyMem_Free(order);
+    if (index_use(self, ev, small, ghost, move) < 0) return NULL;
+    Py_RETURN_NONE;
 }
 
 static void Index_dealloc(IndexObject *self) {
@@ -318,6 +386,23 @@ static PyObject *Index_eviction(IndexObject *self, void *closure) {
     return PyUnicode_FromString(self->ev->name);
 }
 
+/* The knobs as created: None where the policy's default holds. */
+static PyObject *Index_knobs(IndexObject *self, void *closure) {
+    PyObject *small = self->small_ratio >= 0 ? PyFloat_FromDouble(self->small_ratio) : Py_None;
+    PyObject *ghost = self->ghost_ratio >= 0 ? PyFloat_FromDouble(self->ghost_ratio) : Py_None;
+    PyObject *move = self->move_hits > 0 ? PyLong_FromLong(self->move_hits) : Py_None;
+    if (small == Py_None) Py_INCREF(small);
+    if (ghost == Py_None) Py_INCREF(ghost);
+    if (move == Py_None) Py_INCREF(move);
+    if (small == NULL || ghost == NULL || move == NULL) {
+        Py_XDECREF(small);
+        Py_XDECREF(ghost);
+        Py_XDECREF(move);
+        return NULL;
+    }
+    return Py_BuildValue("{sNsNsN}", "small", small, "ghost", ghost, "move", move);
+}
+
 static PyMethodDef Index_methods[] = {
     {"touch", (PyCFunction)Index_touch, METH_O,
      "A hit's effect on the eviction order; False if key is absent."},
@@ -326,6 +411,9 @@ static PyMethodDef Index_methods[] = {
     {"put", (PyCFunction)(void (*)(void))Index_put, METH_FASTCALL,
      "put(key, size, charge, hits): store key, replacing it; returns the keys evicted."},
     {"delete", (PyCFunction)Index_delete, METH_O, "Remove key (not an eviction)."},
+    {"reshape", (PyCFunction)(void (*)(void))Index_reshape, METH_VARARGS | METH_KEYWORDS,
+     "reshape(eviction, *, small, ghost, move): evict by another policy from now on, every "
+     "entry kept."},
     {"resize", (PyCFunction)Index_resize, METH_O,
      "Change the capacity; evict until the entries fit. The keys evicted."},
     {"estimated_capacity_objects", (PyCFunction)Index_estimated_capacity_objects, METH_NOARGS,
@@ -336,6 +424,7 @@ static PyMethodDef Index_methods[] = {
 static PyGetSetDef Index_getset[] = {
     {"max_charge", (getter)Index_max_charge, NULL, "The largest charge an entry may have.", NULL},
     {"eviction", (getter)Index_eviction, NULL, "The eviction policy's name.", NULL},
+    {"knobs", (getter)Index_knobs, NULL, "The policy's knobs (None: its default).", NULL},
     {NULL},
 };
 

@@ -280,6 +280,11 @@ struct IndexObject {
     long long small_capacity;
     long long ghost_capacity;
     long long protected_capacity;
+    /* The policy's knobs, as created (negative: the policy's default): the entry queue's
+     * share of the bytes (S3-FIFO's small queue, W-TinyLFU's window, 2Q's Ain), the ghost
+     * queue's, and the hits that move an entry from S3-FIFO's small queue to main. */
+    double small_ratio, ghost_ratio;
+    int move_hits;
     long long used;
     long long evictions, evicted_bytes, evicted_unread, evicted_unread_bytes;
     long long resident_unread, resident_unread_bytes;

@@ -1,0 +1,280 @@
+"""The tuner: the memory tier's eviction (family and knobs) and admission, chosen from ghosts
+of every candidate fed the traffic the cache sees (``eviction = "auto"``).
+
+Rules it keeps:
+
+* Its candidates (``Choice``: an eviction's name and an admission policy; ``TuneSettings``)
+  are each a ghost of the memory tier at its configured size, the compiled store and
+  admission the proxy runs, fed a spatial sample (SHARDS) of ``sample`` of the keys through
+  the simulator's own loop (``proxy.core.replay``), as the what-if's ghosts are.
+* It judges every ``period`` sampled requests, on each candidate's *recent* hits: those of
+  the period just ended added to half of those before, so the evidence of about the last two
+  periods counts most and an old workload fades. None before ``warmup`` judgements: a ghost
+  filling up says nothing of its policy.
+* Hysteresis: the candidate with the most recent hits replaces the current choice only after
+  it has led at ``patience`` judgements in a row, each time ahead of the current choice by
+  more than ``margin`` of the recent sampled requests (its miss ratio lower by that much, as
+  a fraction). A candidate no better than the current one on the evidence is never chosen,
+  and two within the margin never trade places.
+* A ghost that holds fewer than ``MIN_SAMPLED_OBJECTS`` objects estimates nothing worth
+  acting on: the tuner keeps its choice and says to sample more.
+* A judgement is a function of the sampled requests alone, in order: the live proxy and the
+  simulator, fed the same requests, make the same choices at the same sampled request.
+* Bounded: each ghost holds ``sample`` of the keys the cache holds (27 to 54 bytes a key);
+  ``len(choices)`` ghosts in all, and the last ``KEPT_DECISIONS`` decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from proxy.core.admission import AdmissionConfig, AdmissionPolicy, make_policy
+from proxy.core.engine import CacheEngine
+from proxy.core.evictions import eviction as parse_eviction
+from proxy.core.replay import KeyArrays, build_engine, replay
+
+# S3-FIFO's knobs as S4-FIFO (OSDI'26) sets them, beside the other families at their
+# defaults and W-TinyLFU with a larger window, as Caffeine's climber moves it.
+EVICTIONS = (
+    "s3fifo", "s3fifo:move=1", "s3fifo:small=0.01", "s3fifo:small=0.01:move=1",
+    "s3fifo:small=0.05", "s3fifo:small=0.05:move=1", "s3fifo:small=0.2",
+    "s3fifo:small=0.2:move=1", "s3fifo:small=0.4", "s3fifo:small=0.4:move=1",
+    "lru", "sieve", "twoq", "wtinylfu", "wtinylfu:small=0.2",
+)  # fmt: skip
+KEPT_DECISIONS = 32
+# Objects a candidate's ghost must hold for its hits to be acted on (as the what-if's).
+MIN_GHOST_OBJECTS = 100
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate: how the memory tier evicts (an eviction's one name) and admits (a
+    policy's name, ``second-hit`` as configured when that is the configured one)."""
+
+    eviction: str
+    admission: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.admission} / {self.eviction}"
+
+    def as_json(self) -> dict[str, str]:
+        return {"eviction": self.eviction, "admission": self.admission}
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    """What the tuner chooses among and how cautiously: ``[tune]``."""
+
+    evictions: tuple[str, ...] = EVICTIONS
+    admissions: tuple[str, ...] = ("second-hit", "always")
+    sample: float = 0.05
+    period: int = 10_000
+    warmup: int = 2
+    patience: int = 2
+    margin: float = 0.005
+
+    def __post_init__(self) -> None:
+        if not self.evictions or not self.admissions:
+            raise ValueError("the tuner needs an eviction and an admission to choose among")
+        if not 0.0 < self.sample <= 1.0:
+            raise ValueError(f"sample is in (0, 1], got {self.sample!r}")
+        if self.period < 100 or self.warmup < 1 or self.patience < 1:
+            raise ValueError("period is 100 sampled requests or more; warmup and patience 1 "
+                             "or more")  # fmt: skip
+        if not 0.0 <= self.margin < 1.0:
+            raise ValueError(f"margin is in [0, 1), got {self.margin!r}")
+
+    def choices(self) -> tuple[Choice, ...]:
+        """Every (eviction, admission) pair, each eviction by its one name, the first the
+        tuner starts with."""
+        names = dict.fromkeys(parse_eviction(e).name for e in self.evictions)
+        return tuple(Choice(e, a) for e in names for a in dict.fromkeys(self.admissions))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A judgement that changed the choice: when (the judgement's number, the sampled
+    requests so far and the last one's time), from what to what, and why."""
+
+    judgement: int
+    sampled: int
+    at: float
+    was: Choice
+    chose: Choice
+    reason: str
+
+    def as_json(self) -> dict[str, object]:
+        return {"judgement": self.judgement, "sampled": self.sampled, "at": self.at,
+                "was": self.was.name, "chose": self.chose.name, "reason": self.reason}  # fmt: skip
+
+
+class Tuner:
+    """The judgement alone: each candidate's hits per period in, a ``Decision`` out when the
+    evidence says so (the rules above)."""
+
+    def __init__(self, choices: tuple[Choice, ...], settings: TuneSettings, current: int = 0):
+        self.choices = choices
+        self.settings = settings
+        self.current = current
+        self.judgements = 0
+        self.recent_hits = np.zeros(len(choices))
+        self.recent_requests = 0.0
+        self.leader: int | None = None  # who led last, ahead by the margin, and how often
+        self.led = 0
+        self.said = "warming up"  # the last judgement, in words
+
+    def judge(self, hits: np.ndarray, requests: int, held: np.ndarray) -> int | None:
+        """One period's ``hits`` of each candidate over its ``requests`` (the same for all),
+        and the objects each ghost holds: the candidate to switch to, or None (``said``
+        tells why)."""
+        self.recent_hits = self.recent_hits / 2 + hits
+        self.recent_requests = self.recent_requests / 2 + requests
+        self.judgements += 1
+        s = self.settings
+        if self.judgements <= s.warmup:
+            self.said = f"warming up ({self.judgements} of {s.warmup} periods)"
+            return None
+        if int(held.min()) < MIN_GHOST_OBJECTS:
+            self.leader, self.led = None, 0
+            self.said = (f"a ghost holds {int(held.min())} objects, fewer than "
+                         f"{MIN_GHOST_OBJECTS}: raise [tune] sample")  # fmt: skip
+            return None
+        best = int(np.argmax(self.recent_hits))
+        ahead = (self.recent_hits[best] - self.recent_hits[self.current]) / self.recent_requests
+        if best == self.current or ahead <= s.margin:
+            self.leader, self.led = None, 0
+            self.said = f"keeps {self.choices[self.current].name}: " + self._missing(best)
+            return None
+        self.led = self.led + 1 if self.leader == best else 1
+        self.leader = best
+        if self.led < s.patience:
+            self.said = (f"{self.choices[best].name} leads ({self.led} of {s.patience}): "
+                         + self._missing(best))  # fmt: skip
+            return None
+        self.said = (f"chose {self.choices[best].name}: " + self._missing(best) +
+                     f", ahead at {self.led} judgements in a row")  # fmt: skip
+        self.leader, self.led, self.current = None, 0, best
+        return best
+
+    def miss_ratio(self, i: int) -> float | None:
+        """Candidate ``i``'s recent miss ratio in the sample (None before any request)."""
+        if not self.recent_requests:
+            return None
+        return 1.0 - float(self.recent_hits[i]) / self.recent_requests
+
+    def _missing(self, best: int) -> str:
+        now = self.miss_ratio(self.current)
+        lead = self.miss_ratio(best)
+        return (f"{self.choices[best].name} misses {lead:.4f}, "
+                f"{self.choices[self.current].name} {now:.4f} of the recent sample")  # fmt: skip
+
+
+@dataclass
+class Tuning:
+    """The candidates' ghosts and the tuner, fed sampled requests (``feed``); ``apply`` is
+    called with the choice left and the new one as each is made."""
+
+    size: int
+    admission: AdmissionConfig
+    settings: TuneSettings
+    max_object_bytes: int | None = None
+    entry_overhead: int = 0
+    apply: Callable[[Choice, Choice], None] | None = None
+    decisions: list[Decision] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.choices = self.settings.choices()
+        self.tuner = Tuner(self.choices, self.settings)
+        self.ghosts = [
+            build_engine(self.size, admission_of(c, self.admission), self.max_object_bytes,
+                         self.entry_overhead, c.eviction, rate=self.settings.sample)
+            for c in self.choices
+        ]  # fmt: skip
+        self.sampled = 0  # sampled requests fed
+        self.switches = 0
+        self._judged_hits = np.zeros(len(self.choices), dtype=np.int64)
+        self._judged_requests = 0
+
+    @property
+    def choice(self) -> Choice:
+        return self.choices[self.tuner.current]
+
+    def left(self) -> int:
+        """Sampled requests until the next judgement."""
+        return self.settings.period - self.sampled % self.settings.period
+
+    def feed(self, keys: KeyArrays, times: np.ndarray, sizes: np.ndarray) -> list[Decision]:
+        """Sampled requests, in order, through every ghost, judged at each period's end; the
+        decisions made."""
+        made = []
+        start, total = 0, len(times)
+        while start < total:
+            stop = min(total, start + self.left())
+            for ghost in self.ghosts:
+                replay(ghost, keys, times, sizes, start, stop)
+            self.sampled += stop - start
+            if self.sampled % self.settings.period == 0:
+                decision = self._judge(float(times[stop - 1]))
+                if decision is not None:
+                    made.append(decision)
+            start = stop
+        return made
+
+    def _judge(self, at: float) -> Decision | None:
+        hits = np.array([g.counters.hits for g in self.ghosts], dtype=np.int64)
+        requests = self.ghosts[0].counters.requests
+        held = np.array([len(g.store) for g in self.ghosts])
+        was = self.choice
+        best = self.tuner.judge(hits - self._judged_hits, requests - self._judged_requests, held)
+        self._judged_hits, self._judged_requests = hits, requests
+        if best is None:
+            return None
+        decision = Decision(self.tuner.judgements, self.sampled, at, was, self.choice,
+                            self.tuner.said)  # fmt: skip
+        self.decisions = [*self.decisions[-(KEPT_DECISIONS - 1) :], decision]
+        self.switches += 1
+        if self.apply is not None:
+            self.apply(was, self.choice)
+        return decision
+
+    def state(self) -> dict[str, object]:
+        """What /stats shows: the choice, why, the decisions kept, each candidate's recent
+        miss ratio in the sample."""
+        t = self.tuner
+        return {
+            "choice": self.choice.as_json(), "said": t.said, "judgements": t.judgements,
+            "sampled": self.sampled, "sample": self.settings.sample,
+            "switches": self.switches,
+            "decisions": [d.as_json() for d in self.decisions],
+            "candidates": [{"eviction": c.eviction, "admission": c.admission,
+                            "recent_miss_ratio": t.miss_ratio(i)}
+                           for i, c in enumerate(self.choices)],
+        }  # fmt: skip
+
+
+def admission_of(choice: Choice, configured: AdmissionConfig) -> AdmissionConfig:
+    """``choice``'s admission: as configured when it is the configured policy (its window and
+    the rest), else that policy with its defaults."""
+    if choice.admission == configured.policy:
+        return configured
+    return AdmissionConfig(policy=choice.admission)
+
+
+def take(
+    engine: CacheEngine,
+    was: Choice,
+    choice: Choice,
+    configured: AdmissionConfig,
+    make: Callable[[AdmissionConfig], AdmissionPolicy] | None = None,
+) -> None:
+    """``engine``, which evicted and admitted by ``was``, does by ``choice`` from now on,
+    every entry kept; a new admission (``make``'s, by default ``make_policy``'s on the store)
+    starts afresh: its window, its counts."""
+    engine.store.reshape(choice.eviction)
+    if choice.admission != was.admission:
+        admission = admission_of(choice, configured)
+        engine.use_admission(make(admission) if make else make_policy(admission, engine.store))

@@ -1,0 +1,153 @@
+"""The tuner: its hysteresis (a pure judgement of hits per period), and its choices on
+synthetic traces whose best configuration the test measures first, through the simulator."""
+
+import numpy as np
+import pytest
+
+from loadgen.sim.simulate import simulate
+from loadgen.traces.trace import Trace
+from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
+from proxy.core.admission import AdmissionConfig
+from proxy.core.tuning import MIN_GHOST_OBJECTS, Choice, Tuner, TuneSettings
+
+CHOICES = (Choice("lru", "second-hit"), Choice("s3fifo", "second-hit"), Choice("sieve", "always"))
+HELD = np.full(3, 10 * MIN_GHOST_OBJECTS)
+
+
+def judged(tuner: Tuner, periods: list[list[int]], requests: int = 10_000) -> list[int | None]:
+    return [tuner.judge(np.array(hits), requests, HELD) for hits in periods]
+
+
+def test_no_choice_is_made_while_the_ghosts_warm_up():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=3, patience=1))
+    assert judged(tuner, [[0, 9000, 0]] * 3) == [None] * 3
+    assert "warming up" in tuner.said
+    assert judged(tuner, [[0, 9000, 0]]) == [1]
+
+
+def test_a_leader_is_chosen_after_leading_by_the_margin_patience_times_in_a_row():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=3, margin=0.01))
+    assert judged(tuner, [[5000, 5000, 5000]]) == [None]  # warm-up
+    assert judged(tuner, [[5000, 5300, 5000]] * 3) == [None, None, 1]
+    assert tuner.current == 1 and "chose second-hit / s3fifo" in tuner.said
+    # Now the current choice: it stays while it leads, whatever the others do.
+    assert judged(tuner, [[5000, 5300, 5000]] * 5) == [None] * 5
+
+
+def test_a_candidate_within_the_margin_is_never_chosen():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1, margin=0.01))
+    # 0.9 points ahead of the current choice, period after period: within the margin.
+    assert judged(tuner, [[5000, 5090, 5000]] * 20) == [None] * 20
+    assert tuner.current == 0 and "keeps second-hit / lru" in tuner.said
+
+
+def test_two_leaders_that_trade_places_never_make_it_switch():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=2, margin=0.01))
+    # Both well ahead of the current choice, equal on average, each leading in turn.
+    trading = [[5000, 6000, 5500], [5000, 5500, 6000]] * 10
+    assert judged(tuner, trading) == [None] * 20  # each leads once in a row, never twice
+    assert "leads (1 of 2)" in tuner.said
+    assert tuner.current == 0
+
+
+def test_it_never_switches_to_a_candidate_worse_than_its_choice_on_the_evidence():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1, margin=0.0))
+    assert judged(tuner, [[6000, 5999, 4000]] * 10) == [None] * 10
+    assert tuner.current == 0
+
+
+def test_old_evidence_fades_so_a_changed_workload_changes_the_choice():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=2, margin=0.01))
+    assert judged(tuner, [[5000, 6000, 5000]] * 3) == [None, None, 1]
+    # The workload turns: the third candidate wins every period from now on.
+    made = judged(tuner, [[5000, 5000, 7000]] * 4)
+    assert made[0] is None and 2 in made and tuner.current == 2
+
+
+def test_a_ghost_too_small_to_tell_holds_the_choice_and_says_to_sample_more():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1))
+    held = np.array([MIN_GHOST_OBJECTS - 1, 5000, 5000])
+    assert tuner.judge(np.array([0, 0, 0]), 1000, held) is None
+    assert tuner.judge(np.array([0, 900, 0]), 1000, held) is None
+    assert "raise [tune] sample" in tuner.said and tuner.current == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"sample": 0}, {"sample": 1.5}, {"period": 10}, {"patience": 0}, {"margin": 1},
+     {"evictions": ()}, {"evictions": ("fifo",)}],
+)  # fmt: skip
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        TuneSettings(**bad).choices()
+
+
+def test_settings_name_each_eviction_once_and_start_with_the_first_pair():
+    settings = TuneSettings(evictions=("s3fifo:small=0.1", "s3fifo", "lru"),
+                            admissions=("always", "second-hit", "always"))  # fmt: skip
+    assert settings.choices() == (
+        Choice("s3fifo", "always"), Choice("s3fifo", "second-hit"),
+        Choice("lru", "always"), Choice("lru", "second-hit"),
+    )  # fmt: skip
+
+
+# Traces whose best configuration is measured first, fixed, through the simulator.
+
+SECOND_HIT = AdmissionConfig(policy="second-hit", window=3600.0)
+
+
+def twice_each(objects: int = 40_000, gap: int = 50) -> Trace:
+    """Every object requested twice, ``gap`` requests apart, and never again: admitting on
+    the second request is too late; storing the first is a hit each."""
+    ids = np.empty(2 * objects, dtype=np.int64)
+    order = np.arange(objects)
+    for start in range(0, objects, gap):
+        block = order[start : start + gap]
+        ids[2 * start : 2 * start + len(block)] = block
+        ids[2 * start + len(block) : 2 * start + 2 * len(block)] = block
+    return Trace(np.arange(len(ids), dtype=np.float64) / 1000, ids,
+                 np.full(len(ids), 1000, dtype=np.int64))  # fmt: skip
+
+
+def test_on_a_trace_where_admitting_everything_is_best_it_leaves_second_hit_for_always():
+    trace = twice_each()
+    tune = TuneSettings(evictions=("lru",), admissions=("second-hit", "always"), sample=0.5,
+                        period=2000, warmup=1, patience=2)  # fmt: skip
+    fixed = {a: simulate(trace, 2_000_000, AdmissionConfig(policy=a) if a == "always"
+                         else SECOND_HIT, entry_overhead=0).stats["hit_ratio"]
+             for a in ("always", "second-hit")}  # fmt: skip
+    assert fixed["always"] > fixed["second-hit"] + 0.3  # the known best, measured
+    tuned = simulate(trace, 2_000_000, SECOND_HIT, entry_overhead=0, eviction="auto", tune=tune)
+    assert tuned.tuning["choice"] == {"eviction": "lru", "admission": "always"}
+    [decision] = tuned.tuning["decisions"]
+    # Chosen at the first judgement past warm-up and patience, and never again.
+    assert decision["judgement"] == tune.warmup + tune.patience
+    assert decision["sampled"] == tune.period * (tune.warmup + tune.patience)
+    assert tuned.stats["hit_ratio"] > fixed["second-hit"] + 0.2
+
+
+def scan_polluted() -> Trace:
+    return generate(WorkloadSpec(objects=20_000, requests=300_000, alpha=1.0, one_hit_share=0.5,
+                                 sizes=SizeSpec.parse("fixed:1KiB")))  # fmt: skip
+
+
+def test_on_a_trace_where_s3fifo_beats_lru_it_chooses_s3fifo_and_stays():
+    trace = scan_polluted()
+    size = round(trace.distinct_bytes() * 0.02)
+    always = AdmissionConfig(policy="always")
+    fixed = {e: 1 - simulate(trace, size, always, entry_overhead=0, eviction=e).stats[
+        "hit_ratio"] for e in ("lru", "s3fifo")}  # fmt: skip
+    assert fixed["s3fifo"] < fixed["lru"] * 0.95  # the known best, measured
+    tune = TuneSettings(evictions=("lru", "s3fifo"), admissions=("always",), sample=1.0,
+                        period=5000)  # fmt: skip
+    tuned = simulate(trace, size, always, entry_overhead=0, eviction="auto", tune=tune)
+    assert tuned.tuning["choice"]["eviction"] == "s3fifo"
+    assert tuned.tuning["switches"] == 1  # a stationary trace: one move, no flapping
+    assert 1 - tuned.stats["hit_ratio"] < fixed["lru"]
+
+
+def test_the_tuner_refuses_a_sampled_trace():
+    from loadgen.sim.simulate import sample_trace
+
+    with pytest.raises(ValueError, match="samples the trace itself"):
+        simulate(sample_trace(scan_polluted(), 0.1), 10_000, SECOND_HIT, eviction="auto")
