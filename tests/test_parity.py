@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from conftest import base, serve_trace
+from conftest import admin, base, serve_trace
 
 from loadgen.sim.simulate import simulate
 from loadgen.sim.tiers import DiskSpec, model_tiers, simulate_tiers
@@ -225,3 +225,35 @@ async def test_live_and_simulated_two_tiers_agree_with_ttls(
     if ruled:
         unruled = simulated_like(proxy, trace, capacity, prefix, record_length, ttl=ttl)
         assert live["hits"] != unruled["hits"], "the rules changed what was fresh"
+
+
+async def test_the_tuner_chooses_live_as_in_the_simulator_and_the_counters_agree(
+    origin, start_proxy, client
+):
+    """``[cache] eviction = "auto"``: the live proxy's tuner, fed the same requests, makes
+    the simulator's choices at the same sampled requests, and takes each before the next
+    request as the simulator does: every counter agrees."""
+    objects, gap = 600, 20
+    ids = np.concatenate([np.tile(np.arange(s, s + gap), 2) for s in range(0, objects, gap)])
+    sizes = np.full(len(ids), 1000, dtype=np.int64)
+    trace = Trace(np.arange(len(ids)) / 1000, ids, sizes)  # each object twice, close together
+    serve_trace(origin, trace)
+    now = [0.0]
+    capacity = 512 * 1024
+    tune = {"evictions": "lru,s3fifo", "admissions": "second-hit,always", "sample": 1.0,
+            "period": 100, "warmup": 1, "patience": 2}  # fmt: skip
+    proxy = await start_proxy(
+        clock=lambda: now[0], cache__size=str(capacity), cache__max_object_size=str(capacity),
+        cache__eviction="auto", admission__policy="second-hit",
+        **{f"tune__{k}": v for k, v in tune.items()},
+    )  # fmt: skip
+    prefix = await replay(client, proxy, trace, clock=now)
+    async with client.get(admin(proxy) + "/stats") as r:
+        live = (await r.json())["tune"]
+    sim = simulate(trace, capacity, proxy.config.admission_config(), key_prefix=prefix,
+                   eviction="auto", tune=proxy.config.tune_settings())  # fmt: skip
+    assert live["decisions"] == sim.tuning["decisions"] and live["decisions"]
+    assert live["running"] == live["choice"] == sim.tuning["choice"]
+    assert live["choice"]["admission"] == "always"  # the known best on this trace
+    counters = proxy.proxy.engine.stats()
+    assert {k: counters[k] for k in COUNTERS} == {k: sim.stats[k] for k in COUNTERS}

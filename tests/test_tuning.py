@@ -1,8 +1,13 @@
 """The tuner: its hysteresis (a pure judgement of hits per period), and its choices on
 synthetic traces whose best configuration the test measures first, through the simulator."""
 
+import asyncio
+import logging
+import re
+
 import numpy as np
 import pytest
+from conftest import admin, base, serve_trace
 
 from loadgen.sim.simulate import simulate
 from loadgen.traces.trace import Trace
@@ -151,3 +156,98 @@ def test_the_tuner_refuses_a_sampled_trace():
 
     with pytest.raises(ValueError, match="samples the trace itself"):
         simulate(sample_trace(scan_polluted(), 0.1), 10_000, SECOND_HIT, eviction="auto")
+
+
+# The live proxy: what it says of its choices.
+
+
+async def test_the_live_tuner_says_what_it_chose_and_why_on_stats_metrics_and_the_log(
+    origin, start_proxy, client, caplog
+):
+    trace = twice_each(objects=400, gap=20)
+    serve_trace(origin, trace)
+    proxy = await start_proxy(
+        cache__size="512KiB", cache__eviction="auto", admission__policy="second-hit",
+        tune__evictions=["lru"], tune__sample=1.0, tune__period=100, tune__warmup=1,
+        tune__patience=1,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="onehit.proxy"):
+        for key in trace.key_strings():
+            async with client.get(base(proxy) + "/obj/" + key) as r:
+                assert r.status == 200
+                await r.read()
+    async with client.get(admin(proxy) + "/stats") as r:
+        tune = (await r.json())["tune"]
+    assert tune["choice"] == tune["running"] == {"eviction": "lru", "admission": "always"}
+    assert tune["switches"] == 1 and tune["judgements"] == len(trace) // 100
+    [decision] = tune["decisions"]
+    assert decision["was"] == "second-hit / lru" and decision["chose"] == "always / lru"
+    assert "misses" in decision["reason"] and "keeps always / lru" in tune["said"]
+    assert {c["admission"] for c in tune["candidates"]} == {"second-hit", "always"}
+    assert proxy.proxy.engine.store.eviction == "lru"
+    assert "tuner: the memory tier now always / lru (was second-hit / lru)" in caplog.text
+    async with client.get(admin(proxy) + "/metrics") as r:
+        text = await r.text()
+    assert 'onehit_tune_choice{eviction="lru",admission="always"} 1' in text
+    assert "onehit_tune_switches_total 1" in text
+    assert re.search(r'onehit_tune_recent_miss_ratio\{eviction="lru",admission="second-hit"\} '
+                     r"1\.0\b", text)  # fmt: skip
+
+
+async def test_the_live_tuner_takes_an_eviction_with_every_entry_kept(origin, start_proxy, client):
+    trace = scan_polluted()
+    trace = Trace(trace.times[:20_000], trace.ids[:20_000], trace.sizes[:20_000])
+    serve_trace(origin, trace)
+    proxy = await start_proxy(
+        cache__size="2MiB", cache__eviction="auto", admission__policy="always",
+        tune__evictions="lru,s3fifo", tune__admissions="always", tune__sample=1.0,
+        tune__period=500, tune__warmup=1, tune__patience=1, tune__margin=0.0,
+    )  # fmt: skip
+    store = proxy.proxy.engine.store
+    changed = None
+    for key in trace.key_strings():
+        before = {k: store.peek(k) for k in store} if store.eviction == "lru" else None
+        async with client.get(base(proxy) + "/obj/" + key) as r:
+            assert r.status == 200
+            await r.read()
+        await asyncio.sleep(0)  # the tuner's choice is taken on the loop's next turn
+        if before is not None and store.eviction != "lru":
+            changed = before
+            break
+    assert changed is not None, "the tuner chose s3fifo within the trace"
+    assert store.eviction == "s3fifo"
+    kept = {k: store.peek(k) for k in store}
+    # Every entry held before the request that decided it is still held, the same object,
+    # but what that request itself made room for.
+    assert len(set(changed) - set(kept)) <= 1
+    assert all(kept[k] is changed[k] for k in set(changed) & set(kept))
+
+
+def test_a_bad_tune_setting_names_its_key_and_the_fix(tmp_path):
+    from proxy.config.settings import ConfigError, load
+
+    path = tmp_path / "bad.toml"
+    for body, said in [
+        ('[cache]\neviction = "auto"\n[tune]\nevictions = ["s3fifo:small=3"]\n',
+         "[tune] evictions = ['s3fifo:small=3']: s3fifo's small is in (0, 1)"),
+        ("[tune]\nsample = 0\n", "[tune] sample = 0: expected a sampling rate above 0"),
+        ("[tune]\nperiod = 10\n", "[tune]: period is 100 sampled requests or more"),
+        ('[tune]\nadmissions = ["auto"]\n', "auto is a disk tier's"),
+    ]:  # fmt: skip
+        path.write_text('[upstream]\norigin = "http://127.0.0.1:1"\n' + body)
+        with pytest.raises(ConfigError) as err:
+            load(path)
+        assert said in str(err.value)
+
+
+def test_a_fleet_sharing_second_hit_has_the_tuner_choose_the_eviction_alone(tmp_path):
+    from proxy.config.settings import ConfigError, load
+
+    path = tmp_path / "fleet.toml"
+    head = ('[upstream]\norigin = "http://127.0.0.1:1"\n[cache]\neviction = "auto"\n'
+            '[admission]\nbackend = "redis"\n')  # fmt: skip
+    path.write_text(head)
+    assert load(path).tune_settings().admissions == ("second-hit",)
+    path.write_text(head + '[tune]\nadmissions = ["second-hit", "always"]\n')
+    with pytest.raises(ConfigError, match="the tuner cannot trade away"):
+        load(path)

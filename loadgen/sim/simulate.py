@@ -200,7 +200,7 @@ def simulate(
     lifetimes = trace_lifetimes(trace, key_prefix, ttl_rules, ttl)
     run = functools.partial(replay, engine, keys, times, sizes, ttl=ttl, lifetimes=lifetimes)
     if tuning is not None:
-        tuning.apply = lambda was, choice: take(engine, was, choice, admission)
+        tuning.apply = lambda was, choice: take(engine, choice, admission, was=was)
         run = functools.partial(_replay_tuned, run, tuning, keys, times, sizes,
                                 _sampled(trace, key_prefix, tuning.settings.sample))  # fmt: skip
     total = len(trace)

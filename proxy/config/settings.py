@@ -24,6 +24,7 @@ from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import DEFAULT_STATUSES, NEVER_RULED, OVERRIDABLE, TtlRule
+from proxy.core.tuning import TuneSettings, Tuning
 from proxy.core.units import parse_duration
 from proxy.core.whatif import (
     DISK_ALTERNATIVES,
@@ -142,7 +143,10 @@ class AdminSection:
 class CacheSection:
     size: int = values.setting(256 << 20, values.size, "bytes of response bodies held")
     eviction: str = values.setting(
-        "lru", values.eviction, "lru, s3fifo, sieve, wtinylfu or twoq: which entry makes room"
+        "lru",
+        values.eviction,
+        "lru, s3fifo, sieve, wtinylfu or twoq (knobs after colons: s3fifo:small=0.05:move=1), "
+        "or auto, the tuner's choice ([tune]): which entry makes room",
     )
     max_object_size: int = values.setting(
         16 << 20, values.size, "largest body stored; larger is streamed (default: 16MiB or size)"
@@ -308,6 +312,39 @@ class WhatIfSection:
     )
 
 
+_TUNE = TuneSettings()
+
+
+@dataclass(frozen=True)
+class TuneSection:
+    evictions: tuple[str, ...] = values.setting(
+        _TUNE.evictions, values.evictions,
+        "with [cache] eviction = auto: the evictions the tuner chooses among (knobs after "
+        "colons: s3fifo:small=0.05:move=1); it starts with the first",
+    )  # fmt: skip
+    admissions: tuple[str, ...] = values.setting(
+        (), values.tune_policies,
+        "the memory admissions it chooses among (empty: [admission] policy, second-hit, always)",
+    )  # fmt: skip
+    sample: float = values.setting(
+        _TUNE.sample, values.tune_sample, "share of keys each candidate's ghost is fed"
+    )
+    period: int = values.setting(
+        _TUNE.period, values.positive_int, "sampled requests between two judgements"
+    )
+    warmup: int = values.setting(
+        _TUNE.warmup, values.positive_int, "judgements before the first choice (ghosts filling)"
+    )
+    patience: int = values.setting(
+        _TUNE.patience, values.positive_int,
+        "judgements in a row a candidate must lead by the margin to be chosen",
+    )  # fmt: skip
+    margin: float = values.setting(
+        _TUNE.margin, values.share,
+        "the lead, as a share of the recent sampled requests, a candidate needs over the choice",
+    )  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Server:
     """One origin server of a route (``[[routes]] servers``): its URL (scheme, host, port),
@@ -355,6 +392,7 @@ class Config:
     upstream: UpstreamSection = UpstreamSection()
     disk: DiskSection = DiskSection()
     whatif: WhatIfSection = WhatIfSection()
+    tune: TuneSection = TuneSection()
     routes: tuple[Route, ...] = ()
     ttl: tuple[TtlRule, ...] = ()  # the operator's TTL rules, in order ([[ttl]])
 
@@ -378,9 +416,32 @@ class Config:
         if not self._ghosted():
             return None
         w = self.whatif
+        tuning = self.tuning()
+        if not w.sample:  # the tuner's alone
+            assert tuning is not None
+            return WhatIf(self._memory_shape(), rate=tuning.settings.sample, scales=(),
+                          tuning=tuning)  # fmt: skip
         return WhatIf(self._memory_shape(), rate=w.sample,
                       disk=None if machine else self._disk_shape(), alternatives=w.policies,
-                      disk_alternatives=w.disk_policies)  # fmt: skip
+                      disk_alternatives=w.disk_policies, tuning=tuning)  # fmt: skip
+
+    def tune_settings(self) -> TuneSettings:
+        t, a = self.tune, self.admission
+        # A fleet's shared filter is second hit's: the tuner chooses the eviction alone.
+        admissions = t.admissions or (
+            (a.policy,) if a.backend == "redis" else (a.policy, "second-hit", "always")
+        )
+        return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), t.sample, t.period,
+                            t.warmup, t.patience, t.margin)  # fmt: skip
+
+    def tuning(self) -> Tuning | None:
+        """The tuner ``[cache] eviction = "auto"`` asks for (``proxy.core.tuning``), at its
+        first choice; None for an eviction of the operator's."""
+        c = self.cache
+        if c.eviction != "auto":
+            return None
+        return Tuning(c.size, self.admission_config(), self.tune_settings(), c.max_object_size,
+                      ENTRY_OVERHEAD)  # fmt: skip
 
     def disk_what_if(self) -> DiskGhosts | None:
         """The ghosts of the disk tier and its alternatives a machine's parent keeps, each
@@ -395,17 +456,27 @@ class Config:
     def what_if_key(self) -> tuple[object, ...]:
         """What the what-if's ghosts are built of: a reload that changes any starts them
         afresh (ghosts of the old caches would compare wrong)."""
-        return (self.whatif, self._ghosted(), self._memory_shape(), self._disk_shape())
+        return (self.whatif, self.tune, self._ghosted(), self._memory_shape(),
+                self._disk_shape())  # fmt: skip
 
     def _ghosted(self) -> bool:
-        """Whether there is a what-if: a sample, and requests not fetched in slices (the
-        ghosts would count slices where the cache counts requests)."""
-        return bool(self.whatif.sample) and not self.cache.slice_size
+        """Whether there is a what-if: a sample (the what-if's, or the tuner's), and requests
+        not fetched in slices (the ghosts would count slices where the cache counts
+        requests)."""
+        return (bool(self.whatif.sample) or self.cache.eviction == "auto") and not (
+            self.cache.slice_size
+        )
+
+    def first_eviction(self) -> str:
+        """The memory tier's eviction at its start: the configured one, or the tuner's first
+        choice."""
+        c = self.cache
+        return self.tune_settings().choices()[0].eviction if c.eviction == "auto" else c.eviction
 
     def _memory_shape(self) -> MemoryShape:
         c = self.cache
-        return MemoryShape(c.size, self.admission_config(), c.eviction, ENTRY_OVERHEAD,
-                           c.max_object_size)  # fmt: skip
+        return MemoryShape(c.size, self.admission_config(), self.first_eviction(),
+                           ENTRY_OVERHEAD, c.max_object_size)  # fmt: skip
 
     def _disk_shape(self) -> DiskShape | None:
         if not self.disk.path:
@@ -482,6 +553,7 @@ SECTIONS: dict[str, type] = {
     "upstream": UpstreamSection,
     "disk": DiskSection,
     "whatif": WhatIfSection,
+    "tune": TuneSection,
 }
 
 
@@ -867,6 +939,26 @@ def check_config(config: Config) -> None:
         raise ConfigError(
             f"[disk] policy = {disk.policy!r}: expected one of {', '.join(DISK_POLICIES)} "
             "(a ring of regions has no victim by key to compare with)"
+        )
+    try:
+        config.tune_settings()
+    except ValueError as exc:
+        raise ConfigError(f"[tune]: {exc}") from None
+    tune = config.tune_settings()
+    if (
+        config.cache.eviction == "auto"
+        and config.admission.backend == "redis"
+        and (tune.admissions != (config.admission.policy,))
+    ):
+        raise ConfigError(
+            f"[tune] admissions = {list(tune.admissions)} with [admission] backend = 'redis': "
+            "the fleet shares second hit's filter, which the tuner cannot trade away; leave "
+            "[tune] admissions empty (it then chooses the eviction alone)"
+        )
+    if config.cache.eviction == "auto" and config.cache.slice_size:
+        raise ConfigError(
+            "[cache] eviction = 'auto' with slice_size: the tuner's ghosts would count slices "
+            "where the cache counts requests; choose an eviction, or set slice_size = 0"
         )
     if config.admission.generations < 2:
         raise ConfigError(

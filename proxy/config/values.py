@@ -314,6 +314,46 @@ def eviction(value: Any) -> str:
         raise ValueError(f"{exc}; or 'auto', for the tuner to choose ([tune])") from None
 
 
+def evictions(value: Any) -> tuple[str, ...]:
+    """Evictions by name (``proxy.core.evictions``), as a list (or commas), each once."""
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError('expected a list of evictions, like ["s3fifo", "s3fifo:small=0.05"]')
+    names = []
+    for name in value:
+        try:
+            names.append(parse_eviction(str(name).strip()).name)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+    return tuple(dict.fromkeys(names))
+
+
+def tune_policies(value: Any) -> tuple[str, ...]:
+    """The memory admissions the tuner chooses among; an empty list: the configured
+    ``[admission] policy``, second-hit and always."""
+    if value in ([], ()):
+        return ()
+    return policies(value)
+
+
+def tune_sample(value: Any) -> float:
+    number = sample_rate(value)
+    if number == 0:
+        raise ValueError("expected a sampling rate above 0, like 0.05 (the tuner needs one)")
+    return number
+
+
+def share(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("expected a fraction from 0 to 1 (exclusive), like 0.005") from None
+    if not 0.0 <= number < 1.0:
+        raise ValueError("expected a fraction from 0 to 1 (exclusive), like 0.005")
+    return number
+
+
 def event_loop(value: Any) -> str:
     if value not in ("auto", "uvloop", "asyncio"):
         raise ValueError("expected 'auto' (uvloop where installed), 'uvloop' or 'asyncio'")

@@ -176,7 +176,8 @@ class Tuner:
 @dataclass
 class Tuning:
     """The candidates' ghosts and the tuner, fed sampled requests (``feed``); ``apply`` is
-    called with the choice left and the new one as each is made."""
+    called with the choice left and the new one as each is made; ``make``: how the cache
+    makes an admission policy (its shared window under ``--workers``), for ``take``."""
 
     size: int
     admission: AdmissionConfig
@@ -184,6 +185,7 @@ class Tuning:
     max_object_bytes: int | None = None
     entry_overhead: int = 0
     apply: Callable[[Choice, Choice], None] | None = None
+    make: Callable[[AdmissionConfig], AdmissionPolicy] | None = None
     decisions: list[Decision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -266,15 +268,15 @@ def admission_of(choice: Choice, configured: AdmissionConfig) -> AdmissionConfig
 
 def take(
     engine: CacheEngine,
-    was: Choice,
     choice: Choice,
     configured: AdmissionConfig,
     make: Callable[[AdmissionConfig], AdmissionPolicy] | None = None,
+    was: Choice | None = None,
 ) -> None:
-    """``engine``, which evicted and admitted by ``was``, does by ``choice`` from now on,
-    every entry kept; a new admission (``make``'s, by default ``make_policy``'s on the store)
-    starts afresh: its window, its counts."""
+    """``engine`` evicts and admits by ``choice`` from now on, every entry kept. Its
+    admission is made anew (by ``make``, by default ``make_policy`` on the store: its window
+    and counts start afresh) unless it ran ``was``, of the same admission."""
     engine.store.reshape(choice.eviction)
-    if choice.admission != was.admission:
+    if was is None or choice.admission != was.admission:
         admission = admission_of(choice, configured)
         engine.use_admission(make(admission) if make else make_policy(admission, engine.store))

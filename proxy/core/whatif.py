@@ -36,6 +36,12 @@ Rules it keeps:
   more, and says why: ``failed``), has no miss ratio.
 * A reload that changes what the ghosts are built of starts them afresh (``start``): the
   cache's hits before it are not theirs.
+* With ``[cache] eviction = "auto"`` it records for the tuner too (``tuning``,
+  ``proxy.core.tuning``), whose sample may be larger: a request is recorded when either
+  sample takes it, and each batch is cut into what each sample takes (the two keyed alike,
+  the smaller is within the larger), and flushed at the request that ends a tuner's
+  period, so that its choice is made with that request, as the simulator makes it. A
+  what-if of no ghosts (``[whatif] sample = 0``) records for the tuner alone.
 * Bounded: the ghosts hold ``rate`` of the cache's keys (27 to 54 bytes a key in memory, 20
   in a disk ghost's index), and the buffer ``BATCH`` requests.
 """
@@ -55,6 +61,7 @@ from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.replay import KeyArrays, build_engine, replay, replay_tiers
+from proxy.core.tuning import Tuning
 
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
@@ -236,10 +243,11 @@ class WhatIf:
         scales: tuple[float, ...] = SCALES,
         alternatives: tuple[str, ...] = MEMORY_ALTERNATIVES,
         disk_alternatives: tuple[str, ...] = DISK_ALTERNATIVES,
+        tuning: Tuning | None = None,
     ) -> None:
         _check_rate(rate)
         self.rate = rate
-        self.below = min(2**64 - 1, int(rate * 2**64))
+        self.tuning = tuning
         # The sample's secret (``sample_point``): a driver that serves clients sets one of its
         # own, so that none can choose URLs in or out of the sample; 0 (the offline
         # simulator's) samples by the hash itself.
@@ -248,12 +256,18 @@ class WhatIf:
         self.hits_before = 0  # the cache's hits when these ghosts began (``start``)
         self.forward: Callable[[Sample], None] | None = None
         self._buffer: list[tuple[float, int, int, int, int]] = []
+        self._points: list[int] = []  # each buffered request's sample point
+        self._tuned = 0  # buffered requests of the tuner's sample
         policies = dict.fromkeys((memory.admission.policy, *alternatives))
         self.ghosts = [Ghost(policy, scale, round(memory.size * scale),
                              memory.ghost(scale, policy, rate))
                        for policy in policies for scale in scales]  # fmt: skip
         self.disk = None if disk is None else DiskGhosts(
             disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
+        # The ghosts' sample (none without ghosts), the tuner's, and what is recorded.
+        self.own_below = _below(rate) if self.ghosts or self.disk is not None else 0
+        self.tune_below = 0 if tuning is None else _below(tuning.settings.sample)
+        self.below = max(self.own_below, self.tune_below)
 
     def start(self, hits: int) -> None:
         """The ghosts begin now, when the cache has counted ``hits``: ``curves`` is told the
@@ -276,18 +290,36 @@ class WhatIf:
         if key_hash and sample_point(key_hash, self.sample_key) >= self.below:
             return
         h1, h2 = hash64(key)
-        if sample_point(h1, self.sample_key) < self.below:
+        point = sample_point(h1, self.sample_key)
+        if point < self.below:
             self._buffer.append((now, h1, h2, len(key), size))
+            self._points.append(point)
+            tuning = self.tuning
+            if tuning is not None and point < self.tune_below:
+                self._tuned += 1
+                if self._tuned >= tuning.left():  # the tuner judges with this request
+                    self.flush()
+                    return
             if len(self._buffer) >= BATCH:
                 self.flush()
 
     def flush(self) -> None:
-        """Replay the buffered requests through every ghost (and hand them to ``forward``)."""
+        """Replay the buffered requests through every ghost (and hand them to ``forward``),
+        and those of the tuner's sample through the tuner's."""
         if not self._buffer:
             return
         columns = zip(*self._buffer, strict=True)
         sample = Sample(*(np.array(c, k) for c, k in zip(columns, COLUMN_TYPES, strict=True)))
+        points = np.array(self._points, dtype=np.uint64)
         self._buffer.clear()
+        self._points.clear()
+        self._tuned = 0
+        if self.tuning is not None:
+            tuned = _within(sample, points, self.tune_below)
+            self.tuning.feed(tuned.keys(), tuned.times, tuned.sizes)
+        sample = _within(sample, points, self.own_below)
+        if not len(sample.times):
+            return
         for ghost in self.ghosts:
             _replay(ghost, sample)
         if self.disk is not None:
@@ -392,6 +424,17 @@ class DiskGhosts:
         requests = self.requests if requests is None else requests
         return [_curve(g, g.counted(), g.disk.counters.bytes_written, requests, self.rate)
                 for g in self.ghosts]  # fmt: skip
+
+
+def _below(rate: float) -> int:
+    """The sample points a ``rate`` sample takes are those below this."""
+    return min(2**64 - 1, int(rate * 2**64))
+
+
+def _within(sample: Sample, points: np.ndarray, below: int) -> Sample:
+    """The requests of ``sample`` whose ``points`` are below ``below``."""
+    keep = points < np.uint64(below)
+    return sample if keep.all() else Sample(*(column[keep] for column in sample))
 
 
 def _check_rate(rate: float) -> None:

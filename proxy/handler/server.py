@@ -24,6 +24,7 @@ second status line would be read as the answer to the client's next request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -55,6 +56,7 @@ from proxy.core.events import (
 )
 from proxy.core.keys import shown_key
 from proxy.core.ttl_rules import TtlRules
+from proxy.core.tuning import Choice, take
 from proxy.core.whatif import Sample
 from proxy.disk.reads import ColdRecord
 from proxy.disk.store import DiskStore
@@ -139,6 +141,10 @@ class Proxy:
         if disk is not None:
             engine.behind = (disk,)
         engine.admission_elsewhere = shared is not None
+        # What the memory tier runs under the tuner (``[cache] eviction = "auto"``): its
+        # choice as taken, or None when a new tuner's first is yet to be.
+        whatif = engine.whatif
+        self.tuned = None if whatif is None or whatif.tuning is None else whatif.tuning.choice
         self.sample_key = 0
         self.key_sample(secrets.randbits(64))
         # What a request shows to be traced (``proxy.wire.trace``): the process's own, or
@@ -183,13 +189,20 @@ class Proxy:
         plain = self.plain_hits
         plain.query_as_sent = self.router.queries_as_sent
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
-        if config.admission_config() != self.config.admission_config():
-            engine.use_admission(make_policy(config.admission_config(), engine.store))
+        tuning = None if engine.whatif is None else engine.whatif.tuning
         if config.what_if_key() != self.config.what_if_key():
             engine.whatif = config.what_if(machine=self.machine)
             if engine.whatif is not None:
                 engine.whatif.start(engine.counters.hits)
+                if engine.whatif.tuning is not None:  # a new tuner, from its first choice
+                    engine.whatif.tuning.make = tuning.make if tuning is not None else None
+                    tuning, self.tuned = engine.whatif.tuning, None
             self.follow_whatif()
+        if tuning is not None and self.tuned is None:
+            take(engine, tuning.choice, config.admission_config(), tuning.make)
+            self.tuned = tuning.choice
+        elif config.admission_config() != self.config.admission_config():
+            engine.use_admission(make_policy(config.admission_config(), engine.store))
         self.key_sample(self.sample_key)  # new ghosts or admission: keyed as the old
         self.config = config
 
@@ -200,8 +213,11 @@ class Proxy:
 
     def follow_whatif(self) -> None:
         """Have the what-if hand each batch it samples to ``samples`` (the machine's parent),
-        with the count of requests it was sampled from: those since the batch before."""
+        with the count of requests it was sampled from: those since the batch before; and
+        its tuner's choices reach the memory tier (``_retune``)."""
         whatif, samples, counters = self.engine.whatif, self.samples, self.engine.counters
+        if whatif is not None and whatif.tuning is not None:
+            whatif.tuning.apply = self._retune
         if whatif is None or samples is None:
             return
         counted = 0
@@ -213,6 +229,26 @@ class Proxy:
             counted = requests
 
         whatif.forward = forward
+
+    def _retune(self, was: Choice, choice: Choice) -> None:
+        """The tuner chose ``choice`` over ``was``: the memory tier evicts and admits by it
+        from the event loop's next turn. Not at once: the tuner is fed from inside a hit's
+        answer (the compiled one's too), which holds the admission and the what-if it would
+        replace."""
+        tuning = self.engine.whatif.tuning if self.engine.whatif is not None else None
+        if tuning is None:
+            return
+        said = tuning.tuner.said
+
+        def now() -> None:
+            if self.engine.whatif is None or self.engine.whatif.tuning is not tuning:
+                return  # a reload began a new tuner: its choice stands
+            take(self.engine, choice, self.config.admission_config(), tuning.make, was)
+            self.tuned = choice
+            self.key_sample(self.sample_key)  # the new admission keyed, the hit path told
+            log.info("tuner: the memory tier now %s (was %s): %s", choice.name, was.name, said)
+
+        asyncio.get_running_loop().call_soon(now)
 
     @property
     def fast_hits(self) -> int:

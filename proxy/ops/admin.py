@@ -144,6 +144,7 @@ class ProcessAdmin:
             "disk": None if self.proxy.disk is None else self.proxy.disk.stats(),
             "servers": servers_of(self.proxy.router.routes, self.proxy.upstream.groups),
             "whatif": whatif_stats(self.proxy),
+            "tune": tune_stats(self.proxy),
             "in_flight_fetches": len(self.proxy.flights),
             **proxy_counters(self.proxy),
             "uptime_s": round(time.time() - self.started, 3),
@@ -175,6 +176,8 @@ class ProcessAdmin:
         text += servers_text(servers_of(self.proxy.router.routes, self.proxy.upstream.groups))
         if (whatif := whatif_stats(self.proxy)) is not None:
             text += whatif_prometheus_text(whatif)
+        if (tune := tune_stats(self.proxy)) is not None:
+            text += tune_prometheus_text([tune])
         if self.proxy.shared is not None:
             shared = self.proxy.shared
             text += prometheus_text(
@@ -524,6 +527,52 @@ def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
         return None
     out = {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
     return out if proxy.samples is None else {**out, "batches_dropped": proxy.samples.dropped}
+
+
+def tune_stats(proxy: Proxy) -> dict[str, Any] | None:
+    """The tuner's state (``proxy.core.tuning``: its choice and why, its decisions, each
+    candidate's recent miss ratio in its sample), with what the memory tier runs now
+    (``running``: a choice is taken on the event loop's next turn); None without a tuner."""
+    whatif = proxy.engine.whatif
+    if whatif is None or whatif.tuning is None:
+        return None
+    whatif.flush()
+    running = None if proxy.tuned is None else proxy.tuned.as_json()
+    return {**whatif.tuning.state(), "running": running, "worker": _place(proxy)}
+
+
+def tune_prometheus_text(tunes: list[dict[str, Any]]) -> str:
+    """The tuner's choice, switches, judgements and candidates' recent miss ratios, of one
+    process or of each worker of a machine (labelled by its place)."""
+    series: dict[str, tuple[str, str, list[str]]] = {
+        "choice": ("gauge", "1 for the eviction and admission the memory tier runs", []),
+        "switches": ("counter", "choices the tuner changed", []),
+        "judgements": ("counter", "judgements the tuner made", []),
+        "recent_miss_ratio": ("gauge", "a candidate's recent miss ratio in the tuner's sample",
+                              []),
+    }  # fmt: skip
+    for t in tunes:
+        place = [] if t.get("worker") is None else [f'worker="{t["worker"]}"']
+
+        def labels(*more: str, place: list[str] = place) -> str:
+            return "{" + ",".join((*place, *more)) + "}" if place or more else ""
+
+        def of(c: dict[str, Any]) -> tuple[str, str]:
+            return f'eviction="{label(c["eviction"])}"', f'admission="{label(c["admission"])}"'
+
+        series["choice"][2].append(f"{labels(*of(t['running'] or t['choice']))} 1")
+        series["switches"][2].append(f"{labels()} {t['switches']}")
+        series["judgements"][2].append(f"{labels()} {t['judgements']}")
+        series["recent_miss_ratio"][2].extend(
+            f"{labels(*of(c))} {c['recent_miss_ratio']!r}"
+            for c in t["candidates"] if c["recent_miss_ratio"] is not None
+        )  # fmt: skip
+    lines = []
+    for field, (kind, help_text, samples) in series.items():
+        name = f"onehit_tune_{field}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                  *(name + sample for sample in samples)]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def whatif_prometheus_text(whatif: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ from proxy.ops.admin import (
     forgotten_keys_of,
     metrics_response,
     prometheus_text,
+    tune_prometheus_text,
     whatif_prometheus_text,
     whatif_samples_of,
 )
@@ -177,6 +178,8 @@ class MachineAdmin:
         whatif = self._machine_whatif(per_worker)
         if whatif is not None:
             text += whatif_prometheus_text(whatif)
+        if tunes := [w["tune"] for w in per_worker if w.get("tune")]:
+            text += tune_prometheus_text(tunes)  # each worker tunes its own memory tier
         return metrics_response(text + _per_worker(per_worker, self.workers.admins))
 
     def _machine_whatif(self, per_worker: list[Any]) -> dict[str, Any] | None:

@@ -24,10 +24,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config, ConfigError
-from proxy.core.admission import CompiledPolicy, make_policy
+from proxy.core.admission import AdmissionConfig, AdmissionPolicy, CompiledPolicy, make_policy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.ttl_rules import TtlRules
+from proxy.core.tuning import admission_of
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
@@ -77,7 +78,7 @@ def build_engine(
     "auto"``) by the objects the machine's cache holds: the shared tier's, where it stands for
     the memory tier, else every worker's memory tier's (``disk``: the shared tier)."""
     store = CacheStore(
-        config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.cache.eviction
+        config.cache.size, config.cache.max_object_size, ENTRY_OVERHEAD, config.first_eviction()
     )
     objects = None
     sharing = None if disk is None else disk.sharing
@@ -86,9 +87,18 @@ def build_engine(
         objects = (disk.tier.estimated_capacity_objects if disk.follows_memory
                    else lambda: workers * store.estimated_capacity_objects())  # fmt: skip
     c = config.cache
+
+    def make(admission: AdmissionConfig) -> AdmissionPolicy:
+        return make_policy(admission, store, shared=shared_window, objects=objects)
+
+    whatif = config.what_if(machine=sharing is not None)
+    tuning = None if whatif is None else whatif.tuning
+    admission = config.admission_config()
+    if tuning is not None:  # the tuner's first choice, and its way of making the next
+        admission, tuning.make = admission_of(tuning.choice, admission), make
     engine = CacheEngine(
         store,
-        make_policy(config.admission_config(), store, shared=shared_window, objects=objects),
+        make(admission),
         hit_for_miss=c.hit_for_miss,
         ttl_rules=TtlRules(config.ttl),
         # A worker's memory is its share of the machine's; the tier they share keeps bodies
@@ -101,7 +111,7 @@ def build_engine(
         grace=c.grace,
         client_revalidation=c.client_revalidation,
     )
-    engine.whatif = config.what_if(machine=sharing is not None)
+    engine.whatif = whatif
     # No origin exchange outlasts its total timeout: a purge older than that reaches none.
     engine.recent_purges.horizon = config.upstream.total_timeout + 1.0
     return engine
