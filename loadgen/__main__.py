@@ -93,17 +93,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "--tune-sample",
-        type=float,
-        default=TuneSettings.sample,
-        help="--eviction auto: the share of keys the tuner's ghosts are fed (default "
-        f"{TuneSettings.sample:g}, as [tune] sample)",
+        default="auto",
+        help="--eviction auto: the share of keys the tuner's ghosts are fed (default auto, "
+        "as [tune] sample)",
     )
     sim.add_argument(
         "--tune-period",
-        type=int,
-        default=TuneSettings.period,
+        default="auto",
         help="--eviction auto: sampled requests between the tuner's judgements (default "
-        f"{TuneSettings.period:,}, as [tune] period)",
+        "auto, as [tune] period)",
     )
     sim.add_argument(
         "--disk-size",
@@ -302,7 +300,10 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
 
 def _tune(args: argparse.Namespace) -> TuneSettings:
     try:
-        return TuneSettings(sample=args.tune_sample, period=args.tune_period)
+        sample = values.tune_sample(args.tune_sample)
+        period = values.tune_period(args.tune_period)
+        return TuneSettings(sample=None if sample == "auto" else float(sample),
+                            period=None if period == "auto" else int(period))  # fmt: skip
     except ValueError as exc:
         raise UsageError(f"--tune-sample/--tune-period: {exc}") from None
 

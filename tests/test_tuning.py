@@ -13,7 +13,8 @@ from loadgen.sim.simulate import simulate
 from loadgen.traces.trace import Trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
-from proxy.core.tuning import MIN_GHOST_OBJECTS, Choice, Tuner, TuneSettings
+from proxy.core.replay import KeyArrays
+from proxy.core.tuning import MIN_GHOST_OBJECTS, SIZING, Choice, Tuner, TuneSettings, Tuning
 
 CHOICES = (Choice("lru", "second-hit"), Choice("s3fifo", "second-hit"), Choice("sieve", "always"))
 HELD = np.full(3, 10 * MIN_GHOST_OBJECTS)
@@ -47,9 +48,9 @@ def test_a_candidate_within_the_margin_is_never_chosen():
 
 
 def test_two_leaders_that_trade_places_never_make_it_switch():
-    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=2, margin=0.01))
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=2, margin=0.001))
     # Both well ahead of the current choice, equal on average, each leading in turn.
-    trading = [[5000, 6000, 5500], [5000, 5500, 6000]] * 10
+    trading = [[5000, 9000, 5500], [5000, 5500, 9000]] * 10
     assert judged(tuner, trading) == [None] * 20  # each leads once in a row, never twice
     assert "leads (1 of 2)" in tuner.said
     assert tuner.current == 0
@@ -84,16 +85,18 @@ def test_a_ghost_too_small_to_tell_holds_the_choice_and_says_to_sample_more():
 )  # fmt: skip
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
-        TuneSettings(**bad).choices()
+        TuneSettings(**bad).choices("second-hit")
 
 
 def test_settings_name_each_eviction_once_and_start_with_the_first_pair():
     settings = TuneSettings(evictions=("s3fifo:small=0.1", "s3fifo", "lru"),
                             admissions=("always", "second-hit", "always"))  # fmt: skip
-    assert settings.choices() == (
+    assert settings.choices("tinylfu") == (
         Choice("s3fifo", "always"), Choice("s3fifo", "second-hit"),
         Choice("lru", "always"), Choice("lru", "second-hit"),
     )  # fmt: skip
+    unset = TuneSettings(evictions=("lru",))  # the configured admission first
+    assert [c.admission for c in unset.choices("tinylfu")] == ["tinylfu", "second-hit", "always"]
 
 
 # Traces whose best configuration is measured first, fixed, through the simulator.
@@ -230,7 +233,7 @@ def test_a_bad_tune_setting_names_its_key_and_the_fix(tmp_path):
     for body, said in [
         ('[cache]\neviction = "auto"\n[tune]\nevictions = ["s3fifo:small=3"]\n',
          "[tune] evictions = ['s3fifo:small=3']: s3fifo's small is in (0, 1)"),
-        ("[tune]\nsample = 0\n", "[tune] sample = 0: expected a sampling rate above 0"),
+        ("[tune]\nsample = 0\n", "[tune] sample = 0: expected 'auto', or a sampling rate above 0"),
         ("[tune]\nperiod = 10\n", "[tune]: period is 100 sampled requests or more"),
         ('[tune]\nadmissions = ["auto"]\n', "auto is a disk tier's"),
     ]:  # fmt: skip
@@ -251,3 +254,50 @@ def test_a_fleet_sharing_second_hit_has_the_tuner_choose_the_eviction_alone(tmp_
     path.write_text(head + '[tune]\nadmissions = ["second-hit", "always"]\n')
     with pytest.raises(ConfigError, match="the tuner cannot trade away"):
         load(path)
+
+
+def _fed(tuning, trace: Trace, start: int, stop: int) -> None:
+    from loadgen.sim.simulate import key_arrays
+
+    keys = key_arrays(trace, "")
+    picked = np.arange(start, stop)
+    tuning.feed(KeyArrays(keys.ids[picked], keys.prefix, keys.prefix_chars, keys.names),
+                trace.times[picked], trace.sizes[picked].astype(np.int64))  # fmt: skip
+
+
+@pytest.mark.parametrize(("cache", "rate"), [(10_250_000, 0.2), (1_000_000, 1.0)])
+def test_an_auto_sample_is_chosen_from_the_sizes_of_the_first_requests(cache, rate):
+    trace = scan_polluted()  # every object 1 KiB
+    tuning = Tuning(cache, SECOND_HIT, TuneSettings(evictions=("lru", "s3fifo")))
+    assert tuning.rate == 1.0 and tuning.left() == SIZING and tuning.state()["sizing"]
+    _fed(tuning, trace, 0, SIZING - 1)
+    assert tuning.rate == 1.0 and tuning.left() == 1
+    _fed(tuning, trace, SIZING - 1, SIZING)
+    # 10,250,000 bytes hold 10,000 objects of 1 KiB (and a byte): ghosts of 2,000 are a 0.2
+    # sample. A
+    # cache of fewer objects than that is modelled whole, its ghosts going on.
+    assert tuning.rate == rate and not tuning.state()["sizing"]
+    assert tuning.sampled == (0 if rate < 1 else SIZING)
+    assert tuning.ghosts[0].counters.requests == (0 if rate < 1 else SIZING)
+    with pytest.raises(ValueError, match="past the end of the tuner's sizing"):
+        again = Tuning(cache, SECOND_HIT, TuneSettings(evictions=("lru",)))
+        _fed(again, trace, 0, SIZING + 10)
+
+
+async def test_the_live_tuner_chooses_its_sample_and_the_compiled_path_follows(
+    origin, start_proxy, client
+):
+    trace = scan_polluted()
+    trace = Trace(trace.times[:3000], trace.ids[:3000], trace.sizes[:3000])
+    serve_trace(origin, trace)
+    proxy = await start_proxy(cache__size="16MiB", cache__eviction="auto",
+                              tune__evictions="lru,s3fifo")  # fmt: skip
+    whatif = proxy.proxy.engine.whatif
+    assert proxy.proxy.plain_hits.sample_below == whatif.below == 2**64 - 1  # every request
+    for key in trace.key_strings():
+        async with client.get(base(proxy) + "/obj/" + key) as r:
+            assert r.status == 200
+            await r.read()
+    await asyncio.sleep(0)
+    assert whatif.tuning.rate < 1.0 and whatif.below < 2**64 - 1
+    assert proxy.proxy.plain_hits.sample_below == whatif.below

@@ -202,7 +202,7 @@ def simulate(
     if tuning is not None:
         tuning.apply = lambda was, choice: take(engine, choice, admission, was=was)
         run = functools.partial(_replay_tuned, run, tuning, keys, times, sizes,
-                                _sampled(trace, key_prefix, tuning.settings.sample))  # fmt: skip
+                                _Sampled(key_hashes(trace, key_prefix)))  # fmt: skip
     total = len(trace)
     every = max(1, total // max(1, timeline_points))
     step = min(CHUNK, every)  # a short trace still gets its timeline points
@@ -226,9 +226,19 @@ def simulate(
                      timeline, sample.rate, eviction)  # fmt: skip
 
 
-def _sampled(trace: Trace, key_prefix: str, rate: float) -> np.ndarray:
-    """The positions of the requests a ``rate`` sample keeps, in order."""
-    return np.flatnonzero(key_hashes(trace, key_prefix) < _below(rate))
+@dataclass
+class _Sampled:
+    """The positions of the requests a sample keeps, in order, by its rate: the tuner's
+    changes once (``sample = "auto"``)."""
+
+    hashes: np.ndarray
+    rate: float = math.nan
+    positions: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+
+    def at(self, rate: float) -> np.ndarray:
+        if rate != self.rate:
+            self.rate, self.positions = rate, np.flatnonzero(self.hashes < _below(rate))
+        return self.positions
 
 
 def _replay_tuned(
@@ -237,14 +247,15 @@ def _replay_tuned(
     keys: KeyArrays,
     times: np.ndarray,
     sizes: np.ndarray,
-    sampled: np.ndarray,
+    sampled_by: _Sampled,
     start: int,
     stop: int,
 ) -> None:
     """Requests ``start:stop`` through the engine (``run``) and their sampled ones through
-    the tuner's ghosts, cut after each sampled request that closes a period: the tuner's
-    choice reaches the engine before the next request, as it does live."""
+    the tuner's ghosts, cut after each sampled request that closes a period (or its sizing):
+    the tuner's choice reaches the engine before the next request, as it does live."""
     while start < stop:
+        sampled = sampled_by.at(tuning.rate)
         first = int(np.searchsorted(sampled, start))
         closing = first + tuning.left() - 1
         end = stop if closing >= len(sampled) else min(stop, int(sampled[closing]) + 1)

@@ -326,12 +326,15 @@ class TuneSection:
         (), values.tune_policies,
         "the memory admissions it chooses among (empty: [admission] policy, second-hit, always)",
     )  # fmt: skip
-    sample: float = values.setting(
-        _TUNE.sample, values.tune_sample, "share of keys each candidate's ghost is fed"
-    )
-    period: int = values.setting(
-        _TUNE.period, values.positive_int, "sampled requests between two judgements"
-    )
+    sample: float | str = values.setting(
+        "auto", values.tune_sample,
+        "share of keys each candidate's ghost is fed; auto: ghosts of about 2,000 objects of "
+        "the mean size of the first 2,000 requests (every key for a cache of fewer)",
+    )  # fmt: skip
+    period: int | str = values.setting(
+        "auto", values.tune_period,
+        "sampled requests between two judgements; auto: what a ghost holds, 500 at least",
+    )  # fmt: skip
     warmup: int = values.setting(
         _TUNE.warmup, values.positive_int, "judgements before the first choice (ghosts filling)"
     )
@@ -419,7 +422,7 @@ class Config:
         tuning = self.tuning()
         if not w.sample:  # the tuner's alone
             assert tuning is not None
-            return WhatIf(self._memory_shape(), rate=tuning.settings.sample, scales=(),
+            return WhatIf(self._memory_shape(), rate=tuning.rate, scales=(),
                           tuning=tuning)  # fmt: skip
         return WhatIf(self._memory_shape(), rate=w.sample,
                       disk=None if machine else self._disk_shape(), alternatives=w.policies,
@@ -428,10 +431,10 @@ class Config:
     def tune_settings(self) -> TuneSettings:
         t, a = self.tune, self.admission
         # A fleet's shared filter is second hit's: the tuner chooses the eviction alone.
-        admissions = t.admissions or (
-            (a.policy,) if a.backend == "redis" else (a.policy, "second-hit", "always")
-        )
-        return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), t.sample, t.period,
+        admissions = t.admissions or ((a.policy,) if a.backend == "redis" else ())
+        sample = None if t.sample == "auto" else float(t.sample)
+        period = None if t.period == "auto" else int(t.period)
+        return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), sample, period,
                             t.warmup, t.patience, t.margin)  # fmt: skip
 
     def tuning(self) -> Tuning | None:
@@ -471,7 +474,11 @@ class Config:
         """The memory tier's eviction at its start: the configured one, or the tuner's first
         choice."""
         c = self.cache
-        return self.tune_settings().choices()[0].eviction if c.eviction == "auto" else c.eviction
+        return (
+            self.tune_settings().choices(self.admission.policy)[0].eviction
+            if (c.eviction == "auto")
+            else c.eviction
+        )
 
     def _memory_shape(self) -> MemoryShape:
         c = self.cache

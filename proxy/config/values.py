@@ -337,11 +337,19 @@ def tune_policies(value: Any) -> tuple[str, ...]:
     return policies(value)
 
 
-def tune_sample(value: Any) -> float:
+def tune_sample(value: Any) -> float | str:
+    if value == "auto":
+        return value
     number = sample_rate(value)
     if number == 0:
-        raise ValueError("expected a sampling rate above 0, like 0.05 (the tuner needs one)")
+        raise ValueError(
+            "expected 'auto', or a sampling rate above 0, like 0.05 (the tuner needs one)"
+        )
     return number
+
+
+def tune_period(value: Any) -> int | str:
+    return value if value == "auto" else positive_int(value)
 
 
 def share(value: Any) -> float:

@@ -7,10 +7,11 @@ Rules it keeps:
   are each a ghost of the memory tier at its configured size, the compiled store and
   admission the proxy runs, fed a spatial sample (SHARDS) of ``sample`` of the keys through
   the simulator's own loop (``proxy.core.replay``), as the what-if's ghosts are.
-* It judges every ``period`` sampled requests, on each candidate's *recent* hits: those of
-  the period just ended added to half of those before, so the evidence of about the last two
-  periods counts most and an old workload fades. None before ``warmup`` judgements: a ghost
-  filling up says nothing of its policy.
+* It judges every ``period`` sampled requests (by default about what a ghost holds: each
+  period turns it over once), on each candidate's *recent* hits: those of the period just
+  ended added to ``KEPT_EVIDENCE`` of those before, so the last twenty periods or so count
+  and an old workload fades. None before ``warmup`` judgements: a ghost filling up says
+  nothing of its policy.
 * Hysteresis: the candidate with the most recent hits replaces the current choice only after
   it has led at ``patience`` judgements in a row, each time ahead of the current choice by
   more than ``margin`` of the recent sampled requests (its miss ratio lower by that much, as
@@ -42,9 +43,19 @@ EVICTIONS = (
     "s3fifo", "s3fifo:move=1", "s3fifo:small=0.01", "s3fifo:small=0.01:move=1",
     "s3fifo:small=0.05", "s3fifo:small=0.05:move=1", "s3fifo:small=0.2",
     "s3fifo:small=0.2:move=1", "s3fifo:small=0.4", "s3fifo:small=0.4:move=1",
-    "lru", "sieve", "twoq", "wtinylfu", "wtinylfu:small=0.2",
+    "lru", "sieve", "twoq", "twoq:small=0.1:ghost=1", "wtinylfu", "wtinylfu:small=0.2",
 )  # fmt: skip
 KEPT_DECISIONS = 32
+KEPT_EVIDENCE = 0.95  # of the hits before a period, the share the judgement after counts
+# ``sample = "auto"``: the requests whose sizes choose the rate, and the objects a ghost holds
+# at it (a thousandth of the keys at least; every key for a cache of fewer objects).
+SIZING = 2000
+GHOST_OBJECTS = 2000
+MIN_RATE = 0.001
+# ``period = "auto"``: sampled requests between two judgements, in what a ghost holds (each
+# period turns a ghost over about that often), and the fewest.
+TURNOVERS = 1
+MIN_PERIOD = 500
 # Objects a candidate's ghost must hold for its hits to be acted on (as the what-if's).
 MIN_GHOST_OBJECTS = 100
 
@@ -70,29 +81,35 @@ class TuneSettings:
     """What the tuner chooses among and how cautiously: ``[tune]``."""
 
     evictions: tuple[str, ...] = EVICTIONS
-    admissions: tuple[str, ...] = ("second-hit", "always")
-    sample: float = 0.05
-    period: int = 10_000
-    warmup: int = 2
-    patience: int = 2
+    admissions: tuple[str, ...] = ()  # none: the configured one, second-hit and always
+    sample: float | None = None  # None: chosen from the sizes seen (``SIZING``)
+    period: int | None = None  # None: chosen from the sizes seen (``SIZING``)
+    warmup: int = 1
+    patience: int = 1
     margin: float = 0.005
 
     def __post_init__(self) -> None:
-        if not self.evictions or not self.admissions:
-            raise ValueError("the tuner needs an eviction and an admission to choose among")
-        if not 0.0 < self.sample <= 1.0:
+        if not self.evictions:
+            raise ValueError("the tuner needs an eviction to choose among")
+        if self.sample is not None and not 0.0 < self.sample <= 1.0:
             raise ValueError(f"sample is in (0, 1], got {self.sample!r}")
-        if self.period < 100 or self.warmup < 1 or self.patience < 1:
+        if (
+            (self.period is not None and self.period < 100)
+            or self.warmup < 1
+            or (self.patience < 1)
+        ):
             raise ValueError("period is 100 sampled requests or more; warmup and patience 1 "
                              "or more")  # fmt: skip
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin is in [0, 1), got {self.margin!r}")
 
-    def choices(self) -> tuple[Choice, ...]:
-        """Every (eviction, admission) pair, each eviction by its one name, the first the
-        tuner starts with."""
+    def choices(self, configured: str) -> tuple[Choice, ...]:
+        """Every (eviction, admission) pair, each eviction by its one name, the admissions
+        ``admissions``, or the ``configured`` one, second-hit and always; the first pair is
+        the tuner's start."""
         names = dict.fromkeys(parse_eviction(e).name for e in self.evictions)
-        return tuple(Choice(e, a) for e in names for a in dict.fromkeys(self.admissions))
+        admissions = self.admissions or (configured, "second-hit", "always")
+        return tuple(Choice(e, a) for e in names for a in dict.fromkeys(admissions))
 
 
 @dataclass(frozen=True)
@@ -127,18 +144,18 @@ class Tuner:
         self.led = 0
         self.said = "warming up"  # the last judgement, in words
 
-    def judge(self, hits: np.ndarray, requests: int, held: np.ndarray) -> int | None:
+    def judge(self, hits: np.ndarray, requests: int, held: np.ndarray | None) -> int | None:
         """One period's ``hits`` of each candidate over its ``requests`` (the same for all),
-        and the objects each ghost holds: the candidate to switch to, or None (``said``
-        tells why)."""
-        self.recent_hits = self.recent_hits / 2 + hits
-        self.recent_requests = self.recent_requests / 2 + requests
+        and the objects each ghost holds (None: ghosts of every key, exact whatever they
+        hold): the candidate to switch to, or None (``said`` tells why)."""
+        self.recent_hits = self.recent_hits * KEPT_EVIDENCE + hits
+        self.recent_requests = self.recent_requests * KEPT_EVIDENCE + requests
         self.judgements += 1
         s = self.settings
         if self.judgements <= s.warmup:
             self.said = f"warming up ({self.judgements} of {s.warmup} periods)"
             return None
-        if int(held.min()) < MIN_GHOST_OBJECTS:
+        if held is not None and int(held.min()) < MIN_GHOST_OBJECTS:
             self.leader, self.led = None, 0
             self.said = (f"a ghost holds {int(held.min())} objects, fewer than "
                          f"{MIN_GHOST_OBJECTS}: raise [tune] sample")  # fmt: skip
@@ -175,9 +192,10 @@ class Tuner:
 
 @dataclass
 class Tuning:
-    """The candidates' ghosts and the tuner, fed sampled requests (``feed``); ``apply`` is
-    called with the choice left and the new one as each is made; ``make``: how the cache
-    makes an admission policy (its shared window under ``--workers``), for ``take``."""
+    """The candidates' ghosts and the tuner, fed sampled requests (``feed``) at ``rate``;
+    ``apply`` is called with the choice left and the new one as each is made; ``make``: how
+    the cache makes an admission policy (its shared window under ``--workers``), for
+    ``take``."""
 
     size: int
     admission: AdmissionConfig
@@ -189,15 +207,27 @@ class Tuning:
     decisions: list[Decision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.choices = self.settings.choices()
-        self.tuner = Tuner(self.choices, self.settings)
+        self.choices = self.settings.choices(self.admission.policy)
+        self.switches = 0
+        s = self.settings
+        # ``sample`` or ``period`` "auto": chosen from the sizes of the first requests
+        # (``SIZING``); every request is sampled meanwhile, unless the sample is given.
+        self.sizes: dict[int, int] | None = None
+        if s.sample is None or s.period is None:
+            self.sizes = {}
+        self.period = s.period or SIZING  # until it is chosen
+        self._begin(1.0 if s.sample is None else s.sample, 0)
+
+    def _begin(self, rate: float, current: int) -> None:
+        """Ghosts at ``rate``, and a tuner of no judgement yet, at choice ``current``."""
+        self.rate = rate
+        self.tuner = Tuner(self.choices, self.settings, current)
         self.ghosts = [
             build_engine(self.size, admission_of(c, self.admission), self.max_object_bytes,
-                         self.entry_overhead, c.eviction, rate=self.settings.sample)
+                         self.entry_overhead, c.eviction, rate=rate)
             for c in self.choices
         ]  # fmt: skip
-        self.sampled = 0  # sampled requests fed
-        self.switches = 0
+        self.sampled = 0  # sampled requests fed at this rate
         self._judged_hits = np.zeros(len(self.choices), dtype=np.int64)
         self._judged_requests = 0
 
@@ -206,12 +236,16 @@ class Tuning:
         return self.choices[self.tuner.current]
 
     def left(self) -> int:
-        """Sampled requests until the next judgement."""
-        return self.settings.period - self.sampled % self.settings.period
+        """Sampled requests until the next judgement (or, while sizes are learnt, until the
+        rate is chosen): a driver's batch ends there at the latest."""
+        if self.sizes is not None:
+            return SIZING - self.sampled
+        return self.period - self.sampled % self.period
 
     def feed(self, keys: KeyArrays, times: np.ndarray, sizes: np.ndarray) -> list[Decision]:
         """Sampled requests, in order, through every ghost, judged at each period's end; the
-        decisions made."""
+        decisions made. A batch that ends the learning of sizes ends there: the rest of it
+        was sampled at the old rate (``left`` says where)."""
         made = []
         start, total = 0, len(times)
         while start < total:
@@ -219,17 +253,46 @@ class Tuning:
             for ghost in self.ghosts:
                 replay(ghost, keys, times, sizes, start, stop)
             self.sampled += stop - start
-            if self.sampled % self.settings.period == 0:
+            if self.sizes is not None:
+                self._learn(keys, sizes, start, stop)
+                if self.sizes is None:
+                    if stop < total:
+                        raise ValueError("a batch went past the end of the tuner's sizing")
+                    break
+            elif self.sampled % self.period == 0:
                 decision = self._judge(float(times[stop - 1]))
                 if decision is not None:
                     made.append(decision)
             start = stop
         return made
 
+    def _learn(self, keys: KeyArrays, sizes: np.ndarray, start: int, stop: int) -> None:
+        """The sizes of requests ``start:stop``; at ``SIZING`` requests, from the mean size
+        seen (of distinct keys) and so the objects the cache holds: the rate, for ghosts of
+        ``GHOST_OBJECTS`` objects (all keys, for a cache of fewer), and the period,
+        ``TURNOVERS`` times what a ghost holds (``MIN_PERIOD`` at least). Ghosts of a new
+        rate begin afresh; at the same, they go on."""
+        assert self.sizes is not None
+        ids = keys.ids[start:stop]
+        names = keys.names[0][ids] if keys.names else ids
+        self.sizes.update(zip(names.tolist(), sizes[start:stop].tolist(), strict=True))
+        if self.sampled < SIZING:
+            return
+        mean = sum(self.sizes.values()) / max(1, len(self.sizes))
+        objects = self.size / (mean + self.entry_overhead + 1)
+        s = self.settings
+        rate = s.sample or min(1.0, max(MIN_RATE, float(f"{GHOST_OBJECTS / objects:.2g}")))
+        self.period = s.period or max(MIN_PERIOD, TURNOVERS * round(objects * rate))
+        self.sizes = None
+        if rate != self.rate:
+            self._begin(rate, self.tuner.current)
+
     def _judge(self, at: float) -> Decision | None:
         hits = np.array([g.counters.hits for g in self.ghosts], dtype=np.int64)
         requests = self.ghosts[0].counters.requests
-        held = np.array([len(g.store) for g in self.ghosts])
+        # A ghost of every key is the cache itself, whatever it holds: only a sample's is
+        # asked how much it holds.
+        held = None if self.rate >= 1.0 else np.array([len(g.store) for g in self.ghosts])
         was = self.choice
         best = self.tuner.judge(hits - self._judged_hits, requests - self._judged_requests, held)
         self._judged_hits, self._judged_requests = hits, requests
@@ -245,12 +308,14 @@ class Tuning:
 
     def state(self) -> dict[str, object]:
         """What /stats shows: the choice, why, the decisions kept, each candidate's recent
-        miss ratio in the sample."""
+        miss ratio in the sample, the sample's rate (and whether it is still being chosen)."""
         t = self.tuner
         return {
-            "choice": self.choice.as_json(), "said": t.said, "judgements": t.judgements,
-            "sampled": self.sampled, "sample": self.settings.sample,
-            "switches": self.switches,
+            "choice": self.choice.as_json(),
+            "said": "learning sizes to choose its sample" if self.sizes is not None else t.said,
+            "judgements": t.judgements, "sampled": self.sampled, "sample": self.rate,
+            "period": self.period,
+            "sizing": self.sizes is not None, "switches": self.switches,
             "decisions": [d.as_json() for d in self.decisions],
             "candidates": [{"eviction": c.eviction, "admission": c.admission,
                             "recent_miss_ratio": t.miss_ratio(i)}

@@ -266,8 +266,11 @@ class WhatIf:
             disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
         # The ghosts' sample (none without ghosts), the tuner's, and what is recorded.
         self.own_below = _below(rate) if self.ghosts or self.disk is not None else 0
-        self.tune_below = 0 if tuning is None else _below(tuning.settings.sample)
+        self.tune_below = 0 if tuning is None else _below(tuning.rate)
         self.below = max(self.own_below, self.tune_below)
+        # Told when the tuner's sample changed (``sample = "auto"``): a compiled path that
+        # copied ``below`` copies it again.
+        self.resampled: Callable[[], None] | None = None
 
     def start(self, hits: int) -> None:
         """The ghosts begin now, when the cache has counted ``hits``: ``curves`` is told the
@@ -317,6 +320,11 @@ class WhatIf:
         if self.tuning is not None:
             tuned = _within(sample, points, self.tune_below)
             self.tuning.feed(tuned.keys(), tuned.times, tuned.sizes)
+            if _below(self.tuning.rate) != self.tune_below:  # its sample, chosen
+                self.tune_below = _below(self.tuning.rate)
+                self.below = max(self.own_below, self.tune_below)
+                if self.resampled is not None:
+                    self.resampled()
         sample = _within(sample, points, self.own_below)
         if not len(sample.times):
             return

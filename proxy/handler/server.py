@@ -218,6 +218,8 @@ class Proxy:
         whatif, samples, counters = self.engine.whatif, self.samples, self.engine.counters
         if whatif is not None and whatif.tuning is not None:
             whatif.tuning.apply = self._retune
+            # Its sample chosen: the compiled path records what it samples from then on.
+            whatif.resampled = lambda: asyncio.get_running_loop().call_soon(self.hits.follow_engine)
         if whatif is None or samples is None:
             return
         counted = 0
