@@ -11,7 +11,9 @@ each policy's miss ratio, the bytes onehit's policies wrote (admissions' bytes; 
 every miss), and which policy, onehit's or libCacheSim's, is lowest. ``--json FILE`` keeps the
 table; ``--report-dir DIR`` writes a report (``index.html``, plots, ``summary.md``) with the
 miss-ratio curves of the whole family, libCacheSim's beside onehit's, and onehit's hit ratio
-against the bytes it wrote (libCacheSim does not count writes).
+against the bytes it wrote (libCacheSim does not count writes). ``--evictions`` takes knobs
+(``s3fifo:small=0.05:move=1``) and ``auto``, the tuner (``proxy.core.tuning``), whose
+decisions go into the JSON with its cells.
 
 ``--disk`` adds the flash question (``loadgen/sim/flash.py``): behind a memory tier of
 ``--memory-share`` of the unique bytes (LRU), a disk tier of each of ``--disk-shares``, and at
@@ -176,21 +178,27 @@ def main() -> None:
                              for peer, ratios in theirs.items()]  # fmt: skip
             lru_written = row["always"].stats["bytes_written"] if "always" in row else None
             print(f"\n  cache {format_size(size)} ({share:.1%} of unique bytes): miss ratio")
-            entries = [(1 - r.stats["hit_ratio"], label, "onehit", r.stats["bytes_written"])
-                       for label, r in row.items()]  # fmt: skip
-            entries += [(mr, label, "libCacheSim", None) for label, (mr, _) in theirs.items()]
+            entries = [(1 - r.stats["hit_ratio"], label, "onehit", r.stats["bytes_written"],
+                        1 - r.stats["byte_hit_ratio"]) for label, r in row.items()]  # fmt: skip
+            entries += [(mr, label, "libCacheSim", None, bmr)
+                        for label, (mr, bmr) in theirs.items()]  # fmt: skip
             best = min(entries)[0]
-            for miss_ratio, label, source, written in sorted(entries):
+            for miss_ratio, label, source, written, byte_miss_ratio in sorted(entries):
                 wrote = ""
                 if written is not None:
                     wrote = f"  wrote {format_size(written)}"
                     if lru_written:
                         wrote += f" ({written / lru_written:.0%} of LRU's)"
                 mark = "  <- lowest" if miss_ratio == best else ""
-                print(f"    {source:11s} {label:28s} {miss_ratio:.4f}{wrote}{mark}")
+                print(f"    {source:11s} {label:36s} {miss_ratio:.4f} (bytes "
+                      f"{byte_miss_ratio:.4f}){wrote}{mark}")  # fmt: skip
                 cells.append({"trace": name, "share": share, "cache_bytes": size,
                               "source": source, "policy": label, "miss_ratio": miss_ratio,
+                              "byte_miss_ratio": byte_miss_ratio,
                               "bytes_written": written})  # fmt: skip
+                tuned = row.get(label) if source == "onehit" else None
+                if tuned is not None and tuned.tuning is not None:
+                    cells[-1]["tuning"] = tuned.tuning["decisions"]
         print(f"\n  onehit: {len(ours)} cells in {ours_seconds:.1f}s")
         if args.disk:
             started = time.perf_counter()
