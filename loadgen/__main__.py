@@ -40,10 +40,9 @@ from proxy.config.settings import ConfigError, load
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
 from proxy.core.evictions import EVICTIONS
-from proxy.core.evictions import eviction as parse_eviction
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
-from proxy.core.tuning import TuneSettings
+from proxy.core.tuning import TuneSettings, auto
 from proxy.core.units import format_size, parse_duration, parse_size
 
 
@@ -300,10 +299,8 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
 
 def _tune(args: argparse.Namespace) -> TuneSettings:
     try:
-        sample = values.tune_sample(args.tune_sample)
-        period = values.tune_period(args.tune_period)
-        return TuneSettings(sample=None if sample == "auto" else float(sample),
-                            period=None if period == "auto" else int(period))  # fmt: skip
+        return TuneSettings(sample=auto(values.tune_sample(args.tune_sample)),
+                            period=auto(values.tune_period(args.tune_period)))  # fmt: skip
     except ValueError as exc:
         raise UsageError(f"--tune-sample/--tune-period: {exc}") from None
 
@@ -417,7 +414,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                 print(f"onehit-loadgen simulate: --sample: {warning}", file=sys.stderr)
     evictions = _split(args.eviction)
     try:
-        evictions = [e if e == "auto" else parse_eviction(e).name for e in evictions]
+        evictions = [values.eviction(e) for e in evictions]
     except ValueError as exc:
         raise UsageError(f"--eviction: {exc}") from None
     policies = [(config, eviction) for eviction in evictions for config in configs]

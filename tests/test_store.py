@@ -216,3 +216,28 @@ def test_a_bad_reshape_is_refused_and_changes_nothing(bad):
     with pytest.raises(ValueError):
         store.reshape(bad)
     assert store.eviction == "s3fifo" and store.index.eviction == "s3fifo" and "a" in store
+
+
+def test_a_reshape_keeps_the_order_across_the_old_policys_queues():
+    """S3-FIFO's main queue holds the older entries, its small queue the newer: reshaped to
+    LRU, main's leave first, each queue from its oldest."""
+    store = CacheStore(10_000, eviction="s3fifo")  # a small queue of 1,000 bytes
+    # k0 and k1 enter the small queue, k2 to k10 main (the small queue is full before the
+    # first eviction); k11 and k12 evict k0 and k1 into the ghost and take their place.
+    for i in range(13):
+        store.put(entry(f"k{i}", 900))
+    assert "k0" not in store and "k1" not in store
+    store.reshape("lru")
+    evicted = [e.key for e in store.put(entry("big", 9_000))]
+    assert evicted == [f"k{i}" for i in range(2, 12)] and "k12" in store
+
+
+def test_a_store_index_made_directly_refuses_knobs_out_of_range():
+    from proxy.core._native import StoreIndex
+
+    for knobs in ({"small": 2.0}, {"small": 0.0}, {"ghost": 5.0}, {"ghost": float("nan")},
+                  {"move": 4}, {"move": 0}):  # fmt: skip
+        with pytest.raises(ValueError, match="out of its range"):
+            StoreIndex(1000, "s3fifo", **knobs)
+        with pytest.raises(ValueError, match="out of its range"):
+            StoreIndex(1000, "lru").reshape("s3fifo", **knobs)

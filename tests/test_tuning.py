@@ -14,10 +14,10 @@ from loadgen.traces.trace import Trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
 from proxy.core.replay import KeyArrays
-from proxy.core.tuning import MIN_GHOST_OBJECTS, SIZING, Choice, Tuner, TuneSettings, Tuning
+from proxy.core.tuning import MIN_SAMPLED_OBJECTS, SIZING, Choice, Tuner, TuneSettings, Tuning
 
 CHOICES = (Choice("lru", "second-hit"), Choice("s3fifo", "second-hit"), Choice("sieve", "always"))
-HELD = np.full(3, 10 * MIN_GHOST_OBJECTS)
+HELD = np.full(3, 10 * MIN_SAMPLED_OBJECTS)
 
 
 def judged(tuner: Tuner, periods: list[list[int]], requests: int = 10_000) -> list[int | None]:
@@ -72,19 +72,22 @@ def test_old_evidence_fades_so_a_changed_workload_changes_the_choice():
 
 def test_a_ghost_too_small_to_tell_holds_the_choice_and_says_to_sample_more():
     tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1))
-    held = np.array([MIN_GHOST_OBJECTS - 1, 5000, 5000])
+    held = np.array([MIN_SAMPLED_OBJECTS - 1, 5000, 5000])
     assert tuner.judge(np.array([0, 0, 0]), 1000, held) is None
     assert tuner.judge(np.array([0, 900, 0]), 1000, held) is None
     assert "raise [tune] sample" in tuner.said and tuner.current == 0
 
 
 @pytest.mark.parametrize(
-    "bad",
-    [{"sample": 0}, {"sample": 1.5}, {"period": 10}, {"patience": 0}, {"margin": 1},
-     {"evictions": ()}, {"evictions": ("fifo",)}],
+    ("bad", "said"),
+    [({"sample": 0}, "sample is in"), ({"sample": 1.5}, "sample is in"),
+     ({"period": 10}, "period is 100"), ({"warmup": 0}, "warmup is 1"),
+     ({"patience": 0}, "patience is 1"), ({"margin": 1}, "margin is in"),
+     ({"evictions": ()}, "evictions: the tuner needs one"),
+     ({"evictions": ("fifo",)}, "unknown eviction 'fifo'")],
 )  # fmt: skip
-def test_bad_settings_are_refused(bad):
-    with pytest.raises(ValueError):
+def test_bad_settings_are_refused_naming_the_setting(bad, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
         TuneSettings(**bad).choices("second-hit")
 
 
@@ -234,7 +237,7 @@ def test_a_bad_tune_setting_names_its_key_and_the_fix(tmp_path):
         ('[cache]\neviction = "auto"\n[tune]\nevictions = ["s3fifo:small=3"]\n',
          "[tune] evictions = ['s3fifo:small=3']: s3fifo's small is in (0, 1)"),
         ("[tune]\nsample = 0\n", "[tune] sample = 0: expected 'auto', or a sampling rate above 0"),
-        ("[tune]\nperiod = 10\n", "[tune]: period is 100 sampled requests or more"),
+        ("[tune]\nperiod = 10\n", "[tune] period = 10: expected 'auto', or 100 sampled"),
         ('[tune]\nadmissions = ["auto"]\n', "auto is a disk tier's"),
     ]:  # fmt: skip
         path.write_text('[upstream]\norigin = "http://127.0.0.1:1"\n' + body)
@@ -265,23 +268,23 @@ def _fed(tuning, trace: Trace, start: int, stop: int) -> None:
                 trace.times[picked], trace.sizes[picked].astype(np.int64))  # fmt: skip
 
 
-@pytest.mark.parametrize(("cache", "rate"), [(10_250_000, 0.2), (1_000_000, 1.0)])
-def test_an_auto_sample_is_chosen_from_the_sizes_of_the_first_requests(cache, rate):
+@pytest.mark.parametrize(("cache", "rate", "period"),
+                         [(10_250_000, 0.2, 2000), (1_000_000, 1.0, 976)])  # fmt: skip
+def test_an_auto_sample_is_chosen_from_the_sizes_of_the_first_requests(cache, rate, period):
     trace = scan_polluted()  # every object 1 KiB
     tuning = Tuning(cache, SECOND_HIT, TuneSettings(evictions=("lru", "s3fifo")))
-    assert tuning.rate == 1.0 and tuning.left() == SIZING and tuning.state()["sizing"]
+    assert tuning.rate == 1.0 and tuning.left() == SIZING
+    assert tuning.state()["sample"] is None and tuning.state()["period"] is None
     _fed(tuning, trace, 0, SIZING - 1)
     assert tuning.rate == 1.0 and tuning.left() == 1
     _fed(tuning, trace, SIZING - 1, SIZING)
     # 10,250,000 bytes hold 10,000 objects of 1 KiB (and a byte): ghosts of 2,000 are a 0.2
-    # sample. A
-    # cache of fewer objects than that is modelled whole, its ghosts going on.
-    assert tuning.rate == rate and not tuning.state()["sizing"]
+    # sample, judged every 2,000 sampled requests. A cache of fewer objects than that (976)
+    # is modelled whole, its ghosts going on, judged as often as it holds objects.
+    assert tuning.rate == rate == tuning.state()["sample"]
+    assert tuning.period == tuning.state()["period"] == period
     assert tuning.sampled == (0 if rate < 1 else SIZING)
     assert tuning.ghosts[0].counters.requests == (0 if rate < 1 else SIZING)
-    with pytest.raises(ValueError, match="past the end of the tuner's sizing"):
-        again = Tuning(cache, SECOND_HIT, TuneSettings(evictions=("lru",)))
-        _fed(again, trace, 0, SIZING + 10)
 
 
 async def test_the_live_tuner_chooses_its_sample_and_the_compiled_path_follows(
@@ -301,3 +304,63 @@ async def test_the_live_tuner_chooses_its_sample_and_the_compiled_path_follows(
     await asyncio.sleep(0)
     assert whatif.tuning.rate < 1.0 and whatif.below < 2**64 - 1
     assert proxy.proxy.plain_hits.sample_below == whatif.below
+
+
+async def test_a_reload_of_tune_starts_the_tuner_afresh_and_one_of_whatif_alone_keeps_it(
+    origin, tmp_path, client
+):
+    from proxy.config.settings import load
+    from proxy.ops.service import Service
+
+    trace = twice_each(objects=300, gap=20)
+    serve_trace(origin, trace)
+    path = tmp_path / "proxy.toml"
+    head = ('[cache]\nsize = "512KiB"\neviction = "auto"\n[tune]\nevictions = ["lru", "sieve"]\n'
+            'sample = 1.0\nperiod = 100\n')  # fmt: skip
+    path.write_text(head)
+    flags = {"upstream.origin": origin.url, "server.listen": "127.0.0.1:0",
+             "admin.listen": "127.0.0.1:0", "server.access_log": False}  # fmt: skip
+    service = await Service.start(
+        load(path, env={}, overrides=flags), read_config=lambda: load(path, env={}, overrides=flags)
+    )
+    try:
+        for key in trace.key_strings():
+            async with client.get(base(service) + "/obj/" + key) as r:
+                await r.read()
+        await asyncio.sleep(0)
+        engine = service.proxy.engine
+        tuning = engine.whatif.tuning
+        assert tuning.choice.admission == "always" == engine.admission.name
+        path.write_text(head + "[whatif]\nsample = 0.5\n")  # the what-if's alone
+        async with client.post(admin(service) + "/reload", json={}) as r:
+            assert r.status == 200 and (await r.json())["changed"] == ["whatif.sample"]
+        assert engine.whatif.tuning is tuning and engine.admission.name == "always"
+        assert engine.whatif.rate == 0.5
+        path.write_text(head.replace("period = 100", "period = 200") + "[whatif]\nsample = 0.5\n")
+        async with client.post(admin(service) + "/reload", json={}) as r:
+            assert r.status == 200 and (await r.json())["changed"] == ["tune.period"]
+        fresh = engine.whatif.tuning
+        assert fresh is not tuning and fresh.tuner.judgements == 0
+        # The memory tier takes the new tuner's first pair at once, every entry kept.
+        assert (engine.store.eviction, engine.admission.name) == ("lru", "second-hit")
+        assert service.proxy.running == fresh.choice and len(engine.store) > 0
+    finally:
+        await service.stop()
+
+
+async def test_with_the_whatif_off_the_tuner_records_alone_and_stats_say_so(
+    origin, start_proxy, client
+):
+    trace = twice_each(objects=300, gap=20)
+    serve_trace(origin, trace)
+    proxy = await start_proxy(
+        cache__size="512KiB", cache__eviction="auto", whatif__sample=0, tune__evictions="lru",
+        tune__sample=1.0, tune__period=100,
+    )  # fmt: skip
+    for key in trace.key_strings():
+        async with client.get(base(proxy) + "/obj/" + key) as r:
+            await r.read()
+    async with client.get(admin(proxy) + "/stats") as r:
+        stats = await r.json()
+    assert stats["whatif"] is None  # no ghost of the what-if's, nothing it reports
+    assert stats["tune"]["judgements"] == len(trace) // 100 and stats["tune"]["switches"] == 1

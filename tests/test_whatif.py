@@ -73,7 +73,7 @@ def test_a_sampled_what_if_is_the_simulator_on_the_same_sample(trace):
 def test_a_ghost_whose_sampled_cache_holds_a_handful_of_objects_says_so(trace):
     """At 1% of a 1% cache a ghost holds a few objects, and its estimate is noise: its curve
     says so (it did not); at half of a 30% cache the ghosts hold enough, and say nothing."""
-    from proxy.core.whatif import MIN_SAMPLED_OBJECTS
+    from proxy.core.tuning import MIN_SAMPLED_OBJECTS
 
     for rate, share, warned in ((0.01, 0.01, True), (0.5, 0.3, False)):
         size = round(trace.distinct_bytes() * share)

@@ -269,6 +269,11 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
         eviction = values_eviction(eviction)
     except ValueError as exc:
         raise ExperimentError(f"{where}: {exc}") from None
+    if eviction == "auto":
+        raise ExperimentError(
+            f"{where}: eviction = 'auto': an experiment's simulated cells have no tuner yet; "
+            "name an eviction, or run onehit-loadgen simulate --eviction auto"
+        )
     if not isinstance(cache_scale, int) or cache_scale < 1:
         raise ExperimentError(
             f"{where}: cache_scale = {cache_scale!r}: expected a whole number >= 1"

@@ -35,9 +35,9 @@ from proxy.core.engine import CacheEngine
 from proxy.core.replay import KeyArrays, build_engine, replay, rule_lifetimes
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
-from proxy.core.tuning import TuneSettings, Tuning, admission_of, take
+from proxy.core.tuning import MIN_SAMPLED_OBJECTS, TuneSettings, Tuning, take
 from proxy.core.units import format_size, parse_size
-from proxy.core.whatif import MIN_SAMPLED_OBJECTS, shards_ratio
+from proxy.core.whatif import sample_below, shards_ratio
 
 CHUNK = 1 << 16
 
@@ -132,13 +132,9 @@ def sample_trace(trace: Trace, rate: float, key_prefix: str = "") -> Sample:
     is below ``rate * 2**64``: each key is kept whole or not at all."""
     if not 0.0 < rate <= 1.0:
         raise ValueError(f"a sampling rate is in (0, 1], got {rate!r}")
-    keep = key_hashes(trace, key_prefix) < _below(rate)
+    keep = key_hashes(trace, key_prefix) < np.uint64(sample_below(rate))
     kept = Trace(trace.times[keep], trace.ids[keep], trace.sizes[keep], trace.names)
     return Sample(kept, rate, len(trace), int(trace.sizes.sum()))
-
-
-def _below(rate: float) -> np.ndarray:
-    return np.uint64(min(2**64 - 1, int(rate * 2**64)))
 
 
 def key_hashes(trace: Trace, key_prefix: str = "") -> np.ndarray:
@@ -191,7 +187,7 @@ def simulate(
         tuning = Tuning(cache_bytes, admission, tune or TuneSettings(), max_object_bytes,
                         entry_overhead)  # fmt: skip
     start_eviction = eviction if tuning is None else tuning.choice.eviction
-    first = admission if tuning is None else admission_of(tuning.choice, admission)
+    first = admission if tuning is None else admission.as_policy(tuning.choice.admission)
     engine = build_engine(cache_bytes, first, max_object_bytes, entry_overhead, start_eviction,
                           rate=rate)  # fmt: skip
     keys = key_arrays(trace, key_prefix)
@@ -237,7 +233,10 @@ class _Sampled:
 
     def at(self, rate: float) -> np.ndarray:
         if rate != self.rate:
-            self.rate, self.positions = rate, np.flatnonzero(self.hashes < _below(rate))
+            self.rate, self.positions = (
+                rate,
+                np.flatnonzero(self.hashes < np.uint64(sample_below(rate))),
+            )
         return self.positions
 
 

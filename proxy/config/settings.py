@@ -24,7 +24,7 @@ from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.disk import DISK_POLICIES
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import DEFAULT_STATUSES, NEVER_RULED, OVERRIDABLE, TtlRule
-from proxy.core.tuning import TuneSettings, Tuning
+from proxy.core.tuning import TuneSettings, Tuning, auto
 from proxy.core.units import parse_duration
 from proxy.core.whatif import (
     DISK_ALTERNATIVES,
@@ -411,37 +411,39 @@ class Config:
             auto_scale=a.auto_scale,
         )
 
-    def what_if(self, *, machine: bool = False) -> WhatIf | None:
-        """The ghost caches ``[whatif]`` asks for, of this memory tier and its disk tier
-        (``proxy.core.whatif``), or None when there are none (``_ghosted``). A worker of a
-        ``machine`` models its memory tier alone: the disk every worker shares is the
-        parent's to model (``disk_what_if``), fed by each."""
-        if not self._ghosted():
+    def what_if(self, *, machine: bool = False, tuning: Tuning | None = None) -> WhatIf | None:
+        """The recorder of sampled requests: the ghost caches ``[whatif]`` asks for, of this
+        memory tier and its disk tier (``proxy.core.whatif``), and the tuner's (``tuning``,
+        when it goes on from an older recorder, else this configuration's own); None when
+        there is neither. A worker of a ``machine`` models its memory tier alone: the disk
+        every worker shares is the parent's to model (``disk_what_if``), fed by each."""
+        if self.cache.slice_size:  # ghosts would count slices where the cache counts requests
             return None
+        tuning = tuning or self.tuning()
         w = self.whatif
-        tuning = self.tuning()
-        if not w.sample:  # the tuner's alone
-            assert tuning is not None
-            return WhatIf(self._memory_shape(), rate=tuning.rate, scales=(),
-                          tuning=tuning)  # fmt: skip
+        if not w.sample:
+            if tuning is None:
+                return None
+            # The tuner's alone: no ghost of the what-if's, nothing it reports.
+            return WhatIf(self._memory_shape(), rate=tuning.rate, scales=(), tuning=tuning)
         return WhatIf(self._memory_shape(), rate=w.sample,
                       disk=None if machine else self._disk_shape(), alternatives=w.policies,
                       disk_alternatives=w.disk_policies, tuning=tuning)  # fmt: skip
 
     def tune_settings(self) -> TuneSettings:
+        """``[tune]`` as the tuner takes it; a fleet's shared filter is second hit's, so with
+        ``[admission] backend = "redis"`` the tuner chooses the eviction alone unless told
+        (``check_config`` refuses admissions it cannot trade)."""
         t, a = self.tune, self.admission
-        # A fleet's shared filter is second hit's: the tuner chooses the eviction alone.
         admissions = t.admissions or ((a.policy,) if a.backend == "redis" else ())
-        sample = None if t.sample == "auto" else float(t.sample)
-        period = None if t.period == "auto" else int(t.period)
-        return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), sample, period,
-                            t.warmup, t.patience, t.margin)  # fmt: skip
+        return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), auto(t.sample),
+                            auto(t.period), t.warmup, t.patience, t.margin)  # fmt: skip
 
     def tuning(self) -> Tuning | None:
         """The tuner ``[cache] eviction = "auto"`` asks for (``proxy.core.tuning``), at its
-        first choice; None for an eviction of the operator's."""
+        first choice; None for an eviction of the operator's, or with ``slice_size``."""
         c = self.cache
-        if c.eviction != "auto":
+        if c.eviction != "auto" or c.slice_size:
             return None
         return Tuning(c.size, self.admission_config(), self.tune_settings(), c.max_object_size,
                       ENTRY_OVERHEAD)  # fmt: skip
@@ -459,26 +461,27 @@ class Config:
     def what_if_key(self) -> tuple[object, ...]:
         """What the what-if's ghosts are built of: a reload that changes any starts them
         afresh (ghosts of the old caches would compare wrong)."""
-        return (self.whatif, self.tune, self._ghosted(), self._memory_shape(),
-                self._disk_shape())  # fmt: skip
+        return (self.whatif, self._ghosted(), self._memory_shape(), self._disk_shape())
+
+    def tuning_key(self) -> tuple[object, ...]:
+        """What the tuner is built of: a reload that changes any starts it afresh, at its
+        first choice; one that changes only the what-if's keeps it."""
+        c = self.cache
+        return (self.tune_settings(), c.eviction, c.slice_size, c.size, c.max_object_size,
+                self.admission_config())  # fmt: skip
 
     def _ghosted(self) -> bool:
-        """Whether there is a what-if: a sample (the what-if's, or the tuner's), and requests
-        not fetched in slices (the ghosts would count slices where the cache counts
-        requests)."""
-        return (bool(self.whatif.sample) or self.cache.eviction == "auto") and not (
-            self.cache.slice_size
-        )
+        """Whether the what-if has ghosts: a sample, and requests not fetched in slices (the
+        ghosts would count slices where the cache counts requests)."""
+        return bool(self.whatif.sample) and not self.cache.slice_size
 
     def first_eviction(self) -> str:
         """The memory tier's eviction at its start: the configured one, or the tuner's first
         choice."""
         c = self.cache
-        return (
-            self.tune_settings().choices(self.admission.policy)[0].eviction
-            if (c.eviction == "auto")
-            else c.eviction
-        )
+        if c.eviction != "auto":
+            return c.eviction
+        return self.tune_settings().choices(self.admission.policy)[0].eviction
 
     def _memory_shape(self) -> MemoryShape:
         c = self.cache

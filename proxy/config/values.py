@@ -320,13 +320,7 @@ def evictions(value: Any) -> tuple[str, ...]:
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, list | tuple) or not value:
         raise ValueError('expected a list of evictions, like ["s3fifo", "s3fifo:small=0.05"]')
-    names = []
-    for name in value:
-        try:
-            names.append(parse_eviction(str(name).strip()).name)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys(parse_eviction(str(name).strip()).name for name in value))
 
 
 def tune_policies(value: Any) -> tuple[str, ...]:
@@ -349,7 +343,17 @@ def tune_sample(value: Any) -> float | str:
 
 
 def tune_period(value: Any) -> int | str:
-    return value if value == "auto" else positive_int(value)
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError("expected 'auto', or 100 sampled requests or more")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ValueError("expected 'auto', or 100 sampled requests or more") from None
+    if number < 100:
+        raise ValueError("expected 'auto', or 100 sampled requests or more (fewer judge on noise)")
+    return number
 
 
 def share(value: Any) -> float:

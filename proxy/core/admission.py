@@ -239,6 +239,11 @@ class AdmissionConfig:
         if self.min_keys > self.max_keys:
             raise ValueError(f"min_keys = {self.min_keys} is above max_keys = {self.max_keys}")
 
+    def as_policy(self, policy: str) -> AdmissionConfig:
+        """``policy`` as a cache that compares it with this one admits by it: this one's
+        settings (its window and the rest) when it is this policy, else its defaults."""
+        return self if policy == self.policy else AdmissionConfig(policy=policy)
+
     def scaled(self, rate: float) -> AdmissionConfig:
         """These settings for a cache ``rate`` times as large, fed ``rate`` of the keys: key
         counts scale, times do not (a key's reuse interval is the same in a sample)."""

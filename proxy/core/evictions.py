@@ -17,6 +17,7 @@ A knob set to its family's default is the family's default: ``s3fifo:small=0.1``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.core.names import unknown_name
@@ -29,7 +30,12 @@ KNOBS: dict[str, dict[str, float]] = {
     "wtinylfu": {"small": 0.01},
     "twoq": {"small": 0.25, "ghost": 0.5},
 }
-_RANGES = {"small": "in (0, 1)", "ghost": "from 0 to 4", "move": "1, 2 or 3"}
+# Each knob's range: its test (NaN fails each), and the words an error says it in.
+_RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
+    "small": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "ghost": (lambda v: 0 <= v <= 4, "from 0 to 4"),
+    "move": (lambda v: 1 <= v <= 3, "1, 2 or 3"),
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +94,7 @@ def _knob(family: str, knob: str, text: str) -> float | int:
         value: float | int = int(text) if knob == "move" else float(text)
     except ValueError:
         value = float("nan")
-    ok = {"small": lambda v: 0 < v < 1, "ghost": lambda v: 0 <= v <= 4,
-          "move": lambda v: 1 <= v <= 3}[knob](value)  # fmt: skip
-    if not ok:
-        raise ValueError(f"{family}'s {knob} is {_RANGES[knob]}, got {text!r}")
+    within, said = _RANGES[knob]
+    if not within(value):
+        raise ValueError(f"{family}'s {knob} is {said}, got {text!r}")
     return value

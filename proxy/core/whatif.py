@@ -61,7 +61,7 @@ from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.replay import KeyArrays, build_engine, replay, replay_tiers
-from proxy.core.tuning import Tuning
+from proxy.core.tuning import MIN_SAMPLED_OBJECTS, Tuning
 
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
@@ -73,12 +73,6 @@ BATCH = 1024  # a batch through every ghost: a few milliseconds of the event loo
 LONGEST_KEY = 1 << 20
 LARGEST_BODY = 1 << 40
 MOST_REQUESTS = 1 << 53
-
-
-# Objects a sampled cache must hold, at the sample's mean size, for its estimate to be taken:
-# fewer, and a handful of keys decide its hit ratio (a 0.01 sample of 0.1% of Twitter52 is a
-# 1.7 KiB cache, and was 5.5 points off, silently). The simulator's ``--sample`` says so too.
-MIN_SAMPLED_OBJECTS = 100
 
 
 @dataclass(frozen=True)
@@ -217,15 +211,9 @@ class MemoryShape(NamedTuple):
 
     def ghost(self, scale: float, policy: str, rate: float) -> CacheEngine:
         """A ghost of this tier at ``scale`` of its size, admitting by ``policy``."""
-        return build_engine(round(self.size * scale), _admission(self.admission, policy),
+        return build_engine(round(self.size * scale), self.admission.as_policy(policy),
                             self.max_object_bytes, self.entry_overhead, self.eviction,
                             rate=rate)  # fmt: skip
-
-
-def _admission(configured: AdmissionConfig, policy: str) -> AdmissionConfig:
-    """``policy`` as a ghost admits by it: as configured when it is the configured one (its
-    window and the rest), else with its defaults."""
-    return configured if policy == configured.policy else AdmissionConfig(policy=policy)
 
 
 class WhatIf:
@@ -265,8 +253,8 @@ class WhatIf:
         self.disk = None if disk is None else DiskGhosts(
             disk, memory, rate=rate, scales=scales, alternatives=disk_alternatives)  # fmt: skip
         # The ghosts' sample (none without ghosts), the tuner's, and what is recorded.
-        self.own_below = _below(rate) if self.ghosts or self.disk is not None else 0
-        self.tune_below = 0 if tuning is None else _below(tuning.rate)
+        self.own_below = sample_below(rate) if self.ghosts or self.disk is not None else 0
+        self.tune_below = 0 if tuning is None else sample_below(tuning.rate)
         self.below = max(self.own_below, self.tune_below)
         # Told when the tuner's sample changed (``sample = "auto"``): a compiled path that
         # copied ``below`` copies it again.
@@ -317,23 +305,22 @@ class WhatIf:
         self._buffer.clear()
         self._points.clear()
         self._tuned = 0
+        own = _within(sample, points, self.own_below)
+        if len(own.times):
+            for ghost in self.ghosts:
+                _replay(ghost, own)
+            if self.disk is not None:
+                self.disk.feed(0, own)
+            if self.forward is not None:
+                self.forward(own)
         if self.tuning is not None:
             tuned = _within(sample, points, self.tune_below)
             self.tuning.feed(tuned.keys(), tuned.times, tuned.sizes)
-            if _below(self.tuning.rate) != self.tune_below:  # its sample, chosen
-                self.tune_below = _below(self.tuning.rate)
+            if sample_below(self.tuning.rate) != self.tune_below:  # its sample, chosen
+                self.tune_below = sample_below(self.tuning.rate)
                 self.below = max(self.own_below, self.tune_below)
                 if self.resampled is not None:
                     self.resampled()
-        sample = _within(sample, points, self.own_below)
-        if not len(sample.times):
-            return
-        for ghost in self.ghosts:
-            _replay(ghost, sample)
-        if self.disk is not None:
-            self.disk.feed(0, sample)
-        if self.forward is not None:
-            self.forward(sample)
 
     def curves(self, hits: int) -> list[dict[str, object]]:
         """Each ghost's estimates for the whole traffic recorded (``hits``, counted by the
@@ -387,7 +374,7 @@ class DiskGhosts:
                 size = round(disk.size * scale * rate)
                 if size < 2 * region:  # too small a sample of this disk to model
                     continue
-                config = _admission(disk.admission, policy)
+                config = disk.admission.as_policy(policy)
                 # The sample writes ``rate`` of the disk's bytes: so does its budget.
                 budget = WriteBudget(disk.max_write_rate * rate)
                 tier = DiskTier(Regions(region, size // region), config.scaled(rate),
@@ -434,8 +421,9 @@ class DiskGhosts:
                 for g in self.ghosts]  # fmt: skip
 
 
-def _below(rate: float) -> int:
-    """The sample points a ``rate`` sample takes are those below this."""
+def sample_below(rate: float) -> int:
+    """The sample points a ``rate`` sample takes are those below this: the one threshold of
+    every spatial sample, live and simulated."""
     return min(2**64 - 1, int(rate * 2**64))
 
 

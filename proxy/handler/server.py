@@ -142,9 +142,10 @@ class Proxy:
             engine.behind = (disk,)
         engine.admission_elsewhere = shared is not None
         # What the memory tier runs under the tuner (``[cache] eviction = "auto"``): its
-        # choice as taken, or None when a new tuner's first is yet to be.
+        # choice as taken (a choice is taken on the loop's next turn: ``_retune``).
         whatif = engine.whatif
-        self.tuned = None if whatif is None or whatif.tuning is None else whatif.tuning.choice
+        self.running = None if whatif is None or whatif.tuning is None else whatif.tuning.choice
+        self._follow_tuner()
         self.sample_key = 0
         self.key_sample(secrets.randbits(64))
         # What a request shows to be traced (``proxy.wire.trace``): the process's own, or
@@ -189,18 +190,18 @@ class Proxy:
         plain = self.plain_hits
         plain.query_as_sent = self.router.queries_as_sent
         self.hits.routed_hosts.clear()  # hosts routed before: each is looked up again
-        tuning = None if engine.whatif is None else engine.whatif.tuning
-        if config.what_if_key() != self.config.what_if_key():
-            engine.whatif = config.what_if(machine=self.machine)
+        old = None if engine.whatif is None else engine.whatif.tuning
+        kept = old if config.tuning_key() == self.config.tuning_key() else None
+        if config.what_if_key() != self.config.what_if_key() or (old is not kept):
+            engine.whatif = config.what_if(machine=self.machine, tuning=kept)
             if engine.whatif is not None:
                 engine.whatif.start(engine.counters.hits)
-                if engine.whatif.tuning is not None:  # a new tuner, from its first choice
-                    engine.whatif.tuning.make = tuning.make if tuning is not None else None
-                    tuning, self.tuned = engine.whatif.tuning, None
             self.follow_whatif()
-        if tuning is not None and self.tuned is None:
-            take(engine, tuning.choice, config.admission_config(), tuning.make)
-            self.tuned = tuning.choice
+        new = None if engine.whatif is None else engine.whatif.tuning
+        if new is not None and new is not old:  # a new tuner: the tier takes its first choice
+            new.make = old.make if old is not None else None
+            take(engine, new.choice, config.admission_config(), new.make)
+            self.running = new.choice
         elif config.admission_config() != self.config.admission_config():
             engine.use_admission(make_policy(config.admission_config(), engine.store))
         self.key_sample(self.sample_key)  # new ghosts or admission: keyed as the old
@@ -214,12 +215,9 @@ class Proxy:
     def follow_whatif(self) -> None:
         """Have the what-if hand each batch it samples to ``samples`` (the machine's parent),
         with the count of requests it was sampled from: those since the batch before; and
-        its tuner's choices reach the memory tier (``_retune``)."""
+        its tuner's choices reach the memory tier (``_follow_tuner``)."""
+        self._follow_tuner()
         whatif, samples, counters = self.engine.whatif, self.samples, self.engine.counters
-        if whatif is not None and whatif.tuning is not None:
-            whatif.tuning.apply = self._retune
-            # Its sample chosen: the compiled path records what it samples from then on.
-            whatif.resampled = lambda: asyncio.get_running_loop().call_soon(self.hits.follow_engine)
         if whatif is None or samples is None:
             return
         counted = 0
@@ -231,6 +229,14 @@ class Proxy:
             counted = requests
 
         whatif.forward = forward
+
+    def _follow_tuner(self) -> None:
+        """The tuner's choices reach the memory tier (``_retune``), and its chosen sample the
+        compiled path, which then records what it samples."""
+        whatif = self.engine.whatif
+        if whatif is not None and whatif.tuning is not None:
+            whatif.tuning.apply = self._retune
+            whatif.resampled = lambda: asyncio.get_running_loop().call_soon(self.hits.follow_engine)
 
     def _retune(self, was: Choice, choice: Choice) -> None:
         """The tuner chose ``choice`` over ``was``: the memory tier evicts and admits by it
@@ -246,7 +252,7 @@ class Proxy:
             if self.engine.whatif is None or self.engine.whatif.tuning is not tuning:
                 return  # a reload began a new tuner: its choice stands
             take(self.engine, choice, self.config.admission_config(), tuning.make, was)
-            self.tuned = choice
+            self.running = choice
             self.key_sample(self.sample_key)  # the new admission keyed, the hit path told
             log.info("tuner: the memory tier now %s (was %s): %s", choice.name, was.name, said)
 

@@ -523,7 +523,7 @@ def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
     samples the parent was too slow to take. None without a what-if."""
     engine = proxy.engine
     whatif = engine.whatif
-    if whatif is None:
+    if whatif is None or not (whatif.ghosts or whatif.disk):  # none, or the tuner's alone
         return None
     out = {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
     return out if proxy.samples is None else {**out, "batches_dropped": proxy.samples.dropped}
@@ -537,7 +537,7 @@ def tune_stats(proxy: Proxy) -> dict[str, Any] | None:
     if whatif is None or whatif.tuning is None:
         return None
     whatif.flush()
-    running = None if proxy.tuned is None else proxy.tuned.as_json()
+    running = None if proxy.running is None else proxy.running.as_json()
     return {**whatif.tuning.state(), "running": running, "worker": _place(proxy)}
 
 
@@ -552,19 +552,12 @@ def tune_prometheus_text(tunes: list[dict[str, Any]]) -> str:
                               []),
     }  # fmt: skip
     for t in tunes:
-        place = [] if t.get("worker") is None else [f'worker="{t["worker"]}"']
-
-        def labels(*more: str, place: list[str] = place) -> str:
-            return "{" + ",".join((*place, *more)) + "}" if place or more else ""
-
-        def of(c: dict[str, Any]) -> tuple[str, str]:
-            return f'eviction="{label(c["eviction"])}"', f'admission="{label(c["admission"])}"'
-
-        series["choice"][2].append(f"{labels(*of(t['running'] or t['choice']))} 1")
-        series["switches"][2].append(f"{labels()} {t['switches']}")
-        series["judgements"][2].append(f"{labels()} {t['judgements']}")
+        place = () if t.get("worker") is None else (f'worker="{t["worker"]}"',)
+        series["choice"][2].append(f"{_labels(place, t['running'] or t['choice'])} 1")
+        series["switches"][2].append(f"{_labels(place)} {t['switches']}")
+        series["judgements"][2].append(f"{_labels(place)} {t['judgements']}")
         series["recent_miss_ratio"][2].extend(
-            f"{labels(*of(c))} {c['recent_miss_ratio']!r}"
+            f"{_labels(place, c)} {c['recent_miss_ratio']!r}"
             for c in t["candidates"] if c["recent_miss_ratio"] is not None
         )  # fmt: skip
     lines = []
@@ -573,6 +566,15 @@ def tune_prometheus_text(tunes: list[dict[str, Any]]) -> str:
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
                   *(name + sample for sample in samples)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _labels(place: tuple[str, ...], choice: dict[str, Any] | None = None) -> str:
+    """A series' labels: the worker's place, and a choice's eviction and admission."""
+    pairs = [*place]
+    if choice is not None:
+        pairs += [f'eviction="{label(choice["eviction"])}"',
+                  f'admission="{label(choice["admission"])}"']  # fmt: skip
+    return "{" + ",".join(pairs) + "}" if pairs else ""
 
 
 def whatif_prometheus_text(whatif: dict[str, Any]) -> str:

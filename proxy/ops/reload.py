@@ -51,6 +51,19 @@ LIVE = frozenset(
         "whatif.sample",
         "whatif.policies",
         "whatif.disk_policies",
+        # The tuner begins afresh at its first choice (its memory tier reshaped to it).
+        *(
+            f"tune.{key}"
+            for key in (
+                "evictions",
+                "admissions",
+                "sample",
+                "period",
+                "warmup",
+                "patience",
+                "margin",
+            )
+        ),
         "cache.max_variants",
         "cache.ignore_cookies",
         "cache.key_query",

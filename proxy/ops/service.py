@@ -28,7 +28,6 @@ from proxy.core.admission import AdmissionConfig, AdmissionPolicy, CompiledPolic
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.ttl_rules import TtlRules
-from proxy.core.tuning import admission_of
 from proxy.disk.sharing import Sharing
 from proxy.disk.store import DiskStore
 from proxy.fleet.purges import FleetPurges, purge_client
@@ -95,7 +94,7 @@ def build_engine(
     tuning = None if whatif is None else whatif.tuning
     admission = config.admission_config()
     if tuning is not None:  # the tuner's first choice, and its way of making the next
-        admission, tuning.make = admission_of(tuning.choice, admission), make
+        admission, tuning.make = admission.as_policy(tuning.choice.admission), make
     engine = CacheEngine(
         store,
         make(admission),

@@ -123,7 +123,7 @@ static int s3fifo_evict_small(IndexObject *x, PyObject *evicted) {
         int32_t i = x->tail[Q_SMALL];
         Node *n = &x->nodes[i];
         list_unlink(x, i);
-        if (n->freq >= (x->move_hits > 0 ? x->move_hits : 2)) {
+        if (n->freq >= (int)knob(x->move_hits, 2)) {
             n->freq = 0;
             list_push_front(x, i, Q_MAIN);
             continue;
@@ -177,7 +177,8 @@ static const Eviction S3FIFO = {
 /* wtinylfu */
 
 static void wtinylfu_sizes(IndexObject *x) {
-    /* Caffeine's window: 1% */
+    /* Caffeine's window, 1%, by default as libCacheSim sizes it: capacity / 100 in integers,
+     * which capacity * 0.01 in doubles is not always. */
     x->small_capacity = x->small_ratio >= 0 ? (long long)((double)x->capacity * x->small_ratio)
                                             : x->capacity / 100;
     x->protected_capacity = (x->capacity - x->small_capacity) / 5 * 4;

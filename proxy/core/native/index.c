@@ -164,10 +164,12 @@ static const Eviction *eviction_named(const char *eviction, double small, double
                      "sieve, wtinylfu, twoq", eviction);
         return NULL;
     }
+    /* Negative: the policy's default. A NaN fails each test. proxy.core.evictions checks
+     * them first, naming the knob; this guards a StoreIndex made directly. */
     if (!(small < 0 || (small > 0 && small < 1)) || !(ghost < 0 || ghost <= 4) ||
         !(move < 0 || (move >= 1 && move <= 3))) {
-        PyErr_Format(PyExc_ValueError, "an eviction's knobs: small in (0, 1), ghost in [0, 4], "
-                     "move from 1 to 3");
+        PyErr_SetString(PyExc_ValueError, "an eviction's knob is out of its range "
+                        "(proxy.core.evictions names them)");
         return NULL;
     }
     return ev;
@@ -386,11 +388,12 @@ static PyObject *Index_eviction(IndexObject *self, void *closure) {
     return PyUnicode_FromString(self->ev->name);
 }
 
-/* The knobs as created: None where the policy's default holds. */
+/* The knobs as set (at creation, or by the last reshape): None where the policy's default
+ * holds. */
 static PyObject *Index_knobs(IndexObject *self, void *closure) {
     PyObject *small = self->small_ratio >= 0 ? PyFloat_FromDouble(self->small_ratio) : Py_None;
     PyObject *ghost = self->ghost_ratio >= 0 ? PyFloat_FromDouble(self->ghost_ratio) : Py_None;
-    PyObject *move = self->move_hits > 0 ? PyLong_FromLong(self->move_hits) : Py_None;
+    PyObject *move = self->move_hits >= 0 ? PyLong_FromLong(self->move_hits) : Py_None;
     if (small == Py_None) Py_INCREF(small);
     if (ghost == Py_None) Py_INCREF(ghost);
     if (move == Py_None) Py_INCREF(move);
