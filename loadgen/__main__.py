@@ -419,6 +419,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--eviction: {exc}") from None
     policies = [(config, eviction) for eviction in evictions for config in configs]
     tune = _tune(args) if "auto" in evictions else None
+    if tune is None and (args.tune_sample != "auto" or args.tune_period != "auto"):
+        raise UsageError("--tune-sample and --tune-period are the tuner's: give --eviction auto")
     if tune is not None and (args.sample or args.disk_size or args.cluster or args.workers_split):
         raise UsageError("--eviction auto: the tuner samples the trace itself and tunes one "
                          "memory tier: not with --sample, --disk-size, --cluster or "

@@ -66,7 +66,7 @@ def test_routes_from_the_environment():
             "unknown admission policy 'lfu' (did you mean 'tinylfu'?)",
         ),
         ('[cache]\neviction = "fifo"\n', "[cache] eviction = 'fifo': unknown eviction 'fifo'"),
-        ('[cache]\neviction = "s3fifo:small=2"\n', "s3fifo's small is in (0, 1), got '2'"),
+        ('[cache]\neviction = "s3fifo:small=2"\n', "s3fifo's small is from 0.001 to 0.99, got '2'"),
         ('[server]\nevent_loop = "fast"\n', "[server] event_loop = 'fast': expected 'auto'"),
         ("[server]\naccess_log = 3\n", "[server] access_log = 3: expected true or false"),
         (

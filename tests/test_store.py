@@ -209,7 +209,10 @@ def test_a_reshape_takes_the_new_policys_largest_object_and_keeps_a_larger_entry
     assert store.index.knobs == {"small": 0.2, "ghost": None, "move": 1}
 
 
-@pytest.mark.parametrize("bad", ["fifo", "lru:small=0.1", "s3fifo:small=1", "s3fifo:move=4"])
+@pytest.mark.parametrize(
+    "bad", ["fifo", "lru:small=0.1", "s3fifo:small=1", "s3fifo:small=1e-9", "s3fifo:move=4",
+            "s3fifo:", "s3fifo:small=0.05:"],
+)  # fmt: skip
 def test_a_bad_reshape_is_refused_and_changes_nothing(bad):
     store = CacheStore(1000, eviction="s3fifo")
     store.put(entry("a", 50))
@@ -241,3 +244,30 @@ def test_a_store_index_made_directly_refuses_knobs_out_of_range():
             StoreIndex(1000, "s3fifo", **knobs)
         with pytest.raises(ValueError, match="out of its range"):
             StoreIndex(1000, "lru").reshape("s3fifo", **knobs)
+
+
+def test_a_reshape_sends_entries_never_read_to_the_entry_queue_to_leave_first():
+    """What the old policy let in and nobody read goes to S3-FIFO's small queue, which
+    evicts first; what was read goes to main and stays."""
+    store = CacheStore(10_000)
+    for i in range(10):
+        store.put(entry(f"k{i}", 900))
+        if i % 2:  # the odd ones read once, the even ones never
+            store.record_hit(store.get(f"k{i}"))
+    store.reshape("s3fifo:small=0.2")
+    gone = [e.key for e in store.put(entry("new", 1_800))]
+    assert gone and all(int(k[1:]) % 2 == 0 for k in gone)
+    assert all(f"k{i}" in store for i in range(1, 10, 2))
+
+
+def test_a_sample_of_a_store_keeps_what_the_full_store_keeps_up_to_its_bytes():
+    full = CacheStore(1_000_000, eviction="s3fifo")  # S3-FIFO's small queue: 100,000 bytes
+    sample = CacheStore(20_000, eviction="s3fifo")  # a 2% sample's: 2,000
+    assert sample.max_object_bytes == 2_000
+    sample.sample_of(full)
+    assert sample.max_object_bytes == 20_000  # the full store's bound, up to its own bytes
+    sample.put(entry("large", 5_000))
+    assert "large" in sample
+    for i in range(40):  # and it goes on evicting within its bytes
+        sample.put(entry(f"k{i}", 900))
+        assert sample.bytes_used <= 20_000

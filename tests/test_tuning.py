@@ -72,10 +72,18 @@ def test_old_evidence_fades_so_a_changed_workload_changes_the_choice():
 
 def test_a_ghost_too_small_to_tell_holds_the_choice_and_says_to_sample_more():
     tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1))
-    held = np.array([MIN_SAMPLED_OBJECTS - 1, 5000, 5000])
+    held = np.array([MIN_SAMPLED_OBJECTS - 1, 5000, 5000])  # the current choice's
     assert tuner.judge(np.array([0, 0, 0]), 1000, held) is None
     assert tuner.judge(np.array([0, 900, 0]), 1000, held) is None
     assert "raise [tune] sample" in tuner.said and tuner.current == 0
+
+
+def test_a_candidate_whose_ghost_holds_too_few_objects_is_left_out_not_the_others():
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1))
+    held = np.array([5000, 5000, MIN_SAMPLED_OBJECTS - 1])  # the third's: out of the running
+    assert tuner.judge(np.array([0, 0, 0]), 10_000, held) is None
+    assert tuner.judge(np.array([5000, 6000, 9000]), 10_000, held) == 1
+    assert "chose second-hit / s3fifo" in tuner.said
 
 
 @pytest.mark.parametrize(
@@ -235,9 +243,11 @@ def test_a_bad_tune_setting_names_its_key_and_the_fix(tmp_path):
     path = tmp_path / "bad.toml"
     for body, said in [
         ('[cache]\neviction = "auto"\n[tune]\nevictions = ["s3fifo:small=3"]\n',
-         "[tune] evictions = ['s3fifo:small=3']: s3fifo's small is in (0, 1)"),
-        ("[tune]\nsample = 0\n", "[tune] sample = 0: expected 'auto', or a sampling rate above 0"),
-        ("[tune]\nperiod = 10\n", "[tune] period = 10: expected 'auto', or 100 sampled"),
+         "[tune] evictions = ['s3fifo:small=3']: s3fifo's small is from 0.001 to 0.99"),
+        ("[tune]\nsample = 0\n", "[tune] sample = 0: expected 'auto', or a sampling rate"),
+        ("[tune]\nsample = true\n", "[tune] sample = True: expected 'auto', or a sampling"),
+        ("[tune]\nperiod = 10\n", "[tune] period = 10: expected 'auto', or from 100 to"),
+        ("[tune]\nperiod = 1e23\n", "[tune] period = 1e+23: expected 'auto', or from 100"),
         ('[tune]\nadmissions = ["auto"]\n', "auto is a disk tier's"),
     ]:  # fmt: skip
         path.write_text('[upstream]\norigin = "http://127.0.0.1:1"\n' + body)
@@ -246,7 +256,7 @@ def test_a_bad_tune_setting_names_its_key_and_the_fix(tmp_path):
         assert said in str(err.value)
 
 
-def test_a_fleet_sharing_second_hit_has_the_tuner_choose_the_eviction_alone(tmp_path):
+def test_a_shared_admission_has_the_tuner_choose_the_eviction_alone(tmp_path):
     from proxy.config.settings import ConfigError, load
 
     path = tmp_path / "fleet.toml"
@@ -255,8 +265,12 @@ def test_a_fleet_sharing_second_hit_has_the_tuner_choose_the_eviction_alone(tmp_
     path.write_text(head)
     assert load(path).tune_settings().admissions == ("second-hit",)
     path.write_text(head + '[tune]\nadmissions = ["second-hit", "always"]\n')
-    with pytest.raises(ConfigError, match="the tuner cannot trade away"):
+    with pytest.raises(ConfigError, match="cannot trade away"):
         load(path)
+    machine = ('[upstream]\norigin = "http://127.0.0.1:1"\n[cache]\neviction = "auto"\n'
+               '[server]\nworkers = 2\n')  # fmt: skip
+    path.write_text(machine)
+    assert load(path).tune_settings().admissions == ("second-hit",)
 
 
 def _fed(tuning, trace: Trace, start: int, stop: int) -> None:
@@ -364,3 +378,56 @@ async def test_with_the_whatif_off_the_tuner_records_alone_and_stats_say_so(
         stats = await r.json()
     assert stats["whatif"] is None  # no ghost of the what-if's, nothing it reports
     assert stats["tune"]["judgements"] == len(trace) // 100 and stats["tune"]["switches"] == 1
+
+
+async def test_a_memory_eviction_that_keeps_small_bodies_never_caps_what_the_disk_keeps(
+    origin, start_proxy, client, tmp_path
+):
+    """S3-FIFO keeps nothing larger than its small queue in memory (here 1% of 8 MiB): a
+    larger body goes to the disk behind it, as it would under LRU, and is answered there."""
+    body = b"d" * (1 << 20)
+    origin.set("/large", body=body)
+    proxy = await start_proxy(
+        cache__size="8MiB", cache__eviction="s3fifo:small=0.01", admission__policy="always",
+        disk__path=str(tmp_path / "disk"), disk__size="64MiB", disk__region_size="4MiB",
+        disk__policy="always",
+    )  # fmt: skip
+    engine = proxy.proxy.engine
+    assert engine.store.max_object_bytes < len(body) < engine.max_object_bytes
+    for _ in range(3):
+        async with client.get(base(proxy) + "/large") as r:
+            assert await r.read() == body
+    assert origin.hits["/large"] == 1  # the disk answered the others
+    assert engine.counters.beyond_memory == 1
+
+
+def test_one_huge_body_among_the_first_requests_does_not_choose_the_sample():
+    trace = scan_polluted()  # every object 1 KiB
+    sizes = trace.sizes.copy()
+    sizes[5] = 8 << 30  # one body the cache would never keep
+    lied = Trace(trace.times, trace.ids, sizes)
+    chosen = []
+    for t in (trace, lied):
+        tuning = Tuning(10_250_000, SECOND_HIT, TuneSettings(evictions=("lru",)), 1 << 20)
+        _fed(tuning, t, 0, SIZING)
+        chosen.append(tuning.rate)
+    assert chosen[0] == chosen[1] == 0.2
+
+
+def test_a_sample_the_first_requests_misled_is_chosen_again_from_what_the_ghosts_hold():
+    """2,000 empty bodies first, then 1 KiB ones: the first sizes make each ghost a
+    thousandth of the keys, a handful of objects; once a ghost is full that far from 2,000
+    objects, the rate is chosen again from what it holds."""
+    spec = WorkloadSpec(objects=20_000, requests=900_000, alpha=1.0, one_hit_share=0.5,
+                        sizes=SizeSpec.parse("fixed:1KiB"))  # fmt: skip
+    trace = generate(spec)
+    sizes = trace.sizes.copy()
+    sizes[:SIZING] = 0
+    misled = Trace(trace.times, trace.ids, sizes)
+    tune = TuneSettings(evictions=("lru", "s3fifo"), period=500)  # 500,000 requests at 0.001
+    head = Trace(misled.times[:SIZING], misled.ids[:SIZING], misled.sizes[:SIZING])
+    first = simulate(head, 10_250_000, SECOND_HIT, entry_overhead=0, eviction="auto", tune=tune)
+    assert first.tuning["sample"] == 0.001  # the least: 10 MB of empty bodies is millions
+    whole = simulate(misled, 10_250_000, SECOND_HIT, entry_overhead=0, eviction="auto", tune=tune)
+    assert 0.1 <= whole.tuning["sample"] <= 0.4  # about 0.2: 10,000 objects of 1 KiB
+    assert whole.tuning["judgements"] > 0

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from proxy.config import values
 from proxy.core.admission import AdmissionConfig, parse_policy
-from proxy.core.disk import DISK_POLICIES
+from proxy.core.disk import DISK_POLICIES, RECORD_HEADER
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import DEFAULT_STATUSES, NEVER_RULED, OVERRIDABLE, TtlRule
 from proxy.core.tuning import TuneSettings, Tuning, auto
@@ -431,13 +431,19 @@ class Config:
                       disk_alternatives=w.disk_policies, tuning=tuning)  # fmt: skip
 
     def tune_settings(self) -> TuneSettings:
-        """``[tune]`` as the tuner takes it; a fleet's shared filter is second hit's, so with
-        ``[admission] backend = "redis"`` the tuner chooses the eviction alone unless told
-        (``check_config`` refuses admissions it cannot trade)."""
+        """``[tune]`` as the tuner takes it. Where the admission is shared, a fleet's filter
+        (``[admission] backend = "redis"``) or a machine's window (``--workers``), the tuner
+        chooses the eviction alone: one process admitting otherwise would starve the others'
+        window of its sightings (``check_config`` refuses admissions it cannot trade)."""
         t, a = self.tune, self.admission
-        admissions = t.admissions or ((a.policy,) if a.backend == "redis" else ())
+        admissions = t.admissions or ((a.policy,) if self.admission_shared() else ())
         return TuneSettings(t.evictions, tuple(dict.fromkeys(admissions)), auto(t.sample),
                             auto(t.period), t.warmup, t.patience, t.margin)  # fmt: skip
+
+    def admission_shared(self) -> bool:
+        """Whether the memory tier's admission is shared with other processes: a fleet's
+        (Redis) or a machine's (``--workers``)."""
+        return self.admission.backend == "redis" or self.server.workers > 1
 
     def tuning(self) -> Tuning | None:
         """The tuner ``[cache] eviction = "auto"`` asks for (``proxy.core.tuning``), at its
@@ -474,6 +480,16 @@ class Config:
         """Whether the what-if has ghosts: a sample, and requests not fetched in slices (the
         ghosts would count slices where the cache counts requests)."""
         return bool(self.whatif.sample) and not self.cache.slice_size
+
+    def behind_largest(self) -> int:
+        """The largest body a disk tier of this configuration (a process's, or the tier a
+        machine's workers share: ``worker_view``) keeps, up to ``[cache] max_object_size``:
+        what a record holds, its region less the most a record's key and meta take (the
+        longest URL and header block the proxy accepts, the head and the fields stored
+        twice)."""
+        c, server = self.cache, self.server
+        allowance = RECORD_HEADER + server.max_url_length + 2 * server.max_header_size
+        return min(c.max_object_size, self.disk.region_size - allowance)
 
     def first_eviction(self) -> str:
         """The memory tier's eviction at its start: the configured one, or the tuner's first
@@ -951,19 +967,20 @@ def check_config(config: Config) -> None:
             "(a ring of regions has no victim by key to compare with)"
         )
     try:
-        config.tune_settings()
+        tune = config.tune_settings()
     except ValueError as exc:
         raise ConfigError(f"[tune]: {exc}") from None
-    tune = config.tune_settings()
+    policy = config.admission.policy
     if (
         config.cache.eviction == "auto"
-        and config.admission.backend == "redis"
-        and (tune.admissions != (config.admission.policy,))
+        and config.admission_shared()
+        and ({c.admission for c in tune.choices(policy)} != {policy})
     ):
         raise ConfigError(
-            f"[tune] admissions = {list(tune.admissions)} with [admission] backend = 'redis': "
-            "the fleet shares second hit's filter, which the tuner cannot trade away; leave "
-            "[tune] admissions empty (it then chooses the eviction alone)"
+            f"[tune] admissions = {list(tune.admissions)} with a shared admission ([admission] "
+            "backend = 'redis', or --workers): the processes share its filter, which one of "
+            "them cannot trade away; leave [tune] admissions empty (the tuner then chooses "
+            "the eviction alone)"
         )
     if config.cache.eviction == "auto" and config.cache.slice_size:
         raise ConfigError(

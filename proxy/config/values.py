@@ -334,8 +334,10 @@ def tune_policies(value: Any) -> tuple[str, ...]:
 def tune_sample(value: Any) -> float | str:
     if value == "auto":
         return value
+    if isinstance(value, bool):
+        raise ValueError("expected 'auto', or a sampling rate like 0.05, not a boolean")
     number = sample_rate(value)
-    if number == 0:
+    if number < 0.0001:
         raise ValueError(
             "expected 'auto', or a sampling rate above 0, like 0.05 (the tuner needs one)"
         )
@@ -343,16 +345,19 @@ def tune_sample(value: Any) -> float | str:
 
 
 def tune_period(value: Any) -> int | str:
+    """``auto``, or a whole count of sampled requests: fewer than 100 judge on noise, more
+    than 100 million never judge."""
+    said = "expected 'auto', or from 100 to 100,000,000 sampled requests"
     if value == "auto":
         return value
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError("expected 'auto', or 100 sampled requests or more")
+        raise ValueError(said)
     try:
         number = int(value)
     except ValueError:
-        raise ValueError("expected 'auto', or 100 sampled requests or more") from None
-    if number < 100:
-        raise ValueError("expected 'auto', or 100 sampled requests or more (fewer judge on noise)")
+        raise ValueError(said) from None
+    if not 100 <= number <= 100_000_000:
+        raise ValueError(said)
     return number
 
 

@@ -162,12 +162,12 @@ class CacheEngine(ResponseDecisions):
         grace: float = 0.0,
         client_revalidation: str = "honour",
         ttl_rules: TtlRules | None = None,
-        max_object_bytes: int | None = None,
+        behind_largest: int = 0,
     ) -> None:
         self.store = store
-        # None: memory's own (one process), as it is resized; a machine's workers give the
-        # machine's, which a worker's resize does not move.
-        self._largest = max_object_bytes
+        # The largest body a tier behind memory keeps (0: none behind): memory's own largest
+        # moves with its size and eviction (S3-FIFO's small queue bounds it), a disk's not.
+        self.behind_largest = behind_largest
         self.ttl_rules = ttl_rules if ttl_rules is not None else TtlRules()
         self.use_admission(admission)
         self.hit_for_miss = hit_for_miss
@@ -199,8 +199,9 @@ class CacheEngine(ResponseDecisions):
 
     @property
     def max_object_bytes(self) -> int:
-        """The largest body the cache keeps in any tier (``ResponseDecisions.fits``)."""
-        return self.store.max_object_bytes if self._largest is None else self._largest
+        """The largest body the cache keeps in any tier (``ResponseDecisions.fits``): memory's,
+        or a tier's behind it."""
+        return max(self.store.max_object_bytes, self.behind_largest)
 
     def use_admission(self, admission: AdmissionPolicy) -> None:
         """Admit by ``admission`` from now on, and keep the hits of a tier behind the store

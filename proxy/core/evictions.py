@@ -6,7 +6,8 @@ after colons: ``s3fifo:small=0.05:move=1`` (a colon, not a comma: a list of
 names is comma-separated). The knobs (``KNOBS``, the ones a family has):
 
 * ``small``: the entry queue's share of the bytes: S3-FIFO's small queue (0.1),
-  W-TinyLFU's window (0.01), 2Q's Ain (0.25); in (0, 1).
+  W-TinyLFU's window (0.01), 2Q's Ain (0.25); from 0.001 to 0.99 (S3-FIFO and 2Q keep
+  nothing larger than it).
 * ``ghost``: the ghost queue's share of the bytes, keys only: S3-FIFO's (0.9), 2Q's Aout
   (0.5); from 0 to 4.
 * ``move``: the hits that move an entry from S3-FIFO's small queue to main (2); 1 to 3.
@@ -32,7 +33,7 @@ KNOBS: dict[str, dict[str, float]] = {
 }
 # Each knob's range: its test (NaN fails each), and the words an error says it in.
 _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
-    "small": (lambda v: 0 < v < 1, "in (0, 1)"),
+    "small": (lambda v: 0.001 <= v <= 0.99, "from 0.001 to 0.99"),
     "ghost": (lambda v: 0 <= v <= 4, "from 0 to 4"),
     "move": (lambda v: 1 <= v <= 3, "1, 2 or 3"),
 }
@@ -50,7 +51,8 @@ class Eviction:
     @property
     def name(self) -> str:
         """The one name of this policy: its family, and the knobs set, in ``KNOBS`` order."""
-        knobs = [f"{k}={getattr(self, k):g}" for k in KNOBS[self.family]
+        # Twelve digits: two knobs that differ are two names (``:g`` merged past six).
+        knobs = [f"{k}={getattr(self, k):.12g}" for k in KNOBS[self.family]
                  if getattr(self, k) is not None]  # fmt: skip
         return ":".join((self.family, *knobs))
 
@@ -71,6 +73,12 @@ def eviction(text: str) -> Eviction:
     if rest and not knobs:
         raise ValueError(f"eviction {family!r} has no knobs: name it {family!r}")
     set_: dict[str, float | int | None] = {}
+    if text.endswith(":"):
+        raise ValueError(
+            f"eviction {text!r}: a knob after each colon, as {family}:small=0.05"
+            if knobs
+            else f"eviction {family!r} has no knobs: name it {family!r}"
+        )
     for part in rest.split(":") if rest else ():
         part = part.strip()
         knob, eq, value = part.partition("=")
@@ -91,7 +99,7 @@ def eviction(text: str) -> Eviction:
 
 def _knob(family: str, knob: str, text: str) -> float | int:
     try:
-        value: float | int = int(text) if knob == "move" else float(text)
+        value: float | int = int(text) if knob == "move" else float(text) + 0.0  # -0 is 0
     except ValueError:
         value = float("nan")
     within, said = _RANGES[knob]

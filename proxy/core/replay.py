@@ -41,11 +41,15 @@ def build_engine(
     in ``shared`` memory, as ``--workers`` shares it, when given). With a ``rate`` below 1, the
     engine a spatial sample of that share of the keys runs through (SHARDS): ``rate`` of the
     bytes (never less than one entry's overhead and a byte), admission key counts scaled
-    alike (``AdmissionConfig.scaled``)."""
-    if rate < 1.0:
-        cache_bytes = max(1 + entry_overhead, round(cache_bytes * rate))
-        admission = admission.scaled(rate)
+    alike (``AdmissionConfig.scaled``), keeping what the full store keeps up to its bytes
+    (``CacheStore.sample_of``)."""
     store = CacheStore(cache_bytes, max_object_bytes, entry_overhead, eviction)
+    if rate < 1.0:
+        full = store
+        store = CacheStore(max(1 + entry_overhead, round(cache_bytes * rate)), max_object_bytes,
+                           entry_overhead, eviction)  # fmt: skip
+        store.sample_of(full)
+        admission = admission.scaled(rate)
     return CacheEngine(store, make_policy(admission, store, shared=shared))
 
 

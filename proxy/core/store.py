@@ -15,8 +15,8 @@ Rules this module keeps:
   text past what that estimate covers, so the capacity bounds memory, not only bodies. With
   ``entry_overhead=0`` only body bytes count, as in most cache simulators.
 * An entry larger than ``max_object_bytes``, or than the whole store, is never stored; with
-  ``s3fifo`` (and ``twoq``) neither is one larger than its small queue (a tenth of the
-  store, by default), as S3-FIFO specifies.
+  ``s3fifo`` and ``twoq`` neither is one larger than their entry queue (S3-FIFO's tenth of
+  the store, 2Q's quarter, by default), as S3-FIFO specifies.
 * Every entry counts its hits. An entry that leaves by eviction with no hit is a *dead write*:
   bytes written that never served anyone. Entries still resident with no hit are reported apart,
   so a run's dead writes are ``evicted_unread + resident_unread``.
@@ -135,6 +135,15 @@ class CacheStore:
     def _largest_kept(self) -> int:
         """The largest object: as asked, unless the eviction charges less to an entry."""
         return max(0, min(self._largest, self.index.max_charge - self.entry_overhead))
+
+    def sample_of(self, full: CacheStore) -> None:
+        """This store is a spatial sample of ``full`` (its keys' share, in its share of the
+        bytes): it keeps an entry ``full``'s policy would, up to its own capacity. A sampled
+        S3-FIFO's small queue would otherwise refuse what the full one keeps, and a sample
+        would see fewer large objects than the cache it stands for."""
+        self.index.max_charge = min(full.index.max_charge, self.capacity_bytes)
+        self._largest = full.max_object_bytes
+        self.max_object_bytes = self._largest_kept()
 
     def reshape(self, eviction: str) -> None:
         """Evict by ``eviction`` from now on, every entry kept (``StoreIndex.reshape``); the

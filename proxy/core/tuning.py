@@ -160,16 +160,22 @@ class Tuner:
         if self.judgements <= s.warmup:
             self.said = f"warming up ({self.judgements} of {s.warmup} periods)"
             return None
-        if held is not None and int(held.min()) < MIN_SAMPLED_OBJECTS:
+        # Only a ghost that holds enough objects is a candidate: a handful of keys decide
+        # the others' hits (one that cannot hold many, as size-below's, never is).
+        enough = np.ones(len(self.choices), bool) if held is None else held >= MIN_SAMPLED_OBJECTS
+        if not enough[self.current] or not enough.any():
             self.leader, self.led = None, 0
-            self.said = (f"a ghost holds {int(held.min())} objects, fewer than "
-                         f"{MIN_SAMPLED_OBJECTS}: raise [tune] sample")  # fmt: skip
+            few = self.choices[self.current if not enough[self.current] else 0].name
+            self.said = (f"the ghost of {few} holds too few objects (under "
+                         f"{MIN_SAMPLED_OBJECTS}) to judge by: raise [tune] sample")  # fmt: skip
             return None
-        best = int(np.argmax(self.recent_hits))
+        best = int(np.argmax(np.where(enough, self.recent_hits, -np.inf)))
         ahead = (self.recent_hits[best] - self.recent_hits[self.current]) / self.recent_requests
         if best == self.current or ahead <= s.margin:
             self.leader, self.led = None, 0
             self.said = f"keeps {self.choices[self.current].name}: " + self._missing(best)
+            if not enough.all():
+                self.said += f"; {int((~enough).sum())} ghosts too small to judge"
             return None
         self.led = self.led + 1 if self.leader == best else 1
         self.leader = best
@@ -216,6 +222,7 @@ class Tuning:
         self.choices = settings.choices(admission.policy)
         self.decisions: list[Decision] = []
         self.switches = 0
+        self.failed: str | None = None  # why its driver stopped feeding it (it keeps its choice)
         # ``sample`` or ``period`` "auto": chosen from the sizes of the first requests
         # (``SIZING``), every request sampled meanwhile unless the sample is given.
         self.sizes: dict[int, int] | None = None
@@ -224,10 +231,11 @@ class Tuning:
         self.period: int | None = settings.period
         self._begin(1.0 if settings.sample is None else settings.sample)
 
-    def _begin(self, rate: float) -> None:
-        """Ghosts at ``rate``, and a tuner of no judgement yet, at the first choice."""
+    def _begin(self, rate: float, current: int = 0) -> None:
+        """Ghosts at ``rate``, and a tuner of no judgement yet, at choice ``current``."""
         self.rate = rate
         self.tuner = Tuner(self.choices, self.settings)
+        self.tuner.current = current
         self.ghosts = [
             build_engine(self.size, self.admission.as_policy(c.admission),
                          self.max_object_bytes, self.entry_overhead, c.eviction, rate=rate)
@@ -263,36 +271,64 @@ class Tuning:
                 self._learn(keys, sizes, start, stop)
                 assert self.sizes is not None or stop == total, "a batch past the sizing"
             elif self.sampled % self.period == 0:  # type: ignore[operator]
+                rate = self.rate
                 decision = self._judge(float(times[stop - 1]))
                 if decision is not None:
                     made.append(decision)
+                assert self.rate == rate or stop == total, "a batch past a new sample"
             start = stop
         return made
 
     def _learn(self, keys: KeyArrays, sizes: np.ndarray, start: int, stop: int) -> None:
-        """The sizes of requests ``start:stop``; at ``SIZING`` requests, from the mean size
-        seen (of distinct keys) and so the objects the cache holds: the rate, for ghosts of
-        ``GHOST_OBJECTS`` objects (all keys, for a cache of fewer), and the period,
-        ``TURNOVERS`` times what a ghost holds (``MIN_PERIOD`` at least). Ghosts of a new
-        rate begin afresh; at the same, they go on."""
+        """The sizes of requests ``start:stop``; at ``SIZING`` requests, the rate and period
+        (``_resample``) for the objects the cache holds at the mean size seen (of distinct
+        keys, of the bodies it keeps)."""
         assert self.sizes is not None
         ids = keys.ids[start:stop]
         names = keys.names[0][ids] if keys.names else ids
         self.sizes.update(zip(names.tolist(), sizes[start:stop].tolist(), strict=True))
         if self.sampled < SIZING:
             return
-        mean = sum(self.sizes.values()) / max(1, len(self.sizes))
-        # As the store charges an entry (the +1: a body of no bytes still takes room).
-        objects = self.size / (mean + self.entry_overhead + 1)
-        # Two digits: a rate that reads plainly on /stats, and the same on every replay.
+        # Bodies the cache would not keep say nothing of what it holds: left out, so that one
+        # huge response cannot make every ghost the whole cache.
+        largest = self.max_object_bytes or self.size
+        kept = [size for size in self.sizes.values() if size <= largest]
+        self.sizes = None
+        self._resample(self.size / (sum(kept) / max(1, len(kept)) + self.entry_overhead + 1))
+
+    def _resample(self, objects: float) -> None:
+        """The rate and period for a cache of about ``objects`` objects: ghosts of
+        ``GHOST_OBJECTS`` of them (every key, for a cache of fewer), judged every ``TURNOVERS``
+        times what a ghost holds (``MIN_PERIOD`` at least); those set in ``[tune]`` stay.
+        Ghosts of a new rate begin afresh, at the choice the tier runs; at the same, they go
+        on. Two digits of rate: it reads plainly on /stats, and is the same on every replay."""
         s = self.settings
         rate = s.sample or min(1.0, max(MIN_RATE, float(f"{GHOST_OBJECTS / objects:.2g}")))
-        self.period = s.period or max(MIN_PERIOD, TURNOVERS * round(objects * rate))
-        self.sizes = None
+        # At most what a ghost is to hold: at a rate clamped to its least, ghosts hold more,
+        # and the next judgement (and a sample chosen again) would wait that much longer.
+        held = min(GHOST_OBJECTS, round(objects * rate))
+        self.period = s.period or max(MIN_PERIOD, TURNOVERS * held)
         if rate != self.rate:
-            self._begin(rate)
+            self._begin(rate, self.tuner.current)
+
+    def _resampled(self) -> bool:
+        """With ``sample = "auto"``: whether the choice's ghost would hold, full, far from
+        ``GHOST_OBJECTS`` objects of the mean size it holds (a quarter to four times), the
+        first requests' sizes having misled or the traffic changed; if so, the rate is
+        chosen again from that."""
+        if self.settings.sample is not None:
+            return False
+        fits = self.ghosts[self.tuner.current].store.estimated_capacity_objects()
+        if not fits or GHOST_OBJECTS / 4 <= fits <= 4 * GHOST_OBJECTS:
+            return False
+        rate = self.rate
+        self._resample(fits / rate)
+        return self.rate != rate
 
     def _judge(self, at: float) -> Decision | None:
+        if self._resampled():
+            self.tuner.said = f"sampling {self.rate:g} of the keys: its ghosts begin again"
+            return None
         hits = np.array([g.counters.hits for g in self.ghosts], dtype=np.int64)
         requests = self.ghosts[0].counters.requests
         # A ghost of every key is the cache itself, whatever it holds: only a sample's is
@@ -319,7 +355,7 @@ class Tuning:
         sizing = self.sizes is not None
         return {
             "choice": self.choice.as_json(),
-            "said": "learning sizes to choose its sample" if sizing else t.said,
+            "said": self.failed or ("learning sizes to choose its sample" if sizing else t.said),
             "judgements": t.judgements, "sampled": self.sampled,
             "sample": None if sizing and self.settings.sample is None else self.rate,
             "period": None if sizing else self.period, "switches": self.switches,
@@ -342,10 +378,12 @@ def take(
     make: Callable[[AdmissionConfig], AdmissionPolicy] | None = None,
     was: Choice | None = None,
 ) -> None:
-    """``engine`` evicts and admits by ``choice`` from now on, every entry kept. Its
-    admission is made anew (by ``make``, by default ``make_policy`` on the store: its window
-    and counts start afresh) unless it ran ``was``, of the same admission."""
-    engine.store.reshape(choice.eviction)
+    """``engine``, which ran ``was`` (None: not known), evicts and admits by ``choice`` from
+    now on, every entry kept; of the two, only what changed is remade. A new admission
+    (``make``'s, by default ``make_policy``'s on the store) starts afresh: its window and
+    counts."""
+    if was is None or choice.eviction != was.eviction:
+        engine.store.reshape(choice.eviction)
     if was is None or choice.admission != was.admission:
         admission = configured.as_policy(choice.admission)
         engine.use_admission(make(admission) if make else make_policy(admission, engine.store))

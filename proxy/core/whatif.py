@@ -313,9 +313,14 @@ class WhatIf:
                 self.disk.feed(0, own)
             if self.forward is not None:
                 self.forward(own)
-        if self.tuning is not None:
+        if self.tuning is not None and self.tuning.failed is None:
             tuned = _within(sample, points, self.tune_below)
-            self.tuning.feed(tuned.keys(), tuned.times, tuned.sizes)
+            try:
+                self.tuning.feed(tuned.keys(), tuned.times, tuned.sizes)
+            except (ValueError, OverflowError, MemoryError) as exc:
+                # A tuner the loop refuses is a tuner lost, never a request: the tier keeps
+                # its choice, and /stats says why.
+                self.tuning.failed = f"{type(exc).__name__}: {exc}"
             if sample_below(self.tuning.rate) != self.tune_below:  # its sample, chosen
                 self.tune_below = sample_below(self.tuning.rate)
                 self.below = max(self.own_below, self.tune_below)

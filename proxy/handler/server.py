@@ -175,6 +175,8 @@ class Proxy:
         if (c.size, c.max_object_size) != (old.size, old.max_object_size):
             # One process's: a worker's sizes are its machine's, and take a restart.
             engine.removals.resize(c.size, c.max_object_size)
+            if self.disk is not None:
+                engine.behind_largest = config.behind_largest()
         engine.hit_for_miss = c.hit_for_miss
         engine.grace = c.grace
         engine.ttl_rules = TtlRules(config.ttl)
@@ -200,7 +202,13 @@ class Proxy:
         new = None if engine.whatif is None else engine.whatif.tuning
         if new is not None and new is not old:  # a new tuner: the tier takes its first choice
             new.make = old.make if old is not None else None
-            take(engine, new.choice, config.admission_config(), new.make)
+            # Only what changed: a fleet's shared window (Redis) stays the one it shares.
+            was = (
+                self.running
+                if config.admission_config() == self.config.admission_config()
+                else None
+            )
+            take(engine, new.choice, config.admission_config(), new.make, was)
             self.running = new.choice
         elif config.admission_config() != self.config.admission_config():
             engine.use_admission(make_policy(config.admission_config(), engine.store))

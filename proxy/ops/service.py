@@ -41,7 +41,6 @@ from proxy.ops.admin import admin_app, apply_fleet_purge
 from proxy.ops.answer_metrics import AnswerMetrics, Recorder
 from proxy.ops.handoff import sample_key
 from proxy.ops.reload import NO_SOURCE, STOPPING, Reloaded, key_rules, reload
-from proxy.ops.shared_tier import worker_largest_object
 from proxy.ops.tls import server_context
 from proxy.origin.upstream import Upstream
 from proxy.wire.seam import Listener, ProxyServer
@@ -100,11 +99,9 @@ def build_engine(
         make(admission),
         hit_for_miss=c.hit_for_miss,
         ttl_rules=TtlRules(config.ttl),
-        # A worker's memory is its share of the machine's; the tier they share keeps bodies
-        # past it, up to what its records hold.
-        max_object_bytes=None
-        if sharing is None
-        else worker_largest_object(config, store.max_object_bytes),
+        # A disk (a process's, or the one a machine's workers share) keeps bodies past what
+        # memory does (a worker's share, S3-FIFO's small queue), up to what its records hold.
+        behind_largest=0 if disk is None else config.behind_largest(),
         max_variants=c.max_variants,
         ignore_cookies=c.ignore_cookies,
         grace=c.grace,

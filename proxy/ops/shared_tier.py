@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from proxy.config.settings import MAX_REGION, Config, ConfigError, check_config
-from proxy.core.disk import RECORD_HEADER
 from proxy.disk.directory import LOCK, claimed
 from proxy.disk.sharing import Sharing, shared_bytes
 from proxy.disk.store import DiskStore
@@ -89,17 +88,6 @@ def worker_overrides(config: Config, workers: int, scratch: str) -> dict[str, ob
     }
 
 
-def worker_largest_object(view: Config, memory_largest: int) -> int:
-    """The largest body a worker running ``view`` (``worker_view``) keeps in some tier: its
-    memory's own (``memory_largest``), or past it, up to ``[cache] max_object_size``, what a
-    record of the tier the workers share holds: its region, less the most a record's key and
-    meta take (the longest URL and header block the proxy accepts, the head and the fields
-    stored twice)."""
-    c, server = view.cache, view.server
-    allowance = RECORD_HEADER + server.max_url_length + 2 * server.max_header_size
-    return max(memory_largest, min(c.max_object_size, view.disk.region_size - allowance))
-
-
 def check_workers(config: Config, workers: int) -> None:
     """``ConfigError`` naming the key and a value that works, when ``workers`` workers of
     ``config`` would not start: each worker's configuration (``worker_view``) judged as the
@@ -108,8 +96,8 @@ def check_workers(config: Config, workers: int) -> None:
     overrides = worker_overrides(config, workers, str(_scratch_root()))
     view = worker_view(config, overrides)
     # A worker keeps in memory up to its share and in the tier behind up to a region's
-    # record (``worker_largest_object``); its configuration is judged with that largest.
-    largest = worker_largest_object(view, min(view.cache.max_object_size, view.cache.size))
+    # record (``behind_largest``); its configuration is judged with that largest.
+    largest = max(min(view.cache.max_object_size, view.cache.size), view.behind_largest())
     if view.cache.slice_size > largest:
         raise ConfigError(
             f"[cache] slice_size = {view.cache.slice_size}: with {workers} workers, each keeps "

@@ -225,10 +225,12 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
 }
 
 /* reshape(eviction, *, small, ghost, move): evict by another policy (or the same with other
- * knobs) from now on, every entry kept with its hits. The entries go to the new policy's main
- * queue, oldest first as they stood (main, protected, then the entry queue, each from its
- * oldest), their hit marks cleared; the ghost queue's keys are forgotten. An entry charged
- * more than the new policy lets one be stays until it leaves. */
+ * knobs) from now on, every entry kept with its hits. Oldest first as they stood (main,
+ * protected, then the entry queue, each from its oldest), an entry never read goes to the
+ * new policy's entry queue, one read to its main queue, hit marks cleared: what the old
+ * policy let in and nobody read is what S3-FIFO's small queue and 2Q's Ain are for, and in
+ * main they would squat until main turned over. The ghost queue's keys are forgotten. An
+ * entry charged more than the new policy lets one be stays until it leaves. */
 static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"eviction", "small", "ghost", "move", NULL};
     const char *eviction;
@@ -255,8 +257,9 @@ static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds
         self->bytes[q] = 0;
     }
     for (long long k = 0; k < n; k++) {
-        self->nodes[order[k]].freq = 0;
-        list_push_front(self, order[k], Q_MAIN);
+        Node *node = &self->nodes[order[k]];
+        node->freq = 0;
+        list_push_front(self, order[k], node->hits == 0 ? ev->entry_queue : Q_MAIN);
     }
     PyMem_Free(order);
     if (index_use(self, ev, small, ghost, move) < 0) return NULL;
@@ -384,6 +387,21 @@ static PyObject *Index_max_charge(IndexObject *self, void *closure) {
     return PyLong_FromLongLong(self->max_charge);
 }
 
+/* A sample of a larger store keeps what the larger one keeps: its policy's bound (S3-FIFO's
+ * small queue) is the larger store's, up to this one's capacity. Until a resize or reshape
+ * sets the policy's own again. */
+static int Index_set_max_charge(IndexObject *self, PyObject *value, void *closure) {
+    long long charge = value == NULL ? -1 : PyLong_AsLongLong(value);
+    if (charge == -1 && PyErr_Occurred()) return -1;
+    if (charge < 1 || charge > self->capacity) {
+        PyErr_Format(PyExc_ValueError, "max_charge is from 1 to the capacity (%lld), got %lld",
+                     self->capacity, charge);
+        return -1;
+    }
+    self->max_charge = charge;
+    return 0;
+}
+
 static PyObject *Index_eviction(IndexObject *self, void *closure) {
     return PyUnicode_FromString(self->ev->name);
 }
@@ -425,7 +443,8 @@ static PyMethodDef Index_methods[] = {
 };
 
 static PyGetSetDef Index_getset[] = {
-    {"max_charge", (getter)Index_max_charge, NULL, "The largest charge an entry may have.", NULL},
+    {"max_charge", (getter)Index_max_charge, (setter)Index_set_max_charge,
+     "The largest charge an entry may have (set: a sample's, as the larger store's).", NULL},
     {"eviction", (getter)Index_eviction, NULL, "The eviction policy's name.", NULL},
     {"knobs", (getter)Index_knobs, NULL, "The policy's knobs (None: its default).", NULL},
     {NULL},
