@@ -16,7 +16,8 @@ less). onehit's share of hits from disk (its /stats) is printed beside the disk 
 ``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
 and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells;
 ``--workers N`` runs onehit with ``--workers N`` (every process on the server's core: the
-CPU of all of them counts).
+CPU of all of them counts). ``--set cache.eviction=auto`` (repeatable) sets this checkout's
+onehit otherwise in every cell: beside ``--baseline`` the same checkout, what a setting costs.
 
     .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
         [--sizes 1k,64k] [--sources memory,disk] [--logs on,off]
@@ -220,6 +221,13 @@ async def main() -> None:
         default=1,
         help="onehit's --workers (all pinned to the server's core)",
     )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="a setting of this checkout's onehit in every cell (cache.eviction=auto), as "
+        "onehit-proxy --set takes it; the baseline runs without",
+    )
     args = parser.parse_args()
     nginx = nginx_binary()
     if nginx is None or shutil.which("wrk") is None or shutil.which("taskset") is None:
@@ -236,7 +244,8 @@ async def main() -> None:
                 if size not in sizes or source not in sources:
                     continue
                 prefix = f"/{size}/"
-                ours, from_disk = await onehit_cost(HERE.parent, origin_url, settings, prefix,
+                ours, from_disk = await onehit_cost(HERE.parent, origin_url,
+                                                    [*settings, *args.set], prefix,
                                                     urls, args.seconds, log,
                                                     args.workers)  # fmt: skip
                 theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)

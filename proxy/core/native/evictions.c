@@ -169,6 +169,7 @@ static const Eviction S3FIFO = {
     .init = s3fifo_init,
     .sizes = s3fifo_sizes,
     .entry_queue = Q_SMALL,
+    .main_keeps = 1,
     .touch = s3fifo_touch,
     .evict = s3fifo_evict,
     .victim = s3fifo_victim,

@@ -225,12 +225,12 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
 }
 
 /* reshape(eviction, *, small, ghost, move): evict by another policy (or the same with other
- * knobs) from now on, every entry kept with its hits. Oldest first as they stood (main,
- * protected, then the entry queue, each from its oldest), an entry never read goes to the
- * new policy's entry queue, one read to its main queue, hit marks cleared: what the old
- * policy let in and nobody read is what S3-FIFO's small queue and 2Q's Ain are for, and in
- * main they would squat until main turned over. The ghost queue's keys are forgotten. An
- * entry charged more than the new policy lets one be stays until it leaves. */
+ * knobs) from now on, every entry kept with its hits, hit marks cleared. Oldest first as
+ * they stood (main, protected, then the entry queue, each from its oldest), they go to the
+ * new policy's main queue; but for S3-FIFO (``main_keeps``), whose main evicts only past its
+ * share, an entry never read goes to its small queue: in main it would squat. The ghost
+ * queue's keys are forgotten. An entry charged more than the new policy lets one be stays
+ * until it leaves. */
 static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"eviction", "small", "ghost", "move", NULL};
     const char *eviction;
@@ -256,10 +256,11 @@ static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds
         self->head[q] = self->tail[q] = -1;
         self->bytes[q] = 0;
     }
+    int unread = ev->main_keeps ? ev->entry_queue : Q_MAIN;
     for (long long k = 0; k < n; k++) {
         Node *node = &self->nodes[order[k]];
         node->freq = 0;
-        list_push_front(self, order[k], node->hits == 0 ? ev->entry_queue : Q_MAIN);
+        list_push_front(self, order[k], node->hits == 0 ? unread : Q_MAIN);
     }
     PyMem_Free(order);
     if (index_use(self, ev, small, ghost, move) < 0) return NULL;
