@@ -271,3 +271,19 @@ def test_a_sample_of_a_store_keeps_what_the_full_store_keeps_up_to_its_bytes():
     for i in range(40):  # and it goes on evicting within its bytes
         sample.put(entry(f"k{i}", 900))
         assert sample.bytes_used <= 20_000
+
+
+def test_a_store_reshaped_to_wtinylfu_keeps_what_was_read_against_newcomers():
+    """Its sketch, new, learns the residents' reads: a resident read three times wins its duel
+    with a newcomer seen once, as under W-TinyLFU all along (a sketch of zeros would give
+    every newcomer the place of every resident)."""
+    store = CacheStore(10_000)
+    for i in range(10):
+        store.put(entry(f"k{i}", 1_000))
+        for _ in range(3):
+            store.record_hit(store.get(f"k{i}"))
+    store.reshape("wtinylfu")
+    for i in range(5):
+        store.put(entry(f"new{i}", 1_000))
+    assert all(f"k{i}" in store for i in range(10))
+    assert not any(f"new{i}" in store for i in range(5))

@@ -259,6 +259,24 @@ static int wtinylfu_settle(IndexObject *x, uint64_t key, PyObject *evicted) {
     return 0;
 }
 
+/* The sketch, new, would count every resident at 0 and turn each newcomer away at its duel
+ * (a tie evicts the candidate) until it had seen the residents again: sized to them, it
+ * counts each as often as it was read (up to the ceiling), so that one never read loses to a
+ * newcomer and one read keeps its place. */
+static int wtinylfu_adopt(IndexObject *x) {
+    if (sketch_init(&x->sketch, x->count > 1024 ? x->count : 1024, 15, 10) < 0) return -1;
+    static const int queues[] = {Q_MAIN, Q_PROTECTED, Q_SMALL};
+    for (int q = 0; q < 3; q++) {
+        for (int32_t i = x->head[queues[q]]; i >= 0; i = x->nodes[i].next) {
+            uint64_t key = x->nodes[i].key;
+            long long reads = x->nodes[i].hits < 15 ? x->nodes[i].hits : 15;
+            for (long long r = 0; r < reads; r++) sketch_add(&x->sketch, key, second_hash(key));
+        }
+    }
+    x->sketch.added = 0;
+    return 0;
+}
+
 static int32_t wtinylfu_victim(const IndexObject *x) {
     return x->tail[Q_MAIN] >= 0 ? x->tail[Q_MAIN] : x->tail[Q_PROTECTED];
 }
@@ -270,6 +288,7 @@ static const Eviction WTINYLFU = {
     .entry_queue = Q_SMALL,
     .touch = wtinylfu_touch,
     .settle = wtinylfu_settle,
+    .adopt = wtinylfu_adopt,
     .victim = wtinylfu_victim,
 };
 

@@ -228,7 +228,8 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
  * knobs) from now on, every entry kept with its hits, hit marks cleared. Oldest first as
  * they stood (main, protected, then the entry queue, each from its oldest), they go to the
  * new policy's main queue; but for S3-FIFO (``main_keeps``), whose main evicts only past its
- * share, an entry never read goes to its small queue: in main it would squat. The ghost
+ * share, an entry never read goes to its small queue: in main it would squat. The policy
+ * learns what it keeps of entries from their hits (``adopt``: W-TinyLFU's sketch). The ghost
  * queue's keys are forgotten. An entry charged more than the new policy lets one be stays
  * until it leaves. */
 static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds) {
@@ -264,6 +265,7 @@ static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds
     }
     PyMem_Free(order);
     if (index_use(self, ev, small, ghost, move) < 0) return NULL;
+    if (ev->adopt != NULL && ev->adopt(self) < 0) return NULL;
     Py_RETURN_NONE;
 }
 

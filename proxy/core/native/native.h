@@ -256,6 +256,9 @@ typedef struct {
     int (*evict)(IndexObject *x, PyObject *evicted);
     /* After key was inserted: the evictions the policy makes then (NULL: none). */
     int (*settle)(IndexObject *x, uint64_t key, PyObject *evicted);
+    /* After a reshape made this the policy, with the entries placed: what its state should
+     * learn from their hits (NULL: nothing); -1 with an exception set. */
+    int (*adopt)(IndexObject *x);
     /* The node the policy would evict next, without evicting it; -1 when empty. */
     int32_t (*victim)(const IndexObject *x);
 } Eviction;
