@@ -431,3 +431,16 @@ def test_a_sample_the_first_requests_misled_is_chosen_again_from_what_the_ghosts
     whole = simulate(misled, 10_250_000, SECOND_HIT, entry_overhead=0, eviction="auto", tune=tune)
     assert 0.1 <= whole.tuning["sample"] <= 0.4  # about 0.2: 10,000 objects of 1 KiB
     assert whole.tuning["judgements"] > 0
+
+
+def test_a_memory_tier_too_small_for_its_ghosts_to_tell_is_not_tuned_and_says_so():
+    """256 objects of 1 MiB: at the largest sample 18 candidates' work allows (0.22), a ghost
+    would hold 56 of them: the tuner records next to nothing and keeps its first pair."""
+    sizes = np.full(SIZING, 1 << 20, dtype=np.int64)
+    trace = Trace(np.arange(SIZING, dtype=np.float64), np.arange(SIZING) % 1000, sizes)
+    tuning = Tuning(256 << 20, SECOND_HIT, TuneSettings(), 16 << 20)
+    _fed(tuning, trace, 0, SIZING)
+    assert tuning.rate == 0.001 and tuning.idle is not None
+    assert "too few for ghosts of a 0.22 sample to tell" in tuning.state()["said"]
+    _fed(tuning, trace, 0, SIZING)  # past a period: never judged
+    assert tuning.state()["judgements"] == 0 and tuning.switches == 0

@@ -19,7 +19,9 @@ Rules it keeps:
   no better than the current one on the evidence is never chosen, and two within the margin
   never trade places.
 * A ghost that holds fewer than ``MIN_SAMPLED_OBJECTS`` objects estimates nothing worth
-  acting on: the tuner keeps its choice and says to sample more.
+  acting on: the tuner keeps its choice and says to sample more. A memory tier whose ghosts
+  would hold that few at the largest sample ``MAX_GHOST_WORK`` allows is not tuned (``idle``):
+  it keeps its first pair, recording next to nothing.
 * A judgement is a function of the sampled requests alone, in order: the live proxy and the
   simulator, fed the same sampled requests, make the same choices at the same one. (The
   live proxy samples by a secret key, the simulator by the hash itself: at a rate below 1
@@ -232,6 +234,7 @@ class Tuning:
         self.decisions: list[Decision] = []
         self.switches = 0
         self.failed: str | None = None  # why its driver stopped feeding it (it keeps its choice)
+        self.idle: str | None = None  # why it does not judge: a memory tier too small to tune
         # ``sample`` or ``period`` "auto": chosen from the sizes of the first requests
         # (``SIZING``), every request sampled meanwhile unless the sample is given.
         self.sizes: dict[int, int] | None = None
@@ -312,7 +315,15 @@ class Tuning:
         Ghosts of a new rate begin afresh, at the choice the tier runs; at the same, they go
         on. Two digits of rate: it reads plainly on /stats, and is the same on every replay."""
         s = self.settings
-        rate = s.sample or min(self._most(), max(MIN_RATE, float(f"{GHOST_OBJECTS / objects:.2g}")))
+        most = self._most()
+        rate = s.sample or min(most, max(MIN_RATE, float(f"{GHOST_OBJECTS / objects:.2g}")))
+        self.idle = None
+        if s.sample is None and rate < 1.0 and objects * rate < MIN_SAMPLED_OBJECTS:
+            # Ghosts at the largest sample its work allows would hold too few objects to tell
+            # candidates apart: recording for them would cost every hit and buy nothing.
+            self.idle = (f"the memory tier holds about {round(objects):,} objects, too few "
+                         f"for ghosts of a {most:g} sample to tell: it keeps its pair")  # fmt: skip
+            rate = MIN_RATE
         # At most what a ghost is to hold: at a rate clamped to its least, ghosts hold more,
         # and the next judgement (and a sample chosen again) would wait that much longer.
         held = min(GHOST_OBJECTS, round(objects * rate))
@@ -341,6 +352,8 @@ class Tuning:
         return self.rate != rate
 
     def _judge(self, at: float) -> Decision | None:
+        if self.idle is not None:
+            return None
         if self._resampled():
             self.tuner.said = f"sampling {self.rate:g} of the keys: its ghosts begin again"
             return None
@@ -370,7 +383,8 @@ class Tuning:
         sizing = self.sizes is not None
         return {
             "choice": self.choice.as_json(),
-            "said": self.failed or ("learning sizes to choose its sample" if sizing else t.said),
+            "said": self.failed or self.idle
+            or ("learning sizes to choose its sample" if sizing else t.said),
             "judgements": t.judgements, "sampled": self.sampled,
             "sample": None if sizing and self.settings.sample is None else self.rate,
             "period": None if sizing else self.period, "switches": self.switches,
