@@ -97,8 +97,7 @@ def two_tiers(path: Path) -> None:
     started = time.perf_counter()
     both = simulate_tiers(trace, memory, admission, disk, entry_overhead=0)
     both_s = time.perf_counter() - started
-    print(f"in-process, second hit, memory 1% (and a disk of 10%, {format_size(region)} "
-          "regions)")
+    print(f"in-process, second hit, memory 1% (and a disk of 10%, {format_size(region)} regions)")
     for name, seconds, result in (("one tier", one_s, one), ("two tiers", both_s, both)):
         print(f"  {name:10s} {seconds:6.2f} s  {len(trace) / seconds:>12,.0f} req/s  "
               f"hit ratio {result.stats['hit_ratio']:.4f}")  # fmt: skip

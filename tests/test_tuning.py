@@ -444,3 +444,28 @@ def test_a_memory_tier_too_small_for_its_ghosts_to_tell_is_not_tuned_and_says_so
     assert "too few for ghosts of a 0.22 sample to tell" in tuning.state()["said"]
     _fed(tuning, trace, 0, SIZING)  # past a period: never judged
     assert tuning.state()["judgements"] == 0 and tuning.switches == 0
+
+
+def test_a_lead_within_the_samples_noise_is_no_evidence():
+    """With no margin, a lead of 0.8 points over 10,000 sampled requests (two standard errors
+    of a hit ratio near a half are 1 point) is not taken; one of 2.4 points is."""
+    tuner = Tuner(CHOICES, TuneSettings(warmup=1, patience=1, margin=0.0))
+    assert tuner.judge(np.zeros(3), 0, HELD) is None  # the warm-up, of no request
+    assert tuner.judge(np.array([5000, 5080, 5000]), 10_000, HELD) is None
+    assert "keeps" in tuner.said
+    assert tuner.judge(np.array([5000, 5400, 5000]), 10_000, HELD) == 1
+
+
+def test_an_idle_tuner_wakes_when_the_tier_grows_tunable():
+    """The first requests' bodies of 1 MiB make a 256 MiB tier too small to tune; 1 KiB
+    bodies after them make it a tier of about 260,000 objects: the tuner, idle, sampling a
+    thousandth of the keys, samples again once it has judged what its ghost holds."""
+    sizes = np.concatenate([np.full(SIZING, 1 << 20), np.full(600_000, 1024)]).astype(np.int64)
+    rng = np.random.default_rng(3)
+    ids = np.concatenate([np.arange(SIZING) % 1000, 1000 + rng.integers(0, 300_000, 600_000)])
+    trace = Trace(np.arange(len(ids), dtype=np.float64), ids, sizes)
+    first = simulate(Trace(trace.times[:SIZING], ids[:SIZING], sizes[:SIZING]), 256 << 20,
+                     SECOND_HIT, entry_overhead=0, eviction="auto")  # fmt: skip
+    assert first.tuning["sample"] is None and "too few" in first.tuning["said"]  # idle
+    woken = simulate(trace, 256 << 20, SECOND_HIT, entry_overhead=0, eviction="auto")
+    assert woken.tuning["sample"] == 0.0076 and "begin again" in woken.tuning["said"]

@@ -164,6 +164,9 @@ class Tuner:
         self.recent_requests = self.recent_requests * KEPT_EVIDENCE + requests
         self.judgements += 1
         s = self.settings
+        if self.recent_requests <= 0:
+            self.said = "no request sampled yet"
+            return None
         if self.judgements <= s.warmup:
             self.said = f"warming up ({self.judgements} of {s.warmup} periods)"
             return None
@@ -180,7 +183,9 @@ class Tuner:
         ahead = (self.recent_hits[best] - self.recent_hits[self.current]) / self.recent_requests
         # A lead within the noise of the sample is no evidence: ``NOISE`` standard errors
         # of a hit ratio over the recent sampled requests, or the margin, whichever is more.
-        p = float(self.recent_hits[self.current]) / self.recent_requests
+        p = float(self.recent_hits[best] + self.recent_hits[self.current]) / (
+            2 * self.recent_requests
+        )  # the two pooled: a choice that hits nothing does not make the noise nothing
         noise = NOISE * math.sqrt(max(p * (1 - p), 1e-6) / self.recent_requests)
         if best == self.current or ahead <= max(s.margin, noise):
             self.leader, self.led = None, 0
@@ -336,26 +341,25 @@ class Tuning:
         return min(1.0, float(f"{MAX_GHOST_WORK / len(self.choices):.2g}"))
 
     def _resampled(self) -> bool:
-        """With ``sample = "auto"``: whether the choice's ghost would hold, full, far from
-        ``GHOST_OBJECTS`` objects of the mean size it holds (a quarter to four times), the
-        first requests' sizes having misled or the traffic changed; if so, the rate is
-        chosen again from that."""
+        """With ``sample = "auto"``: whether the rate was chosen again (``_resample``) from
+        what the choice's ghost would hold, full, at the mean size it holds: when that is far
+        from ``GHOST_OBJECTS`` (a quarter to four times), the first requests' sizes having
+        misled or the traffic changed, or while the tuner is idle (a tier that grew tunable
+        wakes it)."""
         if self.settings.sample is not None:
             return False
         fits = self.ghosts[self.tuner.current].store.estimated_capacity_objects()
-        if not fits or GHOST_OBJECTS / 4 <= fits <= 4 * GHOST_OBJECTS:
+        if not fits or (self.idle is None and GHOST_OBJECTS / 4 <= fits <= 4 * GHOST_OBJECTS):
             return False
-        if fits < GHOST_OBJECTS / 4 and self.rate >= self._most():
-            return False  # as large a sample as its work allows
-        rate = self.rate
-        self._resample(fits / rate)
-        return self.rate != rate
+        was = (self.rate, self.idle)
+        self._resample(fits / self.rate)
+        return (self.rate, self.idle) != was
 
     def _judge(self, at: float) -> Decision | None:
-        if self.idle is not None:
-            return None
         if self._resampled():
             self.tuner.said = f"sampling {self.rate:g} of the keys: its ghosts begin again"
+            return None
+        if self.idle is not None:
             return None
         hits = np.array([g.counters.hits for g in self.ghosts], dtype=np.int64)
         requests = self.ghosts[0].counters.requests
@@ -386,8 +390,8 @@ class Tuning:
             "said": self.failed or self.idle
             or ("learning sizes to choose its sample" if sizing else t.said),
             "judgements": t.judgements, "sampled": self.sampled,
-            "sample": None if sizing and self.settings.sample is None else self.rate,
-            "period": None if sizing else self.period, "switches": self.switches,
+            "sample": None if (sizing and self.settings.sample is None) or self.idle else self.rate,
+            "period": None if sizing or self.idle else self.period, "switches": self.switches,
             "decisions": [d.as_json() for d in self.decisions],
             "candidates": [{"eviction": c.eviction, "admission": c.admission,
                             "recent_miss_ratio": t.miss_ratio(i)}

@@ -169,7 +169,7 @@ static const Eviction S3FIFO = {
     .init = s3fifo_init,
     .sizes = s3fifo_sizes,
     .entry_queue = Q_SMALL,
-    .main_keeps = 1,
+    .unread_to_entry = 1,
     .touch = s3fifo_touch,
     .evict = s3fifo_evict,
     .victim = s3fifo_victim,
@@ -262,18 +262,23 @@ static int wtinylfu_settle(IndexObject *x, uint64_t key, PyObject *evicted) {
 /* The sketch, new, would count every resident at 0 and turn each newcomer away at its duel
  * (a tie evicts the candidate) until it had seen the residents again: sized to them, it
  * counts each as often as it was read (up to the ceiling), so that one never read loses to a
- * newcomer and one read keeps its place. */
+ * newcomer and one read keeps its place. A resident's reads are counted at once: its
+ * counters raised to its estimate plus them, what as many conservative updates would do. */
 static int wtinylfu_adopt(IndexObject *x) {
-    if (sketch_init(&x->sketch, x->count > 1024 ? x->count : 1024, 15, 10) < 0) return -1;
+    Sketch *s = &x->sketch;
+    if (sketch_init(s, x->count > 1024 ? x->count : 1024, 15, 10) < 0) return -1;
     static const int queues[] = {Q_MAIN, Q_PROTECTED, Q_SMALL};
     for (int q = 0; q < 3; q++) {
         for (int32_t i = x->head[queues[q]]; i >= 0; i = x->nodes[i].next) {
-            uint64_t key = x->nodes[i].key;
-            long long reads = x->nodes[i].hits < 15 ? x->nodes[i].hits : 15;
-            for (long long r = 0; r < reads; r++) sketch_add(&x->sketch, key, second_hash(key));
+            uint64_t h1 = x->nodes[i].key, h2 = second_hash(h1);
+            long long target = sketch_estimate(s, h1, h2) + x->nodes[i].hits;
+            uint8_t t = (uint8_t)(target < s->ceiling ? target : s->ceiling);
+            for (int r = 0; r < 4; r++) {
+                uint8_t *v = &s->rows[sketch_slot(s, h1, h2, r)];
+                if (*v < t) *v = t;
+            }
         }
     }
-    x->sketch.added = 0;
     return 0;
 }
 

@@ -227,7 +227,7 @@ static int Index_init(IndexObject *self, PyObject *args, PyObject *kwds) {
 /* reshape(eviction, *, small, ghost, move): evict by another policy (or the same with other
  * knobs) from now on, every entry kept with its hits, hit marks cleared. Oldest first as
  * they stood (main, protected, then the entry queue, each from its oldest), they go to the
- * new policy's main queue; but for S3-FIFO (``main_keeps``), whose main evicts only past its
+ * new policy's main queue; but for S3-FIFO (``unread_to_entry``), whose main evicts only past its
  * share, an entry never read goes to its small queue: in main it would squat. The policy
  * learns what it keeps of entries from their hits (``adopt``: W-TinyLFU's sketch). The ghost
  * queue's keys are forgotten. An entry charged more than the new policy lets one be stays
@@ -257,7 +257,7 @@ static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds
         self->head[q] = self->tail[q] = -1;
         self->bytes[q] = 0;
     }
-    int unread = ev->main_keeps ? ev->entry_queue : Q_MAIN;
+    int unread = ev->unread_to_entry ? ev->entry_queue : Q_MAIN;
     for (long long k = 0; k < n; k++) {
         Node *node = &self->nodes[order[k]];
         node->freq = 0;
@@ -265,7 +265,8 @@ static PyObject *Index_reshape(IndexObject *self, PyObject *args, PyObject *kwds
     }
     PyMem_Free(order);
     if (index_use(self, ev, small, ghost, move) < 0) return NULL;
-    if (ev->adopt != NULL && ev->adopt(self) < 0) return NULL;
+    /* What a policy learns at a reshape is an optimisation: on failure, it starts as new. */
+    if (ev->adopt != NULL && ev->adopt(self) < 0) PyErr_Clear();
     Py_RETURN_NONE;
 }
 

@@ -246,9 +246,9 @@ typedef struct {
     /* 1: the entry queue may grow past its share until the store is full (2Q's Ain); 0: until
      * the first eviction, a full small queue sends new keys to main (S3-FIFO's rule). */
     int small_grows;
-    /* 1: main evicts only past its share (S3-FIFO's), so what a reshape put there unread
-     * would squat; a reshape puts it in the entry queue instead. */
-    int main_keeps;
+    /* 1: a reshape puts an entry never read in the entry queue, not main: main evicts only
+     * past its share (S3-FIFO's), and such an entry would squat there. */
+    int unread_to_entry;
     /* A hit's effect on the order of resident node i. */
     void (*touch)(IndexObject *x, int32_t i);
     /* Evicts one entry to make room before an insert (NULL: the policy makes room after it);
