@@ -103,6 +103,12 @@ def _parser() -> argparse.ArgumentParser:
         "auto, as [tune] period)",
     )
     sim.add_argument(
+        "--tune-config",
+        type=Path,
+        help="--eviction auto: every [tune] setting from this proxy configuration file, as "
+        "the live proxy reads it (not with --tune-sample or --tune-period)",
+    )
+    sim.add_argument(
         "--disk-size",
         help="a disk tier of this many bytes (or a share of the trace's distinct bytes, as "
         "10%%) behind the memory tier (two tiers; not with --sample)",
@@ -298,6 +304,17 @@ def _cache_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _tune(args: argparse.Namespace) -> TuneSettings:
+    if args.tune_config is not None:
+        if args.tune_sample != "auto" or args.tune_period != "auto":
+            raise UsageError("--tune-config gives every [tune] setting: not with --tune-sample "
+                             "or --tune-period")  # fmt: skip
+        try:
+            # Its origin is the simulator's to play: the file need not name one.
+            config = load(args.tune_config, env={},
+                          overrides={"upstream.origin": "http://127.0.0.1:1"})  # fmt: skip
+        except ConfigError as exc:
+            raise UsageError(f"--tune-config: {exc}") from None
+        return config.tune_settings()
     try:
         return TuneSettings(sample=auto(values.tune_sample(args.tune_sample)),
                             period=auto(values.tune_period(args.tune_period)))  # fmt: skip
@@ -419,8 +436,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise UsageError(f"--eviction: {exc}") from None
     policies = [(config, eviction) for eviction in evictions for config in configs]
     tune = _tune(args) if "auto" in evictions else None
-    if tune is None and (args.tune_sample != "auto" or args.tune_period != "auto"):
-        raise UsageError("--tune-sample and --tune-period are the tuner's: give --eviction auto")
+    if tune is None and (args.tune_sample != "auto" or args.tune_period != "auto"
+                         or args.tune_config is not None):  # fmt: skip
+        raise UsageError("--tune-sample, --tune-period and --tune-config are the tuner's: "
+                         "give --eviction auto")  # fmt: skip
     if tune is not None and (args.sample or args.disk_size or args.cluster or args.workers_split):
         raise UsageError("--eviction auto: the tuner samples the trace itself and tunes one "
                          "memory tier: not with --sample, --disk-size, --cluster or "

@@ -197,3 +197,17 @@ def test_simulate_with_a_disk_tier_writes_a_report_as_one_tier_does(trace_file, 
     results = json.loads((tmp_path / "r" / "results.json").read_text())
     assert len(results["cells"]) == 2 and results["provenance"]["traces"][0]["trace"] == "t.csv"
     assert str(tmp_path) not in (tmp_path / "r" / "index.html").read_text()
+
+
+def test_simulate_takes_the_tuners_settings_from_a_proxy_configuration(trace_file, tmp_path):
+    conf = tmp_path / "proxy.toml"
+    conf.write_text('[tune]\nevictions = ["sieve"]\nadmissions = ["always"]\nsample = 1.0\n'
+                    "period = 500\n")  # fmt: skip
+    out = run("simulate", "--trace", str(trace_file), "--cache-size", "5%", "--admission",
+              "always", "--eviction", "auto", "--tune-config", str(conf))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "keeps always / sieve" in out.stderr  # its one candidate, judged every 500
+    conf.write_text("[tune]\nperiod = 10\n")
+    out = run("simulate", "--trace", str(trace_file), "--cache-size", "5%", "--eviction",
+              "auto", "--tune-config", str(conf))  # fmt: skip
+    assert out.returncode != 0 and "--tune-config" in out.stderr and "[tune] period" in out.stderr
