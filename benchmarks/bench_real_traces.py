@@ -43,7 +43,7 @@ import libcachesim
 from loadgen.reports import report
 from loadgen.reports.provenance import provenance
 from loadgen.sim.flash import flash_sweep
-from loadgen.sim.simulate import policy_label, sweep
+from loadgen.sim.simulate import describe_cell, policy_label, sweep
 from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import read_trace
 from proxy.core.admission import AdmissionConfig
@@ -97,7 +97,7 @@ def peers(
 
 
 def _swept(done: int, total: int, result: Any) -> None:
-    _progress(f"onehit [{done}/{total}] {result.label} @ {format_size(result.cache_bytes)}")
+    _progress(f"onehit [{done}/{total}] {describe_cell(result)}")
 
 
 def _progress(line: str) -> None:

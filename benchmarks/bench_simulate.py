@@ -93,7 +93,7 @@ def two_tiers(path: Path) -> None:
     # two regions would evict half of itself at a time.
     size = round(unique * 0.1)
     region = min(16 << 20, max(1 << 20, size // 16))
-    disk = DiskSpec(size, region, AdmissionConfig(policy="second-hit"))
+    disk = DiskSpec(size, region, admission)
     started = time.perf_counter()
     both = simulate_tiers(trace, memory, admission, disk, entry_overhead=0)
     both_s = time.perf_counter() - started

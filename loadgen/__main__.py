@@ -36,7 +36,7 @@ from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, TraceError, read_trace, write_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.config import values
-from proxy.config.settings import ConfigError, load
+from proxy.config.settings import Config, ConfigError, load
 from proxy.core.admission import POLICIES, AdmissionConfig, parse_policy
 from proxy.core.cachekey import KeyQuery
 from proxy.core.evictions import EVICTIONS
@@ -308,18 +308,21 @@ def _tune(args: argparse.Namespace) -> TuneSettings:
         if args.tune_sample != "auto" or args.tune_period != "auto":
             raise UsageError("--tune-config gives every [tune] setting: not with --tune-sample "
                              "or --tune-period")  # fmt: skip
-        try:
-            # Its origin is the simulator's to play: the file need not name one.
-            config = load(args.tune_config, env={},
-                          overrides={"upstream.origin": "http://127.0.0.1:1"})  # fmt: skip
-        except ConfigError as exc:
-            raise UsageError(f"--tune-config: {exc}") from None
-        return config.tune_settings()
+        return _proxy_config(args.tune_config, "--tune-config").tune_settings()
     try:
         return TuneSettings(sample=auto(values.tune_sample(args.tune_sample)),
                             period=auto(values.tune_period(args.tune_period)))  # fmt: skip
     except ValueError as exc:
         raise UsageError(f"--tune-sample/--tune-period: {exc}") from None
+
+
+def _proxy_config(path: Path, flag: str) -> Config:
+    """The proxy configuration at ``path``, as the proxy reads it (its origin is the
+    simulator's to play: the file need not name one); UsageError naming ``flag``."""
+    try:
+        return load(path, {}, {"upstream.origin": "http://simulated.invalid"})
+    except ConfigError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
 
 
 def _split(text: str) -> list[str]:
@@ -530,10 +533,7 @@ def _freshness(args: argparse.Namespace) -> tuple[float, TtlRules | None]:
             raise UsageError(f"--ttl {args.ttl}: a response must stay fresh a while (> 0)")
     if args.ttl_rules is None:
         return ttl, None
-    try:
-        config = load(args.ttl_rules, {}, {"upstream.origin": "http://simulated.invalid"})
-    except (ConfigError, OSError) as exc:
-        raise UsageError(f"--ttl-rules: {exc}") from None
+    config = _proxy_config(args.ttl_rules, "--ttl-rules")
     if not config.ttl:
         raise UsageError(f"--ttl-rules {args.ttl_rules}: it holds no [[ttl]] rule")
     return ttl, TtlRules(config.ttl)

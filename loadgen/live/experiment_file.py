@@ -231,14 +231,15 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
             f"['ts', 'id', 'bytes'] or '1,2,4', not {columns!r}"
         )
     if "trace" in table:
+        named = None if columns is None else tuple(columns)
         given = str(table["trace"])
         if given.startswith(REAL):
             if given.removeprefix(REAL) not in TRACES:
                 raise ExperimentError(f"{where}: trace {given!r}: the real traces are "
                                       f"{', '.join(REAL + n for n in sorted(TRACES))}")  # fmt: skip
-            return Workload(name, given=given, columns=None if columns is None else tuple(columns))
+            return Workload(name, given=given, columns=named)
         return Workload(name, trace_path=(base / given).resolve(), given=Path(given).name,
-                        columns=None if columns is None else tuple(columns))  # fmt: skip
+                        columns=named)  # fmt: skip
     if columns is not None:
         raise ExperimentError(f'{where}: csv_columns goes with a trace = "file.csv"')
     values = {k: v for k, v in table.items() if k not in ("name", "trace", "csv_columns")}

@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, NullLocator
 
-from loadgen.sim.cells import Cell, flash_group
+from loadgen.sim.cells import BASELINE, Cell, flash_group
 from proxy.core.units import format_size
 
 # More swept sizes than this and their labels would crowd the axis: powers of ten instead.
@@ -65,9 +65,7 @@ def _line_style(label: str) -> str:
 
 # The curves of one panel at most, LRU among them; a colour and a marker for each of the others.
 MAX_SERIES = 8
-BASELINE = "always"
-_DISTINCT = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2",
-             "#17becf"]  # fmt: skip
+_DISTINCT = _PALETTE[:MAX_SERIES]
 _MARKERS = ["o", "^", "D", "v", "P", "*", "X", "h"]
 _BASELINE_STYLE = ("#000000", "s")
 PEERS = "libCacheSim"

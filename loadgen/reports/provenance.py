@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from loadgen.traces.real_traces import REAL
+
 BLOCK = 1 << 20
 UNKNOWN = "unknown"
 
@@ -89,7 +91,7 @@ def _shown(arg: str) -> str:
 def _named(arg: str) -> str:
     """``arg`` with a path in it reduced to its name."""
     flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
-    if os.sep in value and not value.startswith(("real:", "http:", "https:")):
+    if os.sep in value and not value.startswith((REAL, "http:", "https:")):
         value = Path(value).name or value
     return flag + eq + value
 

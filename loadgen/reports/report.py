@@ -25,11 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.reports import provenance
-from loadgen.sim.cells import Cell, flash_group
+from loadgen.sim.cells import BASELINE, Cell, flash_group
 from loadgen.sim.simulate import SimResult, space_saved
 from proxy.core.units import format_size
-
-BASELINE = "always"
 
 COLUMNS = [
     "policy",

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 Cell = dict[str, Any]
+# The policy every other is measured against, LRU admitting everything: the reports' baseline.
+BASELINE = "always"
 
 
 def flash_group(cell: Cell) -> tuple[str, int, int]:

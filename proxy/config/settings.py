@@ -447,9 +447,9 @@ class Config:
 
     def tuning(self) -> Tuning | None:
         """The tuner ``[cache] eviction = "auto"`` asks for (``proxy.core.tuning``), at its
-        first choice; None for an eviction of the operator's, or with ``slice_size``."""
+        first choice; None for an eviction of the operator's."""
         c = self.cache
-        if c.eviction != "auto" or c.slice_size:
+        if c.eviction != "auto":
             return None
         return Tuning(c.size, self.admission_config(), self.tune_settings(), c.max_object_size,
                       ENTRY_OVERHEAD)  # fmt: skip

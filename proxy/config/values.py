@@ -350,10 +350,8 @@ def tune_period(value: Any) -> int | str:
     said = "expected 'auto', or from 100 to 100,000,000 sampled requests"
     if value == "auto":
         return value
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(said)
     try:
-        number = int(value)
+        number = count(value)
     except ValueError:
         raise ValueError(said) from None
     if not 100 <= number <= 100_000_000:

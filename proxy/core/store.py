@@ -129,11 +129,12 @@ class CacheStore:
         self.eviction = policy.name
         self.index = StoreIndex(capacity_bytes, policy.family, **policy.arguments())
         self._largest = max_object_bytes  # as asked: the policy may let an entry be less
-        self.max_object_bytes = self._largest_kept()
         self._entries: dict[int, Entry] = {}
 
-    def _largest_kept(self) -> int:
-        """The largest object: as asked, unless the eviction charges less to an entry."""
+    @property
+    def max_object_bytes(self) -> int:
+        """The largest object: as asked, unless the eviction lets an entry be charged less
+        (S3-FIFO's small queue): derived, so a resize, a reshape or a sample's bound moves it."""
         return max(0, min(self._largest, self.index.max_charge - self.entry_overhead))
 
     def sample_of(self, full: CacheStore) -> None:
@@ -143,7 +144,6 @@ class CacheStore:
         would see fewer large objects than the cache it stands for."""
         self.index.max_charge = min(full.index.max_charge, self.capacity_bytes)
         self._largest = full.max_object_bytes
-        self.max_object_bytes = self._largest_kept()
 
     def reshape(self, eviction: str) -> None:
         """Evict by ``eviction`` from now on, every entry kept (``StoreIndex.reshape``); the
@@ -152,7 +152,6 @@ class CacheStore:
         policy = parse_eviction(eviction)
         self.index.reshape(policy.family, **policy.arguments())
         self.eviction = policy.name
-        self.max_object_bytes = self._largest_kept()
 
     def resize(self, capacity_bytes: int, max_object_bytes: int | None = None) -> list[Entry]:
         """Take a new capacity (and largest object, as in the constructor): entries are
@@ -161,7 +160,6 @@ class CacheStore:
         self._largest = _checked(capacity_bytes, max_object_bytes, self.entry_overhead)
         gone = self.index.resize(capacity_bytes)
         self.capacity_bytes = capacity_bytes
-        self.max_object_bytes = self._largest_kept()
         return [self._entries.pop(h) for h in gone]
 
     def __len__(self) -> int:

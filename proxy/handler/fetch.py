@@ -51,7 +51,7 @@ from proxy.handler.streaming import stream
 from proxy.origin.body import fields_of, in_hand
 from proxy.origin.pool import OriginResponse, Sent
 from proxy.origin.upstream import Upstream, UpstreamError, UpstreamResponse
-from proxy.wire.trace import STEPS, seconds, step, traced_now
+from proxy.wire.trace import seconds, step, traced_now
 
 log = logging.getLogger("onehit.proxy")
 
@@ -218,7 +218,7 @@ class Fetcher:
         )
         if decided is ASK_ADMISSION:
             decided = await self.decide(meta, rmeta, length, whole=action.whole)
-        elif STEPS.get() is not None:
+        else:
             trace_decision(decided)
         if action.whole and not (rmeta.cacheable and fits) and _asks(request):
             # Not stored, so the client's own conditionals and Range are the origin's to answer.
@@ -253,8 +253,7 @@ class Fetcher:
         fields), to be written at once: ``PendingMiss`` asks only for such a response."""
         rmeta, length, fits = self._judge(meta, upstream, headers, request_time)
         decided = self.engine.on_response_head(meta, rmeta, length, self.clock())
-        if STEPS.get() is not None:
-            trace_decision(decided)
+        trace_decision(decided)
         assert type(decided) is Decided, "PendingMiss is not taken with a fleet's filter"
         _, _, arrived, parts, out = self._relay(
             request, meta, upstream, FETCH_WHOLE, flight, headers, decided, fits

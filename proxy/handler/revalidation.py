@@ -25,7 +25,7 @@ from proxy.handler.answers import interim, on_origin, plain
 from proxy.handler.fetch import Fetcher
 from proxy.origin.body import BODY_ERRORS, fields_of
 from proxy.origin.upstream import UpstreamError
-from proxy.wire.trace import STEPS, seconds, step
+from proxy.wire.trace import seconds, step, traced_now
 
 log = logging.getLogger("onehit.proxy")
 
@@ -63,7 +63,7 @@ class Revalidation:
                 fetcher.engine.on_not_modified(entry, fields, request_time, fetcher.clock())
                 status = forwarded(FWD_STALE, fwd_status=304)
                 age = entry.age(fetcher.clock())
-                if STEPS.get() is not None:
+                if traced_now():
                     step("refreshed", lifetime=seconds(entry.lifetime), age=round(age, 3))
                 # The cookies the 304 set are this client's: in its answer, never stored.
                 cookies = client_fields(fields)

@@ -81,6 +81,7 @@ from proxy.wire.trace import (
     shown_origin,
     step,
     trace_token,
+    traced_now,
     tracing,
 )
 
@@ -426,7 +427,7 @@ class Proxy:
             own = cold.slot if cold is not None and cold.key == meta.key else None
             found = await self.disk.anchors.lookup_request(meta, self.engine.entry_type, own)
             action = self.engine.found_behind(self.disk, meta, found, self.clock(), action.then)
-            if STEPS.get() is not None:  # a cold disk hit's: only when traced
+            if traced_now():  # a cold disk hit's: only when traced
                 step("disk", found=found is not None, **action_view(action))
         match action:
             case FromCache():

@@ -37,6 +37,7 @@ from typing import Any
 GREETING = b"onehit-handover 2 "
 TAKEN = b"taken\n"
 MAX_SOCKETS = 253  # the kernel's most in one message (SCM_MAX_FD), the admin's among them
+MAX_PROXY_SOCKETS = MAX_SOCKETS - 2  # the admin's one or two (two addresses) left out
 # Beyond the offering process's drain: its stop's own steps (checkpoints, closing files).
 STOP_MARGIN = 30.0
 MAX_WAIT = 86400.0  # a drain said to last longer is no onehit's

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields, is_dataclass, replace
 
-from proxy.config.settings import Config, ConfigError, Route
+from proxy.config.settings import Config, ConfigError, Route, TuneSection
 from proxy.handler.routing import key_origin
 from proxy.handler.server import Proxy
 from proxy.ops import preflight
@@ -52,18 +52,8 @@ LIVE = frozenset(
         "whatif.policies",
         "whatif.disk_policies",
         # The tuner begins afresh at its first choice (its memory tier reshaped to it).
-        *(
-            f"tune.{key}"
-            for key in (
-                "evictions",
-                "admissions",
-                "sample",
-                "period",
-                "warmup",
-                "patience",
-                "margin",
-            )
-        ),
+        # Every key of it: one added to [tune] is live too, never a restart by omission.
+        *(f"tune.{f.name}" for f in fields(TuneSection)),
         "cache.max_variants",
         "cache.ignore_cookies",
         "cache.key_query",

@@ -91,15 +91,16 @@ async def serve_workers(
     except OSError:
         tier.close()
         raise
-    held = len(distinct(places))
-    if config.server.handover and held + 2 > handover.MAX_SOCKETS:  # the admin's: one or two
-        for sock in distinct(places):
+    sockets = distinct(places)
+    held = len(sockets)
+    if config.server.handover and held > handover.MAX_PROXY_SOCKETS:
+        for sock in sockets:
             sock.close()
         tier.close()
         raise ValueError(
             f"[server] handover with workers = {count}: {held} listening sockets, more than "
-            f"one handover passes ({handover.MAX_SOCKETS - 2}); set workers to at most "
-            f'{(handover.MAX_SOCKETS - 2) * count // held}, or handover = ""'
+            f"one handover passes ({handover.MAX_PROXY_SOCKETS}); set workers to at most "
+            f'{handover.MAX_PROXY_SOCKETS * count // held}, or handover = ""'
         )
     size = shared_window_size(config.admission_config())
     # Held open while the parent runs: a worker started to replace one that died maps it too.

@@ -29,7 +29,7 @@ from proxy.config.settings import UpstreamSection
 from proxy.origin.health import OriginHealth, origin_of
 from proxy.origin.pool import Interim, OriginPool, OriginResponse, Sent, Unreachable
 from proxy.origin.servers import ServerGroup
-from proxy.wire.trace import STEPS, shown_origin, step
+from proxy.wire.trace import shown_origin, step, traced_now
 
 log = logging.getLogger("onehit.upstream")
 
@@ -162,7 +162,7 @@ class Upstream:
             return await self._across(group, method, url, headers, body, interim)
         response = await self._request(method, url, headers, body, sent, interim)
         self.health.answered(origin_of(url), method, response.status)
-        if STEPS.get() is not None:  # its arguments cost a miss something: only when traced
+        if traced_now():  # its arguments cost a miss something: only when traced
             step("origin", server=shown_origin(_origin(url)), status=response.status)
         return response
 
@@ -197,7 +197,7 @@ class Upstream:
                 continue
             group.succeeded(server)
             self.health.answered(origin_of(server), method, response.status)
-            if STEPS.get() is not None:
+            if traced_now():
                 step("origin", server=shown_origin(server), status=response.status)
             return response
 
