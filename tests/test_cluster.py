@@ -103,6 +103,29 @@ def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, 
     assert remote == cells("local") and len(remote) == 4
 
 
+def test_an_experiment_on_a_cluster_reads_a_traces_csv_columns_as_a_local_run(scheduler, tmp_path):
+    rows = "\n".join(f"{i},{i % 5 if i % 2 else i % 97},{20_000 + i % 7}" for i in range(3000))
+    (tmp_path / "t.csv").write_text("ts,obj,bytes\n" + rows + "\n")
+    (tmp_path / "e.toml").write_text(
+        'title = "t"\nmode = "simulate"\ncache_sizes = ["10%"]\n'
+        '[[workloads]]\nname = "c"\ntrace = "t.csv"\ncsv_columns = ["ts", "obj", "bytes"]\n'
+        '[[policies]]\npolicy = "always"\n'
+    )
+
+    def cells(output: str, *extra: str) -> list[dict]:
+        out = subprocess.run(
+            [sys.executable, "-m", "loadgen", "experiment", str(tmp_path / "e.toml"),
+             "--output", str(tmp_path / output), *extra],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        found = json.loads((tmp_path / output / "results.json").read_text())["cells"]
+        return [{k: v for k, v in c.items() if k != "elapsed_s"} for c in found]
+
+    local = cells("local")
+    assert cells("remote", "--cluster", scheduler) == local and local[0]["stats"]["hits"] > 0
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_a_cluster_sweep_and_leaves_the_cluster_with_nothing_to_do(
     scheduler, tmp_path

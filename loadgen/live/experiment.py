@@ -97,7 +97,7 @@ def run(
             if cluster is not None and experiment.sample is None:
                 named = path or workload.spec
                 assert named is not None
-                results = cluster_sweep(cluster, named, None, list(sizes), pairs,
+                results = cluster_sweep(cluster, named, workload.columns, list(sizes), pairs,
                                         entry_overhead=ENTRY_OVERHEAD, report=progress)  # fmt: skip
             else:
                 results = sweep(source, list(sizes), pairs, workers=workers, report=progress)
