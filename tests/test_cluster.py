@@ -82,6 +82,19 @@ def test_no_scheduler_at_the_address_is_a_clear_error(trace_path):
 
 
 @pytest.mark.slow
+def experiment_cells(tmp_path, output: str, *extra: str) -> list[dict]:
+    """The cells of ``tmp_path/e.toml`` run as a user runs it, into ``output`` (``extra``:
+    more flags), their times left out."""
+    out = subprocess.run(
+        [sys.executable, "-m", "loadgen", "experiment", str(tmp_path / "e.toml"),
+         "--output", str(tmp_path / output), *extra],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    found = json.loads((tmp_path / output / "results.json").read_text())["cells"]
+    return [{k: v for k, v in c.items() if k != "elapsed_s"} for c in found]
+
+
 def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, tmp_path):
     (tmp_path / "e.toml").write_text(
         'title = "t"\nmode = "simulate"\ncache_sizes = ["1%", "10%"]\n'
@@ -89,18 +102,8 @@ def test_an_experiment_on_a_cluster_reports_what_a_local_run_reports(scheduler, 
         '[[policies]]\npolicy = "always"\n[[policies]]\npolicy = "second-hit"\neviction = "sieve"\n'
     )
 
-    def cells(output: str, *extra: str) -> list[dict]:
-        out = subprocess.run(
-            [sys.executable, "-m", "loadgen", "experiment", str(tmp_path / "e.toml"),
-             "--output", str(tmp_path / output), *extra],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        found = json.loads((tmp_path / output / "results.json").read_text())["cells"]
-        return [{k: v for k, v in c.items() if k != "elapsed_s"} for c in found]
-
-    remote = cells("remote", "--cluster", scheduler)
-    assert remote == cells("local") and len(remote) == 4
+    remote = experiment_cells(tmp_path, "remote", "--cluster", scheduler)
+    assert remote == experiment_cells(tmp_path, "local") and len(remote) == 4
 
 
 def test_an_experiment_on_a_cluster_reads_a_traces_csv_columns_as_a_local_run(scheduler, tmp_path):
@@ -112,18 +115,9 @@ def test_an_experiment_on_a_cluster_reads_a_traces_csv_columns_as_a_local_run(sc
         '[[policies]]\npolicy = "always"\n'
     )
 
-    def cells(output: str, *extra: str) -> list[dict]:
-        out = subprocess.run(
-            [sys.executable, "-m", "loadgen", "experiment", str(tmp_path / "e.toml"),
-             "--output", str(tmp_path / output), *extra],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr
-        found = json.loads((tmp_path / output / "results.json").read_text())["cells"]
-        return [{k: v for k, v in c.items() if k != "elapsed_s"} for c in found]
-
-    local = cells("local")
-    assert cells("remote", "--cluster", scheduler) == local and local[0]["stats"]["hits"] > 0
+    local = experiment_cells(tmp_path, "local")
+    remote = experiment_cells(tmp_path, "remote", "--cluster", scheduler)
+    assert remote == local and local[0]["stats"]["hits"] > 0
 
 
 @pytest.mark.slow
