@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core._native import Admission, StoreIndex, hash64
+from proxy.core._native import Admission, DiskIndex, StoreIndex, hash64
 from proxy.core.admission import (
     PROMOTION_MIN_KEYS,
     AdmissionConfig,
@@ -156,6 +156,37 @@ def test_auto_and_adaptive_sample_keys_chosen_by_a_secret_not_by_their_hash():
         sampled[key] = tier.admission.native.sampled
     assert sampled[0] == len(chosen)
     assert 20 < sampled[0x5EC2E7 | 1] < 110  # about 1/16 of them, as of any 1,000 URLs
+
+
+def _auto_choice(share: float, regions: int) -> str:
+    """``auto`` between always and size-below:2000 (every key sampled, a ghost of ``regions``
+    regions of 10 kB), fed 100 small keys in turn, each followed by a new large key asked
+    three times in a row: always hits twice in four lookups, size-below once (the small keys,
+    once its ghost holds them); what it chose."""
+    kinds = (("always", {}), ("size-below", {"limit": 2000}))
+    auto = Admission(
+        "auto",
+        candidates=tuple(Admission(k, **o) for k, o in kinds),
+        shadows=(DiskIndex(regions), DiskIndex(regions)),
+        shadow_policies=tuple(Admission(k, **o) for k, o in kinds),
+        rate=1.0, period=400, margin=0.005, choice=1, region_size=10_000, regions=regions,
+        share=share,
+    )  # fmt: skip
+    for n in range(4_000):
+        auto.observe(f"/small{n % 100}", 1000, float(n))
+        for _ in range(3):
+            auto.observe(f"/large{n}", 5000, float(n))
+    return ("always", "size-below")[auto.choice]
+
+
+def test_auto_leaves_out_a_rule_writing_past_its_share_while_admitting_all_evicts():
+    """Admitting all hits more here, and writes every large key: its 16 regions turn over
+    every few hundred lookups, pushing the small keys out. With a share of 0.15 it is left
+    out for the rule that writes a sliver of it; with none, or on a ring that holds all it
+    writes (nothing evicted, nothing lost by writing), it decides."""
+    assert _auto_choice(share=0.15, regions=16) == "size-below"
+    assert _auto_choice(share=0.0, regions=16) == "always"
+    assert _auto_choice(share=0.15, regions=4_000) == "always"
 
 
 def test_the_promotion_filter_is_none_under_always_and_else_a_second_hit_of_memorys_turnover():

@@ -66,6 +66,7 @@ from proxy.core.rfc9110 import Headers
 from proxy.core.store import Entry
 from proxy.core.tags import response_tags
 from proxy.core.tiers import forgotten_keys
+from proxy.core.units import format_size
 
 if TYPE_CHECKING:
     from proxy.core.events import RequestMeta, ResponseMeta
@@ -80,13 +81,20 @@ RECORD_HEADER = RECORD.size
 # The admission policies a disk tier takes.
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", "auto")
 # ``auto``'s candidates (each with a ghost tier of ``AUTO_RATE`` of the keys and of the
-# disk's size), how often they are compared and how close to the best hit ratio counts as
-# tied (the least writer of the tied decides). A ghost's record is its body and the assumed meta.
+# disk's size): the rules, then size classes, size-below at these percentiles of the sizes
+# looked up, on a power of 4 (video chunks of megabytes get classes of their own). How often
+# they are compared, how close to the best hit ratio counts as tied (the least writer of the
+# tied decides), and the share of admit-all's bytes past which a candidate is left out while
+# one within it is left and admit-all's ghost evicts (a flash device's writes bounded: on a
+# block trace admit-all leads the ghosts for a while, and its writes push out what the size
+# classes would keep). A ghost's record is its body and the assumed meta.
 AUTO_CANDIDATES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:16KiB",
                    "size-below:64KiB")  # fmt: skip
+AUTO_CLASSES = (25, 50, 75)
 AUTO_RATE = 1 / 16
 AUTO_PERIOD = 1024
 AUTO_MARGIN = 0.005
+AUTO_SHARE = 0.15
 # The bytes of status, fields and times a record is assumed to hold where its encoder is not
 # at hand (the simulator, ghost tiers): about what a CDN response's head takes.
 ASSUMED_META = 512
@@ -97,6 +105,45 @@ MAX_BANS = 1024
 # last item true) whose response carries the tag, written before ``region`` and ``offset``
 # (the ring's next write at the purge) are purged.
 Ban = tuple[str, int, int, bool]
+
+
+class AutoPolicy(AdaptivePolicy):
+    """``auto``, a disk tier's admission (``proxy.core.native.auto``): its candidates named
+    as they decide now (a size class by its learned limit) and what its ghosts found."""
+
+    def names(self) -> list[str]:
+        """Each candidate's name: a size class as ``size-below:60KiB (p50)`` once its limit
+        is learned, ``size-below:p50`` before."""
+        native, rules = self.native, len(self.candidates) - self.native.classes
+        out = [c.name for c in self.candidates[:rules]]
+        for p, c in zip(AUTO_CLASSES, self.candidates[rules:], strict=True):
+            limit = c.native.limit
+            out.append(f"size-below:p{p}" if native.learning else
+                       f"size-below:{format_size(limit)} (p{p})")  # fmt: skip
+        return out
+
+    @property
+    def choice(self) -> str:
+        return self.names()[self.native.choice]
+
+    def state(self) -> dict[str, object]:
+        """What /stats shows of it: the candidate deciding, its switches, and each
+        candidate's recent ghost hit ratio and share of the most written (admit-all's)."""
+        native = self.native
+        seen, written = native.seen, native.written()
+        most = max(written, default=0.0)
+        return {
+            "choice": self.choice,
+            "switches": native.switches,
+            "learning_sizes": native.learning,
+            "sampled_lookups": native.sampled,
+            "candidates": [
+                {"admission": name,
+                 "recent_hit_ratio": round(score / seen, 4) if seen else None,
+                 "recent_write_share": round(w / most, 4) if most else None}
+                for name, score, w in zip(self.names(), native.scores(), written, strict=True)
+            ],
+        }  # fmt: skip
 
 
 def record_key(request: RequestMeta, response: ResponseMeta) -> str:
@@ -201,7 +248,9 @@ class DiskTier:
         candidates, ghosts = [], []
         ring = self.regions
         region = max(1, round(ring.region_size * AUTO_RATE))
-        for name in AUTO_CANDIDATES:
+        # A size class's limit is set once its first period has learned the sizes.
+        names = AUTO_CANDIDATES + tuple(f"size-below:{p}" for p in AUTO_CLASSES)
+        for name in names:
             config = replace(self.admission_config, policy=name)
             candidates.append(make_policy(config, self))  # type: ignore[arg-type]
             ghosts.append(DiskTier(Regions(region, ring.regions), config.scaled(AUTO_RATE)))
@@ -213,9 +262,9 @@ class DiskTier:
             rate=AUTO_RATE, period=AUTO_PERIOD, margin=AUTO_MARGIN,
             choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
             regions=ring.regions, overhead=RECORD_HEADER + ASSUMED_META,
-            budget=float(self.budget.rate),
+            budget=float(self.budget.rate), share=AUTO_SHARE, classes=AUTO_CLASSES,
         )  # fmt: skip
-        return AdaptivePolicy(native, candidates, "auto")  # type: ignore[arg-type]
+        return AutoPolicy(native, candidates, "auto")  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.index)

@@ -145,19 +145,20 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"kind", "window", "index", "keys", "threshold", "probability",
                              "limit", "sizer", "candidates", "shadows", "shadow_policies",
                              "rate", "overhead", "period", "margin", "choice", "region_size",
-                             "regions", "budget", NULL};
+                             "regions", "budget", "share", "classes", NULL};
     const char *kind;
     PyObject *window = Py_None, *index = Py_None, *sizer = Py_None;
     PyObject *candidates = Py_None, *shadows = Py_None, *shadow_policies = Py_None;
+    PyObject *classes = Py_None;
     long long keys = 1024, limit = 0, overhead = 0, period = 4096, region_size = 0, regions = 0;
     int threshold = 2;
-    double probability = 1.0, rate = 1.0 / 16, margin = 0.002, budget = 0.0;
+    double probability = 1.0, rate = 1.0 / 16, margin = 0.002, budget = 0.0, share = 0.0;
     int choice = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdiLLd", kwlist, &kind,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdiLLddO", kwlist, &kind,
                                      &window, &index, &keys, &threshold, &probability, &limit,
                                      &sizer, &candidates, &shadows, &shadow_policies, &rate,
                                      &overhead, &period, &margin, &choice, &region_size,
-                                     &regions, &budget))
+                                     &regions, &budget, &share, &classes))
         return -1;
     if (self->kind != 0 || self->window != NULL || self->sketch.rows != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "an Admission is initialised once");
@@ -249,7 +250,8 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
             self->rate = rate;
             self->margin = margin;
             self->budget = budget;
-            if (auto_init(self, shadows, region_size, regions, overhead) < 0) return -1;
+            if (auto_init(self, shadows, region_size, regions, overhead, share, classes) < 0)
+                return -1;
         }
     }
     self->threshold = threshold;
@@ -338,6 +340,22 @@ static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
     return out;
 }
 
+static PyObject *Admission_written(AdmissionObject *self, PyObject *unused) {
+    if (self->kind != A_AUTO) return PyTuple_New(0);
+    Py_ssize_t n = PyTuple_GET_SIZE(self->candidates);
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *v = PyFloat_FromDouble(self->written[j]);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, j, v);
+    }
+    return out;
+}
+
 static PyObject *Admission_estimate(AdmissionObject *self, PyObject *key) {
     uint64_t h1, h2;
     if (hash_key(key, &h1, &h2) < 0) return NULL;
@@ -375,10 +393,18 @@ static PyMethodDef Admission_methods[] = {
     {"reset", (PyCFunction)Admission_reset, METH_NOARGS, "Forget every count."},
     {"scores", (PyCFunction)Admission_scores, METH_NOARGS,
      "adaptive: each candidate's recent shadow hits (halved every period)."},
+    {"written", (PyCFunction)Admission_written, METH_NOARGS,
+     "auto: each candidate's ghost's recent bytes written (halved as its hits are)."},
     {NULL},
 };
 
+static PyObject *Admission_learning(AdmissionObject *self, void *closure) {
+    return PyBool_FromLong(self->sizes != NULL && self->sampled == 0);
+}
+
 static PyGetSetDef Admission_getset[] = {
+    {"learning", (getter)Admission_learning, NULL,
+     "auto: whether its size classes' limits are still being learned", NULL},
     {"kind", (getter)Admission_kind, NULL, "The policy's kind.", NULL},
     {"sketch_bytes", (getter)Admission_sketch_bytes, NULL,
      "Bytes of the sketch and doorkeeper.", NULL},
@@ -396,6 +422,12 @@ static PyMemberDef Admission_members[] = {
      "adaptive: times the deciding candidate changed"},
     {"sampled", T_LONGLONG, offsetof(AdmissionObject, sampled), READONLY,
      "adaptive: requests its shadows saw"},
+    {"limit", T_LONGLONG, offsetof(AdmissionObject, limit), READONLY,
+     "size-below: the size a response is admitted under (auto's size classes: once learned)"},
+    {"seen", T_DOUBLE, offsetof(AdmissionObject, seen), READONLY,
+     "auto: recent sampled lookups (halved as the scores are)"},
+    {"classes", T_PYSSIZET, offsetof(AdmissionObject, classes), READONLY,
+     "auto: size classes among its candidates (the last ones)"},
     {"sample_key", T_ULONGLONG, offsetof(AdmissionObject, sample_key), 0,
      "adaptive and auto: the secret their sample of keys is chosen by (sample.h; 0: unkeyed)"},
     {NULL},

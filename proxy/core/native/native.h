@@ -415,6 +415,10 @@ typedef struct {
     double budget;            /* bytes a second the tier may write (0: none) */
     double period_start;      /* when the current period began (NaN: not yet) */
     PyObject *ghost_budget;   /* the ghosts' WriteBudget: none */
+    double share;             /* of the most any ghost wrote: more leaves a candidate out */
+    Py_ssize_t classes;       /* size classes: the last candidates, size-below at percentiles */
+    int *percentiles;         /* each size class's */
+    double *sizes;            /* size classes: how many lookups of each size (auto.c) */
 } AdmissionObject;
 
 extern PyTypeObject AdmissionType;
@@ -425,7 +429,7 @@ int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long siz
 /* auto.c: the ghosts of a disk tier's candidates. */
 int auto_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
 int auto_init(AdmissionObject *a, PyObject *ghost_indexes, long long region_size,
-              long long regions, long long record_overhead);
+              long long regions, long long record_overhead, double share, PyObject *classes);
 void auto_free(AdmissionObject *a);
 
 /* Every request, hit or miss, once its size is known: TinyLFU counts them all, adaptive
@@ -576,6 +580,9 @@ typedef struct Disk {
     Written written;
     long long *c;
     AdmissionObject *promotion;
+    /* Regions a record may span (0 or 1: it fits one). A ghost's regions are its tier's times
+     * its sample's rate, and a record as long as the tier's region spans 1/rate of them. */
+    long long spans;
 } Disk;
 
 /* Whether the disk answers a memory miss of h1 at now: its record fresh by ttl (from when it

@@ -82,7 +82,8 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
                double now, double ttl) {
     long long *c = d->c;
     if (disk_index_get(d->index, h1) != NULL) return 0;
-    if (length > d->region_size) {
+    long long spans = (length + d->region_size - 1) / d->region_size;
+    if (spans > (d->spans > 1 ? d->spans : 1) || spans > d->regions) {
         c[D_TOO_LARGE]++;
         return 0;
     }
@@ -99,15 +100,18 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
         return 0;
     }
     if (d->fill + length > d->region_size) {  /* records never straddle two regions */
-        if (d->next - d->oldest >= d->regions) {
-            d->oldest++;
-            c[R_EVICTIONS]++;
+        for (long long k = 0; k < (spans > 1 ? spans : 1); k++) {  /* a ghost's: whole ones */
+            if (d->next - d->oldest >= d->regions) {
+                d->oldest++;
+                c[R_EVICTIONS]++;
+            }
+            d->next++;
         }
-        d->next++;
         d->fill = 0;
     }
-    const uint32_t region = (uint32_t)(d->next - 1), offset = (uint32_t)d->fill;
-    d->fill += length;
+    const uint32_t region = (uint32_t)(d->next - (spans > 1 ? spans : 1));
+    const uint32_t offset = (uint32_t)d->fill;
+    d->fill = spans > 1 ? d->region_size : d->fill + length;
     c[R_BYTES_WRITTEN] += length;
     DiskIndexObject *x = d->index;
     /* An empty index starts at the ring's oldest region: nothing older to drop one at a time. */
