@@ -1,5 +1,8 @@
 """The admission family: each policy's stated guarantee, pinned directly on the compiled core."""
 
+import asyncio
+import logging
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +19,7 @@ from proxy.core.admission import (
 from proxy.core.disk import DiskTier
 from proxy.core.regions import Regions
 from proxy.core.store import CacheStore
+from proxy.ops.service import say_auto_choices
 
 
 @settings(max_examples=100)
@@ -179,6 +183,31 @@ def _auto_choice(share: float, regions: int) -> str:
     return ("always", "size-below")[auto.choice]
 
 
+def _ghost_hits(keys: int, size: int) -> float:
+    """An auto admission whose one candidate admits all, its ghost (every key sampled) a ring
+    of 64 regions of 64 KiB for a tier of 1 MiB regions, fed ``keys`` keys of ``size`` bytes
+    in turn, five rounds: its ghost's hits."""
+    auto = Admission(
+        "auto", candidates=(Admission("always"),), shadows=(DiskIndex(64),),
+        shadow_policies=(Admission("always"),), rate=1.0, period=1 << 20, choice=0,
+        region_size=64 << 10, regions=64, overhead=100, longest=1 << 20,
+    )  # fmt: skip
+    for n in range(5 * keys):
+        auto.observe(f"/k{n % keys}", size, float(n))
+    return auto.scores()[0]
+
+
+def test_a_ghost_packs_records_longer_than_its_region_as_its_tier_packs_them():
+    """A ghost's region is a sixteenth of its tier's: a 68 KiB record, one of 15 in a tier's
+    region, is written on over the ghost's regions from where the last one ended. Its 4 MiB
+    hold 58 of them (55 asked in turn hit from the second round on), not one in two regions
+    as whole regions each would (55 would then never hit); one longer than the tier's region
+    is refused."""
+    assert _ghost_hits(55, 68 << 10) == 4 * 55
+    assert _ghost_hits(70, 68 << 10) == 0  # past what it holds: cycled out, in turn
+    assert _ghost_hits(2, 2 << 20) == 0
+
+
 def test_auto_leaves_out_a_rule_writing_past_its_share_while_admitting_all_evicts():
     """Admitting all hits more here, and writes every large key: its 16 regions turn over
     every few hundred lookups, pushing the small keys out. With a share of 0.15 it is left
@@ -187,6 +216,31 @@ def test_auto_leaves_out_a_rule_writing_past_its_share_while_admitting_all_evict
     assert _auto_choice(share=0.15, regions=16) == "size-below"
     assert _auto_choice(share=0.0, regions=16) == "always"
     assert _auto_choice(share=0.15, regions=4_000) == "always"
+
+
+async def test_the_disk_admission_auto_logs_each_change_of_its_choice_and_why(caplog):
+    """One-hit wonders between keys asked again: auto's ghosts find that admitting all
+    writes for nothing and it moves off its start (second hit); the change is logged, with
+    each ghost's recent hit ratio and share of the most written."""
+    tier = DiskTier(Regions(1 << 20, 16), AdmissionConfig(policy="auto"))
+    auto = tier.admission
+    watching = asyncio.get_running_loop().create_task(say_auto_choices(auto, interval=0.01))
+    await asyncio.sleep(0)  # it starts from no switch
+    try:
+        with caplog.at_level(logging.INFO, logger="onehit"):
+            for n in range(100_000):
+                key = f"/again{n % 500}" if n % 2 else f"/once{n}"
+                if tier.find(key) is None:
+                    tier.offer(key, 1000, 1100, float(n))
+                else:
+                    tier.served(key, 1000, float(n))
+            await asyncio.sleep(0.05)
+    finally:
+        watching.cancel()
+    assert auto.native.switches >= 1
+    [said, *_] = [r.getMessage() for r in caplog.records if "disk admission auto" in r.message]
+    assert said.startswith(f"disk admission auto: {auto.choice} decides (switch ")
+    assert "always 0." in said and "writing 100%" in said  # admit-all wrote the most
 
 
 def test_the_promotion_filter_is_none_under_always_and_else_a_second_hit_of_memorys_turnover():

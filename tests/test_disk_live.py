@@ -702,3 +702,24 @@ async def test_a_long_disk_body_is_answered_byte_for_byte_as_its_record(
     finally:
         writer.close()
     assert service.proxy.hits.plain_hits.answered == answered + asked  # all compiled
+
+
+async def test_the_disk_admission_auto_says_its_choice_on_stats_and_metrics(
+    origin, start_proxy, tmp_path
+):
+    origin.set("/x", body=b"x" * 1000)
+    service = await start_proxy(disk__path=str(tmp_path), disk__policy="auto", **DISK)
+    for _ in range(3):
+        assert (await get(service, "/x"))[0] == 200
+    auto = (await admin_stats(service))["disk_auto"]
+    assert auto["choice"] == "second-hit" and auto["switches"] == 0  # where it starts
+    names = [c["admission"] for c in auto["candidates"]]
+    assert names[:2] == ["always", "second-hit"] and names[-1].startswith("size-below:")
+    host, port = service.admin_address
+    url = f"http://{host}:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as r:
+        text = await r.text()
+    assert 'onehit_disk_auto_choice{admission="second-hit"} 1' in text
+    assert "onehit_disk_auto_switches_total 0" in text
+    fixed = await start_proxy(disk__path=str(tmp_path / "fixed"), **DISK)
+    assert (await admin_stats(fixed))["disk_auto"] is None

@@ -152,10 +152,10 @@ def test_auto_disk_admission_keeps_one_hit_wonders_off_the_disk_at_admit_alls_hi
     assert auto["hit_ratio"] >= always["hit_ratio"] - 0.005
 
 
-def _megabyte_chunks(cycles: int = 40_000, apart: int = 200, seed: int = 5) -> Trace:
-    """Each cycle one of 96 popular 1 MiB objects, and 4 MiB chunks each asked three times,
-    ``apart`` cycles apart (a chunk new at every cycle): three lookups of 4 MiB to one of
-    1 MiB. A disk of 128 MiB keeps the popular set when it admits nothing else."""
+def _megabyte_chunks(chunk: int, cycles: int = 40_000, apart: int = 200, seed: int = 5) -> Trace:
+    """Each cycle one of 96 popular 1 MiB objects, and chunks of ``chunk`` bytes each asked
+    three times, ``apart`` cycles apart (a chunk new at every cycle): three lookups of a chunk
+    to one of 1 MiB. A disk of 128 MiB keeps the popular set when it admits nothing else."""
     rng = np.random.default_rng(seed)
     ids: list[int] = []
     sizes: list[int] = []
@@ -163,21 +163,23 @@ def _megabyte_chunks(cycles: int = 40_000, apart: int = 200, seed: int = 5) -> T
         ids.append(int(rng.integers(96)))
         sizes.append(1 << 20)
         for seen in range(3):
-            if (chunk := cycle - seen * apart) >= 0:
-                ids.append(1_000 + chunk)
-                sizes.append(4 << 20)
+            if (first := cycle - seen * apart) >= 0:
+                ids.append(1_000 + first)
+                sizes.append(chunk)
     n = len(ids)
     return Trace(np.arange(n, dtype=np.float64), np.array(ids, dtype=np.uint64),
                  np.array(sizes, dtype=np.int64))  # fmt: skip
 
 
-def test_auto_disk_admission_learns_a_size_class_from_megabyte_objects():
+@pytest.mark.parametrize("chunk", [4 << 20, 9 << 19])
+def test_auto_disk_admission_learns_a_size_class_from_megabyte_objects(chunk):
     """No fixed rule keeps the popular megabyte objects from the chunks' churn (the fixed size
     classes, 16 and 64 KiB, admit none of either): the size class at the median of the sizes
-    looked up, learned as 4 MiB, does, and auto follows it. Its ghosts hold records longer
-    than their own regions (a record of the tier's region spans 1/rate of a ghost's): before,
-    a ghost refused any body past a sixteenth of a region, and saw none of these."""
-    chunks = _megabyte_chunks()
+    looked up, the power of 2 at or below the chunks' (4 MiB for 4 and 4.5 MiB chunks), does,
+    and auto follows it. Its ghosts hold records longer than their own regions (written on
+    over whole ones): before, a ghost refused any body past a sixteenth of the tier's region,
+    and saw none of these."""
+    chunks = _megabyte_chunks(chunk)
     disk = DiskSpec(128 << 20, region_size=8 << 20, admission=AdmissionConfig(policy="auto"))
     engine = build_engine(8 << 20, ALWAYS, None, 0, "lru")
     tier = disk.tier()

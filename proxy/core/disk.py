@@ -57,6 +57,7 @@ from proxy.core.admission import (
     AdaptivePolicy,
     AdmissionConfig,
     AdmissionPolicy,
+    CompiledPolicy,
     compiled_admission,
     make_policy,
     parse_policy,
@@ -82,12 +83,12 @@ RECORD_HEADER = RECORD.size
 DISK_POLICIES = ("always", "second-hit", "nth-hit", "probabilistic", "size-below", "auto")
 # ``auto``'s candidates (each with a ghost tier of ``AUTO_RATE`` of the keys and of the
 # disk's size): the rules, then size classes, size-below at these percentiles of the sizes
-# looked up, on a power of 4 (video chunks of megabytes get classes of their own). How often
+# looked up, on a power of 2 (video chunks of megabytes get classes of their own). How often
 # they are compared, how close to the best hit ratio counts as tied (the least writer of the
-# tied decides), and the share of admit-all's bytes past which a candidate is left out while
-# one within it is left and admit-all's ghost evicts (a flash device's writes bounded: on a
-# block trace admit-all leads the ghosts for a while, and its writes push out what the size
-# classes would keep). A ghost's record is its body and the assumed meta.
+# tied decides), and the share of the most written (admit-all's) past which a candidate is
+# left out while one within it is left and admit-all's ghost evicts (a flash device's writes
+# bounded: on a block trace admit-all leads the ghosts for a while, and its writes push out
+# what the size classes would keep). A ghost's record is its body and the assumed meta.
 AUTO_CANDIDATES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:16KiB",
                    "size-below:64KiB")  # fmt: skip
 AUTO_CLASSES = (25, 50, 75)
@@ -109,33 +110,51 @@ Ban = tuple[str, int, int, bool]
 
 class AutoPolicy(AdaptivePolicy):
     """``auto``, a disk tier's admission (``proxy.core.native.auto``): its candidates named
-    as they decide now (a size class by its learned limit) and what its ghosts found."""
+    as they decide now (a size class by its limit, at its percentile ``classes``, the last
+    candidates) and what its ghosts found."""
+
+    def __init__(
+        self, native: Admission, candidates: list[CompiledPolicy], classes: tuple[int, ...]
+    ) -> None:
+        super().__init__(native, candidates, "auto")
+        self.classes = classes
 
     def names(self) -> list[str]:
-        """Each candidate's name: a size class as ``size-below:60KiB (p50)`` once its limit
-        is learned, ``size-below:p50`` before."""
-        native, rules = self.native, len(self.candidates) - self.native.classes
+        """Each candidate's name: a size class as ``size-below:32KiB (p50)`` once the core
+        has set its limit, ``size-below:p50`` before."""
+        rules = len(self.candidates) - len(self.classes)
         out = [c.name for c in self.candidates[:rules]]
-        for p, c in zip(AUTO_CLASSES, self.candidates[rules:], strict=True):
+        for p, c in zip(self.classes, self.candidates[rules:], strict=True):
             limit = c.native.limit
-            out.append(f"size-below:p{p}" if native.learning else
-                       f"size-below:{format_size(limit)} (p{p})")  # fmt: skip
+            out.append(f"size-below:{format_size(limit)} (p{p})" if limit else
+                       f"size-below:p{p}")  # fmt: skip
         return out
 
     @property
     def choice(self) -> str:
         return self.names()[self.native.choice]
 
+    def said(self) -> str:
+        """The choice and why, in a line: each candidate's recent ghost hit ratio and share of
+        the most written."""
+        state = self.state()
+        found = ", ".join(
+            f"{c['admission']} {c['recent_hit_ratio']:.3f} writing {c['recent_write_share']:.0%}"
+            for c in state["candidates"]  # type: ignore[attr-defined]
+            if c["recent_hit_ratio"] is not None and c["recent_write_share"] is not None
+        )
+        return (f"{state['choice']} decides (switch {state['switches']}); recent hit ratio "
+                f"and share of the most written, of each ghost: {found or 'none yet'}")  # fmt: skip
+
     def state(self) -> dict[str, object]:
-        """What /stats shows of it: the candidate deciding, its switches, and each
-        candidate's recent ghost hit ratio and share of the most written (admit-all's)."""
+        """What /stats shows of it (``disk_auto``): the candidate deciding, its switches, and
+        each candidate's recent ghost hit ratio and share of the most written (admit-all's)."""
         native = self.native
         seen, written = native.seen, native.written()
         most = max(written, default=0.0)
         return {
             "choice": self.choice,
             "switches": native.switches,
-            "learning_sizes": native.learning,
             "sampled_lookups": native.sampled,
             "candidates": [
                 {"admission": name,
@@ -248,8 +267,8 @@ class DiskTier:
         candidates, ghosts = [], []
         ring = self.regions
         region = max(1, round(ring.region_size * AUTO_RATE))
-        # A size class's limit is set once its first period has learned the sizes.
-        names = AUTO_CANDIDATES + tuple(f"size-below:{p}" for p in AUTO_CLASSES)
+        # A size class is size-below whose limit the core sets from the sizes it is asked for.
+        names = AUTO_CANDIDATES + ("size-below:1",) * len(AUTO_CLASSES)
         for name in names:
             config = replace(self.admission_config, policy=name)
             candidates.append(make_policy(config, self))  # type: ignore[arg-type]
@@ -263,8 +282,9 @@ class DiskTier:
             choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
             regions=ring.regions, overhead=RECORD_HEADER + ASSUMED_META,
             budget=float(self.budget.rate), share=AUTO_SHARE, classes=AUTO_CLASSES,
+            longest=ring.region_size,
         )  # fmt: skip
-        return AutoPolicy(native, candidates, "auto")  # type: ignore[arg-type]
+        return AutoPolicy(native, candidates, AUTO_CLASSES)  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.index)

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 
 from proxy.config.settings import AdminSection
+from proxy.core.disk import AutoPolicy
 from proxy.core.stats import GAUGES, METRICS, TIER_HITS, TIER_HITS_HELP
 from proxy.core.whatif import Samples
 from proxy.handler.purging import apply_purge
@@ -142,6 +143,7 @@ class ProcessAdmin:
                 "received": self.proxy.fleet.received,
             },
             "disk": None if self.proxy.disk is None else self.proxy.disk.stats(),
+            "disk_auto": disk_auto_stats(self.proxy),
             "servers": servers_of(self.proxy.router.routes, self.proxy.upstream.groups),
             "whatif": whatif_stats(self.proxy),
             "tune": tune_stats(self.proxy),
@@ -173,6 +175,8 @@ class ProcessAdmin:
         text += prometheus_text(proxy_counters(self.proxy), PROXY_METRICS)
         if self.proxy.disk is not None:
             text += disk_prometheus_text(self.proxy.disk.stats())
+        if (auto := disk_auto_stats(self.proxy)) is not None:
+            text += disk_auto_prometheus_text(auto)
         text += servers_text(servers_of(self.proxy.router.routes, self.proxy.upstream.groups))
         if (whatif := whatif_stats(self.proxy)) is not None:
             text += whatif_prometheus_text(whatif)
@@ -527,6 +531,35 @@ def whatif_stats(proxy: Proxy) -> dict[str, Any] | None:
         return None
     out = {"sample": whatif.rate, "curves": whatif.curves(engine.counters.hits)}
     return out if proxy.samples is None else {**out, "batches_dropped": proxy.samples.dropped}
+
+
+def disk_auto_stats(proxy: Proxy) -> dict[str, Any] | None:
+    """The disk admission ``auto``'s choice and why (``AutoPolicy.state``); None when the
+    disk tier admits by a fixed rule, or there is none."""
+    admission = None if proxy.disk is None else proxy.disk.tier.admission
+    return admission.state() if isinstance(admission, AutoPolicy) else None
+
+
+def disk_auto_prometheus_text(auto: dict[str, Any]) -> str:
+    """The disk admission ``auto``'s choice, switches, and each candidate's recent ghost hit
+    ratio and share of the most written."""
+    lines = []
+    for field, kind, help_text in (
+        ("choice", "gauge", "1 for the rule the disk tier's auto admission follows"),
+        ("switches", "counter", "times the disk tier's auto admission changed its rule"),
+        ("recent_hit_ratio", "gauge", "a candidate's recent hit ratio in its ghost tier"),
+        ("recent_write_share", "gauge", "a candidate's recent ghost writes, of the most written"),
+    ):  # fmt: skip
+        name = f"onehit_disk_auto_{field}" + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        if field == "choice":
+            lines.append(f'{name}{{admission="{label(auto["choice"])}"}} 1')
+        elif field == "switches":
+            lines.append(f"{name} {auto['switches']}")
+        else:
+            lines += [f'{name}{{admission="{label(c["admission"])}"}} {c[field]!r}'
+                      for c in auto["candidates"] if c[field] is not None]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def tune_stats(proxy: Proxy) -> dict[str, Any] | None:

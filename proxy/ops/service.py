@@ -25,6 +25,7 @@ from redis.asyncio.cluster import RedisCluster
 from proxy.config.logs import HTTP_ERRORS
 from proxy.config.settings import Config, ConfigError
 from proxy.core.admission import AdmissionConfig, AdmissionPolicy, CompiledPolicy, make_policy
+from proxy.core.disk import AutoPolicy
 from proxy.core.engine import CacheEngine
 from proxy.core.store import ENTRY_OVERHEAD, CacheStore
 from proxy.core.ttl_rules import TtlRules
@@ -121,6 +122,7 @@ class Service:
     admin_runner: web.BaseRunner
     checkpoints: asyncio.Task[None] | None = None
     flushes: asyncio.Task[None] | None = None
+    auto_choices: asyncio.Task[None] | None = None
     access_file: AccessLogFile | None = None
     # The listener's TLS context, and the one each handshake is given (``_tls_for``): a
     # reload builds a new one from the certificate and key, whole, and the next handshakes
@@ -249,6 +251,11 @@ class Service:
                     checkpoint_every(disk, config.disk.checkpoint_interval)
                 )
                 undo.callback(service.checkpoints.cancel)
+                if isinstance(auto := disk.tier.admission, AutoPolicy):
+                    service.auto_choices = asyncio.get_running_loop().create_task(
+                        say_auto_choices(auto)
+                    )
+                    undo.callback(service.auto_choices.cancel)
             if samples is not None:
                 service.flushes = asyncio.get_running_loop().create_task(flush_every(proxy))
                 undo.callback(service.flushes.cancel)
@@ -279,7 +286,7 @@ class Service:
         connections opened across an upgrade under load was dropped with its request on its
         way)."""
         self.stopping = True
-        for task in (self.checkpoints, self.flushes):
+        for task in (self.checkpoints, self.flushes, self.auto_choices):
             if task is not None:
                 task.cancel()
         if grace > 0:
@@ -453,6 +460,17 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         disk.checkpoint()
+
+
+async def say_auto_choices(auto: AutoPolicy, interval: float = 1.0) -> None:
+    """Log each change of the disk admission ``auto``'s choice, and why (``AutoPolicy.said``):
+    the compiled core makes it, looked at every ``interval`` seconds."""
+    switches = auto.native.switches
+    while True:
+        await asyncio.sleep(interval)
+        if auto.native.switches != switches:
+            switches = auto.native.switches
+            logging.getLogger("onehit").info("disk admission auto: %s", auto.said())
 
 
 async def flush_every(proxy: Proxy, interval: float = 1.0) -> None:

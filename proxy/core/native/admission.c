@@ -145,20 +145,21 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"kind", "window", "index", "keys", "threshold", "probability",
                              "limit", "sizer", "candidates", "shadows", "shadow_policies",
                              "rate", "overhead", "period", "margin", "choice", "region_size",
-                             "regions", "budget", "share", "classes", NULL};
+                             "regions", "budget", "share", "classes", "longest", NULL};
     const char *kind;
     PyObject *window = Py_None, *index = Py_None, *sizer = Py_None;
     PyObject *candidates = Py_None, *shadows = Py_None, *shadow_policies = Py_None;
     PyObject *classes = Py_None;
     long long keys = 1024, limit = 0, overhead = 0, period = 4096, region_size = 0, regions = 0;
+    long long longest = 0;
     int threshold = 2;
     double probability = 1.0, rate = 1.0 / 16, margin = 0.002, budget = 0.0, share = 0.0;
     int choice = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdiLLddO", kwlist, &kind,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "s|$OOLidLOOOOdLLdiLLddOL", kwlist, &kind,
                                      &window, &index, &keys, &threshold, &probability, &limit,
                                      &sizer, &candidates, &shadows, &shadow_policies, &rate,
                                      &overhead, &period, &margin, &choice, &region_size,
-                                     &regions, &budget, &share, &classes))
+                                     &regions, &budget, &share, &classes, &longest))
         return -1;
     if (self->kind != 0 || self->window != NULL || self->sketch.rows != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "an Admission is initialised once");
@@ -170,6 +171,10 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
     }
     if (self->kind < 0) {
         PyErr_Format(PyExc_ValueError, "unknown admission kind %s", kind);
+        return -1;
+    }
+    if (self->kind != A_AUTO && (share != 0.0 || classes != Py_None || longest != 0)) {
+        PyErr_SetString(PyExc_TypeError, "share, classes and longest are auto's alone");
         return -1;
     }
     if (self->kind == A_SECOND_HIT) {
@@ -250,7 +255,8 @@ static int Admission_init(AdmissionObject *self, PyObject *args, PyObject *kwds)
             self->rate = rate;
             self->margin = margin;
             self->budget = budget;
-            if (auto_init(self, shadows, region_size, regions, overhead, share, classes) < 0)
+            if (auto_init(self, shadows, region_size, regions, overhead, share, classes,
+                          longest) < 0)
                 return -1;
         }
     }
@@ -398,13 +404,7 @@ static PyMethodDef Admission_methods[] = {
     {NULL},
 };
 
-static PyObject *Admission_learning(AdmissionObject *self, void *closure) {
-    return PyBool_FromLong(self->sizes != NULL && self->sampled == 0);
-}
-
 static PyGetSetDef Admission_getset[] = {
-    {"learning", (getter)Admission_learning, NULL,
-     "auto: whether its size classes' limits are still being learned", NULL},
     {"kind", (getter)Admission_kind, NULL, "The policy's kind.", NULL},
     {"sketch_bytes", (getter)Admission_sketch_bytes, NULL,
      "Bytes of the sketch and doorkeeper.", NULL},
@@ -423,7 +423,7 @@ static PyMemberDef Admission_members[] = {
     {"sampled", T_LONGLONG, offsetof(AdmissionObject, sampled), READONLY,
      "adaptive: requests its shadows saw"},
     {"limit", T_LONGLONG, offsetof(AdmissionObject, limit), READONLY,
-     "size-below: the size a response is admitted under (auto's size classes: once learned)"},
+     "size-below: the size a response is admitted under (auto's size classes: 0 until set)"},
     {"seen", T_DOUBLE, offsetof(AdmissionObject, seen), READONLY,
      "auto: recent sampled lookups (halved as the scores are)"},
     {"classes", T_PYSSIZET, offsetof(AdmissionObject, classes), READONLY,

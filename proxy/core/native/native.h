@@ -415,10 +415,12 @@ typedef struct {
     double budget;            /* bytes a second the tier may write (0: none) */
     double period_start;      /* when the current period began (NaN: not yet) */
     PyObject *ghost_budget;   /* the ghosts' WriteBudget: none */
-    double share;             /* of the most any ghost wrote: more leaves a candidate out */
-    Py_ssize_t classes;       /* size classes: the last candidates, size-below at percentiles */
-    int *percentiles;         /* each size class's */
-    double *sizes;            /* size classes: how many lookups of each size (auto.c) */
+    double share;             /* of the most written: past it a candidate is left out while
+                               * the most writing ghost evicts (auto.c) */
+    long long *evicted;       /* each ghost's regions evicted when the period began */
+    Py_ssize_t classes;       /* how many size classes: the last candidates (auto.c) */
+    int *percentiles;         /* each size class's percentile */
+    double *size_bins;        /* size classes: a histogram of the sizes looked up (auto.c) */
 } AdmissionObject;
 
 extern PyTypeObject AdmissionType;
@@ -429,7 +431,8 @@ int adaptive_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long siz
 /* auto.c: the ghosts of a disk tier's candidates. */
 int auto_observe(AdmissionObject *a, uint64_t h1, uint64_t h2, long long size, double now);
 int auto_init(AdmissionObject *a, PyObject *ghost_indexes, long long region_size,
-              long long regions, long long record_overhead, double share, PyObject *classes);
+              long long regions, long long record_overhead, double share, PyObject *classes,
+              long long longest);
 void auto_free(AdmissionObject *a);
 
 /* Every request, hit or miss, once its size is known: TinyLFU counts them all, adaptive
@@ -580,9 +583,9 @@ typedef struct Disk {
     Written written;
     long long *c;
     AdmissionObject *promotion;
-    /* Regions a record may span (0 or 1: it fits one). A ghost's regions are its tier's times
-     * its sample's rate, and a record as long as the tier's region spans 1/rate of them. */
-    long long spans;
+    /* The longest record a ghost takes (its tier's region), written over whole regions of its
+     * own where longer than one; 0: a tier's, whose records each fit one region. */
+    long long longest;
 } Disk;
 
 /* Whether the disk answers a memory miss of h1 at now: its record fresh by ttl (from when it

@@ -78,12 +78,23 @@ int disk_forget(Disk *d, uint64_t h1) {
     return done < 0 ? -1 : 0;
 }
 
+/* The ring's next region opened, its oldest evicted when it is full. */
+static void disk_open_region(Disk *d) {
+    if (d->next - d->oldest >= d->regions) {
+        d->oldest++;
+        d->c[R_EVICTIONS]++;
+    }
+    d->next++;
+}
+
 int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long length,
                double now, double ttl) {
     long long *c = d->c;
     if (disk_index_get(d->index, h1) != NULL) return 0;
-    long long spans = (length + d->region_size - 1) / d->region_size;
-    if (spans > (d->spans > 1 ? d->spans : 1) || spans > d->regions) {
+    /* A ghost's record longer than its region is written on over whole ones; never over the
+     * ring's every region, which would evict its own start. */
+    if (length < 1 || (length > d->region_size &&
+                       (length > d->longest || (length - 1) / d->region_size + 1 >= d->regions))) {
         c[D_TOO_LARGE]++;
         return 0;
     }
@@ -99,19 +110,14 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
         c[D_BYTES_NOT_WRITTEN] += length;
         return 0;
     }
-    if (d->fill + length > d->region_size) {  /* records never straddle two regions */
-        for (long long k = 0; k < (spans > 1 ? spans : 1); k++) {  /* a ghost's: whole ones */
-            if (d->next - d->oldest >= d->regions) {
-                d->oldest++;
-                c[R_EVICTIONS]++;
-            }
-            d->next++;
-        }
+    if (d->fill + length > d->region_size && (length <= d->region_size ||
+                                              d->fill >= d->region_size)) {
+        disk_open_region(d);  /* a tier's records never straddle two regions */
         d->fill = 0;
     }
-    const uint32_t region = (uint32_t)(d->next - (spans > 1 ? spans : 1));
-    const uint32_t offset = (uint32_t)d->fill;
-    d->fill = spans > 1 ? d->region_size : d->fill + length;
+    const uint32_t region = (uint32_t)(d->next - 1), offset = (uint32_t)d->fill;
+    d->fill += length;
+    for (; d->fill > d->region_size; d->fill -= d->region_size) disk_open_region(d);
     c[R_BYTES_WRITTEN] += length;
     DiskIndexObject *x = d->index;
     /* An empty index starts at the ring's oldest region: nothing older to drop one at a time. */
