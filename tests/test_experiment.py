@@ -152,7 +152,9 @@ def test_a_workload_names_a_csv_traces_columns_and_the_report_says_where_it_came
     ("workload", "said"),
     [('trace = "real:nope"', "the real traces are real:"),
      ('trace = "t.csv"\ncsv_columns = ["ts", "obj"]', "csv_columns is three names"),
-     ('objects = 10\ncsv_columns = "1,2,3"', "csv_columns goes with a trace")],
+     ('objects = 10\ncsv_columns = "1,2,3"', "csv_columns goes with a trace"),
+     ('trace = "t.csv"\nrequests = 0', "requests is how many of the trace's first"),
+     ('trace = "real:twitter52"\nrequests = "1M"', "a whole number: not '1M'")],
 )  # fmt: skip
 def test_a_workloads_trace_and_columns_are_checked_as_the_file_is_read(tmp_path, workload, said):
     path = tmp_path / "e.toml"
@@ -179,6 +181,21 @@ def test_workload_can_replay_a_recorded_trace(tmp_path):
     run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
     (cell,) = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
     assert cell["stats"]["hits"] == 2
+
+
+def test_a_workload_replays_a_traces_first_requests_and_says_so(tmp_path):
+    """``requests = 3``: the simulated cells run the first three requests (one hit of the
+    four's two), and the report's workload line says so."""
+    write_trace(Trace(np.arange(4.0), np.array([1, 2, 1, 1]), np.array([10, 20, 10, 10])),
+                tmp_path / "t.csv")  # fmt: skip
+    path = tmp_path / "e.toml"
+    path.write_text('cache_sizes = ["10KiB"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
+                    'requests = 3\n[[policies]]\npolicy = "always"\n')  # fmt: skip
+    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    (cell,) = results["cells"]
+    assert (cell["stats"]["requests"], cell["stats"]["hits"]) == (3, 1)
+    assert "its first 3 requests: 3 requests" in results["meta"]["workload rec"]
 
 
 @pytest.mark.slow

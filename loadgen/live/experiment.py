@@ -94,7 +94,8 @@ def run(
             def progress(done: int, total: int, r: SimResult) -> None:
                 say(f"  [{done}/{total}] {describe_cell(r)}")
 
-            if cluster is not None and experiment.sample is None:
+            # A cluster's workers read the whole file: a trace's prefix is run here.
+            if cluster is not None and experiment.sample is None and workload.requests is None:
                 named = path or workload.spec
                 assert named is not None
                 results = cluster_sweep(cluster, named, workload.columns, list(sizes), pairs,
@@ -159,6 +160,8 @@ def _disk_rows(cells: list[report.Cell]) -> list[list[str]]:
 
 def _describe(workload: Workload, trace: Trace) -> str:
     source = f"trace {workload.given}" if workload.given else workload.spec.describe()
+    if workload.requests is not None:
+        source += f", its first {workload.requests:,} requests"
     return (
         f"{source}: {len(trace):,} requests, {trace.distinct_objects():,} objects, "
         f"{format_size(trace.distinct_bytes())} distinct"

@@ -8,7 +8,8 @@ An experiment file (``config/experiments/*.toml``)::
     cache_sizes = ["0.5%", "2%"]       # bytes, or a share of each trace's distinct bytes
     [[workloads]]                      # keys of loadgen.traces.workload.WorkloadSpec, plus `name`
     name = "zipf-0.8"                  # (or `trace = "file.csv"` to replay a recorded trace, or
-                                       # "real:twitter52"; csv_columns = ["ts", "id", "bytes"])
+                                       # "real:twitter52"; csv_columns = ["ts", "id", "bytes"];
+                                       # requests = 1000000: its first requests only)
     alpha = 0.8
     [[policies]]                       # keys of proxy.core.admission.AdmissionConfig, plus
     policy = "always"                  # instances = 3 and backend = "memory" | "redis" (live:
@@ -83,6 +84,8 @@ class Workload:
     # The trace as the file names it (``real:NAME``, or a file's name), and a CSV's columns.
     given: str = ""
     columns: tuple[str, ...] | None = None
+    # A trace's first requests only (``requests = 1_000_000``); None: all of them.
+    requests: int | None = None
 
     def trace_file(self) -> Path | None:
         """The file its requests are read from (a real trace's, fetched on first use); None
@@ -98,7 +101,8 @@ class Workload:
         """Its requests: from ``path`` (its ``trace_file``, found already) or read."""
         path = path or self.trace_file()
         if path is not None:
-            return read_trace(path, self.columns)
+            trace = read_trace(path, self.columns)
+            return trace if self.requests is None else trace.head(self.requests)
         assert self.spec is not None
         return generate(self.spec)
 
@@ -233,13 +237,19 @@ def _workload(table: dict[str, Any], where: str, base: Path) -> Workload:
     if "trace" in table:
         named = None if columns is None else tuple(columns)
         given = str(table["trace"])
+        first = table.get("requests")
+        if first is not None and (type(first) is not int or first < 1):
+            raise ExperimentError(
+                f"{where}: requests is how many of the trace's first requests are replayed, "
+                f"a whole number: not {first!r}"
+            )
         if given.startswith(REAL):
             if given.removeprefix(REAL) not in TRACES:
                 raise ExperimentError(f"{where}: trace {given!r}: the real traces are "
                                       f"{', '.join(REAL + n for n in sorted(TRACES))}")  # fmt: skip
-            return Workload(name, given=given, columns=named)
+            return Workload(name, given=given, columns=named, requests=first)
         return Workload(name, trace_path=(base / given).resolve(), given=Path(given).name,
-                        columns=named)  # fmt: skip
+                        columns=named, requests=first)  # fmt: skip
     if columns is not None:
         raise ExperimentError(f'{where}: csv_columns goes with a trace = "file.csv"')
     values = {k: v for k, v in table.items() if k not in ("name", "trace", "csv_columns")}

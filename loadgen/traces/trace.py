@@ -70,6 +70,10 @@ class Trace:
     def __len__(self) -> int:
         return len(self.times)
 
+    def head(self, n: int) -> Trace:
+        """Its first ``n`` requests (all of them when it has fewer)."""
+        return Trace(self.times[:n], self.ids[:n], self.sizes[:n], self.names)
+
     def key_strings(self, start: int = 0, stop: int | None = None) -> list[str]:
         """The key strings of requests ``start:stop``."""
         ids = self.ids[start:stop].tolist()
