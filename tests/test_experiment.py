@@ -172,27 +172,27 @@ def test_a_workload_names_a_real_trace_fetched_only_when_run(tmp_path):
     assert (workload.given, workload.trace_path) == ("real:twitter52", None)
 
 
-def test_workload_can_replay_a_recorded_trace(tmp_path):
+def _recorded(tmp_path, lines: str = "") -> dict:
+    """An experiment of a recorded four-request trace (keys 1, 2, 1, 1) with ``lines`` added
+    to its workload: its results."""
     write_trace(Trace(np.arange(4.0), np.array([1, 2, 1, 1]), np.array([10, 20, 10, 10])),
                 tmp_path / "t.csv")  # fmt: skip
     path = tmp_path / "e.toml"
     path.write_text('cache_sizes = ["10KiB"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
-                    '[[policies]]\npolicy = "always"\n')  # fmt: skip
+                    f'{lines}[[policies]]\npolicy = "always"\n')  # fmt: skip
     run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
-    (cell,) = json.loads((tmp_path / "out" / "results.json").read_text())["cells"]
+    return json.loads((tmp_path / "out" / "results.json").read_text())
+
+
+def test_workload_can_replay_a_recorded_trace(tmp_path):
+    (cell,) = _recorded(tmp_path)["cells"]
     assert cell["stats"]["hits"] == 2
 
 
 def test_a_workload_replays_a_traces_first_requests_and_says_so(tmp_path):
     """``requests = 3``: the simulated cells run the first three requests (one hit of the
     four's two), and the report's workload line says so."""
-    write_trace(Trace(np.arange(4.0), np.array([1, 2, 1, 1]), np.array([10, 20, 10, 10])),
-                tmp_path / "t.csv")  # fmt: skip
-    path = tmp_path / "e.toml"
-    path.write_text('cache_sizes = ["10KiB"]\n[[workloads]]\nname = "rec"\ntrace = "t.csv"\n'
-                    'requests = 3\n[[policies]]\npolicy = "always"\n')  # fmt: skip
-    run(load_experiment(path), tmp_path / "out", workers=1, say=lambda _: None)
-    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    results = _recorded(tmp_path, "requests = 3\n")
     (cell,) = results["cells"]
     assert (cell["stats"]["requests"], cell["stats"]["hits"]) == (3, 1)
     assert "its first 3 requests: 3 requests" in results["meta"]["workload rec"]

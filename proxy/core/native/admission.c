@@ -330,13 +330,12 @@ static PyObject *Admission_observe(AdmissionObject *self, PyObject *const *args,
     Py_RETURN_NONE;
 }
 
-static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
-    if (self->kind != A_ADAPTIVE && self->kind != A_AUTO) return PyTuple_New(0);
-    Py_ssize_t n = PyTuple_GET_SIZE(self->candidates);
+/* A tuple of n floats; NULL with an exception set. */
+static PyObject *float_tuple(const double *values, Py_ssize_t n) {
     PyObject *out = PyTuple_New(n);
     if (out == NULL) return NULL;
     for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *v = PyFloat_FromDouble(self->scores[j]);
+        PyObject *v = PyFloat_FromDouble(values[j]);
         if (v == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -346,20 +345,14 @@ static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
     return out;
 }
 
+static PyObject *Admission_scores(AdmissionObject *self, PyObject *unused) {
+    if (self->kind != A_ADAPTIVE && self->kind != A_AUTO) return PyTuple_New(0);
+    return float_tuple(self->scores, PyTuple_GET_SIZE(self->candidates));
+}
+
 static PyObject *Admission_written(AdmissionObject *self, PyObject *unused) {
     if (self->kind != A_AUTO) return PyTuple_New(0);
-    Py_ssize_t n = PyTuple_GET_SIZE(self->candidates);
-    PyObject *out = PyTuple_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        PyObject *v = PyFloat_FromDouble(self->written[j]);
-        if (v == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(out, j, v);
-    }
-    return out;
+    return float_tuple(self->written, PyTuple_GET_SIZE(self->candidates));
 }
 
 static PyObject *Admission_estimate(AdmissionObject *self, PyObject *key) {
