@@ -197,6 +197,20 @@ def test_auto_disk_admission_learns_a_size_class_from_megabyte_objects(chunk):
             assert auto > fixed["hit_ratio"] + 0.05, rule
 
 
+def test_a_body_past_memorys_largest_is_kept_on_disk_as_the_engine_keeps_it():
+    """Bodies of 2 MiB behind a memory tier of 1 MiB: the live engine keeps them on a disk of
+    8 MiB regions (``Config.behind_largest``), counting each memory would not hold as
+    ``beyond_memory``. The compiled loop had capped every tier at memory's largest, and the
+    disk tier saw none of them."""
+    ids = np.tile(np.arange(20, dtype=np.uint64), 5)
+    big = Trace(np.arange(len(ids), dtype=np.float64), ids, np.full(len(ids), 2 << 20))
+    disk = DiskSpec(64 << 20, region_size=8 << 20, admission=ALWAYS)
+    compiled = simulate_tiers(big, 1 << 20, ALWAYS, disk).stats
+    assert compiled == model_tiers(big, 1 << 20, ALWAYS, disk).stats
+    assert compiled["disk_hits"] == 4 * 20 and compiled["beyond_memory"] == 20
+    assert compiled["too_large"] == 0
+
+
 def test_nth_hit_in_front_of_an_empty_disk_starts_writing():
     """A sketch sized by the records the disk holds (window auto) starts at its smallest (1,024
     keys) while the disk is empty: 4,000 keys asked in turn, twelve rounds, each key's

@@ -88,6 +88,13 @@ class DiskSpec:
                 f"{self.region_size}: give it at least {2 * self.region_size} bytes"
             )
 
+    def largest(self, max_object_bytes: int | None) -> int:
+        """The largest body its records hold (a region less a record's header and meta), up
+        to ``max_object_bytes``: what the live engine keeps behind memory
+        (``Config.behind_largest``), however small memory's largest."""
+        largest = self.region_size - RECORD_HEADER - self.meta_bytes
+        return largest if max_object_bytes is None else min(largest, max_object_bytes)
+
     def tier(self) -> DiskTier:
         regions = Regions(self.region_size, self.size // self.region_size)
         length = self.record_length or partial(assumed_record_length, meta=self.meta_bytes)
@@ -120,7 +127,7 @@ def simulate_tiers(
     The operator's ``ttl_rules`` give each key its own lifetime, as in ``simulate``."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     tier = disk.tier()
-    engine.behind = (tier,)
+    engine.behind, engine.behind_largest = (tier,), disk.largest(max_object_bytes)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
     started = time.perf_counter()
     replay_tiers(
@@ -194,7 +201,7 @@ def model_tiers(
     stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
     written: dict[str, float] = {}  # key -> when its record was written
     tier = disk.tier()
-    engine.behind = (tier,)
+    engine.behind, engine.behind_largest = (tier,), disk.largest(max_object_bytes)
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()

@@ -137,8 +137,9 @@ def replay_tiers(
         compiled_admission(tier.admission), tier.budget,
         (regions.region_size, regions.regions, *regions.span()), times, keys.ids, sizes,
         keys.prefix, keys.prefix_chars, ttl, engine.store.entry_overhead,
-        engine.store.max_object_bytes, record_overhead, lengths,
+        engine.max_object_bytes, record_overhead, lengths,
         *(keys.names or (None, None, None)), lifetimes,
+        memory_max_bytes=engine.store.max_object_bytes,
     )  # fmt: skip
     regions.moved(
         (deltas.pop("ring_oldest"), deltas.pop("ring_next"), deltas.pop("ring_fill")),

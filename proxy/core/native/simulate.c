@@ -24,7 +24,7 @@
 static const char *counter_names[T_COUNT] = {
     "requests", "hits", "misses", "hit_bytes", "bytes_served", "origin_fetches",
     "origin_bytes", "too_large", "rejected_first_sighting", "bytes_not_written", "admissions",
-    "bytes_written", "hits_from_disk", "promoted",
+    "bytes_written", "hits_from_disk", "promoted", "beyond_memory",
     "disk_hits", "disk_misses", "disk_admissions", "disk_rejected", "disk_too_large",
     "disk_throttled", "disk_bytes_written", "disk_bytes_not_written", "disk_evicted_objects",
     "disk_dropped", "ring_oldest", "ring_next", "ring_fill", "ring_bytes_written",
@@ -88,9 +88,11 @@ static int memory_store(IndexObject *x, uint64_t h1, long long size, long long c
 }
 
 /* The requests through the memory tier x (admitting by a) and the disk tier d (NULL: none),
- * counted into c; -1 with an exception set. */
+ * counted into c; -1 with an exception set. No tier keeps a body past max_object; memory none
+ * past memory_max (a disk tier's may be larger: counted beyond_memory, as the engine does). */
 static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q, double ttl,
-                  long long overhead, long long max_object, long long *c) {
+                  long long overhead, long long max_object, long long memory_max,
+                  long long *c) {
     char *key = PyMem_Malloc((size_t)q->prefix_len + 24);
     if (key == NULL) {
         PyErr_NoMemory();
@@ -149,7 +151,7 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
                                 ? 1 : admission_admit(d->promotion, h1, h2, size, now);
                 if (admitted < 0 || again < 0) goto fail;
                 admitted = admitted && again;
-                if (admitted && size <= max_object) {
+                if (admitted && size <= memory_max) {
                     int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars
                                                                   : size, written);
                     if (kept < 0) goto fail;
@@ -179,7 +181,10 @@ static int replay(IndexObject *x, AdmissionObject *a, Disk *d, const Requests *q
                 c[C_BYTES_NOT_WRITTEN] += size;
             }
         }
-        if (admit) {
+        if (admit && size > memory_max) {
+            c[C_BEYOND_MEMORY]++;
+            if (i >= 0) index_delete(x, h1);
+        } else if (admit) {
             int kept = memory_store(x, h1, size, overhead ? size + overhead + 2 * chars : size,
                                     now);
             if (kept < 0) goto fail;
@@ -288,7 +293,7 @@ PyObject *py_simulate_chunk(PyObject *module, PyObject *args, PyObject *kwds) {
     PyObject *result = NULL;
     if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
         replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, NULL, &q, ttl,
-               overhead, max_object, c) == 0)
+               overhead, max_object, max_object, c) == 0)
         result = counted(c, C_ONE_TIER);
     release_views(&v);
     PyBuffer_Release(&prefix);
@@ -300,23 +305,24 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
                              "budget", "ring", "times", "ids", "sizes", "prefix",
                              "prefix_chars", "ttl", "entry_overhead", "max_object_bytes",
                              "record_overhead", "lengths", "names_h1", "names_h2",
-                             "names_chars", "lifetimes", NULL};
+                             "names_chars", "lifetimes", "memory_max_bytes", NULL};
     PyObject *index_obj, *admission_obj, *promotion_obj, *dindex_obj, *dadmission_obj,
         *budget_obj;
     PyObject *objs[8] = {NULL, NULL, NULL, Py_None, Py_None, Py_None, Py_None, Py_None};
     Py_buffer prefix;
-    long long prefix_chars, overhead, max_object, record_overhead;
+    long long prefix_chars, overhead, max_object, record_overhead, memory_max = -1;
     long long region_size, regions, oldest, next, fill;
     double ttl;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kwds, "O!O!OO!O!O!(LLLLL)OOOy*LdLLL|OOOOO", kwlist, &IndexType, &index_obj,
+            args, kwds, "O!O!OO!O!O!(LLLLL)OOOy*LdLLL|OOOOOL", kwlist, &IndexType, &index_obj,
             &AdmissionType, &admission_obj, &promotion_obj, &DiskIndexType, &dindex_obj,
             &AdmissionType,
             &dadmission_obj, &WriteBudgetType, &budget_obj, &region_size, &regions, &oldest,
             &next, &fill, &objs[0], &objs[1], &objs[2], &prefix, &prefix_chars, &ttl,
             &overhead, &max_object, &record_overhead, &objs[3], &objs[4], &objs[5], &objs[6],
-            &objs[7]))
+            &objs[7], &memory_max))
         return NULL;
+    if (memory_max < 0 || memory_max > max_object) memory_max = max_object;
     if (promotion_obj != Py_None && !PyObject_TypeCheck(promotion_obj, &AdmissionType)) {
         PyErr_SetString(PyExc_TypeError, "promotion is an Admission, or None");
         return NULL;
@@ -339,7 +345,7 @@ PyObject *py_simulate_tiers(PyObject *module, PyObject *args, PyObject *kwds) {
                         "call, from an empty disk tier");
     } else if (read_requests(objs, &prefix, prefix_chars, &q, &v) == 0 &&
                replay((IndexObject *)index_obj, (AdmissionObject *)admission_obj, &d, &q, ttl,
-                      overhead, max_object, c) == 0) {
+                      overhead, max_object, memory_max, c) == 0) {
         c[R_OLDEST] = d.oldest;
         c[R_NEXT] = d.next;
         c[R_FILL] = d.fill;
