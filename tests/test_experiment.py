@@ -164,6 +164,12 @@ def test_a_workloads_trace_and_columns_are_checked_as_the_file_is_read(tmp_path,
         load_experiment(path)
 
 
+@pytest.mark.parametrize("path", sorted((CONFIG / "experiments").glob("*.toml")), ids=str)
+def test_every_shipped_experiment_file_reads(path):
+    experiment = load_experiment(path)
+    assert experiment.workloads and experiment.policies
+
+
 def test_a_workload_names_a_real_trace_fetched_only_when_run(tmp_path):
     path = tmp_path / "e.toml"
     path.write_text('cache_sizes = ["1%"]\n[[workloads]]\nname = "t"\n'
