@@ -604,6 +604,10 @@ def _simulate_tiers(
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
         print(report.tier_table(results, sizes))
+        for r in results:
+            if r.disk_auto is not None:
+                print(f"disk auto behind {sizes[r.cache_bytes]}: {r.disk_auto['choice']} "
+                      f"decides ({r.disk_auto['switches']} switches)", file=sys.stderr)  # fmt: skip
     if args.report_dir:
         name = args.trace.name
         cells = [report.sim_cell(r, name, sizes[r.cache_bytes]) for r in results]

@@ -12,10 +12,12 @@ from hypothesis import strategies as st
 
 from loadgen.live.experiment import run
 from loadgen.live.experiment_file import ExperimentError, load_experiment
+from loadgen.reports.report import flash_table
 from loadgen.sim.flash import DYNAMIC, flash_sweep, mark_pareto, region_size
 from loadgen.sim.tiers import DiskSpec, simulate_tiers
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
+from proxy.core.disk import AUTO_CANDIDATES
 
 MEMORY = 256 << 10
 DISKS = [2 << 20, 8 << 20]
@@ -56,6 +58,14 @@ def test_each_cell_is_the_two_tier_simulation_of_its_rule(trace, cells):
                                entry_overhead=0).stats  # fmt: skip
         assert (again["hit_ratio"], again["disk_bytes_written"]) == (
             c["hit_ratio"], c["disk_bytes_written"])  # fmt: skip
+
+
+def test_the_auto_cells_say_which_rule_decides_at_the_end(cells):
+    auto = [c for c in cells if c["rule"] == "auto"]
+    assert len(auto) == len(DISKS)
+    for c in auto:
+        assert c["decides"] in AUTO_CANDIDATES or c["decides"].startswith("size-below:")
+        assert f"auto (at the end, {c['decides']})" in flash_table(cells)
 
 
 def test_admitting_all_writes_most_and_second_hit_a_fraction_of_it(cells):

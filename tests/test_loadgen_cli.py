@@ -109,9 +109,10 @@ def test_two_tiers_print_the_hit_ratio_of_both_and_what_the_disk_was_written(tra
     assert second["stats"]["disk_bytes_written"] < always["stats"]["disk_bytes_written"]
     table = run(
         "simulate", "--trace", str(trace_file), "--cache-size", "1%", "--disk-size", "8MiB",
-        "--region-size", "1MiB",
+        "--region-size", "1MiB", "--disk-admission", "second-hit,auto",
     )  # fmt: skip
     assert table.returncode == 0 and "disk written" in table.stdout
+    assert "disk auto behind 1% " in table.stderr and " decides (" in table.stderr
     # A disk as a share of the trace's distinct bytes, as the memory's may be: 50% of its
     # 247 MiB, more than 8 MiB, so more of it is hit.
     shared = run(

@@ -379,7 +379,8 @@ def flash_rows(cells: Sequence[Cell]) -> list[list[str]]:
                  else f"{c['disk_bytes_written'] / base['disk_bytes_written']:.1%}")  # fmt: skip
         rows.append([
             f"{format_size(c['disk_bytes'])} ({format_size(c['region_bytes'])} regions)",
-            c["policy"], f"{c['hit_ratio']:.4f}", delta, format_size(int(c["disk_bytes_written"])),
+            c["policy"] + (f" (at the end, {c['decides']})" if "decides" in c else ""),
+            f"{c['hit_ratio']:.4f}", delta, format_size(int(c["disk_bytes_written"])),
             share, "yes" if c["pareto"] else "",
         ])  # fmt: skip
     return rows

@@ -111,7 +111,8 @@ def _run(point: Point, memory_admission: str, entry_overhead: int) -> dict[str, 
                     max_write_rate=point.rule.budget)  # fmt: skip
     result = simulate_tiers(_TRACE, point.memory_bytes, AdmissionConfig(policy=memory_admission),
                             disk, entry_overhead=entry_overhead)  # fmt: skip
-    return {**result.stats, "elapsed_s": round(result.elapsed, 3)}
+    decides = {} if result.disk_auto is None else {"decides": result.disk_auto["choice"]}
+    return {**result.stats, "elapsed_s": round(result.elapsed, 3), **decides}
 
 
 def flash_sweep(
@@ -176,6 +177,7 @@ def _cell(workload: str, point: Point, stats: dict[str, Any]) -> FlashCell:
         "disk_bytes_written": stats["disk_bytes_written"],
         "requests": stats["requests"],
         "elapsed_s": stats["elapsed_s"],
+        **({"decides": stats["decides"]} if "decides" in stats else {}),
     }
 
 

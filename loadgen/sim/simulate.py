@@ -58,6 +58,8 @@ class SimResult:
     sample_rate: float = 1.0
     eviction: str = "lru"
     tuning: dict[str, object] | None = None  # the tuner's state, when it chose (``auto``)
+    # The disk admission ``auto``'s state at the end (``AutoPolicy.state``), when it chose.
+    disk_auto: dict[str, object] | None = None
 
     @property
     def requests_per_second(self) -> float:
@@ -75,6 +77,7 @@ class SimResult:
             "sample_rate": self.sample_rate,
             "eviction": self.eviction,
             **({"tuning": self.tuning} if self.tuning is not None else {}),
+            **({"disk_auto": self.disk_auto} if self.disk_auto is not None else {}),
             "stats": self.stats,
             "timeline": self.timeline,
         }

@@ -47,6 +47,7 @@ from proxy.core.admission import AdmissionConfig
 from proxy.core.disk import (
     ASSUMED_META,
     RECORD_HEADER,
+    AutoPolicy,
     DiskTier,
     WriteBudget,
     assumed_record_length,
@@ -177,8 +178,9 @@ def _result(
         disk_index_bytes=tier.index.memory_bytes,
     )
     label = f"{policy_label(admission, eviction)} + disk {disk.admission.label()}"
+    auto = tier.admission.state() if isinstance(tier.admission, AutoPolicy) else None
     return SimResult(label, engine.store.capacity_bytes, admission, len(trace), stats, elapsed,
-                     [], 1.0, eviction)  # fmt: skip
+                     [], 1.0, eviction, disk_auto=auto)  # fmt: skip
 
 
 def model_tiers(
