@@ -153,7 +153,7 @@ def test_auto_and_adaptive_sample_keys_chosen_by_a_secret_not_by_their_hash():
     chosen = [k for k in (f"/x{i}" for i in range(40_000)) if hash64(k)[0] < 2**64 // 16][:1000]
     sampled = {}
     for key in (0, 0x5EC2E7 | 1):
-        tier = DiskTier(Regions(1 << 20, 16), AdmissionConfig(policy="auto"))
+        tier = DiskTier(Regions(1 << 20, 64), AdmissionConfig(policy="auto"))
         key_sample(tier.admission, key)
         for n, url in enumerate(chosen):
             tier.admit(url, 100, 200, float(n))
@@ -197,15 +197,16 @@ def _ghost_hits(keys: int, size: int) -> float:
     return auto.scores()[0]
 
 
-def test_a_ghost_packs_records_longer_than_its_region_as_its_tier_packs_them():
-    """A ghost's region is a sixteenth of its tier's: a 68 KiB record, one of 15 in a tier's
-    region, is written on over the ghost's regions from where the last one ended. Its 4 MiB
-    hold 58 of them (55 asked in turn hit from the second round on), not one in two regions
-    as whole regions each would (55 would then never hit); one longer than the tier's region
-    is refused."""
+def test_a_ghost_packs_records_as_its_tier_packs_them():
+    """A ghost's region is a sixteenth of its tier's, each of which holds many records: a
+    ghost's record is written on from where the last one ended, across its regions. Its 4 MiB
+    hold 59 records of 68 KiB (55 asked in turn hit from the second round on), and 123 of 33
+    KiB, as its tier would; a record per region (each 33 KiB one opening a region, each 68
+    KiB one two) held half as many, or none. One longer than the tier's region is refused."""
     assert _ghost_hits(55, 68 << 10) == 4 * 55
     assert _ghost_hits(70, 68 << 10) == 0  # past what it holds: cycled out, in turn
-    assert _ghost_hits(2, 2 << 20) == 0
+    assert _ghost_hits(110, 33 << 10) == 4 * 110
+    assert _ghost_hits(1, 2 << 20) == 0  # longer than the tier's region (1 MiB)
 
 
 def test_auto_leaves_out_a_rule_writing_past_its_share_while_admitting_all_evicts():
@@ -219,8 +220,8 @@ def test_auto_leaves_out_a_rule_writing_past_its_share_while_admitting_all_evict
 
 
 async def test_the_disk_admission_auto_logs_each_change_of_its_choice_and_why(caplog):
-    """One-hit wonders between keys asked again: auto's ghosts find that admitting all
-    writes for nothing and it moves off its start (second hit); the change is logged, with
+    """Keys asked again between one-hit wonders: auto's ghosts move it off its start (second
+    hit) as they fill; a line says what decides after the switches, how many there were, and
     each ghost's recent hit ratio and share of the most written."""
     tier = DiskTier(Regions(1 << 20, 16), AdmissionConfig(policy="auto"))
     auto = tier.admission
@@ -239,7 +240,9 @@ async def test_the_disk_admission_auto_logs_each_change_of_its_choice_and_why(ca
         watching.cancel()
     assert auto.native.switches >= 1
     [said, *_] = [r.getMessage() for r in caplog.records if "disk admission auto" in r.message]
-    assert said.startswith(f"disk admission auto: {auto.choice} decides (switch ")
+    switches = auto.native.switches
+    assert said.startswith(f"disk admission auto: {auto.choice} decides (switch {switches})")
+    assert said.endswith(f"({switches} since the last line)")
     assert "always 0." in said and "writing 100%" in said  # admit-all wrote the most
 
 

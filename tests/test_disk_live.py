@@ -713,13 +713,17 @@ async def test_the_disk_admission_auto_says_its_choice_on_stats_and_metrics(
         assert (await get(service, "/x"))[0] == 200
     auto = (await admin_stats(service))["disk_auto"]
     assert auto["choice"] == "second-hit" and auto["switches"] == 0  # where it starts
-    names = [c["admission"] for c in auto["candidates"]]
-    assert names[:2] == ["always", "second-hit"] and names[-1].startswith("size-below:")
+    keys = [c["key"] for c in auto["candidates"]]
+    assert keys[:2] == ["always", "second-hit"]
+    assert keys[-3:] == ["size-below:p25", "size-below:p50", "size-below:p75"]
     host, port = service.admin_address
     url = f"http://{host}:{port}/metrics"
     async with aiohttp.ClientSession() as session, session.get(url) as r:
         text = await r.text()
     assert 'onehit_disk_auto_choice{admission="second-hit"} 1' in text
+    assert 'onehit_disk_auto_choice{admission="size-below:p50"} 0' in text
     assert "onehit_disk_auto_switches_total 0" in text
+    for series in ("recent_hit_ratio", "recent_write_share"):
+        assert f"# TYPE onehit_disk_auto_{series} gauge" in text
     fixed = await start_proxy(disk__path=str(tmp_path / "fixed"), **DISK)
     assert (await admin_stats(fixed))["disk_auto"] is None

@@ -107,6 +107,15 @@ def test_workers_auto_is_one_per_core_this_process_may_use(capsys):
         assert "expected a positive count or auto" in capsys.readouterr().err
 
 
+def test_a_disk_admitting_by_auto_is_refused_under_workers(capsys, tmp_path):
+    """auto keeps its ghosts in one process, and the workers share one tier: each would
+    choose alone for it (it started, and did)."""
+    assert main(["--workers", "2", "--check-config", "--set", f"disk.path={tmp_path}",
+                 "--set", "disk.policy=auto"]) == 2  # fmt: skip
+    said = capsys.readouterr().err
+    assert "[disk] policy = 'auto' with [server] workers = 2" in said and "give the disk" in said
+
+
 async def test_workers_share_the_port_and_the_admin_sums_them(origin):
     args = ("--workers", "2", "--origin", origin.url, "--set", "server.access_log=false")
     async with served(*args) as (process, url, admin):

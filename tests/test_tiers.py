@@ -186,7 +186,7 @@ def test_auto_disk_admission_learns_a_size_class_from_megabyte_objects(chunk):
     engine.behind = (tier,)
     replay_tiers(engine, tier, key_arrays(chunks, ""), chunks.times, chunks.sizes,
                  record_overhead=RECORD_HEADER + disk.meta_bytes)  # fmt: skip
-    assert tier.admission.choice in ("size-below:4MiB (p50)", "size-below:4MiB (p75)")
+    assert tier.admission.choice in ("size-below:4MiB (class p50)", "size-below:4MiB (class p75)")
     auto = engine.counters.hits / engine.counters.requests
     for rule in ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:4MiB"):
         spec = DiskSpec(128 << 20, region_size=8 << 20, admission=AdmissionConfig(policy=rule))

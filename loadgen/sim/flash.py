@@ -12,8 +12,11 @@ The family, each rule a curve over its parameter:
 * ``size-below``: objects under the 25th, 50th or 75th percentile of the requested sizes;
 * ``dynamic random``: every miss, within a write budget of 0.5, 1 and 2 times the rate
   second hit wrote at (CacheLib's dynamic random admission at the same write budget);
-* ``auto``: the family side by side, following the one its sampled ghost tiers find hitting
-  within 0.005 of the best while writing least (``proxy.core.disk``).
+* ``auto``: the family side by side, and size classes learned from the sizes looked up,
+  following the one its sampled ghost tiers find hitting within 0.005 of the best while
+  writing least, none writing past 15% of admit-all's while that evicts
+  (``proxy.core.disk``, ``proxy.core.native.auto``); its row names the rule deciding at the
+  end.
 
 A rule's point is on the Pareto front when no other rule at that disk size has a hit ratio at
 least as high with no more bytes written, one of the two strictly better.

@@ -90,9 +90,11 @@ class DiskSpec:
             )
 
     def largest(self, max_object_bytes: int | None) -> int:
-        """The largest body its records hold (a region less a record's header and meta), up
-        to ``max_object_bytes``: what the live engine keeps behind memory
-        (``Config.behind_largest``), however small memory's largest."""
+        """The largest body the engine keeps behind memory, however small memory's largest
+        (``CacheEngine.behind_largest``): a region less a record's header and assumed meta, up
+        to ``max_object_bytes``. The live proxy's (``Config.behind_largest``) leaves room for
+        the longest URL and head it accepts instead; a record longer than its region, its key
+        counted, is refused by the disk either way (``disk_too_large``)."""
         largest = self.region_size - RECORD_HEADER - self.meta_bytes
         return largest if max_object_bytes is None else min(largest, max_object_bytes)
 

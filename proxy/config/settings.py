@@ -966,6 +966,12 @@ def check_config(config: Config) -> None:
             f"[disk] policy = {disk.policy!r}: expected one of {', '.join(DISK_POLICIES)} "
             "(a ring of regions has no victim by key to compare with)"
         )
+    if disk.path and parse_policy(disk.policy)[0] == "auto" and config.server.workers > 1:
+        raise ConfigError(
+            f"[disk] policy = 'auto' with [server] workers = {config.server.workers}: auto keeps "
+            "its ghosts in one process, and the workers share one disk tier; give the disk one "
+            f"of {', '.join(DISK_POLICIES[:-1])}"
+        )
     try:
         tune = config.tune_settings()
     except ValueError as exc:

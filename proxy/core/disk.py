@@ -57,7 +57,6 @@ from proxy.core.admission import (
     AdaptivePolicy,
     AdmissionConfig,
     AdmissionPolicy,
-    CompiledPolicy,
     compiled_admission,
     make_policy,
     parse_policy,
@@ -93,6 +92,7 @@ AUTO_CANDIDATES = ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "si
                    "size-below:64KiB")  # fmt: skip
 AUTO_CLASSES = (25, 50, 75)
 AUTO_RATE = 1 / 16
+AUTO_LONGEST_HELD = 4  # a ghost's rate is at least this many of its tier's regions, of all
 AUTO_PERIOD = 1024
 AUTO_MARGIN = 0.005
 AUTO_SHARE = 0.15
@@ -110,24 +110,23 @@ Ban = tuple[str, int, int, bool]
 
 class AutoPolicy(AdaptivePolicy):
     """``auto``, a disk tier's admission (``proxy.core.native.auto``): its candidates named
-    as they decide now (a size class by its limit, at its percentile ``classes``, the last
-    candidates) and what its ghosts found."""
+    as they decide now (a size class by its limit and percentile, the core's
+    ``classes``, its last candidates) and what its ghosts found."""
 
-    def __init__(
-        self, native: Admission, candidates: list[CompiledPolicy], classes: tuple[int, ...]
-    ) -> None:
-        super().__init__(native, candidates, "auto")
-        self.classes = classes
+    def keys(self) -> list[str]:
+        """Each candidate's name that stays: a size class as ``size-below:p50``."""
+        classes = [f"size-below:p{p}" for p in self.native.classes]
+        return [c.name for c in self.candidates[: len(self.candidates) - len(classes)]] + classes
 
     def names(self) -> list[str]:
-        """Each candidate's name: a size class as ``size-below:32KiB (p50)`` once the core
-        has set its limit, ``size-below:p50`` before."""
-        rules = len(self.candidates) - len(self.classes)
-        out = [c.name for c in self.candidates[:rules]]
-        for p, c in zip(self.classes, self.candidates[rules:], strict=True):
-            limit = c.native.limit
-            out.append(f"size-below:{format_size(limit)} (p{p})" if limit else
-                       f"size-below:p{p}")  # fmt: skip
+        """Each candidate's name: a size class as ``size-below:32KiB (class p50)`` once the
+        core has set its limit (a power of 2, not the percentile itself), its key before."""
+        out = self.keys()
+        rules = len(self.candidates) - len(self.native.classes)
+        for j, (p, c) in enumerate(zip(self.native.classes, self.candidates[rules:],
+                                       strict=True), rules):  # fmt: skip
+            if c.native.limit:
+                out[j] = f"size-below:{format_size(c.native.limit)} (class p{p})"
         return out
 
     @property
@@ -154,13 +153,15 @@ class AutoPolicy(AdaptivePolicy):
         most = max(written, default=0.0)
         return {
             "choice": self.choice,
+            "choice_key": self.keys()[native.choice],
             "switches": native.switches,
             "sampled_lookups": native.sampled,
             "candidates": [
-                {"admission": name,
+                {"admission": name, "key": key,
                  "recent_hit_ratio": round(score / seen, 4) if seen else None,
                  "recent_write_share": round(w / most, 4) if most else None}
-                for name, score, w in zip(self.names(), native.scores(), written, strict=True)
+                for name, key, score, w in zip(self.names(), self.keys(), native.scores(),
+                                               written, strict=True)
             ],
         }  # fmt: skip
 
@@ -259,32 +260,35 @@ class DiskTier:
 
     def _auto(self) -> AdmissionPolicy:
         """``auto``: the candidates deciding for this tier, and a ghost tier each."""
-        if self.admission_memory is not None:
+        if isinstance(self.index, SharedIndex) or self.admission_memory is not None:
             raise ValueError(
                 "disk admission 'auto' keeps its candidates' state in one process: under "
                 "--workers give the disk tier one of " + ", ".join(DISK_POLICIES[:-1])
             )
         candidates, ghosts = [], []
         ring = self.regions
-        region = max(1, round(ring.region_size * AUTO_RATE))
-        # A size class is size-below whose limit the core sets from the sizes it is asked for.
+        # A ghost holds a few of its tier's longest records, or sees none of them.
+        rate = min(1.0, max(AUTO_RATE, AUTO_LONGEST_HELD / ring.regions))
+        region = max(1, round(ring.region_size * rate))
+        # A size class is size-below whose limit the core sets from the sizes it is asked for
+        # (0, admitting nothing, until then; 1 here is a placeholder).
         names = AUTO_CANDIDATES + ("size-below:1",) * len(AUTO_CLASSES)
         for name in names:
             config = replace(self.admission_config, policy=name)
             candidates.append(make_policy(config, self))  # type: ignore[arg-type]
-            ghosts.append(DiskTier(Regions(region, ring.regions), config.scaled(AUTO_RATE)))
+            ghosts.append(DiskTier(Regions(region, ring.regions), config.scaled(rate)))
         native = Admission(
             "auto",
             candidates=tuple(compiled_admission(c) for c in candidates),
             shadows=tuple(g.index for g in ghosts),
             shadow_policies=tuple(compiled_admission(g.admission) for g in ghosts),
-            rate=AUTO_RATE, period=AUTO_PERIOD, margin=AUTO_MARGIN,
+            rate=rate, period=AUTO_PERIOD, margin=AUTO_MARGIN,
             choice=AUTO_CANDIDATES.index("second-hit"), region_size=region,
             regions=ring.regions, overhead=RECORD_HEADER + ASSUMED_META,
             budget=float(self.budget.rate), share=AUTO_SHARE, classes=AUTO_CLASSES,
             longest=ring.region_size,
         )  # fmt: skip
-        return AutoPolicy(native, candidates, AUTO_CLASSES)  # type: ignore[arg-type]
+        return AutoPolicy(native, candidates, "auto")  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.index)

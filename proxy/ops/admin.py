@@ -541,24 +541,37 @@ def disk_auto_stats(proxy: Proxy) -> dict[str, Any] | None:
 
 
 def disk_auto_prometheus_text(auto: dict[str, Any]) -> str:
-    """The disk admission ``auto``'s choice, switches, and each candidate's recent ghost hit
-    ratio and share of the most written."""
+    """The disk admission ``auto``'s choice (1 for the candidate deciding, 0 for the others),
+    switches, and each candidate's recent ghost hit ratio and share of the most written,
+    labelled by the candidate's key (a size class's stays ``size-below:p50`` as its limit
+    moves)."""
+    candidates = auto["candidates"]
+
+    def each(field: str) -> list[str]:
+        return [f'{{admission="{label(c["key"])}"}} {c[field]!r}'
+                for c in candidates if c[field] is not None]  # fmt: skip
+
+    return series_text("onehit_disk_auto_", {
+        "choice": ("gauge", "1 for the rule the disk tier's auto admission follows, else 0",
+                   [f'{{admission="{label(c["key"])}"}} {int(c["key"] == auto["choice_key"])}'
+                    for c in candidates]),
+        "switches": ("counter", "times the disk tier's auto admission changed its rule",
+                     [f" {auto['switches']}"]),
+        "recent_hit_ratio": ("gauge", "a candidate's recent hit ratio in its ghost tier",
+                             each("recent_hit_ratio")),
+        "recent_write_share": ("gauge", "a candidate's recent ghost writes, of the most written",
+                               each("recent_write_share")),
+    })  # fmt: skip
+
+
+def series_text(prefix: str, series: dict[str, tuple[str, str, list[str]]]) -> str:
+    """Prometheus text of ``series``: for each field its kind, help and samples (labels and
+    value), named ``prefix`` + field, with ``_total`` for a counter."""
     lines = []
-    for field, kind, help_text in (
-        ("choice", "gauge", "1 for the rule the disk tier's auto admission follows"),
-        ("switches", "counter", "times the disk tier's auto admission changed its rule"),
-        ("recent_hit_ratio", "gauge", "a candidate's recent hit ratio in its ghost tier"),
-        ("recent_write_share", "gauge", "a candidate's recent ghost writes, of the most written"),
-    ):  # fmt: skip
-        name = f"onehit_disk_auto_{field}" + ("_total" if kind == "counter" else "")
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        if field == "choice":
-            lines.append(f'{name}{{admission="{label(auto["choice"])}"}} 1')
-        elif field == "switches":
-            lines.append(f"{name} {auto['switches']}")
-        else:
-            lines += [f'{name}{{admission="{label(c["admission"])}"}} {c[field]!r}'
-                      for c in auto["candidates"] if c[field] is not None]  # fmt: skip
+    for field, (kind, help_text, samples) in series.items():
+        name = prefix + field + ("_total" if kind == "counter" else "")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                  *(name + sample for sample in samples)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -593,12 +606,7 @@ def tune_prometheus_text(tunes: list[dict[str, Any]]) -> str:
             f"{_labels(place, c)} {c['recent_miss_ratio']!r}"
             for c in t["candidates"] if c["recent_miss_ratio"] is not None
         )  # fmt: skip
-    lines = []
-    for field, (kind, help_text, samples) in series.items():
-        name = f"onehit_tune_{field}" + ("_total" if kind == "counter" else "")
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
-                  *(name + sample for sample in samples)]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return series_text("onehit_tune_", series)
 
 
 def _labels(place: tuple[str, ...], choice: dict[str, Any] | None = None) -> str:

@@ -463,14 +463,17 @@ async def checkpoint_every(disk: DiskStore, interval: float) -> None:
 
 
 async def say_auto_choices(auto: AutoPolicy, interval: float = 1.0) -> None:
-    """Log each change of the disk admission ``auto``'s choice, and why (``AutoPolicy.said``):
-    the compiled core makes it, looked at every ``interval`` seconds."""
+    """Log the disk admission ``auto``'s choice and why (``AutoPolicy.said``) after each
+    ``interval`` in which it changed (the compiled core makes it): one line, however many
+    switches the interval held, which it counts."""
     switches = auto.native.switches
     while True:
         await asyncio.sleep(interval)
-        if auto.native.switches != switches:
-            switches = auto.native.switches
-            logging.getLogger("onehit").info("disk admission auto: %s", auto.said())
+        if (now := auto.native.switches) != switches:
+            logging.getLogger("onehit").info(
+                "disk admission auto: %s (%d since the last line)", auto.said(), now - switches
+            )
+            switches = now
 
 
 async def flush_every(proxy: Proxy, interval: float = 1.0) -> None:

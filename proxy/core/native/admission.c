@@ -397,7 +397,19 @@ static PyMethodDef Admission_methods[] = {
     {NULL},
 };
 
+static PyObject *Admission_classes(AdmissionObject *self, void *closure) {
+    PyObject *out = PyTuple_New(self->classes);
+    for (Py_ssize_t k = 0; out != NULL && k < self->classes; k++) {
+        PyObject *p = PyLong_FromLong(self->percentiles[k]);
+        if (p == NULL) Py_CLEAR(out);
+        else PyTuple_SET_ITEM(out, k, p);
+    }
+    return out;
+}
+
 static PyGetSetDef Admission_getset[] = {
+    {"classes", (getter)Admission_classes, NULL,
+     "auto: the percentile of each size class, its last candidates", NULL},
     {"kind", (getter)Admission_kind, NULL, "The policy's kind.", NULL},
     {"sketch_bytes", (getter)Admission_sketch_bytes, NULL,
      "Bytes of the sketch and doorkeeper.", NULL},
@@ -419,8 +431,6 @@ static PyMemberDef Admission_members[] = {
      "size-below: the size a response is admitted under (auto's size classes: 0 until set)"},
     {"seen", T_DOUBLE, offsetof(AdmissionObject, seen), READONLY,
      "auto: recent sampled lookups (halved as the scores are)"},
-    {"classes", T_PYSSIZET, offsetof(AdmissionObject, classes), READONLY,
-     "auto: size classes among its candidates (the last ones)"},
     {"sample_key", T_ULONGLONG, offsetof(AdmissionObject, sample_key), 0,
      "adaptive and auto: the secret their sample of keys is chosen by (sample.h; 0: unkeyed)"},
     {NULL},

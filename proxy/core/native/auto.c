@@ -13,7 +13,8 @@
  * first sixth may be all 64 KiB reads), and the sizes of one period would follow each. A
  * class's limit is the largest power of 2 at or below the lower bound of the bin holding its
  * percentile, so it never admits that bin (size-below at the median admits what is smaller
- * than the median's bin), and moves only when the percentile crosses a power of 2: a ghost's
+ * than the power of 2 at or under the median's bin, up to half of it), and moves only when
+ * the percentile crosses a power of 2: a ghost's
  * records were admitted by one limit for long. The limits are set at each sampled lookup
  * through the first period, from the first on, then at the end of each period; a class
  * admits nothing before.
@@ -28,10 +29,11 @@
  *   would push out what the size classes keep; on a disk that holds all it writes, writing
  *   costs no hit, and the bound stays off.
  * - a write budget (bytes a second; 0: none): a candidate that wrote faster in the period.
+ * Where no candidate is within both bounds at once, the choice stays.
  *
- * A ghost's region is `rate` of its tier's: a record longer than one (up to `longest`, the
- * tier's own region) is written on from where the last one ended, over whole regions, so
- * that ghosts see the bodies their tier keeps, packed as its regions pack them. */
+ * A ghost's region is `rate` of its tier's, each of which holds many records: a ghost's record
+ * is written on from where the last one ended, across its regions (up to `longest`, its
+ * tier's region), so that ghosts see the bodies their tier keeps, packed about as densely. */
 #include "native.h"
 
 /* The size histogram's classes: sizes under 16 one each, then 16 an octave to 2^40. */

@@ -583,8 +583,8 @@ typedef struct Disk {
     Written written;
     long long *c;
     AdmissionObject *promotion;
-    /* The longest record a ghost takes (its tier's region), written over whole regions of its
-     * own where longer than one; 0: a tier's, whose records each fit one region. */
+    /* A ghost's: the longest record it takes (its tier's region), each written on from where
+     * the last ended, across its regions; 0: a tier's, whose records each fit one region. */
     long long longest;
 } Disk;
 

@@ -91,8 +91,8 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
                double now, double ttl) {
     long long *c = d->c;
     if (disk_index_get(d->index, h1) != NULL) return 0;
-    /* A ghost's record longer than its region is written on over whole ones; never over the
-     * ring's every region, which would evict its own start. */
+    /* A ghost's record may be longer than its region, up to its tier's; never over the ring's
+     * every region, which would evict its own start. */
     if (length < 1 || (length > d->region_size &&
                        (length > d->longest || (length - 1) / d->region_size + 1 >= d->regions))) {
         c[D_TOO_LARGE]++;
@@ -110,9 +110,10 @@ int disk_offer(Disk *d, uint64_t h1, uint64_t h2, long long size, long long leng
         c[D_BYTES_NOT_WRITTEN] += length;
         return 0;
     }
-    if (d->fill + length > d->region_size && (length <= d->region_size ||
-                                              d->fill >= d->region_size)) {
-        disk_open_region(d);  /* a tier's records never straddle two regions */
+    /* A tier's records never straddle two regions; a ghost's are written on from where the
+     * last one ended (its regions are a share of its tier's, each of which holds many). */
+    if (d->longest > 0 ? d->fill >= d->region_size : d->fill + length > d->region_size) {
+        disk_open_region(d);
         d->fill = 0;
     }
     const uint32_t region = (uint32_t)(d->next - 1), offset = (uint32_t)d->fill;

@@ -1,0 +1,90 @@
+"""The disk tier's ``auto`` admission against the whole disk admission family, on real traces,
+as its goals ask: at each disk size, a hit ratio at least admit-all's, at most 15% of its
+bytes written, within 0.005 of the family's best fixed rule.
+
+Behind a memory tier of ``--memory-share`` of the unique bytes (LRU, admitting all), a disk of
+each of ``--disk-shares``, as ``bench_real_traces.py --disk`` runs them (``loadgen.sim.flash``).
+auto samples the keys its ghosts see: the simulator by the key's hash, the live proxy by a
+secret of its own. Which keys fall in the sample moves auto's choices, on a short phased
+trace by much; so auto is run once per ``--secrets`` secrets (the first, 0: the hash, as the
+simulator samples) and printed as the median and the range, each secret's run a whole trace.
+
+    .venv/bin/python benchmarks/bench_disk_auto.py [--traces cloudphysics,twitter52]
+        [--memory-share 0.001] [--disk-shares 0.025,0.1,0.25] [--secrets 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from loadgen.sim.flash import DYNAMIC, flash_sweep, region_size
+from loadgen.sim.simulate import build_engine, key_arrays
+from loadgen.sim.tiers import DiskSpec
+from loadgen.traces.real_traces import load
+from loadgen.traces.trace import Trace
+from proxy.core.admission import AdmissionConfig, key_sample
+from proxy.core.disk import RECORD_HEADER
+from proxy.core.replay import replay_tiers
+
+_TRACE: Trace | None = None
+
+
+def _auto(memory: int, disk: int, secret: int) -> float:
+    """auto's hit ratio over the whole trace, its sample keyed by ``secret`` (0: the hash)."""
+    assert _TRACE is not None
+    spec = DiskSpec(disk, region_size(disk), AdmissionConfig(policy="auto"))
+    engine = build_engine(memory, AdmissionConfig(policy="always"), None, 0, "lru")
+    tier = spec.tier()
+    engine.behind, engine.behind_largest = (tier,), spec.largest(None)
+    key_sample(tier.admission, secret)
+    replay_tiers(engine, tier, key_arrays(_TRACE, ""), np.ascontiguousarray(_TRACE.times),
+                 np.ascontiguousarray(_TRACE.sizes, dtype=np.int64),
+                 record_overhead=RECORD_HEADER + spec.meta_bytes)  # fmt: skip
+    return engine.counters.hits / engine.counters.requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--traces", default="cloudphysics,twitter52")
+    parser.add_argument("--memory-share", type=float, default=0.001)
+    parser.add_argument("--disk-shares", default="0.025,0.1,0.25")
+    parser.add_argument("--secrets", type=int, default=10)
+    args = parser.parse_args()
+    global _TRACE
+    secrets = [0] + [(0x9E3779B97F4A7C15 * k) % 2**64 | 1 for k in range(1, args.secrets)]
+    print(f"{'trace':13} {'disk':>9} {'admit all':>9} {'best fixed rule':>32} {'auto, median':>12} "
+          f"{'range':>15} {'writes':>7}  goals (>= all, <= 15%, within 0.005)")  # fmt: skip
+    for name in args.traces.split(","):
+        trace = load(name)
+        unique = trace.distinct_bytes()
+        memory = round(unique * args.memory_share)
+        disks = [round(unique * float(s)) for s in args.disk_shares.split(",")]
+        cells = flash_sweep(trace, name, memory, disks)
+        _TRACE = trace
+        with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+            runs = {d: list(pool.map(_auto, [memory] * len(secrets), [d] * len(secrets), secrets))
+                    for d in disks}  # fmt: skip
+        _TRACE = None
+        for disk in disks:
+            at = [c for c in cells if c["disk_bytes"] == disk]
+            admit_all = next(c for c in at if c["rule"] == "always")
+            fixed = [c for c in at if c["rule"] not in ("auto", DYNAMIC)]
+            best = max(fixed, key=lambda c: c["hit_ratio"])
+            auto = next(c for c in at if c["rule"] == "auto")  # the hash's sample: its writes
+            median = statistics.median(runs[disk])
+            share = auto["disk_bytes_written"] / admit_all["disk_bytes_written"]
+            goals = (median >= admit_all["hit_ratio"], share <= 0.15,
+                     median >= best["hit_ratio"] - 0.005)  # fmt: skip
+            print(f"{name:13} {disk / 2**20:7.1f}Mi {admit_all['hit_ratio']:9.4f} "
+                  f"{best['policy']:>25} {best['hit_ratio']:.4f} {median:12.4f} "
+                  f"{min(runs[disk]):.4f}-{max(runs[disk]):.4f} {share:7.1%}  "
+                  f"{' '.join('met' if g else 'NOT' for g in goals)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
