@@ -154,6 +154,8 @@ def test_a_workload_names_a_csv_traces_columns_and_the_report_says_where_it_came
      ('trace = "t.csv"\ncsv_columns = ["ts", "obj"]', "csv_columns is three names"),
      ('objects = 10\ncsv_columns = "1,2,3"', "csv_columns goes with a trace"),
      ('trace = "t.csv"\nrequests = 0', "requests is how many of the trace's first"),
+     ("objects = 10\nrequests = true", "workload: requests is a whole number, not True"),
+     ("objects = 2.5", "workload: objects is a whole number, not 2.5"),
      ('trace = "real:twitter52"\nrequests = "1M"', "a whole number: not '1M'")],
 )  # fmt: skip
 def test_a_workloads_trace_and_columns_are_checked_as_the_file_is_read(tmp_path, workload, said):

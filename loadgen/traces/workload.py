@@ -118,6 +118,10 @@ class WorkloadSpec:
         )
 
     def __post_init__(self) -> None:
+        for name in ("objects", "requests", "churn_period", "seed"):
+            if type(getattr(self, name)) is not int:  # a TOML true or 2.5 is refused here
+                raise ValueError(f"workload: {name} is a whole number, not "
+                                 f"{getattr(self, name)!r}")  # fmt: skip
         checks = [
             (self.objects >= 1, "objects must be >= 1"),
             (self.requests >= 1, "requests must be >= 1"),
