@@ -79,6 +79,15 @@ def test_probabilistic_admits_its_share_and_repeats_itself():
     assert 0.23 < sum(a) / len(a) < 0.27
 
 
+def test_second_hit_xn_remembers_n_times_as_long_and_is_labelled_so():
+    store = CacheStore(10_000)
+    window = make_policy(AdmissionConfig(policy="second-hit:x4", window=600.0), store).window
+    assert window.window == 4 * make_policy(AdmissionConfig(window=600.0), store).window.window
+    assert AdmissionConfig(policy="second-hit:x4", window=600.0).label() == "second-hit(40m)"
+    assert AdmissionConfig(policy="second-hit:x4", auto_scale=0.5).label() == "second-hit(auto x2)"
+    assert AdmissionConfig(policy="second-hit:x1").label() == "second-hit(auto)"
+
+
 def test_size_below_admits_only_smaller_responses():
     policy = Admission("size-below", limit=1000)
     assert policy.admit("/small", 999, 0.0) and not policy.admit("/big", 1000, 0.0)
@@ -91,6 +100,8 @@ def test_size_below_admits_only_smaller_responses():
         ("nth-hit:3", ("nth-hit", 3)),
         ("probabilistic:0.1", ("probabilistic", 0.1)),
         ("size-below:64KiB", ("size-below", 65536)),
+        ("second-hit:x4", ("second-hit", 4.0)),
+        ("second-hit:x0.5", ("second-hit", 0.5)),
     ],
 )
 def test_policy_names_carry_their_parameter(text, parsed):
@@ -106,6 +117,9 @@ def test_policy_names_carry_their_parameter(text, parsed):
         ("probabilistic:2", "P is a probability above 0 and at most 1"),
         ("size-below:lots", "size 'lots' is not a size"),
         ("always:1", "takes no parameter"),
+        ("second-hit:4", "xN is the window's multiple"),
+        ("second-hit:x0", "xN is the window's multiple"),
+        ("second-hit:x1e9", "at most 64"),
         ("tiny-lfu", "did you mean 'tinylfu'"),
     ],
 )

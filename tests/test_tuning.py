@@ -165,6 +165,37 @@ def test_on_a_trace_where_s3fifo_beats_lru_it_chooses_s3fifo_and_stays():
     assert 1 - tuned.stats["hit_ratio"] < fixed["lru"]
 
 
+def reused_past_the_window(cycles: int = 30, seed: int = 3) -> Trace:
+    """500 keys each asked once a cycle, each followed by two of 550 hot keys and three keys
+    asked once: a key comes back after about 2,500 others, past what a window sized by the
+    1,100 objects a cache holds remembers (two generations of 1,100 keys), within four
+    times that."""
+    rng = np.random.default_rng(seed)
+    ids: list[int] = []
+    once = 100_000
+    for _ in range(cycles):
+        for key in range(1000, 1500):
+            ids += [key, *(int(k) for k in rng.integers(0, 550, 2)), once, once + 1, once + 2]
+            once += 3
+    return Trace(np.arange(len(ids), dtype=np.float64), np.array(ids, dtype=np.uint64),
+                 np.full(len(ids), 1000, dtype=np.int64))  # fmt: skip
+
+
+def test_on_a_trace_reused_past_the_window_it_chooses_a_longer_window():
+    """The admission's window among the tuner's candidates (second-hit:x4, four times as
+    long): it chooses the one that measures best here."""
+    trace = reused_past_the_window()
+    admissions = ("second-hit", "second-hit:x4", "always")
+    fixed = {a: simulate(trace, 1_100_000, AdmissionConfig(policy=a), entry_overhead=0,
+                         eviction="s3fifo").stats["hit_ratio"] for a in admissions}  # fmt: skip
+    assert max(fixed, key=fixed.__getitem__) == "second-hit:x4"  # the known best, measured
+    assert fixed["second-hit:x4"] > fixed["second-hit"] + 0.01
+    tune = TuneSettings(evictions=("s3fifo",), admissions=admissions, sample=1.0)
+    start = AdmissionConfig(policy="second-hit")  # its window the auto one, as fixed above
+    tuned = simulate(trace, 1_100_000, start, entry_overhead=0, eviction="auto", tune=tune)
+    assert tuned.tuning["choice"] == {"eviction": "s3fifo", "admission": "second-hit:x4"}
+
+
 def test_the_tuner_refuses_a_sampled_trace():
     from loadgen.sim.simulate import sample_trace
 

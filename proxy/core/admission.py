@@ -9,7 +9,9 @@ Rules this module keeps:
   - ``always`` admits everything: plain LRU, the baseline every report compares against.
   - ``second-hit`` admits a key only if it was already seen within the window: the first miss
     records it and says no. Concurrent misses of one key are separate sightings. About 10
-    bits per key remembered (two generations, 1% false positives).
+    bits per key remembered (two generations, 1% false positives). ``second-hit:xN`` has a
+    window N times as long (the auto window's keys, or the duration): what the tuner and the
+    what-if compare a longer or shorter memory by.
   - ``nth-hit:N`` admits a key on its Nth sighting, counted in a count-min sketch that halves
     its counts every sketch-width of sightings ("nginx ``proxy_cache_min_uses N``" in 4 bytes
     per column, without a zone of 128 bytes per key).
@@ -257,13 +259,13 @@ class AdmissionConfig:
     def label(self) -> str:
         """A short name for reports: ``always``, ``second-hit(auto)``, ``second-hit(auto x2)``,
         ``nth-hit:3``..."""
-        if self.policy != "second-hit":
+        name, times = parse_policy(self.policy)
+        if name != "second-hit":
             return self.policy
         if self.window != "auto":
-            return f"{self.policy}({_seconds_label(float(self.window))})"
-        if self.auto_scale == 1.0:
-            return f"{self.policy}(auto)"
-        return f"{self.policy}(auto x{self.auto_scale:g})"
+            return f"{name}({_seconds_label(float(self.window) * (times or 1.0))})"
+        scale = self.auto_scale * (times or 1.0)
+        return f"{name}(auto)" if scale == 1.0 else f"{name}(auto x{scale:g})"
 
 
 def _number(value: object) -> bool:
@@ -291,7 +293,14 @@ def _second_hit(
     shared: SharedMemory | None = None,
     objects: Callable[[], int] | None = None,
 ) -> AdmissionPolicy:
-    g = config.generations
+    g, name = config.generations, config.policy
+    times = parse_policy(name)[1] or 1.0
+    if times != 1.0:  # second-hit:xN: the window N times as long
+        config = replace(
+            config,
+            auto_scale=config.auto_scale * times,
+            window=(config.window if config.window == "auto" else _seconds(config) * times),
+        )
     if config.window == "auto":
         sizer = _turnover(config, objects or store.estimated_capacity_objects)
         # Shared, the memory is laid out once: ``capacity`` keys' bits, the share within it.
@@ -303,7 +312,7 @@ def _second_hit(
         window = WindowedBloomFilter(
             config.capacity, config.fp_rate, _seconds(config), g, shared=shared
         )
-    return CompiledPolicy("second-hit", Admission("second-hit", window=window), window)
+    return CompiledPolicy(name, Admission("second-hit", window=window), window)
 
 
 # The fewest sightings a promotion filter remembers per generation: a memory tier of a few
@@ -386,6 +395,17 @@ def _whole_number(text: str) -> int:
     return int(text)
 
 
+def _times(text: str) -> float:
+    try:
+        times = float(text[1:]) if text.startswith("x") else -1.0
+    except ValueError:
+        times = -1.0
+    if not 0.0 < times <= 64.0 or not math.isfinite(times):
+        raise ValueError("xN is the window's multiple, above 0 and at most 64, as in "
+                         "second-hit:x4")  # fmt: skip
+    return times
+
+
 def _probability(text: str) -> float:
     try:
         p = float(text)
@@ -445,7 +465,7 @@ def _disk_only(config: AdmissionConfig, store: CacheStore) -> AdmissionPolicy:
 POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolicy],
                           Callable[[str], float] | None, str]] = {
     "always": (_always, None, "always"),
-    "second-hit": (_second_hit, None, "second-hit"),
+    "second-hit": (_second_hit, _times, "second-hit"),
     "nth-hit": (_nth_hit, _whole_number, "nth-hit:N"),
     "tinylfu": (_tinylfu, None, "tinylfu"),
     "probabilistic": (_probabilistic, _probability, "probabilistic:P"),
@@ -453,6 +473,8 @@ POLICIES: dict[str, tuple[Callable[[AdmissionConfig, CacheStore], AdmissionPolic
     "adaptive": (_adaptive, None, "adaptive"),
     "auto": (_disk_only, None, "auto"),
 }  # fmt: skip
+# Policies whose parameter may be left out: second-hit is second-hit:x1.
+OPTIONAL_PARAMETER = frozenset({"second-hit"})
 
 
 def parse_policy(text: object) -> tuple[str, float | None]:
@@ -468,6 +490,8 @@ def parse_policy(text: object) -> tuple[str, float | None]:
     if parse is None:
         if arg:
             raise ValueError(f"admission policy {name!r} takes no parameter, got {text!r}")
+        return name, None
+    if not arg and name in OPTIONAL_PARAMETER:
         return name, None
     if not arg:
         raise ValueError(f"admission policy {name!r} needs its parameter: {form}")
