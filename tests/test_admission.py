@@ -15,6 +15,7 @@ from proxy.core.admission import (
     make_policy,
     parse_policy,
     promotion_filter,
+    shared_window_size,
 )
 from proxy.core.disk import DiskTier
 from proxy.core.regions import Regions
@@ -80,12 +81,22 @@ def test_probabilistic_admits_its_share_and_repeats_itself():
 
 
 def test_second_hit_xn_remembers_n_times_as_long_and_is_labelled_so():
+    """Its keys and its time alike: a fixed window of 4 x 10 minutes holds 4 times the keys,
+    or it would rotate as fast as 10 minutes' under the traffic ``capacity`` describes."""
     store = CacheStore(10_000)
-    window = make_policy(AdmissionConfig(policy="second-hit:x4", window=600.0), store).window
-    assert window.window == 4 * make_policy(AdmissionConfig(window=600.0), store).window.window
+    fixed = AdmissionConfig(window=600.0, capacity=10_000)
+    window = make_policy(fixed.as_policy("second-hit:x4"), store).window
+    plain = make_policy(fixed, store).window
+    assert window.window == 4 * plain.window and window.capacity >= 4 * plain.capacity
+    assert shared_window_size(fixed.as_policy("second-hit:x4")) > 3 * shared_window_size(fixed)
     assert AdmissionConfig(policy="second-hit:x4", window=600.0).label() == "second-hit(40m)"
     assert AdmissionConfig(policy="second-hit:x4", auto_scale=0.5).label() == "second-hit(auto x2)"
     assert AdmissionConfig(policy="second-hit:x1").label() == "second-hit(auto)"
+    # Beside the configured second hit, a multiple keeps its settings (the tuner, the what-if).
+    configured = AdmissionConfig(window=600.0, fp_rate=0.001, capacity=5_000)
+    assert configured.as_policy("second-hit:x4").label() == "second-hit(40m)"
+    assert configured.as_policy("second-hit:x4").fp_rate == 0.001
+    assert configured.as_policy("always") == AdmissionConfig(policy="always")
 
 
 def test_size_below_admits_only_smaller_responses():
@@ -118,8 +129,11 @@ def test_policy_names_carry_their_parameter(text, parsed):
         ("size-below:lots", "size 'lots' is not a size"),
         ("always:1", "takes no parameter"),
         ("second-hit:4", "xN is the window's multiple"),
-        ("second-hit:x0", "xN is the window's multiple"),
-        ("second-hit:x1e9", "at most 64"),
+        ("second-hit:x0", "xN is the window's multiple, from 1/16 to 16"),
+        ("second-hit:x64", "from 1/16 to 16"),
+        ("second-hit:x1e-300", "from 1/16 to 16"),
+        ("second-hit:x 4", "from 1/16 to 16"),
+        ("second-hit:", "from 1/16 to 16"),
         ("tiny-lfu", "did you mean 'tinylfu'"),
     ],
 )

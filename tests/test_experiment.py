@@ -64,6 +64,11 @@ def test_demo_file_runs_the_same_cells_as_the_embedded_demo():
         ('cache_sizes = ["1%"]\n[[policies]]\nwindow = "soon"\n', "duration 'soon'"),
         ('cache_sizes = ["1%"]\n[[policies]]\nbalancer = "random"\n', "balancer = 'random'"),
         ('cache_sizes = ["1%"]\n[[policies]]\ncache_scale = 0\n', "cache_scale = 0"),
+        (
+            'cache_sizes = ["1%"]\n[[policies]]\npolicy = "second-hit:x4"\ninstances = 3\n'
+            'backend = "redis"\n',
+            "backend = 'redis' shares the second-hit filter",
+        ),
         ('sample = 2\ncache_sizes = ["1%"]\n[[policies]]\n', "sample = 2: expected a rate"),
     ],
 )

@@ -131,7 +131,7 @@ class PolicySpec:
         if self.instances == 1:
             scaled = f" ({self.cache_scale}x cache)" if self.cache_scale != 1 else ""
             return policy_label(self.admission, self.eviction) + scaled
-        if self.admission.policy != "second-hit":
+        if parse_policy(self.admission.policy)[0] != "second-hit":
             return f"{self.admission.label()} x{self.instances}"
         shared = "shared filter" if self.backend == "redis" else "local filters"
         behind = "" if self.balancer == "client" else f" behind nginx {self.balancer}"
@@ -297,6 +297,11 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
         raise ExperimentError(f"{where}: instances = {instances!r}: expected a whole number >= 1")
     if backend not in ("memory", "redis"):
         raise ExperimentError(f"{where}: backend = {backend!r}: expected 'memory' or 'redis'")
+    if backend == "redis" and values.get("policy", "second-hit") != "second-hit":
+        raise ExperimentError(
+            f"{where}: backend = 'redis' shares the second-hit filter: expected policy = "
+            f"'second-hit', got {values['policy']!r}"
+        )
     try:
         for key in ("window", "max_window"):
             if key in values and values[key] != "auto":

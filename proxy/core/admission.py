@@ -243,8 +243,24 @@ class AdmissionConfig:
 
     def as_policy(self, policy: str) -> AdmissionConfig:
         """``policy`` as a cache that compares it with this one admits by it: this one's
-        settings (its window and the rest) when it is this policy, else its defaults."""
-        return self if policy == self.policy else AdmissionConfig(policy=policy)
+        settings (its window and the rest) when it is this policy or a multiple of its window
+        (``second-hit:x4`` beside ``second-hit``), else its defaults."""
+        if parse_policy(policy)[0] == parse_policy(self.policy)[0]:
+            return replace(self, policy=policy)
+        return AdmissionConfig(policy=policy)
+
+    def resolved(self) -> AdmissionConfig:
+        """These settings with ``second-hit:xN`` spelled out: plain second hit whose window
+        remembers N times as long, its keys (``auto_scale``; ``capacity``, the keys a fixed
+        window or a shared one holds) and its time (``window``, ``max_window``) alike."""
+        name, times = parse_policy(self.policy)
+        if name != "second-hit" or times is None:
+            return self
+        return replace(
+            self, policy=name, auto_scale=self.auto_scale * times,
+            capacity=math.ceil(self.capacity * times), max_window=self.max_window * times,
+            window=self.window if self.window == "auto" else float(self.window) * times,
+        )  # fmt: skip
 
     def scaled(self, rate: float) -> AdmissionConfig:
         """These settings for a cache ``rate`` times as large, fed ``rate`` of the keys: key
@@ -259,13 +275,12 @@ class AdmissionConfig:
     def label(self) -> str:
         """A short name for reports: ``always``, ``second-hit(auto)``, ``second-hit(auto x2)``,
         ``nth-hit:3``..."""
-        name, times = parse_policy(self.policy)
-        if name != "second-hit":
-            return self.policy
-        if self.window != "auto":
-            return f"{name}({_seconds_label(float(self.window) * (times or 1.0))})"
-        scale = self.auto_scale * (times or 1.0)
-        return f"{name}(auto)" if scale == 1.0 else f"{name}(auto x{scale:g})"
+        c = self.resolved()
+        if c.policy != "second-hit":
+            return c.policy
+        if c.window != "auto":
+            return f"{c.policy}({_seconds_label(float(c.window))})"
+        return f"{c.policy}(auto)" if c.auto_scale == 1.0 else f"{c.policy}(auto x{c.auto_scale:g})"
 
 
 def _number(value: object) -> bool:
@@ -293,14 +308,8 @@ def _second_hit(
     shared: SharedMemory | None = None,
     objects: Callable[[], int] | None = None,
 ) -> AdmissionPolicy:
-    g, name = config.generations, config.policy
-    times = parse_policy(name)[1] or 1.0
-    if times != 1.0:  # second-hit:xN: the window N times as long
-        config = replace(
-            config,
-            auto_scale=config.auto_scale * times,
-            window=(config.window if config.window == "auto" else _seconds(config) * times),
-        )
+    name, config = config.policy, config.resolved()
+    g = config.generations
     if config.window == "auto":
         sizer = _turnover(config, objects or store.estimated_capacity_objects)
         # Shared, the memory is laid out once: ``capacity`` keys' bits, the share within it.
@@ -343,6 +352,7 @@ def _seconds(config: AdmissionConfig) -> float:
 def shared_window_size(config: AdmissionConfig) -> int:
     """The bytes of shared memory the policy's window takes when processes share it (see
     ``make_policy``); 0 for a policy with no window to share."""
+    config = config.resolved()
     if parse_policy(config.policy)[0] != "second-hit":
         return 0
     return shared_window_bytes(config.capacity, config.fp_rate, config.generations)
@@ -396,13 +406,10 @@ def _whole_number(text: str) -> int:
 
 
 def _times(text: str) -> float:
-    try:
-        times = float(text[1:]) if text.startswith("x") else -1.0
-    except ValueError:
-        times = -1.0
-    if not 0.0 < times <= 64.0 or not math.isfinite(times):
-        raise ValueError("xN is the window's multiple, above 0 and at most 64, as in "
-                         "second-hit:x4")  # fmt: skip
+    digits = text[1:]
+    times = float(digits) if text.startswith("x") and digits.replace(".", "", 1).isdecimal() else 0
+    if not 1 / 16 <= times <= 16:
+        raise ValueError("xN is the window's multiple, from 1/16 to 16, as in second-hit:x4")
     return times
 
 
@@ -491,9 +498,9 @@ def parse_policy(text: object) -> tuple[str, float | None]:
         if arg:
             raise ValueError(f"admission policy {name!r} takes no parameter, got {text!r}")
         return name, None
-    if not arg and name in OPTIONAL_PARAMETER:
+    if name in OPTIONAL_PARAMETER and ":" not in text:
         return name, None
-    if not arg:
+    if not arg and name not in OPTIONAL_PARAMETER:
         raise ValueError(f"admission policy {name!r} needs its parameter: {form}")
     try:
         return name, parse(arg)

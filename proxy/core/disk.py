@@ -260,7 +260,7 @@ class DiskTier:
 
     def _auto(self) -> AdmissionPolicy:
         """``auto``: the candidates deciding for this tier, and a ghost tier each."""
-        if isinstance(self.index, SharedIndex) or self.admission_memory is not None:
+        if isinstance(self.index, SharedIndex):
             raise ValueError(
                 "disk admission 'auto' keeps its candidates' state in one process: under "
                 "--workers give the disk tier one of " + ", ".join(DISK_POLICIES[:-1])
