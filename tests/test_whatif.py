@@ -71,21 +71,28 @@ def test_a_sampled_what_if_is_the_simulator_on_the_same_sample(trace):
 
 
 def test_a_ghost_whose_sampled_cache_holds_a_handful_of_objects_says_so(trace):
-    """At 1% of a 1% cache a ghost holds a few objects, and its estimate is noise: its curve
-    says so (it did not); at half of a 30% cache the ghosts hold enough, and say nothing."""
+    """At 1% of a 30% cache a ghost holds a few objects, and its estimate is noise: its
+    curve says so (it did not), with the sample that would hold enough, which then does; at
+    half of it the ghosts hold enough, and say nothing."""
     from proxy.core.tuning import MIN_SAMPLED_OBJECTS
 
-    for rate, share, warned in ((0.01, 0.01, True), (0.5, 0.3, False)):
+    def curves_at(rate: float, share: float) -> list[dict]:
         size = round(trace.distinct_bytes() * share)
         whatif = WhatIf(MemoryShape(size, AdmissionConfig(policy="always"),
                                     entry_overhead=ENTRY_OVERHEAD), rate=rate)  # fmt: skip
         for key, body, now in zip(trace.key_strings(), trace.sizes.tolist(),
                                   trace.times.tolist(), strict=True):  # fmt: skip
             whatif.record(key, body, now, missed=True)
-        curves = [c for c in whatif.curves(hits=0) if c["scale"] == 1.0]
+        return [c for c in whatif.curves(hits=0) if c["scale"] == 1.0]
+
+    for rate, share, warned in ((0.01, 0.3, True), (0.5, 0.3, False)):
+        curves = curves_at(rate, share)
         assert all(("warning" in c) == warned for c in curves), (rate, curves)
-        if warned:
-            assert f"fewer than {MIN_SAMPLED_OBJECTS}" in curves[0]["warning"]
+    said = [c["warning"] for c in curves_at(0.01, 0.3)]
+    assert all(f"fewer than {MIN_SAMPLED_OBJECTS}" in w for w in said)
+    enough = max(float(w.split("raise [whatif] sample to ")[1].split(" ")[0]) for w in said)
+    assert 0.01 < enough < 1
+    assert not any("warning" in c for c in curves_at(enough, 0.3))
 
 
 async def test_a_proxy_shows_each_ghosts_curve_as_the_simulator_predicts_it(

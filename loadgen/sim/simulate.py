@@ -35,7 +35,7 @@ from proxy.core.engine import CacheEngine
 from proxy.core.replay import KeyArrays, build_engine, replay, rule_lifetimes
 from proxy.core.store import ENTRY_OVERHEAD
 from proxy.core.ttl_rules import TtlRules
-from proxy.core.tuning import MIN_SAMPLED_OBJECTS, TuneSettings, Tuning, take
+from proxy.core.tuning import MIN_SAMPLED_OBJECTS, TuneSettings, Tuning, enough_rate, take
 from proxy.core.units import format_size, parse_size
 from proxy.core.whatif import sample_below, shards_ratio
 
@@ -108,21 +108,13 @@ def sample_warning(sample: Sample, cache_bytes: int) -> str | None:
     held = scaled / mean
     if held >= MIN_SAMPLED_OBJECTS:
         return None
-    enough = _up(sample.rate * MIN_SAMPLED_OBJECTS / max(held, 1e-9))
+    enough = enough_rate(sample.rate, held)
     fix = f"sample at least {enough:g}, or simulate whole" if enough < 1 else "simulate whole"
     return (
         f"at {format_size(cache_bytes)} the {sample.rate:g} sample's cache is "
         f"{format_size(round(scaled))}, about {int(held)} of its objects (fewer than "
         f"{MIN_SAMPLED_OBJECTS}): its estimate may be far off; {fix}"
     )
-
-
-def _up(rate: float) -> float:
-    """``rate`` rounded up to two significant digits: a rate given back is enough."""
-    if rate <= 0:
-        return rate
-    scale = 10 ** (math.floor(math.log10(rate)) - 1)
-    return math.ceil(rate / scale - 1e-9) * scale
 
 
 def sample_warnings(sample: Sample, sizes: Iterable[int]) -> list[str]:

@@ -57,6 +57,18 @@ KEPT_DECISIONS = 32
 # 1.7 KiB cache, and was 5.5 points off, silently). The what-if's ghosts and the simulator's
 # ``--sample`` say so too.
 MIN_SAMPLED_OBJECTS = 100
+
+
+def enough_rate(rate: float, held: float) -> float:
+    """The sampling rate at which a sampled cache that holds ``held`` objects at ``rate``
+    would hold twice ``MIN_SAMPLED_OBJECTS`` (a handful of sampled objects says little of the
+    rest: from 25 held at 0.01, the rate for 100 came out at 0.053, which held 95), rounded
+    up to two significant digits, 1 at most."""
+    wanted = rate * 2 * MIN_SAMPLED_OBJECTS / max(held, 1e-9)
+    scale = 10 ** (math.floor(math.log10(wanted)) - 1)
+    return min(1.0, math.ceil(wanted / scale - 1e-9) * scale)
+
+
 KEPT_EVIDENCE = 0.95  # of the hits before a period, the share the judgement after counts
 NOISE = 2.0  # standard errors a lead must pass besides the margin
 # ``sample = "auto"``: the requests whose sizes choose the rate, and the objects a ghost holds

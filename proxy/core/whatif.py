@@ -61,7 +61,7 @@ from proxy.core.disk import ASSUMED_META, RECORD_HEADER, DiskTier, WriteBudget
 from proxy.core.engine import CacheEngine
 from proxy.core.regions import Regions
 from proxy.core.replay import KeyArrays, build_engine, replay, replay_tiers
-from proxy.core.tuning import MIN_SAMPLED_OBJECTS, Tuning
+from proxy.core.tuning import MIN_SAMPLED_OBJECTS, Tuning, enough_rate
 
 SCALES = (0.25, 0.5, 1.0, 2.0, 4.0)
 MEMORY_ALTERNATIVES = ("always", "second-hit", "tinylfu")
@@ -341,9 +341,11 @@ class WhatIf:
             held = len(ghost.engine.store)
             # Sampled enough to hold more, it holds a handful (full, or each too large).
             if c.requests >= MIN_SAMPLED_OBJECTS and held < MIN_SAMPLED_OBJECTS:
+                enough = enough_rate(self.rate, held)
                 curve["warning"] = (
                     f"its {self.rate:g} sample's cache holds {held} objects, fewer than "
                     f"{MIN_SAMPLED_OBJECTS}: the estimate may be far off; raise [whatif] sample"
+                    + (f" to {enough:g} or more" if enough < 1 else " to 1")
                 )
             out.append(curve)
         return out + ([] if self.disk is None else self.disk.curves(requests))
