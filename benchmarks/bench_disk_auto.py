@@ -21,33 +21,24 @@ import multiprocessing
 import statistics
 from concurrent.futures import ProcessPoolExecutor
 
-import numpy as np
-
 from loadgen.sim.flash import DYNAMIC, flash_sweep, region_size
-from loadgen.sim.simulate import build_engine, key_arrays
-from loadgen.sim.tiers import DiskSpec
+from loadgen.sim.tiers import DiskSpec, simulate_tiers
 from loadgen.traces.real_traces import load
 from loadgen.traces.trace import Trace
-from proxy.core.admission import AdmissionConfig, key_sample
-from proxy.core.disk import RECORD_HEADER
-from proxy.core.replay import replay_tiers
+from proxy.core.admission import AdmissionConfig
+from proxy.core.units import format_size
 
 _TRACE: Trace | None = None
 
 
 def _auto(memory: int, disk: int, secret: int) -> tuple[float, int]:
     """auto's hit ratio and disk bytes written over the whole trace, its sample keyed by
-    ``secret`` (0: the hash)."""
+    ``secret``, as ``flash_sweep``'s auto cell runs it unkeyed."""
     assert _TRACE is not None
-    spec = DiskSpec(disk, region_size(disk), AdmissionConfig(policy="auto"))
-    engine = build_engine(memory, AdmissionConfig(policy="always"), None, 0, "lru")
-    tier = spec.tier()
-    engine.behind, engine.behind_largest = (tier,), spec.largest(None)
-    key_sample(tier.admission, secret)
-    replay_tiers(engine, tier, key_arrays(_TRACE, ""), np.ascontiguousarray(_TRACE.times),
-                 np.ascontiguousarray(_TRACE.sizes, dtype=np.int64),
-                 record_overhead=RECORD_HEADER + spec.meta_bytes)  # fmt: skip
-    return engine.counters.hits / engine.counters.requests, tier.counters.bytes_written
+    spec = DiskSpec(disk, region_size(disk), AdmissionConfig(policy="auto"), sample_key=secret)
+    stats = simulate_tiers(_TRACE, memory, AdmissionConfig(policy="always"), spec,
+                           entry_overhead=0).stats  # fmt: skip
+    return stats["hit_ratio"], stats["disk_bytes_written"]
 
 
 def main() -> None:
@@ -67,11 +58,16 @@ def main() -> None:
         memory = round(unique * args.memory_share)
         disks = [round(unique * float(s)) for s in args.disk_shares.split(",")]
         cells = flash_sweep(trace, name, memory, disks)
+        # The unkeyed sample is the sweep's own auto cell; the others, in one map.
+        keyed = [(d, k) for d in disks for k in secrets[1:]]
         _TRACE = trace
         with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
-            runs = {d: list(pool.map(_auto, [memory] * len(secrets), [d] * len(secrets), secrets))
-                    for d in disks}  # fmt: skip
+            done = list(pool.map(_auto, [memory] * len(keyed), *zip(*keyed, strict=True)))
         _TRACE = None
+        runs = {d: [(c["hit_ratio"], c["disk_bytes_written"])] for d in disks
+                for c in cells if c["disk_bytes"] == d and c["rule"] == "auto"}  # fmt: skip
+        for (d, _), run in zip(keyed, done, strict=True):
+            runs[d].append(run)
         for disk in disks:
             at = [c for c in cells if c["disk_bytes"] == disk]
             admit_all = next(c for c in at if c["rule"] == "always")
@@ -83,7 +79,7 @@ def main() -> None:
             share = written / admit_all["disk_bytes_written"]
             goals = (median >= admit_all["hit_ratio"], share <= 0.15,
                      median >= best["hit_ratio"] - 0.005)  # fmt: skip
-            print(f"{name:13} {disk / 2**20:7.1f}Mi {admit_all['hit_ratio']:9.4f} "
+            print(f"{name:13} {format_size(disk):>9} {admit_all['hit_ratio']:9.4f} "
                   f"{best['policy']:>25} {best['hit_ratio']:.4f} {median:12.4f} "
                   f"{min(ratios):.4f}-{max(ratios):.4f} {share:7.1%}  "
                   f"{' '.join('met' if g else 'NOT' for g in goals)}")  # fmt: skip

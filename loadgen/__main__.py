@@ -415,6 +415,22 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if rules and (unmatched := _unmatched_rules(trace, rules)):
         meta["ttl_rules_unmatched"] = unmatched
         print(f"onehit-loadgen simulate: --ttl-rules: {unmatched}", file=sys.stderr)
+    # Refused before any sampling work, which a refusal would waste.
+    evictions = _split(args.eviction)
+    try:
+        evictions = [values.eviction(e) for e in evictions]
+    except ValueError as exc:
+        raise UsageError(f"--eviction: {exc}") from None
+    policies = [(config, eviction) for eviction in evictions for config in configs]
+    tune = _tune(args) if "auto" in evictions else None
+    if tune is None and (args.tune_sample != "auto" or args.tune_period != "auto"
+                         or args.tune_config is not None):  # fmt: skip
+        raise UsageError("--tune-sample, --tune-period and --tune-config are the tuner's: "
+                         "give --eviction auto")  # fmt: skip
+    if tune is not None and (args.sample or args.disk_size or args.cluster or args.workers_split):
+        raise UsageError("--eviction auto: the tuner samples the trace itself and tunes one "
+                         "memory tier: not with --sample, --disk-size, --cluster or "
+                         "--workers-split")  # fmt: skip
     source: Trace | Sample = trace
     if args.sample:
         source = sample_trace(trace, _rate(args.sample))
@@ -432,21 +448,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             meta["sampling warning"] = "; ".join(warnings)
             for warning in warnings:
                 print(f"onehit-loadgen simulate: --sample: {warning}", file=sys.stderr)
-    evictions = _split(args.eviction)
-    try:
-        evictions = [values.eviction(e) for e in evictions]
-    except ValueError as exc:
-        raise UsageError(f"--eviction: {exc}") from None
-    policies = [(config, eviction) for eviction in evictions for config in configs]
-    tune = _tune(args) if "auto" in evictions else None
-    if tune is None and (args.tune_sample != "auto" or args.tune_period != "auto"
-                         or args.tune_config is not None):  # fmt: skip
-        raise UsageError("--tune-sample, --tune-period and --tune-config are the tuner's: "
-                         "give --eviction auto")  # fmt: skip
-    if tune is not None and (args.sample or args.disk_size or args.cluster or args.workers_split):
-        raise UsageError("--eviction auto: the tuner samples the trace itself and tunes one "
-                         "memory tier: not with --sample, --disk-size, --cluster or "
-                         "--workers-split")  # fmt: skip
     if args.workers_split is not None:
         if args.report_dir:
             raise UsageError("--workers-split prints its table: not with --report-dir")

@@ -38,8 +38,7 @@ def two_tiers() -> tuple[CacheEngine, DiskTier]:
     """An engine whose memory store and disk tier (the simulator's, without I/O) both hold
     ``URL``, a slice of it and the anchors of both."""
     engine = build_engine(1 << 20, ALWAYS)
-    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=ALWAYS).tier()
-    engine.behind = (tier,)
+    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=ALWAYS).behind(engine, None)
     engine.on_response(RequestMeta(URL), TAGGED, 100, 0.0)  # the engine writes the tier
     assert tier.find(URL) is not None
     for key in (slices.anchor_key(URL), slices.slice_key(URL, 0)):
@@ -247,8 +246,7 @@ def test_a_collapsed_requests_sighting_is_offered_to_the_tiers_as_memory_takes_i
     it then (before: only the fetch was ever offered, so a burst never reached the disk)."""
     engine = build_engine(1 << 20, ALWAYS)
     second_hit = AdmissionConfig(policy="second-hit")
-    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=second_hit).tier()
-    engine.behind = (tier,)
+    tier = DiskSpec(8 << 20, region_size=1 << 20, admission=second_hit).behind(engine, None)
     other = RequestMeta("http://a/burst")
     decided = engine.on_response_head(other, TAGGED, 100, 1.0)
     assert decided.tiers == ()  # the disk's first sighting

@@ -10,13 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from loadgen.sim.simulate import build_engine, key_arrays, simulate
+from loadgen.sim.simulate import simulate
 from loadgen.sim.tiers import DiskSpec, model_tiers, simulate_tiers
 from loadgen.traces.trace import Trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
-from proxy.core.disk import RECORD_HEADER
-from proxy.core.replay import replay_tiers
 
 ALWAYS = AdmissionConfig(policy="always")
 
@@ -181,13 +179,10 @@ def test_auto_disk_admission_learns_a_size_class_from_megabyte_objects(chunk):
     and saw none of these."""
     chunks = _megabyte_chunks(chunk)
     disk = DiskSpec(128 << 20, region_size=8 << 20, admission=AdmissionConfig(policy="auto"))
-    engine = build_engine(8 << 20, ALWAYS, None, 0, "lru")
-    tier = disk.tier()
-    engine.behind = (tier,)
-    replay_tiers(engine, tier, key_arrays(chunks, ""), chunks.times, chunks.sizes,
-                 record_overhead=RECORD_HEADER + disk.meta_bytes)  # fmt: skip
-    assert tier.admission.choice in ("size-below:4MiB (class p50)", "size-below:4MiB (class p75)")
-    auto = engine.counters.hits / engine.counters.requests
+    run = simulate_tiers(chunks, 8 << 20, ALWAYS, disk, entry_overhead=0)
+    assert run.disk_auto is not None
+    assert run.disk_auto["choice"] in ("size-below:4MiB (class p50)", "size-below:4MiB (class p75)")
+    auto = run.stats["hit_ratio"]
     for rule in ("always", "second-hit", "nth-hit:3", "probabilistic:0.1", "size-below:4MiB"):
         spec = DiskSpec(128 << 20, region_size=8 << 20, admission=AdmissionConfig(policy=rule))
         fixed = simulate_tiers(chunks, 8 << 20, ALWAYS, spec, entry_overhead=0).stats

@@ -4,6 +4,7 @@ synthetic traces whose best configuration the test measures first, through the s
 import asyncio
 import logging
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ from loadgen.sim.simulate import simulate
 from loadgen.traces.trace import Trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
 from proxy.core.admission import AdmissionConfig
-from proxy.core.replay import KeyArrays
 from proxy.core.tuning import MIN_SAMPLED_OBJECTS, SIZING, Choice, Tuner, TuneSettings, Tuning
 
 CHOICES = (Choice("lru", "second-hit"), Choice("s3fifo", "second-hit"), Choice("sieve", "always"))
@@ -309,7 +309,7 @@ def _fed(tuning, trace: Trace, start: int, stop: int) -> None:
 
     keys = key_arrays(trace, "")
     picked = np.arange(start, stop)
-    tuning.feed(KeyArrays(keys.ids[picked], keys.prefix, keys.prefix_chars, keys.names),
+    tuning.feed(replace(keys, ids=keys.ids[picked]),
                 trace.times[picked], trace.sizes[picked].astype(np.int64))  # fmt: skip
 
 

@@ -38,7 +38,7 @@ from loadgen.sim.simulate import policy_label
 from loadgen.traces.real_traces import REAL, TRACES, TraceUnavailable, fetch
 from loadgen.traces.trace import Trace, read_trace
 from loadgen.traces.workload import SizeSpec, WorkloadSpec, generate
-from proxy.config.settings import read_toml
+from proxy.config.settings import read_toml, shared_filter_refused
 from proxy.config.values import eviction as values_eviction
 from proxy.core.admission import AdmissionConfig, parse_policy
 from proxy.core.names import unknown_name
@@ -297,11 +297,8 @@ def _policy(table: dict[str, Any], where: str) -> PolicySpec:
         raise ExperimentError(f"{where}: instances = {instances!r}: expected a whole number >= 1")
     if backend not in ("memory", "redis"):
         raise ExperimentError(f"{where}: backend = {backend!r}: expected 'memory' or 'redis'")
-    if backend == "redis" and values.get("policy", "second-hit") != "second-hit":
-        raise ExperimentError(
-            f"{where}: backend = 'redis' shares the second-hit filter: expected policy = "
-            f"'second-hit', got {values['policy']!r}"
-        )
+    if said := shared_filter_refused(backend, values.get("policy", "second-hit")):
+        raise ExperimentError(f"{where}: {said}")
     try:
         for key in ("window", "max_window"):
             if key in values and values[key] != "auto":

@@ -398,7 +398,7 @@ def _filter_health(cells: Sequence[Cell], directory: Path) -> Path | None:
         chosen += [
             c
             for c in group
-            if c["cache_bytes"] == middle and c["policy"] != "always" and c.get("timeline")
+            if c["cache_bytes"] == middle and c["policy"] != BASELINE and c.get("timeline")
         ]
     if not chosen:
         return None

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -255,7 +255,7 @@ def _replay_tuned(
         end = stop if closing >= len(sampled) else min(stop, int(sampled[closing]) + 1)
         run(start, end)
         picked = sampled[first : int(np.searchsorted(sampled, end))]
-        tuning.feed(KeyArrays(keys.ids[picked], keys.prefix, keys.prefix_chars, keys.names),
+        tuning.feed(replace(keys, ids=keys.ids[picked]),
                     times[picked], sizes[picked])  # fmt: skip
         start = end
 

@@ -43,7 +43,7 @@ from loadgen.sim.simulate import (
     trace_lifetimes,
 )
 from loadgen.traces.trace import Trace
-from proxy.core.admission import AdmissionConfig
+from proxy.core.admission import AdmissionConfig, key_sample
 from proxy.core.disk import (
     ASSUMED_META,
     RECORD_HEADER,
@@ -76,6 +76,9 @@ class DiskSpec:
     # of ``meta_bytes`` of meta is assumed.
     record_length: Callable[[str, int], int] | None = None
     max_write_rate: float = 0.0  # bytes a second of the trace's time; 0: no budget
+    # The secret an admission that samples keys (``auto``'s ghosts) chooses them by, as a
+    # live proxy keys its own (``key_sample``); 0: by the hash itself.
+    sample_key: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.region_size < 1 << 32:
@@ -89,20 +92,23 @@ class DiskSpec:
                 f"{self.region_size}: give it at least {2 * self.region_size} bytes"
             )
 
-    def largest(self, max_object_bytes: int | None) -> int:
-        """The largest body the engine keeps behind memory, however small memory's largest
-        (``CacheEngine.behind_largest``): a region less a record's header and assumed meta, up
-        to ``max_object_bytes``. The live proxy's (``Config.behind_largest``) leaves room for
-        the longest URL and head it accepts instead; a record longer than its region, its key
-        counted, is refused by the disk either way (``disk_too_large``)."""
-        largest = self.region_size - RECORD_HEADER - self.meta_bytes
-        return largest if max_object_bytes is None else min(largest, max_object_bytes)
-
-    def tier(self) -> DiskTier:
+    def behind(self, engine: CacheEngine, max_object_bytes: int | None) -> DiskTier:
+        """A fresh tier of this spec behind ``engine``'s memory tier, keeping bodies past
+        memory's largest (``CacheEngine.behind_largest``): a region less a record's header and
+        assumed meta, up to ``max_object_bytes``. The live proxy's (``Config.behind_largest``)
+        leaves room for the longest URL and head it accepts instead; a record longer than its
+        region, its key counted, is refused by the disk either way (``disk_too_large``)."""
         regions = Regions(self.region_size, self.size // self.region_size)
         length = self.record_length or partial(assumed_record_length, meta=self.meta_bytes)
-        return DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate),
+        tier = DiskTier(regions, self.admission, budget=WriteBudget(self.max_write_rate),
                         record_length=length)  # fmt: skip
+        key_sample(tier.admission, self.sample_key)
+        largest = self.region_size - RECORD_HEADER - self.meta_bytes
+        engine.behind = (tier,)
+        engine.behind_largest = (
+            largest if max_object_bytes is None else min(largest, max_object_bytes)
+        )
+        return tier
 
 
 def simulate_tiers(
@@ -129,8 +135,7 @@ def simulate_tiers(
     answers nothing and the response is fetched again, and what is fetched replaces both.
     The operator's ``ttl_rules`` give each key its own lifetime, as in ``simulate``."""
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
-    tier = disk.tier()
-    engine.behind, engine.behind_largest = (tier,), disk.largest(max_object_bytes)
+    tier = disk.behind(engine, max_object_bytes)
     sizes = np.ascontiguousarray(trace.sizes, dtype=np.int64)
     started = time.perf_counter()
     replay_tiers(
@@ -204,8 +209,7 @@ def model_tiers(
     engine = build_engine(memory_bytes, admission, max_object_bytes, entry_overhead, eviction)
     stored = _STORED if math.isinf(ttl) else _STORED._replace(lifetime=ttl)
     written: dict[str, float] = {}  # key -> when its record was written
-    tier = disk.tier()
-    engine.behind, engine.behind_largest = (tier,), disk.largest(max_object_bytes)
+    tier = disk.behind(engine, max_object_bytes)
     keys = trace.key_strings()
     sizes = trace.sizes.tolist()
     times = trace.times.tolist()

@@ -932,6 +932,18 @@ def _ttl_rule(table: Any, source: str) -> TtlRule:
     return TtlRule(host.lower(), path, codes, times["default"], low, high, frozenset(override))
 
 
+def shared_filter_refused(backend: str, policy: str) -> str | None:
+    """Why an admission ``policy`` cannot run on ``backend`` (a proxy's ``[admission]``, an
+    experiment's fleet); None when it can. A fleet's Redis shares the second-hit filter alone,
+    at its configured window."""
+    if backend == "redis" and policy != "second-hit":
+        return (
+            f"backend = 'redis' shares the second-hit filter: expected policy = "
+            f"'second-hit', got {policy!r}"
+        )
+    return None
+
+
 def check_config(config: Config) -> None:
     """``ConfigError`` naming the key and the fix for the first rule across sections
     ``config`` breaks (each key's own value was judged as it was read)."""
@@ -1020,11 +1032,8 @@ def check_config(config: Config) -> None:
             "no origin: set [upstream] origin (or --origin, or ONEHIT_UPSTREAM_ORIGIN), "
             "or add [[routes]]"
         )
-    if config.admission.backend == "redis" and config.admission.policy != "second-hit":
-        raise ConfigError(
-            f"[admission] backend = 'redis' shares the second-hit filter: expected policy = "
-            f"'second-hit', got {config.admission.policy!r}"
-        )
+    if said := shared_filter_refused(config.admission.backend, config.admission.policy):
+        raise ConfigError(f"[admission] {said}")
     if not is_loopback(config.admin.listen[0]) and not config.admin.token:
         raise ConfigError(
             f"[admin] listen = {_join(config.admin.listen)} is not loopback: "

@@ -81,24 +81,25 @@ def workers(value: Any) -> int:
     return value
 
 
-def probability(value: Any) -> float:
+def _number(value: Any, within: Callable[[float], bool], said: str) -> float:
+    """``value`` as a number ``within`` allows (NaN never is); ValueError ``said`` else."""
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ValueError("expected a number between 0 and 1, like 0.01") from None
-    if not 0.0 < number < 1.0:
-        raise ValueError("expected a number between 0 and 1 (exclusive), like 0.01")
+        raise ValueError(said) from None
+    if not within(number):
+        raise ValueError(said)
     return number
+
+
+def probability(value: Any) -> float:
+    return _number(value, lambda n: 0.0 < n < 1.0,
+                   "expected a number between 0 and 1 (exclusive), like 0.01")  # fmt: skip
 
 
 def sample_rate(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a sampling rate from 0 (off) to 1, like 0.01") from None
-    if not 0.0 <= number <= 1.0:
-        raise ValueError("expected a sampling rate from 0 (off) to 1, like 0.01")
-    return number
+    return _number(value, lambda n: 0.0 <= n <= 1.0,
+                   "expected a sampling rate from 0 (off) to 1, like 0.01")  # fmt: skip
 
 
 def policies(value: Any) -> tuple[str, ...]:
@@ -117,12 +118,18 @@ def disk_policies(value: Any) -> tuple[str, ...]:
     return names
 
 
-def _names(value: Any) -> tuple[str, ...]:
+def _listed(value: Any, said: str) -> tuple[str, ...]:
+    """A TOML list, or a string of comma-separated items (an environment's, a flag's), each
+    stripped; ValueError ``said`` for anything else."""
     if isinstance(value, str):
         value = [part for part in value.split(",") if part.strip()]
     if not isinstance(value, list | tuple):
-        raise ValueError('expected a list of admission policies, like ["always", "tinylfu"]')
-    names = tuple(str(item).strip() for item in value)
+        raise ValueError(said)
+    return tuple(str(item).strip() for item in value)
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    names = _listed(value, 'expected a list of admission policies, like ["always", "tinylfu"]')
     for name in names:
         # Names are labels of /metrics too: letters, digits and :._- only.
         if not name or not all(ch.isalnum() or ch in ":._-" for ch in name):
@@ -131,13 +138,8 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 def positive_number(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a number above zero, like 2 or 0.5") from None
-    if not number > 0 or number == float("inf"):
-        raise ValueError("expected a number above zero, like 2 or 0.5")
-    return number
+    return _number(value, lambda n: 0 < n < float("inf"),
+                   "expected a number above zero, like 2 or 0.5")  # fmt: skip
 
 
 def size(value: Any) -> int:
@@ -316,11 +318,10 @@ def eviction(value: Any) -> str:
 
 def evictions(value: Any) -> tuple[str, ...]:
     """Evictions by name (``proxy.core.evictions``), as a list (or commas), each once."""
-    if isinstance(value, str):
-        value = [part for part in value.split(",") if part.strip()]
-    if not isinstance(value, list | tuple) or not value:
+    listed = _listed(value, 'expected a list of evictions, like ["s3fifo", "s3fifo:small=0.05"]')
+    if not listed:
         raise ValueError('expected a list of evictions, like ["s3fifo", "s3fifo:small=0.05"]')
-    return tuple(dict.fromkeys(parse_eviction(str(name).strip()).name for name in value))
+    return tuple(dict.fromkeys(parse_eviction(name).name for name in listed))
 
 
 def tune_policies(value: Any) -> tuple[str, ...]:
@@ -360,13 +361,8 @@ def tune_period(value: Any) -> int | str:
 
 
 def share(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("expected a fraction from 0 to 1 (exclusive), like 0.005") from None
-    if not 0.0 <= number < 1.0:
-        raise ValueError("expected a fraction from 0 to 1 (exclusive), like 0.005")
-    return number
+    return _number(value, lambda n: 0.0 <= n < 1.0,
+                   "expected a fraction from 0 to 1 (exclusive), like 0.005")  # fmt: skip
 
 
 def event_loop(value: Any) -> str:

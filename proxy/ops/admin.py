@@ -620,24 +620,25 @@ def _labels(place: tuple[str, ...], choice: dict[str, Any] | None = None) -> str
 
 def whatif_prometheus_text(whatif: dict[str, Any]) -> str:
     """Each ghost's miss ratio and bytes written, labelled by tier, policy and scale."""
-    lines = []
-    for name, field, help_text in (
-        ("onehit_whatif_miss_ratio", "miss_ratio",
-         "estimated miss ratio of a ghost cache fed a sample of the traffic"),
-        ("onehit_whatif_bytes_written", "bytes_written",
-         "estimated bytes a ghost cache would have written (memory, or its disk tier)"),
-    ):  # fmt: skip
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        for c in whatif["curves"]:
-            if c[field] is None:
-                continue
-            labels = f'tier="{c["tier"]}",policy="{label(c["policy"])}",scale="{c["scale"]:g}"'
-            lines.append(f"{name}{{{labels}}} {float(c[field])!r}")
+
+    def each(field: str) -> list[str]:
+        return [
+            f'{{tier="{c["tier"]}",policy="{label(c["policy"])}",scale="{c["scale"]:g}"}} '
+            f"{float(c[field])!r}"
+            for c in whatif["curves"]
+            if c[field] is not None
+        ]
+
+    series = {
+        "miss_ratio": ("gauge", "estimated miss ratio of a ghost cache fed a sample of the "
+                       "traffic", each("miss_ratio")),
+        "bytes_written": ("gauge", "estimated bytes a ghost cache would have written (memory, "
+                          "or its disk tier)", each("bytes_written")),
+    }  # fmt: skip
     if "batches_dropped" in whatif:  # under --workers: samples the ghosts never saw
-        name = "onehit_whatif_batches_dropped_total"
-        lines += [f"# HELP {name} batches of what-if samples dropped before the parent's ghosts",
-                  f"# TYPE {name} counter", f"{name} {whatif['batches_dropped']}"]  # fmt: skip
-    return "\n".join(lines) + "\n"
+        dropped = "batches of what-if samples dropped before the parent's ghosts"
+        series["batches_dropped"] = ("counter", dropped, [f" {whatif['batches_dropped']}"])
+    return series_text("onehit_whatif_", series)
 
 
 def disk_prometheus_text(stats: dict[str, int | float | None]) -> str:
