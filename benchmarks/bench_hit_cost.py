@@ -14,13 +14,18 @@ then the cell runs ``--seconds`` of load. Printed per cell: microseconds of CPU 
 each server, and nginx's over onehit's (its efficiency beside nginx: above 1, onehit spends
 less). onehit's share of hits from disk (its /stats) is printed beside the disk cells.
 ``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
-and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells;
-``--workers N`` runs onehit with ``--workers N`` (every process on the server's core: the
-CPU of all of them counts). ``--set cache.eviction=auto`` (repeatable) sets this checkout's
-onehit otherwise in every cell: beside ``--baseline`` the same checkout, what a setting costs.
+and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells.
+``--repeat K`` runs each cell K times and prints the medians (of the µs, and of each run's
+ratios). ``--workers N`` runs onehit with ``--workers N`` (every process on the server's core:
+the CPU of all of them counts), and one process in the same cell beside it: the workers' cost
+over one process's; nginx then runs as many worker processes (each with a ``reuseport``
+socket of its own, as onehit's workers have, so the kernel spreads connections over all of
+them), and one beside them, so its cost of more processes on one core is printed beside
+onehit's. ``--set cache.eviction=auto`` (repeatable) sets this checkout's onehit otherwise in
+every cell: beside ``--baseline`` the same checkout, what a setting costs.
 
     .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
-        [--sizes 1k,64k] [--sources memory,disk] [--logs on,off]
+        [--sizes 1k,64k] [--sources memory,disk] [--logs on,off] [--repeat 3] [--workers 2]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from statistics import median
 
 from aiohttp import web
 from bench_one_cache import child_pids, cpu_seconds
@@ -48,11 +54,15 @@ SIZES = {"1k": 1024, "16k": 16 << 10, "64k": 64 << 10, "1m": 1 << 20}
 SERVER_CORE, LOAD_CORE = ("taskset", "-c", "1"), ("taskset", "-c", "0")
 
 
-def cells() -> list[tuple[str, str, int, list[str]]]:
-    """(size name, source, URLs, onehit's settings) of each cell."""
+def cells(workers: int = 1) -> list[tuple[str, str, int, list[str]]]:
+    """(size name, source, URLs, onehit's settings) of each cell, for ``workers`` processes:
+    in the memory cells each one's memory holds every URL (128 MiB, a worker's share of
+    ``[cache] size`` being size / 4N beside the tier in ``/dev/shm``)."""
+    memory = 256 if workers == 1 else 128 * 4 * workers
     out = []
     for name, size in SIZES.items():
-        out.append((name, "memory", 100, ["cache.size=256MiB", "cache.max_object_size=2MiB"]))
+        out.append((name, "memory", 100, [f"cache.size={memory}MiB",
+                                          "cache.max_object_size=2MiB"]))  # fmt: skip
         small = ["cache.size=1MiB"] if size < 1 << 20 else [
             "cache.size=4MiB", "cache.max_object_size=2MiB"]  # fmt: skip
         disk = [*small, "disk.size=512MiB", "disk.region_size=16MiB", "disk.policy=always"]
@@ -172,9 +182,11 @@ async def nginx_cost(
     seconds: float,
     log: bool,
     returns: bool = False,
+    workers: int = 1,
 ) -> float:
-    """nginx ``proxy_cache`` (one worker, its cache on disk, its access log to a file or off):
-    CPU µs per request; ``returns``: nginx answering 1 KiB from its configuration instead."""
+    """nginx ``proxy_cache`` (``workers`` worker processes, its cache on disk, its access log
+    to a file or off): CPU µs per request; ``returns``: nginx answering 1 KiB from its
+    configuration instead."""
     root = Path(tempfile.mkdtemp(prefix="onehit-bench-nginx-"))
     port = free_port()
     config = root / "nginx.conf"
@@ -183,13 +195,13 @@ async def nginx_cost(
             proxy_set_header Connection "";
             proxy_cache onehit;
             proxy_cache_min_uses 2;""")  # fmt: skip
-    config.write_text(f"""{main_context(root)}
+    config.write_text(f"""{main_context(root, workers)}
 http {{
     access_log {f"{root}/access.log" if log else "off"};
     upstream origin {{ server {origin_url.removeprefix("http://")}; keepalive 64; }}
     proxy_cache_path {root}/cache levels=1:2 keys_zone=onehit:32m max_size=2g;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{" reuseport" if workers > 1 else ""};
         location / {{
             {location}
         }}
@@ -208,10 +220,46 @@ http {{
         shutil.rmtree(root, ignore_errors=True)
 
 
+async def one_cell(
+    args: argparse.Namespace,
+    nginx: str,
+    origin_url: str,
+    prefix: str,
+    urls: int,
+    settings: list[str],
+    log: bool,
+) -> dict[str, float]:
+    """One run of a cell, each server in turn: CPU µs per hit of ``onehit`` and ``nginx``
+    (and of ``baseline``, ``onehit one`` and ``nginx one`` where asked), and onehit's share
+    of ``disk hits``."""
+    ours, from_disk = await onehit_cost(HERE.parent, origin_url, [*settings, *args.set],
+                                        prefix, urls, args.seconds, log,
+                                        args.workers)  # fmt: skip
+    run = {"onehit": ours, "disk hits": from_disk,
+           "nginx": await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log,
+                                     workers=args.workers)}  # fmt: skip
+    if args.workers > 1:
+        run["onehit one"], _ = await onehit_cost(HERE.parent, origin_url,
+                                                 [*settings, *args.set], prefix, urls,
+                                                 args.seconds, log)  # fmt: skip
+        run["nginx one"] = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)
+    if args.baseline:
+        run["baseline"], _ = await onehit_cost(Path(args.baseline), origin_url, settings,
+                                               prefix, urls, args.seconds, log,
+                                               args.workers)  # fmt: skip
+    return run
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--baseline", help="another checkout of onehit to measure beside this")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each cell, their median printed (a cell moves by 10%% between runs)",
+    )
     parser.add_argument("--sizes", default=",".join(SIZES), help="of " + ",".join(SIZES))
     parser.add_argument("--sources", default="memory,disk")
     parser.add_argument("--logs", default="on,off", help="the access log on, off, or both")
@@ -240,39 +288,46 @@ async def main() -> None:
     rows = []
     try:
         for log in logs:
-            for size, source, urls, settings in cells():
+            for size, source, urls, settings in cells(args.workers):
                 if size not in sizes or source not in sources:
                     continue
-                prefix = f"/{size}/"
-                ours, from_disk = await onehit_cost(HERE.parent, origin_url,
-                                                    [*settings, *args.set], prefix,
-                                                    urls, args.seconds, log,
-                                                    args.workers)  # fmt: skip
-                theirs = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)
-                before = None
-                if args.baseline:
-                    before, _ = await onehit_cost(Path(args.baseline), origin_url, settings,
-                                                  prefix, urls, args.seconds, log,
-                                                  args.workers)  # fmt: skip
-                rows.append((log, size, source, ours, theirs, from_disk, before))
+                runs = [await one_cell(args, nginx, origin_url, f"/{size}/", urls, settings, log)
+                        for _ in range(args.repeat)]  # fmt: skip
+                rows.append((log, size, source, runs))
         ceiling = None
         if False in logs and "1k" in sizes and "memory" in sources:
-            ceiling = await nginx_cost(nginx, origin_url, "/1k/", 100, args.seconds, False,
-                                       returns=True)  # fmt: skip
+            ceiling = median([await nginx_cost(nginx, origin_url, "/1k/", 100, args.seconds,
+                                               False, returns=True)
+                              for _ in range(args.repeat)])  # fmt: skip
     finally:
         await runner.cleanup()
-    print(f"\nCPU µs per hit ({args.seconds:g} s of wrk per cell, onehit --workers {args.workers})")
+    print(f"\nCPU µs per hit ({args.seconds:g} s of wrk per cell, --workers {args.workers}"
+          + (f", the median of {args.repeat} runs: µs and each run's ratio" if args.repeat > 1
+             else "") + ")")  # fmt: skip
     head = (f"{'log':>3} {'body':>5} {'from':>7} {'onehit':>9} {'nginx':>9} "
             f"{'nginx/onehit':>13} {'disk hits':>10}")  # fmt: skip
-    print(head + (f" {'baseline':>9} {'onehit/baseline':>16}" if args.baseline else ""))
-    for log, size, source, ours, theirs, from_disk, before in rows:
-        line = (f"{'on' if log else 'off':>3} {size:>5} {source:>7} {ours:>9.1f} "
-                f"{theirs:>9.1f} {theirs / ours:>13.2f} {from_disk:>10.0%}")  # fmt: skip
-        if before is not None:
-            line += f" {before:>9.1f} {ours / before:>16.2f}"
+    head += f" {'baseline':>9} {'onehit/baseline':>16}" if args.baseline else ""
+    if args.workers > 1:
+        head += (f" {'onehit one':>11} {'its workers/one':>16} {'nginx one':>10} "
+                 f"{'its workers/one':>16}")  # fmt: skip
+    print(head)
+    for log, size, source, runs in rows:
+
+        def mid(name: str, over: str | None = None, runs: list = runs) -> float:
+            return median([r[name] / (r[over] if over else 1) for r in runs])
+
+        line = (f"{'on' if log else 'off':>3} {size:>5} {source:>7} {mid('onehit'):>9.1f} "
+                f"{mid('nginx'):>9.1f} {median([r['nginx'] / r['onehit'] for r in runs]):>13.2f}"
+                f" {mid('disk hits'):>10.0%}")  # fmt: skip
+        if args.baseline:
+            line += f" {mid('baseline'):>9.1f} {mid('onehit', 'baseline'):>16.2f}"
+        if args.workers > 1:
+            line += (f" {mid('onehit one'):>11.1f} {mid('onehit', 'onehit one'):>16.2f} "
+                     f"{mid('nginx one'):>10.1f} {mid('nginx', 'nginx one'):>16.2f}")  # fmt: skip
         print(line)
     if ceiling is not None:
-        ours = next(r[3] for r in rows if not r[0] and r[1] == "1k" and r[2] == "memory")
+        ours = next(median([run["onehit"] for run in r[3]]) for r in rows
+                    if not r[0] and r[1] == "1k" and r[2] == "memory")  # fmt: skip
         print(
             f"nginx return 200 (1 KiB, log off): {ceiling:.1f} µs; "
             f"onehit's 1 KiB memory hit against it: {ceiling / ours:.2f}"

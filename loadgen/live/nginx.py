@@ -81,13 +81,13 @@ http {{
     return path
 
 
-def main_context(root: Path) -> str:
-    """What every nginx of ours starts with: one worker in the foreground, files under
-    ``root``."""
+def main_context(root: Path, workers: int = 1) -> str:
+    """What every nginx of ours starts with: ``workers`` worker processes in the foreground,
+    files under ``root``."""
     # As root, nginx's workers drop to `nobody` and could not write the cache under `root`.
     user = "user root;" if os.geteuid() == 0 else ""
     return f"""{user}
-worker_processes 1;
+worker_processes {workers};
 daemon off;
 pid {root}/nginx.pid;
 error_log {root}/error.log;
