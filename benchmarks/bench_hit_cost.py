@@ -5,7 +5,8 @@ off in both.
 Cells: bodies of 1 KiB, 16 KiB, 64 KiB and 1 MiB, hit from memory (100 URLs, a memory tier that
 holds them all) and from the disk tier (onehit's memory tier a few MiB, its disk holding every
 URL: 2,000 URLs, 200 of 1 MiB; nginx's cache is always on disk, the page cache warm). Each
-server is one process pinned to the second core, ``wrk`` (one thread, 32 connections, URLs at
+server (all its processes: nginx's master, worker and cache processes; onehit's parent and
+workers) is pinned to the second core, ``wrk`` (one thread, 32 connections, URLs at
 random) to the first. With the log on, both write it to a file: onehit its shipped ``combined``
 format (its shipped buffering), nginx its default ``combined`` log (unbuffered, nginx's
 default). With it off, the 1 KiB memory cell also runs nginx answering 1 KiB with ``return
@@ -13,17 +14,20 @@ default). With it off, the 1 KiB memory cell also runs nginx answering 1 KiB wit
 every URL is asked three times; then the cell runs ``--seconds`` of load. Printed per cell:
 microseconds of CPU per request for each server, and nginx's over onehit's (its efficiency
 beside nginx: above 1, onehit spends less). onehit's share of hits from disk (its /stats) is
-printed beside the disk cells.
+printed beside the disk cells, counted over the load alone. A cell whose load saw an answer
+other than 2xx, or whose onehit lost or gained a process under it, stops the bench.
 ``--baseline DIR``: onehit from another checkout too (its compiled modules built in place),
 and this checkout's cost over it. ``--sizes``, ``--sources`` and ``--logs`` pick cells.
 ``--repeat K`` runs each cell K times and prints the medians (of the µs, and of each run's
 ratios). ``--workers N`` runs onehit with ``--workers N`` (every process on the server's core:
 the CPU of all of them counts), and one process in the same cell beside it: the workers' cost
-over one process's; nginx then runs as many worker processes (each with a ``reuseport``
-socket of its own, as onehit's workers have, so the kernel spreads connections over all of
-them), and one beside them, so its cost of more processes on one core is printed beside
-onehit's. ``--set cache.eviction=auto`` (repeatable) sets this checkout's onehit otherwise in
-every cell: beside ``--baseline`` the same checkout, what a setting costs.
+over one process's (that one process with the workers' settings: the memory cells'
+``[cache] size`` is then such that a worker's share holds every URL); nginx then runs as many
+worker processes (each with a ``reuseport`` socket of its own, as onehit's workers have, so
+the kernel spreads connections over all of them), and one beside them, so its cost of more
+processes on one core is printed beside onehit's; its ``return 200`` runs as many.
+``--set cache.eviction=auto`` (repeatable) sets this checkout's onehit otherwise in every
+cell: beside ``--baseline`` the same checkout, what a setting costs.
 
     .venv/bin/python benchmarks/bench_hit_cost.py [--seconds 5] [--baseline /tmp/before]
         [--sizes 1k,64k] [--sources memory,disk] [--logs on,off] [--repeat 3] [--workers 2]
@@ -123,15 +127,32 @@ async def load(port: int, prefix: str, urls: int, seconds: float) -> int:
         out = (await asyncio.wait_for(process.communicate(), seconds + 30))[0].decode()
     finally:
         script.unlink()
+    if "Non-2xx" in out or "Socket errors" in out:
+        raise RuntimeError(f"wrk saw answers that were not hits:\n{out}")
     return int(out.split(" requests in ")[0].split()[-1])
 
 
-async def measure(pids: list[int], port: int, prefix: str, urls: int, seconds: float) -> float:
-    """Microseconds of CPU the processes ``pids`` spent per request under load."""
-    await warm(port, prefix, urls)
+async def measure(
+    pids: list[int], port: int, prefix: str, urls: int, seconds: float, parent: int | None = None
+) -> float:
+    """Microseconds of CPU the processes ``pids`` spent per request under load; with
+    ``parent``, its processes must be the same at the end (a worker replaced under load would
+    take its CPU with it). nginx's cache loader leaves a minute after the start, its CPU next
+    to none: nginx is not held to it."""
     before = cpu_seconds(pids)
     requests = await load(port, prefix, urls, seconds)
-    return (cpu_seconds(pids) - before) / requests * 1e6
+    spent = cpu_seconds(pids) - before
+    if parent is not None and sorted([parent, *child_pids(parent)]) != sorted(pids):
+        raise RuntimeError("the server's processes changed under load: its CPU is not all here")
+    return spent / requests * 1e6
+
+
+def hits(admin: int) -> tuple[int, int]:
+    """onehit's hits so far, and those from the tier behind memory (summed over workers)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats") as r:
+        stats = json.load(r)
+    metrics = stats["metrics"] if "metrics" in stats else stats["sum"]
+    return metrics["hits"], metrics["hits_from_disk"]
 
 
 async def onehit_cost(
@@ -164,11 +185,11 @@ async def onehit_cost(
         await wait_listening(admin)
         await wait_listening(port)
         pids = [process.pid, *child_pids(process.pid)]
-        per = await measure(pids, port, prefix, urls, seconds)
-        with urllib.request.urlopen(f"http://127.0.0.1:{admin}/stats") as r:
-            stats = json.load(r)
-        metrics = stats["metrics"] if "metrics" in stats else stats["sum"]  # a machine's: summed
-        return per, metrics["hits_from_disk"] / max(1, metrics["hits"])
+        await warm(port, prefix, urls)
+        hit, from_disk = hits(admin)
+        per = await measure(pids, port, prefix, urls, seconds, process.pid)
+        now_hit, now_from_disk = hits(admin)
+        return per, (now_from_disk - from_disk) / max(1, now_hit - hit)
     finally:
         process.send_signal(signal.SIGTERM)
         process.wait()
@@ -214,6 +235,7 @@ http {{
     try:
         await wait_listening(port)
         pids = [process.pid, *child_pids(process.pid)]
+        await warm(port, prefix, urls)
         return await measure(pids, port, prefix, urls, seconds)
     finally:
         process.send_signal(signal.SIGQUIT)
@@ -247,7 +269,8 @@ async def one_cell(
         run["nginx one"] = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds, log)
     if ceiling:
         run["return 200"] = await nginx_cost(nginx, origin_url, prefix, urls, args.seconds,
-                                             False, returns=True)  # fmt: skip
+                                             False, returns=True,
+                                             workers=args.workers)  # fmt: skip
     if args.baseline:
         run["baseline"], _ = await onehit_cost(Path(args.baseline), origin_url, settings,
                                                prefix, urls, args.seconds, log,

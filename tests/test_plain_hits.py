@@ -8,10 +8,12 @@ the compiled answer, the other ``answer_hit`` (Python), and they must agree."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from email.utils import formatdate
 
 import pytest
-from aiohttp.http_parser import HttpRequestParser, HttpRequestParserPy
+from aiohttp.http_exceptions import BadHttpMessage
+from aiohttp.http_parser import SINGLETON_HEADERS, HttpRequestParser, HttpRequestParserPy
 from aiohttp.streams import EMPTY_PAYLOAD
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from proxy.config.settings import load
 from proxy.core.events import FETCH_WHOLE, RequestMeta
 from proxy.core.responses import response_meta
+from proxy.front.fastpath import HitServer
 from proxy.handler.hits import Planned
 from proxy.handler.routing import hosts
 from proxy.handler.server import Proxy
@@ -363,6 +366,54 @@ async def test_what_is_not_one_whole_plain_request_is_left_to_aiohttps_parser(na
     before = pair.compiled.engine.stats()
     assert pair.compiled.plain_hits.answer_bytes(NOT_WHOLE_AND_PLAIN[name], 0) is None
     assert pair.compiled.engine.stats() == before and pair.compiled.plain_hits.answered == 0
+
+
+# aiohttp's parser refuses a second of each of these (Host, Content-Length and
+# Transfer-Encoding have cases of their own above).
+_SINGLETONS = sorted(SINGLETON_HEADERS - {"host", "content-length", "transfer-encoding"})
+
+
+@pytest.mark.parametrize("name", _SINGLETONS)
+async def test_a_request_with_a_field_aiohttp_takes_once_sent_twice_is_left_to_its_parser(name):
+    pair = Pair()
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    twice = get(fields=f"{name}: a\r\n{name.upper()}: b\r\n")
+    with pytest.raises(BadHttpMessage):
+        pair.parser.feed_data(twice)
+    assert pair.compiled.plain_hits.answer_bytes(twice, 0) is None
+    assert pair.compiled.plain_hits.answer_bytes(get(fields=f"{name}: a\r\n"), 0) is not None
+
+
+async def test_the_most_fields_read_from_bytes_are_within_what_the_fronts_parser_reads():
+    """The compiled reader takes a request of at most so many fields; the front's parser
+    (``HitServer``'s ``max_headers``) must read every request it takes."""
+    pair = Pair()
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    taken = [n for n in range(1, 200)
+             if pair.compiled.plain_hits.answer_bytes(get(fields="X-F: 1\r\n" * n), 0)]  # fmt: skip
+    most = max(taken)
+    assert taken == list(range(1, most + 1))
+    limit = inspect.signature(HitServer).parameters["max_headers"].default
+    parser = HttpRequestParser(_Protocol(), asyncio.get_running_loop(), 2**16, max_headers=limit)
+    [(message, _)], _, _ = parser.feed_data(get(fields="X-F: 1\r\n" * most))
+    assert len(message.raw_headers) == most + 1
+
+
+async def test_the_callables_the_compiled_path_calls_are_never_unset():
+    pair = Pair()
+    plain = pair.compiled.plain_hits
+    for name in ("whatif", "observe", "admit", "promotion_admit"):
+        with pytest.raises(TypeError):
+            delattr(plain, name)
+        with pytest.raises(TypeError):
+            setattr(plain, name, 3)
+        setattr(plain, name, None)
+        assert getattr(plain, name) is None
+    pair.store("/a", b"x" * 100, DATED)
+    pair.warm(get())
+    assert type(plain.answer_bytes(get(), 0)[1]) is bytes
 
 
 # Mostly what a plain request holds, with bytes the parse must not take mixed in.

@@ -99,7 +99,7 @@ static PyObject *pairs_at(const char *p, Py_ssize_t n, Py_ssize_t *at, int as_di
             i += value_len;
         } else
             value = Py_NewRef(Py_None);
-        int failed = value == NULL;
+        int failed = name == NULL || value == NULL;
         if (!failed && as_dict)
             failed = PyDict_SetItem(pairs, name, value) < 0;
         else if (!failed) {
@@ -381,8 +381,8 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     if (stored_key_len != key_len || meta_len < META_SIZE || body_at > length ||
         memcmp(buf + HEADER_SIZE, key_text, key_len) != 0)
         goto done;
-    int whole = checksum_holds(self, buf, (Py_ssize_t)length);
-    if (whole <= 0)
+    int checksum_ok = checksum_holds(self, buf, (Py_ssize_t)length);
+    if (checksum_ok <= 0)
         goto done;
     const char *m = buf + HEADER_SIZE + key_len;
     double stored_at = f64_at(m + 2), lifetime = f64_at(m + 10), initial_age = f64_at(m + 18);
@@ -401,9 +401,10 @@ PyObject *disk_answer(PlainHits *self, PyObject *key, PyObject *hash, double now
     /* The body apart from the head: a view of the record's own buffer (read into one, as
      * the record is at least as long as its body). */
     if (!head && body_len >= self->join_below) {
-        PyObject *whole = PyMemoryView_FromObject(record_bytes);
-        body = whole ? PySequence_GetSlice(whole, body_at, (Py_ssize_t)length) : NULL;
-        Py_XDECREF(whole);
+        PyObject *record_view = PyMemoryView_FromObject(record_bytes);
+        body = record_view ? PySequence_GetSlice(record_view, body_at, (Py_ssize_t)length)
+                           : NULL;
+        Py_XDECREF(record_view);
         if (body == NULL)
             goto done;
     }

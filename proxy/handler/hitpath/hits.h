@@ -36,7 +36,7 @@ typedef struct {
     unsigned long long answered;
     char query_as_sent; /* 0: a target with a query is the proxy's to key ([cache] key_query) */
     /* The disk tier behind the store (attach_disk), or disk_index NULL: none. */
-    PyObject *disk_index;  /* DiskIndex, or the SharedIndex the workers of a machine share */
+    PyObject *disk_index;  /* DiskIndex, SharedIndex or a worker's FollowingIndex of it */
     PyObject *disk_index_get; /* its get: hash64(key)[0] -> (region, offset, length) */
     PyObject *record_meta; /* the RecordMeta type (a tuple's) */
     PyObject *disk_fds;    /* dict: region -> a descriptor open for reading it */

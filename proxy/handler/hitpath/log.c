@@ -12,8 +12,11 @@
  * - Lines are appended whole to a buffer, written to the descriptor when the buffer passes
  *   `limit` bytes and on flush() (the owner's timer, a reopen, the stop); a limit of 0 writes
  *   each line as it is made. A write holds whole lines only: to a file (O_APPEND) any number,
- *   to a pipe or socket at most PIPE_BUF bytes of them, which the kernel keeps whole, so the
- *   lines of processes that share the descriptor never interleave within a line. What the descriptor does not take now stays, up to HOLD times the
+ *   to a pipe or socket at most PIPE_BUF bytes of them. A pipe keeps such a write whole
+ *   (POSIX), so the lines of processes that share it never interleave within a line; a
+ *   stream socket (journald's stderr) promises no such thing, and a line it took in part
+ *   may have another process's written into it. What the descriptor does not take now
+ *   stays, up to HOLD times the
  *   limit (at least HOLD_MIN bytes); a line past that is dropped and counted (`lost`), so memory
  *   stays bounded when the log cannot be written. A write error drops what was held, counted;
  *   the next flush() raises it, once.

@@ -8,7 +8,8 @@
  *   declines, and the proxy's own rules decide: it never refuses and never sends a request
  *   to aiohttp's handler itself. It declines with False a plain request whose URL has
  *   nothing stored, in memory nor (once attach_disk gave it the disk tier) on disk, which
- *   answer_hit would decline too (so the caller need not ask it); with what `cold` makes of
+ *   answer_hit would decline too (so the caller need not ask it), and one whose URL is
+ *   remembered uncacheable (the mark's expiry is the handler's to judge); with what `cold` makes of
  *   a disk record the page cache does not hold (where it lies: the handler reads it off the
  *   loop without asking the index again, and no answerer is asked); and with None anything
  *   else.
@@ -283,23 +284,41 @@ static PyMemberDef PlainHits_members[] = {
     {"query_as_sent", T_BOOL, offsetof(PlainHits, query_as_sent), 0,
      "whether a target's query keys as sent ([cache] key_query): else a target with a query\n"
      "is declined (the proxy keys it)"},
-    {"whatif", T_OBJECT, offsetof(PlainHits, whatif), 0,
-     "the what-if's record(key, size, now), called for the sampled hits, or None"},
     {"sample_below", T_ULONGLONG, offsetof(PlainHits, sample_below), 0,
      "the hits whose sample point (sample.h) is below it are the what-if's sample"},
     {"sample_key", T_ULONGLONG, offsetof(PlainHits, sample_key), 0,
      "the what-if sample's secret (sample.h)"},
-    {"observe", T_OBJECT, offsetof(PlainHits, observe), 0,
-     "the admission's observe, or None (a reload may change the admission)"},
-    {"admit", T_OBJECT, offsetof(PlainHits, admit), 0,
-     "the admission's admit(key, size, now): whether a disk hit is kept in memory too"},
-    {"promotion_admit", T_OBJECT, offsetof(PlainHits, promotion_admit), 0,
-     "the promotion filter's admit(key, size, now), asked beside admit of every disk hit\n"
-     "(both must take it to keep it in memory), or None"},
     {NULL}};
+
+/* A callable the hit path calls, or None: never unset, since the hit path calls what it
+ * holds (closure: the field's offset in PlainHits). */
+static PyObject *PlainHits_get_callable(PlainHits *self, void *closure) {
+    PyObject *held = *(PyObject **)((char *)self + (size_t)closure);
+    return Py_NewRef(held != NULL ? held : Py_None);
+}
+
+static int PlainHits_set_callable(PlainHits *self, PyObject *value, void *closure) {
+    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "a callable or None, never unset");
+        return -1;
+    }
+    Py_XSETREF(*(PyObject **)((char *)self + (size_t)closure), Py_NewRef(value));
+    return 0;
+}
+
+#define CALLABLE(name, doc)                                                                    \
+    {#name, (getter)PlainHits_get_callable, (setter)PlainHits_set_callable, doc,              \
+     (void *)offsetof(PlainHits, name)}
 
 static PyGetSetDef PlainHits_getset[] = {
     {"answered", (getter)PlainHits_get_answered, NULL, "hits answered here", NULL},
+    CALLABLE(whatif, "the what-if's record(key, size, now), called for the sampled hits, or None"),
+    CALLABLE(observe, "the admission's observe, or None (a reload may change the admission)"),
+    CALLABLE(admit, "the admission's admit(key, size, now): whether a disk hit is kept in memory\n"
+                    "too, or None (not asked)"),
+    CALLABLE(promotion_admit,
+             "the promotion filter's admit(key, size, now), asked beside admit of every disk\n"
+             "hit (both must take it to keep it in memory), or None"),
     {NULL, NULL, NULL, NULL, NULL},
 };
 
