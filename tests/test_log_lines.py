@@ -15,7 +15,9 @@ from aiohttp.http import HttpRequestParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.front.lane import LoggedRequest, LoggedResponse
 from proxy.handler._hits import LogLines
+from proxy.ops.access_log import AccessLog
 
 MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _UNSAFE = re.compile(rb'["\\\x00-\x1f\x7f-\xff]')
@@ -166,11 +168,9 @@ def test_a_hit_read_from_its_bytes_logs_what_the_handler_would_of_the_same_reque
     answer = b"HTTP/1.1 200 OK\r\nCache-Status: onehit; hit; ttl=5\r\nContent-Length: 3\r\n\r\n"
     lines, read = lines_of("json" if json_format else "combined")
     lines.hit(b"xx" + head + b"GET", 2, 2 + len(head), "10.0.0.1", answer, b"abc", 200, 0.0)
-    message = parsed(head)
-    headers = message.headers
-    lines.entry(0, "10.0.0.1", message.method, message.path, headers.get("Host"), "HTTP/1.1",
-                200, len(answer) + 3, answer, headers.get("User-Agent"), headers.get("Referer"),
-                headers.get("X-Request-ID"), 0, None)  # fmt: skip
+    # The handler's line, as the front logs a hit it answered as parsed.
+    AccessLog(lines).log(LoggedRequest(parsed(head), "10.0.0.1"),
+                         LoggedResponse(answer, b"abc", 200), 0.0)  # fmt: skip
     hit, handler = taken(lines, read)
     # Only when (and the id made for a line without one) may differ.
     moment = r'"time":"[^"]+"|"duration_us":\d+|\[[^]]+\]|"request_id":"[0-9a-f]{22}"'
