@@ -58,8 +58,10 @@ StartLane = Callable[["LaneRequest"], "Awaitable[web.StreamResponse] | Pending"]
 
 class Pending:
     """A lane's request under way outside a task: it ends with ``LaneRequest.answered``, or
-    goes on as a task with ``LaneRequest.go_on``. A plain class, not an ABC: the lane asks
-    ``isinstance`` of it per request."""
+    goes on as a task with ``LaneRequest.go_on``, never before ``StartLane`` returned it (the
+    front's read loop moves past the request's bytes only when that returns: an answer
+    within it would have the loop read the same request again). A plain class, not an ABC:
+    the lane asks ``isinstance`` of it per request."""
 
     __slots__ = ()
 
