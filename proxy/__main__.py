@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.config import values
-from proxy.config.logs import OneLine
+from proxy.config.logs import ErrorLog, OneLine
 from proxy.config.settings import Config, ConfigError, load
 from proxy.disk.directory import holder
 from proxy.disk.sharing import Sharing
@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         query = urllib.parse.urlencode({"url": args.trace, "method": args.trace_method})
         answer = _ask_admin(config, "GET", "/trace?" + query, tracing.ASK_TIMEOUT)
         return 2 if answer is None else 1 if "error" in answer else 0
-    errors = logging.StreamHandler(sys.stderr)
+    errors = ErrorLog()
     errors.setFormatter(OneLine())
     logging.basicConfig(level=logging.INFO, handlers=[errors])
 

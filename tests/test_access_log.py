@@ -3,16 +3,19 @@ strict pattern), whichever path answered; a file reopened on SIGUSR1, as logrota
 
 import asyncio
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
 from datetime import datetime
 
 import aiohttp
 import pytest
-from conftest import base, served, until
+from conftest import base, served, until, wait_healthy
 
-from loadgen.live.processes import onehit_process
-from proxy.ops.access_log import FIELDS
+from loadgen.live.processes import free_port, onehit_process
+from proxy.ops.access_log import FIELDS, AccessLogFile
 
 # Apache's combined format exactly: host, ident, user, time, request line, status, bytes,
 # referer, user agent; a quoted part holds no bare quote, and escapes only \", \\ and \xhh.
@@ -259,3 +262,77 @@ async def test_a_request_aiohttps_handler_answers_is_timed_in_microseconds_too(
     await until(lambda: len(_lines(log)) == 5)
     durations = [json.loads(line)["duration_us"] for line in _lines(log)]
     assert all(d > 0 for d in durations) and any(d % 1000 for d in durations), durations
+
+
+REQUESTS_STUCK = 800
+
+
+async def test_a_stderr_nobody_reads_costs_log_lines_never_the_answers(origin):
+    """The access log and the error log on a stderr pipe whose reader stopped: the proxy goes
+    on answering (its writes never wait on the pipe), the lines the pipe had no room for are
+    dropped whole, and once it is read again the loss is said there."""
+    port, admin = free_port(), free_port()
+    settings = {"server.access_log": "true", "server.access_log_flush": "50ms",
+                "upstream.origin": origin.url}  # fmt: skip
+    args = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *args, "--listen", f"127.0.0.1:{port}",
+         "--admin-listen", f"127.0.0.1:{admin}"],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as client:
+            await wait_healthy(client, f"http://127.0.0.1:{admin}/healthz", 10)
+            # Far more lines than the pipe (64 KiB) and the log's hold (1 MiB) take, the pipe
+            # never read meanwhile: lines of 3 KB, whole writes to a pipe (under PIPE_BUF).
+            target = f"http://127.0.0.1:{port}/stuck?{'q' * 3000}"
+            for _ in range(REQUESTS_STUCK):
+                async with client.get(target) as r:
+                    assert r.status == 200 and await r.read()
+            async with client.get(f"http://127.0.0.1:{admin}/healthz") as r:
+                assert r.status == 200
+            os.set_blocking(process.stderr.fileno(), False)
+            read = [_drain(process.stderr)]
+            # Read again: the next flush says the loss, and writes what was held.
+            async with client.get(target) as r:
+                assert r.status == 200
+
+            def written() -> bool:
+                read.append(_drain(process.stderr))
+                text = "".join(read)
+                return "lines lost so far" in text and text.count(' HTTP/1.1" 200 ') > 300
+
+            await until(written)  # the loss said, and what the log held written since
+    finally:
+        process.kill()
+        process.wait()
+        process.stderr.close()
+    text = "".join(read)
+    logged = [line for line in text.splitlines() if COMBINED.match(line)]
+    assert 300 < len(logged) < REQUESTS_STUCK  # what the pipe and the hold took, then none
+    others = [line for line in text.splitlines() if not COMBINED.match(line)]
+    error_line = re.compile(r"^\S+Z onehit(\.\w+)* (INFO|WARNING|ERROR) ")
+    assert others and all(error_line.match(line) for line in others)  # whole error-log lines
+
+
+def _drain(pipe) -> str:
+    """What a non-blocking pipe holds now."""
+    out = b""
+    while chunk := pipe.read(1 << 16):
+        out += chunk
+    return out.decode()
+
+
+def test_a_reopen_that_cannot_open_its_path_says_so_and_logs_on_to_the_old_file(tmp_path, caplog):
+    where = tmp_path / "logs"
+    where.mkdir()
+    log = AccessLogFile(str(where / "access.log"), "combined", 0, 1.0)
+    args = ("127.0.0.1", "GET", "/x", "h", "HTTP/1.1", 200, 10, None, None, None, None, 0, None)
+    log.lines.entry(5, *args)
+    where.rename(tmp_path / "moved")  # the directory gone: the path cannot be opened
+    log.reopen()
+    log.lines.entry(5, *args)
+    log.close()
+    [said] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert said.startswith(f"reopening the access log {where / 'access.log'} failed")
+    assert len((tmp_path / "moved" / "access.log").read_text().splitlines()) == 2

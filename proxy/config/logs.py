@@ -1,9 +1,14 @@
 """The proxy's logs, one line per record (``OneLine``), and its throttled log of faults: what
-a client can provoke is logged one line at a time (``OneLineEvery``)."""
+a client can provoke is logged one line at a time (``OneLineEvery``). What goes to stderr
+never waits on its reader (``stderr_descriptor``, ``ErrorLog``): a reader that stopped costs
+lines, never the event loop."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import stat
 import time
 import traceback
 from collections.abc import Callable
@@ -70,3 +75,48 @@ class OneLine(logging.Formatter):
             message = f"{message}: {exc!r}" + (f" at {where}" if where else "")
         line = f"{stamp} {record.name} {record.levelname} {message}"
         return line.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def stderr_descriptor() -> tuple[int, bool]:
+    """A descriptor of stderr whose writes never wait, and whether it is the caller's own to
+    close. A pipe or a terminal is opened again, non-blocking: a description of its own,
+    since making the inherited one non-blocking would change it for the processes that share
+    it (the shell, a supervisor). A socket (journald's stream) is taken as it is, to be sent
+    to with ``MSG_DONTWAIT``; so is a file, whose writes wait on no reader."""
+    mode = os.fstat(2).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        try:
+            return os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC), True
+        except OSError:
+            pass  # no /proc, or the pipe's reader gone: written as it is
+    return 2, False
+
+
+class ErrorLog(logging.Handler):
+    """The error log's lines written to stderr (``stderr_descriptor``) without waiting: a line
+    its reader has no room for is dropped, counted in ``dropped`` and said on the next line
+    written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fd, _ = stderr_descriptor()
+        self.dropped = 0
+        self._socket = None
+        if stat.S_ISSOCK(os.fstat(self.fd).st_mode):
+            self._socket = socket.socket(fileno=os.dup(self.fd))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+            if self.dropped:
+                line += f" ({self.dropped} error log lines dropped before it: stderr was full)"
+            data = memoryview((line + "\n").encode("utf-8", "backslashreplace"))
+            while data:
+                sent = (os.write(self.fd, data) if self._socket is None
+                        else self._socket.send(data, socket.MSG_DONTWAIT))  # fmt: skip
+                data = data[sent:]
+            self.dropped = 0
+        except BlockingIOError:
+            self.dropped += 1
+        except Exception:
+            self.handleError(record)

@@ -40,6 +40,7 @@ import logging
 import os
 from typing import Any
 
+from proxy.config.logs import stderr_descriptor
 from proxy.handler._hits import LogLines
 
 # The fields of a JSON line, in order (docs/operations.md and config/proxy.toml name them;
@@ -107,7 +108,8 @@ class AccessLogFile:
     def __init__(self, path: str, log_format: str, buffer: int, flush: float) -> None:
         self.path = path
         self.interval = flush
-        self.lines = LogLines(_append(path) if path else 2, log_format == "json", buffer)
+        fd, self._own = (_append(path), True) if path else stderr_descriptor()
+        self.lines = LogLines(fd, log_format == "json", buffer)
         self._timer: asyncio.TimerHandle | None = None
         self._lost = 0  # the lines lost that were said
 
@@ -138,10 +140,18 @@ class AccessLogFile:
         self._lost = self.lines.lost
 
     def reopen(self) -> None:
+        """Write what is held, then open the path again; a path that cannot be opened is said
+        in one line, and the lines go on to the file open until now."""
         self.flush()
         if not self.path or self.closed:  # a SIGUSR1 while the service stops: nothing to open
             return
-        os.close(self.lines.swap(_append(self.path)))
+        try:
+            fd = _append(self.path)
+        except OSError as exc:
+            _ERRORS.error("reopening the access log %s failed (%s): it goes on to the file "
+                          "open before", self.path, exc.strerror or exc)  # fmt: skip
+            return
+        os.close(self.lines.swap(fd))
 
     @property
     def closed(self) -> bool:
@@ -153,5 +163,5 @@ class AccessLogFile:
             self._timer = None
         self.flush()
         old = self.lines.swap(-1)
-        if self.path and old >= 0:
+        if self._own and old >= 0:
             os.close(old)

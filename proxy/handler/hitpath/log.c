@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@ typedef struct {
     Py_ssize_t len, cap, limit;
     int fd;
     Py_ssize_t atomic; /* the most one write keeps whole (a pipe's PIPE_BUF), or 0: any */
+    int socket;        /* fd is a socket: sent to without waiting, whatever its flags */
     int json;
     int error; /* errno of a failed write not yet raised, or 0 */
     unsigned long long lines, lost, ids;
@@ -327,12 +329,25 @@ static unsigned long long count_lines(const char *p, Py_ssize_t n) {
 }
 
 /* What one write to fd keeps whole: a pipe's or a socket's PIPE_BUF (several workers may
- * write to one stderr pipe), anything to a file (O_APPEND). */
-static Py_ssize_t atomic_for(int fd) {
+ * write to one stderr pipe), anything to a file (O_APPEND); and whether fd is a socket. */
+static void follow_fd(LogLines *self) {
     struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
-        return PIPE_BUF;
-    return 0;
+    int known = self->fd >= 0 && fstat(self->fd, &st) == 0;
+    self->socket = known && S_ISSOCK(st.st_mode);
+    self->atomic = known && (S_ISFIFO(st.st_mode) || self->socket) ? PIPE_BUF : 0;
+}
+
+/* One write of n bytes to the descriptor. A socket (journald's stream, for stderr) is sent to
+ * without waiting, so that a reader that stopped costs lines, not the event loop: its open
+ * file description may be shared, and blocking, with the processes that gave it. */
+static ssize_t send_out(LogLines *self, const char *p, Py_ssize_t n) {
+    if (self->socket) {
+        ssize_t sent = send(self->fd, p, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent >= 0 || errno != ENOTSOCK)
+            return sent;
+        self->socket = 0;
+    }
+    return write(self->fd, p, (size_t)n);
 }
 
 /* How much of the buffer from `done` the next write takes: all of it, or where fd keeps only
@@ -354,7 +369,7 @@ static Py_ssize_t next_chunk(LogLines *self, Py_ssize_t done) {
 static void write_out(LogLines *self) {
     Py_ssize_t done = 0;
     while (done < self->len && self->fd >= 0) {
-        ssize_t n = write(self->fd, self->buf + done, next_chunk(self, done));
+        ssize_t n = send_out(self, self->buf + done, next_chunk(self, done));
         if (n > 0) {
             done += n;
             continue;
@@ -480,7 +495,7 @@ static int LogLines_init(LogLines *self, PyObject *args, PyObject *kwds) {
         return -1;
     }
     self->fd = fd;
-    self->atomic = atomic_for(fd);
+    follow_fd(self);
     self->json = json;
     self->limit = limit;
     self->second = LLONG_MIN;
@@ -616,7 +631,7 @@ static PyObject *LogLines_swap(LogLines *self, PyObject *arg) {
     write_out(self);
     int old = self->fd;
     self->fd = (int)fd;
-    self->atomic = atomic_for(self->fd);
+    follow_fd(self);
     return PyLong_FromLong(old);
 }
 
