@@ -4,6 +4,7 @@ request handler's, in order, under the same parser, limits and back-pressure."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import re
@@ -972,3 +973,50 @@ async def test_a_shutdown_that_gives_up_a_large_hits_body_logs_no_error(origin, 
     finally:
         writer.close()
     assert not errors, errors
+
+
+async def test_a_large_hits_log_line_counts_to_its_last_byte_or_to_the_clients_leaving(
+    origin, start_proxy, tmp_path
+):
+    """A hit past PIECE sent as the client reads: its line is written when the body's last
+    byte is handed over (its duration the whole answer's), or when the client leaves first
+    (the bytes handed over until then), as aiohttp's handler logs its answers."""
+    log = tmp_path / "access.log"
+    service = await large_stored(origin, start_proxy, server__access_log=True,
+                                 server__access_log_file=str(log),
+                                 server__access_log_format="json")  # fmt: skip
+    request = b"GET /big HTTP/1.1\r\nHost: example.test\r\n\r\n"
+
+    def small_buffer() -> socket.socket:
+        # The kernel cannot take the body's rest until the client reads it (loopback's own
+        # buffer grows to megabytes).
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        client.connect(service.proxy_address)
+        client.setblocking(False)
+        return client
+
+    reader, writer = await asyncio.open_connection(sock=small_buffer())
+    try:
+        writer.write(request)
+        assert await read_slowly(reader, len(LARGE), pause=0.1, slow_for=5) == LARGE
+    finally:
+        writer.close()
+    reader, writer = await asyncio.open_connection(sock=small_buffer())
+    writer.write(request)
+    await asyncio.wait_for(reader.readexactly(100 << 10), 5)
+    writer.transport.abort()  # the client leaves with most of the body unsent
+
+    def lines() -> list[dict]:
+        service.access_file.flush()
+        return [json.loads(line) for line in log.read_text().splitlines()]
+
+    await until(lambda: len(lines()) == 3)  # storing it, then the two hits
+    whole, left = lines()[1:]
+    assert whole["cache_status"].startswith("onehit; hit") and whole["target"] == "/big"
+    assert whole["bytes"] > len(LARGE) and whole["duration_us"] > 400_000
+    assert left["cache_status"].startswith("onehit; hit")
+    assert 100 << 10 <= left["bytes"] < len(LARGE)  # what the transport took, not all
+    # The first rendered the stored head (answered as parsed, logged by ``_log_parsed``),
+    # the second was read from its bytes (logged by ``LogLines.hit``): both lines ended late.
+    assert service.proxy.plain_hits.answered == 1 and service.proxy.fast_hits == 2

@@ -83,8 +83,9 @@ static int report(PyObject *front, PyObject *why) {
 }
 
 /* Write one hit's answer, count it and log it, as the Python loop did: head and body in one
- * call, a body past PIECE through _send_large; `message` is the parsed request (NULL: read
- * from its bytes, data[start:end]). 0, or -1 with an exception set. */
+ * call, a body past PIECE through _send_large (which logs it when it ends); `message` is the
+ * parsed request (NULL: read from its bytes, data[start:end]). 0, or -1 with an exception
+ * set. */
 static int deliver(PyObject *front, PyObject *transport, PyObject *lines, PyObject *data,
                    Py_ssize_t start, Py_ssize_t end, PyObject *head, PyObject *body,
                    PyObject *status, PyObject *message, double began) {
@@ -106,14 +107,26 @@ static int deliver(PyObject *front, PyObject *transport, PyObject *lines, PyObje
     if (has_body < 0 || body_len < 0)
         goto failed;
     PyObject *wrote;
+    int logs_itself = body_len > piece;
     if (body_len == 0) {
         wrote = PyObject_CallMethodOneArg(transport, s_write, head);
-    } else if (body_len <= piece) {
+    } else if (!logs_itself) {
         PyObject *both = PyTuple_Pack(2, head, body);
         wrote = both ? PyObject_CallMethodOneArg(transport, s_writelines, both) : NULL;
         Py_XDECREF(both);
     } else {
-        wrote = PyObject_CallMethodObjArgs(front, s_send_large, head, body, NULL);
+        /* Its log line is _send_large's to write, once the body's last byte is handed over
+         * (or the connection ends first): its duration and bytes are the whole answer's. */
+        PyObject *at = PyFloat_FromDouble(began);
+        PyObject *from = at ? PyLong_FromSsize_t(start) : NULL;
+        PyObject *to = from ? PyLong_FromSsize_t(end) : NULL;
+        wrote = to ? PyObject_CallMethodObjArgs(front, s_send_large, head, body, status, at,
+                                                message ? message : Py_None, data, from, to,
+                                                NULL)
+                   : NULL;
+        Py_XDECREF(to);
+        Py_XDECREF(from);
+        Py_XDECREF(at);
     }
     if (wrote == NULL)
         goto failed;
@@ -130,7 +143,7 @@ static int deliver(PyObject *front, PyObject *transport, PyObject *lines, PyObje
     if (rc < 0)
         goto failed;
     Py_DECREF(server);
-    if (lines == Py_None)
+    if (lines == Py_None || logs_itself)
         return 0;
     PyObject *logged;
     PyObject *at = PyFloat_FromDouble(began);

@@ -278,7 +278,11 @@ class Front(SendWatch, FlowControl):
             self._idle.cancel()
             self._idle = None
         # The lane's request goes on (its fetch may still be stored); its writes find the
-        # transport closed.
+        # transport closed. A large hit's rest is not sent: it ends here, and is logged.
+        unsent = self._lane
+        if type(unsent) is _Unsent:
+            self._unsent_ended(unsent)
+            self._lane_free()
         self._life.on(Event.LOST)
         super().connection_lost(exc)
 
@@ -367,25 +371,61 @@ class Front(SendWatch, FlowControl):
         (``began``: when its request was read, by ``perf_counter``)."""
         logger.log(request, response, perf_counter() - began)
 
-    def _send_large(self, head: bytes, body: bytes | memoryview) -> None:
+    def _send_large(
+        self,
+        head: bytes,
+        body: bytes | memoryview,
+        status: int,
+        began: float,
+        message: RawRequestMessage | None,
+        data: bytes,
+        start: int,
+        end: int,
+    ) -> None:
         """Write ``head``, then ``body`` a ``PIECE`` at a time while the transport takes
         writes; what is left is written as it drains (``resume_writing``), and the requests
-        after it wait in the lane's place."""
+        after it wait in the lane's place. The answer's log line is written when its last
+        byte is handed over, or when the connection ends before, with the bytes written
+        then (``message``: its request as parsed, None: read from ``data[start:end]``;
+        ``began``: when it was read, by ``perf_counter``)."""
         view = memoryview(body)
         assert self.transport is not None
         self.transport.writelines((head, view[:PIECE]))
         rest = self._write_while_taken(view[PIECE:])
+        line = None
+        if self._hit_lines is not None:
+            line = (head, view, status, began, message, data, start, end)
         if rest is not None:
-            self._lane = _Unsent(rest)
+            self._lane = _Unsent(rest, line)
             self._life.on(Event.HIT_IN_PART)
+        elif line is not None:
+            self._log_large(line, len(view))
+
+    def _unsent_ended(self, unsent: _Unsent) -> None:
+        """Log the large hit whose rest ``unsent`` held, as far as it was handed over."""
+        line, unsent.line = unsent.line, None
+        if line is not None:
+            self._log_large(line, len(line[1]) - len(unsent.rest))
+
+    def _log_large(self, line: tuple, sent: int) -> None:
+        """The log line of a large hit ``_send_large`` began, ``sent`` bytes of its body
+        handed over."""
+        head, view, status, began, message, data, start, end = line
+        try:
+            if message is None:
+                self._hit_lines.hit(data, start, end, self._remote, head, view[:sent], status,
+                                    began)  # fmt: skip
+            else:
+                self._log_parsed(message, head, view[:sent], status, began)
+        except Exception as exc:
+            self._failed("logging a hit failed", exc)
 
     def _write_while_taken(self, rest: memoryview) -> memoryview | None:
-        """Write pieces of ``rest`` until writing pauses; what is left of it, if anything."""
+        """Write pieces of ``rest`` until writing pauses or the connection closes; what is
+        left of it, if anything."""
         transport = self.transport
         while rest:
-            if transport is None or transport.is_closing():
-                return None
-            if self.writing_paused:
+            if transport is None or transport.is_closing() or self.writing_paused:
                 return rest
             transport.write(rest[:PIECE])
             rest = rest[PIECE:]
@@ -402,7 +442,9 @@ class Front(SendWatch, FlowControl):
         rest = self._write_while_taken(unsent.rest)
         if rest is not None:
             unsent.rest = rest
-            return
+            return  # more as it drains; a connection closing ends it (connection_lost)
+        unsent.rest = memoryview(b"")
+        self._unsent_ended(unsent)
         self._lane_free()
         # The answer ended now: the idle timeout counts from here, as after a lane's answer.
         self._last = self._loop.time()
@@ -543,6 +585,8 @@ class Front(SendWatch, FlowControl):
                 await asyncio.wait_for(self._ended, timeout)
             except TimeoutError:
                 lane = self._lane
+                if type(lane) is _Unsent:
+                    self._unsent_ended(lane)
                 if lane is not None:
                     lane.cancel()
                     if not isinstance(lane, asyncio.Task):
@@ -553,12 +597,14 @@ class Front(SendWatch, FlowControl):
 
 
 class _Unsent(Pending):
-    """The rest of a large body answered as read, written as the transport drains."""
+    """The rest of a large body answered as read, written as the transport drains, and what
+    its log line is made of (None: not logged)."""
 
-    __slots__ = ("rest",)
+    __slots__ = ("line", "rest")
 
-    def __init__(self, rest: memoryview) -> None:
+    def __init__(self, rest: memoryview, line: tuple | None) -> None:
         self.rest = rest
+        self.line = line
 
     def cancel(self) -> None:
         self.rest = memoryview(b"")
