@@ -1020,3 +1020,44 @@ async def test_a_large_hits_log_line_counts_to_its_last_byte_or_to_the_clients_l
     # The first rendered the stored head (answered as parsed, logged by ``_log_parsed``),
     # the second was read from its bytes (logged by ``LogLines.hit``): both lines ended late.
     assert service.proxy.plain_hits.answered == 1 and service.proxy.fast_hits == 2
+
+
+async def _trickle(writer: asyncio.StreamWriter, data: bytes, size: int) -> None:
+    """``data`` written ``size`` bytes at a time, each arriving on its own."""
+    for at in range(0, len(data), size):
+        writer.write(data[at : at + size])
+        await writer.drain()
+        await asyncio.sleep(0.001)
+
+
+async def test_a_head_sent_a_few_bytes_at_a_time_is_read_once_it_can_end(origin, start_proxy):
+    """A head in part that grows without an empty line or a bare LF is not read again at each
+    piece (it was read whole each time: quadratic in its length), and is answered once it
+    ends; a bare LF sent in pieces still goes to aiohttp's parser, which refuses it."""
+    service = await start_proxy()
+    await stored(service)
+    await exchange(service, HIT)  # the head rendered: the next hits are read from bytes
+    server = service.proxy_runner.server
+    answer_bytes, asked = server.answer_bytes, []
+
+    def counted(data, start):
+        asked.append(len(data) - start)
+        return answer_bytes(data, start)
+
+    server.answer_bytes = counted
+    request = HIT.replace(b"\r\n\r\n", b"\r\nX-Long: " + b"v" * 6000 + b"\r\n\r\n")
+    reader, writer = await connect(service)
+    try:
+        await _trickle(writer, request, 50)
+        status, fields, _ = await read_response(reader)
+        assert status == 200 and ("x-cache", "HIT") in fields
+    finally:
+        writer.close()
+    assert len(asked) <= 3 and asked[-1] == len(request)  # not one read per piece (122)
+    reader, writer = await connect(service)
+    try:
+        await _trickle(writer, b"GET /hit HTTP/1.1\n", 3)  # refused at its LF
+        status, _, _ = await read_response(reader)
+        assert status == 400
+    finally:
+        writer.close()

@@ -34,6 +34,7 @@ static Attr fattrs[F_COUNT] = {
 
 static PyObject *s_is_closing, *s_write, *s_writelines, *s_time, *s_hand_over, *s_answer_at,
     *s_send_large, *s_log_parsed, *s_failed, *s_read_proxy_header, *s_reading_paused,
+    *s_head_limit,
     *s_hold_reading, *s_hit, *one;
 static PyObject *why_answer, *why_log;
 
@@ -317,6 +318,21 @@ static int go_on(PyObject *front) {
     return rc;
 }
 
+/* Whether p[old:n], come after a request head in part (p[:old]), may end it or have the
+ * parser refuse it, as _answer_at judges a head: an empty line ending in them, or a bare LF
+ * among them. Else the head is only longer, and nothing is read again: a head sent a few
+ * bytes at a time would be read again whole at each (quadratic in its length). */
+static int head_may_end(const char *p, Py_ssize_t old, Py_ssize_t n) {
+    Py_ssize_t from = old > 3 ? old - 3 : 0;
+    if (memmem(p + from, (size_t)(n - from), "\r\n\r\n", 4) != NULL)
+        return 1;
+    for (const char *lf = memchr(p + old, '\n', (size_t)(n - old)); lf != NULL;
+         lf = memchr(lf + 1, '\n', (size_t)(p + n - lf - 1)))
+        if (lf == p || lf[-1] != '\r')
+            return 1;
+    return 0;
+}
+
 /* Front.data_received: the bytes kept after those not yet answered; a PROXY header read first;
  * held while a request is in progress (reading stops past HOLD_LIMIT); else answered. */
 static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -332,11 +348,13 @@ static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t na
                             PyBytes_CheckExact(data)
                         ? Py_NewRef(data)
                         : PyNumber_Add(buffer, data);
+    Py_ssize_t old = PyBytes_Check(buffer) ? PyBytes_GET_SIZE(buffer) : 0;
     Py_DECREF(buffer);
     if (all == NULL)
         return NULL;
     int rc = set(front, &fattrs[F_BUFFER], all);
     Py_ssize_t held = PyBytes_Check(all) ? PyBytes_GET_SIZE(all) : 0;
+    int may_end = old == 0 || held == 0 || head_may_end(PyBytes_AS_STRING(all), old, held);
     Py_DECREF(all);
     PyObject *life = rc < 0 ? NULL : get(front, &fattrs[F_LIFE]);
     long state = life ? state_of(life) : -1;
@@ -367,6 +385,18 @@ static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t na
             }
         }
         Py_RETURN_NONE;
+    }
+    if (!may_end && state == st_reading) {
+        /* A head in part grown: read again only past the longest the parser judges. */
+        PyObject *server = get(front, &fattrs[F_SERVER]);
+        PyObject *limit = server ? PyObject_GetAttr(server, s_head_limit) : NULL;
+        Py_XDECREF(server);
+        Py_ssize_t most = limit ? PyLong_AsSsize_t(limit) : -1;
+        Py_XDECREF(limit);
+        if (most == -1 && PyErr_Occurred())
+            return NULL;
+        if (held <= most)
+            Py_RETURN_NONE;
     }
     if (go_on(front) < 0)
         return NULL;
@@ -443,7 +473,7 @@ static int front_init(PyObject *module) {
         {&s_time, "time"}, {&s_hand_over, "_hand_over"}, {&s_answer_at, "_answer_at"},
         {&s_send_large, "_send_large"}, {&s_log_parsed, "_log_parsed"}, {&s_failed, "_failed"},
         {&s_read_proxy_header, "_read_proxy_header"}, {&s_reading_paused, "reading_paused"},
-        {&s_hold_reading, "hold_reading"}, {&s_hit, "hit"},
+        {&s_hold_reading, "hold_reading"}, {&s_hit, "hit"}, {&s_head_limit, "head_limit"},
         {&why_answer, "answering a request as its bytes came failed"},
         {&why_log, "an access log line failed"},
     };
