@@ -1,7 +1,8 @@
 """The listener's TLS (``[server] tls_cert`` and ``tls_key``): TLS 1.2 and later, HTTP/1.1 by
-ALPN (a client offering only h2 is told no protocol, and an HTTP/2 preface gets 505: put a
-terminator that speaks HTTP/2 in front, docs/operations.md). The compiled hit path answers over
-it as over plain TCP: it reads what the TLS layer decrypted."""
+ALPN (a client offering only h2 is told no protocol, and an HTTP/2 preface is refused, 400
+from aiohttp's parser, and the connection closed: put a terminator that speaks HTTP/2 in
+front, docs/operations.md). The compiled hit path answers over it as over plain TCP: it reads
+what the TLS layer decrypted."""
 
 from __future__ import annotations
 
