@@ -101,9 +101,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         query = urllib.parse.urlencode({"url": args.trace, "method": args.trace_method})
         answer = _ask_admin(config, "GET", "/trace?" + query, tracing.ASK_TIMEOUT)
         return 2 if answer is None else 1 if "error" in answer else 0
-    errors = ErrorLog()
-    errors.setFormatter(OneLine())
-    logging.basicConfig(level=logging.INFO, handlers=[errors])
+    if not logging.getLogger().handlers:  # as basicConfig, which then takes no handler
+        errors = ErrorLog()
+        errors.setFormatter(OneLine())
+        logging.basicConfig(level=logging.INFO, handlers=[errors])
 
     def read() -> Config:
         """The configuration from the same file, environment and flags, read again; a
