@@ -45,6 +45,17 @@ T = TypeVar("T")
 log = logging.getLogger("onehit")
 
 
+def _standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open, as a daemon keeps them: one started with stderr closed
+    (``2>&-``) would otherwise have the next file it opens (a disk region, the access log)
+    take descriptor 2, and log lines meant for stderr written into it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: fd itself
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # Until the service has started, SIGUSR1 (reopen the logs) and SIGHUP (reload) are held:
     # one sent while it starts (a worker told of a reload taken meanwhile) is handled then.
@@ -102,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         answer = _ask_admin(config, "GET", "/trace?" + query, tracing.ASK_TIMEOUT)
         return 2 if answer is None else 1 if "error" in answer else 0
     if not logging.getLogger().handlers:  # as basicConfig, which then takes no handler
+        _standard_descriptors()
         errors = ErrorLog()
         errors.setFormatter(OneLine())
         logging.basicConfig(level=logging.INFO, handlers=[errors])

@@ -5,6 +5,7 @@ lines, never the event loop."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -83,7 +84,10 @@ def stderr_descriptor() -> tuple[int, bool]:
     since making the inherited one non-blocking would change it for the processes that share
     it (the shell, a supervisor). A socket (journald's stream) is taken as it is, to be sent
     to with ``MSG_DONTWAIT``; so is a file, whose writes wait on no reader."""
-    mode = os.fstat(2).st_mode
+    try:
+        mode = os.fstat(2).st_mode
+    except OSError:
+        return 2, False  # closed (2>&-): its writes fail, and are counted as lost
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
         try:
             return os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC), True
@@ -102,8 +106,9 @@ class ErrorLog(logging.Handler):
         self.fd, _ = stderr_descriptor()
         self.dropped = 0
         self._socket = None
-        if stat.S_ISSOCK(os.fstat(self.fd).st_mode):
-            self._socket = socket.socket(fileno=os.dup(self.fd))
+        with contextlib.suppress(OSError):  # closed: each line's write fails, dropped
+            if stat.S_ISSOCK(os.fstat(self.fd).st_mode):
+                self._socket = socket.socket(fileno=os.dup(self.fd))
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
