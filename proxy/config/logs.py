@@ -89,10 +89,15 @@ def stderr_descriptor() -> tuple[int, bool]:
     except OSError:
         return 2, False  # closed (2>&-): its writes fail, and are counted as lost
     if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        flags = os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
-            return os.open("/proc/self/fd/2", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC), True
-        except OSError:
-            pass  # no /proc, or the pipe's reader gone: written as it is
+            return os.open("/proc/self/fd/2", flags), True
+        except OSError as exc:  # no /proc, another user's pipe, or the pipe's reader gone
+            logging.getLogger("onehit").warning(
+                "stderr (a pipe or terminal) could not be opened again (%s): lines written "
+                "to it wait while its reader does not read",
+                exc.strerror or exc,
+            )
     return 2, False
 
 
