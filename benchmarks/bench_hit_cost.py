@@ -243,6 +243,11 @@ http {{
         shutil.rmtree(root, ignore_errors=True)
 
 
+def mid(runs: list[dict[str, float]], name: str, over: str | None = None) -> float:
+    """The median over ``runs`` of their ``name`` figure, or of its ratio to ``over``."""
+    return median([r[name] / (r[over] if over else 1) for r in runs])
+
+
 async def one_cell(
     args: argparse.Namespace,
     nginx: str,
@@ -337,24 +342,22 @@ async def main() -> None:
                  f"{'its workers/one':>16}")  # fmt: skip
     print(head)
     for log, size, source, runs in rows:
-
-        def mid(name: str, over: str | None = None, runs: list = runs) -> float:
-            return median([r[name] / (r[over] if over else 1) for r in runs])
-
-        line = (f"{'on' if log else 'off':>3} {size:>5} {source:>7} {mid('onehit'):>9.1f} "
-                f"{mid('nginx'):>9.1f} {median([r['nginx'] / r['onehit'] for r in runs]):>13.2f}"
-                f" {mid('disk hits'):>10.0%}")  # fmt: skip
+        line = (f"{'on' if log else 'off':>3} {size:>5} {source:>7} {mid(runs, 'onehit'):>9.1f} "
+                f"{mid(runs, 'nginx'):>9.1f} {mid(runs, 'nginx', 'onehit'):>13.2f}"
+                f" {mid(runs, 'disk hits'):>10.0%}")  # fmt: skip
         if args.baseline:
-            line += f" {mid('baseline'):>9.1f} {mid('onehit', 'baseline'):>16.2f}"
+            line += f" {mid(runs, 'baseline'):>9.1f} {mid(runs, 'onehit', 'baseline'):>16.2f}"
         if args.workers > 1:
-            line += (f" {mid('onehit one'):>11.1f} {mid('onehit', 'onehit one'):>16.2f} "
-                     f"{mid('nginx one'):>10.1f} {mid('nginx', 'nginx one'):>16.2f}")  # fmt: skip
+            line += (f" {mid(runs, 'onehit one'):>11.1f}"
+                     f" {mid(runs, 'onehit', 'onehit one'):>16.2f}"
+                     f" {mid(runs, 'nginx one'):>10.1f}"
+                     f" {mid(runs, 'nginx', 'nginx one'):>16.2f}")  # fmt: skip
         print(line)
     for _, _, _, runs in rows:
         if "return 200" in runs[0]:
-            print(f"nginx return 200 (1 KiB, log off): {median(r['return 200'] for r in runs):.1f}"
+            print(f"nginx return 200 (1 KiB, log off): {mid(runs, 'return 200'):.1f}"
                   " µs; onehit's 1 KiB memory hit against it: "
-                  f"{median(r['return 200'] / r['onehit'] for r in runs):.2f}")  # fmt: skip
+                  f"{mid(runs, 'return 200', 'onehit'):.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         query = urllib.parse.urlencode({"url": args.trace, "method": args.trace_method})
         answer = _ask_admin(config, "GET", "/trace?" + query, tracing.ASK_TIMEOUT)
         return 2 if answer is None else 1 if "error" in answer else 0
+    _standard_descriptors()
     if not logging.getLogger().handlers:  # as basicConfig, which then takes no handler
-        _standard_descriptors()
         errors = ErrorLog()
         errors.setFormatter(OneLine())
         logging.basicConfig(level=logging.INFO, handlers=[errors])

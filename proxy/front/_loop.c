@@ -333,6 +333,29 @@ static int head_may_end(const char *p, Py_ssize_t old, Py_ssize_t n) {
     return 0;
 }
 
+/* 1 when the front's buffer is a request head in part that the bytes past `old` only made
+ * longer (head_may_end says no, and it is within the longest the parser judges: its
+ * server's head_limit), so that nothing is to be read again; 0 otherwise; -1 with an
+ * exception set. */
+static int only_longer(PyObject *front, Py_ssize_t old) {
+    PyObject *buffer = get(front, &fattrs[F_BUFFER]);
+    if (buffer == NULL)
+        return -1;
+    Py_ssize_t held = PyBytes_Check(buffer) ? PyBytes_GET_SIZE(buffer) : 0;
+    int may_end = held <= old || head_may_end(PyBytes_AS_STRING(buffer), old, held);
+    Py_DECREF(buffer);
+    if (may_end)
+        return 0;
+    PyObject *server = get(front, &fattrs[F_SERVER]);
+    PyObject *limit = server ? PyObject_GetAttr(server, s_head_limit) : NULL;
+    Py_XDECREF(server);
+    Py_ssize_t most = limit ? PyLong_AsSsize_t(limit) : -1;
+    Py_XDECREF(limit);
+    if (most == -1 && PyErr_Occurred())
+        return -1;
+    return held <= most;
+}
+
 /* Front.data_received: the bytes kept after those not yet answered; a PROXY header read first;
  * held while a request is in progress (reading stops past HOLD_LIMIT); else answered. */
 static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -354,7 +377,6 @@ static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     int rc = set(front, &fattrs[F_BUFFER], all);
     Py_ssize_t held = PyBytes_Check(all) ? PyBytes_GET_SIZE(all) : 0;
-    int may_end = old == 0 || held == 0 || head_may_end(PyBytes_AS_STRING(all), old, held);
     Py_DECREF(all);
     PyObject *life = rc < 0 ? NULL : get(front, &fattrs[F_LIFE]);
     long state = life ? state_of(life) : -1;
@@ -386,16 +408,11 @@ static PyObject *received(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
         Py_RETURN_NONE;
     }
-    if (!may_end && state == st_reading) {
-        /* A head in part grown: read again only past the longest the parser judges. */
-        PyObject *server = get(front, &fattrs[F_SERVER]);
-        PyObject *limit = server ? PyObject_GetAttr(server, s_head_limit) : NULL;
-        Py_XDECREF(server);
-        Py_ssize_t most = limit ? PyLong_AsSsize_t(limit) : -1;
-        Py_XDECREF(limit);
-        if (most == -1 && PyErr_Occurred())
+    if (state == st_reading && old > 0) {
+        int longer = only_longer(front, old);
+        if (longer < 0)
             return NULL;
-        if (held <= most)
+        if (longer)
             Py_RETURN_NONE;
     }
     if (go_on(front) < 0)

@@ -36,7 +36,7 @@ import socket
 from collections import Counter
 from collections.abc import Awaitable, Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import EMPTY_PAYLOAD, web
 from aiohttp.http import HttpProcessingError, HttpRequestParser, RawRequestMessage
@@ -394,7 +394,7 @@ class Front(SendWatch, FlowControl):
         rest = self._write_while_taken(view[PIECE:])
         line = None
         if self._hit_lines is not None:
-            line = (head, view, status, began, message, data, start, end)
+            line = _LargeHit(head, view, status, began, message, data, start, end)
         if rest is not None:
             self._lane = _Unsent(rest, line)
             self._life.on(Event.HIT_IN_PART)
@@ -405,20 +405,21 @@ class Front(SendWatch, FlowControl):
         """Log the large hit whose rest ``unsent`` held, as far as it was handed over."""
         line, unsent.line = unsent.line, None
         if line is not None:
-            self._log_large(line, len(line[1]) - len(unsent.rest))
+            self._log_large(line, len(line.body) - len(unsent.rest))
 
-    def _log_large(self, line: tuple, sent: int) -> None:
+    def _log_large(self, hit: _LargeHit, sent: int) -> None:
         """The log line of a large hit ``_send_large`` began, ``sent`` bytes of its body
-        handed over."""
-        head, view, status, began, message, data, start, end = line
+        handed over: as ``deliver`` in ``_loop.c`` logs every other hit, from the request's
+        bytes (``LogLines.hit``) or as parsed (``_log_parsed``)."""
+        body = hit.body[:sent]
         try:
-            if message is None:
-                self._hit_lines.hit(data, start, end, self._remote, head, view[:sent], status,
-                                    began)  # fmt: skip
+            if hit.message is None:
+                self._hit_lines.hit(hit.data, hit.start, hit.end, self._remote, hit.head, body,
+                                    hit.status, hit.began)  # fmt: skip
             else:
-                self._log_parsed(message, head, view[:sent], status, began)
+                self._log_parsed(hit.message, hit.head, body, hit.status, hit.began)
         except Exception as exc:
-            self._failed("logging a hit failed", exc)
+            self._failed("an access log line failed", exc)
 
     def _write_while_taken(self, rest: memoryview) -> memoryview | None:
         """Write pieces of ``rest`` until writing pauses or the connection closes; what is
@@ -596,13 +597,27 @@ class Front(SendWatch, FlowControl):
             self.transport.close()
 
 
+class _LargeHit(NamedTuple):
+    """What a large hit's log line is made of, once its body has gone (``Front._log_large``):
+    its request as parsed (``message``), or None and its bytes, ``data[start:end]``."""
+
+    head: bytes
+    body: memoryview
+    status: int
+    began: float  # when its request was read, by ``perf_counter``
+    message: RawRequestMessage | None
+    data: bytes
+    start: int
+    end: int
+
+
 class _Unsent(Pending):
     """The rest of a large body answered as read, written as the transport drains, and what
     its log line is made of (None: not logged)."""
 
     __slots__ = ("line", "rest")
 
-    def __init__(self, rest: memoryview, line: tuple | None) -> None:
+    def __init__(self, rest: memoryview, line: _LargeHit | None) -> None:
         self.rest = rest
         self.line = line
 
